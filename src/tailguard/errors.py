@@ -1,0 +1,66 @@
+"""The root of every tailguard exception, and the HTTP-facing error.
+
+    TailguardError
+    ├── ConfigError          a config or workload file is invalid (message says where)
+    └── APIError             answered to an HTTP client as an OpenAI-style error body
+        ├── BadRequest       400: malformed, missing or wrongly typed fields
+        ├── PayloadTooLarge  413: body over the configured limit
+        └── Overloaded       429/503 with Retry-After: rejected by admission
+
+`wire.openai.error_body` is the one place an `APIError` becomes bytes on the wire.
+"""
+
+from __future__ import annotations
+
+
+class TailguardError(Exception):
+    """Root of all tailguard errors."""
+
+
+class ConfigError(TailguardError):
+    """A configuration or workload file is invalid; the message names the field."""
+
+
+class APIError(TailguardError):
+    status: int = 500
+    type: str = "server_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        type: str | None = None,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+        if type is not None:
+            self.type = type
+        self.param = param
+        self.code = code
+        self.retry_after_s = retry_after_s
+        self.headers = headers or {}
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}(status={self.status}, code={self.code!r}, message={self.message!r})"
+
+
+class BadRequest(APIError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class PayloadTooLarge(APIError):
+    status = 413
+    type = "invalid_request_error"
+
+
+class Overloaded(APIError):
+    status = 503
+    type = "server_overloaded"

@@ -1,0 +1,261 @@
+"""OpenAI request bodies in and out: parse and validate chat/completions requests, build
+response chunks, and the one function that turns an `APIError` into OpenAI's error body. Pure.
+
+Validation follows what vLLM accepts: fields the model does not use are kept and ignored, but a
+field we do read must have the right type, so a client bug is a clear 400 instead of a 500 later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+
+from tailguard.errors import APIError, BadRequest
+from tailguard.wire.tokens import CHAT_MESSAGE_OVERHEAD_TOKENS, text_tokens
+
+Endpoint = Literal["chat", "completions"]
+
+# Far above any real context window, low enough that arithmetic on it stays cheap and sane.
+MAX_TOKENS_LIMIT = 10_000_000
+_ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
+
+
+@dataclass(slots=True)
+class ParsedRequest:
+    """A validated request body. `body` is the parsed JSON, kept whole so it can be forwarded."""
+
+    endpoint: Endpoint
+    body: dict[str, Any]
+    model: str | None
+    stream: bool
+    include_usage: bool
+    max_tokens: int | None
+    prompt_tokens: int
+    token_ids: list[int] | None = field(default=None)
+
+    def prompt_text(self) -> str:
+        """The prompt flattened to one string (role-tagged for chat); used for prefix hashing."""
+        if self.endpoint == "completions":
+            p = self.body["prompt"]
+            if isinstance(p, str):
+                return p
+            if isinstance(p, list) and p and isinstance(p[0], str):
+                return "".join(p)
+            return ""
+        parts: list[str] = []
+        for m in self.body["messages"]:
+            parts.append(str(m.get("role", "")))
+            parts.append(":")
+            parts.append(_content_text(m.get("content")))
+            parts.append("\n")
+        return "".join(parts)
+
+
+def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
+    """Parse and validate a request body; raises `BadRequest` with the offending `param`."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"Request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise BadRequest("Request body must be a JSON object.", code="invalid_json")
+    return validate_body(body, endpoint)
+
+
+def validate_body(body: dict[str, Any], endpoint: Endpoint) -> ParsedRequest:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _type_error("model", "a string")
+    stream = _opt_bool(body, "stream") or False
+    include_usage = False
+    so = body.get("stream_options")
+    if so is not None:
+        if not isinstance(so, dict):
+            raise _type_error("stream_options", "an object")
+        include_usage = _opt_bool(so, "include_usage", "stream_options.include_usage") or False
+    max_tokens = _max_tokens(body, endpoint)
+    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+        v = body.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise _type_error(name, "a number")
+    for name in ("n", "seed", "priority"):
+        v = body.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise _type_error(name, "an integer")
+    n = body.get("n")
+    if n is not None and n < 1:
+        raise BadRequest("'n' must be at least 1.", param="n", code="invalid_value")
+    _opt_bool(body, "ignore_eos")
+    stop = body.get("stop")
+    if stop is not None and not isinstance(stop, str):
+        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+            raise _type_error("stop", "a string or a list of strings")
+    for name in ("user", "service_tier"):
+        v = body.get(name)
+        if v is not None and not isinstance(v, str):
+            raise _type_error(name, "a string")
+
+    token_ids: list[int] | None = None
+    if endpoint == "chat":
+        prompt_tokens = _chat_prompt_tokens(body)
+    else:
+        prompt_tokens, token_ids = _completion_prompt_tokens(body)
+    return ParsedRequest(endpoint, body, model, stream, include_usage, max_tokens, prompt_tokens, token_ids)
+
+
+def _max_tokens(body: dict[str, Any], endpoint: Endpoint) -> int | None:
+    name = "max_tokens"
+    value = body.get("max_tokens")
+    if endpoint == "chat" and body.get("max_completion_tokens") is not None:
+        name, value = "max_completion_tokens", body["max_completion_tokens"]
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _type_error(name, "an integer")
+    if value < 1:
+        raise BadRequest(f"'{name}' must be at least 1, got {value}.", param=name, code="invalid_value")
+    if value > MAX_TOKENS_LIMIT:
+        raise BadRequest(
+            f"'{name}' is {value}, above the limit of {MAX_TOKENS_LIMIT}.", param=name, code="invalid_value"
+        )
+    return value
+
+
+def _chat_prompt_tokens(body: dict[str, Any]) -> int:
+    messages = body.get("messages")
+    if messages is None:
+        raise BadRequest("'messages' is a required property.", param="messages", code="missing_required_parameter")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty array.", param="messages", code="invalid_type")
+    total = 0
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise _type_error(f"messages[{i}]", "an object")
+        role = m.get("role")
+        if not isinstance(role, str) or role not in _ROLES:
+            raise BadRequest(
+                f"'messages[{i}].role' must be one of {sorted(_ROLES)}.", param=f"messages[{i}].role", code="invalid_value"
+            )
+        content = m.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise _type_error(f"messages[{i}].content", "a string or an array of content parts")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                    raise _type_error(f"messages[{i}].content[{j}]", "a content part object with a 'type'")
+        total += CHAT_MESSAGE_OVERHEAD_TOKENS + text_tokens(_content_text(content))
+    return total
+
+
+def _completion_prompt_tokens(body: dict[str, Any]) -> tuple[int, list[int] | None]:
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise BadRequest("'prompt' is a required property.", param="prompt", code="missing_required_parameter")
+    if isinstance(prompt, str):
+        return max(1, text_tokens(prompt)), None
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return max(1, sum(text_tokens(p) for p in prompt)), None
+        if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+            return len(prompt), list(prompt)
+    raise _type_error("prompt", "a string, an array of strings or an array of token ids")
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def _opt_bool(obj: dict[str, Any], key: str, param: str | None = None) -> bool | None:
+    v = obj.get(key)
+    if v is not None and not isinstance(v, bool):
+        raise _type_error(param or key, "a boolean")
+    return v
+
+
+def _type_error(param: str, expected: str) -> BadRequest:
+    return BadRequest(f"'{param}' must be {expected}.", param=param, code="invalid_type")
+
+
+def error_body(err: APIError) -> bytes:
+    """The one place an `APIError` becomes OpenAI's error JSON."""
+    return orjson.dumps(
+        {"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}}
+    )
+
+
+def error_headers(err: APIError) -> dict[str, str]:
+    headers = dict(err.headers)
+    if err.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, int(err.retry_after_s + 0.999)))
+    return headers
+
+
+# --- response building (simulator and gateway non-stream assembly) ---------------------------
+
+def chat_chunk(
+    id: str, model: str, created: int, *, content: str | None = None, role: str | None = None,
+    finish_reason: str | None = None, usage: dict[str, int] | None = None, empty_choices: bool = False,
+) -> bytes:
+    """One `chat.completion.chunk` as JSON bytes."""
+    choices: list[dict[str, Any]] = []
+    if not empty_choices:
+        delta: dict[str, Any] = {}
+        if role is not None:
+            delta["role"] = role
+            delta["content"] = content if content is not None else ""
+        elif content is not None:
+            delta["content"] = content
+        choices.append({"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason})
+    obj: dict[str, Any] = {"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices}
+    if usage is not None:
+        obj["usage"] = usage
+    return orjson.dumps(obj)
+
+
+def completion_chunk(
+    id: str, model: str, created: int, *, text: str = "", finish_reason: str | None = None,
+    usage: dict[str, int] | None = None, empty_choices: bool = False,
+) -> bytes:
+    """One streamed `text_completion` object as JSON bytes."""
+    choices: list[dict[str, Any]] = []
+    if not empty_choices:
+        choices.append({"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason})
+    obj: dict[str, Any] = {"id": id, "object": "text_completion", "created": created, "model": model, "choices": choices}
+    if usage is not None:
+        obj["usage"] = usage
+    return orjson.dumps(obj)
+
+
+def usage_dict(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def chat_response(
+    id: str, model: str, created: int, content: str, finish_reason: str, usage: dict[str, int]
+) -> bytes:
+    return orjson.dumps({
+        "id": id, "object": "chat.completion", "created": created, "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                     "logprobs": None, "finish_reason": finish_reason}],
+        "usage": usage,
+    })
+
+
+def completion_response(
+    id: str, model: str, created: int, text: str, finish_reason: str, usage: dict[str, int]
+) -> bytes:
+    return orjson.dumps({
+        "id": id, "object": "text_completion", "created": created, "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+        "usage": usage,
+    })
