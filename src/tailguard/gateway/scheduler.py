@@ -7,7 +7,7 @@ objects, passing `now` in, so a policy is evaluated on a million requests withou
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from tailguard.types import Outcome
 
@@ -37,8 +37,10 @@ class Scheduler(Protocol):
         """Queue a request, or refuse it (full queue, or a bound it cannot meet)."""
         ...
 
-    def pop(self, now: float) -> Pending | None:
-        """Called when a slot frees: the request to send next, if any."""
+    def pop(self, now: float, admissible: Callable[[Pending], bool] | None = None) -> Pending | None:
+        """Called when a slot frees: the best queued request for which `admissible` holds (the
+        driver passes a check that some backend can take it, which is how per-class slot shares
+        are enforced), or None."""
         ...
 
     def remove(self, req_id: str, now: float) -> bool:
