@@ -2,13 +2,28 @@
 
 The asyncio dispatcher (gateway) and the discrete-event run (sim/des.py) drive the very same
 objects, passing `now` in, so a policy is evaluated on a million requests without a socket.
+
+Policies, by name in `SCHEDULERS`:
+- `fcfs`: arrival order across all classes (the baseline the benefit is measured against).
+- `ranked-sjf`: strict priority between class ranks; within a rank, shortest estimated job first,
+  except that a request which has waited `aging_s` is overtaken by no younger request of its rank.
+
+Both keep per-class queues bounded (`max_queue_len`), refuse a request whose expected wait exceeds
+its bound, and drop requests that waited past it. Push, pop, remove and expire are O(log n) (heaps
+with lazy deletion, compacted when dead entries outnumber live ones, so memory stays bounded).
 """
 
 from __future__ import annotations
 
+import abc
+import heapq
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
+from tailguard.errors import ConfigError
+from tailguard.gateway.config import ClassConfig, SchedulerConfig
 from tailguard.types import Outcome
 
 
@@ -60,3 +75,345 @@ class Scheduler(Protocol):
         ...
 
     def __len__(self) -> int: ...
+
+
+# Job sizes are bucketed by powers of two to estimate "how many of my rank are shorter than me"
+# in O(1) without an order-statistics tree; within a factor of two is enough for an admission guess.
+_SIZE_BUCKETS = 64
+
+
+class _Entry:
+    __slots__ = ("req", "seq", "alive")
+
+    def __init__(self, req: Pending, seq: int) -> None:
+        self.req = req
+        self.seq = seq
+        self.alive = True
+
+
+# Heap items: a sort key tuple whose last element is the entry (seq before it makes keys unique).
+_Item = tuple[float, float, int, _Entry]
+_FifoItem = tuple[float, int, _Entry]
+
+
+class _ClassQueue:
+    __slots__ = ("cfg", "fifo", "sjf", "live")
+
+    def __init__(self, cfg: ClassConfig) -> None:
+        self.cfg = cfg
+        self.fifo: list[_FifoItem] = []  # (arrived_at, seq, entry)
+        self.sjf: list[_Item] = []  # (est_tokens, arrived_at, seq, entry); unused by FCFS
+        self.live = 0
+
+
+class BaseScheduler(abc.ABC):
+    """Bookkeeping shared by the policies: per-class queues, deadlines, drain rate, Retry-After.
+
+    Implements `Scheduler` with FCFS semantics for the admission estimate; subclasses define
+    `pop` and may refine `_ahead`.
+    """
+
+    _uses_sjf = False
+
+    def __init__(self, cfg: SchedulerConfig, classes: Iterable[ClassConfig]) -> None:
+        self._cfg = cfg
+        self._queues: dict[str, _ClassQueue] = {c.name: _ClassQueue(c) for c in classes}
+        if not self._queues:
+            raise ValueError("a scheduler needs at least one class")
+        self._entries: dict[str, _Entry] = {}
+        self._deadlines: list[_FifoItem] = []  # (wait_bound_at, seq, entry)
+        self._seq = 0
+        self._heap_refs = 0  # items in all heaps, live or dead: the compaction trigger
+        self._refs_per_entry = 3 if self._uses_sjf else 2
+        # Drain rate: EWMA of intervals between completions, sampled only while requests were
+        # queued the whole interval (otherwise the interval measures demand, not capacity).
+        self._last_finish_at: float | None = None
+        self._backlogged = False
+        self._interval_s: float | None = None
+
+    # --- protocol -------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def push(self, req: Pending, now: float) -> Reject | None:
+        q = self._queue_of(req)
+        if req.id in self._entries:
+            raise ValueError(f"request id {req.id!r} is already queued")
+        if q.live >= q.cfg.max_queue_len:
+            return Reject("queue_full", self._clamp(self._queue_full_wait_s(q)))
+        ahead = self._ahead(req, q)
+        rate = self.drain_rate()
+        if ahead > 0 and rate is not None:
+            expected_s = ahead / rate
+            budget_s = req.wait_bound_at - now
+            if expected_s > budget_s:
+                # Retry once enough of the backlog has drained for the bound to be met.
+                return Reject("wait_bound", self._clamp(expected_s - max(budget_s, 0.0)))
+        self._add(req, q)
+        return None
+
+    def remove(self, req_id: str, now: float) -> bool:
+        entry = self._entries.get(req_id)
+        if entry is None:
+            return False
+        self._kill(entry)
+        return True
+
+    def expire(self, now: float) -> list[Pending]:
+        out: list[Pending] = []
+        heap = self._deadlines
+        while heap:
+            bound_at, _, entry = heap[0]
+            if entry.alive and bound_at > now:
+                break
+            self._pop(heap)
+            if entry.alive:
+                self._kill(entry)
+                out.append(entry.req)
+        return out
+
+    def next_wakeup(self) -> float | None:
+        heap = self._deadlines
+        while heap and not heap[0][2].alive:
+            self._pop(heap)
+        return heap[0][0] if heap else None
+
+    def on_finish(self, req_id: str, outcome: Outcome, now: float) -> None:
+        if self._backlogged and self._last_finish_at is not None:
+            sample = max(0.0, now - self._last_finish_at)
+            if self._interval_s is None:
+                self._interval_s = sample
+            else:
+                self._interval_s += self._cfg.drain_ewma_weight * (sample - self._interval_s)
+        self._last_finish_at = now
+        self._backlogged = len(self._entries) > 0
+
+    # --- public extras for drivers and metrics ----------------------------------------------
+
+    def queue_len(self, cls: str) -> int:
+        """Requests of class `cls` waiting now (the `tailguard_queue_length` gauge)."""
+        q = self._queues.get(cls)
+        return q.live if q is not None else 0
+
+    def drain_rate(self) -> float | None:
+        """Measured completions per second while backlogged; None until measured."""
+        if self._interval_s is None:
+            return None
+        return math.inf if self._interval_s <= 0 else 1.0 / self._interval_s
+
+    def retry_after_s(self) -> float:
+        """A Retry-After for rejections made outside the scheduler (e.g. no healthy backend):
+        the expected time until the next completion, within the configured bounds."""
+        rate = self.drain_rate()
+        return self._clamp(1.0 / rate if rate else self._cfg.retry_after_min_s)
+
+    # --- internals -------------------------------------------------------------------------
+
+    def _queue_of(self, req: Pending) -> _ClassQueue:
+        q = self._queues.get(req.cls)
+        if q is None:
+            raise ValueError(f"unknown class {req.cls!r} (known: {', '.join(self._queues)})")
+        if q.cfg.rank != req.rank:
+            raise ValueError(f"request {req.id!r} has rank {req.rank}, but class {req.cls!r} has rank {q.cfg.rank}")
+        return q
+
+    def _clamp(self, seconds: float) -> float:
+        return min(self._cfg.retry_after_max_s, max(self._cfg.retry_after_min_s, seconds))
+
+    def _queue_full_wait_s(self, q: _ClassQueue) -> float:
+        rate = self.drain_rate()
+        if rate is None:
+            return self._cfg.retry_after_min_s
+        return (self._ahead_of_class(q) + 1) / rate
+
+    @abc.abstractmethod
+    def pop(self, now: float, admissible: Callable[[Pending], bool] | None = None) -> Pending | None:
+        """The policy itself: which admissible queued request goes next."""
+
+    def _ahead(self, req: Pending, q: _ClassQueue) -> int:
+        """Queued requests expected to leave before `req` (FCFS: all of them)."""
+        return len(self._entries)
+
+    def _ahead_of_class(self, q: _ClassQueue) -> int:
+        """Requests that must leave before the head of `q` does (for queue_full's Retry-After)."""
+        return 0
+
+    def _add(self, req: Pending, q: _ClassQueue) -> None:
+        self._seq += 1
+        entry = _Entry(req, self._seq)
+        self._entries[req.id] = entry
+        q.live += 1
+        self._push(q.fifo, (req.arrived_at, entry.seq, entry))
+        if self._uses_sjf:
+            self._push(q.sjf, (float(req.est_tokens), req.arrived_at, entry.seq, entry))
+        self._push(self._deadlines, (req.wait_bound_at, entry.seq, entry))
+        self._on_add(req)
+
+    def _on_add(self, req: Pending) -> None:
+        pass
+
+    def _on_kill(self, req: Pending) -> None:
+        pass
+
+    def _kill(self, entry: _Entry) -> None:
+        entry.alive = False
+        req = entry.req
+        del self._entries[req.id]
+        self._queues[req.cls].live -= 1
+        self._on_kill(req)
+        if not self._entries:
+            self._backlogged = False
+        if self._heap_refs > self._refs_per_entry * len(self._entries) * 2 + 256:
+            self._compact()
+
+    def _push(self, heap: list[Any], item: tuple[Any, ...]) -> None:
+        heapq.heappush(heap, item)
+        self._heap_refs += 1
+
+    def _pop(self, heap: list[Any]) -> None:
+        heapq.heappop(heap)
+        self._heap_refs -= 1
+
+    def _compact(self) -> None:
+        """Drop dead entries from every heap: amortised O(1) per removal, bounded memory.
+
+        In place, because a caller may be walking one of these lists when a removal triggers it.
+        """
+        heaps: list[list[Any]] = [self._deadlines]
+        for q in self._queues.values():
+            heaps += [q.fifo, q.sjf]
+        refs = 0
+        for heap in heaps:
+            heap[:] = [it for it in heap if it[-1].alive]
+            heapq.heapify(heap)
+            refs += len(heap)
+        self._heap_refs = refs
+
+    def _fifo_head(self, q: _ClassQueue) -> _FifoItem | None:
+        heap = q.fifo
+        while heap and not heap[0][2].alive:
+            self._pop(heap)
+        return heap[0] if heap else None
+
+    def _sjf_head(self, q: _ClassQueue) -> _Item | None:
+        heap = q.sjf
+        while heap and not heap[0][3].alive:
+            self._pop(heap)
+        return heap[0] if heap else None
+
+
+class FcfsScheduler(BaseScheduler):
+    """Arrival order across every class: what an engine's own queue does, as a baseline.
+
+    `pop` takes the oldest admissible request, so a class held back by its slot share does not
+    block the others.
+    """
+
+    def pop(self, now: float, admissible: Callable[[Pending], bool] | None = None) -> Pending | None:
+        best: _FifoItem | None = None
+        for q in self._queues.values():
+            head = self._fifo_head(q)
+            if head is None or (best is not None and head[:2] >= best[:2]):
+                continue
+            if admissible is not None and not admissible(head[2].req):
+                continue
+            best = head
+        if best is None:
+            return None
+        entry = best[2]
+        self._kill(entry)
+        return entry.req
+
+
+
+class RankedSjfScheduler(BaseScheduler):
+    """Strict priority by rank; shortest `est_tokens` first within a rank; aging bounds starvation.
+
+    The aging bound: once request R has waited `aging_s`, every pop in R's rank serves an aged
+    request, oldest first, so no request younger than R is dispatched before R after
+    `R.arrived_at + aging_s` (as long as R's class is admissible at that pop).
+
+        s = RankedSjfScheduler(SchedulerConfig(aging_s=10), classes)
+        s.push(Pending("a", "batch", 1, 2080, arrived_at=0.0, wait_bound_at=600.0), now=0.0)
+        s.pop(now=0.5, admissible=lambda p: pool_has_room_for(p.cls))
+    """
+
+    _uses_sjf = True
+
+    def __init__(self, cfg: SchedulerConfig, classes: Iterable[ClassConfig]) -> None:
+        super().__init__(cfg, classes)
+        ranks = sorted({q.cfg.rank for q in self._queues.values()})
+        self._groups: list[list[_ClassQueue]] = [
+            [q for q in self._queues.values() if q.cfg.rank == r] for r in ranks
+        ]
+        self._rank_index = {r: i for i, r in enumerate(ranks)}
+        self._rank_live = [0] * len(ranks)
+        self._rank_sizes = [[0] * _SIZE_BUCKETS for _ in ranks]
+
+    def pop(self, now: float, admissible: Callable[[Pending], bool] | None = None) -> Pending | None:
+        aged_before = now - self._cfg.aging_s
+        for i, group in enumerate(self._groups):
+            if self._rank_live[i] == 0:
+                continue
+            best_key: tuple[float, float, float, int] | None = None
+            best: _Entry | None = None
+            for q in group:
+                if q.live == 0:
+                    continue
+                key, entry = self._head(q, aged_before)
+                if best_key is not None and key >= best_key:
+                    continue
+                if admissible is not None and not admissible(entry.req):
+                    continue
+                best_key, best = key, entry
+            if best is not None:
+                self._kill(best)
+                return best.req
+        return None
+
+    def _head(self, q: _ClassQueue, aged_before: float) -> tuple[tuple[float, float, float, int], _Entry]:
+        """The class's next request and its sort key: aged requests (oldest first) before all others."""
+        fifo = self._fifo_head(q)
+        assert fifo is not None  # q.live > 0
+        if fifo[0] <= aged_before:
+            return (0.0, fifo[0], 0.0, fifo[1]), fifo[2]
+        sjf = self._sjf_head(q)
+        assert sjf is not None
+        return (1.0, sjf[0], sjf[1], sjf[2]), sjf[3]
+
+    def _bucket(self, est_tokens: int) -> int:
+        return min(_SIZE_BUCKETS - 1, max(0, est_tokens).bit_length())
+
+    def _on_add(self, req: Pending) -> None:
+        i = self._rank_index[req.rank]
+        self._rank_live[i] += 1
+        self._rank_sizes[i][self._bucket(req.est_tokens)] += 1
+
+    def _on_kill(self, req: Pending) -> None:
+        i = self._rank_index[req.rank]
+        self._rank_live[i] -= 1
+        self._rank_sizes[i][self._bucket(req.est_tokens)] -= 1
+
+    def _ahead(self, req: Pending, q: _ClassQueue) -> int:
+        """Queued requests expected to leave before `req`: all of higher ranks, and those of its
+        own rank no more than about its size (same power-of-two bucket or smaller)."""
+        i = self._rank_index[req.rank]
+        return sum(self._rank_live[:i]) + sum(self._rank_sizes[i][: self._bucket(req.est_tokens) + 1])
+
+    def _ahead_of_class(self, q: _ClassQueue) -> int:
+        return sum(self._rank_live[: self._rank_index[q.cfg.rank]])
+
+
+SCHEDULERS: dict[str, type[BaseScheduler]] = {
+    "fcfs": FcfsScheduler,
+    "ranked-sjf": RankedSjfScheduler,
+}
+
+
+def make_scheduler(cfg: SchedulerConfig, classes: Iterable[ClassConfig]) -> BaseScheduler:
+    """The policy named by `cfg.policy`; an unknown name lists the known ones."""
+    factory = SCHEDULERS.get(cfg.policy)
+    if factory is None:
+        raise ConfigError(f"unknown scheduler policy {cfg.policy!r} (known: {', '.join(SCHEDULERS)})")
+    return factory(cfg, classes)
