@@ -385,6 +385,8 @@ def _loc_text(loc: tuple[int | str, ...], data: Any) -> str:
             node = node[part] if isinstance(node, list) and part < len(node) else None
             if isinstance(node, dict) and isinstance(node.get("name"), str):
                 out += f" ({node['name']})"
+        elif part == "[key]":
+            out += " (as a key)"  # pydantic's marker: the mapping key itself is wrong
         else:
             out += f".{part}" if out else str(part)
             node = node.get(part) if isinstance(node, dict) else None

@@ -1,0 +1,137 @@
+"""Gateway config: defaults, validation, and error messages a person can act on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tailguard.errors import ConfigError
+from tailguard.gateway.config import GatewayConfig, load_config
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tailguard.yaml"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "tailguard.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_have_interactive_first_and_a_capped_batch_class() -> None:
+    cfg = GatewayConfig()
+    assert [(c.name, c.rank) for c in cfg.classes] == [("interactive", 0), ("batch", 1)]
+    batch = cfg.classes[1]
+    assert batch.max_tokens_cap == 4096 and batch.cap_mode == "clamp" and batch.max_share == 0.875
+    assert cfg.default_class == "interactive"
+    assert (cfg.host, cfg.port, cfg.max_body_bytes) == ("127.0.0.1", 8080, 4 * 1024 * 1024)
+    assert cfg.scheduler.policy == "ranked-sjf" and cfg.backends == []
+    assert cfg.access_log is True and cfg.log_prompts is False and cfg.retry_other_backend is True
+
+
+def test_every_field_is_documented() -> None:
+    from pydantic import BaseModel
+
+    seen: set[type[BaseModel]] = set()
+
+    def walk(model: type[BaseModel]) -> None:
+        if model in seen:
+            return
+        seen.add(model)
+        for name, field in model.model_fields.items():
+            assert field.description, f"{model.__name__}.{name} has no description"
+            ann = field.annotation
+            for arg in (ann, *getattr(ann, "__args__", ())):
+                if isinstance(arg, type) and issubclass(arg, BaseModel):
+                    walk(arg)
+
+    walk(GatewayConfig)
+    assert len(seen) >= 8
+
+
+def test_empty_file_gives_defaults(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, "")) == GatewayConfig()
+
+
+def test_example_file_is_valid() -> None:
+    cfg = load_config(EXAMPLE)
+    assert [b.name for b in cfg.backends] and cfg.classes
+
+
+def test_full_file_loads(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, """
+port: 9000
+classes:
+  - {name: chat, rank: 0, max_queue_wait_s: 5}
+  - {name: bulk, rank: 2, max_tokens_cap: 1000, cap_mode: reject, max_share: 0.5}
+default_class: chat
+service_tier_map: {flex: bulk}
+backends:
+  - {name: gpu-a, url: "http://127.0.0.1:8000/v1/", kind: vllm, max_concurrency: 16}
+auth:
+  api_keys:
+    sk-1: {name: reports, default_class: bulk}
+scheduler: {policy: fcfs, aging_s: 3}
+"""))
+    assert cfg.port == 9000 and cfg.default_class == "chat"
+    assert cfg.backends[0].url == "http://127.0.0.1:8000"  # trailing /v1/ removed
+    assert cfg.backends[0].kind == "vllm" and cfg.scheduler.policy == "fcfs"
+    assert cfg.auth.api_keys["sk-1"].default_class == "bulk"
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("classes:\n  - {name: a}\n  - {name: a}\ndefault_class: a\n", "class name 'a' appears more than once"),
+    ("default_class: gold\n", "default_class 'gold' is not a configured class (known: interactive, batch)"),
+    ("backends:\n  - {name: x, url: 'http://h:1'}\n  - {name: x, url: 'http://h:2'}\n",
+     "backend name 'x' appears more than once"),
+    ("classes:\n  - {name: interactive, max_share: 0}\n", "classes[0] (interactive).max_share: Input should be greater than 0"),
+    ("classes:\n  - {name: interactive, max_share: 1.5}\n", "classes[0] (interactive).max_share: Input should be less than or equal to 1"),
+    ("backends:\n  - {name: a, url: 'http://h:1', max_concurrency: 0}\n",
+     "backends[0] (a).max_concurrency: Input should be greater than or equal to 1"),
+    ("backends:\n  - {name: a, url: 'ftp://h'}\n", "must start with http:// or https://"),
+    ("backends:\n  - {name: a, url: 'http://h:1', kind: triton}\n",
+     "backends[0] (a).kind: Input should be 'vllm', 'llamacpp', 'sglang', 'tgi', 'openai' or 'sim'"),
+    ("prot: 80\n", "prot: unknown setting (check the spelling; see docs/configuration.md)"),
+    ("timeouts: {idle_s: -1}\n", "timeouts.idle_s: Input should be greater than 0"),
+    ("classes:\n  - {name: interactive, default_max_tokens: 500, max_tokens_cap: 100}\n",
+     "default_max_tokens (500) is above max_tokens_cap (100)"),
+    ("classes:\n  - {name: 'my class'}\n", "may only hold letters"),
+    ("service_tier_map: {flex: gold}\n", "service_tier_map.flex names unknown class 'gold'"),
+    ("service_tier_map: {turbo: batch}\n", "service_tier_map.turbo (as a key): Input should be 'auto', 'default', 'flex', 'scale' or 'priority'"),
+    ("auth: {api_keys: {k: {name: ops, default_class: gold}}}\n", "ops has default_class 'gold'"),
+    ("classes: []\n", "classes: List should have at least 1 item"),
+])
+def test_invalid_files_name_the_field_and_the_problem(tmp_path: Path, text: str, expected: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    msg = str(info.value)
+    assert msg.startswith(f"{path}: ")
+    assert expected in msg
+
+
+def test_yaml_syntax_error_gives_line_and_column(tmp_path: Path) -> None:
+    path = write(tmp_path, "port: 80\nclasses: [\n")
+    with pytest.raises(ConfigError, match=r"not valid YAML at line 3, column 1"):
+        load_config(path)
+
+
+def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="top level must be a mapping of settings, got list"):
+        load_config(write(tmp_path, "- 1\n- 2\n"))
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_quick_form_names_backends_by_host_and_port() -> None:
+    cfg = GatewayConfig.quick(["http://127.0.0.1:8100/v1", "http://127.0.0.1:8100", "http://127.0.0.1:8101"], 4)
+    assert [b.name for b in cfg.backends] == ["127.0.0.1:8100", "127.0.0.1:8100-1", "127.0.0.1:8101"]
+    assert all(b.max_concurrency == 4 and b.url.startswith("http://127.0.0.1:81") for b in cfg.backends)
+    assert [c.name for c in cfg.classes] == ["interactive", "batch"]
+    with pytest.raises(ConfigError, match="at least one --backend"):
+        GatewayConfig.quick([], 8)
+    with pytest.raises(ConfigError, match=r"(?s)--backend: .*must start with http://"):
+        GatewayConfig.quick(["127.0.0.1:8100"], 8)
