@@ -159,8 +159,9 @@ class _Run:
                         raise RuntimeError("requests are stuck in the front scheduler with the engine idle")
                     return
                 clock.advance_to(next_at)
-                self._arrive(order[i])
-                i += 1
+                while i < n and order[i].at <= next_at:  # everyone arriving at this instant
+                    self._arrive(order[i])
+                    i += 1
                 continue
 
             now = clock.now()

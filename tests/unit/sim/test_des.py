@@ -1,0 +1,160 @@
+import math
+
+import pytest
+
+from tailguard.clock import VirtualClock
+from tailguard.gateway.config import ClassConfig, SchedulerConfig
+from tailguard.gateway.scheduler import FcfsScheduler, RankedSjfScheduler
+from tailguard.sim.cost import CostModel, EngineConfig
+from tailguard.sim.des import Arrival, Timeline, run
+from tailguard.sim.engine import Engine
+from tailguard.sim.kv import prefix_block_hashes
+from tailguard.types import Outcome
+
+COST = CostModel(a_s=0.01, b_s_per_prefill_token=0.001, c_s_per_decode_seq=0.0001, d_s_per_kv_token=1e-6)
+
+
+def engine(**kw: object) -> Engine:
+    base: dict[str, object] = dict(cost=COST, max_num_seqs=4, max_num_batched_tokens=256, max_model_len=1024,
+                                   kv_cache_tokens=4096)
+    base.update(kw)
+    return Engine(EngineConfig(**base))  # type: ignore[arg-type]
+
+
+def classes() -> list[ClassConfig]:
+    return [ClassConfig(name="interactive", rank=0, max_queue_len=100),
+            ClassConfig(name="batch", rank=1, max_queue_len=3)]
+
+
+def test_single_request_ttft_is_the_analytic_prefill_step() -> None:
+    [tl] = run(engine(), [Arrival("r", at=2.0, prompt_tokens=100, max_tokens=3)], VirtualClock(), record_tokens=True)
+    prefill = 0.01 + 100 * 0.001
+    d1 = 0.01 + 0.0001 + 101e-6
+    d2 = 0.01 + 0.0001 + 102e-6
+    assert tl.outcome is Outcome.SUCCESS and tl.finish_reason == "length"
+    assert tl.queue_s == 0.0 and tl.front_queue_s == 0.0
+    assert tl.ttft_s == pytest.approx(prefill)
+    assert tl.token_times == pytest.approx([2 + prefill, 2 + prefill + d1, 2 + prefill + d1 + d2])
+    assert tl.e2e_s == pytest.approx(prefill + d1 + d2)
+    assert tl.tpot_s == pytest.approx((d1 + d2) / 2)
+    assert tl.output_tokens == 3
+
+
+def test_arrival_during_a_step_waits_for_the_next_one() -> None:
+    tls = run(engine(), [Arrival("a", 0.0, 100, 1), Arrival("b", 0.05, 10, 1)], VirtualClock())
+    a, b = tls
+    assert a.finished_at == pytest.approx(0.11)
+    assert b.admitted_at == pytest.approx(0.11) and b.queue_s == pytest.approx(0.06)
+    assert b.ttft_s == pytest.approx(0.06 + 0.01 + 0.01)
+
+
+def test_queue_wait_appears_when_slots_are_full() -> None:
+    arrivals = [Arrival(f"r{i}", 0.0, 10, 50) for i in range(6)]
+    tls = run(engine(max_num_seqs=2), arrivals, VirtualClock())
+    waits = [tl.queue_s for tl in tls]
+    assert waits[:2] == [0.0, 0.0]
+    assert all(w is not None and w > 0 for w in waits[2:])
+    assert all(tl.output_tokens == 50 for tl in tls)
+
+
+def test_same_input_same_timelines() -> None:
+    arrivals = [Arrival(f"r{i}", i * 0.013, 10 + (i * 37) % 500, 1 + (i * 11) % 60, priority=i % 3) for i in range(300)]
+    a = run(engine(kv_cache_tokens=1024, max_model_len=1024), arrivals, VirtualClock())
+    b = run(engine(kv_cache_tokens=1024, max_model_len=1024), arrivals, VirtualClock())
+    assert a == b
+    assert any(tl.preemptions for tl in a)
+    assert [tl.id for tl in a] == [x.id for x in arrivals]
+
+
+def test_timelines_come_back_in_the_given_order_even_if_unsorted() -> None:
+    arrivals = [Arrival("late", 1.0, 10, 2), Arrival("early", 0.0, 10, 2)]
+    tls = run(engine(), arrivals, VirtualClock())
+    assert [t.id for t in tls] == ["late", "early"]
+    assert tls[1].finished_at is not None and tls[1].finished_at < tls[0].finished_at  # type: ignore[operator]
+
+
+def test_request_beyond_max_model_len_is_a_client_error() -> None:
+    [tl] = run(engine(max_model_len=256, kv_cache_tokens=1024), [Arrival("r", 0.0, 200, 100)], VirtualClock())
+    assert tl.outcome is Outcome.CLIENT_ERROR and tl.reject_reason == "context_length"
+    assert tl.first_token_at is None
+
+
+def test_record_tokens_gives_every_token_time() -> None:
+    tls = run(engine(), [Arrival(f"r{i}", 0.0, 50, 20) for i in range(3)], VirtualClock(), record_tokens=True)
+    for tl in tls:
+        assert tl.token_times is not None and len(tl.token_times) == 20
+        assert tl.token_times[0] == tl.first_token_at and tl.token_times[-1] == tl.finished_at
+        assert tl.token_times == sorted(tl.token_times)
+
+
+def test_prefix_hits_shorten_ttft() -> None:
+    keys = prefix_block_hashes("sys", 480)
+    arrivals = [Arrival(f"r{i}", float(i), 500, 2, block_hashes=keys) for i in range(3)]
+    tls = run(engine(enable_prefix_caching=True, max_num_batched_tokens=1024), arrivals, VirtualClock())
+    assert tls[0].cached_tokens == 0 and tls[1].cached_tokens == 480
+    assert tls[1].ttft_s is not None and tls[0].ttft_s is not None and tls[1].ttft_s < tls[0].ttft_s / 5
+
+
+def test_duplicate_ids_and_past_arrivals_are_refused() -> None:
+    with pytest.raises(ValueError, match="duplicate"):
+        run(engine(), [Arrival("a", 0.0, 1, 1), Arrival("a", 1.0, 1, 1)], VirtualClock())
+    with pytest.raises(ValueError, match="before the clock"):
+        run(engine(), [Arrival("a", 0.0, 1, 1)], VirtualClock(start=5.0))
+
+
+def test_front_scheduler_caps_inflight_and_keeps_its_order() -> None:
+    front = FcfsScheduler(SchedulerConfig(policy="fcfs"), classes())
+    arrivals = [Arrival(f"r{i}", 0.001 * i, 20, 30) for i in range(8)]
+    e = engine(max_num_seqs=8)
+    tls = run(e, arrivals, VirtualClock(), front=front, front_max_inflight=2)
+    assert all(tl.outcome is Outcome.SUCCESS for tl in tls)
+    # Never more than two in the engine at once: each dispatch waits for an earlier finish.
+    spans = sorted((tl.dispatched_at, tl.finished_at) for tl in tls)  # type: ignore[type-var]
+    for t, _ in spans:
+        assert sum(1 for d, f in spans if d <= t < f) <= 2  # type: ignore[operator]
+    assert [tl.id for tl in sorted(tls, key=lambda x: x.dispatched_at)] == [f"r{i}" for i in range(8)]  # type: ignore[arg-type, return-value]
+    assert all(tl.front_queue_s is not None for tl in tls)
+    assert tls[5].front_queue_s > 0  # type: ignore[operator]
+    assert len(front) == 0
+
+
+def test_front_ranked_sjf_lets_chats_overtake_summaries() -> None:
+    cls = classes()
+    cls[1] = ClassConfig(name="batch", rank=1, max_queue_len=100)
+    arrivals = [Arrival(f"s{i}", 0.0, 600, 100, cls="batch", rank=1) for i in range(6)]
+    arrivals += [Arrival(f"c{i}", 0.01, 20, 10, cls="interactive", rank=0) for i in range(3)]
+
+    def chats(front: object) -> tuple[float, list[str]]:
+        tls = run(engine(max_num_seqs=8, max_num_batched_tokens=1024), arrivals, VirtualClock(),
+                  front=front, front_max_inflight=2)  # type: ignore[arg-type]
+        order = [tl.id for tl in sorted(tls, key=lambda x: (x.dispatched_at, x.id))]  # type: ignore[arg-type, return-value]
+        return max(tl.e2e_s for tl in tls if tl.cls == "interactive"), order  # type: ignore[type-var]
+
+    fcfs, fcfs_order = chats(FcfsScheduler(SchedulerConfig(policy="fcfs"), cls))
+    sjf, sjf_order = chats(RankedSjfScheduler(SchedulerConfig(policy="ranked-sjf"), cls))
+    assert fcfs_order == [f"s{i}" for i in range(6)] + ["c0", "c1", "c2"]
+    assert sjf_order == ["s0", "s1", "c0", "c1", "c2", "s2", "s3", "s4", "s5"]
+    assert sjf < fcfs / 2
+
+
+def test_front_rejections_and_expiry_become_timelines() -> None:
+    front = FcfsScheduler(SchedulerConfig(policy="fcfs"), classes())
+    arrivals = [Arrival("busy", 0.0, 20, 500, cls="interactive")]
+    arrivals += [Arrival(f"b{i}", 0.01, 20, 5, cls="batch", rank=1) for i in range(5)]
+    arrivals += [Arrival("impatient", 0.02, 20, 5, cls="interactive", wait_bound_s=0.5)]
+    tls = {tl.id: tl for tl in run(engine(), arrivals, VirtualClock(), front=front, front_max_inflight=1)}
+    full = [tl for tl in tls.values() if tl.reject_reason == "queue_full"]
+    assert [tl.id for tl in full] == ["b3", "b4"]
+    assert all(tl.outcome is Outcome.REJECTED and tl.finished_at == pytest.approx(0.01) for tl in full)
+    imp = tls["impatient"]
+    assert imp.outcome is Outcome.REJECTED and imp.reject_reason == "queue_timeout"
+    assert imp.finished_at == pytest.approx(0.52)
+    assert imp.first_token_at is None and imp.dispatched_at is None
+    assert all(tls[f"b{i}"].outcome is Outcome.SUCCESS for i in range(3))
+    assert tls["busy"].outcome is Outcome.SUCCESS
+
+
+def test_without_front_every_request_enters_the_engine_on_arrival() -> None:
+    tls = run(engine(), [Arrival(f"r{i}", 0.5 * i, 10, 2) for i in range(4)], VirtualClock())
+    assert all(tl.dispatched_at == tl.arrived_at for tl in tls)
+    assert all(isinstance(tl, Timeline) and not math.isnan(tl.e2e_s or 0.0) for tl in tls)
