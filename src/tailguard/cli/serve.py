@@ -1,0 +1,111 @@
+"""`tailguard serve`: run the gateway from a config file, or from `--backend` URLs with the
+default classes, or in front of an in-process simulator with `--sim`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+import typer
+
+if TYPE_CHECKING:
+    from tailguard.gateway.config import GatewayConfig
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
+
+
+def serve(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="tailguard.yaml to load."),
+    backend: Optional[list[str]] = typer.Option(
+        None, "--backend", "-b", help="Upstream base URL (repeat for several); the quick form without a config."),
+    max_concurrency: Optional[int] = typer.Option(
+        None, "--max-concurrency", min=1, help="In-flight cap per backend (the engine's --max-num-seqs)."),
+    host: Optional[str] = typer.Option(None, "--host", help="Address to listen on (default 127.0.0.1)."),
+    port: Optional[int] = typer.Option(None, "--port", "-p", min=0, max=65535, help="Port to listen on (default 8080)."),
+    policy: Optional[str] = typer.Option(None, "--policy", help="Scheduler policy: ranked-sjf or fcfs."),
+    sim: bool = typer.Option(False, "--sim", help="Start the built-in simulator in-process and use it as the backend."),
+    sim_preset: Optional[str] = typer.Option(None, "--sim-preset", help="Simulator preset (with --sim)."),
+    sim_time_scale: float = typer.Option(1.0, "--sim-time-scale", min=1e-6, help="Simulator time scale (with --sim)."),
+) -> None:
+    """Run the gateway: OpenAI-compatible API that serves short and interactive requests first."""
+    from tailguard.errors import ConfigError
+
+    try:
+        cfg = build_config(config, backend or [], max_concurrency, host, port, policy, sim)
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    _run(_main(cfg, sim, sim_preset, sim_time_scale))
+
+
+def build_config(
+    config: Path | None, backends: list[str], max_concurrency: int | None, host: str | None,
+    port: int | None, policy: str | None, sim: bool,
+) -> GatewayConfig:
+    """The config from the file (or the quick form), with command-line overrides applied."""
+    from tailguard.errors import ConfigError
+    from tailguard.gateway.config import GatewayConfig, load_config
+
+    if policy is not None and policy not in ("ranked-sjf", "fcfs"):
+        raise ConfigError(f"--policy {policy!r}: known policies are ranked-sjf, fcfs")
+    if sim and backends:
+        raise ConfigError("--sim and --backend are exclusive: --sim is the backend")
+    if config is not None:
+        cfg = load_config(config)
+        if backends:
+            raise ConfigError("--backend cannot be combined with --config (list backends in the file)")
+    elif backends:
+        cfg = GatewayConfig.quick(backends, max_concurrency or 8)
+    elif sim:
+        # The real URL is filled in once the simulator listens (its port is picked then).
+        cfg = GatewayConfig.quick(["http://127.0.0.1:1"], max_concurrency or 8)
+    else:
+        raise ConfigError("nothing to serve: give --config FILE, --backend URL or --sim")
+    update: dict[str, Any] = {}
+    if host is not None:
+        update["host"] = host
+    if port is not None:
+        update["port"] = port
+    if policy is not None:
+        update["scheduler"] = cfg.scheduler.model_copy(update={"policy": policy})
+    if max_concurrency is not None and config is not None:
+        update["backends"] = [b.model_copy(update={"max_concurrency": max_concurrency}) for b in cfg.backends]
+    if sim and config is not None and not cfg.backends:
+        raise ConfigError("--sim with --config needs one backend entry in the file for the simulator to take over")
+    if update:
+        cfg = cfg.model_copy(update=update)
+    if not cfg.backends and not sim:
+        raise ConfigError(f"{config}: no backends configured")
+    return cfg
+
+
+async def _main(cfg: GatewayConfig, sim: bool, preset: str | None, time_scale: float) -> None:
+    from tailguard.gateway.app import serve as serve_gateway
+
+    def ready(url: str) -> None:
+        names = ", ".join(f"{b.name}={b.url}" for b in cfg.backends)
+        typer.echo(f"tailguard gateway listening on {url} ({cfg.scheduler.policy}; backends: {names})", err=True)
+
+    if not sim:
+        await serve_gateway(cfg, ready=ready)
+        return
+    from tailguard.sim.server import running_sim
+
+    async with running_sim(preset=preset, time_scale=time_scale) as sim_url:
+        first = cfg.backends[0].model_copy(update={"url": sim_url, "kind": "sim", "name": "sim"})
+        cfg = cfg.model_copy(update={"backends": [first]})
+        typer.echo(f"simulator listening on {sim_url}", err=True)
+        await serve_gateway(cfg, ready=ready)
+
+
+def _run(coro: Any) -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - Windows
+        import asyncio
+
+        asyncio.run(coro)
+        return
+    uvloop.run(coro)

@@ -1,0 +1,258 @@
+"""The gateway's aiohttp application: routes, typed app state, startup and shutdown of the
+shared upstream session, the dispatcher and the health probes; `serve(cfg)` runs it.
+
+Disconnect detection needs aiohttp's handler cancellation (a queued client that leaves cancels
+its handler, which removes it from the queue; a streaming one closes its upstream request).
+`serve` turns it on; anything else hosting `create_app` should pass `handler_cancellation=True`
+to its `AppRunner` too, or a departed client is noticed only at the next write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from typing import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from tailguard.errors import APIError
+from tailguard.gateway.backends import BackendPool
+from tailguard.gateway.caps import OutputEstimator
+from tailguard.gateway.classes import ClassTable
+from tailguard.gateway.config import GatewayConfig
+from tailguard.gateway.dispatch import Dispatcher
+from tailguard.gateway.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, GatewayMetrics
+from tailguard.gateway.proxy import Proxy, error_response
+from tailguard.gateway.relay import Upstream
+from tailguard.gateway.scheduler import BaseScheduler, make_scheduler
+
+CONFIG = web.AppKey("config", GatewayConfig)
+METRICS = web.AppKey("metrics", GatewayMetrics)
+CLASSES = web.AppKey("classes", ClassTable)
+POOL = web.AppKey("pool", BackendPool)
+SCHEDULER = web.AppKey("scheduler", BaseScheduler)
+DISPATCHER = web.AppKey("dispatcher", Dispatcher)
+UPSTREAM = web.AppKey("upstream", Upstream)
+PROXY = web.AppKey("proxy", Proxy)
+
+log = logging.getLogger("tailguard.gateway")
+
+
+def create_app(cfg: GatewayConfig) -> web.Application:
+    """The gateway for `cfg`. State is built on startup (it needs the running loop)."""
+    if not cfg.backends:
+        raise ValueError("the gateway needs at least one backend")
+    app = web.Application(client_max_size=cfg.max_body_bytes, middlewares=[_openai_errors])
+    app[CONFIG] = cfg
+    app[METRICS] = GatewayMetrics()
+    app[CLASSES] = ClassTable(cfg)
+    app.cleanup_ctx.append(_lifecycle)
+    app.router.add_post("/v1/chat/completions", _chat)
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
+    return app
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    cfg = app[CONFIG]
+    loop = asyncio.get_running_loop()
+    metrics = app[METRICS]
+    pool = BackendPool(cfg.backends, cfg.classes, cfg.health)
+    scheduler = make_scheduler(cfg.scheduler, cfg.classes)
+    dispatcher = Dispatcher(scheduler, pool, metrics, loop, retry_after=scheduler.retry_after_s)
+    upstream = Upstream(cfg.timeouts)
+    app[POOL] = pool
+    app[SCHEDULER] = scheduler
+    app[DISPATCHER] = dispatcher
+    app[UPSTREAM] = upstream
+    app[PROXY] = Proxy(cfg, app[CLASSES], pool, dispatcher, upstream, metrics,
+                       OutputEstimator(cfg.scheduler.output_estimate), loop)
+    app[MODELS] = ModelCache(cfg, upstream.session)
+    for b in cfg.backends:
+        metrics.backend_healthy.labels(b.name).set(1)
+        metrics.inflight.labels(b.name).set(0)
+    for c in cfg.classes:
+        metrics.queue_length.labels(c.name).set(0)
+    probes = [asyncio.create_task(_probe_loop(app, b.name), name=f"tailguard-health-{b.name}")
+              for b in cfg.backends]
+    try:
+        yield
+    finally:
+        for task in probes:
+            task.cancel()
+        await asyncio.gather(*probes, return_exceptions=True)
+        dispatcher.close()
+        await upstream.close()
+
+
+async def _probe_loop(app: web.Application, name: str) -> None:
+    """Probe one backend forever; a state flip updates the gauge and may unblock the queue."""
+    cfg = app[CONFIG]
+    backend = next(b for b in cfg.backends if b.name == name)
+    pool, dispatcher, metrics = app[POOL], app[DISPATCHER], app[METRICS]
+    session = app[UPSTREAM].session
+    url = backend.url + cfg.health.path
+    timeout = aiohttp.ClientTimeout(total=cfg.health.timeout_s)
+    headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
+    while True:
+        try:
+            async with session.get(url, timeout=timeout, headers=headers) as resp:
+                await resp.read()
+                ok = 200 <= resp.status < 300
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            ok = False
+        if ok:
+            if pool.mark_success(name):
+                log.warning("backend %s is healthy again", name)
+                metrics.backend_healthy.labels(name).set(1)
+                dispatcher.wake()
+        elif pool.mark_failure(name):
+            log.warning("backend %s is unhealthy (health probe failed)", name)
+            metrics.backend_healthy.labels(name).set(0)
+        await asyncio.sleep(cfg.health.interval_s)
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    return await request.app[PROXY].handle(request, "chat")
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    return await request.app[PROXY].handle(request, "completions")
+
+
+async def _health(request: web.Request) -> web.Response:
+    pool = request.app[POOL]
+    backends = {s.name: {"healthy": s.healthy, "in_flight": s.in_flight, "max_concurrency": s.cfg.max_concurrency}
+                for s in pool}
+    ok = pool.any_healthy()
+    body = {"status": "ok" if ok else "unavailable", "queued": len(request.app[DISPATCHER]), "backends": backends}
+    return web.Response(status=200 if ok else 503, body=orjson.dumps(body), content_type="application/json")
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = request.app[METRICS].render()
+    return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
+async def _models(request: web.Request) -> web.Response:
+    body = await request.app[MODELS].get(asyncio.get_running_loop().time())
+    return web.Response(body=body, content_type="application/json")
+
+
+class ModelCache:
+    """The union of the backends' `/v1/models`, refreshed at most once per health interval."""
+
+    def __init__(self, cfg: GatewayConfig, session: aiohttp.ClientSession) -> None:
+        self._cfg = cfg
+        self._session = session
+        self._body: bytes | None = None
+        self._expires_at = 0.0
+        self._lock = asyncio.Lock()
+
+    async def get(self, now: float) -> bytes:
+        if self._body is not None and now < self._expires_at:
+            return self._body
+        async with self._lock:
+            if self._body is None or now >= self._expires_at:
+                self._body = await self._fetch()
+                self._expires_at = now + self._cfg.health.interval_s
+        return self._body
+
+    async def _fetch(self) -> bytes:
+        results = await asyncio.gather(*(self._one(b.name) for b in self._cfg.backends))
+        seen: dict[str, dict[str, object]] = {}
+        for models in results:
+            for m in models:
+                mid = m.get("id")
+                if isinstance(mid, str) and mid not in seen:
+                    seen[mid] = m
+        return orjson.dumps({"object": "list", "data": list(seen.values())})
+
+    async def _one(self, name: str) -> list[dict[str, object]]:
+        backend = next(b for b in self._cfg.backends if b.name == name)
+        if backend.model is not None:
+            # Requests to this backend are rewritten to its model, so that is what it serves.
+            return [{"id": backend.model, "object": "model", "owned_by": backend.name}]
+        headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
+        try:
+            async with self._session.get(backend.url + "/v1/models", headers=headers,
+                                         timeout=aiohttp.ClientTimeout(total=self._cfg.health.timeout_s)) as resp:
+                if resp.status != 200:
+                    return []
+                data = orjson.loads(await resp.read())
+        except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError):
+            return []
+        items = data.get("data") if isinstance(data, dict) else None
+        return [m for m in items if isinstance(m, dict)] if isinstance(items, list) else []
+
+
+MODELS = web.AppKey("models", ModelCache)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error the framework raises (404, 405, 413 on other routes) as OpenAI's JSON."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(e.status)
+        err = APIError(f"{e.reason}: {request.method} {request.path}", status=e.status,
+                       type="invalid_request_error", code=code)
+        return error_response(err)
+    except APIError as e:
+        return error_response(e)
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return error_response(APIError("Internal gateway error.", status=500, code="internal_error"))
+
+
+def _bound_port(site: web.TCPSite, configured: int) -> int:
+    """The real port when the config asked for 0 (pick a free one)."""
+    server = site._server
+    sockets = getattr(server, "sockets", None)
+    return int(sockets[0].getsockname()[1]) if sockets else configured
+
+
+async def serve(cfg: GatewayConfig, *, ready: Callable[[str], None] | None = None) -> None:
+    """Run the gateway until SIGINT/SIGTERM (or cancellation). `ready` gets the base URL."""
+    if cfg.access_log:
+        logger = logging.getLogger(ACCESS_LOGGER)
+        if not logger.handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(message)s"))
+            logger.addHandler(handler)
+            logger.propagate = False
+        logger.setLevel(logging.INFO)
+    app = create_app(cfg)
+    runner = web.AppRunner(app, handle_signals=False, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024)
+    await site.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError):
+            pass
+    try:
+        url = f"http://{cfg.host}:{_bound_port(site, cfg.port)}"
+        if ready is not None:
+            ready(url)
+        await stop.wait()
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()

@@ -1,0 +1,168 @@
+"""What the gateway tells operators: `tailguard_*` Prometheus collectors on a per-app registry,
+the `Server-Timing` and `X-Tailguard-*` response headers, and one JSON access-log line per request.
+
+The registry is per app so two gateways in one process (tests, benchmarks) never share counters.
+Per-chunk work is one histogram observation through a label child fetched once per request.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from tailguard.types import Outcome
+
+ACCESS_LOGGER = "tailguard.access"
+METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# Seconds. Latency buckets span a loopback relay (ms) to a long generation (minutes).
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5.0)
+
+_access_log = logging.getLogger(ACCESS_LOGGER)
+
+
+class GatewayMetrics:
+    """All `tailguard_*` collectors of one gateway app.
+
+        m = GatewayMetrics()
+        m.requests.labels("interactive", "success").inc()
+        body = m.render()      # the /metrics payload
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.queue_length = Gauge(
+            "tailguard_queue_length", "Requests waiting in the gateway queue.", ["class"], registry=r)
+        self.queue_wait = Histogram(
+            "tailguard_queue_wait_seconds", "Time from arrival to being bound to a backend.", ["class"],
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram(
+            "tailguard_ttft_seconds", "Arrival to the first chunk carrying generated content.", ["class"],
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram(
+            "tailguard_itl_seconds", "Gaps between content chunks, per chunk.", ["class"],
+            buckets=ITL_BUCKETS, registry=r)
+        self.e2e = Histogram(
+            "tailguard_e2e_seconds", "Arrival to the last byte sent to the client.", ["class"],
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Counter(
+            "tailguard_prompt_tokens", "Prompt tokens (from upstream usage, else the estimate).", ["class"],
+            registry=r)
+        self.output_tokens = Counter(
+            "tailguard_output_tokens", "Generated tokens (from upstream usage, else content chunks).", ["class"],
+            registry=r)
+        self.inflight = Gauge(
+            "tailguard_inflight", "Requests bound to a backend and not yet finished.", ["backend"], registry=r)
+        self.rejected = Counter(
+            "tailguard_rejected", "Requests refused by admission or expired in the queue.", ["class", "reason"],
+            registry=r)
+        self.upstream_errors = Counter(
+            "tailguard_upstream_errors", "Failed upstream attempts by kind (connect, status, timeout, ...).",
+            ["backend", "kind"], registry=r)
+        self.requests = Counter(
+            "tailguard_requests", "Requests by terminal outcome; each request is counted once.",
+            ["class", "outcome"], registry=r)
+        self.backend_healthy = Gauge(
+            "tailguard_backend_healthy", "1 if the last health probes of a backend succeeded.", ["backend"],
+            registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+@dataclass(slots=True)
+class RequestTimes:
+    """Instants (loop time, seconds) and counts of one request, filled in as it moves along."""
+
+    arrived_at: float
+    cls: str = "-"
+    backend: str = "-"
+    bound_at: float | None = None
+    upstream_headers_at: float | None = None
+    first_content_at: float | None = None
+    last_content_at: float | None = None
+    finished_at: float | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    content_chunks: int = 0
+    attempts: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def queue_s(self) -> float | None:
+        return None if self.bound_at is None else self.bound_at - self.arrived_at
+
+
+def _ms(v: float) -> str:
+    return f"{v * 1000.0:.3f}"
+
+
+def server_timing(t: RequestTimes) -> str:
+    """`Server-Timing` value: queue, connect (bind to upstream headers) and ttft, in ms."""
+    parts: list[str] = []
+    if t.bound_at is not None:
+        parts.append(f"queue;dur={_ms(t.bound_at - t.arrived_at)}")
+        if t.upstream_headers_at is not None:
+            parts.append(f"connect;dur={_ms(t.upstream_headers_at - t.bound_at)}")
+    if t.first_content_at is not None:
+        parts.append(f"ttft;dur={_ms(t.first_content_at - t.arrived_at)}")
+    return ", ".join(parts)
+
+
+def response_headers(t: RequestTimes) -> dict[str, str]:
+    """The `X-Tailguard-*` and `Server-Timing` headers for a response that has been bound."""
+    h = {"X-Tailguard-Class": t.cls, "X-Tailguard-Backend": t.backend}
+    if t.bound_at is not None:
+        h["X-Tailguard-Queue-Ms"] = f"{(t.bound_at - t.arrived_at) * 1000.0:.1f}"
+    st = server_timing(t)
+    if st:
+        h["Server-Timing"] = st
+    return h
+
+
+def record_finish(m: GatewayMetrics, t: RequestTimes, outcome: Outcome) -> None:
+    """Everything observed once when a request ends (its one outcome, tokens, TTFT, E2E)."""
+    m.requests.labels(t.cls, outcome.value).inc()
+    if t.finished_at is not None:
+        m.e2e.labels(t.cls).observe(t.finished_at - t.arrived_at)
+    if t.first_content_at is not None:
+        m.ttft.labels(t.cls).observe(t.first_content_at - t.arrived_at)
+    if t.prompt_tokens:
+        m.prompt_tokens.labels(t.cls).inc(t.prompt_tokens)
+    if t.output_tokens:
+        m.output_tokens.labels(t.cls).inc(t.output_tokens)
+
+
+def access_log(
+    t: RequestTimes, *, req_id: str, method: str, path: str, status: int, outcome: Outcome,
+    reason: str | None = None, prompt: str | None = None, completion: str | None = None,
+) -> None:
+    """One JSON line per request on logger `tailguard.access`; text only when passed in
+    (the app passes it only with `log_prompts: true`)."""
+    if not _access_log.isEnabledFor(logging.INFO):
+        return
+    end = t.finished_at if t.finished_at is not None else t.arrived_at
+    rec: dict[str, Any] = {
+        "id": req_id, "method": method, "path": path, "status": status, "outcome": outcome.value,
+        "class": t.cls, "backend": t.backend, "attempts": t.attempts,
+        "queue_ms": None if t.bound_at is None else round((t.bound_at - t.arrived_at) * 1000.0, 3),
+        "ttft_ms": None if t.first_content_at is None else round((t.first_content_at - t.arrived_at) * 1000.0, 3),
+        "e2e_ms": round((end - t.arrived_at) * 1000.0, 3),
+        "prompt_tokens": t.prompt_tokens, "output_tokens": t.output_tokens,
+    }
+    if reason is not None:
+        rec["reason"] = reason
+    if t.extra:
+        rec.update(t.extra)
+    if prompt is not None:
+        rec["prompt"] = prompt
+    if completion is not None:
+        rec["completion"] = completion
+    _access_log.info(orjson.dumps(rec).decode())

@@ -1,0 +1,262 @@
+"""One request's way through the gateway: read, authenticate, classify, cap, wait for a slot,
+relay (retrying once on another backend if nothing reached the client), and end exactly once.
+
+Every exit of `Proxy.handle` goes through one `finally` that releases the slot, counts the one
+outcome and writes the access-log line, so no path can end a request twice or not at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from aiohttp import web
+
+from tailguard.errors import APIError, Overloaded, PayloadTooLarge
+from tailguard.gateway.backends import BackendPool
+from tailguard.gateway.caps import Capped, OutputEstimator, apply_caps
+from tailguard.gateway.classes import ClassTable
+from tailguard.gateway.config import ClassConfig, GatewayConfig
+from tailguard.gateway.dispatch import Dispatcher, Ticket, overloaded
+from tailguard.gateway.metrics import GatewayMetrics, RequestTimes, access_log, record_finish, response_headers
+from tailguard.gateway.relay import (
+    Assembler, ClientGone, RelayError, StreamRelay, Upstream, UpstreamStatus, Watchdog, upstream_body,
+)
+from tailguard.gateway.scheduler import Pending
+from tailguard.types import Outcome
+from tailguard.wire.openai import Endpoint, ParsedRequest, error_body, error_headers, parse_request
+
+NO_CLASS = "none"  # metrics label of a request rejected before it had a class
+
+
+def error_response(err: APIError, extra: dict[str, str] | None = None) -> web.Response:
+    headers = error_headers(err)
+    if extra:
+        headers.update(extra)
+    return web.Response(status=err.status, body=error_body(err), content_type="application/json", headers=headers)
+
+
+def _bearer(request: web.Request) -> str | None:
+    auth = request.headers.get("Authorization")
+    if auth is None:
+        return None
+    scheme, _, token = auth.partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+class _Exit:
+    """How the request ended: filled in along the way, read once in `handle`'s finally."""
+
+    __slots__ = ("outcome", "status", "reason", "completion")
+
+    def __init__(self) -> None:
+        self.outcome = Outcome.CLIENT_GONE  # if nothing else is recorded, the task was cancelled
+        self.status = 499
+        self.reason: str | None = None
+        self.completion: str | None = None
+
+
+class Proxy:
+    """The request handler shared by `/v1/chat/completions` and `/v1/completions`."""
+
+    def __init__(
+        self, cfg: GatewayConfig, classes: ClassTable, pool: BackendPool, dispatcher: Dispatcher,
+        upstream: Upstream, metrics: GatewayMetrics, estimator: OutputEstimator,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self._cfg = cfg
+        self._classes = classes
+        self._pool = pool
+        self._dispatcher = dispatcher
+        self._upstream = upstream
+        self._metrics = metrics
+        self._estimator = estimator
+        self._loop = loop
+        self._backends = {b.name: b for b in cfg.backends}
+        self._ids = itertools.count()
+        self._id_prefix = f"tg-{os.getpid():x}-{os.urandom(3).hex()}-"
+        self._timeouts = cfg.timeouts
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self.handle(request, "chat")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.handle(request, "completions")
+
+    async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        t = RequestTimes(arrived_at=self._loop.time(), cls=NO_CLASS)
+        req_id = f"{self._id_prefix}{next(self._ids):x}"
+        ex = _Exit()
+        ticket: Ticket | None = None
+        parsed: ParsedRequest | None = None
+        try:
+            try:
+                raw = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                raise PayloadTooLarge(
+                    f"Request body is larger than the limit of {self._cfg.max_body_bytes} bytes.",
+                    code="body_too_large",
+                ) from None
+            api_key = _bearer(request)
+            self._classes.authenticate(api_key)
+            parsed = parse_request(raw, endpoint)
+            cls = self._classes.classify(request.headers, parsed.body, api_key)
+            t.cls = cls.name
+            t.prompt_tokens = parsed.prompt_tokens
+            capped = apply_caps(parsed, cls, self._estimator.estimate(cls.name))
+            if not self._pool.any_healthy():
+                self._metrics.rejected.labels(cls.name, "no_healthy_backend").inc()
+                raise overloaded("no_healthy_backend", self._dispatcher.retry_after_s(),
+                                 "No healthy backend is available.")
+            pending = Pending(req_id, cls.name, cls.rank, capped.est_tokens, t.arrived_at,
+                              t.arrived_at + cls.max_queue_wait_s)
+            ticket = await self._dispatcher.admit(pending)
+            t.bound_at = ticket.bound_at
+            return await self._relay(request, endpoint, raw, parsed, capped, cls, ticket, t, req_id, ex)
+        except APIError as err:
+            if isinstance(err, Overloaded):
+                ex.outcome, ex.reason = Outcome.REJECTED, err.code
+            else:
+                ex.outcome, ex.reason = Outcome.CLIENT_ERROR, err.code
+            ex.status = err.status
+            return error_response(err, self._headers(t) if t.cls != NO_CLASS else None)
+        finally:
+            now = self._loop.time()
+            if t.finished_at is None:
+                t.finished_at = now
+            if ticket is not None:
+                self._dispatcher.release(ticket, ex.outcome)
+            record_finish(self._metrics, t, ex.outcome)
+            if self._cfg.access_log:
+                prompt = parsed.prompt_text() if (self._cfg.log_prompts and parsed is not None) else None
+                access_log(t, req_id=req_id, method=request.method, path=request.path, status=ex.status,
+                           outcome=ex.outcome, reason=ex.reason, prompt=prompt,
+                           completion=ex.completion if self._cfg.log_prompts else None)
+
+    def _headers(self, t: RequestTimes) -> dict[str, str]:
+        return response_headers(t)
+
+    async def _relay(
+        self, request: web.Request, endpoint: Endpoint, raw: bytes, parsed: ParsedRequest, capped: Capped,
+        cls: ClassConfig, ticket: Ticket, t: RequestTimes, req_id: str, ex: _Exit,
+    ) -> web.StreamResponse:
+        loop = self._loop
+        to = self._timeouts
+        wd = Watchdog(loop, total_at=ticket.bound_at + to.total_s, idle_s=to.idle_s)
+        itl = self._metrics.itl.labels(cls.name).observe
+        stream: StreamRelay | None = None
+        sent: web.StreamResponse | None = None  # a non-stream response already being written
+        try:
+            while True:
+                backend = self._backends[ticket.backend]
+                t.backend = backend.name
+                t.attempts += 1
+                body = upstream_body(
+                    raw, capped.body, client_stream=parsed.stream, client_usage=parsed.include_usage,
+                    body_changed=capped.body_changed, backend=backend, rank=cls.rank,
+                )
+                wd.start_attempt(loop.time() + to.first_token_s)
+                up = None
+                try:
+                    up = await self._upstream.open(backend, endpoint, body, req_id)
+                    t.upstream_headers_at = loop.time()
+                    if parsed.stream:
+                        stream = StreamRelay(request, endpoint, t, wd, parsed.include_usage, itl,
+                                             lambda: response_headers(t))
+                        await stream.run(up)
+                        self._finish_tokens(t, stream.usage.prompt_tokens, stream.usage.completion_tokens)
+                        up.release()
+                        if stream.upstream_error:
+                            self._metrics.upstream_errors.labels(backend.name, "stream_error").inc()
+                            ex.outcome, ex.status, ex.reason = Outcome.UPSTREAM_ERROR, 200, "stream_error"
+                        else:
+                            self._ok(backend.name, cls.name, t, ex, 200)
+                        t.finished_at = loop.time()
+                        return stream.response  # type: ignore[return-value]
+                    asm = Assembler(endpoint, t, wd, itl)
+                    payload = await asm.run(up)
+                    up.release()
+                    self._finish_tokens(t, asm.usage.prompt_tokens, asm.usage.completion_tokens)
+                    if self._cfg.log_prompts:
+                        ex.completion = asm.text()
+                    sent = web.Response(body=payload, content_type="application/json", headers=response_headers(t))
+                    try:
+                        await sent.prepare(request)
+                        await sent.write_eof()
+                    except ConnectionError:
+                        raise ClientGone() from None
+                    self._ok(backend.name, cls.name, t, ex, 200)
+                    t.finished_at = loop.time()
+                    return sent
+                except RelayError as err:
+                    self._metrics.upstream_errors.labels(backend.name, err.kind).inc()
+                    if err.kind in ("connect", "timeout_connect") and self._pool.mark_failure(backend.name):
+                        self._metrics.backend_healthy.labels(backend.name).set(0)
+                    if (err.retryable and self._cfg.retry_other_backend and t.attempts < 2
+                            and self._dispatcher.reroute(ticket) is not None):
+                        continue
+                    raise
+                except UpstreamStatus as us:
+                    # The backend understood and refused (e.g. context too long): the client's error.
+                    self._pool.mark_success(backend.name)
+                    ex.outcome, ex.status, ex.reason = Outcome.CLIENT_ERROR, us.status, "upstream_4xx"
+                    return web.Response(status=us.status, body=us.body, headers={
+                        "Content-Type": us.content_type, **response_headers(t)})
+                except asyncio.CancelledError:
+                    kind = wd.take_expiry()
+                    if kind is None:
+                        raise
+                    self._metrics.upstream_errors.labels(backend.name, kind).inc()
+                    timeout = RelayError(kind, _TIMEOUT_TEXT[kind].format(backend=backend.name), status=504)
+                    if stream is not None and stream.response is not None:
+                        ex.outcome, ex.status, ex.reason = Outcome.TIMEOUT, 200, kind
+                        try:
+                            await stream.fail(timeout)
+                        except ClientGone:
+                            ex.outcome = Outcome.CLIENT_GONE
+                        t.finished_at = loop.time()
+                        return stream.response
+                    raise timeout from None
+                finally:
+                    if up is not None:
+                        up.close()  # no-op after release(); otherwise aborts the engine's request
+        except RelayError as err:
+            if stream is not None and stream.response is not None:
+                # Broken after the client got bytes: end the stream with an error event.
+                ex.outcome, ex.status, ex.reason = Outcome.UPSTREAM_ERROR, 200, err.kind
+                try:
+                    await stream.fail(err)
+                except ClientGone:
+                    ex.outcome = Outcome.CLIENT_GONE
+                return stream.response
+            ex.outcome = Outcome.TIMEOUT if err.is_timeout else Outcome.UPSTREAM_ERROR
+            ex.status, ex.reason = err.status, err.kind
+            return error_response(err.api_error(), response_headers(t))
+        except ClientGone:
+            ex.outcome, ex.status, ex.reason = Outcome.CLIENT_GONE, 499, "client_gone"
+            if stream is not None and stream.response is not None:
+                return stream.response
+            return sent if sent is not None else web.Response(status=499)
+        finally:
+            wd.stop()
+
+    def _finish_tokens(self, t: RequestTimes, prompt: int | None, completion: int | None) -> None:
+        if prompt is not None:
+            t.prompt_tokens = prompt
+        t.output_tokens = completion if completion is not None else t.content_chunks
+
+    def _ok(self, backend: str, cls: str, t: RequestTimes, ex: _Exit, status: int) -> None:
+        ex.outcome, ex.status = Outcome.SUCCESS, status
+        if self._pool.mark_success(backend):
+            self._metrics.backend_healthy.labels(backend).set(1)
+            self._dispatcher.wake()
+        self._estimator.observe(cls, t.output_tokens)
+
+
+_TIMEOUT_TEXT = {
+    "timeout_first_token": "Backend '{backend}' produced no token within the first-token deadline.",
+    "timeout_idle": "Backend '{backend}' stalled longer than the idle deadline between chunks.",
+    "timeout_total": "The request to backend '{backend}' exceeded the total deadline.",
+}
+
