@@ -10,7 +10,7 @@ import importlib
 
 import typer
 
-VERB_MODULES: tuple[str, ...] = ()
+VERB_MODULES: tuple[str, ...] = ("serve",)
 
 app = typer.Typer(
     name="tailguard",
