@@ -1,0 +1,139 @@
+"""Fixtures that run the real engines set up by `make engines`: llama.cpp's llama-server and vLLM (CPU).
+
+Every test here is marked `real` (deselected by `make test`, run by `make test-real`). Engines are
+started as child processes on 127.0.0.1 and always stopped. vLLM takes tens of seconds to start, so one
+instance serves the whole session; llama-server starts in well under a second, so tests that kill one
+start their own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.real.processes import EngineProcess, free_port
+
+CACHE = Path(os.environ.get("TAILGUARD_CACHE", Path.home() / ".cache" / "tailguard"))
+MANIFEST = CACHE / "engines.json"
+REAL_TIMEOUT_S = 420  # covers the session's one vLLM start (~40-90 s on a loaded 2-core machine)
+LLAMA_SLOTS = 4
+LLAMA_SLOT_CTX = 2048
+VLLM_MAX_MODEL_LEN = 2048
+VLLM_MAX_NUM_SEQS = 8
+
+
+@dataclass(frozen=True)
+class Engines:
+    llama_server: Path
+    gguf_model: Path
+    vllm_python: Path
+    hf_model: Path
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.path)).parents and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(REAL_TIMEOUT_S))
+
+
+def load_engines() -> Engines | str:
+    """The paths `make engines` recorded, or why they cannot be used."""
+    if not MANIFEST.exists():
+        return f"real engines are not set up ({MANIFEST} missing): run `make engines` first"
+    doc = json.loads(MANIFEST.read_text())
+    engines = Engines(**{k: Path(v) for k, v in doc.items()})
+    for name, path in vars(engines).items():
+        if not path.exists():
+            return f"{name} {path} from {MANIFEST} is gone: run `make engines` again"
+    return engines
+
+
+@pytest.fixture(scope="session")
+def engines() -> Engines:
+    found = load_engines()
+    if isinstance(found, str):
+        pytest.skip(found)
+    return found
+
+
+def llama_process(engines: Engines, log_dir: Path, name: str, slots: int = LLAMA_SLOTS,
+                  threads: int = 2) -> EngineProcess:
+    port = free_port()
+    argv = [
+        str(engines.llama_server), "-m", str(engines.gguf_model), "--host", "127.0.0.1", "--port", str(port),
+        "-np", str(slots), "-c", str(slots * LLAMA_SLOT_CTX), "--metrics", "--slots", "-t", str(threads),
+        "--no-webui", "-a", "tiny", "-n", "512",
+    ]
+    return EngineProcess(name=name, kind="llamacpp", argv=argv, port=port, log_path=log_dir / f"{name}-{port}.log")
+
+
+def vllm_process(engines: Engines, log_dir: Path) -> EngineProcess:
+    port = free_port()
+    argv = [
+        str(engines.vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(engines.hf_model),
+        "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
+        "--max-model-len", str(VLLM_MAX_MODEL_LEN), "--max-num-seqs", str(VLLM_MAX_NUM_SEQS),
+        "--dtype", "float32", "--enforce-eager", "--scheduling-policy", "priority",
+    ]
+    env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+           "TRANSFORMERS_OFFLINE": "1"}
+    return EngineProcess(name="vllm", kind="vllm", argv=argv, port=port, log_path=log_dir / f"vllm-{port}.log", env=env)
+
+
+@pytest.fixture(scope="session")
+def engine_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("engine-logs")
+
+
+@pytest.fixture(scope="session")
+def llama_server(engines: Engines, engine_logs: Path) -> Iterator[EngineProcess]:
+    """One llama-server with 4 slots for the whole session."""
+    proc = llama_process(engines, engine_logs, "llama")
+    try:
+        proc.start(ready_timeout_s=60)
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def start_llama(engines: Engines, engine_logs: Path) -> Iterator[Callable[..., EngineProcess]]:
+    """Start extra llama-servers for one test (e.g. to kill one); all are stopped after it."""
+    started: list[EngineProcess] = []
+
+    def start(name: str = "llama-extra", slots: int = LLAMA_SLOTS, threads: int = 1) -> EngineProcess:
+        proc = llama_process(engines, engine_logs, name, slots=slots, threads=threads)
+        started.append(proc)
+        proc.start(ready_timeout_s=60)
+        return proc
+
+    try:
+        yield start
+    finally:
+        for proc in started:
+            proc.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(engines: Engines, engine_logs: Path) -> Iterator[EngineProcess]:
+    """One vLLM (CPU) for the whole session, under `--scheduling-policy priority`."""
+    proc = vllm_process(engines, engine_logs)
+    try:
+        proc.start(ready_timeout_s=360)
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(params=["llamacpp", "vllm"])
+def engine(request: pytest.FixtureRequest) -> EngineProcess:
+    """Each engine in turn, for behaviour both must show."""
+    fixture = {"llamacpp": "llama_server", "vllm": "vllm_server"}[request.param]
+    proc: EngineProcess = request.getfixturevalue(fixture)
+    return proc
