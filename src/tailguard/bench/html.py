@@ -1,0 +1,213 @@
+"""Self-contained HTML pages (report.html, compare.html): jinja2 templates kept here as strings so
+they ship inside the package; plots are embedded as base64 PNGs and nothing is fetched on view.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from jinja2 import DictLoader, Environment, select_autoescape
+from markupsafe import Markup, escape
+
+from tailguard.bench import plots
+from tailguard.bench.recorder import RequestRecord
+from tailguard.bench.stats import measured
+from tailguard.bench.table import METRIC_LABELS, fmt_ratio, fmt_s, significant_change
+
+_BASE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{% block title %}{% endblock %}</title>
+<style>
+ body { font: 14px/1.45 -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; color: #222;
+        max-width: 1280px; margin: 24px auto; padding: 0 20px; }
+ h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 28px 0 8px; border-bottom: 1px solid #ddd; padding-bottom: 4px; }
+ .meta { color: #555; margin-bottom: 14px; } .meta b { color: #222; }
+ .banner { padding: 10px 14px; border-radius: 6px; font-weight: 600; margin: 12px 0; }
+ .valid { background: #e7f6ea; color: #17612a; border: 1px solid #a9dcb4; }
+ .invalid { background: #fde8e8; color: #8a1111; border: 1px solid #f2a7a7; }
+ table { border-collapse: collapse; margin: 6px 0 10px; font-variant-numeric: tabular-nums; }
+ th, td { padding: 3px 10px; text-align: right; border-bottom: 1px solid #eee; white-space: nowrap; }
+ th { background: #f5f5f5; font-weight: 600; } td.l, th.l { text-align: left; }
+ tr.sep td { border-bottom: 2px solid #ccc; } tr.overall td { font-weight: 600; }
+ .fail { color: #b00; font-weight: 600; } .good { color: #17612a; font-weight: 600; } .bad { color: #b00; font-weight: 600; }
+ .muted { color: #888; } img { max-width: 100%; display: block; margin: 6px 0 18px; }
+ .note { color: #555; font-size: 13px; max-width: 980px; }
+ ul.verdict { list-style: none; padding-left: 0; } ul.verdict li { margin: 4px 0; }
+</style></head><body>
+{% block body %}{% endblock %}
+</body></html>
+"""
+
+_REPORT = """{% extends "base.html" %}
+{% block title %}tailguard bench: {{ run.workload }}{% endblock %}
+{% block body %}
+<h1>tailguard bench: {{ run.workload }}</h1>
+<div class="meta">
+ <b>{{ run.mode }} loop</b>
+ {% if run.mode == "closed" %}, {{ run.concurrency }} clients{% else %}, {{ run.rate if run.rate else "per-class" }} req/s {{ run.arrival or "" }}{% if run.burstiness and run.arrival == "gamma" %} (burstiness {{ run.burstiness }}){% endif %}{% endif %}
+ &middot; target <code>{{ run.url }}</code> &middot; model <code>{{ run.model }}</code>
+ &middot; seed {{ run.seed }} &middot; started {{ run.started_at }}
+ &middot; {{ run.measured_requests }} requests measured ({{ run.warmup_requests_excluded }} warm-up excluded) over {{ fmt_s(run.window_s) }}
+</div>
+{% if validity.valid %}
+<div class="banner valid">Valid run: dispatch lag P99 {{ "%.2f"|format((validity.dispatch_lag_p99_s or 0) * 1000) }} ms
+ (threshold {{ "%.1f"|format(validity.threshold_s * 1000) }} ms){% if validity.loop_lag_p99_s is not none %}, event-loop lag P99 {{ "%.2f"|format(validity.loop_lag_p99_s * 1000) }} ms{% endif %}.</div>
+{% else %}
+<div class="banner invalid">INVALID run: {{ validity.reason }}</div>
+{% endif %}
+
+<h2>Requests</h2>
+<table>
+<tr><th class="l">class</th><th>count</th><th>ok</th><th>errors</th><th>timeouts</th><th>req/s</th><th>output tok/s</th>
+<th>goodput</th><th>E2E P99/P50 [95% CI]</th><th>TTFT P99/P50</th></tr>
+{% for name, g in groups %}
+<tr class="{{ 'overall' if name == 'overall' else '' }}"><td class="l">{{ name }}</td><td>{{ g.count }}</td><td>{{ g.ok }}</td>
+<td class="{{ 'fail' if g.errors else '' }}">{{ g.errors }}</td><td class="{{ 'fail' if g.timeouts else '' }}">{{ g.timeouts }}</td>
+<td>{{ num(g.throughput.requests_per_s) }}</td><td>{{ num(g.throughput.output_tokens_per_s) }}</td>
+<td>{% if g.goodput %}{{ "%.1f"|format(g.goodput.fraction * 100) }}% ({{ num(g.goodput.requests_per_s) }}/s){% else %}<span class="muted">no SLO</span>{% endif %}</td>
+<td>{{ fmt_ratio(g.tail_ratio.e2e_s.p99_over_p50) }}{% if g.tail_ratio.e2e_s.ci95 %} <span class="muted">[{{ fmt_ratio(g.tail_ratio.e2e_s.ci95[0]) }} - {{ fmt_ratio(g.tail_ratio.e2e_s.ci95[1]) }}]</span>{% endif %}</td>
+<td>{{ fmt_ratio(g.tail_ratio.ttft_s.p99_over_p50) }}</td></tr>
+{% endfor %}
+</table>
+{% if errors %}<p class="note">Failures by kind: {% for name, kinds in errors %}<b>{{ name }}</b> {% for k, n in kinds.items() %}{{ k }} {{ n }}{% if not loop.last %}, {% endif %}{% endfor %}{% if not loop.last %}; {% endif %}{% endfor %}.</p>{% endif %}
+
+<h2>Latency</h2>
+<table>
+<tr><th class="l">class</th><th class="l">metric</th>{% for _, label in pcts %}<th>{{ label }}</th>{% endfor %}</tr>
+{% for name, g in groups %}{% set rows = metric_rows(g) %}{% for m in rows %}
+<tr class="{{ 'sep' if loop.last else '' }} {{ 'overall' if name == 'overall' else '' }}"><td class="l">{{ name if loop.first else '' }}</td><td class="l">{{ labels[m] }}</td>
+{% for key, _ in pcts %}{% set v = g[m][key] %}<td class="{{ 'fail' if v is none else '' }}">{{ fmt_s(v) }}</td>{% endfor %}</tr>
+{% endfor %}{% endfor %}
+</table>
+<p class="note">E2E and TTFT are measured from the time each request was due to be sent, so queueing in
+the client and the generator counts. TTFT is the first chunk with generated content. ITL is pooled per
+chunk over all requests; TPOT = (E2E - TTFT) / (output tokens - 1). A failed request ranks as worse than
+every success ("fail": the percentile lands on a failure); a timed-out request counts at the time the
+client gave up. Queue wait comes from the gateway's X-Tailguard-Queue-Ms header when present.</p>
+
+<h2>Latency CDFs</h2>
+<img alt="latency CDFs" src="data:image/png;base64,{{ img.cdf }}">
+<h2>Latency over time</h2>
+<img alt="latency over time" src="data:image/png;base64,{{ img.time }}">
+<h2>In flight</h2>
+<img alt="in-flight requests" src="data:image/png;base64,{{ img.inflight }}">
+{% if img.itl %}<h2>Inter-token latency</h2>
+<img alt="ITL distribution" src="data:image/png;base64,{{ img.itl }}">{% endif %}
+<h2>Load generator</h2>
+<img alt="dispatch lag" src="data:image/png;base64,{{ img.lag }}">
+<p class="muted">tailguard {{ version }}</p>
+{% endblock %}
+"""
+
+_COMPARE = """{% extends "base.html" %}
+{% block title %}tailguard bench compare{% endblock %}
+{% block body %}
+<h1>Before / after</h1>
+<div class="meta">
+{% for side in ("before", "after") %}{% set r = cmp[side] %}
+<div><b>{{ side }}</b>: {{ r.label or "" }} {{ r.workload }}, {{ r.mode }} loop{% if r.concurrency %} ({{ r.concurrency }} clients){% endif %}{% if r.rate %} ({{ r.rate }} req/s){% endif %}, <code>{{ r.url }}</code>, {{ r.started_at }}
+{% if not r.validity.valid %}<span class="fail">INVALID: {{ r.validity.reason }}</span>{% endif %}</div>
+{% endfor %}
+</div>
+{% if cmp.before.validity.valid and cmp.after.validity.valid %}
+<div class="banner valid">Both runs valid (dispatch lag P99 {{ "%.2f"|format((cmp.before.validity.dispatch_lag_p99_s or 0) * 1000) }} ms and {{ "%.2f"|format((cmp.after.validity.dispatch_lag_p99_s or 0) * 1000) }} ms).</div>
+{% else %}<div class="banner invalid">At least one run is invalid: its generator fell behind schedule; read the comparison with care.</div>{% endif %}
+
+<h2>Verdict (E2E)</h2>
+<ul class="verdict">
+{% for name, g in groups %}{% set v = g.verdict %}{% set row = g.metrics.get("e2e_s") %}
+<li><b>{{ name }}</b>:
+{% if row %}P99 {{ fmt_s(row.p99.before) }} &rarr; {{ fmt_s(row.p99.after) }}
+ {{ yes_no(v.p99_fell, "fell" ~ ("" if v.p99_fell_significantly else " (CI includes 1)"), "did not fall") }};
+ P99/P50 {{ fmt_ratio(row.tail_ratio.before) }} &rarr; {{ fmt_ratio(row.tail_ratio.after) }} {{ yes_no(v.gap_narrowed, "narrowed", "did not narrow") }};
+ timeouts {{ pct(g.before.timeout_rate) }} &rarr; {{ pct(g.after.timeout_rate) }} {{ yes_no(v.timeout_rate_fell, "fell", "did not fall", "none in either run") }}
+{% else %}<span class="muted">no requests of this class in one of the runs</span>{% endif %}</li>
+{% endfor %}
+</ul>
+
+<h2>Per class and metric</h2>
+<table>
+<tr><th class="l">class</th><th class="l">metric</th><th class="l">pct</th><th>before</th><th>after</th><th>after/before</th><th>95% CI</th></tr>
+{% for name, g in groups %}{% for m, row in g.metrics.items() %}{% set outer = loop %}{% for key in ("p50", "p95", "p99") %}{% set c = row[key] %}
+<tr class="{{ 'sep' if outer.last and loop.last else '' }}"><td class="l">{{ name if outer.first and loop.first else '' }}</td>
+<td class="l">{{ labels[m] if loop.first else '' }}</td><td class="l">{{ key|upper }}</td>
+<td>{{ fmt_s(c.before) }}</td><td>{{ fmt_s(c.after) }}</td>
+<td class="{{ ratio_class(c.ci95) }}">{{ fmt_ratio(c.ratio) }}</td>
+<td>{% if c.ci95 %}{{ fmt_ratio(c.ci95[0]) }} - {{ fmt_ratio(c.ci95[1]) }}{% else %}-{% endif %}</td></tr>
+{% endfor %}{% endfor %}{% endfor %}
+</table>
+<p class="note">Ratios are after / before: below 1 is better. The 95% interval is a bootstrap over both runs'
+requests (each run resampled independently); green when the whole interval is below 0.95, red when it is above 1.05.</p>
+
+<h2>Counts</h2>
+<table><tr><th class="l">class</th><th>before: count</th><th>ok</th><th>errors</th><th>timeouts</th><th>after: count</th><th>ok</th><th>errors</th><th>timeouts</th></tr>
+{% for name, g in groups %}<tr><td class="l">{{ name }}</td>
+{% for side in ("before", "after") %}{% set c = g[side] %}<td>{{ c.count }}</td><td>{{ c.ok }}</td><td class="{{ 'fail' if c.errors else '' }}">{{ c.errors }}</td><td class="{{ 'fail' if c.timeouts else '' }}">{{ c.timeouts }}</td>{% endfor %}</tr>
+{% endfor %}</table>
+
+<h2>Latency CDFs</h2>
+<img alt="before and after CDFs" src="data:image/png;base64,{{ img.cdf }}">
+<p class="muted">tailguard {{ version }}</p>
+{% endblock %}
+"""
+
+_PCTS = (("p50", "P50"), ("p90", "P90"), ("p95", "P95"), ("p99", "P99"), ("p999", "P99.9"), ("max", "max"), ("mean", "mean"))
+
+
+def _env() -> Environment:
+    env = Environment(loader=DictLoader({"base.html": _BASE, "report.html": _REPORT, "compare.html": _COMPARE}),
+                      autoescape=select_autoescape(default=True, default_for_string=True))
+    env.globals.update(fmt_s=fmt_s, fmt_ratio=fmt_ratio, num=_num, labels=METRIC_LABELS, pcts=_PCTS,
+                       pct=_pct, yes_no=_yes_no, ratio_class=_ratio_class, metric_rows=_metric_rows)
+    return env
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else (f"{v:.1f}" if v < 1000 else f"{v:.0f}")
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:.1f}%"
+
+
+def _yes_no(flag: bool | None, yes: str, no: str, none: str = "n/a") -> Markup:
+    if flag is None:
+        return Markup(f'<span class="muted">{escape(none)}</span>')
+    return Markup(f'<span class="{"good" if flag else "bad"}">{escape(yes if flag else no)}</span>')
+
+
+def _ratio_class(ci: list[float | None] | None) -> str:
+    return {True: "good", False: "bad", None: ""}[significant_change(ci)]
+
+
+def _metric_rows(g: dict[str, Any]) -> list[str]:
+    return [m for m in METRIC_LABELS if m in ("e2e_s", "ttft_s") or any(g[m][k] is not None for k, _ in _PCTS)]
+
+
+def _class_names(summary_or_cmp: dict[str, Any]) -> list[str]:
+    return list(summary_or_cmp["classes"].keys())
+
+
+def render_report(summary: dict[str, Any], records: Sequence[RequestRecord], version: str) -> str:
+    rec = measured(records)
+    names = _class_names(summary)
+    groups = [*summary["classes"].items(), ("overall", summary["overall"])]
+    img = {
+        "cdf": plots.latency_cdfs(rec, names),
+        "time": plots.over_time(rec, names),
+        "inflight": plots.in_flight(records, names),
+        "itl": plots.itl_distribution(rec, names),
+        "lag": plots.dispatch_lag(records, summary["validity"]["threshold_s"]),
+    }
+    errors = [(n, g["error_kinds"]) for n, g in summary["classes"].items() if g["error_kinds"]]
+    return _env().get_template("report.html").render(
+        run=summary["run"], validity=summary["validity"], groups=groups, img=img, errors=errors, version=version)
+
+
+def render_compare(cmp: dict[str, Any], before: Sequence[RequestRecord], after: Sequence[RequestRecord],
+                   version: str) -> str:
+    names = _class_names(cmp)
+    groups = [*cmp["classes"].items(), ("overall", cmp["overall"])]
+    img = {"cdf": plots.compare_cdfs(measured(before), measured(after), names)}
+    return _env().get_template("compare.html").render(cmp=cmp, groups=groups, img=img, version=version)

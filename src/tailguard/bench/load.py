@@ -1,0 +1,404 @@
+"""The load generator: sends a workload's requests in a closed or open loop over one aiohttp session
+and records each request's timeline. `run_bench(config)` is the one entrypoint.
+
+Honesty rules: in open loop every request has a due time fixed in advance, and latencies are
+measured from it, so a slow generator cannot hide queueing; the gap between due and actual send
+(dispatch lag) and the event loop's own lag are recorded, and `stats.validity` marks a run whose
+dispatch lag P99 is above the threshold as invalid. No retries: a failure is a measurement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import aiohttp
+import orjson
+
+from tailguard import __version__
+from tailguard.bench.recorder import RequestRecord, has_content, is_error_event, usage_of
+from tailguard.bench.workload import (
+    ArrivalProcess, PlannedRequest, RequestFactory, Workload, load_workload, schedule,
+)
+from tailguard.errors import ConfigError
+from tailguard.wire.sse import DONE, SSEDecoder
+from tailguard.wire.tokens import text_tokens
+
+# Above this dispatch-lag P99 the generator, not the server, shaped the latencies. 5 ms is well
+# under any TTFT worth measuring and well over the 1 ms granularity of uvloop's timers.
+DEFAULT_MAX_DISPATCH_LAG_S = 0.005
+LOOP_TICK_S = 0.01
+_START_LEAD_S = 0.05
+_ERROR_TEXT_LIMIT = 300
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """Staged client timeouts: TCP connect, first content token (from send), whole request (from send)."""
+
+    connect_s: float = 10.0
+    first_token_s: float = 120.0
+    total_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One run. Give `concurrency` (closed loop) or `rate` (open loop), and `requests` or
+    `duration_s`; warm-up requests come on top of `requests` and are excluded from statistics.
+
+        result = await run_bench(BenchConfig(url="http://127.0.0.1:8100", workload="seed-mixed",
+                                             concurrency=16, requests=400))
+    """
+
+    url: str
+    workload: str | Path | Workload = "seed-mixed"
+    concurrency: int | None = None
+    rate: float | None = None
+    arrival: ArrivalProcess = "poisson"
+    burstiness: float = 1.0
+    requests: int | None = None
+    duration_s: float | None = None
+    warmup_requests: int = 0
+    warmup_s: float = 0.0
+    seed: int = 0
+    model: str | None = None
+    api_key: str | None = None
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    max_dispatch_lag_s: float = DEFAULT_MAX_DISPATCH_LAG_S
+    max_connections: int = 10_000
+
+    def check(self, workload: Workload) -> None:
+        """Raises `ConfigError` for a run that cannot be measured as asked."""
+        own_arrivals = any(c.arrival is not None for c in workload.classes)
+        if self.concurrency is not None and self.rate is not None:
+            raise ConfigError("give --concurrency N (closed loop) or --rate R (open loop), not both")
+        if self.concurrency is None and self.rate is None and not own_arrivals:
+            raise ConfigError("give --concurrency N (closed loop) or --rate R (open loop)")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ConfigError("--concurrency must be at least 1")
+        if self.rate is not None and self.rate <= 0:
+            raise ConfigError("--rate must be > 0")
+        if self.burstiness <= 0:
+            raise ConfigError("--burstiness must be > 0")
+        if (self.requests is None) == (self.duration_s is None):
+            raise ConfigError("give exactly one of --requests N or --duration S")
+        if self.requests is not None and self.requests < 1:
+            raise ConfigError("--requests must be at least 1")
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise ConfigError("--duration must be > 0")
+        if self.warmup_requests < 0 or self.warmup_s < 0:
+            raise ConfigError("--warmup must be >= 0")
+        t = self.timeouts
+        if min(t.connect_s, t.first_token_s, t.total_s) <= 0:
+            raise ConfigError("timeouts must be > 0")
+        if self.max_connections < 1:
+            raise ConfigError("max_connections must be at least 1")
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    done: int
+    total: int | None
+    elapsed_s: float
+    horizon_s: float | None
+    in_flight: int
+    failed: int
+
+
+@dataclass(slots=True)
+class RunResult:
+    """Every request's record (warm-up included, flagged) and the run's description (`run.json`)."""
+
+    records: list[RequestRecord]
+    meta: dict[str, Any]
+
+
+def base_url(url: str) -> str:
+    """`http://host:port`, `.../v1` and a trailing slash all name the same server."""
+    u = url.rstrip("/")
+    return u[:-3] if u.endswith("/v1") else u
+
+
+async def run_bench(config: BenchConfig, progress: Callable[[Progress], None] | None = None) -> RunResult:
+    """Run one benchmark; `progress` is called about four times a second from the event loop."""
+    if isinstance(config.workload, Workload):
+        workload, base_dir = config.workload, None
+    else:
+        workload, base_dir = load_workload(config.workload)
+    config.check(workload)
+    connector = aiohttp.TCPConnector(limit=config.max_connections, limit_per_host=0)
+    timeout = aiohttp.ClientTimeout(total=None, connect=config.timeouts.connect_s)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        model = config.model or await _first_model(session, base_url(config.url), config)
+        factory = RequestFactory(workload, seed=config.seed, model=model, base_dir=base_dir)
+        run = _Run(config, workload, factory, session, model, progress)
+        return await run.go()
+
+
+async def _first_model(session: aiohttp.ClientSession, url: str, config: BenchConfig) -> str:
+    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    try:
+        async with asyncio.timeout(config.timeouts.connect_s + 5.0):
+            async with session.get(url + "/v1/models", headers=headers) as resp:
+                data = await resp.json(content_type=None) if resp.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+        raise ConfigError(f"could not list models at {url}/v1/models ({e!r}); pass --model") from None
+    try:
+        return str(data["data"][0]["id"])  # type: ignore[index]
+    except (TypeError, KeyError, IndexError):
+        raise ConfigError(f"{url}/v1/models lists no model; pass --model") from None
+
+
+class _Run:
+    def __init__(self, config: BenchConfig, workload: Workload, factory: RequestFactory,
+                 session: aiohttp.ClientSession, model: str, progress: Callable[[Progress], None] | None) -> None:
+        self.config = config
+        self.workload = workload
+        self.factory = factory
+        self.session = session
+        self.model = model
+        self.progress = progress
+        self.url = base_url(config.url)
+        self.headers = {"Content-Type": "application/json"}
+        if config.api_key:
+            self.headers["Authorization"] = f"Bearer {config.api_key}"
+        self.records: list[RequestRecord] = []
+        self.loop_lag_s: list[float] = []
+        self.in_flight = 0
+        self.failed = 0
+        self.total = None if config.requests is None else config.requests + config.warmup_requests
+        self.horizon_s = None if config.duration_s is None else config.duration_s + config.warmup_s
+        self.t0 = 0.0
+        self._issued = 0
+
+    async def go(self) -> RunResult:
+        started = _dt.datetime.now(_dt.timezone.utc)
+        self.t0 = time.perf_counter() + _START_LEAD_S
+        ticker = asyncio.create_task(self._tick())
+        try:
+            if self.config.concurrency is not None:
+                await asyncio.gather(*(self._client() for _ in range(self.config.concurrency)))
+            else:
+                await self._open_loop()
+        finally:
+            ticker.cancel()
+            try:
+                await ticker
+            except asyncio.CancelledError:
+                pass
+        wall_s = time.perf_counter() - self.t0
+        self._report_progress()
+        self.records.sort(key=lambda r: r.index)
+        return RunResult(self.records, self._meta(started, wall_s))
+
+    # --- the two loops ---
+
+    def _more(self, due_s: float) -> bool:
+        if self.total is not None:
+            return self._issued < self.total
+        assert self.horizon_s is not None
+        return due_s < self.horizon_s
+
+    def _is_warmup(self, index: int, due_s: float) -> bool:
+        return index < self.config.warmup_requests or due_s < self.config.warmup_s
+
+    async def _open_loop(self) -> None:
+        c = self.config
+        tasks: set[asyncio.Task[None]] = set()
+        for due_s, cls in schedule(self.factory, rate=c.rate, process=c.arrival, burstiness=c.burstiness, seed=c.seed):
+            if not self._more(due_s):
+                break
+            req = self.factory.next(cls)  # built before its due time, off the clock
+            self._issued += 1
+            due_at = self.t0 + due_s
+            while (delay := due_at - time.perf_counter()) > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(self._one(req, due_s, self._is_warmup(req.index, due_s)))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks)
+
+    async def _client(self) -> None:
+        # Closed loop: a client is due again the moment its previous request ends (no think time).
+        delay = self.t0 - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        ready_s = max(0.0, time.perf_counter() - self.t0)
+        while self._more(ready_s):
+            req = self.factory.next()
+            self._issued += 1
+            await self._one(req, ready_s, self._is_warmup(req.index, ready_s))
+            ready_s = time.perf_counter() - self.t0
+
+    # --- one request ---
+
+    async def _one(self, req: PlannedRequest, due_s: float, warmup: bool) -> None:
+        t0 = self.t0
+        perf = time.perf_counter
+        rec = RequestRecord(index=req.index, cls=req.cls, warmup=warmup, scheduled_at=due_s,
+                            prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens, stream=req.stream)
+        self.records.append(rec)
+        self.in_flight += 1
+        loop = asyncio.get_running_loop()
+        to = self.config.timeouts
+        sent = perf()
+        rec.sent_at = sent - t0
+        sent_loop = loop.time()
+        phase = "first_token" if to.first_token_s < to.total_s else "total"
+        headers = self.headers if not req.headers else {**self.headers, **dict(req.headers)}
+        try:
+            async with asyncio.timeout(sent_loop + min(to.first_token_s, to.total_s)) as cm:
+                async with self.session.post(self.url + req.path, data=req.body, headers=headers) as resp:
+                    rec.status = resp.status
+                    h = resp.headers
+                    q = h.get("X-Tailguard-Queue-Ms")
+                    if q is not None:
+                        try:
+                            rec.queue_ms = float(q)
+                        except ValueError:
+                            pass
+                    rec.backend = h.get("X-Tailguard-Backend")
+                    rec.server_class = h.get("X-Tailguard-Class")
+                    if resp.status != 200:
+                        text = await resp.read()
+                        rec.error_kind = "http"
+                        rec.error = text[:_ERROR_TEXT_LIMIT].decode("utf-8", "replace")
+                    elif req.stream:
+                        await self._read_stream(resp, rec, cm, sent_loop + to.total_s)
+                        if rec.first_token_at is not None:
+                            phase = "total"
+                    else:
+                        await self._read_whole(resp, rec)
+        except aiohttp.ConnectionTimeoutError:
+            rec.error_kind, rec.timeout_phase = "timeout", "connect"
+        except TimeoutError:
+            rec.error_kind = "timeout"
+            rec.timeout_phase = "total" if rec.first_token_at is not None else phase
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as e:
+            rec.error_kind = "disconnect" if rec.status is not None else "connect"
+            rec.error = repr(e)[:_ERROR_TEXT_LIMIT]
+        except aiohttp.ClientError as e:
+            rec.error_kind = "connect" if rec.status is None else "protocol"
+            rec.error = repr(e)[:_ERROR_TEXT_LIMIT]
+        rec.ended_at = perf() - t0
+        rec.ok = rec.error_kind is None
+        rec.finish_tokens()
+        self.in_flight -= 1
+        if not rec.ok:
+            self.failed += 1
+
+    async def _read_stream(self, resp: aiohttp.ClientResponse, rec: RequestRecord,
+                           cm: asyncio.Timeout, total_deadline: float) -> None:
+        t0 = self.t0
+        perf = time.perf_counter
+        dec = SSEDecoder()
+        chunks = rec.chunk_at
+        done = False
+        async for data in resp.content.iter_any():
+            now = perf() - t0
+            for ev in dec.feed(data):
+                d = ev.data
+                if d == DONE:
+                    done = True
+                elif has_content(d):
+                    chunks.append(now)
+                    if rec.first_token_at is None:
+                        rec.first_token_at = now
+                        cm.reschedule(total_deadline)
+                    if b'"usage":{' in d:
+                        self._take_usage(rec, d)
+                elif is_error_event(d):
+                    rec.error_kind = "stream_error"
+                    rec.error = d[:_ERROR_TEXT_LIMIT].decode("utf-8", "replace")
+                else:
+                    self._take_usage(rec, d)
+        if not done and rec.error_kind is None:
+            rec.error_kind = "truncated"
+            rec.error = "stream ended without data: [DONE]"
+
+    @staticmethod
+    def _take_usage(rec: RequestRecord, d: bytes) -> None:
+        usage = usage_of(d)
+        if usage is not None:
+            ct, pt = usage.get("completion_tokens"), usage.get("prompt_tokens")
+            if isinstance(ct, int):
+                rec.usage_output_tokens = ct
+            if isinstance(pt, int):
+                rec.usage_prompt_tokens = pt
+
+    async def _read_whole(self, resp: aiohttp.ClientResponse, rec: RequestRecord) -> None:
+        raw = await resp.read()
+        rec.first_token_at = time.perf_counter() - self.t0  # a non-stream reply's first token is its last byte
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            rec.error_kind, rec.error = "protocol", "response body is not JSON"
+            return
+        usage = obj.get("usage") if isinstance(obj, dict) else None
+        if isinstance(usage, dict):
+            if isinstance(usage.get("completion_tokens"), int):
+                rec.usage_output_tokens = usage["completion_tokens"]
+            if isinstance(usage.get("prompt_tokens"), int):
+                rec.usage_prompt_tokens = usage["prompt_tokens"]
+        if rec.usage_output_tokens is None and isinstance(obj, dict):
+            choice = (obj.get("choices") or [{}])[0]
+            text = choice.get("text") or (choice.get("message") or {}).get("content") or ""
+            rec.usage_output_tokens = text_tokens(text) if isinstance(text, str) else 0
+
+    # --- bookkeeping ---
+
+    async def _tick(self) -> None:
+        """Event-loop lag: how late a 10 ms ticker wakes up. Also drives the progress callback."""
+        perf = time.perf_counter
+        expected = perf() + LOOP_TICK_S
+        next_report = perf()
+        while True:
+            await asyncio.sleep(max(0.0, expected - perf()))
+            now = perf()
+            self.loop_lag_s.append(max(0.0, now - expected))
+            expected = max(expected + LOOP_TICK_S, now)
+            if self.progress is not None and now >= next_report:
+                self._report_progress()
+                next_report = now + 0.25
+
+    def _report_progress(self) -> None:
+        if self.progress is not None:
+            done = len(self.records) - self.in_flight
+            self.progress(Progress(done, self.total, max(0.0, time.perf_counter() - self.t0),
+                                   self.horizon_s, self.in_flight, self.failed))
+
+    def _meta(self, started: _dt.datetime, wall_s: float) -> dict[str, Any]:
+        c = self.config
+        lag = sorted(self.loop_lag_s)
+        return {
+            "tailguard_version": __version__,
+            "started_at": started.isoformat(),
+            "wall_s": round(wall_s, 6),
+            "url": self.url,
+            "model": self.model,
+            "mode": "closed" if c.concurrency is not None else "open",
+            "concurrency": c.concurrency,
+            "rate": c.rate,
+            "arrival": c.arrival if c.concurrency is None else None,
+            "burstiness": c.burstiness if c.concurrency is None else None,
+            "requests": c.requests,
+            "duration_s": c.duration_s,
+            "warmup_requests": c.warmup_requests,
+            "warmup_s": c.warmup_s,
+            "seed": c.seed,
+            "timeouts": asdict(c.timeouts),
+            "max_dispatch_lag_s": c.max_dispatch_lag_s,
+            "workload": self.workload.model_dump(mode="json"),
+            "slo": self.workload.slos(),
+            "loop_lag_s": {
+                "p50": lag[len(lag) // 2] if lag else 0.0,
+                "p99": lag[min(len(lag) - 1, int(len(lag) * 0.99))] if lag else 0.0,
+                "max": lag[-1] if lag else 0.0,
+                "samples": len(lag),
+            },
+        }

@@ -1,0 +1,182 @@
+"""The report's plots as base64 PNGs (matplotlib's object API, no pyplot state, no display):
+latency CDFs per class, TTFT and E2E over time, in-flight requests over time, the ITL
+distribution, dispatch lag over time, and the before/after CDF overlay for compare.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+from typing import Sequence
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from tailguard.bench.recorder import RequestRecord
+from tailguard.bench.stats import Array, e2e_sample, ttft_sample
+
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
+FAIL_COLOR = "#d62728"
+ITL_FLOOR_S = 1e-5  # chunks read together have a 0 gap; drawn at 10 us on the log axis
+_DPI = 100
+
+
+def to_png_b64(fig: Figure) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=_DPI, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def class_colors(names: Sequence[str]) -> dict[str, str]:
+    return {n: COLORS[i % len(COLORS)] for i, n in enumerate(names)}
+
+
+def _by_class(records: Sequence[RequestRecord], names: Sequence[str]) -> dict[str, list[RequestRecord]]:
+    return {n: [r for r in records if r.cls == n] for n in names}
+
+
+def _cdf(ax: Axes, values: Array, label: str, color: str, linestyle: str = "-") -> None:
+    """Empirical CDF over all requests: failures (+inf) are never reached, so the curve tops out
+    at the success share instead of hiding them."""
+    n = len(values)
+    if n == 0:
+        return
+    finite = np.sort(values[np.isfinite(values)])
+    finite = np.maximum(finite, 1e-4)
+    if len(finite) == 0:
+        return
+    y = np.arange(1, len(finite) + 1) / n
+    ax.step(finite, y, where="post", label=label, color=color, linestyle=linestyle, linewidth=1.6)
+
+
+def _style_cdf(ax: Axes, title: str) -> None:
+    ax.set_xscale("log")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(title)
+    ax.set_xlabel("seconds (log)")
+    ax.set_ylabel("fraction of requests")
+    for y in (0.5, 0.9, 0.99):
+        ax.axhline(y, color="#999999", linewidth=0.6, linestyle=":")
+    ax.grid(True, which="major", alpha=0.3)
+
+
+def latency_cdfs(records: Sequence[RequestRecord], names: Sequence[str]) -> str:
+    colors = class_colors(names)
+    fig = Figure(figsize=(12, 4.2))
+    ax1, ax2 = fig.subplots(1, 2)
+    for n, recs in _by_class(records, names).items():
+        _cdf(ax1, np.asarray([e2e_sample(r) for r in recs]), f"{n} ({len(recs)})", colors[n])
+        _cdf(ax2, np.asarray([ttft_sample(r) for r in recs]), n, colors[n])
+    _style_cdf(ax1, "E2E latency CDF per class")
+    _style_cdf(ax2, "TTFT CDF per class")
+    ax1.legend(loc="lower right", fontsize=9)
+    return to_png_b64(fig)
+
+
+def over_time(records: Sequence[RequestRecord], names: Sequence[str]) -> str:
+    colors = class_colors(names)
+    fig = Figure(figsize=(12, 6.5))
+    axes = fig.subplots(2, 1, sharex=True)
+    for ax, metric, title in ((axes[0], e2e_sample, "E2E"), (axes[1], ttft_sample, "TTFT")):
+        finite_max = 0.0
+        fails_x: list[float] = []
+        for n, recs in _by_class(records, names).items():
+            x = np.asarray([r.scheduled_at for r in recs])
+            y = np.asarray([metric(r) for r in recs])
+            ok = np.isfinite(y)
+            if ok.any():
+                finite_max = max(finite_max, float(y[ok].max()))
+            ax.scatter(x[ok], np.maximum(y[ok], 1e-4), s=9, alpha=0.7, color=colors[n], label=n, linewidths=0)
+            fails_x.extend(x[~ok].tolist())
+        if fails_x:
+            top = max(finite_max, 1e-3) * 1.6
+            ax.scatter(fails_x, [top] * len(fails_x), marker="x", s=22, color=FAIL_COLOR,
+                       label=f"failed ({len(fails_x)})")
+        ax.set_yscale("log")
+        ax.set_ylabel(f"{title} (s, log)")
+        ax.set_title(f"{title} by scheduled send time")
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(loc="upper left", fontsize=9, markerscale=2)
+    axes[1].set_xlabel("scheduled send time (s since start)")
+    return to_png_b64(fig)
+
+
+def in_flight(records: Sequence[RequestRecord], names: Sequence[str]) -> str:
+    colors = class_colors(names)
+    fig = Figure(figsize=(12, 3.6))
+    ax = fig.subplots()
+    groups = [("all", list(records), "#333333")] + [(n, rs, colors[n]) for n, rs in _by_class(records, names).items()]
+    for label, recs, color in groups:
+        if not recs:
+            continue
+        t = np.concatenate([[r.sent_at for r in recs], [r.ended_at for r in recs]])
+        d = np.concatenate([np.ones(len(recs)), -np.ones(len(recs))])
+        order = np.lexsort((d, t))  # at equal times an end comes before a start
+        ax.step(t[order], np.cumsum(d[order]), where="post", label=label, color=color,
+                linewidth=1.8 if label == "all" else 1.2)
+    ax.set_title("Requests in flight (sent, not yet ended)")
+    ax.set_xlabel("time (s since start)")
+    ax.set_ylabel("requests")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper right", fontsize=9)
+    return to_png_b64(fig)
+
+
+def itl_distribution(records: Sequence[RequestRecord], names: Sequence[str]) -> str | None:
+    colors = class_colors(names)
+    gaps = {n: np.concatenate([np.diff(np.asarray(r.chunk_at)) for r in rs if len(r.chunk_at) > 1] or [np.empty(0)])
+            for n, rs in _by_class(records, names).items()}
+    if not any(len(g) for g in gaps.values()):
+        return None
+    hi = max(float(g.max()) for g in gaps.values() if len(g))
+    positive = [float(g[g > 0].min()) for g in gaps.values() if (g > 0).any()]
+    has_zero = any((g <= 0).any() for g in gaps.values())
+    lo = ITL_FLOOR_S if has_zero or not positive else max(ITL_FLOOR_S, min(positive) / 1.5)
+    bins = np.logspace(math.log10(lo), math.log10(max(hi, lo * 10) * 1.2), 60)
+    fig = Figure(figsize=(12, 3.8))
+    ax = fig.subplots()
+    for n, g in gaps.items():
+        if len(g):
+            ax.hist(np.maximum(g, ITL_FLOOR_S), bins=bins.tolist(), histtype="step", linewidth=1.5, color=colors[n],
+                    label=f"{n} ({len(g)} gaps)", density=False)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_title("Inter-token latency, pooled per chunk (a stall shows as a bar far to the right)")
+    ax.set_xlabel("gap between content chunks (s, log; 0 drawn at 10 us)")
+    ax.set_ylabel("chunks (log)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper right", fontsize=9)
+    return to_png_b64(fig)
+
+
+def dispatch_lag(records: Sequence[RequestRecord], threshold_s: float) -> str:
+    fig = Figure(figsize=(12, 2.8))
+    ax = fig.subplots()
+    x = np.asarray([r.scheduled_at for r in records])
+    y = np.asarray([r.dispatch_lag_s * 1000 for r in records])
+    ax.scatter(x, y, s=5, alpha=0.6, color="#555555", linewidths=0)
+    ax.axhline(threshold_s * 1000, color=FAIL_COLOR, linewidth=1, linestyle="--", label="validity threshold")
+    ax.set_title("Dispatch lag: actual minus scheduled send")
+    ax.set_xlabel("scheduled send time (s since start)")
+    ax.set_ylabel("ms")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper right", fontsize=9)
+    return to_png_b64(fig)
+
+
+def compare_cdfs(before: Sequence[RequestRecord], after: Sequence[RequestRecord], names: Sequence[str]) -> str:
+    colors = class_colors(names)
+    fig = Figure(figsize=(12, 4.2))
+    ax1, ax2 = fig.subplots(1, 2)
+    for n in names:
+        b = [r for r in before if r.cls == n]
+        a = [r for r in after if r.cls == n]
+        for ax, metric in ((ax1, e2e_sample), (ax2, ttft_sample)):
+            _cdf(ax, np.asarray([metric(r) for r in b]), f"{n} before", colors[n], ":")
+            _cdf(ax, np.asarray([metric(r) for r in a]), f"{n} after", colors[n], "-")
+    _style_cdf(ax1, "E2E CDF: before (dotted) vs after (solid)")
+    _style_cdf(ax2, "TTFT CDF: before (dotted) vs after (solid)")
+    ax1.legend(loc="lower right", fontsize=9)
+    return to_png_b64(fig)
