@@ -22,7 +22,7 @@ def test_defaults_have_interactive_first_and_a_capped_batch_class() -> None:
     cfg = GatewayConfig()
     assert [(c.name, c.rank) for c in cfg.classes] == [("interactive", 0), ("batch", 1)]
     batch = cfg.classes[1]
-    assert batch.max_tokens_cap == 4096 and batch.cap_mode == "clamp" and batch.max_share == 0.875
+    assert batch.max_tokens_cap == 4096 and batch.cap_mode == "clamp" and batch.max_share == 0.75
     assert cfg.default_class == "interactive"
     assert (cfg.host, cfg.port, cfg.max_body_bytes) == ("127.0.0.1", 8080, 4 * 1024 * 1024)
     assert cfg.scheduler.policy == "ranked-sjf" and cfg.backends == []
@@ -135,3 +135,14 @@ def test_quick_form_names_backends_by_host_and_port() -> None:
         GatewayConfig.quick([], 8)
     with pytest.raises(ConfigError, match=r"(?s)--backend: .*must start with http://"):
         GatewayConfig.quick(["127.0.0.1:8100"], 8)
+
+
+def test_docs_describe_every_field() -> None:
+    from pydantic import BaseModel
+
+    from tailguard.gateway import config as mod
+
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "configuration.md").read_text()
+    models = [v for v in vars(mod).values() if isinstance(v, type) and issubclass(v, BaseModel) and v.__module__ == mod.__name__]
+    missing = [f"{m.__name__}.{n}" for m in models for n in m.model_fields if f"`{n}`" not in docs and f".{n}`" not in docs]
+    assert not missing, f"docs/configuration.md does not mention {missing}"
