@@ -177,7 +177,8 @@ class BaseScheduler(abc.ABC):
         heap = self._deadlines
         while heap and not heap[0][2].alive:
             self._pop(heap)
-        return heap[0][0] if heap else None
+        # An infinite bound never expires: no wakeup, rather than a timer at infinity.
+        return heap[0][0] if heap and heap[0][0] != math.inf else None
 
     def on_finish(self, req_id: str, outcome: Outcome, now: float) -> None:
         if self._backlogged and self._last_finish_at is not None:

@@ -38,7 +38,7 @@ def sjf(aging_s: float = 10.0) -> RankedSjfScheduler:
     return RankedSjfScheduler(SchedulerConfig(aging_s=aging_s), CLASSES)
 
 
-def drain(s: BaseScheduler, now: float, admissible: object = None) -> list[str]:
+def drain(s: BaseScheduler, now: float) -> list[str]:
     out = []
     while (p := s.pop(now)) is not None:
         out.append(p.id)
@@ -231,8 +231,7 @@ def test_wait_bound_rejects_a_request_that_would_wait_too_long() -> None:
 def test_first_request_is_never_refused_for_its_bound() -> None:
     classes = [ClassConfig(name="interactive", rank=0, max_queue_len=100, max_queue_wait_s=0.1)]
     s = RankedSjfScheduler(SchedulerConfig(), classes)
-    set_drain_rate_single = Pending("f", "interactive", 0, 1, 0.0, 0.1)
-    s.push(set_drain_rate_single, 0.0)
+    s.push(Pending("f", "interactive", 0, 1, 0.0, 0.1), 0.0)
     s.on_finish("x", Outcome.SUCCESS, 0.0)
     s.on_finish("y", Outcome.SUCCESS, 100.0)  # very slow drain
     s.remove("f", 100.0)
@@ -314,3 +313,10 @@ def test_unknown_class_rank_mismatch_and_duplicate_ids_are_errors() -> None:
     s.push(req("x", "batch", 1, 0.0), 0.0)
     with pytest.raises(ValueError, match="already queued"):
         s.push(req("x", "batch", 1, 0.0), 0.0)
+
+
+def test_an_infinite_bound_never_wakes_the_driver() -> None:
+    s = sjf()
+    s.push(Pending("forever", "batch", 1, 10, 0.0, float("inf")), 0.0)
+    assert s.next_wakeup() is None
+    assert s.expire(1e12) == [] and len(s) == 1
