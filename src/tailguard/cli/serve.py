@@ -93,10 +93,10 @@ async def _main(cfg: GatewayConfig, sim: bool, preset: str | None, time_scale: f
         return
     from tailguard.sim.server import running_sim
 
-    async with running_sim(preset=preset, time_scale=time_scale) as sim_url:
-        first = cfg.backends[0].model_copy(update={"url": sim_url, "kind": "sim", "name": "sim"})
+    async with running_sim(preset=preset, time_scale=time_scale) as running:
+        first = cfg.backends[0].model_copy(update={"url": running.url, "kind": "sim", "name": "sim"})
         cfg = cfg.model_copy(update={"backends": [first]})
-        typer.echo(f"simulator listening on {sim_url}", err=True)
+        typer.echo(f"simulator listening on {running.url}", err=True)
         await serve_gateway(cfg, ready=ready)
 
 

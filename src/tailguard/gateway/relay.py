@@ -105,6 +105,12 @@ class Watchdog:
         self.first_seen = False
         self._arm(min(first_token_at, self.total_at))
 
+    def first_content(self, now: float) -> None:
+        """From here on the idle deadline applies instead of the first-token one."""
+        self.first_seen = True
+        self.last_at = now
+        self._arm(min(now + self.idle_s, self.total_at))
+
     def _arm(self, at: float) -> None:
         if self._handle is not None:
             self._handle.cancel()
@@ -326,7 +332,7 @@ class StreamRelay:
                     t.content_chunks += content
                     if t.first_content_at is None:
                         t.first_content_at = now
-                        wd.first_seen = True
+                        wd.first_content(now)
                     else:
                         observe(now - t.last_content_at)  # type: ignore[operator]
                     while content > 1:  # events that arrived in the same read: no gap
@@ -474,7 +480,7 @@ class Assembler:
             t = self.times
             if t.first_content_at is None:
                 t.first_content_at = now
-                self.watchdog.first_seen = True
+                self.watchdog.first_content(now)
             else:
                 self.itl_observe(now - t.last_content_at)  # type: ignore[operator]
             t.last_content_at = now

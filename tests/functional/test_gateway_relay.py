@@ -1,0 +1,115 @@
+"""The gateway relays the simulator's answers to the real `openai` client: streams chunk by chunk,
+non-stream requests assembled from an upstream stream, usage, headers, models, health, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import orjson
+
+from tailguard.wire.sse import DONE, SSEDecoder
+from tests.functional.gateways import gateway, health, sample, scrape
+
+CHAT = [{"role": "user", "content": "x" * 400}]  # 104 prompt tokens by the bytes/4 estimate
+
+
+async def test_non_stream_chat_is_assembled_with_usage_and_headers() -> None:
+    async with asyncio.timeout(20), gateway() as gw, gw.client() as c:
+        raw = await c.chat.completions.with_raw_response.create(model="m", messages=CHAT, max_tokens=9)
+        r = raw.parse()
+    assert r.object == "chat.completion" and r.model == "tailguard-sim"
+    assert r.choices[0].message.content == " tok" * 9
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage is not None and r.usage.completion_tokens == 9 and r.usage.prompt_tokens == 104
+    h = raw.headers
+    assert h["x-tailguard-class"] == "interactive"
+    assert h["x-tailguard-backend"] == "sim0"
+    assert float(h["x-tailguard-queue-ms"]) >= 0.0
+    st = h["server-timing"]
+    assert "queue;dur=" in st and "connect;dur=" in st and "ttft;dur=" in st
+
+
+async def test_stream_chat_relays_every_token_and_usage_only_when_asked() -> None:
+    async with asyncio.timeout(20), gateway() as gw, gw.client() as c:
+        plain = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=12, stream=True)
+        chunks = [ch async for ch in plain]
+        with_usage = await c.chat.completions.create(
+            model="m", messages=CHAT, max_tokens=12, stream=True, stream_options={"include_usage": True})
+        chunks_u = [ch async for ch in with_usage]
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == " tok" * 12
+    assert all(ch.usage is None for ch in chunks)  # the usage chunk the gateway asked for is dropped
+    assert all(ch.choices for ch in chunks)
+    assert chunks_u[-1].choices == [] and chunks_u[-1].usage is not None
+    assert chunks_u[-1].usage.completion_tokens == 12 and chunks_u[-1].usage.prompt_tokens == 104
+
+
+async def test_stream_headers_arrive_with_the_first_token() -> None:
+    async with asyncio.timeout(20), gateway() as gw, gw.client() as c:
+        raw = await c.chat.completions.with_raw_response.create(
+            model="m", messages=CHAT, max_tokens=5, stream=True, extra_headers={"X-Tailguard-Class": "batch"})
+        assert raw.headers["content-type"].startswith("text/event-stream")
+        assert raw.headers["x-tailguard-class"] == "batch"
+        assert raw.headers["x-tailguard-backend"] == "sim0"
+        assert "ttft;dur=" in raw.headers["server-timing"]
+        stream = raw.parse()
+        n = len([ch async for ch in stream if ch.choices and ch.choices[0].delta.content])
+    assert n == 5
+
+
+async def test_completions_stream_and_non_stream() -> None:
+    async with asyncio.timeout(20), gateway() as gw, gw.client() as c:
+        r = await c.completions.create(model="m", prompt="hello there", max_tokens=4)
+        s = await c.completions.create(model="m", prompt="hello there", max_tokens=4, stream=True,
+                                       stream_options={"include_usage": True})
+        chunks = [ch async for ch in s]
+    assert r.object == "text_completion" and r.choices[0].text == " tok" * 4
+    assert r.usage is not None and r.usage.completion_tokens == 4 and r.usage.prompt_tokens == 3
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == " tok" * 4
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+
+
+async def test_raw_stream_is_valid_sse_ending_in_done() -> None:
+    body = orjson.dumps({"model": "m", "messages": CHAT, "max_tokens": 6, "stream": True})
+    async with asyncio.timeout(20), gateway() as gw, aiohttp.ClientSession() as s:
+        async with s.post(f"{gw.url}/v1/chat/completions", data=body) as r:
+            assert r.status == 200
+            dec = SSEDecoder()
+            events = []
+            async for data in r.content.iter_any():
+                events += dec.feed(data)
+            events += dec.flush()
+    assert events[-1].data == DONE
+    objs = [orjson.loads(e.data) for e in events[:-1]]
+    assert objs[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert sum(1 for o in objs if o["choices"][0]["delta"].get("content")) == 6
+    assert all("usage" not in o for o in objs)
+
+
+async def test_models_health_and_metrics_move() -> None:
+    async with asyncio.timeout(20), gateway(sims=2) as gw, gw.client() as c:
+        models = await c.models.list()
+        assert [m.id for m in models.data] == ["tailguard-sim"]  # union, deduplicated
+        h = await health(gw.url)
+        assert h["status"] == "ok" and set(h["backends"]) == {"sim0", "sim1"}
+        before = await scrape(gw.url)
+        await asyncio.gather(*(c.chat.completions.create(model="m", messages=CHAT, max_tokens=8)
+                               for _ in range(4)))
+        s = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=8, stream=True)
+        async for _ in s:
+            pass
+        after = await scrape(gw.url)
+    assert sample(before, "tailguard_requests_total", **{"class": "interactive", "outcome": "success"}) == 0
+    assert sample(after, "tailguard_requests_total", **{"class": "interactive", "outcome": "success"}) == 5
+    assert sample(after, "tailguard_ttft_seconds_count", **{"class": "interactive"}) == 5
+    assert sample(after, "tailguard_e2e_seconds_count", **{"class": "interactive"}) == 5
+    assert sample(after, "tailguard_queue_wait_seconds_count", **{"class": "interactive"}) == 5
+    assert sample(after, "tailguard_output_tokens_total", **{"class": "interactive"}) == 40
+    assert sample(after, "tailguard_prompt_tokens_total", **{"class": "interactive"}) == 5 * 104
+    # ITL: one observation per content chunk after the first
+    assert sample(after, "tailguard_itl_seconds_count", **{"class": "interactive"}) == 5 * 7
+    assert sample(after, "tailguard_inflight", backend="sim0") == 0
+    assert sample(after, "tailguard_inflight", backend="sim1") == 0
+    assert sample(after, "tailguard_queue_length", **{"class": "interactive"}) == 0
+    assert sample(after, "tailguard_backend_healthy", backend="sim0") == 1
