@@ -34,6 +34,10 @@ def serve(
 
     try:
         cfg = build_config(config, backend or [], max_concurrency, host, port, policy, sim)
+        if sim:
+            from tailguard.sim.cost import EngineConfig
+
+            EngineConfig.from_preset(sim_preset or "h100-llama8b")  # an unknown preset fails here, clearly
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
@@ -91,12 +95,16 @@ async def _main(cfg: GatewayConfig, sim: bool, preset: str | None, time_scale: f
     if not sim:
         await serve_gateway(cfg, ready=ready)
         return
+    from tailguard.sim.cost import EngineConfig
     from tailguard.sim.server import running_sim
 
-    async with running_sim(preset=preset, time_scale=time_scale) as running:
+    # The simulated engine batches exactly as many sequences as the gateway lets through, as a
+    # vLLM started with --max-num-seqs equal to the backend's max_concurrency would.
+    engine = EngineConfig.from_preset(preset or "h100-llama8b", max_num_seqs=cfg.backends[0].max_concurrency)
+    async with running_sim(engine, time_scale=time_scale) as running:
         first = cfg.backends[0].model_copy(update={"url": running.url, "kind": "sim", "name": "sim"})
         cfg = cfg.model_copy(update={"backends": [first]})
-        typer.echo(f"simulator listening on {running.url}", err=True)
+        typer.echo(f"simulator listening on {running.url} (max_num_seqs={engine.max_num_seqs})", err=True)
         await serve_gateway(cfg, ready=ready)
 
 
