@@ -252,7 +252,7 @@ class _Run:
         phase = "first_token" if to.first_token_s < to.total_s else "total"
         headers = self.headers if not req.headers else {**self.headers, **dict(req.headers)}
         try:
-            async with asyncio.timeout(sent_loop + min(to.first_token_s, to.total_s)) as cm:
+            async with asyncio.timeout_at(sent_loop + min(to.first_token_s, to.total_s)) as cm:
                 async with self.session.post(self.url + req.path, data=req.body, headers=headers) as resp:
                     rec.status = resp.status
                     h = resp.headers
