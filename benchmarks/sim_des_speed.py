@@ -4,7 +4,7 @@ The seed mix is the head-of-line problem tailguard exists for: chats (32-token p
 tokens) interleaved with summaries (2048-token prompts, 256 output tokens), Poisson arrivals.
 Prints and writes benchmarks/results/sim_des_speed.{json,md}.
 
-    .venv/bin/python benchmarks/sim_des_speed.py [--requests 100000] [--rate 40] [--preset h100-llama8b]
+    .venv/bin/python benchmarks/sim_des_speed.py [--requests 100000] [--rate 20] [--preset h100-llama8b]
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def pct(values: list[float], q: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=100_000)
-    ap.add_argument("--rate", type=float, default=40.0, help="arrivals per simulated second")
+    ap.add_argument("--rate", type=float, default=20.0, help="arrivals per simulated second")
     ap.add_argument("--summary-share", type=float, default=0.25)
     ap.add_argument("--preset", default="h100-llama8b")
     ap.add_argument("--repeats", type=int, default=3)
