@@ -233,11 +233,6 @@ class Engine:
     def num_waiting(self) -> int:
         return self._n_waiting
 
-    def output_tokens(self, req_id: str) -> int:
-        """Tokens emitted so far by a live request (0 if unknown)."""
-        seq = self._seqs.get(req_id)
-        return 0 if seq is None else self._out_now(seq)
-
     def step(self, now: float) -> Step:
         s = self._step_no
         bs = self._bs
@@ -511,8 +506,7 @@ class Engine:
             held_blocks += seq.private
         if len(self._running) > self.config.max_num_seqs:
             problems.append(f"{len(self._running)} running > max_num_seqs {self.config.max_num_seqs}")
-        refs = getattr(self.kv, "_refs")
-        if self.kv.used_blocks != held_blocks + sum(1 for r in refs.values() if r > 0):
+        if self.kv.used_blocks != held_blocks + self.kv.referenced_cached_blocks():
             problems.append(f"KV used {self.kv.used_blocks} != blocks held by running sequences")
         if self.kv.used_blocks > self.kv.num_blocks or self.kv.free_blocks < 0:
             problems.append("KV over capacity")

@@ -93,6 +93,10 @@ class KVCache:
     def cached_blocks(self) -> int:
         return len(self._refs)
 
+    def referenced_cached_blocks(self) -> int:
+        """Cached blocks some sequence holds (O(n): for audits, not for the hot path)."""
+        return sum(1 for r in self._refs.values() if r > 0)
+
     def usage(self) -> float:
         """Fraction of blocks held by sequences, as vLLM's kv_cache_usage_perc (0..1)."""
         return self.used_blocks / self.num_blocks

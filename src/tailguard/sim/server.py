@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
 from contextlib import asynccontextmanager
@@ -37,6 +38,7 @@ from tailguard.wire import openai as wire
 from tailguard.wire.sse import DONE_EVENT, encode_event
 
 TOKEN_TEXT = " tok"
+_log = logging.getLogger("tailguard.sim")
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
@@ -66,6 +68,7 @@ class SimState:
         self.lives: dict[str, _Live] = {}
         self.kick = asyncio.Event()
         self.closing = False
+        self.broken = False
         self.task: asyncio.Task[None] | None = None
         self.created = int(time.time())
         self._nonce = os.urandom(4).hex()
@@ -90,7 +93,21 @@ def _wake(live: _Live) -> None:
 
 
 async def engine_loop(state: SimState) -> None:
-    """Step the engine while it has work; sleep on `state.kick` while it is idle."""
+    """Step the engine while it has work; sleep on `state.kick` while it is idle.
+
+    Should the model ever raise, the simulator stops taking requests and answers the live ones
+    with a 500 rather than leaving them hanging."""
+    try:
+        await _step_forever(state)
+    except Exception:
+        _log.exception("the simulated engine failed; answering every request with 500 from now on")
+        state.broken = True
+        state.closing = True
+        state.wake_all()
+        raise
+
+
+async def _step_forever(state: SimState) -> None:
     engine, clock, metrics = state.engine, state.clock, state.metrics
     t = clock.now()
     while True:
@@ -103,13 +120,20 @@ async def engine_loop(state: SimState) -> None:
         end = t + step.duration_s
         delay = clock.wall_delay(end)
         if delay > 0:
+            # Waking a little late is fine: the next step still starts at `end`, so timer slack
+            # never adds up over a long run.
             await asyncio.sleep(delay)
             metrics.behind_s = 0.0
+            _deliver(state, step, end)
+            t = end
         else:
-            metrics.behind_s = clock.now() - end
+            # Computing the step took longer than the step itself: this process cannot keep up at
+            # this time_scale. Say so, and carry on from now rather than drift ever further behind.
+            now = clock.now()
+            metrics.behind_s = now - end
             await asyncio.sleep(0)  # let handlers run even when behind
-        _deliver(state, step, end)
-        t = end
+            _deliver(state, step, end)
+            t = max(end, now)
 
 
 def _deliver(state: SimState, step: Step, end: float) -> None:
@@ -189,6 +213,12 @@ def _block_keys(state: SimState, parsed: wire.ParsedRequest) -> tuple[int, ...]:
     return text_block_hashes(parsed.prompt_text(), bs, max_blocks=parsed.prompt_tokens // bs)
 
 
+def _unavailable(state: SimState) -> APIError:
+    if state.broken:
+        return APIError("The simulated engine failed; see the simulator's log.", status=500, type="server_error")
+    return APIError("The simulator is shutting down.", status=503, type="server_error")
+
+
 def _error(err: APIError) -> web.Response:
     return web.Response(status=err.status, body=wire.error_body(err), content_type="application/json",
                         headers=wire.error_headers(err))
@@ -243,7 +273,7 @@ async def _generate(request: web.Request, endpoint: wire.Endpoint) -> web.Stream
     except APIError as err:
         return _error(err)
     if state.closing:
-        return _error(APIError("The simulator is shutting down.", status=503, type="server_error"))
+        return _error(_unavailable(state))
     engine, clock = state.engine, state.clock
     priority = int(parsed.body.get("priority") or 0)
     now = clock.now()
@@ -280,7 +310,7 @@ async def _complete(state: SimState, acc: _Accepted, live: _Live) -> web.Respons
     while not live.done:
         await _wait(state, live, live.ready)
         if state.closing and not live.done:
-            return _error(APIError("The simulator is shutting down.", status=503, type="server_error"))
+            return _error(_unavailable(state))
     usage = wire.usage_dict(acc.prompt_tokens, live.ready)
     text = TOKEN_TEXT * live.ready
     build = wire.chat_response if acc.parsed.endpoint == "chat" else wire.completion_response
@@ -354,7 +384,7 @@ async def _on_shutdown(app: web.Application) -> None:
     state.wake_all()
     if state.task is not None:
         state.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        with contextlib.suppress(asyncio.CancelledError, Exception):  # a failure was logged already
             await state.task
         state.task = None
 
