@@ -10,7 +10,7 @@ import importlib
 
 import typer
 
-VERB_MODULES: tuple[str, ...] = ("bench", "serve", "sim")
+VERB_MODULES: tuple[str, ...] = ("bench", "demo", "serve", "sim")
 
 app = typer.Typer(
     name="tailguard",
