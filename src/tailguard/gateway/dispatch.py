@@ -80,7 +80,7 @@ class Dispatcher:
             raise overloaded(reject.reason, reject.retry_after_s)
         fut: asyncio.Future[Ticket] = self._loop.create_future()
         self._waiters[pending.id] = fut
-        self._metrics.queue_length.labels(pending.cls).inc()
+        self._metrics.cls(pending.cls).queue_length.inc()
         self._pump()
         try:
             # A future that is already done (idle gateway) returns here without yielding.
@@ -93,7 +93,7 @@ class Dispatcher:
         if self._waiters.pop(pending.id, None) is not None:
             now = self._loop.time()
             if self._scheduler.remove(pending.id, now):
-                self._metrics.queue_length.labels(pending.cls).dec()
+                self._metrics.cls(pending.cls).queue_length.dec()
             self._arm()
         elif fut.done() and not fut.cancelled() and fut.exception() is None:
             # Bound in the same iteration the client left: hand the slot back.
@@ -106,7 +106,7 @@ class Dispatcher:
         ticket.released = True
         p = ticket.pending
         self._pool.release(ticket.backend, p.cls)
-        self._metrics.inflight.labels(ticket.backend).dec()
+        self._metrics.inflight_of(ticket.backend).dec()
         self._scheduler.on_finish(p.id, outcome, self._loop.time())
         self._pump()
 
@@ -119,9 +119,9 @@ class Dispatcher:
         if new is None:
             return None
         self._pool.acquire(new, ticket.pending.cls)
-        self._metrics.inflight.labels(new).inc()
+        self._metrics.inflight_of(new).inc()
         self._pool.release(old, ticket.pending.cls)
-        self._metrics.inflight.labels(old).dec()
+        self._metrics.inflight_of(old).dec()
         ticket.backend = new
         self._pump()
         return new
@@ -166,14 +166,14 @@ class Dispatcher:
                     break
                 backend = chosen.get(p.id) or choose(pool, p, now)
                 fut = waiters.pop(p.id, None)
-                self._metrics.queue_length.labels(p.cls).dec()
+                self._metrics.cls(p.cls).queue_length.dec()
                 if fut is None or fut.done() or backend is None:
                     # Its client is gone already (or capacity vanished): it never ran.
                     scheduler.on_finish(p.id, Outcome.CLIENT_GONE, now)
                     continue
                 pool.acquire(backend, p.cls)
-                self._metrics.inflight.labels(backend).inc()
-                self._metrics.queue_wait.labels(p.cls).observe(now - p.arrived_at)
+                self._metrics.inflight_of(backend).inc()
+                self._metrics.cls(p.cls).queue_wait.observe(now - p.arrived_at)
                 fut.set_result(Ticket(p, backend, now))
         self._arm()
 
@@ -196,7 +196,7 @@ class Dispatcher:
         now = self._loop.time()
         for p in self._scheduler.expire(now):
             fut = self._waiters.pop(p.id, None)
-            self._metrics.queue_length.labels(p.cls).dec()
+            self._metrics.cls(p.cls).queue_length.dec()
             self._metrics.rejected.labels(p.cls, "queue_timeout").inc()
             if fut is not None and not fut.done():
                 fut.set_exception(overloaded(

@@ -8,12 +8,15 @@ Per-chunk work is one histogram observation through a label child fetched once p
 from __future__ import annotations
 
 import logging
+from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
 
 from tailguard.types import Outcome
 
@@ -27,11 +30,90 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1
 _access_log = logging.getLogger(ACCESS_LOGGER)
 
 
+class ChunkHistogram:
+    """A lock-free histogram for per-chunk observations (one bisect and two adds).
+
+    prometheus_client's Histogram takes a lock per bucket increment; at tens of thousands of
+    chunks a second that is most of the relay's own CPU. The event loop is single-threaded, so
+    plain integers are safe; `ChunkHistograms` exports them at scrape time.
+    """
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def observe_zeros(self, n: int) -> None:
+        """`n` chunks that arrived in the same read as the previous one: no gap."""
+        self.counts[0] += n
+
+
+class ChunkHistograms:
+    """A labelled family of `ChunkHistogram`s, collected as a Prometheus histogram."""
+
+    def __init__(self, name: str, doc: str, label: str, bounds: tuple[float, ...], registry: CollectorRegistry) -> None:
+        self.name, self.doc, self.label, self.bounds = name, doc, label, bounds
+        self._children: dict[str, ChunkHistogram] = {}
+        registry.register(self)
+
+    def labels(self, value: str) -> ChunkHistogram:
+        h = self._children.get(value)
+        if h is None:
+            h = self._children[value] = ChunkHistogram(self.bounds)
+        return h
+
+    def describe(self) -> list[Metric]:
+        return [HistogramMetricFamily(self.name, self.doc, labels=[self.label])]
+
+    def collect(self) -> Iterator[Metric]:
+        fam = HistogramMetricFamily(self.name, self.doc, labels=[self.label])
+        for value, h in self._children.items():
+            buckets: list[tuple[str, float]] = []
+            acc = 0
+            for bound, c in zip(self.bounds, h.counts):
+                acc += c
+                buckets.append((repr(float(bound)), acc))
+            buckets.append(("+Inf", acc + h.counts[-1]))
+            fam.add_metric([value], buckets, h.sum)
+        yield fam
+
+
+class ClassMetrics:
+    """One class's label children, bound once so the request path skips `labels()` lookups."""
+
+    __slots__ = ("queue_length", "queue_wait", "ttft", "itl", "e2e", "prompt_tokens", "output_tokens",
+                 "_requests", "_parent", "_name")
+
+    def __init__(self, m: GatewayMetrics, name: str) -> None:
+        self._parent = m
+        self._name = name
+        self.queue_length = m.queue_length.labels(name)
+        self.queue_wait = m.queue_wait.labels(name)
+        self.ttft = m.ttft.labels(name)
+        self.itl = m.itl.labels(name)
+        self.e2e = m.e2e.labels(name)
+        self.prompt_tokens = m.prompt_tokens.labels(name)
+        self.output_tokens = m.output_tokens.labels(name)
+        self._requests: dict[Outcome, Any] = {}
+
+    def requests(self, outcome: Outcome) -> Any:
+        c = self._requests.get(outcome)
+        if c is None:
+            c = self._requests[outcome] = self._parent.requests.labels(self._name, outcome.value)
+        return c
+
+
 class GatewayMetrics:
     """All `tailguard_*` collectors of one gateway app.
 
         m = GatewayMetrics()
-        m.requests.labels("interactive", "success").inc()
+        m.cls("interactive").requests(Outcome.SUCCESS).inc()
         body = m.render()      # the /metrics payload
     """
 
@@ -46,9 +128,8 @@ class GatewayMetrics:
         self.ttft = Histogram(
             "tailguard_ttft_seconds", "Arrival to the first chunk carrying generated content.", ["class"],
             buckets=LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram(
-            "tailguard_itl_seconds", "Gaps between content chunks, per chunk.", ["class"],
-            buckets=ITL_BUCKETS, registry=r)
+        self.itl = ChunkHistograms(
+            "tailguard_itl_seconds", "Gaps between content chunks, per chunk.", "class", ITL_BUCKETS, r)
         self.e2e = Histogram(
             "tailguard_e2e_seconds", "Arrival to the last byte sent to the client.", ["class"],
             buckets=LATENCY_BUCKETS, registry=r)
@@ -72,6 +153,20 @@ class GatewayMetrics:
         self.backend_healthy = Gauge(
             "tailguard_backend_healthy", "1 if the last health probes of a backend succeeded.", ["backend"],
             registry=r)
+        self._classes: dict[str, ClassMetrics] = {}
+        self._inflight: dict[str, Any] = {}
+
+    def cls(self, name: str) -> ClassMetrics:
+        c = self._classes.get(name)
+        if c is None:
+            c = self._classes[name] = ClassMetrics(self, name)
+        return c
+
+    def inflight_of(self, backend: str) -> Any:
+        g = self._inflight.get(backend)
+        if g is None:
+            g = self._inflight[backend] = self.inflight.labels(backend)
+        return g
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -129,15 +224,16 @@ def response_headers(t: RequestTimes) -> dict[str, str]:
 
 def record_finish(m: GatewayMetrics, t: RequestTimes, outcome: Outcome) -> None:
     """Everything observed once when a request ends (its one outcome, tokens, TTFT, E2E)."""
-    m.requests.labels(t.cls, outcome.value).inc()
+    c = m.cls(t.cls)
+    c.requests(outcome).inc()
     if t.finished_at is not None:
-        m.e2e.labels(t.cls).observe(t.finished_at - t.arrived_at)
+        c.e2e.observe(t.finished_at - t.arrived_at)
     if t.first_content_at is not None:
-        m.ttft.labels(t.cls).observe(t.first_content_at - t.arrived_at)
+        c.ttft.observe(t.first_content_at - t.arrived_at)
     if t.prompt_tokens:
-        m.prompt_tokens.labels(t.cls).inc(t.prompt_tokens)
+        c.prompt_tokens.inc(t.prompt_tokens)
     if t.output_tokens:
-        m.output_tokens.labels(t.cls).inc(t.output_tokens)
+        c.output_tokens.inc(t.output_tokens)
 
 
 def access_log(

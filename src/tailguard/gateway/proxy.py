@@ -144,7 +144,7 @@ class Proxy:
         loop = self._loop
         to = self._timeouts
         wd = Watchdog(loop, total_at=ticket.bound_at + to.total_s, idle_s=to.idle_s)
-        itl = self._metrics.itl.labels(cls.name).observe
+        itl = self._metrics.cls(cls.name).itl
         stream: StreamRelay | None = None
         sent: web.StreamResponse | None = None  # a non-stream response already being written
         try:

@@ -25,9 +25,9 @@ from aiohttp import web
 from tailguard.errors import APIError
 from tailguard.gateway.backends import prepare_body
 from tailguard.gateway.config import BackendConfig, TimeoutsConfig
-from tailguard.gateway.metrics import RequestTimes
+from tailguard.gateway.metrics import ChunkHistogram, RequestTimes
 from tailguard.wire.openai import Endpoint, error_body
-from tailguard.wire.sse import DONE, SSEDecoder
+from tailguard.wire.sse import DONE, DONE_EVENT, SSEDecoder
 
 UPSTREAM_PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 # Byte keys whose non-empty string value marks a chunk that carries generated content.
@@ -281,11 +281,12 @@ class StreamRelay:
     times: RequestTimes
     watchdog: Watchdog
     client_usage: bool
-    itl_observe: Callable[[float], None]
+    itl: ChunkHistogram
     make_headers: Callable[[], dict[str, str]]
     usage: Usage = field(default_factory=Usage)
     response: web.StreamResponse | None = None
     upstream_error: bool = False
+    ended: bool = False  # the client's response is complete (eof written)
 
     async def run(self, up: aiohttp.ClientResponse) -> None:
         """Relay until the upstream ends. Raises `RelayError` (retryable while nothing was
@@ -294,13 +295,15 @@ class StreamRelay:
         keys = _CONTENT_KEYS[self.endpoint]
         t = self.times
         wd = self.watchdog
-        observe = self.itl_observe
+        itl = self.itl
         held: list[bytes] = []
         carry = b""
         try:
             async for data in up.content.iter_any():
                 now = loop_time()
                 wd.last_at = now
+                if self.ended:
+                    continue  # past [DONE]: drain so the connection can be reused
                 if carry:
                     data = carry + data
                     carry = b""
@@ -326,6 +329,7 @@ class StreamRelay:
                     elif data.startswith(b'data: {"error"', pos):
                         self.upstream_error = True
                     pos = end + 2
+                last = data.endswith(DONE_EVENT)
                 if drop is not None:
                     data = data[:drop[0]] + data[drop[1]:]
                 if content:
@@ -334,19 +338,21 @@ class StreamRelay:
                         t.first_content_at = now
                         wd.first_content(now)
                     else:
-                        observe(now - t.last_content_at)  # type: ignore[operator]
-                    while content > 1:  # events that arrived in the same read: no gap
-                        observe(0.0)
-                        content -= 1
+                        itl.observe(now - t.last_content_at)  # type: ignore[operator]
+                    if content > 1:  # events that arrived in the same read: no gap
+                        itl.observe_zeros(content - 1)
                     t.last_content_at = now
                 if self.response is None:
-                    if t.first_content_at is None:
+                    if t.first_content_at is None and not last:
                         if data:
                             held.append(data)
                         continue
                     held.append(data)
-                    await self._start(b"".join(held))
+                    await self._start(b"".join(held), eof=last)
                     held.clear()
+                elif last:
+                    # The final event and the chunked terminator in one send.
+                    await self._end(data)
                 elif data:
                     await self._write(data)
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionError) as e:
@@ -357,17 +363,19 @@ class StreamRelay:
         if carry:
             held.append(carry)
         if self.response is None:
-            await self._start(b"".join(held))
-        elif carry:
-            await self._write(carry)
-        await self._finish()
+            await self._start(b"".join(held), eof=True)
+        elif not self.ended:
+            await self._end(carry)
 
-    async def _start(self, first: bytes) -> None:
-        resp = web.StreamResponse(status=200, headers={**_SSE_HEADERS, **self.make_headers()})
+    async def _start(self, first: bytes, eof: bool) -> None:
+        resp = _SSEResponse(status=200, headers={**_SSE_HEADERS, **self.make_headers()})
         self.response = resp
         try:
             await resp.prepare(self.request)
-            if first:
+            if eof:
+                self.ended = True
+                await resp.write_eof(first)
+            else:
                 await resp.write(first)
         except ConnectionError:
             raise ClientGone() from None
@@ -378,17 +386,25 @@ class StreamRelay:
         except ConnectionError:
             raise ClientGone() from None
 
-    async def _finish(self) -> None:
+    async def _end(self, data: bytes) -> None:
+        self.ended = True
         try:
-            await self.response.write_eof()  # type: ignore[union-attr]
+            await self.response.write_eof(data)  # type: ignore[union-attr]
         except ConnectionError:
             raise ClientGone() from None
 
     async def fail(self, err: RelayError) -> None:
         """The stream broke after the client got bytes: end it with an OpenAI error event."""
         self.upstream_error = True
-        await self._write(b"data: " + error_body(err.api_error()) + b"\n\n")
-        await self._finish()
+        if not self.ended:
+            await self._end(b"data: " + error_body(err.api_error()) + b"\n\n")
+
+
+class _SSEResponse(web.StreamResponse):
+    """Sends its headers together with the first chunk (one write instead of two), as aiohttp's
+    own `web.Response` does; the relay always writes a chunk right after `prepare`."""
+
+    _send_headers_immediately = False
 
 
 @dataclass(slots=True)
@@ -406,7 +422,7 @@ class Assembler:
     endpoint: Endpoint
     times: RequestTimes
     watchdog: Watchdog
-    itl_observe: Callable[[float], None]
+    itl: ChunkHistogram
     usage: Usage = field(default_factory=Usage)
     id: str = ""
     model: str = ""
@@ -482,7 +498,7 @@ class Assembler:
                 t.first_content_at = now
                 self.watchdog.first_content(now)
             else:
-                self.itl_observe(now - t.last_content_at)  # type: ignore[operator]
+                self.itl.observe(now - t.last_content_at)  # type: ignore[operator]
             t.last_content_at = now
             t.content_chunks += 1
 
