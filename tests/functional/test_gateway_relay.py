@@ -4,12 +4,17 @@ non-stream requests assembled from an upstream stream, usage, headers, models, h
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import aiohttp
+import openai
 import orjson
+import pytest
 
+from tailguard.gateway.config import BackendConfig
+from tailguard.sim.server import running_sim
 from tailguard.wire.sse import DONE, SSEDecoder
-from tests.functional.gateways import gateway, health, sample, scrape
+from tests.functional.gateways import engine, gateway, health, sample, scrape
 
 CHAT = [{"role": "user", "content": "x" * 400}]  # 104 prompt tokens by the bytes/4 estimate
 
@@ -113,3 +118,50 @@ async def test_models_health_and_metrics_move() -> None:
     assert sample(after, "tailguard_inflight", backend="sim1") == 0
     assert sample(after, "tailguard_queue_length", **{"class": "interactive"}) == 0
     assert sample(after, "tailguard_backend_healthy", backend="sim0") == 1
+
+
+@pytest.mark.parametrize("log_prompts", [False, True])
+async def test_access_log_has_one_json_line_per_request_and_text_only_when_asked(
+    caplog: pytest.LogCaptureFixture, log_prompts: bool,
+) -> None:
+    caplog.set_level(logging.INFO, logger="tailguard.access")
+    secret = "the secret prompt"
+    async with asyncio.timeout(20), gateway(log_prompts=log_prompts) as gw, gw.client() as c:
+        await c.chat.completions.create(model="m", messages=[{"role": "user", "content": secret}], max_tokens=2)
+        s = await c.chat.completions.create(model="m", messages=[{"role": "user", "content": secret}],
+                                            max_tokens=2, stream=True)
+        async for _ in s:
+            pass
+        with pytest.raises(openai.BadRequestError):
+            await c.chat.completions.create(model="m", messages=[], max_tokens=2)
+    lines = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "tailguard.access"]
+    assert [(x["status"], x["outcome"]) for x in lines] == [(200, "success"), (200, "success"), (400, "client_error")]
+    first = lines[0]
+    assert first["class"] == "interactive" and first["backend"] == "sim0" and first["output_tokens"] == 2
+    assert first["queue_ms"] >= 0 and first["ttft_ms"] > 0 and first["e2e_ms"] >= first["ttft_ms"]
+    text = " ".join(r.getMessage() for r in caplog.records)
+    assert (secret in text) == log_prompts
+    if log_prompts:
+        assert first["completion"] == " tok tok"
+
+
+async def test_vllm_backends_get_the_class_rank_as_priority() -> None:
+    # A vLLM-kind backend gets `priority` = class rank; a simulator with FCFS refuses a non-zero
+    # priority exactly as vLLM does, which shows the field was sent.
+    fcfs = BackendConfig(name="fcfs", url="http://127.0.0.1:1", kind="vllm")
+    async with asyncio.timeout(20), running_sim(engine(scheduling_policy="priority"), time_scale=0.02) as prio, \
+            running_sim(engine(), time_scale=0.02) as plain:
+        for sim, ok in ((prio, True), (plain, False)):
+            backend = fcfs.model_copy(update={"url": sim.url})
+            async with gateway(sims=0, extra_backends=[backend]) as gw, gw.client() as c:
+                chat = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=2)  # rank 0: no field
+                assert chat.choices[0].message.content == " tok tok"
+                if ok:
+                    r = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=2,
+                                                        extra_headers={"X-Tailguard-Class": "batch"})
+                    assert r.choices[0].message.content == " tok tok"
+                else:
+                    with pytest.raises(openai.BadRequestError) as info:
+                        await c.chat.completions.create(model="m", messages=CHAT, max_tokens=2,
+                                                        extra_headers={"X-Tailguard-Class": "batch"})
+                    assert "Priority scheduling is not enabled" in info.value.message
