@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 from aiohttp import web
 
@@ -27,6 +28,8 @@ from tailguard.types import Outcome
 from tailguard.wire.openai import Endpoint, ParsedRequest, error_body, error_headers, parse_request
 
 NO_CLASS = "none"  # metrics label of a request rejected before it had a class
+
+log = logging.getLogger("tailguard.gateway")
 
 
 def error_response(err: APIError, extra: dict[str, str] | None = None) -> web.Response:
@@ -78,12 +81,6 @@ class Proxy:
         self._id_prefix = f"tg-{os.getpid():x}-{os.urandom(3).hex()}-"
         self._timeouts = cfg.timeouts
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self.handle(request, "chat")
-
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.handle(request, "completions")
-
     async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         t = RequestTimes(arrived_at=self._loop.time(), cls=NO_CLASS)
         req_id = f"{self._id_prefix}{next(self._ids):x}"
@@ -120,7 +117,11 @@ class Proxy:
             else:
                 ex.outcome, ex.reason = Outcome.CLIENT_ERROR, err.code
             ex.status = err.status
-            return error_response(err, self._headers(t) if t.cls != NO_CLASS else None)
+            return error_response(err, response_headers(t) if t.cls != NO_CLASS else None)
+        except Exception:
+            log.exception("internal error handling %s %s", request.method, request.path)
+            ex.outcome, ex.status, ex.reason = Outcome.UPSTREAM_ERROR, 500, "internal_error"
+            return error_response(APIError("Internal gateway error.", status=500, code="internal_error"))
         finally:
             now = self._loop.time()
             if t.finished_at is None:
@@ -133,9 +134,6 @@ class Proxy:
                 access_log(t, req_id=req_id, method=request.method, path=request.path, status=ex.status,
                            outcome=ex.outcome, reason=ex.reason, prompt=prompt,
                            completion=ex.completion if self._cfg.log_prompts else None)
-
-    def _headers(self, t: RequestTimes) -> dict[str, str]:
-        return response_headers(t)
 
     async def _relay(
         self, request: web.Request, endpoint: Endpoint, raw: bytes, parsed: ParsedRequest, capped: Capped,
