@@ -101,6 +101,19 @@ async def test_client_leaving_mid_stream_aborts_the_engine_request() -> None:
     assert sample(m, "tailguard_inflight", backend="sim0") == 0
 
 
+async def test_client_leaving_a_non_stream_request_aborts_the_engine_request() -> None:
+    async with asyncio.timeout(30), gateway() as gw, gw.client() as c:
+        task = asyncio.create_task(c.chat.completions.create(model="m", messages=CHAT, max_tokens=100_000))
+        await _running_on_sim(gw, 1)
+        task.cancel()
+        await _running_on_sim(gw, 0)
+
+        async def released() -> bool:
+            m = await scrape(gw.url)
+            return sample(m, "tailguard_requests_total", **{"class": "interactive", "outcome": "client_gone"}) == 1
+        await until(released)
+
+
 async def test_full_class_queue_is_a_503_with_retry_after_and_reason() -> None:
     cfg = {"classes": classes(interactive={"max_queue_len": 1})}
     async with asyncio.timeout(30), gateway(max_concurrency=1, **cfg) as gw, gw.client() as c:
