@@ -44,10 +44,9 @@ _REPORT = """{% extends "base.html" %}
 {% block body %}
 <h1>tailguard bench: {{ run.workload }}</h1>
 <div class="meta">
- <b>{{ run.mode }} loop</b>
- {% if run.mode == "closed" %}, {{ run.concurrency }} clients{% else %}, {{ run.rate if run.rate else "per-class" }} req/s {{ run.arrival or "" }}{% if run.burstiness and run.arrival == "gamma" %} (burstiness {{ run.burstiness }}){% endif %}{% endif %}
+ <b>{{ run.mode }} loop</b>{% if run.mode == "closed" %}, {{ run.concurrency }} clients{% elif run.rate %}, {{ run.rate }} req/s {{ run.arrival }}{% if run.arrival == "gamma" %} (burstiness {{ run.burstiness }}){% endif %}{% else %}, per-class arrivals{% endif %}
  &middot; target <code>{{ run.url }}</code> &middot; model <code>{{ run.model }}</code>
- &middot; seed {{ run.seed }} &middot; started {{ run.started_at }}
+ &middot; seed {{ run.seed }} &middot; started {{ when(run.started_at) }}
  &middot; {{ run.measured_requests }} requests measured ({{ run.warmup_requests_excluded }} warm-up excluded) over {{ fmt_s(run.window_s) }}
 </div>
 {% if validity.valid %}
@@ -106,7 +105,7 @@ _COMPARE = """{% extends "base.html" %}
 <h1>Before / after</h1>
 <div class="meta">
 {% for side in ("before", "after") %}{% set r = cmp[side] %}
-<div><b>{{ side }}</b>: {{ r.label or "" }} {{ r.workload }}, {{ r.mode }} loop{% if r.concurrency %} ({{ r.concurrency }} clients){% endif %}{% if r.rate %} ({{ r.rate }} req/s){% endif %}, <code>{{ r.url }}</code>, {{ r.started_at }}
+<div><b>{{ side }}</b>: <code>{{ r.label or "" }}</code> &middot; {{ r.workload }}, {{ r.mode }} loop{% if r.concurrency %} ({{ r.concurrency }} clients){% endif %}{% if r.rate %} ({{ r.rate }} req/s){% endif %} &middot; <code>{{ r.url }}</code> &middot; {{ when(r.started_at) }}
 {% if not r.validity.valid %}<span class="fail">INVALID: {{ r.validity.reason }}</span>{% endif %}</div>
 {% endfor %}
 </div>
@@ -159,8 +158,15 @@ def _env() -> Environment:
     env = Environment(loader=DictLoader({"base.html": _BASE, "report.html": _REPORT, "compare.html": _COMPARE}),
                       autoescape=select_autoescape(default=True, default_for_string=True))
     env.globals.update(fmt_s=fmt_s, fmt_ratio=fmt_ratio, num=_num, labels=METRIC_LABELS, pcts=_PCTS,
-                       pct=_pct, yes_no=_yes_no, ratio_class=_ratio_class, metric_rows=_metric_rows)
+                       pct=_pct, yes_no=_yes_no, ratio_class=_ratio_class, metric_rows=_metric_rows, when=_when)
     return env
+
+
+def _when(iso: str | None) -> str:
+    """ISO 8601 from run.json, shown to the second."""
+    if not iso:
+        return "-"
+    return iso[:19].replace("T", " ") + (" UTC" if iso.endswith("+00:00") else "")
 
 
 def _num(v: float | None) -> str:

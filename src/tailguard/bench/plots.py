@@ -12,7 +12,9 @@ from typing import Sequence
 
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.axis import Axis
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from tailguard.bench.recorder import RequestRecord
 from tailguard.bench.stats import Array, e2e_sample, ttft_sample
@@ -27,6 +29,21 @@ def to_png_b64(fig: Figure) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=_DPI, bbox_inches="tight")
     return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _seconds_label(v: float, _pos: object = None) -> str:
+    if v >= 1:
+        return f"{v:g}s"
+    if v >= 1e-3:
+        return f"{v * 1e3:g}ms"
+    return f"{v * 1e6:g}us"
+
+
+def log_seconds(axis: Axis) -> None:
+    """Log axis in seconds labelled 1ms, 10ms, 1s, ...: decades only, so labels never collide."""
+    axis.set_major_locator(LogLocator(base=10.0, numticks=12))
+    axis.set_major_formatter(FuncFormatter(_seconds_label))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def class_colors(names: Sequence[str]) -> dict[str, str]:
@@ -53,9 +70,10 @@ def _cdf(ax: Axes, values: Array, label: str, color: str, linestyle: str = "-") 
 
 def _style_cdf(ax: Axes, title: str) -> None:
     ax.set_xscale("log")
+    log_seconds(ax.xaxis)
     ax.set_ylim(0, 1.02)
     ax.set_title(title)
-    ax.set_xlabel("seconds (log)")
+    ax.set_xlabel("latency (log scale)")
     ax.set_ylabel("fraction of requests")
     for y in (0.5, 0.9, 0.99):
         ax.axhline(y, color="#999999", linewidth=0.6, linestyle=":")
@@ -95,10 +113,11 @@ def over_time(records: Sequence[RequestRecord], names: Sequence[str]) -> str:
             ax.scatter(fails_x, [top] * len(fails_x), marker="x", s=22, color=FAIL_COLOR,
                        label=f"failed ({len(fails_x)})")
         ax.set_yscale("log")
-        ax.set_ylabel(f"{title} (s, log)")
+        log_seconds(ax.yaxis)
+        ax.set_ylabel(f"{title} (log scale)")
         ax.set_title(f"{title} by scheduled send time")
         ax.grid(True, alpha=0.3)
-    axes[0].legend(loc="upper left", fontsize=9, markerscale=2)
+    axes[0].legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=9, markerscale=2)
     axes[1].set_xlabel("scheduled send time (s since start)")
     return to_png_b64(fig)
 
@@ -107,20 +126,20 @@ def in_flight(records: Sequence[RequestRecord], names: Sequence[str]) -> str:
     colors = class_colors(names)
     fig = Figure(figsize=(12, 3.6))
     ax = fig.subplots()
-    groups = [("all", list(records), "#333333")] + [(n, rs, colors[n]) for n, rs in _by_class(records, names).items()]
+    groups = [("all", list(records), "#888888")] + [(n, rs, colors[n]) for n, rs in _by_class(records, names).items()]
     for label, recs, color in groups:
         if not recs:
             continue
         t = np.concatenate([[r.sent_at for r in recs], [r.ended_at for r in recs]])
         d = np.concatenate([np.ones(len(recs)), -np.ones(len(recs))])
         order = np.lexsort((d, t))  # at equal times an end comes before a start
-        ax.step(t[order], np.cumsum(d[order]), where="post", label=label, color=color,
-                linewidth=1.8 if label == "all" else 1.2)
+        ax.step(t[order], np.cumsum(d[order]), where="post", label=label, color=color, linewidth=1.0)
     ax.set_title("Requests in flight (sent, not yet ended)")
     ax.set_xlabel("time (s since start)")
     ax.set_ylabel("requests")
+    ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="upper right", fontsize=9)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=9)
     return to_png_b64(fig)
 
 
@@ -142,12 +161,14 @@ def itl_distribution(records: Sequence[RequestRecord], names: Sequence[str]) -> 
             ax.hist(np.maximum(g, ITL_FLOOR_S), bins=bins.tolist(), histtype="step", linewidth=1.5, color=colors[n],
                     label=f"{n} ({len(g)} gaps)", density=False)
     ax.set_xscale("log")
+    log_seconds(ax.xaxis)
     ax.set_yscale("log")
     ax.set_title("Inter-token latency, pooled per chunk (a stall shows as a bar far to the right)")
-    ax.set_xlabel("gap between content chunks (s, log; 0 drawn at 10 us)")
+    ax.set_xlabel("gap between content chunks (log scale; gaps of 0, chunks read together, drawn at 10us)"
+                  if has_zero else "gap between content chunks (log scale)")
     ax.set_ylabel("chunks (log)")
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="upper right", fontsize=9)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=9)
     return to_png_b64(fig)
 
 

@@ -1,0 +1,188 @@
+"""The load generator's own ceiling on this machine: the highest open-loop (Poisson) rate at which
+`tailguard bench` still sends on schedule (dispatch lag P99 under 5 ms), and its CPU cost per
+request, for streamed 64-token replies from the simulator run fast (its own process).
+
+Above the ceiling a run's latencies would partly measure the generator, so `tailguard bench`
+marks such a run invalid; this script finds where that starts.
+
+    .venv/bin/python benchmarks/bench_ceiling.py [--rates 50,100,...] [--seconds 4] [--time-scale 0.01]
+
+Writes benchmarks/results/bench_ceiling.{json,md}. The simulator shares the machine's cores with
+the generator, as it would in most CI set-ups; both numbers move with other load on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import uvloop
+
+from tailguard.bench.load import BenchConfig, Timeouts, run_bench
+from tailguard.bench.stats import describe, summarize
+from tailguard.bench.workload import parse_workload
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TAILGUARD = str(Path(sys.executable).with_name("tailguard"))
+LAG_LIMIT_S = 0.005
+WORKLOAD = parse_workload({"name": "ceiling", "classes": [
+    {"name": "stream64", "prompt_tokens": 32, "max_tokens": 64, "stream": True},
+]})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+async def wait_healthy(url: str) -> None:
+    async with aiohttp.ClientSession() as s:
+        for _ in range(300):
+            try:
+                async with s.get(url + "/health") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await uvloop_sleep(0.1)
+    raise RuntimeError("simulator did not become healthy")
+
+
+async def uvloop_sleep(s: float) -> None:
+    import asyncio
+
+    await asyncio.sleep(s)
+
+
+async def one_rate(url: str, rate: float, seconds: float, seed: int) -> dict[str, Any]:
+    cfg = BenchConfig(url=url, workload=WORKLOAD, rate=rate, arrival="poisson", duration_s=seconds,
+                      warmup_s=0.5, seed=seed, model="tailguard-sim",
+                      timeouts=Timeouts(connect_s=10, first_token_s=30, total_s=60))
+    c0, w0 = cpu_s(), time.perf_counter()
+    result = await run_bench(cfg)
+    c1, w1 = cpu_s(), time.perf_counter()
+    s = summarize(result.records, result.meta, n_boot=200)
+    n = len(result.records)
+    chunks = sum(len(r.chunk_at) for r in result.records)
+    lag = describe([r.dispatch_lag_s for r in result.records if not r.warmup])
+    return {
+        "rate": rate, "requests": n, "ok": sum(r.ok for r in result.records),
+        "dispatch_lag_p50_ms": lag["p50"] * 1e3, "dispatch_lag_p99_ms": lag["p99"] * 1e3,
+        "dispatch_lag_max_ms": lag["max"] * 1e3,
+        "loop_lag_p99_ms": result.meta["loop_lag_s"]["p99"] * 1e3,
+        "valid": s["validity"]["valid"],
+        "cpu_ms_per_request": (c1 - c0) / n * 1e3, "cpu_us_per_chunk": (c1 - c0) / max(1, chunks) * 1e6,
+        "cpu_busy": (c1 - c0) / (w1 - w0),
+        "achieved_rps": s["overall"]["throughput"]["requests_per_s"],
+        "e2e_p50_ms": (s["overall"]["e2e_s"]["p50"] or float("nan")) * 1e3,
+        "e2e_p99_ms": (s["overall"]["e2e_s"]["p99"] or float("nan")) * 1e3,
+    }
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [TAILGUARD, "sim", "--port", str(port), "--preset", "h100-llama8b", "--time-scale", str(args.time_scale)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rows: list[dict[str, Any]] = []
+    try:
+        await wait_healthy(url)
+        await one_rate(url, 20.0, 1.0, 0)  # warm connections, caches and imports
+        fails = 0
+        for rate in args.rates:
+            row = await one_rate(url, rate, args.seconds, seed=int(rate))
+            rows.append(row)
+            print(f"rate {rate:7.0f}/s: dispatch lag p99 {row['dispatch_lag_p99_ms']:6.2f} ms, loop lag p99 "
+                  f"{row['loop_lag_p99_ms']:6.2f} ms, cpu {row['cpu_ms_per_request']:.3f} ms/request "
+                  f"({row['cpu_busy'] * 100:.0f}% of a core), ok {row['ok']}/{row['requests']}", flush=True)
+            fails = fails + 1 if row["dispatch_lag_p99_ms"] > LAG_LIMIT_S * 1e3 else 0
+            if fails >= 2:
+                break
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    passing = []
+    for row in rows:
+        if row["dispatch_lag_p99_ms"] > LAG_LIMIT_S * 1e3:
+            break
+        passing.append(row)
+    ceiling = passing[-1]["rate"] if passing else None
+    low = [r for r in passing if r["rate"] <= 200] or passing
+    out = {
+        "command": " ".join(["benchmarks/bench_ceiling.py", *sys.argv[1:]]),
+        "simulator": " ".join(["tailguard", *cmd[1:]]),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "lag_limit_ms": LAG_LIMIT_S * 1e3,
+        "ceiling_rps": ceiling,
+        "cpu_ms_per_request_low_rate": min(r["cpu_ms_per_request"] for r in low) if low else None,
+        "rows": rows,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "bench_ceiling.json").write_text(json.dumps(out, indent=2) + "\n")
+    (RESULTS / "bench_ceiling.md").write_text(markdown(out, args))
+    print(f"ceiling: {ceiling} requests/s with dispatch lag P99 <= {LAG_LIMIT_S * 1e3:.0f} ms; "
+          f"wrote {RESULTS / 'bench_ceiling.md'}")
+    return out
+
+
+def markdown(out: dict[str, Any], args: argparse.Namespace) -> str:
+    lines = [
+        "# Load generator ceiling",
+        "",
+        f"`.venv/bin/python {out['command']}`",
+        "",
+        f"Open-loop Poisson arrivals of streamed requests (32-token prompt, 64 tokens out, one SSE chunk per "
+        f"token) from `{out['simulator']}` in its own process, {args.seconds:g} s per rate after 0.5 s of "
+        f"warm-up, on {out['machine']['cpus']} cores ({out['machine']['platform']}, Python "
+        f"{out['machine']['python']}), uvloop. CPU is the generator process's own user+system time.",
+        "",
+        f"**Ceiling: {out['ceiling_rps']} requests/s** ({(out['ceiling_rps'] or 0) * 64:.0f} chunks/s) with dispatch "
+        f"lag P99 at most {out['lag_limit_ms']:.0f} ms. CPU per request at low rates: "
+        f"{out['cpu_ms_per_request_low_rate']:.2f} ms.",
+        "",
+        "| rate/s | requests | ok | dispatch lag p50 ms | p99 ms | max ms | loop lag p99 ms | CPU ms/request | CPU us/chunk | "
+        "CPU busy | E2E p50 ms | E2E p99 ms |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in out["rows"]:
+        lines.append(
+            f"| {r['rate']:.0f} | {r['requests']} | {r['ok']} | {r['dispatch_lag_p50_ms']:.2f} | "
+            f"{r['dispatch_lag_p99_ms']:.2f} | {r['dispatch_lag_max_ms']:.1f} | {r['loop_lag_p99_ms']:.2f} | "
+            f"{r['cpu_ms_per_request']:.3f} | {r['cpu_us_per_chunk']:.1f} | {r['cpu_busy'] * 100:.0f}% | "
+            f"{r['e2e_p50_ms']:.1f} | {r['e2e_p99_ms']:.1f} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rates", default="25,50,100,150,200,300,400,500,600,800,1000,1200,1500",
+                   type=lambda s: [float(x) for x in s.split(",")])
+    p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--time-scale", type=float, default=0.01)
+    return p.parse_args()
+
+
+if __name__ == "__main__":
+    uvloop.run(main(parse_args()))
