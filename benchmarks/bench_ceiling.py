@@ -5,7 +5,13 @@ request, for streamed 64-token replies from the simulator run fast (its own proc
 Above the ceiling a run's latencies would partly measure the generator, so `tailguard bench`
 marks such a run invalid; this script finds where that starts.
 
-    .venv/bin/python benchmarks/bench_ceiling.py [--rates 50,100,...] [--seconds 4] [--time-scale 0.01]
+    .venv/bin/python benchmarks/bench_ceiling.py [--rates 50,100,...] [--seconds 4] [--time-scale 0.01] \
+        [--guidellm /tmp/venv/bin/guidellm --guidellm-tokenizer DIR]
+
+With --guidellm, GuideLLM (installed by you in a throwaway venv, never a tailguard dependency) runs
+the same rates against the same simulator; its dispatch lag is its own `request_dispatch_delay`
+(actual minus targeted start); its CPU is reported per run (its process tree, start-up included:
+importing torch and loading a tokenizer costs more CPU than the requests at these rates).
 
 Writes benchmarks/results/bench_ceiling.{json,md}. The simulator shares the machine's cores with
 the generator, as it would in most CI set-ups; both numbers move with other load on the machine.
@@ -14,6 +20,7 @@ the generator, as it would in most CI set-ups; both numbers move with other load
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -22,6 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -61,14 +69,8 @@ async def wait_healthy(url: str) -> None:
                         return
             except aiohttp.ClientError:
                 pass
-            await uvloop_sleep(0.1)
+            await asyncio.sleep(0.1)
     raise RuntimeError("simulator did not become healthy")
-
-
-async def uvloop_sleep(s: float) -> None:
-    import asyncio
-
-    await asyncio.sleep(s)
 
 
 async def one_rate(url: str, rate: float, seconds: float, seed: int) -> dict[str, Any]:
@@ -96,12 +98,45 @@ async def one_rate(url: str, rate: float, seconds: float, seed: int) -> dict[str
     }
 
 
+def children_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def guidellm_rate(exe: str, tokenizer: str, url: str, rate: float, seconds: float) -> dict[str, Any]:
+    """One GuideLLM run at `rate` (Poisson); its own per-request dispatch delay and the CPU of its
+    process tree (which includes start-up: the caller subtracts a minimal run)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.json"
+        cmd = [exe, "run", "--backend", f"kind=openai_http,target={url},model=tailguard-sim",
+               "--profile", f"kind=poisson,rate={rate}", "--constraint", f"kind=max_duration,seconds={seconds}",
+               "--data", "kind=synthetic_text,prompt_tokens=32,output_tokens=64",
+               "--tokenizer", f"kind=huggingface_auto,model={tokenizer}",
+               "--output", f"kind=json,path={out}", "--disable-console"]
+        c0, w0 = children_cpu_s(), time.perf_counter()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}, timeout=600)
+        cpu, wall = children_cpu_s() - c0, time.perf_counter() - w0
+        data = json.loads(out.read_text())
+    reqs = data["benchmarks"][0]["requests"]
+    rows = [r for kind in ("successful", "incomplete", "errored") for r in (reqs.get(kind) or [])]
+    starts = [r["info"]["timings"]["targeted_start"] for r in rows if r["info"]["timings"].get("targeted_start")]
+    t0 = min(starts) if starts else 0.0
+    lag = [r["request_dispatch_delay"] for r in rows
+           if r.get("request_dispatch_delay") is not None and r["info"]["timings"]["targeted_start"] >= t0 + 0.5]
+    d = describe(lag)
+    return {"rate": rate, "requests": len(rows), "ok": len(reqs.get("successful") or []),
+            "dispatch_lag_p50_ms": d["p50"] * 1e3, "dispatch_lag_p99_ms": d["p99"] * 1e3,
+            "dispatch_lag_max_ms": d["max"] * 1e3, "cpu_s": cpu, "wall_s": wall}
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [TAILGUARD, "sim", "--port", str(port), "--preset", "h100-llama8b", "--time-scale", str(args.time_scale)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows: list[dict[str, Any]] = []
+    guide_rows: list[dict[str, Any]] = []
     try:
         await wait_healthy(url)
         await one_rate(url, 20.0, 1.0, 0)  # warm connections, caches and imports
@@ -115,6 +150,16 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             fails = fails + 1 if row["dispatch_lag_p99_ms"] > LAG_LIMIT_S * 1e3 else 0
             if fails >= 2:
                 break
+        if args.guidellm:
+            gfails = 0
+            for rate in args.rates:
+                g = guidellm_rate(args.guidellm, args.guidellm_tokenizer, url, rate, args.seconds)
+                guide_rows.append(g)
+                print(f"guidellm {rate:7.0f}/s: dispatch lag p99 {g['dispatch_lag_p99_ms']:6.2f} ms, "
+                      f"cpu {g['cpu_s']:.1f} s over {g['wall_s']:.1f} s wall, ok {g['ok']}/{g['requests']}", flush=True)
+                gfails = gfails + 1 if g["dispatch_lag_p99_ms"] > LAG_LIMIT_S * 1e3 else 0
+                if gfails >= 2:
+                    break
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -122,13 +167,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    passing = []
-    for row in rows:
-        if row["dispatch_lag_p99_ms"] > LAG_LIMIT_S * 1e3:
-            break
-        passing.append(row)
+    passing = _passing(rows)
     ceiling = passing[-1]["rate"] if passing else None
     low = [r for r in passing if r["rate"] <= 200] or passing
+    gpass = _passing(guide_rows)
     out = {
         "command": " ".join(["benchmarks/bench_ceiling.py", *sys.argv[1:]]),
         "simulator": " ".join(["tailguard", *cmd[1:]]),
@@ -137,6 +179,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "ceiling_rps": ceiling,
         "cpu_ms_per_request_low_rate": min(r["cpu_ms_per_request"] for r in low) if low else None,
         "rows": rows,
+        "guidellm": None if not args.guidellm else {
+            "version": _guidellm_version(args.guidellm), "ceiling_rps": gpass[-1]["rate"] if gpass else None,
+            "rows": guide_rows,
+        },
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "bench_ceiling.json").write_text(json.dumps(out, indent=2) + "\n")
@@ -144,6 +190,21 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     print(f"ceiling: {ceiling} requests/s with dispatch lag P99 <= {LAG_LIMIT_S * 1e3:.0f} ms; "
           f"wrote {RESULTS / 'bench_ceiling.md'}")
     return out
+
+
+def _passing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rates up to the first one whose dispatch lag P99 is over the limit."""
+    out = []
+    for row in rows:
+        if row["dispatch_lag_p99_ms"] > LAG_LIMIT_S * 1e3:
+            break
+        out.append(row)
+    return out
+
+
+def _guidellm_version(exe: str) -> str:
+    r = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=120)
+    return r.stdout.strip().split()[-1] if r.stdout.strip() else "?"
 
 
 def markdown(out: dict[str, Any], args: argparse.Namespace) -> str:
@@ -171,6 +232,22 @@ def markdown(out: dict[str, Any], args: argparse.Namespace) -> str:
             f"{r['dispatch_lag_p99_ms']:.2f} | {r['dispatch_lag_max_ms']:.1f} | {r['loop_lag_p99_ms']:.2f} | "
             f"{r['cpu_ms_per_request']:.3f} | {r['cpu_us_per_chunk']:.1f} | {r['cpu_busy'] * 100:.0f}% | "
             f"{r['e2e_p50_ms']:.1f} | {r['e2e_p99_ms']:.1f} |")
+    g = out.get("guidellm")
+    if g:
+        lines += [
+            "",
+            f"## GuideLLM {g['version']} side by side (same simulator, same rates)",
+            "",
+            f"**GuideLLM ceiling: {g['ceiling_rps']} requests/s** by the same rule, using its own per-request "
+            "`request_dispatch_delay`. CPU is its whole process tree less a 1-request run (start-up, imports, "
+            "tokenizer), per request.",
+            "",
+            "| rate/s | requests | ok | dispatch lag p50 ms | p99 ms | max ms | CPU ms/request |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in g["rows"]:
+            lines.append(f"| {r['rate']:.0f} | {r['requests']} | {r['ok']} | {r['dispatch_lag_p50_ms']:.2f} | "
+                         f"{r['dispatch_lag_p99_ms']:.2f} | {r['dispatch_lag_max_ms']:.1f} | {r['cpu_ms_per_request']:.3f} |")
     lines.append("")
     return "\n".join(lines)
 
@@ -181,7 +258,12 @@ def parse_args() -> argparse.Namespace:
                    type=lambda s: [float(x) for x in s.split(",")])
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--time-scale", type=float, default=0.01)
-    return p.parse_args()
+    p.add_argument("--guidellm", help="path to a guidellm executable to measure side by side (optional)")
+    p.add_argument("--guidellm-tokenizer", help="local Hugging Face tokenizer folder for guidellm's synthetic data")
+    args = p.parse_args()
+    if args.guidellm and not args.guidellm_tokenizer:
+        p.error("--guidellm needs --guidellm-tokenizer")
+    return args
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from markupsafe import Markup, escape
 from tailguard.bench import plots
 from tailguard.bench.recorder import RequestRecord
 from tailguard.bench.stats import measured
-from tailguard.bench.table import METRIC_LABELS, fmt_ratio, fmt_s, significant_change
+from tailguard.bench.table import METRIC_LABELS, fmt_ratio, fmt_s, p99_word, significant_change
 
 _BASE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
@@ -118,7 +118,7 @@ _COMPARE = """{% extends "base.html" %}
 {% for name, g in groups %}{% set v = g.verdict %}{% set row = g.metrics.get("e2e_s") %}
 <li><b>{{ name }}</b>:
 {% if row %}P99 {{ fmt_s(row.p99.before) }} &rarr; {{ fmt_s(row.p99.after) }}
- {{ yes_no(v.p99_fell, "fell" ~ ("" if v.p99_fell_significantly else " (CI includes 1)"), "did not fall") }};
+ {{ p99_verdict(v) }};
  P99/P50 {{ fmt_ratio(row.tail_ratio.before) }} &rarr; {{ fmt_ratio(row.tail_ratio.after) }} {{ yes_no(v.gap_narrowed, "narrowed", "did not narrow") }};
  timeouts {{ pct(g.before.timeout_rate) }} &rarr; {{ pct(g.after.timeout_rate) }} {{ yes_no(v.timeout_rate_fell, "fell", "did not fall", "none in either run") }}
 {% else %}<span class="muted">no requests of this class in one of the runs</span>{% endif %}</li>
@@ -158,7 +158,8 @@ def _env() -> Environment:
     env = Environment(loader=DictLoader({"base.html": _BASE, "report.html": _REPORT, "compare.html": _COMPARE}),
                       autoescape=select_autoescape(default=True, default_for_string=True))
     env.globals.update(fmt_s=fmt_s, fmt_ratio=fmt_ratio, num=_num, labels=METRIC_LABELS, pcts=_PCTS,
-                       pct=_pct, yes_no=_yes_no, ratio_class=_ratio_class, metric_rows=_metric_rows, when=_when)
+                       pct=_pct, yes_no=_yes_no, ratio_class=_ratio_class, metric_rows=_metric_rows, when=_when,
+                       p99_verdict=_p99_verdict)
     return env
 
 
@@ -181,6 +182,12 @@ def _yes_no(flag: bool | None, yes: str, no: str, none: str = "n/a") -> Markup:
     if flag is None:
         return Markup(f'<span class="muted">{escape(none)}</span>')
     return Markup(f'<span class="{"good" if flag else "bad"}">{escape(yes if flag else no)}</span>')
+
+
+def _p99_verdict(v: dict[str, Any]) -> Markup:
+    word, style = p99_word(v)
+    cls = {"green": "good", "red": "bad"}.get(style, "muted")
+    return Markup(f'<span class="{cls}">{escape(word)}</span>')
 
 
 def _ratio_class(ci: list[float | None] | None) -> str:

@@ -153,7 +153,8 @@ def verdict_text(name: str, g: dict[str, Any]) -> Text:
         return t + Text("no requests in one of the runs")
     p99 = row["p99"]
     t += Text(f"P99 {fmt_s(p99['before'])} -> {fmt_s(p99['after'])} ")
-    t += _yes_no(v["p99_fell"], "fell" + ("" if v["p99_fell_significantly"] else " (CI includes 1)"), "did not fall")
+    word, style = p99_word(v)
+    t += Text(word, style=style)
     tr = row["tail_ratio"]
     t += Text(f"; P99/P50 {fmt_ratio(tr['before'])} -> {fmt_ratio(tr['after'])} ")
     t += _yes_no(v["gap_narrowed"], "narrowed", "did not narrow")
@@ -161,6 +162,17 @@ def verdict_text(name: str, g: dict[str, Any]) -> Text:
     t += Text(f"; timeouts {_pct(tb)} -> {_pct(ta)} ")
     t += _yes_no(v["timeout_rate_fell"], "fell", "did not fall", none="none in either run")
     return t
+
+
+def p99_word(v: dict[str, Any]) -> tuple[str, str]:
+    """The P99 verdict in words: a fall counts only when its 95% CI excludes 1."""
+    if v["p99_fell"] is None:
+        return "n/a", "dim"
+    if v["p99_fell"] and v["p99_fell_significantly"]:
+        return "fell", "green"
+    if v["p99_fell"]:
+        return "no clear change (95% CI includes 1)", "dim"
+    return "did not fall", "red"
 
 
 def _pct(v: float | None) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 import statistics
 from pathlib import Path
 
@@ -14,7 +15,6 @@ from tailguard.bench.workload import (
 )
 from tailguard.errors import ConfigError
 from tailguard.wire.openai import parse_request
-import random
 
 
 def stream(name_or_data: str | dict, seed: int = 0, n: int = 200) -> list:
