@@ -1,17 +1,19 @@
 """The seed experiment on virtual time: the engine alone (FCFS) against the gateway's own scheduler
-in front of it, through the discrete-event simulator, for 100,000 requests.
+in front of it, through the discrete-event simulator: open loop for 100,000 requests, and closed loop.
 
 Workload: the built-in `seed-mixed` (chats: short prompt, max_tokens 32, class interactive;
-summaries: short prompt, max_tokens 2048, class batch), open-loop Poisson arrivals at a fraction
-(default 85%) of the engine's measured capacity for this mix. Engine: the `h100-llama8b` preset
-with `max_num_seqs` 8. In front: the gateway's `RankedSjfScheduler` with the default classes
-(batch may hold 6 of 8 slots), at most 8 requests in the engine, exactly as `tailguard serve` runs
-it (the same policy objects: scheduler, backend pool and its slot shares). Also the gateway with
-its `fcfs` policy, to separate "holding requests back" from "choosing who goes next", and
-ranked-sjf with other batch shares (`ranked-sjf@0.875`), to show the trade-off the share sets.
+summaries: short prompt, max_tokens 2048, class batch). Open loop: Poisson arrivals at a fraction
+(default 85%) of the engine's measured capacity for this mix. Closed loop: 16 clients, each sending
+its next request when the last ends (the bench's `--concurrency`). Engine: the `h100-llama8b`
+preset with `max_num_seqs` 8. In front: the gateway's `RankedSjfScheduler` with the default
+classes (batch max_share 0.875, min_share 0.75), at most 8 requests in the engine, exactly as
+`tailguard serve` runs it (the same policy objects: scheduler, backend pool and its slot shares).
+Also the gateway with its `fcfs` policy, to separate "holding requests back" from "choosing who
+goes next", and ranked-sjf with other batch shares (`ranked-sjf@0.75/0`: max_share 0.75, no
+guarantee), to show the trade-off the shares set.
 
-    .venv/bin/python benchmarks/seed_des.py [--requests 100000] [--load 0.85] \
-        [--runs straight,fcfs,ranked-sjf,ranked-sjf@0.875,ranked-sjf@0.625]
+    .venv/bin/python benchmarks/seed_des.py [--requests 100000] [--load 0.85] [--clients 16] \
+        [--runs straight,fcfs,ranked-sjf,ranked-sjf@0.875/0,ranked-sjf@0.75/0,ranked-sjf@1/0]
 
 Writes benchmarks/results/seed_des.{json,md}. Latencies are from arrival (the scheduled send
 time); TTFT is to the first output token; rejected requests are counted per class, not hidden.
@@ -38,7 +40,7 @@ from tailguard.gateway.config import BackendConfig, GatewayConfig, SchedulerConf
 from tailguard.gateway.scheduler import BaseScheduler, Pending, Reject, make_scheduler
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.des import Arrival, Timeline, run
-from tailguard.sim.engine import Engine
+from tailguard.sim.engine import Admitted, Engine, FirstToken, RequestFinished, SimRequest
 from tailguard.types import Outcome
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -159,115 +161,235 @@ def summarize(timelines: list[Timeline], wall_s: float) -> dict[str, Any]:
     return out
 
 
+def parse_label(label: str) -> tuple[str, float | None, float | None]:
+    """`policy[@max_share[/min_share]]` for the batch class, e.g. `ranked-sjf@0.75/0`."""
+    policy, _, shares = label.partition("@")
+    max_s, _, min_s = shares.partition("/")
+    return policy, float(max_s) if max_s else None, float(min_s) if min_s else None
+
+
+def make_front(label: str, args: argparse.Namespace) -> tuple[PooledFront | None, GatewayConfig]:
+    policy, max_share, min_share = parse_label(label)
+    gw = gateway_config(max_share, min_share)
+    if policy == "straight":
+        return None, gw
+    backend = BackendConfig(name=ENGINE_NAME, url="http://127.0.0.1:1", kind="sim", max_concurrency=args.front_max_inflight)
+    sched = make_scheduler(gw.scheduler.model_copy(update={"policy": policy}), gw.classes)
+    return PooledFront(sched, BackendPool([backend], gw.classes, gw.health)), gw
+
+
 def run_one(label: str, arrivals: list[Arrival], args: argparse.Namespace) -> dict[str, Any]:
-    """`straight`, or a gateway policy name with an optional `@<batch max_share>`."""
-    policy, _, share = label.partition("@")
-    gw = gateway_config(float(share) if share else None)
+    """Open loop: `straight`, or a gateway policy with optional batch shares (`parse_label`)."""
+    front, gw = make_front(label, args)
     engine = Engine(engine_config(args))
-    front: PooledFront | None = None
-    if policy != "straight":
-        backend = BackendConfig(name=ENGINE_NAME, url="http://127.0.0.1:1", kind="sim", max_concurrency=args.front_max_inflight)
-        sched = make_scheduler(gw.scheduler.model_copy(update={"policy": policy}), gw.classes)
-        front = PooledFront(sched, BackendPool([backend], gw.classes, gw.health))
     t0 = time.perf_counter()
     timelines = run(engine, arrivals, VirtualClock(), front=front,
                     front_max_inflight=args.front_max_inflight if front is not None else None)
     res = summarize(timelines, time.perf_counter() - t0)
     res["engine_steps"] = engine.steps_total
-    res["batch_max_share"] = batch_share(gw) if front is not None else None
+    res["batch_shares"] = batch_shares(gw) if front is not None else None
     return res
 
 
-def gateway_config(batch_max_share: float | None = None) -> GatewayConfig:
-    """The gateway's defaults, optionally with another batch share."""
+def run_closed(label: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Closed loop, as the bench's clients do it: `args.clients` clients, each sending its next
+    `seed-mixed` request the moment the previous one ends. The first `args.closed_warmup_s`
+    simulated seconds are not counted (the clients start in step)."""
+    front, gw = make_front(label, args)
+    engine = Engine(engine_config(args))
+    workload, _ = load_workload("seed-mixed")
+    rng = random.Random(args.seed)
+    weights = [c.weight for c in workload.classes]
+    classes = {c.name: c for c in gw.classes}
+    timelines: dict[str, Timeline] = {}
+    inflight = 0
+    limit = args.front_max_inflight
+
+    def send(i: int, t: float) -> None:
+        wc = rng.choices(workload.classes, weights)[0]
+        cls = classes[wc.headers["X-Tailguard-Class"]]
+        assert wc.max_tokens is not None
+        tl = Timeline(f"{wc.name}-{i}", cls.name, t, wc.prompt_tokens.sample(rng), wc.max_tokens.sample(rng))
+        timelines[tl.id] = tl
+        if front is None:
+            dispatch(tl, t)
+            return
+        pending = Pending(tl.id, cls.name, cls.rank, tl.prompt_tokens + tl.max_tokens, t, t + cls.max_queue_wait_s)
+        if front.push(pending, t) is not None:
+            raise RuntimeError("a closed-loop request was rejected; raise the class queue bounds")
+
+    def dispatch(tl: Timeline, t: float) -> None:
+        tl.dispatched_at = t
+        engine.add(SimRequest(tl.id, tl.prompt_tokens, tl.max_tokens), t)
+
+    def pump(t: float) -> None:
+        nonlocal inflight
+        while front is not None and inflight < limit and len(front):
+            p = front.pop(t)
+            if p is None:
+                return
+            inflight += 1
+            dispatch(timelines[p.id], t)
+
+    t0 = time.perf_counter()
+    for i in range(args.clients):
+        send(i, 0.0)
+    pump(0.0)
+    now, sent = 0.0, args.clients
+    while now < args.closed_s:
+        step = engine.step(now)
+        now += step.duration_s
+        for ev in step.events:
+            tl = timelines[ev.req_id]
+            if isinstance(ev, Admitted) and not ev.resumed:
+                tl.admitted_at = step.started_at
+            elif isinstance(ev, FirstToken):
+                tl.first_token_at = now
+            elif isinstance(ev, RequestFinished):
+                tl.finished_at, tl.output_tokens, tl.outcome = now, ev.output_tokens, Outcome.SUCCESS
+                if front is not None:
+                    inflight -= 1
+                    front.on_finish(ev.req_id, Outcome.SUCCESS, now)
+                send(sent, now)
+                sent += 1
+        pump(now)
+    counted = [tl for tl in timelines.values() if tl.arrived_at >= args.closed_warmup_s and tl.finished_at is not None]
+    res = summarize(counted, time.perf_counter() - t0)
+    res["batch_shares"] = batch_shares(gw) if front is not None else None
+    return res
+
+
+def gateway_config(batch_max_share: float | None = None, batch_min_share: float | None = None) -> GatewayConfig:
+    """The gateway's defaults, optionally with other batch shares (min_share is lowered to fit
+    a smaller max_share unless given)."""
     base = GatewayConfig()
-    if batch_max_share is None:
+    if batch_max_share is None and batch_min_share is None:
         return base
-    classes = [c.model_copy(update={"max_share": batch_max_share}) if c.name == "batch" else c for c in base.classes]
+    classes = []
+    for c in base.classes:
+        if c.name == "batch":
+            hi = c.max_share if batch_max_share is None else batch_max_share
+            lo = min(c.min_share, hi) if batch_min_share is None else batch_min_share
+            c = c.model_copy(update={"max_share": hi, "min_share": lo})
+        classes.append(c)
     return GatewayConfig(classes=classes, scheduler=SchedulerConfig())
 
 
-def batch_share(gw: GatewayConfig) -> float:
-    return next(c.max_share for c in gw.classes if c.name == "batch")
+def batch_shares(gw: GatewayConfig) -> dict[str, float]:
+    c = next(c for c in gw.classes if c.name == "batch")
+    return {"max_share": c.max_share, "min_share": c.min_share}
 
 
 def fmt(v: float | None, scale: float = 1.0, digits: int = 2) -> str:
     return "-" if v is None else f"{v * scale:.{digits}f}"
 
 
-def markdown(result: dict[str, Any]) -> str:
-    a = result["args"]
+def table(runs: dict[str, Any]) -> list[str]:
     lines = [
-        "# The seed experiment on the discrete-event simulator",
-        "",
-        f"`.venv/bin/python benchmarks/seed_des.py --requests {a['requests']} --load {a['load']} "
-        f"--runs {','.join(a['runs'])}`",
-        "",
-        f"Engine `{a['preset']}` with max_num_seqs {a['max_num_seqs']} (FCFS); gateway in front with at most "
-        f"{a['front_max_inflight']} in flight, default classes (batch max_share {result['batch_max_share']}; "
-        "`@x` runs use batch max_share x). "
-        f"Workload `seed-mixed`, open-loop Poisson at {a['load']:.0%} of the measured capacity "
-        f"({result['capacity_requests_per_s']:.2f} req/s) = {result['rate_per_s']:.2f} req/s, "
-        f"{a['requests']} requests, seed {a['seed']}.",
-        "",
-        "| run | class | ok | rejected | TTFT p50 ms | TTFT p99 ms | E2E p50 s | E2E p99 s | E2E p99/p50 | gateway queue p99 s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| run | class | ok | rejected | TTFT p50 ms | TTFT p99 ms | E2E p50 s | E2E p99 s | E2E p99/p50 | gateway queue p99 s | engine slots held |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, run_res in result["runs"].items():
+    for name, run_res in runs.items():
         for cls, row in run_res["classes"].items():
             rej = sum(row["rejected"].values())
             lines.append(
                 f"| {name} | {cls} | {row['ok']} | {rej} | {fmt(row['ttft_s']['p50'], 1000, 1)} | "
                 f"{fmt(row['ttft_s']['p99'], 1000, 1)} | {fmt(row['e2e_s']['p50'])} | {fmt(row['e2e_s']['p99'])} | "
-                f"{fmt(row['e2e_p99_over_p50'], 1, 1)} | {fmt(row['front_queue_s']['p99'])} |"
+                f"{fmt(row['e2e_p99_over_p50'], 1, 1)} | {fmt(row['front_queue_s']['p99'])} | {row['engine_slots_mean']:.2f} |"
             )
     lines += ["", "| run | output tokens/s | requests/s | simulated s | wall s |", "|---|---:|---:|---:|---:|"]
-    for name, run_res in result["runs"].items():
+    for name, run_res in runs.items():
         lines.append(
             f"| {name} | {run_res['output_tokens_per_s']:.0f} | {run_res['requests_per_s']:.2f} | "
             f"{run_res['makespan_s']:.0f} | {run_res['wall_s']:.1f} |"
         )
-    if "verdict" in result:
-        lines += ["", "Against the issue's targets (gateway `ranked-sjf` with the default config vs straight):", ""]
-        lines += [f"- {k}: {v}" for k, v in result["verdict"].items()]
-        classes = result["runs"]["straight"]["classes"]
-        inter, batch = classes["interactive"]["engine_slots_mean"], classes["batch"]["engine_slots_mean"]
+    return lines
+
+
+def verdict_lines(runs: dict[str, Any]) -> list[str]:
+    out = ["", "Targets of issue 4 for each gateway run against `straight` (a: interactive P99 TTFT >= 5x lower, "
+           "b: interactive P99/P50 E2E <= 3, c: output tokens/s >= 90%, d: batch P99 E2E <= 1.25x):", "",
+           "| run | a: TTFT P99 lower by | b: P99/P50 | c: tokens/s | d: batch P99 | met |", "|---|---:|---:|---:|---:|---:|"]
+    for name in runs:
+        if name == "straight":
+            continue
+        v = verdict(runs, name)
+        out.append(f"| {name} | {v['a'][0]:.1f}x | {v['b'][0]:.2f} | {v['c'][0]:.0%} | {v['d'][0]:.2f}x | "
+                   f"{''.join(k for k, (_, ok) in v.items() if ok) or '-'} |")
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    a = result["args"]
+    shares = result["batch_shares"]
+    lines = [
+        "# The seed experiment on the discrete-event simulator",
+        "",
+        f"`.venv/bin/python benchmarks/seed_des.py --requests {a['requests']} --load {a['load']} "
+        f"--clients {a['clients']} --closed-s {a['closed_s']:g} --runs {','.join(a['runs'])}`",
+        "",
+        f"Engine `{a['preset']}` with max_num_seqs {a['max_num_seqs']} (FCFS); gateway in front with at most "
+        f"{a['front_max_inflight']} in flight and the default classes (batch max_share {shares['max_share']}, "
+        f"min_share {shares['min_share']}); `@x/y` runs set batch max_share x and min_share y. "
+        "Workload `seed-mixed`. Times are simulated seconds.",
+        "",
+        f"## Open loop: Poisson at {a['load']:.0%} of the measured capacity "
+        f"({result['capacity_requests_per_s']:.2f} req/s) = {result['rate_per_s']:.2f} req/s, "
+        f"{a['requests']} requests, seed {a['seed']}",
+        "",
+        *table(result["runs"]),
+    ]
+    if "straight" in result["runs"]:
+        lines += verdict_lines(result["runs"])
+        st = result["runs"]["straight"]["classes"]
+        inter, batch = st["interactive"]["engine_slots_mean"], st["batch"]["engine_slots_mean"]
+        n = a["max_num_seqs"]
         lines += [
             "",
-            f"Why the share decides: in the engine, interactive requests keep {inter:.1f} of the "
-            f"{a['max_num_seqs']} slots busy on average and batch requests {batch:.1f}, each batch request for "
-            "about 14 s. Batch needs more than "
-            f"{batch:.1f} slots to keep up, and chats stay fast only while about {math.ceil(inter) + 1} slots are free for "
-            "them (their mean plus room for bursts), "
-            "so every slot reserved for chats is one batch must queue for: the `@x` runs trace that trade.",
+            f"Why b and d trade here: interactive requests keep {inter:.1f} of the {n} slots busy on average and "
+            f"batch requests {batch:.1f}, each for about 14 s without preemption. With a single slot left to them, "
+            f"chats run it at ~{inter:.0%} utilisation and queue for seconds whenever batch holds the other "
+            f"{n - 1} (b fails at max_share {(n - 1) / n:g}); with two kept free, batch has {n - 2} slots for a "
+            f"load of {batch:.1f} (~{batch / (n - 2):.0%} utilisation) and its queue, hence its P99, doubles "
+            f"(d fails at max_share {(n - 2) / n:g}). Lending batch the extra slot only to requests that "
+            "have waited long moves along the same frontier without reaching both.",
         ]
+    if result.get("closed"):
+        lines += [
+            "",
+            f"## Closed loop: {a['clients']} clients, each sending its next request when the last ends, "
+            f"{a['closed_s']:g} simulated s (the first {a['closed_warmup_s']:g} s not counted), seed {a['seed']}",
+            "",
+            *table(result["closed"]),
+        ]
+        if "straight" in result["closed"]:
+            lines += verdict_lines(result["closed"])
     lines.append("")
     return "\n".join(lines)
 
 
-def verdict(runs: dict[str, Any]) -> dict[str, str]:
-    s, g = runs["straight"], runs["ranked-sjf"]
+def verdict(runs: dict[str, Any], name: str = "ranked-sjf") -> dict[str, tuple[float, bool]]:
+    """Issue 4's targets for run `name` against `straight`: (figure, met) per target a-d."""
+    s, g = runs["straight"], runs[name]
     si, gi = s["classes"]["interactive"], g["classes"]["interactive"]
     sb, gb = s["classes"]["batch"], g["classes"]["batch"]
     ttft_x = si["ttft_s"]["p99"] / gi["ttft_s"]["p99"]
     ratio = gi["e2e_p99_over_p50"]
     tput = g["output_tokens_per_s"] / s["output_tokens_per_s"]
-    batch = gb["e2e_s"]["p99"] / sb["e2e_s"]["p99"] - 1
-    return {
-        "interactive P99 TTFT at least 5x lower": f"{ttft_x:.1f}x lower ({'met' if ttft_x >= 5 else 'NOT met'})",
-        "interactive P99/P50 E2E at most 3": f"{ratio:.2f} ({'met' if ratio <= 3 else 'NOT met'})",
-        "output tokens/s at least 90% of straight": f"{tput:.1%} ({'met' if tput >= 0.9 else 'NOT met'})",
-        "batch P99 E2E no more than 25% worse": f"{batch:+.1%} ({'met' if batch <= 0.25 else 'NOT met'})",
-    }
+    batch = gb["e2e_s"]["p99"] / sb["e2e_s"]["p99"]
+    return {"a": (ttft_x, ttft_x >= 5), "b": (ratio, ratio <= 3), "c": (tput, tput >= 0.9), "d": (batch, batch <= 1.25)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--requests", type=int, default=100_000)
     ap.add_argument("--load", type=float, default=0.85, help="arrival rate as a fraction of measured capacity")
-    ap.add_argument("--runs", default="straight,fcfs,ranked-sjf,ranked-sjf@0.875,ranked-sjf@0.625",
+    ap.add_argument("--runs", default="straight,fcfs,ranked-sjf,ranked-sjf@0.875/0,ranked-sjf@0.75/0,ranked-sjf@1/0",
                     help="comma list: straight (engine alone) and gateway policies (ranked-sjf, fcfs), "
-                    "each optionally @<batch max_share>")
+                    "each optionally @<batch max_share>[/<batch min_share>]")
+    ap.add_argument("--clients", type=int, default=16, help="closed-loop clients (0: no closed-loop runs)")
+    ap.add_argument("--closed-s", type=float, default=4000.0, help="simulated seconds of each closed-loop run")
+    ap.add_argument("--closed-warmup-s", type=float, default=60.0)
     ap.add_argument("--preset", default="h100-llama8b")
     ap.add_argument("--max-num-seqs", type=int, default=8)
     ap.add_argument("--front-max-inflight", type=int, default=8)
@@ -284,18 +406,22 @@ def main() -> None:
     runs: dict[str, Any] = {}
     for label in labels:
         runs[label] = run_one(label, arrivals, args)
-        print(f"{label}: done in {runs[label]['wall_s']} s", flush=True)
+        print(f"open {label}: done in {runs[label]['wall_s']} s", flush=True)
+    closed: dict[str, Any] = {}
+    if args.clients > 0:
+        for label in labels:
+            closed[label] = run_closed(label, args)
+            print(f"closed {label}: done in {closed[label]['wall_s']} s", flush=True)
     result: dict[str, Any] = {
         "benchmark": "seed_des",
         "args": {**{k: v for k, v in vars(args).items() if k != "out"}, "runs": labels},
-        "batch_max_share": batch_share(gw),
+        "batch_shares": batch_shares(gw),
         "capacity_requests_per_s": capacity,
         "rate_per_s": rate,
         "runs": runs,
+        "closed": closed,
         "python": platform.python_version(),
     }
-    if "straight" in runs and "ranked-sjf" in runs:
-        result["verdict"] = verdict(runs)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{out}.json").write_text(json.dumps(result, indent=2) + "\n")

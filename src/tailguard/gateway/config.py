@@ -34,7 +34,8 @@ class ClassConfig(_Model):
     name: str = Field(description="Class name, used in `X-Tailguard-Class`, metrics labels and logs.")
     rank: int = Field(
         default=0,
-        description="Priority between classes: a lower rank is always served first (strict priority).",
+        description="Priority between classes: a lower rank is served first (strict priority, except while a "
+        "later-ranked class is below its `min_share`).",
     )
     default_max_tokens: int | None = Field(
         default=None, ge=1,
@@ -70,6 +71,13 @@ class ClassConfig(_Model):
         "after it may occupy together (rounded down, at least one slot); the rest is kept for "
         "higher-ranked classes.",
     )
+    min_share: float = Field(
+        default=0.0, ge=0, lt=1,
+        description="Guaranteed fraction of the slots in use (rounded down) for this class while it has "
+        "requests queued: when a slot frees and the class holds fewer, its next request goes before those "
+        "of higher ranks, so a flood of higher-ranked work cannot starve it. 0 = no guarantee (strict "
+        "priority). Used by `ranked-sjf`; at most `max_share`.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -77,6 +85,12 @@ class ClassConfig(_Model):
         if not _CLASS_NAME.match(v):
             raise ValueError(f"class name {v!r} may only hold letters, digits, '_', '.' and '-'")
         return v
+
+    @model_validator(mode="after")
+    def _min_within_max_share(self) -> ClassConfig:
+        if self.min_share > self.max_share:
+            raise ValueError(f"min_share ({self.min_share}) is above max_share ({self.max_share})")
+        return self
 
     @model_validator(mode="after")
     def _default_within_cap(self) -> ClassConfig:
@@ -92,19 +106,21 @@ class ClassConfig(_Model):
 
 
 def default_classes() -> list[ClassConfig]:
-    """`interactive` first; `batch` capped and kept off a quarter of each backend's slots.
+    """`interactive` first; `batch` capped, kept off one slot in eight, and guaranteed six in eight.
 
     Without a reservation a burst of long batch jobs fills every slot and a chat waits for one of
-    them to finish (seconds): the tail this gateway exists to remove. One slot in eight is not
-    enough when chats themselves keep about two slots busy (the seed mix at 85% load); two in
-    eight (0.75) cut the chats' P99 TTFT about 5x there for ~30% on the batch P99, and a larger
-    reservation trades batch latency for chat latency further (benchmarks/results/seed_des.md).
+    them to finish (seconds): the tail this gateway exists to remove. One free slot in eight
+    cuts the chats' P99 TTFT >10x on the seed mix at 85% load for <20% on the batch P99; two
+    (max_share 0.75) keep chats' P99/P50 under 3 there but leave batch too few slots for its load
+    (its P99 doubles), and in a closed loop they idle slots (throughput -12%). The guarantee
+    (min_share 0.75) bounds how long a stream of chats can hold batch back
+    (benchmarks/results/seed_des.md, docs/configuration.md).
     """
     return [
         ClassConfig(name="interactive", rank=0, max_queue_len=1000, max_queue_wait_s=30.0),
         ClassConfig(
             name="batch", rank=1, max_tokens_cap=4096, max_queue_len=10000, max_queue_wait_s=600.0,
-            max_share=0.75,
+            max_share=0.875, min_share=0.75,
         ),
     ]
 
@@ -185,13 +201,20 @@ class SchedulerConfig(_Model):
 
     policy: SchedulerPolicy = Field(
         default="ranked-sjf",
-        description="`ranked-sjf`: strict priority by class rank, shortest estimated job first within a rank, "
-        "with aging. `fcfs`: arrival order, for comparison.",
+        description="`ranked-sjf`: priority by class rank (with `min_share` guarantees), shortest estimated job "
+        "first within a rank (see `sjf_size_ratio`), with aging. `fcfs`: arrival order, for comparison.",
     )
     aging_s: float = Field(
         default=10.0, gt=0,
         description="Starvation bound of `ranked-sjf`: once a request has waited this long, no younger request "
         "of its rank is dispatched before it (aged requests go oldest first).",
+    )
+    sjf_size_ratio: float = Field(
+        default=4.0, ge=1,
+        description="Within a class, shortest-first needs a real gap: the oldest queued request goes next "
+        "unless another is at least this many times smaller (then the smallest goes). Job sizes are rough "
+        "(a prompt token costs far less time than an output token), so near-equal sizes keep arrival order "
+        "instead of starving the slightly larger ones. 1 = strict shortest first.",
     )
     output_estimate: OutputEstimateConfig = Field(
         default_factory=OutputEstimateConfig,

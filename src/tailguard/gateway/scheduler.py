@@ -5,8 +5,10 @@ objects, passing `now` in, so a policy is evaluated on a million requests withou
 
 Policies, by name in `SCHEDULERS`:
 - `fcfs`: arrival order across all classes (the baseline the benefit is measured against).
-- `ranked-sjf`: strict priority between class ranks; within a rank, shortest estimated job first,
-  except that a request which has waited `aging_s` is overtaken by no younger request of its rank.
+- `ranked-sjf`: priority between class ranks; within a rank, shortest estimated job first (across
+  a real size gap, `sjf_size_ratio`), except that a request which has waited `aging_s` is overtaken
+  by no younger request of its rank. A class below its `min_share` of the slots in use goes before
+  higher ranks, so a stream of interactive work cannot starve batch work for ever.
 
 Both keep per-class queues bounded (`max_queue_len`), refuse a request whose expected wait exceeds
 its bound, and drop requests that waited past it. Push, pop, remove and expire are O(log n) (heaps
@@ -130,6 +132,10 @@ class BaseScheduler(abc.ABC):
         self._last_finish_at: float | None = None
         self._backlogged = False
         self._interval_s: float | None = None
+        # Dispatched and not yet finished, per class (pop adds, on_finish removes): what min_share
+        # guarantees are measured against.
+        self._running: dict[str, str] = {}
+        self._running_by_class: dict[str, int] = {name: 0 for name in self._queues}
 
     # --- protocol -------------------------------------------------------------------------
 
@@ -181,6 +187,9 @@ class BaseScheduler(abc.ABC):
         return heap[0][0] if heap and heap[0][0] != math.inf else None
 
     def on_finish(self, req_id: str, outcome: Outcome, now: float) -> None:
+        cls = self._running.pop(req_id, None)
+        if cls is not None:
+            self._running_by_class[cls] -= 1
         if self._backlogged and self._last_finish_at is not None:
             sample = max(0.0, now - self._last_finish_at)
             if self._interval_s is None:
@@ -191,6 +200,12 @@ class BaseScheduler(abc.ABC):
         self._backlogged = len(self._entries) > 0
 
     # --- public extras for drivers and metrics ----------------------------------------------
+
+    def running(self, cls: str | None = None) -> int:
+        """Requests popped and not yet finished (of class `cls`, or all)."""
+        if cls is None:
+            return len(self._running)
+        return self._running_by_class.get(cls, 0)
 
     def queue_len(self, cls: str) -> int:
         """Requests of class `cls` waiting now (the `tailguard_queue_length` gauge)."""
@@ -250,6 +265,14 @@ class BaseScheduler(abc.ABC):
             self._push(q.sjf, (float(req.est_tokens), req.arrived_at, entry.seq, entry))
         self._push(self._deadlines, (req.wait_bound_at, entry.seq, entry))
         self._on_add(req)
+
+    def _dispatched(self, entry: _Entry) -> Pending:
+        """`entry` leaves the queue for a backend slot."""
+        self._kill(entry)
+        req = entry.req
+        self._running[req.id] = req.cls
+        self._running_by_class[req.cls] += 1
+        return req
 
     def _on_add(self, req: Pending) -> None:
         pass
@@ -322,18 +345,25 @@ class FcfsScheduler(BaseScheduler):
             best = head
         if best is None:
             return None
-        entry = best[2]
-        self._kill(entry)
-        return entry.req
+        return self._dispatched(best[2])
 
 
 
 class RankedSjfScheduler(BaseScheduler):
-    """Strict priority by rank; shortest `est_tokens` first within a rank; aging bounds starvation.
+    """Priority by rank with guaranteed minimum shares; shortest job first within a rank across a
+    real size gap; aging bounds starvation inside a rank.
 
-    The aging bound: once request R has waited `aging_s`, every pop in R's rank serves an aged
-    request, oldest first, so no request younger than R is dispatched before R after
-    `R.arrived_at + aging_s` (as long as R's class is admissible at that pop).
+    When a slot frees (`pop`):
+    1. Guarantees: a class with requests queued that holds fewer than
+       `floor(min_share * (running + 1))` of the dispatched requests goes first (earlier ranks
+       first among several). `running + 1` is the slot count whenever the backends are full,
+       which is the only time the order decides who waits, so no backend count is needed.
+    2. Otherwise the earliest rank with an admissible request. Within it, the oldest request
+       goes, unless it is younger than `aging_s` and another is more than `sjf_size_ratio`
+       times smaller: then the smallest goes.
+
+    The aging bound: once request R has waited `aging_s`, no request younger than R of its rank
+    is dispatched before R by rule 2 (as long as R's class is admissible at that pop).
 
         s = RankedSjfScheduler(SchedulerConfig(aging_s=10), classes)
         s.push(Pending("a", "batch", 1, 2080, arrived_at=0.0, wait_bound_at=600.0), now=0.0)
@@ -351,37 +381,53 @@ class RankedSjfScheduler(BaseScheduler):
         self._rank_index = {r: i for i, r in enumerate(ranks)}
         self._rank_live = [0] * len(ranks)
         self._rank_sizes = [[0] * _SIZE_BUCKETS for _ in ranks]
+        self._guaranteed = [q for group in self._groups for q in group if q.cfg.min_share > 0]
 
     def pop(self, now: float, admissible: Callable[[Pending], bool] | None = None) -> Pending | None:
         aged_before = now - self._cfg.aging_s
+        if self._guaranteed:
+            slots = len(self._running) + 1
+            for q in self._guaranteed:
+                if q.live and self._running_by_class[q.cfg.name] < math.floor(q.cfg.min_share * slots + 1e-9):
+                    entry = self._pick([q], aged_before, admissible)
+                    if entry is not None:
+                        return self._dispatched(entry)
         for i, group in enumerate(self._groups):
-            if self._rank_live[i] == 0:
-                continue
-            best_key: tuple[float, float, float, int] | None = None
-            best: _Entry | None = None
-            for q in group:
-                if q.live == 0:
-                    continue
-                key, entry = self._head(q, aged_before)
-                if best_key is not None and key >= best_key:
-                    continue
-                if admissible is not None and not admissible(entry.req):
-                    continue
-                best_key, best = key, entry
-            if best is not None:
-                self._kill(best)
-                return best.req
+            if self._rank_live[i]:
+                entry = self._pick(group, aged_before, admissible)
+                if entry is not None:
+                    return self._dispatched(entry)
         return None
 
-    def _head(self, q: _ClassQueue, aged_before: float) -> tuple[tuple[float, float, float, int], _Entry]:
-        """The class's next request and its sort key: aged requests (oldest first) before all others."""
-        fifo = self._fifo_head(q)
-        assert fifo is not None  # q.live > 0
-        if fifo[0] <= aged_before:
-            return (0.0, fifo[0], 0.0, fifo[1]), fifo[2]
-        sjf = self._sjf_head(q)
-        assert sjf is not None
-        return (1.0, sjf[0], sjf[1], sjf[2]), sjf[3]
+    def _pick(
+        self, group: list[_ClassQueue], aged_before: float, admissible: Callable[[Pending], bool] | None,
+    ) -> _Entry | None:
+        """The next request of `group` (classes of one rank) that `admissible` accepts, or None.
+
+        A class whose candidate is refused is dropped from the choice and the rest tried again
+        (admissibility is a per-class slot check, so its other requests would be refused too).
+        """
+        ratio = self._cfg.sjf_size_ratio
+        left = [q for q in group if q.live]
+        while left:
+            oldest: _FifoItem | None = None
+            smallest: _Item | None = None
+            for q in left:
+                f = self._fifo_head(q)
+                j = self._sjf_head(q)
+                assert f is not None and j is not None  # q.live > 0
+                if oldest is None or f[:2] < oldest[:2]:
+                    oldest = f
+                if smallest is None or j[:3] < smallest[:3]:
+                    smallest = j
+            assert oldest is not None and smallest is not None
+            entry = oldest[2]
+            if oldest[0] > aged_before and smallest[0] * ratio < entry.req.est_tokens:
+                entry = smallest[3]
+            if admissible is None or admissible(entry.req):
+                return entry
+            left.remove(self._queues[entry.req.cls])
+        return None
 
     def _bucket(self, est_tokens: int) -> int:
         return min(_SIZE_BUCKETS - 1, max(0, est_tokens).bit_length())

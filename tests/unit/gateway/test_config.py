@@ -22,7 +22,8 @@ def test_defaults_have_interactive_first_and_a_capped_batch_class() -> None:
     cfg = GatewayConfig()
     assert [(c.name, c.rank) for c in cfg.classes] == [("interactive", 0), ("batch", 1)]
     batch = cfg.classes[1]
-    assert batch.max_tokens_cap == 4096 and batch.cap_mode == "clamp" and batch.max_share == 0.75
+    assert batch.max_tokens_cap == 4096 and batch.cap_mode == "clamp"
+    assert (batch.max_share, batch.min_share) == (0.875, 0.75)
     assert cfg.default_class == "interactive"
     assert (cfg.host, cfg.port, cfg.max_body_bytes) == ("127.0.0.1", 8080, 4 * 1024 * 1024)
     assert cfg.scheduler.policy == "ranked-sjf" and cfg.backends == []
@@ -100,6 +101,10 @@ scheduler: {policy: fcfs, aging_s: 3}
     ("service_tier_map: {turbo: batch}\n", "service_tier_map.turbo (as a key): Input should be 'auto', 'default', 'flex', 'scale' or 'priority'"),
     ("auth: {api_keys: {k: {name: ops, default_class: gold}}}\n", "ops has default_class 'gold'"),
     ("classes: []\n", "classes: List should have at least 1 item"),
+    ("classes:\n  - {name: interactive, max_share: 0.5, min_share: 0.75}\n", "min_share (0.75) is above max_share (0.5)"),
+    ("classes:\n  - {name: interactive, min_share: 1}\n", "classes[0] (interactive).min_share: Input should be less than 1"),
+    ("classes:\n  - {name: interactive, min_share: -0.1}\n", "min_share: Input should be greater than or equal to 0"),
+    ("scheduler: {sjf_size_ratio: 0.5}\n", "scheduler.sjf_size_ratio: Input should be greater than or equal to 1"),
 ])
 def test_invalid_files_name_the_field_and_the_problem(tmp_path: Path, text: str, expected: str) -> None:
     path = write(tmp_path, text)

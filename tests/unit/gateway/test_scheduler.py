@@ -187,6 +187,104 @@ def test_batch_cannot_take_the_slots_kept_for_interactive() -> None:
     assert p is not None and p.id == "b3"
 
 
+def test_near_equal_sizes_keep_arrival_order_and_a_real_gap_jumps_the_queue() -> None:
+    # Chats of 96..224 prompt tokens + 32 output tokens cost about the same time: with the default
+    # ratio 4 none overtakes an older one (strict SJF starved the larger ones until aged).
+    s = sjf()
+    for i, (est, at) in enumerate([(256, 0.0), (128, 0.1), (200, 0.2)]):
+        s.push(req(f"c{i}", "interactive", est, at), at)
+    assert drain(s, 1.0) == ["c0", "c1", "c2"]
+    # A gap beyond the ratio: 2080 > 4 * 500, so the 500 goes first; 500 < 4 * 200 keeps the 500 ahead of a younger 200.
+    s.push(req("long", "batch", 2080, 2.0), 2.0)
+    s.push(req("mid", "batch", 500, 2.1), 2.1)
+    s.push(req("small", "batch", 200, 2.2), 2.2)
+    assert drain(s, 3.0) == ["small", "mid", "long"]
+
+
+def test_sjf_size_ratio_1_is_strict_shortest_first() -> None:
+    s = RankedSjfScheduler(SchedulerConfig(sjf_size_ratio=1.0), CLASSES)
+    for i, (est, at) in enumerate([(256, 0.0), (128, 0.1), (200, 0.2)]):
+        s.push(req(f"c{i}", "interactive", est, at), at)
+    assert drain(s, 1.0) == ["c1", "c2", "c0"]
+
+
+GUARANTEED = [
+    ClassConfig(name="interactive", rank=0, max_queue_wait_s=30.0),
+    ClassConfig(name="batch", rank=1, max_queue_wait_s=600.0, max_share=0.75, min_share=0.5),
+]
+
+
+def test_min_share_gives_batch_the_freed_slot_until_it_holds_its_guarantee() -> None:
+    s = RankedSjfScheduler(SchedulerConfig(), GUARANTEED)
+    # Four slots, all held by chats (popped while no batch was queued).
+    for i in range(4):
+        s.push(Pending(f"i{i}", "interactive", 0, 40, 0.0, 30.0), 0.0)
+    assert drain(s, 0.0) == ["i0", "i1", "i2", "i3"]
+    assert (s.running("interactive"), s.running("batch"), s.running()) == (4, 0, 4)
+    s.push(Pending("b0", "batch", 1, 2080, 1.0, 601.0), 1.0)
+    s.push(Pending("b1", "batch", 1, 2080, 1.1, 601.1), 1.1)
+    s.push(Pending("b2", "batch", 1, 2080, 1.2, 601.2), 1.2)
+    for i in range(4, 8):
+        s.push(Pending(f"i{i}", "interactive", 0, 40, 1.5, 31.5), 1.5)
+    # A chat ends: 3 running + 1 = 4 slots; batch holds 0 < floor(0.5 * 4) = 2, so batch goes
+    # first although chats are queued.
+    s.on_finish("i0", Outcome.SUCCESS, 2.0)
+    p = s.pop(2.0)
+    assert p is not None and p.id == "b0"
+    s.on_finish("i1", Outcome.SUCCESS, 2.5)
+    p = s.pop(2.5)
+    assert p is not None and p.id == "b1"
+    # Batch holds 2 = its guarantee: strict priority again, chats first.
+    s.on_finish("i2", Outcome.SUCCESS, 3.0)
+    p = s.pop(3.0)
+    assert p is not None and p.id == "i4"
+    assert (s.running("interactive"), s.running("batch")) == (2, 2)
+    # A batch request ends: below the guarantee again, the next batch request goes.
+    s.on_finish("b0", Outcome.SUCCESS, 4.0)
+    p = s.pop(4.0)
+    assert p is not None and p.id == "b2"
+    # Finishing an id that was never dispatched changes no count.
+    s.on_finish("nobody", Outcome.SUCCESS, 4.5)
+    assert s.running() == 4
+
+
+def test_without_min_share_a_stream_of_chats_starves_batch() -> None:
+    no_guarantee = [GUARANTEED[0], GUARANTEED[1].model_copy(update={"min_share": 0.0})]
+    for classes, expected in ((no_guarantee, []), (GUARANTEED, ["b0", "b1"])):
+        s = RankedSjfScheduler(SchedulerConfig(), classes)
+        # Four slots full of chats, then two batch requests queue.
+        for i in range(4):
+            s.push(Pending(f"c{i}", "interactive", 0, 40, 0.0, 30.0), 0.0)
+        running = drain(s, 0.0)
+        s.push(Pending("b0", "batch", 1, 2080, 0.0, 600.0), 0.0)
+        s.push(Pending("b1", "batch", 1, 2080, 0.0, 600.0), 0.0)
+        # Every 0.1 s a chat ends and a new one arrives; batch requests once started keep their slot.
+        started_batch = []
+        t = 0.0
+        for i in range(4, 40):
+            t = round(t + 0.1, 1)
+            s.push(Pending(f"c{i}", "interactive", 0, 40, t, t + 30.0), t)
+            s.on_finish(running.pop(0), Outcome.SUCCESS, t)
+            p = s.pop(t)
+            assert p is not None
+            if p.cls == "batch":
+                started_batch.append(p.id)
+            else:
+                running.append(p.id)
+        assert started_batch == expected
+
+
+def test_min_share_respects_admissibility() -> None:
+    s = RankedSjfScheduler(SchedulerConfig(), GUARANTEED)
+    s.push(Pending("i0", "interactive", 0, 40, 0.0, 30.0), 0.0)
+    s.push(Pending("b0", "batch", 1, 2080, 0.0, 600.0), 0.0)
+    s.on_finish("x", Outcome.SUCCESS, 0.0)
+    # Batch is below its guarantee but no backend may take it: the chat goes.
+    p = s.pop(1.0, admissible=lambda p: p.cls != "batch")
+    assert p is not None and p.id == "i0"
+    assert s.pop(1.0, admissible=lambda p: p.cls != "batch") is None
+
+
 # --- overload: queue_full, wait_bound, expire, remove ---------------------------------------
 
 def test_queue_full_rejects_with_retry_after_from_drain_rate() -> None:
