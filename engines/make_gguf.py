@@ -54,6 +54,9 @@ class Shape:
 
 
 DEFAULT = Shape()
+# `tiny` decodes thousands of tokens/s (fast tests); `slow` (28M parameters) tens to hundreds, so a
+# request is still running when a test disconnects from it or a benchmark queues behind it.
+PRESETS = {"tiny": DEFAULT, "slow": Shape(n_embd=512, n_layer=8, n_head=8, n_ff=1408)}
 
 
 def vocabulary() -> tuple[list[str], list[float], list[int]]:
@@ -163,13 +166,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache", type=Path,
                     default=Path(os.environ.get("TAILGUARD_CACHE", Path.home() / ".cache" / "tailguard")) / "models")
-    ap.add_argument("--n-embd", type=int, default=DEFAULT.n_embd)
-    ap.add_argument("--n-layer", type=int, default=DEFAULT.n_layer)
-    ap.add_argument("--n-head", type=int, default=DEFAULT.n_head)
-    ap.add_argument("--n-ff", type=int, default=DEFAULT.n_ff)
-    ap.add_argument("--seed", type=int, default=DEFAULT.seed)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    ap.add_argument("--n-embd", type=int, help="override the preset's width")
+    ap.add_argument("--n-layer", type=int, help="override the preset's depth")
+    ap.add_argument("--n-head", type=int)
+    ap.add_argument("--n-ff", type=int)
+    ap.add_argument("--seed", type=int)
     args = ap.parse_args(argv)
-    shape = Shape(n_embd=args.n_embd, n_layer=args.n_layer, n_head=args.n_head, n_ff=args.n_ff, seed=args.seed)
+    base = PRESETS[args.preset]
+    shape = Shape(
+        n_embd=args.n_embd or base.n_embd, n_layer=args.n_layer or base.n_layer, n_head=args.n_head or base.n_head,
+        n_ff=args.n_ff or base.n_ff, seed=base.seed if args.seed is None else args.seed,
+    )
     path = model_path(args.cache, shape)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -19,14 +19,26 @@ import os
 import random
 import shutil
 import sys
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 FORMAT_VERSION = 1
-HIDDEN = 128
-HEADS = 2  # head_dim 64: a size every vLLM CPU attention backend supports
-LAYERS = 2
-FFN = 256
 VOCAB = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    hidden: int
+    heads: int  # hidden / heads = 64: a head size every vLLM CPU attention backend supports
+    layers: int
+    ffn: int
+
+
+# `tiny` decodes so fast on a CPU that vLLM's API server, not the model, sets the pace: it then
+# coalesces many tokens into one chunk and a stream can arrive all at once. `small` (25M parameters)
+# takes long enough per step that tokens stream as they are made, like a real model on a GPU.
+PRESETS = {"tiny": Shape(hidden=128, heads=2, layers=2, ffn=256),
+           "small": Shape(hidden=512, heads=8, layers=8, ffn=1408)}
 MAX_POSITIONS = 4096
 FORBIDDEN_LOGIT_WEIGHT = -64.0
 SPECIALS = ["<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>"]
@@ -51,7 +63,7 @@ def corpus(seed: int) -> list[str]:
             for _ in range(4000)]
 
 
-def build(path: Path, seed: int) -> None:
+def build(path: Path, shape: Shape, seed: int) -> None:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -68,8 +80,8 @@ def build(path: Path, seed: int) -> None:
     n_vocab = len(fast)
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=n_vocab, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
-                      num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=MAX_POSITIONS,
+    cfg = LlamaConfig(vocab_size=n_vocab, hidden_size=shape.hidden, intermediate_size=shape.ffn,
+                      num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.heads, max_position_embeddings=MAX_POSITIONS,
                       bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, tie_word_embeddings=False,
                       torch_dtype="float32")
     model = LlamaForCausalLM(cfg)
@@ -97,18 +109,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache", type=Path,
                     default=Path(os.environ.get("TAILGUARD_CACHE", Path.home() / ".cache" / "tailguard")) / "models")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="small")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    shape = PRESETS[args.preset]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is made here; never reach for a hub
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    key = hashlib.sha256(repr((FORMAT_VERSION, HIDDEN, HEADS, LAYERS, FFN, VOCAB, args.seed)).encode()).hexdigest()[:12]
-    path = args.cache / f"tiny-hf-llama-{key}"
+    key = hashlib.sha256(repr((FORMAT_VERSION, astuple(shape), VOCAB, args.seed)).encode()).hexdigest()[:12]
+    path = args.cache / f"hf-llama-{shape.hidden}x{shape.layers}-{key}"
     if not (path / "config.json").exists():
         args.cache.mkdir(parents=True, exist_ok=True)
         tmp = args.cache / f".{path.name}.tmp{os.getpid()}"
         try:
-            build(tmp, args.seed)
+            build(tmp, shape, args.seed)
             shutil.rmtree(path, ignore_errors=True)
             tmp.rename(path)  # a half-written directory never looks cached
         finally:

@@ -22,14 +22,16 @@ step() {  # step NAME CMD...: run, time it, keep its last stdout line (the path 
 
 rm -f "$MANIFEST.tmp"
 LLAMA_SERVER="$(step llama-server bash "$HERE/llamacpp.sh")"
-GGUF_MODEL="$(step gguf-model "$PROJECT_PY" "$HERE/make_gguf.py")"
+GGUF_MODEL="$(step gguf-model "$PROJECT_PY" "$HERE/make_gguf.py" --preset tiny)"
+GGUF_MODEL_SLOW="$(step gguf-model-slow "$PROJECT_PY" "$HERE/make_gguf.py" --preset slow)"
 VLLM_PYTHON="$(step vllm bash "$HERE/vllm.sh")"
-HF_MODEL="$(step hf-model "$VLLM_PYTHON" "$HERE/make_hf_llama.py")"
+HF_MODEL="$(step hf-model "$VLLM_PYTHON" "$HERE/make_hf_llama.py" --preset small)"
 
-"$PROJECT_PY" - "$MANIFEST" "$LLAMA_SERVER" "$GGUF_MODEL" "$VLLM_PYTHON" "$HF_MODEL" <<'PY'
+"$PROJECT_PY" - "$MANIFEST" "$LLAMA_SERVER" "$GGUF_MODEL" "$GGUF_MODEL_SLOW" "$VLLM_PYTHON" "$HF_MODEL" <<'PY'
 import json, os, sys
-path, llama_server, gguf_model, vllm_python, hf_model = sys.argv[1:]
-doc = {"llama_server": llama_server, "gguf_model": gguf_model, "vllm_python": vllm_python, "hf_model": hf_model}
+path, llama_server, gguf_model, gguf_model_slow, vllm_python, hf_model = sys.argv[1:]
+doc = {"llama_server": llama_server, "gguf_model": gguf_model, "gguf_model_slow": gguf_model_slow,
+       "vllm_python": vllm_python, "hf_model": hf_model}
 with open(path + ".tmp", "w") as f:
     json.dump(doc, f, indent=2)
 os.replace(path + ".tmp", path)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import pytest
@@ -31,6 +31,7 @@ VLLM_MAX_NUM_SEQS = 8
 class Engines:
     llama_server: Path
     gguf_model: Path
+    gguf_model_slow: Path
     vllm_python: Path
     hf_model: Path
 
@@ -47,7 +48,10 @@ def load_engines() -> Engines | str:
     if not MANIFEST.exists():
         return f"real engines are not set up ({MANIFEST} missing): run `make engines` first"
     doc = json.loads(MANIFEST.read_text())
-    engines = Engines(**{k: Path(v) for k, v in doc.items()})
+    missing = [f.name for f in fields(Engines) if f.name not in doc]
+    if missing:
+        return f"{MANIFEST} lacks {', '.join(missing)} (written by an older setup): run `make engines` again"
+    engines = Engines(**{f.name: Path(doc[f.name]) for f in fields(Engines)})
     for name, path in vars(engines).items():
         if not path.exists():
             return f"{name} {path} from {MANIFEST} is gone: run `make engines` again"
@@ -63,13 +67,14 @@ def engines() -> Engines:
 
 
 def llama_process(engines: Engines, log_dir: Path, name: str, slots: int = LLAMA_SLOTS,
-                  threads: int = 2) -> EngineProcess:
+                  threads: int = 2, slow: bool = False, metrics: bool = True) -> EngineProcess:
     port = free_port()
+    model = engines.gguf_model_slow if slow else engines.gguf_model
     argv = [
-        str(engines.llama_server), "-m", str(engines.gguf_model), "--host", "127.0.0.1", "--port", str(port),
-        "-np", str(slots), "-c", str(slots * LLAMA_SLOT_CTX), "--metrics", "--slots", "-t", str(threads),
+        str(engines.llama_server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+        "-np", str(slots), "-c", str(slots * LLAMA_SLOT_CTX), "--slots", "-t", str(threads),
         "--no-webui", "-a", "tiny", "-n", "512",
-    ]
+    ] + (["--metrics"] if metrics else [])
     return EngineProcess(name=name, kind="llamacpp", argv=argv, port=port, log_path=log_dir / f"{name}-{port}.log")
 
 
@@ -107,8 +112,9 @@ def start_llama(engines: Engines, engine_logs: Path) -> Iterator[Callable[..., E
     """Start extra llama-servers for one test (e.g. to kill one); all are stopped after it."""
     started: list[EngineProcess] = []
 
-    def start(name: str = "llama-extra", slots: int = LLAMA_SLOTS, threads: int = 1) -> EngineProcess:
-        proc = llama_process(engines, engine_logs, name, slots=slots, threads=threads)
+    def start(name: str = "llama-extra", slots: int = LLAMA_SLOTS, threads: int = 1, slow: bool = False,
+              metrics: bool = True) -> EngineProcess:
+        proc = llama_process(engines, engine_logs, name, slots=slots, threads=threads, slow=slow, metrics=metrics)
         started.append(proc)
         proc.start(ready_timeout_s=60)
         return proc

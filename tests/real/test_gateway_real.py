@@ -1,0 +1,334 @@
+"""The gateway in front of real engines: what users will meet first.
+
+The gateway runs in-process on 127.0.0.1; llama-server and vLLM run as real child processes. Each
+test states a behaviour that the simulator alone could not prove: the engines' own chunk shapes
+relayed faithfully, usage metered, a departed client's request aborted inside the engine, a dead
+engine routed around, a class mapped to vLLM's own priority, the engine's 4xx passed back intact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from aiohttp import web
+from openai import AsyncOpenAI
+
+from tailguard.gateway.app import create_app
+from tailguard.gateway.config import GatewayConfig
+from tailguard.wire.sse import SSEDecoder
+from tests.real.processes import EngineProcess, http_text
+
+pytestmark = pytest.mark.real
+
+STEP_S = 60.0
+
+
+def config(*backends: tuple[EngineProcess, int], **extra: Any) -> GatewayConfig:
+    doc: dict[str, Any] = {
+        "port": 0, "access_log": False,
+        # Generous probe timeout: a busy vLLM on two shared cores can take seconds to answer /health.
+        "health": {"interval_s": 0.5, "timeout_s": 10.0},
+        "backends": [{"name": f"{p.name}-{p.port}", "url": p.base_url, "kind": p.kind, "max_concurrency": n}
+                     for p, n in backends],
+    }
+    doc.update(extra)
+    return GatewayConfig.model_validate(doc)
+
+
+@asynccontextmanager
+async def gateway(cfg: GatewayConfig) -> AsyncIterator[str]:
+    """The real gateway app on an ephemeral port, with aiohttp's handler cancellation on (as `serve`
+    runs it), so a client that leaves cancels its handler and the upstream request."""
+    runner = web.AppRunner(create_app(cfg), handle_signals=False, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def client(base_url: str) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=STEP_S)
+
+
+def metric(text: str, name: str) -> float:
+    """Sum of every sample of `name` (any labels) in a Prometheus text page."""
+    total = 0.0
+    for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M):
+        total += float(m.group(1))
+    return total
+
+
+async def engine_metric(proc: EngineProcess, name: str) -> float:
+    return metric(await asyncio.to_thread(http_text, proc.base_url + "/metrics"), name)
+
+
+async def gateway_health(url: str) -> dict[str, Any]:
+    """The gateway's `/health` body, whatever its status (503 when no backend is healthy)."""
+    async with aiohttp.ClientSession() as s, asyncio.timeout(STEP_S):
+        async with s.get(url + "/health") as r:
+            body: dict[str, Any] = await r.json()
+            return body
+
+
+async def wait_for(check: Callable[[], Any], what: str, timeout_s: float = 15.0) -> None:
+    """Poll an async condition until true; fail with `what` when the bound passes."""
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+# --- relaying each engine's own stream ----------------------------------------------------------
+
+async def test_chat_stream_through_gateway(engine: EngineProcess) -> None:
+    async with gateway(config((engine, 4))) as url, client(url) as c, asyncio.timeout(STEP_S):
+        stream = await c.chat.completions.create(
+            model=engine.model, messages=[{"role": "user", "content": "hello"}], max_tokens=21, stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [ch async for ch in stream]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 21
+    assert sum(1 for ch in chunks if ch.usage is not None) == 1
+
+
+async def raw_stream(url: str, body: dict[str, Any], headers: dict[str, str] | None = None
+                     ) -> tuple[dict[str, str], list[bytes]]:
+    decoder = SSEDecoder()
+    events: list[bytes] = []
+    async with aiohttp.ClientSession() as s, asyncio.timeout(STEP_S):
+        async with s.post(url + "/v1/chat/completions", json=body, headers=headers) as r:
+            assert r.status == 200, await r.text()
+            async for data in r.content.iter_any():
+                events += [e.data for e in decoder.feed(data)]
+            return dict(r.headers), events + [e.data for e in decoder.flush()]
+
+
+async def test_llamacpp_role_and_usage_chunks_are_relayed_byte_for_byte(llama_server: EngineProcess) -> None:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    _, direct = await raw_stream(llama_server.base_url, body)
+    async with gateway(config((llama_server, 4))) as url:
+        headers, relayed = await raw_stream(url, body)
+    assert headers["X-Tailguard-Backend"] == f"llama-{llama_server.port}"
+    assert headers["X-Tailguard-Class"] == "interactive"
+    assert len(relayed) == len(direct) == 8  # role, 4 tokens, finish, usage, [DONE]
+    first = json.loads(relayed[0])
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": None}  # not rewritten to ""
+    usage = json.loads(relayed[-2])
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 4 and "timings" in usage
+    # Greedy decoding: the same tokens whichever way the request went.
+    contents = [[json.loads(e)["choices"][0]["delta"].get("content") for e in ev[1:5]] for ev in (direct, relayed)]
+    assert contents[0] == contents[1]
+
+
+async def test_stream_without_include_usage_gets_no_usage_chunk(engine: EngineProcess) -> None:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "stream": True}
+    async with gateway(config((engine, 4))) as url:
+        _, events = await raw_stream(url, body)
+    assert events[-1] == b"[DONE]"
+    parsed = [json.loads(e) for e in events[:-1]]
+    assert all(p.get("usage") in (None,) for p in parsed)  # the gateway asked upstream for usage; the client did not
+    assert all(p["choices"] for p in parsed)
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+async def test_non_stream_through_gateway_is_assembled_with_usage(engine: EngineProcess, endpoint: str) -> None:
+    async with gateway(config((engine, 4))) as url, client(url) as c, asyncio.timeout(STEP_S):
+        if endpoint == "chat":
+            r = await c.chat.completions.create(
+                model=engine.model, messages=[{"role": "user", "content": "hi"}], max_tokens=33)
+            text = r.choices[0].message.content
+        else:
+            rc = await c.completions.create(model=engine.model, prompt="the queue", max_tokens=33)
+            r, text = rc, rc.choices[0].text  # type: ignore[assignment]
+    assert text and r.choices[0].finish_reason == "length"
+    assert r.usage is not None and r.usage.completion_tokens == 33 and r.usage.prompt_tokens > 0
+
+
+async def test_completions_stream_through_gateway(engine: EngineProcess) -> None:
+    async with gateway(config((engine, 4))) as url, client(url) as c, asyncio.timeout(STEP_S):
+        stream = await c.completions.create(model=engine.model, prompt="slot", max_tokens=12, stream=True,
+                                            stream_options={"include_usage": True})
+        chunks = [ch async for ch in stream]
+    assert [u.completion_tokens for u in (ch.usage for ch in chunks) if u is not None] == [12]
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices)
+
+
+async def test_context_too_long_passes_the_engines_own_400(engine: EngineProcess) -> None:
+    prompt = "the " * 3000
+    async with client(engine.base_url) as c, asyncio.timeout(STEP_S):
+        with pytest.raises(openai.BadRequestError) as direct:
+            await c.completions.create(model=engine.model, prompt=prompt, max_tokens=4)
+    async with gateway(config((engine, 4))) as url, client(url) as c, asyncio.timeout(STEP_S):
+        with pytest.raises(openai.BadRequestError) as relayed:
+            await c.completions.create(model=engine.model, prompt=prompt, max_tokens=4)
+        # The gateway and the engine keep serving after the refusal.
+        ok = await c.completions.create(model=engine.model, prompt="x", max_tokens=2)
+    assert relayed.value.status_code == 400
+    assert relayed.value.body == direct.value.body  # the engine's own error, not a gateway rewrite
+    assert ok.usage is not None and ok.usage.completion_tokens == 2
+
+
+# --- a client that leaves frees the engine's slot ------------------------------------------------
+
+async def stream_then_leave(url: str, body: dict[str, Any], content_chunks: int) -> None:
+    """Read a few content chunks of a long stream, then drop the connection."""
+    seen = 0
+    decoder = SSEDecoder()
+    async with aiohttp.ClientSession() as s, asyncio.timeout(STEP_S):
+        async with s.post(url + "/v1/completions", json=body) as r:
+            assert r.status == 200, await r.text()
+            async for data in r.content.iter_any():
+                seen += sum(1 for e in decoder.feed(data) if e.data != b"[DONE]")
+                if seen >= content_chunks:
+                    r.close()  # the client leaves mid-stream
+                    return
+    raise AssertionError("the stream ended before the client left")
+
+
+async def test_disconnect_frees_the_llamacpp_slot(start_llama: Callable[..., EngineProcess]) -> None:
+    engine = start_llama("llama-slow", slow=True, threads=2)
+    max_tokens = 1900  # tens of seconds for the slow model: only an abort ends it within the bound below
+    before = await engine_metric(engine, "llamacpp:tokens_predicted_total")
+    async with gateway(config((engine, 4))) as url:
+        await stream_then_leave(url, {"model": "tiny", "prompt": "hello", "max_tokens": max_tokens,
+                                      "stream": True}, content_chunks=3)
+
+        async def slots_idle() -> bool:
+            slots = json.loads(await asyncio.to_thread(http_text, engine.base_url + "/slots"))
+            return not any(s["is_processing"] for s in slots)
+
+        async def gateway_idle() -> bool:
+            h = await gateway_health(url)
+            return all(b["in_flight"] == 0 for b in h["backends"].values())
+
+        await wait_for(slots_idle, "llama-server to free the slot after the client left", timeout_s=10)
+        await wait_for(gateway_idle, "the gateway to release its slot", timeout_s=5)
+    decoded = await engine_metric(engine, "llamacpp:tokens_predicted_total") - before
+    assert 3 <= decoded < max_tokens  # stopped early, by the abort
+
+
+async def test_disconnect_frees_the_vllm_request(vllm_server: EngineProcess) -> None:
+    max_tokens = 1900
+    before = await engine_metric(vllm_server, "vllm:generation_tokens_total")
+    async with gateway(config((vllm_server, 8))) as url:
+        await stream_then_leave(url, {"model": "tiny", "prompt": "hello", "max_tokens": max_tokens,
+                                      "stream": True}, content_chunks=3)
+
+        async def none_running() -> bool:
+            return await engine_metric(vllm_server, "vllm:num_requests_running") == 0
+
+        await wait_for(none_running, "vLLM to stop running the abandoned request", timeout_s=10)
+    decoded = await engine_metric(vllm_server, "vllm:generation_tokens_total") - before
+    assert 3 <= decoded < max_tokens
+
+
+# --- one of two engines dies mid-run --------------------------------------------------------------
+
+async def test_killed_llamacpp_is_routed_around(start_llama: Callable[..., EngineProcess]) -> None:
+    a = start_llama("llama-a")
+    b = start_llama("llama-b")
+    name_a, name_b = f"llama-a-{a.port}", f"llama-b-{b.port}"
+    workers = 6
+    outcomes: list[tuple[float, str | None]] = []  # (started_at, serving backend, or None on failure)
+    killed_at: list[float] = []
+    marked_down_at: list[float] = []
+
+    async def worker(c: AsyncOpenAI, todo: list[int]) -> None:
+        while todo:
+            todo.pop()
+            started = time.monotonic()
+            try:
+                raw = await c.chat.completions.with_raw_response.create(
+                    model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=48)
+                r = raw.parse()
+                assert r.usage is not None and r.usage.completion_tokens == 48
+                outcomes.append((started, raw.headers["X-Tailguard-Backend"]))
+            except openai.APIError:
+                outcomes.append((started, None))
+            if len(outcomes) == 20 and not killed_at:
+                a.kill()  # SIGKILL mid-run: open connections drop, the port refuses
+                killed_at.append(time.monotonic())
+
+    async def watch(url: str) -> None:
+        while not marked_down_at:
+            h = await gateway_health(url)
+            if not h["backends"][name_a]["healthy"]:
+                marked_down_at.append(time.monotonic())
+            await asyncio.sleep(0.01)
+
+    fast_probes = {"interval_s": 0.2, "timeout_s": 2.0, "unhealthy_after": 1}
+    async with gateway(config((a, 4), (b, 4), health=fast_probes)) as url, client(url) as c, \
+            asyncio.timeout(STEP_S * 2):
+        watcher = asyncio.create_task(watch(url))
+        todo = list(range(100))
+        await asyncio.gather(*(worker(c, todo) for _ in range(workers)))
+        await asyncio.wait_for(watcher, STEP_S)
+        health = await gateway_health(url)
+    assert killed_at and not a.alive() and b.alive()
+    assert {name_a, name_b} <= {be for at, be in outcomes if at < killed_at[0]}  # both served before
+    # Requests that were already bound to the dead engine may fail; once the gateway has marked it
+    # down, every request succeeds, all of them on the survivor.
+    after = [be for at, be in outcomes if at >= marked_down_at[0]]
+    assert len(after) >= 50 and set(after) == {name_b}
+    assert sum(1 for _, be in outcomes if be is None) <= workers
+    assert health["backends"][name_a]["healthy"] is False and health["backends"][name_b]["healthy"] is True
+
+
+# --- the class becomes vLLM's own priority ------------------------------------------------------
+
+async def first_token_at(c: AsyncOpenAI, cls: str, max_tokens: int) -> float:
+    stream = await c.completions.create(model="tiny", prompt="queue", max_tokens=max_tokens, stream=True,
+                                        extra_headers={"X-Tailguard-Class": cls})
+    first: float | None = None
+    async for ch in stream:
+        if first is None and ch.choices and ch.choices[0].text:
+            first = time.monotonic()
+    assert first is not None
+    return first
+
+
+async def test_class_maps_to_vllm_priority(vllm_server: EngineProcess) -> None:
+    # The gateway may keep 16 in flight, vLLM runs 8 (--max-num-seqs): the other 8 wait in vLLM's
+    # own queue, which `--scheduling-policy priority` orders by the `priority` the gateway set.
+    cfg = config((vllm_server, 16))
+    async with gateway(cfg) as url, client(url) as c, asyncio.timeout(STEP_S * 2):
+        async def running() -> bool:
+            return await engine_metric(vllm_server, "vllm:num_requests_running") == 8
+
+        async def waiting(n: int) -> Callable[[], Any]:
+            async def check() -> bool:
+                return await engine_metric(vllm_server, "vllm:num_requests_waiting") == n
+            return check
+
+        # Staggered lengths: running requests finish one at a time, so each freed seat is a choice.
+        fill = [asyncio.create_task(first_token_at(c, "batch", 400 + 50 * i)) for i in range(8)]
+        await wait_for(running, "vLLM to run 8 batch requests")
+        queued_batch = [asyncio.create_task(first_token_at(c, "batch", 20)) for _ in range(4)]
+        await wait_for(await waiting(4), "4 batch requests to wait inside vLLM")
+        queued_interactive = [asyncio.create_task(first_token_at(c, "interactive", 20)) for _ in range(4)]
+        await wait_for(await waiting(8), "4 interactive requests to wait inside vLLM")
+        batch_first = await asyncio.gather(*queued_batch)
+        interactive_first = await asyncio.gather(*queued_interactive)
+        await asyncio.gather(*fill)
+    # Sent last, served first: vLLM saw priority 0 for interactive and 1 for batch.
+    assert max(interactive_first) < min(batch_first)

@@ -1,0 +1,99 @@
+"""Backend kinds: load pages parsed from literal text captured from the real servers."""
+
+from __future__ import annotations
+
+import pytest
+
+from tailguard.gateway.kinds import (
+    KINDS, EngineLoad, get_kind, parse_llamacpp_metrics, parse_llamacpp_slots, parse_sglang_metrics,
+    parse_tgi_metrics, parse_vllm_metrics, prometheus_sums,
+)
+
+VLLM_PAGE = b"""# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="tiny"} 8.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="tiny"} 3.0
+vllm:num_requests_waiting_by_reason{engine="0",model_name="tiny",reason="capacity"} 3.0
+vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.02
+"""
+LLAMACPP_PAGE = b"""# HELP llamacpp:requests_processing Number of requests processing
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing 4
+# HELP llamacpp:requests_deferred Number of requests deferred
+# TYPE llamacpp:requests_deferred gauge
+llamacpp:requests_deferred 2
+llamacpp:n_busy_slots_per_decode 4
+"""
+SLOTS_PAGE = (b'[{"id":0,"n_ctx":2048,"speculative":false,"is_processing":true},'
+              b'{"id":1,"n_ctx":2048,"speculative":false,"is_processing":false},'
+              b'{"id":2,"n_ctx":2048,"speculative":false,"is_processing":true,"id_task":7}]')
+
+
+def test_vllm_page_sums_only_the_exact_names() -> None:
+    # `vllm:num_requests_waiting_by_reason` shares a prefix and must not be added in.
+    assert parse_vllm_metrics(VLLM_PAGE) == EngineLoad(running=8, waiting=3)
+
+
+def test_series_of_several_ranks_are_summed() -> None:
+    page = b'vllm:num_requests_running{engine="0"} 2\nvllm:num_requests_running{engine="1"} 5\n'
+    assert parse_vllm_metrics(page) == EngineLoad(running=7, waiting=0)
+
+
+def test_llamacpp_metrics_and_slots() -> None:
+    assert parse_llamacpp_metrics(LLAMACPP_PAGE) == EngineLoad(running=4, waiting=2)
+    assert parse_llamacpp_slots(SLOTS_PAGE) == EngineLoad(running=2, waiting=0)
+
+
+def test_sglang_and_tgi_names() -> None:
+    sglang = b'sglang:num_running_reqs{model_name="m"} 8\nsglang:num_queue_reqs{model_name="m"} 4\n'
+    tgi = b"# TYPE tgi_batch_current_size gauge\ntgi_batch_current_size 6\ntgi_queue_size 1\n"
+    assert parse_sglang_metrics(sglang) == EngineLoad(8, 4)
+    assert parse_tgi_metrics(tgi) == EngineLoad(6, 1)
+
+
+@pytest.mark.parametrize("page", [
+    b"", b"not metrics at all", b'{"error": {"code": 501, "message": "metrics disabled"}}',
+    LLAMACPP_PAGE,  # another server's page: not understood, rather than read as idle
+])
+def test_a_page_without_the_running_gauge_is_not_understood(page: bytes) -> None:
+    assert parse_vllm_metrics(page) is None
+
+
+@pytest.mark.parametrize("page", [b"", b"{}", b"[1, 2]", b'[{"id": 0}]', b"<html>"])
+def test_slots_page_must_be_a_list_of_slots(page: bytes) -> None:
+    assert parse_llamacpp_slots(page) is None
+
+
+def test_prometheus_sums_skip_comments_timestamps_and_bad_values() -> None:
+    page = b"# a comment with llamacpp:requests_processing 99\nx 1 1700000000\ny NaN\ny 2\nz{a=\"}\" 1\n"
+    assert prometheus_sums(page, ["x", "y", "llamacpp:requests_processing"]) == {"x": 1.0, "y": 2.0}
+
+
+def test_priority_mapping_per_kind() -> None:
+    assert get_kind("vllm").priority_for(0) == ("priority", 0)
+    assert get_kind("vllm").priority_for(2) == ("priority", 2)  # lower runs earlier
+    assert get_kind("sglang").priority_for(2) == ("priority", -2)  # higher runs earlier
+    for name in ("llamacpp", "tgi", "openai", "sim"):
+        assert get_kind(name).priority_for(1) is None
+
+
+def test_quirks_and_health_paths() -> None:
+    assert get_kind("llamacpp").upstream_headers == {"Connection": "close"}
+    assert get_kind("openai").health_path == "/v1/models"
+    assert [s.path for s in get_kind("llamacpp").load_sources] == ["/metrics", "/slots"]
+    assert get_kind("openai").load_sources == ()
+
+
+def test_every_configurable_kind_is_in_the_table() -> None:
+    from typing import get_args
+
+    from tailguard.gateway.config import BackendKind
+
+    assert set(get_args(BackendKind)) == set(KINDS)
+
+
+def test_unknown_kind_lists_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="known: vllm, llamacpp"):
+        get_kind("triton")
