@@ -50,7 +50,7 @@ async def test_chat_queued_behind_batch_goes_first(policy: str, expected: list[s
                                         extra_headers={"X-Tailguard-Class": cls})
         order.append(name)
 
-    async with asyncio.timeout(30), gateway(max_concurrency=1, scheduler={"policy": policy}) as gw, \
+    async with asyncio.timeout(30), gateway(max_concurrency=1, scheduler={"policy": policy, "sjf_size_ratio": 1.0}) as gw, \
             gw.client() as c:
         blocker = await _long_stream(c)
         tasks = []
