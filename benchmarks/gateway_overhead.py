@@ -151,6 +151,7 @@ def summarize(samples: list[Sample], rate: float, seconds: float) -> dict[str, A
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
+    load_before = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="tg-overhead-"))
     sim_port, gw_port = free_port(), free_port()
     sim_url, gw_url = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{gw_port}"
@@ -212,6 +213,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "gateway": "tailguard serve, ranked-sjf, max_concurrency 4096 (never binds), access log to a file",
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
             "processes": "simulator, gateway and load generator share the machine's cores",
+            "load_average_1m": {"start": load_before, "end": os.getloadavg()[0]},
         },
         "moderate": moderate,
         "sweep": sweep,
@@ -258,7 +260,9 @@ def markdown(res: dict[str, Any]) -> str:
         "",
         f"Straight to the simulator vs through `tailguard serve`, side by side (alternating requests), "
         f"streamed {TOKENS}-token chat answers, open-loop Poisson arrivals, {res['setup']['preset']} at time scale 1. "
-        f"Simulator, gateway and load generator share {res['setup']['machine']['cpus']} CPU cores.",
+        f"Simulator, gateway and load generator share {res['setup']['machine']['cpus']} CPU cores "
+        f"(1-minute load average {res['setup']['load_average_1m']['start']:.1f} at the start, "
+        f"{res['setup']['load_average_1m']['end']:.1f} at the end: other work on the machine adds noise).",
         "",
         f"## At a moderate rate ({m['rate_per_s']:.0f} requests/s, {m['seconds']:.0f} s, "
         f"{m['gateway']['requests']} + {m['straight']['requests']} requests)",

@@ -191,9 +191,11 @@ class Proxy:
                     self._metrics.upstream_errors.labels(backend.name, err.kind).inc()
                     if err.kind in ("connect", "timeout_connect") and self._pool.mark_failure(backend.name):
                         self._metrics.backend_healthy.labels(backend.name).set(0)
-                    if (err.retryable and self._cfg.retry_other_backend and t.attempts < 2
-                            and self._dispatcher.reroute(ticket) is not None):
-                        continue
+                    if err.retryable and self._cfg.retry_other_backend and t.attempts < 2:
+                        if self._dispatcher.reroute(ticket) is not None:
+                            continue
+                        if err.kind == "disconnect" and t.upstream_headers_at is None:
+                            continue  # a stale pooled connection: the same backend on a fresh one
                     raise
                 except UpstreamStatus as us:
                     # The backend understood and refused (e.g. context too long): the client's error.

@@ -193,6 +193,10 @@ class Upstream:
         except (aiohttp.ConnectionTimeoutError, aiohttp.ServerTimeoutError) as e:
             raise RelayError("timeout_connect", f"Connecting to backend '{backend.name}' timed out: {e}",
                              status=504, retryable=True) from None
+        except aiohttp.ServerDisconnectedError as e:
+            # Typically a pooled keep-alive connection the backend had just closed.
+            raise RelayError("disconnect", f"Backend '{backend.name}' closed the connection: {e}",
+                             retryable=True) from None
         except aiohttp.ClientError as e:
             raise RelayError("connect", f"Backend '{backend.name}' is unreachable: {e}", retryable=True) from None
         if resp.status >= 400:
