@@ -89,10 +89,12 @@ async def one_rate(url: str, rate: float, seconds: float, seed: int) -> dict[str
         "dispatch_lag_p50_ms": lag["p50"] * 1e3, "dispatch_lag_p99_ms": lag["p99"] * 1e3,
         "dispatch_lag_max_ms": lag["max"] * 1e3,
         "loop_lag_p99_ms": result.meta["loop_lag_s"]["p99"] * 1e3,
+        "loop_lag_max_ms": result.meta["loop_lag_s"]["max"] * 1e3,
         "valid": s["validity"]["valid"],
         "cpu_ms_per_request": (c1 - c0) / n * 1e3, "cpu_us_per_chunk": (c1 - c0) / max(1, chunks) * 1e6,
         "cpu_busy": (c1 - c0) / (w1 - w0),
         "achieved_rps": s["overall"]["throughput"]["requests_per_s"],
+        "error_kinds": s["overall"]["error_kinds"],
         "e2e_p50_ms": (s["overall"]["e2e_s"]["p50"] or float("nan")) * 1e3,
         "e2e_p99_ms": (s["overall"]["e2e_s"]["p99"] or float("nan")) * 1e3,
     }
@@ -120,10 +122,12 @@ def guidellm_rate(exe: str, tokenizer: str, url: str, rate: float, seconds: floa
         data = json.loads(out.read_text())
     reqs = data["benchmarks"][0]["requests"]
     rows = [r for kind in ("successful", "incomplete", "errored") for r in (reqs.get(kind) or [])]
-    starts = [r["info"]["timings"]["targeted_start"] for r in rows if r["info"]["timings"].get("targeted_start")]
-    t0 = min(starts) if starts else 0.0
-    lag = [r["request_dispatch_delay"] for r in rows
-           if r.get("request_dispatch_delay") is not None and r["info"]["timings"]["targeted_start"] >= t0 + 0.5]
+    # requests cancelled before they started carry no targeted/actual start: they have no lag
+    timed = [r for r in rows if (r["info"]["timings"].get("targeted_start") or 0) > 0
+             and (r["info"]["timings"].get("request_start") or 0) > 0]
+    t0 = min((r["info"]["timings"]["targeted_start"] for r in timed), default=0.0)
+    lag = [r["info"]["timings"]["request_start"] - r["info"]["timings"]["targeted_start"]
+           for r in timed if r["info"]["timings"]["targeted_start"] >= t0 + 0.5]
     d = describe(lag)
     return {"rate": rate, "requests": len(rows), "ok": len(reqs.get("successful") or []),
             "dispatch_lag_p50_ms": d["p50"] * 1e3, "dispatch_lag_p99_ms": d["p99"] * 1e3,
@@ -131,6 +135,7 @@ def guidellm_rate(exe: str, tokenizer: str, url: str, rate: float, seconds: floa
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
+    load_before = list(os.getloadavg())
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [TAILGUARD, "sim", "--port", str(port), "--preset", "h100-llama8b", "--time-scale", str(args.time_scale)]
@@ -142,9 +147,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         await one_rate(url, 20.0, 1.0, 0)  # warm connections, caches and imports
         fails = 0
         for rate in args.rates:
-            row = await one_rate(url, rate, args.seconds, seed=int(rate))
+            row = median_trial([await one_rate(url, rate, args.seconds, seed=int(rate) + k) for k in range(args.trials)])
             rows.append(row)
-            print(f"rate {rate:7.0f}/s: dispatch lag p99 {row['dispatch_lag_p99_ms']:6.2f} ms, loop lag p99 "
+            print(f"rate {rate:7.0f}/s: dispatch lag p99 {row['dispatch_lag_p99_ms']:6.2f} ms "
+                  f"(trials {', '.join(f'{x:.1f}' for x in row['trials_p99_ms'])}), loop lag p99 "
                   f"{row['loop_lag_p99_ms']:6.2f} ms, cpu {row['cpu_ms_per_request']:.3f} ms/request "
                   f"({row['cpu_busy'] * 100:.0f}% of a core), ok {row['ok']}/{row['requests']}", flush=True)
             fails = fails + 1 if row["dispatch_lag_p99_ms"] > LAG_LIMIT_S * 1e3 else 0
@@ -153,9 +159,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         if args.guidellm:
             gfails = 0
             for rate in args.rates:
-                g = guidellm_rate(args.guidellm, args.guidellm_tokenizer, url, rate, args.seconds)
+                g = median_trial([guidellm_rate(args.guidellm, args.guidellm_tokenizer, url, rate, args.seconds)
+                                  for _ in range(args.trials)])
                 guide_rows.append(g)
-                print(f"guidellm {rate:7.0f}/s: dispatch lag p99 {g['dispatch_lag_p99_ms']:6.2f} ms, "
+                print(f"guidellm {rate:7.0f}/s: dispatch lag p99 {g['dispatch_lag_p99_ms']:6.2f} ms "
+                      f"(trials {', '.join(f'{x:.1f}' for x in g['trials_p99_ms'])}), "
                       f"cpu {g['cpu_s']:.1f} s over {g['wall_s']:.1f} s wall, ok {g['ok']}/{g['requests']}", flush=True)
                 gfails = gfails + 1 if g["dispatch_lag_p99_ms"] > LAG_LIMIT_S * 1e3 else 0
                 if gfails >= 2:
@@ -174,8 +182,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     out = {
         "command": " ".join(["benchmarks/bench_ceiling.py", *sys.argv[1:]]),
         "simulator": " ".join(["tailguard", *cmd[1:]]),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+                    "loadavg_before": load_before, "loadavg_after": list(os.getloadavg())},
         "lag_limit_ms": LAG_LIMIT_S * 1e3,
+        "seconds": args.seconds,
+        "trials": args.trials,
         "ceiling_rps": ceiling,
         "cpu_ms_per_request_low_rate": min(r["cpu_ms_per_request"] for r in low) if low else None,
         "rows": rows,
@@ -192,6 +203,15 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def median_trial(trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """The trial with the median dispatch-lag P99: one stall of the shared machine (another
+    process holding both cores for a moment) should not decide a rate, and neither should luck."""
+    ordered = sorted(trials, key=lambda r: r["dispatch_lag_p99_ms"])
+    row = dict(ordered[len(ordered) // 2])
+    row["trials_p99_ms"] = [t["dispatch_lag_p99_ms"] for t in trials]
+    return row
+
+
 def _passing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rates up to the first one whose dispatch lag P99 is over the limit."""
     out = []
@@ -200,6 +220,10 @@ def _passing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             break
         out.append(row)
     return out
+
+
+def _trials(r: dict[str, Any]) -> str:
+    return ", ".join(f"{x:.1f}" for x in r.get("trials_p99_ms", [r["dispatch_lag_p99_ms"]]))
 
 
 def _guidellm_version(exe: str) -> str:
@@ -214,24 +238,28 @@ def markdown(out: dict[str, Any], args: argparse.Namespace) -> str:
         f"`.venv/bin/python {out['command']}`",
         "",
         f"Open-loop Poisson arrivals of streamed requests (32-token prompt, 64 tokens out, one SSE chunk per "
-        f"token) from `{out['simulator']}` in its own process, {args.seconds:g} s per rate after 0.5 s of "
-        f"warm-up, on {out['machine']['cpus']} cores ({out['machine']['platform']}, Python "
-        f"{out['machine']['python']}), uvloop. CPU is the generator process's own user+system time.",
+        f"token) from `{out['simulator']}` in its own process, {out.get('trials', 1)} runs of {args.seconds:g} s "
+        f"per rate (after 0.5 s of warm-up each; the run with the median dispatch-lag P99 is shown), on {out['machine']['cpus']} cores ({out['machine']['platform']}, Python "
+        f"{out['machine']['python']}), uvloop. CPU is the generator process's own user+system time. The "
+        f"machine was shared: load average {out['machine']['loadavg_before'][0]:.1f} before and "
+        f"{out['machine']['loadavg_after'][0]:.1f} after the run (1-minute), so lag spikes from other processes "
+        "count against the generator here.",
         "",
         f"**Ceiling: {out['ceiling_rps']} requests/s** ({(out['ceiling_rps'] or 0) * 64:.0f} chunks/s) with dispatch "
         f"lag P99 at most {out['lag_limit_ms']:.0f} ms. CPU per request at low rates: "
         f"{out['cpu_ms_per_request_low_rate']:.2f} ms.",
         "",
-        "| rate/s | requests | ok | dispatch lag p50 ms | p99 ms | max ms | loop lag p99 ms | CPU ms/request | CPU us/chunk | "
-        "CPU busy | E2E p50 ms | E2E p99 ms |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| rate/s | requests | ok | dispatch lag p50 ms | p99 ms | p99 of each run ms | max ms | loop lag p99 / max ms | "
+        "CPU ms/request | CPU us/chunk | CPU busy | E2E p50 ms | E2E p99 ms | failures |",
+        "|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in out["rows"]:
         lines.append(
             f"| {r['rate']:.0f} | {r['requests']} | {r['ok']} | {r['dispatch_lag_p50_ms']:.2f} | "
-            f"{r['dispatch_lag_p99_ms']:.2f} | {r['dispatch_lag_max_ms']:.1f} | {r['loop_lag_p99_ms']:.2f} | "
+            f"{r['dispatch_lag_p99_ms']:.2f} | {_trials(r)} | {r['dispatch_lag_max_ms']:.1f} | {r['loop_lag_p99_ms']:.2f} / {r.get('loop_lag_max_ms', float('nan')):.0f} | "
             f"{r['cpu_ms_per_request']:.3f} | {r['cpu_us_per_chunk']:.1f} | {r['cpu_busy'] * 100:.0f}% | "
-            f"{r['e2e_p50_ms']:.1f} | {r['e2e_p99_ms']:.1f} |")
+            f"{r['e2e_p50_ms']:.1f} | {r['e2e_p99_ms']:.1f} | "
+            f"{', '.join(f'{k} {n}' for k, n in (r.get('error_kinds') or {}).items()) or '-'} |")
     g = out.get("guidellm")
     if g:
         lines += [
@@ -239,15 +267,17 @@ def markdown(out: dict[str, Any], args: argparse.Namespace) -> str:
             f"## GuideLLM {g['version']} side by side (same simulator, same rates)",
             "",
             f"**GuideLLM ceiling: {g['ceiling_rps']} requests/s** by the same rule, using its own per-request "
-            "`request_dispatch_delay`. CPU is its whole process tree less a 1-request run (start-up, imports, "
-            "tokenizer), per request.",
+            "`request_dispatch_delay` (actual minus targeted start). `ok` counts its successful requests; the "
+            "rest were cut off unfinished when its duration limit ended the run. CPU is its whole process tree "
+            "for the run, start-up (imports, tokenizer) included.",
             "",
-            "| rate/s | requests | ok | dispatch lag p50 ms | p99 ms | max ms | CPU ms/request |",
-            "|---:|---:|---:|---:|---:|---:|---:|",
+            "| rate/s | requests | ok | dispatch lag p50 ms | p99 ms | p99 of each run ms | max ms | CPU s | wall s |",
+            "|---:|---:|---:|---:|---:|---|---:|---:|---:|",
         ]
         for r in g["rows"]:
             lines.append(f"| {r['rate']:.0f} | {r['requests']} | {r['ok']} | {r['dispatch_lag_p50_ms']:.2f} | "
-                         f"{r['dispatch_lag_p99_ms']:.2f} | {r['dispatch_lag_max_ms']:.1f} | {r['cpu_ms_per_request']:.3f} |")
+                         f"{r['dispatch_lag_p99_ms']:.2f} | {_trials(r)} | {r['dispatch_lag_max_ms']:.1f} | {r['cpu_s']:.1f} | "
+                         f"{r['wall_s']:.1f} |")
     lines.append("")
     return "\n".join(lines)
 
@@ -256,10 +286,12 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rates", default="25,50,100,150,200,300,400,500,600,800,1000,1200,1500",
                    type=lambda s: [float(x) for x in s.split(",")])
-    p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--trials", type=int, default=3, help="runs per rate; the median dispatch-lag P99 decides")
     p.add_argument("--time-scale", type=float, default=0.01)
     p.add_argument("--guidellm", help="path to a guidellm executable to measure side by side (optional)")
     p.add_argument("--guidellm-tokenizer", help="local Hugging Face tokenizer folder for guidellm's synthetic data")
+    p.add_argument("--render-only", action="store_true", help="rewrite the .md from the saved .json")
     args = p.parse_args()
     if args.guidellm and not args.guidellm_tokenizer:
         p.error("--guidellm needs --guidellm-tokenizer")
@@ -267,4 +299,10 @@ def parse_args() -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    uvloop.run(main(parse_args()))
+    cli_args = parse_args()
+    if cli_args.render_only:
+        saved = json.loads((RESULTS / "bench_ceiling.json").read_text())
+        cli_args.seconds = saved.get("seconds", cli_args.seconds)
+        (RESULTS / "bench_ceiling.md").write_text(markdown(saved, cli_args))
+    else:
+        uvloop.run(main(cli_args))

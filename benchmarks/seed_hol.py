@@ -28,7 +28,7 @@ from typing import Any
 import aiohttp
 from rich.console import Console
 
-from tailguard.bench.load import BenchConfig, RunResult, Timeouts, run_bench
+from tailguard.bench.load import BenchConfig, Timeouts, run_bench
 from tailguard.bench.report import write_outputs
 from tailguard.bench.table import ProgressDisplay
 
@@ -68,23 +68,6 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def to_simulated(result: RunResult, scale: float) -> None:
-    """The simulator runs `1/scale` times faster than real time: express every time in simulated
-    seconds so the numbers read as the modelled H100 would deliver them."""
-    def s(v: float) -> float:
-        return v / scale
-
-    for r in result.records:
-        r.scheduled_at, r.sent_at, r.ended_at = s(r.scheduled_at), s(r.sent_at), s(r.ended_at)
-        r.first_token_at = None if r.first_token_at is None else s(r.first_token_at)
-        r.chunk_at = [s(t) for t in r.chunk_at]
-    result.meta["time_scale"] = scale
-    result.meta["times_in"] = "simulated seconds (wall / time_scale)"
-    # the validity check is about the generator on the wall clock: keep its threshold in wall terms
-    result.meta["max_dispatch_lag_s"] = result.meta["max_dispatch_lag_s"] / scale
-    result.meta["loop_lag_s"] = {k: (v / scale if k != "samples" else v) for k, v in result.meta["loop_lag_s"].items()}
-
-
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -95,7 +78,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     try:
         await wait_healthy(url, proc)
         config = BenchConfig(url=url, workload=args.workload, concurrency=args.clients, requests=args.requests,
-                             warmup_requests=args.warmup, seed=args.seed,
+                             warmup_requests=args.warmup, seed=args.seed, time_scale=args.time_scale,
                              timeouts=Timeouts(first_token_s=600, total_s=600))
         t0 = time.perf_counter()
         console.print(f"[bold]seed_hol[/]: {' '.join(cmd[1:])}; {args.clients} clients, {args.requests} requests")
@@ -104,7 +87,6 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         wall_s = time.perf_counter() - t0
     finally:
         stop(proc)
-    to_simulated(result, args.time_scale)
     out = RESULTS / "seed_hol"
     summary = write_outputs(result, out, console=console)
     chat = summary["classes"]["chat"]["e2e_s"]
@@ -130,7 +112,8 @@ def markdown(args: argparse.Namespace, s: dict[str, Any], wall_s: float, cmd: li
         f"Simulator: `{' '.join(['tailguard', *cmd[1:]])}` (own process). Bench: `seed-mixed`, closed loop, "
         f"{args.clients} clients, {args.requests} measured requests after {args.warmup} warm-up, seed {args.seed}. "
         f"Times are simulated seconds (wall / {args.time_scale}); the run took {wall_s:.0f} s of wall time on "
-        f"{os.cpu_count()} cores ({platform.processor() or platform.machine()}, Python {platform.python_version()}).",
+        f"{os.cpu_count()} cores ({platform.processor() or platform.machine()}, Python {platform.python_version()}), "
+        f"shared with other work (1-minute load average {os.getloadavg()[0]:.1f} at the end).",
         "",
         "| class | count | ok | E2E p50 s | E2E p90 s | E2E p99 s | E2E max s | E2E p99/p50 | TTFT p50 s | TTFT p99 s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",

@@ -100,10 +100,10 @@ def compare(before: Sequence[RequestRecord], before_meta: dict[str, Any],
 
 
 def _run_info(meta: dict[str, Any], records: Sequence[RequestRecord]) -> dict[str, Any]:
-    lag = (meta.get("loop_lag_s") or {}).get("p99")
+    lag = meta.get("loop_lag_s") or {}
     return {
         "label": meta.get("label"), "workload": (meta.get("workload") or {}).get("name"), "url": meta.get("url"),
         "mode": meta.get("mode"), "concurrency": meta.get("concurrency"), "rate": meta.get("rate"),
         "started_at": meta.get("started_at"),
-        "validity": validity(records, float(meta.get("max_dispatch_lag_s", 0.005)), lag),
+        "validity": validity(records, float(meta.get("max_dispatch_lag_s", 0.005)), lag.get("p99"), lag.get("max")),
     }

@@ -48,6 +48,7 @@ _REPORT = """{% extends "base.html" %}
  &middot; target <code>{{ run.url }}</code> &middot; model <code>{{ run.model }}</code>
  &middot; seed {{ run.seed }} &middot; started {{ when(run.started_at) }}
  &middot; {{ run.measured_requests }} requests measured ({{ run.warmup_requests_excluded }} warm-up excluded) over {{ fmt_s(run.window_s) }}
+ {% if run.time_scale and run.time_scale != 1.0 %}&middot; <b>times in simulated seconds</b> (wall seconds / {{ run.time_scale }}){% endif %}
 </div>
 {% if validity.valid %}
 <div class="banner valid">Valid run: dispatch lag P99 {{ "%.2f"|format((validity.dispatch_lag_p99_s or 0) * 1000) }} ms

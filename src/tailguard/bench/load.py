@@ -39,7 +39,8 @@ _ERROR_TEXT_LIMIT = 300
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
-    """Staged client timeouts: TCP connect, first content token (from send), whole request (from send)."""
+    """Staged client timeouts, in wall seconds: TCP connect, first content token (from send),
+    whole request (from send)."""
 
     connect_s: float = 10.0
     first_token_s: float = 120.0
@@ -71,6 +72,10 @@ class BenchConfig:
     timeouts: Timeouts = field(default_factory=Timeouts)
     max_dispatch_lag_s: float = DEFAULT_MAX_DISPATCH_LAG_S
     max_connections: int = 10_000
+    # Against the simulator run at --time-scale X, pass X: recorded times are divided by it, so
+    # every latency reads in simulated seconds (what the modelled GPU would deliver). Validity
+    # keeps its wall-clock meaning: the threshold is converted the same way.
+    time_scale: float = 1.0
 
     def check(self, workload: Workload) -> None:
         """Raises `ConfigError` for a run that cannot be measured as asked."""
@@ -98,6 +103,8 @@ class BenchConfig:
             raise ConfigError("timeouts must be > 0")
         if self.max_connections < 1:
             raise ConfigError("max_connections must be at least 1")
+        if self.time_scale <= 0:
+            raise ConfigError("time_scale must be > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +144,27 @@ async def run_bench(config: BenchConfig, progress: Callable[[Progress], None] | 
         model = config.model or await _first_model(session, base_url(config.url), config)
         factory = RequestFactory(workload, seed=config.seed, model=model, base_dir=base_dir)
         run = _Run(config, workload, factory, session, model, progress)
-        return await run.go()
+        result = await run.go()
+    if config.time_scale != 1.0:
+        rescale(result, config.time_scale)
+    return result
+
+
+def rescale(result: RunResult, time_scale: float) -> None:
+    """Divide every recorded time by `time_scale` (wall seconds per simulated second)."""
+    k = 1.0 / time_scale
+    for r in result.records:
+        r.scheduled_at *= k
+        r.sent_at *= k
+        r.ended_at *= k
+        if r.first_token_at is not None:
+            r.first_token_at *= k
+        r.chunk_at = [t * k for t in r.chunk_at]
+    m = result.meta
+    m["time_scale"] = time_scale
+    m["times_in"] = "simulated seconds (wall seconds / time_scale)"
+    m["max_dispatch_lag_s"] = m["max_dispatch_lag_s"] * k
+    m["loop_lag_s"] = {key: (v * k if key != "samples" else v) for key, v in m["loop_lag_s"].items()}
 
 
 async def _first_model(session: aiohttp.ClientSession, url: str, config: BenchConfig) -> str:
@@ -256,10 +283,13 @@ class _Run:
         sent = perf()
         rec.sent_at = sent - t0
         sent_loop = loop.time()
-        phase = "first_token" if to.first_token_s < to.total_s else "total"
+        # A stream must show a token within first_token_s; a non-stream reply has no first token
+        # before its last byte, so only the total deadline applies to it.
+        first_s = min(to.first_token_s, to.total_s) if req.stream else to.total_s
+        phase = "first_token" if first_s < to.total_s else "total"
         headers = self.headers if not req.headers else {**self.headers, **dict(req.headers)}
         try:
-            async with asyncio.timeout_at(sent_loop + min(to.first_token_s, to.total_s)) as cm:
+            async with asyncio.timeout_at(sent_loop + first_s) as cm:
                 async with self.session.post(self.url + req.path, data=req.body, headers=headers) as resp:
                     rec.status = resp.status
                     h = resp.headers
@@ -291,6 +321,11 @@ class _Run:
             rec.error = repr(e)[:_ERROR_TEXT_LIMIT]
         except aiohttp.ClientError as e:
             rec.error_kind = "connect" if rec.status is None else "protocol"
+            rec.error = repr(e)[:_ERROR_TEXT_LIMIT]
+        except (ValueError, TypeError, AttributeError, UnicodeError) as e:
+            # A reply we cannot make sense of is the server's failure, recorded like any other;
+            # one odd response must not end a run of thousands.
+            rec.error_kind = "protocol"
             rec.error = repr(e)[:_ERROR_TEXT_LIMIT]
         rec.ended_at = perf() - t0
         rec.ok = rec.error_kind is None
@@ -340,12 +375,13 @@ class _Run:
 
     async def _read_whole(self, resp: aiohttp.ClientResponse, rec: RequestRecord) -> None:
         raw = await resp.read()
-        rec.first_token_at = time.perf_counter() - self.t0  # a non-stream reply's first token is its last byte
+        arrived = time.perf_counter() - self.t0
         try:
             obj = orjson.loads(raw)
         except orjson.JSONDecodeError:
             rec.error_kind, rec.error = "protocol", "response body is not JSON"
             return
+        rec.first_token_at = arrived  # a non-stream reply's first token is its last byte
         usage = obj.get("usage") if isinstance(obj, dict) else None
         if isinstance(usage, dict):
             if isinstance(usage.get("completion_tokens"), int):
@@ -400,6 +436,7 @@ class _Run:
             "seed": c.seed,
             "timeouts": asdict(c.timeouts),
             "max_dispatch_lag_s": c.max_dispatch_lag_s,
+            "time_scale": 1.0,
             "workload": self.workload.model_dump(mode="json"),
             "slo": self.workload.slos(),
             "loop_lag_s": {

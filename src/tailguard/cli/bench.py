@@ -62,6 +62,8 @@ def bench_run(
     first_token_timeout: float = typer.Option(120.0, help="Seconds from send to the first content token"),
     timeout: float = typer.Option(600.0, help="Seconds from send to the end of the reply"),
     max_dispatch_lag_ms: float = typer.Option(5.0, help="Dispatch lag P99 above this marks the run invalid"),
+    time_scale: float = typer.Option(1.0, help="Target is `tailguard sim --time-scale X`: pass X to report "
+                                               "simulated seconds (timeouts stay wall seconds)"),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar"),
 ) -> None:
     """Run a workload against an OpenAI-compatible server and write summary.json, requests.jsonl and report.html."""
@@ -86,7 +88,7 @@ def bench_run(
             burstiness=burstiness, requests=requests if requests is not None or duration is not None else 200,
             duration_s=duration, warmup_requests=warm_n, warmup_s=warm_s, seed=seed, model=model, api_key=api_key,
             timeouts=Timeouts(connect_s=connect_timeout, first_token_s=first_token_timeout, total_s=timeout),
-            max_dispatch_lag_s=max_dispatch_lag_ms / 1000.0,
+            max_dispatch_lag_s=max_dispatch_lag_ms / 1000.0, time_scale=time_scale,
         )
         run_async(bench_to_dir(config, out, console=Console(), progress=not quiet))
     except ConfigError as e:
