@@ -158,6 +158,8 @@ def misbehaving_app() -> web.Application:
 
     async def plain(request: web.Request) -> web.Response:
         p = parse_request(await request.read(), "chat")
+        if p.body.get("user") == "garbage":
+            return web.Response(text="<html>bad gateway page</html>")
         await asyncio.sleep(0.02)
         return web.json_response({"choices": [{"index": 0, "message": {"role": "assistant", "content": "x" * 12}}],
                                   "usage": usage_dict(p.prompt_tokens, 3)})
@@ -208,6 +210,11 @@ async def test_non_stream_requests_and_connection_refused() -> None:
                                              requests=4, model="m"))
     for r in result.records:
         assert r.ok and r.output_tokens == 3 and r.ttft_s == pytest.approx(r.e2e_s, abs=1e-3) and not r.chunk_at
+    garbage = parse_workload({"name": "g", "classes": [{"name": "g", "prompt_tokens": 9, "max_tokens": 2,
+                                                         "stream": False, "body": {"user": "garbage"}}]})
+    async with running(misbehaving_app()) as url, asyncio.timeout(30):
+        result = await run_bench(BenchConfig(url=url + "/plain", workload=garbage, concurrency=1, requests=2, model="m"))
+    assert [(r.ok, r.error_kind, r.ttft_s) for r in result.records] == [(False, "protocol", None)] * 2
     async with running(web.Application()) as url:
         pass  # the port is closed again: nothing listens there now
     async with asyncio.timeout(30):

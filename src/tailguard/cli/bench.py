@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Coroutine, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Coroutine, Optional, TypeVar
 
 import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 T = TypeVar("T")
 
@@ -34,6 +37,18 @@ def parse_warmup(text: str) -> tuple[int, float]:
         return int(t), 0.0
     except ValueError:
         raise ConfigError(f"--warmup takes a request count (20) or seconds (5s), got {text!r}") from None
+
+
+def console() -> "Console":
+    """A terminal gets its own width; a pipe or file gets room for the whole table (rich would
+    otherwise squeeze it to 80 columns)."""
+    import os
+
+    from rich.console import Console
+
+    if sys.stdout.isatty() or "COLUMNS" in os.environ:
+        return Console()
+    return Console(width=150)
 
 
 def _fail(msg: str) -> None:
@@ -73,8 +88,6 @@ def bench_run(
         typer.echo(ctx.get_help())
         _fail("--url is required to run a benchmark")
     assert url is not None
-    from rich.console import Console
-
     from tailguard.bench.load import BenchConfig, Timeouts
     from tailguard.bench.report import bench_to_dir
     from tailguard.errors import ConfigError
@@ -90,7 +103,7 @@ def bench_run(
             timeouts=Timeouts(connect_s=connect_timeout, first_token_s=first_token_timeout, total_s=timeout),
             max_dispatch_lag_s=max_dispatch_lag_ms / 1000.0, time_scale=time_scale,
         )
-        run_async(bench_to_dir(config, out, console=Console(), progress=not quiet))
+        run_async(bench_to_dir(config, out, console=console(), progress=not quiet))
     except ConfigError as e:
         _fail(str(e))
 
@@ -101,26 +114,22 @@ def bench_compare(
     out: Optional[Path] = typer.Option(None, help="Where to write compare.json and compare.html (default: AFTER)"),
 ) -> None:
     """Side-by-side table and compare.html: ratios with bootstrap 95% CIs, and the verdict."""
-    from rich.console import Console
-
     from tailguard.bench.report import compare_dirs
     from tailguard.errors import ConfigError
 
     try:
-        compare_dirs(before, after, out, console=Console())
+        compare_dirs(before, after, out, console=console())
     except ConfigError as e:
         _fail(str(e))
 
 
 def bench_report(run_dir: Path = typer.Argument(..., help="A bench output folder")) -> None:
     """Rebuild summary.json and report.html from the folder's saved requests.jsonl."""
-    from rich.console import Console
-
     from tailguard.bench.report import rerender
     from tailguard.errors import ConfigError
 
     try:
-        rerender(run_dir, console=Console())
+        rerender(run_dir, console=console())
     except ConfigError as e:
         _fail(str(e))
 
