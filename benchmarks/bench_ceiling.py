@@ -55,6 +55,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def cpu_pressure() -> float | None:
+    """Linux PSI: % of the last minute some runnable task waited for a CPU (other work on the machine)."""
+    try:
+        first = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    return float(dict(kv.split("=") for kv in first.split()[1:])["avg60"])
+
+
 def cpu_s() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
@@ -136,6 +145,7 @@ def guidellm_rate(exe: str, tokenizer: str, url: str, rate: float, seconds: floa
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     load_before = list(os.getloadavg())
+    psi_before = cpu_pressure()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [TAILGUARD, "sim", "--port", str(port), "--preset", "h100-llama8b", "--time-scale", str(args.time_scale)]
@@ -183,7 +193,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "command": " ".join(["benchmarks/bench_ceiling.py", *sys.argv[1:]]),
         "simulator": " ".join(["tailguard", *cmd[1:]]),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-                    "loadavg_before": load_before, "loadavg_after": list(os.getloadavg())},
+                    "loadavg_before": load_before, "loadavg_after": list(os.getloadavg()),
+                    "cpu_pressure_before": psi_before, "cpu_pressure_after": cpu_pressure()},
         "lag_limit_ms": LAG_LIMIT_S * 1e3,
         "seconds": args.seconds,
         "trials": args.trials,
@@ -222,6 +233,10 @@ def _passing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _psi(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.0f}%"
+
+
 def _trials(r: dict[str, Any]) -> str:
     return ", ".join(f"{x:.1f}" for x in r.get("trials_p99_ms", [r["dispatch_lag_p99_ms"]]))
 
@@ -242,8 +257,10 @@ def markdown(out: dict[str, Any], args: argparse.Namespace) -> str:
         f"per rate (after 0.5 s of warm-up each; the run with the median dispatch-lag P99 is shown), on {out['machine']['cpus']} cores ({out['machine']['platform']}, Python "
         f"{out['machine']['python']}), uvloop. CPU is the generator process's own user+system time. The "
         f"machine was shared: load average {out['machine']['loadavg_before'][0]:.1f} before and "
-        f"{out['machine']['loadavg_after'][0]:.1f} after the run (1-minute), so lag spikes from other processes "
-        "count against the generator here.",
+        f"{out['machine']['loadavg_after'][0]:.1f} after the run (1-minute); CPU pressure (PSI, share of the "
+        f"last minute some task waited for a CPU) {_psi(out['machine'].get('cpu_pressure_before'))} before and "
+        f"{_psi(out['machine'].get('cpu_pressure_after'))} after. Stalls caused by other processes count against "
+        "the generator here, which is why each rate runs three times.",
         "",
         f"**Ceiling: {out['ceiling_rps']} requests/s** ({(out['ceiling_rps'] or 0) * 64:.0f} chunks/s) with dispatch "
         f"lag P99 at most {out['lag_limit_ms']:.0f} ms. CPU per request at low rates: "
