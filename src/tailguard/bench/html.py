@@ -66,7 +66,7 @@ _REPORT = """{% extends "base.html" %}
 <td class="{{ 'fail' if g.errors else '' }}">{{ g.errors }}</td><td class="{{ 'fail' if g.timeouts else '' }}">{{ g.timeouts }}</td>
 <td>{{ num(g.throughput.requests_per_s) }}</td><td>{{ num(g.throughput.output_tokens_per_s) }}</td>
 <td>{% if g.goodput %}{{ "%.1f"|format(g.goodput.fraction * 100) }}% ({{ num(g.goodput.requests_per_s) }}/s){% else %}<span class="muted">no SLO</span>{% endif %}</td>
-<td>{{ fmt_ratio(g.tail_ratio.e2e_s.p99_over_p50) }}{% if g.tail_ratio.e2e_s.ci95 %} <span class="muted">[{{ fmt_ratio(g.tail_ratio.e2e_s.ci95[0]) }} - {{ fmt_ratio(g.tail_ratio.e2e_s.ci95[1]) }}]</span>{% endif %}</td>
+<td>{{ fmt_ratio(g.tail_ratio.e2e_s.p99_over_p50) }}{% if g.tail_ratio.e2e_s.ci95 and g.tail_ratio.e2e_s.ci95[0] is not none and g.tail_ratio.e2e_s.ci95[1] is not none %} <span class="muted">[{{ fmt_ratio(g.tail_ratio.e2e_s.ci95[0]) }} - {{ fmt_ratio(g.tail_ratio.e2e_s.ci95[1]) }}]</span>{% endif %}</td>
 <td>{{ fmt_ratio(g.tail_ratio.ttft_s.p99_over_p50) }}</td></tr>
 {% endfor %}
 </table>
@@ -134,7 +134,7 @@ _COMPARE = """{% extends "base.html" %}
 <td class="l">{{ labels[m] if loop.first else '' }}</td><td class="l">{{ key|upper }}</td>
 <td>{{ fmt_s(c.before) }}</td><td>{{ fmt_s(c.after) }}</td>
 <td class="{{ ratio_class(c.ci95) }}">{{ fmt_ratio(c.ratio) }}</td>
-<td>{% if c.ci95 %}{{ fmt_ratio(c.ci95[0]) }} - {{ fmt_ratio(c.ci95[1]) }}{% else %}-{% endif %}</td></tr>
+<td>{% if c.ci95 and c.ci95[0] is not none and c.ci95[1] is not none %}{{ fmt_ratio(c.ci95[0]) }} - {{ fmt_ratio(c.ci95[1]) }}{% else %}-{% endif %}</td></tr>
 {% endfor %}{% endfor %}{% endfor %}
 </table>
 <p class="note">Ratios are after / before: below 1 is better. The 95% interval is a bootstrap over both runs'

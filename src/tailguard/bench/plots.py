@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import io
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -21,6 +21,7 @@ from tailguard.bench.stats import Array, e2e_sample, ttft_sample
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 FAIL_COLOR = "#d62728"
+TIMEOUT_COLOR = "#e6550d"
 ITL_FLOOR_S = 1e-5  # chunks read together have a 0 gap; drawn at 10 us on the log axis
 _DPI = 100
 
@@ -33,15 +34,19 @@ def to_png_b64(fig: Figure) -> str:
 
 def _seconds_label(v: float, _pos: object = None) -> str:
     if v >= 1:
-        return f"{v:g}s"
+        return f"{v:.3g}s"
     if v >= 1e-3:
-        return f"{v * 1e3:g}ms"
-    return f"{v * 1e6:g}us"
+        return f"{v * 1e3:.3g}ms"
+    return f"{v * 1e6:.3g}us"
 
 
 def log_seconds(axis: Axis) -> None:
-    """Log axis in seconds labelled 1ms, 10ms, 1s, ...: decades only, so labels never collide."""
-    axis.set_major_locator(LogLocator(base=10.0, numticks=12))
+    """Log axis in seconds labelled 1ms, 10ms, 1s: decades, plus 2 and 5 when the data spans
+    under three decades (so a narrow range still gets labels), never so many that they collide.
+    Call after plotting: it reads the axis's data range."""
+    lo, hi = axis.get_view_interval()
+    narrow = lo > 0 and hi / lo < 1000
+    axis.set_major_locator(LogLocator(base=10.0, subs=(1.0, 2.0, 5.0) if narrow else (1.0,), numticks=12))
     axis.set_major_formatter(FuncFormatter(_seconds_label))
     axis.set_minor_formatter(NullFormatter())
 
@@ -80,14 +85,21 @@ def _style_cdf(ax: Axes, title: str) -> None:
     ax.grid(True, which="major", alpha=0.3)
 
 
+def _ok_only(recs: Sequence[RequestRecord], metric: Callable[[RequestRecord], float]) -> Array:
+    """Successes' values, failures and timeouts as +inf: the CDF of what users got, over all requests."""
+    return np.asarray([metric(r) if r.ok else math.inf for r in recs], dtype=np.float64)
+
+
 def latency_cdfs(records: Sequence[RequestRecord], names: Sequence[str]) -> str:
     colors = class_colors(names)
     fig = Figure(figsize=(12, 4.2))
     ax1, ax2 = fig.subplots(1, 2)
     for n, recs in _by_class(records, names).items():
-        _cdf(ax1, np.asarray([e2e_sample(r) for r in recs]), f"{n} ({len(recs)})", colors[n])
-        _cdf(ax2, np.asarray([ttft_sample(r) for r in recs]), n, colors[n])
-    _style_cdf(ax1, "E2E latency CDF per class")
+        ok = sum(r.ok for r in recs)
+        label = f"{n} ({len(recs)})" if ok == len(recs) else f"{n} ({ok} of {len(recs)} ok)"
+        _cdf(ax1, _ok_only(recs, e2e_sample), label, colors[n])
+        _cdf(ax2, _ok_only(recs, ttft_sample), n, colors[n])
+    _style_cdf(ax1, "E2E latency CDF per class (successes; tops out at the success share)")
     _style_cdf(ax2, "TTFT CDF per class")
     ax1.legend(loc="lower right", fontsize=9)
     return to_png_b64(fig)
@@ -100,14 +112,24 @@ def over_time(records: Sequence[RequestRecord], names: Sequence[str]) -> str:
     for ax, metric, title in ((axes[0], e2e_sample, "E2E"), (axes[1], ttft_sample, "TTFT")):
         finite_max = 0.0
         fails_x: list[float] = []
+        timeouts: list[tuple[float, float]] = []
         for n, recs in _by_class(records, names).items():
-            x = np.asarray([r.scheduled_at for r in recs])
-            y = np.asarray([metric(r) for r in recs])
-            ok = np.isfinite(y)
-            if ok.any():
-                finite_max = max(finite_max, float(y[ok].max()))
-            ax.scatter(x[ok], np.maximum(y[ok], 1e-4), s=9, alpha=0.7, color=colors[n], label=n, linewidths=0)
-            fails_x.extend(x[~ok].tolist())
+            good = [r for r in recs if r.ok]
+            x = np.asarray([r.scheduled_at for r in good])
+            y = np.asarray([metric(r) for r in good])
+            if len(y):
+                finite_max = max(finite_max, float(y.max()))
+            if len(y):
+                ax.scatter(x, np.maximum(y, 1e-4), s=9, alpha=0.7, color=colors[n], label=n, linewidths=0)
+            for r in recs:
+                if r.timed_out:
+                    timeouts.append((r.scheduled_at, metric(r)))
+                elif not r.ok:
+                    fails_x.append(r.scheduled_at)
+        if timeouts:
+            finite_max = max(finite_max, max(y for _, y in timeouts))
+            ax.scatter([t for t, _ in timeouts], [max(y, 1e-4) for _, y in timeouts], marker="v", s=20,
+                       color=TIMEOUT_COLOR, label=f"timed out ({len(timeouts)}), at give-up")
         if fails_x:
             top = max(finite_max, 1e-3) * 1.6
             ax.scatter(fails_x, [top] * len(fails_x), marker="x", s=22, color=FAIL_COLOR,
@@ -195,9 +217,9 @@ def compare_cdfs(before: Sequence[RequestRecord], after: Sequence[RequestRecord]
         b = [r for r in before if r.cls == n]
         a = [r for r in after if r.cls == n]
         for ax, metric in ((ax1, e2e_sample), (ax2, ttft_sample)):
-            _cdf(ax, np.asarray([metric(r) for r in b]), f"{n} before", colors[n], ":")
-            _cdf(ax, np.asarray([metric(r) for r in a]), f"{n} after", colors[n], "-")
-    _style_cdf(ax1, "E2E CDF: before (dotted) vs after (solid)")
+            _cdf(ax, _ok_only(b, metric), f"{n} before", colors[n], ":")
+            _cdf(ax, _ok_only(a, metric), f"{n} after", colors[n], "-")
+    _style_cdf(ax1, "E2E CDF of successes: before (dotted), after (solid)")
     _style_cdf(ax2, "TTFT CDF: before (dotted) vs after (solid)")
     ax1.legend(loc="lower right", fontsize=9)
     return to_png_b64(fig)

@@ -45,7 +45,8 @@ def summary_tables(summary: dict[str, Any]) -> Group:
         gp = g.get("goodput")
         tr = g["tail_ratio"]["e2e_s"]
         ci = tr.get("ci95")
-        ratio = fmt_ratio(tr["p99_over_p50"]) + (f" [{fmt_ratio(ci[0])}-{fmt_ratio(ci[1])}]" if ci else "")
+        shown_ci = ci and ci[0] is not None and ci[1] is not None
+        ratio = fmt_ratio(tr["p99_over_p50"]) + (f" [{fmt_ratio(ci[0])}-{fmt_ratio(ci[1])}]" if shown_ci else "")
         counts.add_row(
             Text(name, style="bold" if name == "overall" else ""), str(g["count"]), str(g["ok"]),
             _red_if(g["errors"]), _red_if(g["timeouts"]),
@@ -111,7 +112,7 @@ def compare_tables(cmp: dict[str, Any]) -> Group:
                 ci = c["ci95"]
                 t.add_row(name if first else "", METRIC_LABELS[m] if key == "p50" else "", key.upper(),
                           fmt_s(c["before"]), fmt_s(c["after"]), _ratio_text(c["ratio"], ci),
-                          "-" if ci is None else f"{fmt_ratio(ci[0])} - {fmt_ratio(ci[1])}")
+                          "-" if ci is None or None in ci else f"{fmt_ratio(ci[0])} - {fmt_ratio(ci[1])}")
                 first = False
         if t.rows:
             t.rows[-1].end_section = True
