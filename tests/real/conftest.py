@@ -67,7 +67,7 @@ def engines() -> Engines:
 
 
 def llama_process(engines: Engines, log_dir: Path, name: str, slots: int = LLAMA_SLOTS,
-                  threads: int = 2, slow: bool = False, metrics: bool = True) -> EngineProcess:
+                  threads: int = 1, slow: bool = False, metrics: bool = True) -> EngineProcess:
     port = free_port()
     model = engines.gguf_model_slow if slow else engines.gguf_model
     argv = [

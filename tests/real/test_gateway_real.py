@@ -206,7 +206,7 @@ async def stream_then_leave(url: str, body: dict[str, Any], content_chunks: int)
 
 
 async def test_disconnect_frees_the_llamacpp_slot(start_llama: Callable[..., EngineProcess]) -> None:
-    engine = start_llama("llama-slow", slow=True, threads=2)
+    engine = start_llama("llama-slow", slow=True)
     max_tokens = 1900  # tens of seconds for the slow model: only an abort ends it within the bound below
     before = await engine_metric(engine, "llamacpp:tokens_predicted_total")
     async with gateway(config((engine, 4))) as url:

@@ -53,7 +53,7 @@ async def until_load(session: aiohttp.ClientSession, proc: EngineProcess, source
 
 
 async def test_llamacpp_metrics_and_slots_pages(start_llama: Callable[..., EngineProcess]) -> None:
-    engine = start_llama("llama-one-slot", slots=1, slow=True, threads=2)
+    engine = start_llama("llama-one-slot", slots=1, slow=True)
     metrics, slots = get_kind("llamacpp").load_sources
     async with aiohttp.ClientSession() as s, asyncio.timeout(STEP_S):
         assert await read_load(s, engine, metrics) == EngineLoad(0, 0)
