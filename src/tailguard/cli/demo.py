@@ -21,7 +21,7 @@ def demo(
     duration: float = typer.Option(30.0, help="Wall seconds of load per arm (warm-up included)."),
     concurrency: int = typer.Option(16, help="Closed-loop clients."),
     time_scale: float = typer.Option(
-        0.25, help="Simulator time scale: wall seconds per simulated second (latencies are reported in wall seconds)."),
+        0.25, help="Simulator time scale: wall seconds per simulated second (latencies are reported in simulated seconds)."),
     max_num_seqs: int = typer.Option(8, help="The engine's --max-num-seqs, and the gateway's in-flight cap."),
     policy: str = typer.Option("ranked-sjf", help="Gateway scheduler policy for the after arm."),
     seed: int = typer.Option(0, help="Workload seed (both arms get the same request stream)."),
@@ -39,7 +39,7 @@ def demo(
             "warmup_s": duration * 0.1, "seed": seed}
     arms = [Arm("before"), Arm("after", gateway=True, policy=policy, max_concurrency=max_num_seqs)]
     console.print(f"[bold]tailguard demo[/]: simulator {sim.preset}, max_num_seqs {max_num_seqs}, time scale "
-                  f"{time_scale} (1 wall second = {1 / time_scale:g} simulated seconds)")
+                  f"{time_scale} (1 wall second = {1 / time_scale:g} simulated seconds; figures are simulated seconds)")
     run_async(run_arms(arms, sim, load, out, console=console))
     console.rule("[bold]before vs after")
     compare_dirs(out / "before", out / "after", out, console=console)

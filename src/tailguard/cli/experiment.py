@@ -121,7 +121,10 @@ async def target(arm: Arm, sim: SimSpec, logs: Path) -> AsyncIterator[str]:
 
 async def run_arms(arms: Sequence[Arm], sim: SimSpec, load: dict[str, Any], out_dir: Path,
                    console: Any | None = None) -> dict[str, dict[str, Any]]:
-    """Run the same seeded load against each arm in turn; returns each arm's summary by label."""
+    """Run the same seeded load against each arm in turn; returns each arm's summary by label.
+
+    `load` holds `BenchConfig` fields (rates and durations in wall seconds); recorded times are
+    converted to simulated seconds, so every figure reads as the modelled GPU would deliver it."""
     from tailguard.bench.load import BenchConfig
     from tailguard.bench.report import bench_to_dir
 
@@ -132,6 +135,6 @@ async def run_arms(arms: Sequence[Arm], sim: SimSpec, load: dict[str, Any], out_
                 else "straight to the engine"
             console.rule(f"[bold]{arm.label}[/]: {load.get('workload')} {where}")
         async with target(arm, sim, out_dir / "logs") as url:
-            cfg = BenchConfig(url=url, **load)
+            cfg = BenchConfig(url=url, time_scale=sim.time_scale, **load)
             summaries[arm.label] = await bench_to_dir(cfg, out_dir / arm.label, console=console, label=arm.label)
     return summaries

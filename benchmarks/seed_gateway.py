@@ -1,0 +1,135 @@
+"""The seed experiment through real processes: `seed-mixed` straight to the simulator against the
+same load through `tailguard serve`, side by side in one run, closed loop (16 clients) and open loop
+(Poisson at a fraction of the engine's capacity), with issue 4's four targets checked per arm.
+
+Each arm gets a fresh simulator process (h100-llama8b, max_num_seqs 8, time-scaled) and, for a
+gateway arm, a gateway process in front of it; the load generator runs in this process. Figures are
+simulated seconds (wall / time_scale).
+
+    .venv/bin/python benchmarks/seed_gateway.py [--duration 60] [--time-scale 0.25] [--load 0.85]
+
+Writes benchmarks/results/seed_gateway.{json,md}; every arm's bench folder under
+benchmarks/results/seed_gateway/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from tailguard.cli.experiment import Arm, SimSpec, run_arms
+
+RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from seed_des import gateway_config, measure_capacity  # noqa: E402  (the same capacity figure as the DES run)
+
+TARGETS = {
+    "a": ("interactive P99 TTFT, times lower than straight", ">= 5"),
+    "b": ("interactive P99/P50 E2E", "<= 3"),
+    "c": ("output tokens/s vs straight", ">= 90%"),
+    "d": ("batch P99 E2E vs straight", "<= 1.25x"),
+}
+
+
+def targets(straight: dict[str, Any], arm: dict[str, Any]) -> dict[str, tuple[float, bool]]:
+    sc, ac = straight["classes"]["chat"], arm["classes"]["chat"]
+    sb, ab = straight["classes"]["summary"], arm["classes"]["summary"]
+    a = _div(sc["ttft_s"]["p99"], ac["ttft_s"]["p99"])
+    b = _div(ac["e2e_s"]["p99"], ac["e2e_s"]["p50"])
+    c = _div(arm["throughput"]["output_tokens_per_s"], straight["throughput"]["output_tokens_per_s"])
+    d = _div(ab["e2e_s"]["p99"], sb["e2e_s"]["p99"])
+    return {"a": (a, a >= 5), "b": (b, b <= 3), "c": (c, c >= 0.9), "d": (d, d <= 1.25)}
+
+
+def _div(x: float | None, y: float | None) -> float:
+    """A failure-dominated percentile is null in summary.json: a ratio with it is infinite."""
+    if x is None or y is None or y == 0:
+        return float("inf")
+    return x / y
+
+
+def row(label: str, s: dict[str, Any]) -> str:
+    c, b = s["classes"]["chat"], s["classes"]["summary"]
+
+    def f(v: float | None) -> str:
+        return "fail" if v is None else f"{v:.3f}"
+
+    return (f"| {label} | {s['throughput']['output_tokens_per_s']:.0f} | {f(c['ttft_s']['p50'])} / {f(c['ttft_s']['p99'])} "
+            f"| {f(c['e2e_s']['p50'])} / {f(c['e2e_s']['p99'])} | {f(b['e2e_s']['p50'])} / {f(b['e2e_s']['p99'])} "
+            f"| {c['errors'] + b['errors']} / {c['timeouts'] + b['timeouts']} | {'yes' if s['validity']['valid'] else 'NO'} |")
+
+
+def section(title: str, runs: dict[str, Any]) -> list[str]:
+    lines = [f"## {title}", "",
+             "| arm | output tok/s | chat TTFT p50 / p99 s | chat E2E p50 / p99 s | summary E2E p50 / p99 s | errors / timeouts | valid |",
+             "|---|---:|---|---|---|---|---|"]
+    lines += [row(k, v) for k, v in runs.items()]
+    lines += ["", "| arm | " + " | ".join(f"({k}) {d} {t}" for k, (d, t) in TARGETS.items()) + " |",
+              "|---|" + "---|" * len(TARGETS)]
+    for k, v in runs.items():
+        if k == "straight":
+            continue
+        t = targets(runs["straight"], v)
+        cells = []
+        for key, (val, ok) in t.items():
+            shown = f"{val:.0%}" if key == "c" else f"{val:.2f}"
+            cells.append(f"{shown} {'met' if ok else 'missed'}")
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--duration", type=float, default=60.0, help="wall seconds of load per arm")
+    ap.add_argument("--warmup", type=float, default=6.0, help="wall seconds excluded at the start of each arm")
+    ap.add_argument("--time-scale", type=float, default=0.25)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--load", type=float, default=0.85, help="open-loop rate as a fraction of capacity (0: skip)")
+    ap.add_argument("--arms", default="straight,fcfs,ranked-sjf", help="straight and/or gateway policies")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    sim = SimSpec(time_scale=args.time_scale)
+    arms = [Arm("straight") if a == "straight" else Arm(a, gateway=True, policy=a) for a in args.arms.split(",")]
+    out = RESULTS / "seed_gateway"
+    started = time.time()
+    closed_load = {"workload": "seed-mixed", "concurrency": args.clients, "duration_s": args.duration,
+                   "warmup_s": args.warmup, "seed": args.seed}
+    result: dict[str, Any] = {"closed": uvloop.run(run_arms(arms, sim, closed_load, out / "closed"))}
+    capacity = None
+    if args.load > 0:
+        cap_args = argparse.Namespace(preset=sim.preset, max_num_seqs=sim.max_num_seqs, capacity_requests=4000, seed=1)
+        capacity = measure_capacity(cap_args, gateway_config())
+        rate_wall = args.load * capacity / args.time_scale
+        open_load = {"workload": "seed-mixed", "rate": rate_wall, "arrival": "poisson", "duration_s": args.duration,
+                     "warmup_s": args.warmup, "seed": args.seed}
+        result["open"] = uvloop.run(run_arms(arms, sim, open_load, out / "open"))
+    result["args"] = vars(args)
+    result["capacity_requests_per_s"] = capacity
+    result["machine"] = f"{platform.machine()}, Python {platform.python_version()}"
+    result["wall_s"] = round(time.time() - started, 1)
+    (RESULTS / "seed_gateway.json").write_text(json.dumps(result, indent=2, default=str))
+
+    cmd = "`.venv/bin/python benchmarks/seed_gateway.py " + " ".join(sys.argv[1:]) + "`"
+    md = ["# The seed experiment: straight vs through the gateway (real processes)", "", cmd, "",
+          f"Simulator h100-llama8b, max_num_seqs {sim.max_num_seqs}, time scale {args.time_scale} (figures in simulated "
+          f"seconds); gateway max_concurrency {sim.max_num_seqs}, default classes; {args.duration:g} wall s per arm, "
+          f"first {args.warmup:g} s excluded; {result['machine']}, 2 cores shared by simulator, gateway and generator; "
+          f"whole run {result['wall_s']} s.", ""]
+    md += section(f"Closed loop: {args.clients} clients", result["closed"])
+    if "open" in result:
+        md += section(f"Open loop: Poisson at {args.load:.0%} of capacity ({capacity:.2f} req/s simulated)", result["open"])
+    text = "\n".join(md)
+    (RESULTS / "seed_gateway.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
