@@ -1,0 +1,39 @@
+"""`make bench`: run every benchmark in turn, one at a time (they share 2 cores, so never in
+parallel), each writing its own results under benchmarks/results/. Exits non-zero if any failed.
+
+    .venv/bin/python benchmarks/run_all.py [name ...]     # default: all, in the order below
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+# The real-engine benchmark (seed_real) needs `make engines` and runs from `make bench-real`.
+BENCHMARKS = ("sim_des_speed", "sim_des_vs_http", "seed_des", "seed_hol", "seed_gateway", "gateway_overhead",
+              "bench_ceiling")
+
+
+def main(names: list[str]) -> int:
+    unknown = [n for n in names if n not in BENCHMARKS and not (HERE / f"{n}.py").is_file()]
+    if unknown:
+        print(f"unknown benchmark(s) {unknown}; known: {', '.join(BENCHMARKS)}", file=sys.stderr)
+        return 2
+    failed = []
+    for name in names or BENCHMARKS:
+        print(f"== {name}", flush=True)
+        started = time.monotonic()
+        rc = subprocess.call([sys.executable, str(HERE / f"{name}.py")])
+        print(f"== {name}: {'ok' if rc == 0 else f'FAILED ({rc})'} in {time.monotonic() - started:.0f} s", flush=True)
+        if rc != 0:
+            failed.append(name)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
