@@ -97,3 +97,27 @@ def test_every_configurable_kind_is_in_the_table() -> None:
 def test_unknown_kind_lists_the_known_ones() -> None:
     with pytest.raises(ValueError, match="known: vllm, llamacpp"):
         get_kind("triton")
+
+
+def engine_doc_configs() -> dict[str, str]:
+    """The YAML blocks of docs/engines.md, by the backend kind each one configures."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "engines.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", text, re.S)
+    return {re.search(r"kind: (\w+)", b).group(1): b for b in blocks}  # type: ignore[union-attr]
+
+
+def test_every_config_in_the_engines_doc_loads(tmp_path: pytest.TempPathFactory) -> None:
+    from pathlib import Path
+
+    from tailguard.gateway.config import load_config
+
+    configs = engine_doc_configs()
+    assert set(configs) == {"vllm", "llamacpp", "sglang", "tgi", "openai"}
+    for kind, block in configs.items():
+        path = Path(str(tmp_path)) / f"{kind}.yaml"
+        path.write_text(block)
+        cfg = load_config(path)
+        assert [b.kind for b in cfg.backends] == [kind]
