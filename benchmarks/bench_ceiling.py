@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import resource
@@ -131,16 +132,23 @@ def guidellm_rate(exe: str, tokenizer: str, url: str, rate: float, seconds: floa
         data = json.loads(out.read_text())
     reqs = data["benchmarks"][0]["requests"]
     rows = [r for kind in ("successful", "incomplete", "errored") for r in (reqs.get(kind) or [])]
-    # requests cancelled before they started carry no targeted/actual start: they have no lag
-    timed = [r for r in rows if (r["info"]["timings"].get("targeted_start") or 0) > 0
-             and (r["info"]["timings"].get("request_start") or 0) > 0]
-    t0 = min((r["info"]["timings"]["targeted_start"] for r in timed), default=0.0)
+    # Requests cancelled before they started carry no start. Some GuideLLM runs record
+    # targeted_start as a small relative offset instead of an epoch time: such a run's lag cannot
+    # be computed (its own summary would be wrong too), so it is reported as unmeasured.
+    timed = [r for r in rows if (r["info"]["timings"].get("request_start") or 0) > 0
+             and r["info"]["timings"].get("targeted_start") is not None]
+    epoch = [r for r in timed if r["info"]["timings"]["targeted_start"] > 1e9]
+    row: dict[str, Any] = {"rate": rate, "requests": len(rows), "ok": len(reqs.get("successful") or []),
+                           "cpu_s": cpu, "wall_s": wall, "measured": bool(epoch) and len(epoch) == len(timed)}
+    if not row["measured"]:
+        row.update(dispatch_lag_p50_ms=math.nan, dispatch_lag_p99_ms=math.nan, dispatch_lag_max_ms=math.nan)
+        return row
+    t0 = min(r["info"]["timings"]["targeted_start"] for r in epoch)
     lag = [r["info"]["timings"]["request_start"] - r["info"]["timings"]["targeted_start"]
-           for r in timed if r["info"]["timings"]["targeted_start"] >= t0 + 0.5]
+           for r in epoch if r["info"]["timings"]["targeted_start"] >= t0 + 0.5]
     d = describe(lag)
-    return {"rate": rate, "requests": len(rows), "ok": len(reqs.get("successful") or []),
-            "dispatch_lag_p50_ms": d["p50"] * 1e3, "dispatch_lag_p99_ms": d["p99"] * 1e3,
-            "dispatch_lag_max_ms": d["max"] * 1e3, "cpu_s": cpu, "wall_s": wall}
+    row.update(dispatch_lag_p50_ms=d["p50"] * 1e3, dispatch_lag_p99_ms=d["p99"] * 1e3, dispatch_lag_max_ms=d["max"] * 1e3)
+    return row
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -175,7 +183,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"guidellm {rate:7.0f}/s: dispatch lag p99 {g['dispatch_lag_p99_ms']:6.2f} ms "
                       f"(trials {', '.join(f'{x:.1f}' for x in g['trials_p99_ms'])}), "
                       f"cpu {g['cpu_s']:.1f} s over {g['wall_s']:.1f} s wall, ok {g['ok']}/{g['requests']}", flush=True)
-                gfails = gfails + 1 if g["dispatch_lag_p99_ms"] > LAG_LIMIT_S * 1e3 else 0
+                gfails = gfails + 1 if not g["dispatch_lag_p99_ms"] <= LAG_LIMIT_S * 1e3 else 0
                 if gfails >= 2:
                     break
     finally:
@@ -217,7 +225,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 def median_trial(trials: list[dict[str, Any]]) -> dict[str, Any]:
     """The trial with the median dispatch-lag P99: one stall of the shared machine (another
     process holding both cores for a moment) should not decide a rate, and neither should luck."""
-    ordered = sorted(trials, key=lambda r: r["dispatch_lag_p99_ms"])
+    measured = [t for t in trials if not math.isnan(t["dispatch_lag_p99_ms"])] or trials
+    ordered = sorted(measured, key=lambda r: r["dispatch_lag_p99_ms"])
     row = dict(ordered[len(ordered) // 2])
     row["trials_p99_ms"] = [t["dispatch_lag_p99_ms"] for t in trials]
     return row
@@ -227,7 +236,7 @@ def _passing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rates up to the first one whose dispatch lag P99 is over the limit."""
     out = []
     for row in rows:
-        if row["dispatch_lag_p99_ms"] > LAG_LIMIT_S * 1e3:
+        if not row["dispatch_lag_p99_ms"] <= LAG_LIMIT_S * 1e3:  # nan (unmeasured) is no pass either
             break
         out.append(row)
     return out
@@ -238,7 +247,8 @@ def _psi(v: float | None) -> str:
 
 
 def _trials(r: dict[str, Any]) -> str:
-    return ", ".join(f"{x:.1f}" for x in r.get("trials_p99_ms", [r["dispatch_lag_p99_ms"]]))
+    return ", ".join("unmeasured" if math.isnan(x) else f"{x:.1f}"
+                     for x in r.get("trials_p99_ms", [r["dispatch_lag_p99_ms"]]))
 
 
 def _guidellm_version(exe: str) -> str:
@@ -286,7 +296,9 @@ def markdown(out: dict[str, Any], args: argparse.Namespace) -> str:
             f"**GuideLLM ceiling: {g['ceiling_rps']} requests/s** by the same rule, using its own per-request "
             "`request_dispatch_delay` (actual minus targeted start). `ok` counts its successful requests; the "
             "rest were cut off unfinished when its duration limit ended the run. CPU is its whole process tree "
-            "for the run, start-up (imports, tokenizer) included.",
+            "for the run, start-up (imports, tokenizer) included. \"unmeasured\": that run recorded "
+            "`targeted_start` as a relative offset, not a time, so its lag cannot be computed; the median is "
+            "taken over the other runs.",
             "",
             "| rate/s | requests | ok | dispatch lag p50 ms | p99 ms | p99 of each run ms | max ms | CPU s | wall s |",
             "|---:|---:|---:|---:|---:|---|---:|---:|---:|",
