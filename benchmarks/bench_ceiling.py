@@ -242,6 +242,13 @@ def _passing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _ceiling(rps: float | None, rows: list[dict[str, Any]]) -> str:
+    if rps is not None:
+        return f"{rps:g} requests/s"
+    lowest = min((r["rate"] for r in rows), default=None)
+    return f"below {lowest:g} requests/s (the lowest rate tried)" if lowest is not None else "not measured"
+
+
 def _psi(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.0f}%"
 
@@ -272,7 +279,7 @@ def markdown(out: dict[str, Any], args: argparse.Namespace) -> str:
         f"{_psi(out['machine'].get('cpu_pressure_after'))} after. Stalls caused by other processes count against "
         "the generator here, which is why each rate runs three times.",
         "",
-        f"**Ceiling: {out['ceiling_rps']} requests/s** ({(out['ceiling_rps'] or 0) * 64:.0f} chunks/s) with dispatch "
+        f"**Ceiling: {_ceiling(out['ceiling_rps'], out['rows'])}** ({(out['ceiling_rps'] or 0) * 64:.0f} chunks/s) with dispatch "
         f"lag P99 at most {out['lag_limit_ms']:.0f} ms. CPU per request at low rates: "
         f"{out['cpu_ms_per_request_low_rate']:.2f} ms.",
         "",
@@ -293,7 +300,7 @@ def markdown(out: dict[str, Any], args: argparse.Namespace) -> str:
             "",
             f"## GuideLLM {g['version']} side by side (same simulator, same rates)",
             "",
-            f"**GuideLLM ceiling: {g['ceiling_rps']} requests/s** by the same rule, using its own per-request "
+            f"**GuideLLM ceiling: {_ceiling(g['ceiling_rps'], g['rows'])}** by the same rule, using its own per-request "
             "`request_dispatch_delay` (actual minus targeted start). `ok` counts its successful requests; the "
             "rest were cut off unfinished when its duration limit ended the run. CPU is its whole process tree "
             "for the run, start-up (imports, tokenizer) included. \"unmeasured\": that run recorded "
