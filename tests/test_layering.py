@@ -16,7 +16,7 @@ PURE = {
     "types", "errors", "wire.sse", "wire.openai", "wire.tokens",
     "sim.cost", "sim.kv", "sim.engine",
     "gateway.classes", "gateway.caps", "gateway.scheduler", "gateway.router", "gateway.backends",
-    "bench.workload", "bench.stats",
+    "bench.workload", "bench.stats", "bench.dataset", "bench.recorder", "bench.compare",
     "client.retry", "client.timeouts",
 }
 IO_MODULES = ("asyncio", "aiohttp", "prometheus_client", "time", "socket", "uvloop", "httpx")
