@@ -28,6 +28,7 @@ from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, GatewayMetrics
 from tailguard.gateway.proxy import Proxy, error_response
 from tailguard.gateway.relay import Upstream
+from tailguard.gateway.preemption import PreemptionPolicy
 from tailguard.gateway.scheduler import BaseScheduler, make_scheduler
 
 CONFIG = web.AppKey("config", GatewayConfig)
@@ -65,7 +66,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     metrics = app[METRICS]
     pool = BackendPool(cfg.backends, cfg.classes, cfg.health)
     scheduler = make_scheduler(cfg.scheduler, cfg.classes)
-    dispatcher = Dispatcher(scheduler, pool, metrics, loop, retry_after=scheduler.retry_after_s)
+    dispatcher = Dispatcher(scheduler, pool, metrics, loop, retry_after=scheduler.retry_after_s,
+                            policy=PreemptionPolicy.from_config(cfg.scheduler))
     upstream = Upstream(cfg.timeouts)
     app[POOL] = pool
     app[SCHEDULER] = scheduler

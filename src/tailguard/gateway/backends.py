@@ -90,6 +90,16 @@ class BackendPool:
             held += s.by_class[name]
         return held < self._slots[(backend, cls)]
 
+    def fits_after_release(self, backend: str, cls: str, freed_cls: str) -> bool:
+        """Would a request of `cls` have a slot on `backend` once one request of `freed_cls` left
+        it? (The check a preemption makes before suspending anything.)"""
+        s = self._states[backend]
+        if s.by_class[freed_cls] <= 0 or s.in_flight - 1 >= s.cfg.max_concurrency:
+            return False
+        group = self._share_group[cls]
+        held = sum(s.by_class[name] for name in group) - (1 if freed_cls in group else 0)
+        return held < self._slots[(backend, cls)]
+
     def acquire(self, backend: str, cls: str) -> None:
         """Bind one request of `cls` to a slot; the caller checked `has_capacity`."""
         s = self._states[backend]

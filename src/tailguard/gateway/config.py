@@ -78,6 +78,12 @@ class ClassConfig(_Model):
         "of higher ranks, so a flood of higher-ranked work cannot starve it. 0 = no guarantee (strict "
         "priority). Used by `ranked-sjf`; at most `max_share`.",
     )
+    preemptible: bool = Field(
+        default=False,
+        description="A running request of this class may be suspended to free its slot for a queued request "
+        "of a lower rank, and resumed later where it stopped (the client's connection stays open). Only on "
+        "backends whose kind can continue a generation (`vllm`, `llamacpp`, `sim`).",
+    )
 
     @field_validator("name")
     @classmethod
@@ -106,21 +112,19 @@ class ClassConfig(_Model):
 
 
 def default_classes() -> list[ClassConfig]:
-    """`interactive` first; `batch` capped, kept off one slot in eight, and guaranteed six in eight.
+    """`interactive` first; `batch` capped and preemptible, with every slot open to it.
 
-    Without a reservation a burst of long batch jobs fills every slot and a chat waits for one of
-    them to finish (seconds): the tail this gateway exists to remove. One free slot in eight
-    cuts the chats' P99 TTFT >10x on the seed mix at 85% load for <20% on the batch P99; two
-    (max_share 0.75) keep chats' P99/P50 under 3 there but leave batch too few slots for its load
-    (its P99 doubles), and in a closed loop they idle slots (throughput -12%). The guarantee
-    (min_share 0.75) bounds how long a stream of chats can hold batch back
-    (benchmarks/results/seed_des.md, docs/configuration.md).
+    Without preemption a burst of long batch jobs fills every slot and a chat waits for one of
+    them to finish (seconds): the tail this gateway exists to remove. Reserving slots for chats
+    trades that against batch throughput and latency, and no share meets both on the seed mix
+    (docs/configuration.md). Suspending a batch job for a waiting chat and resuming it later costs
+    one re-prefill instead, so batch may use the whole engine (benchmarks/results/seed_des.md).
     """
     return [
         ClassConfig(name="interactive", rank=0, max_queue_len=1000, max_queue_wait_s=30.0),
         ClassConfig(
             name="batch", rank=1, max_tokens_cap=4096, max_queue_len=10000, max_queue_wait_s=600.0,
-            max_share=0.875, min_share=0.75,
+            preemptible=True,
         ),
     ]
 
@@ -224,6 +228,21 @@ class SchedulerConfig(_Model):
         default=0.1, gt=0, le=1,
         description="Weight of each new interval between completions in the measured drain rate "
         "(used for `wait_bound` rejections and `Retry-After`).",
+    )
+    preemption: bool = Field(
+        default=True,
+        description="Suspend a running request of a `preemptible` class when a request of a higher priority (lower rank) is "
+        "queued and no backend has a slot for it; the suspended one is resumed where it stopped. "
+        "Not done by the `fcfs` policy (the baseline).",
+    )
+    max_preemptions_per_request: int = Field(
+        default=3, ge=0,
+        description="How often one request may be suspended; after that it runs to its end.",
+    )
+    min_run_s: float = Field(
+        default=1.0, ge=0,
+        description="A request (re)started less than this long ago is not suspended, so a burst of "
+        "arrivals cannot suspend the same work over and over before it makes progress.",
     )
     retry_after_min_s: float = Field(default=1.0, gt=0, description="Smallest `Retry-After` ever sent.")
     retry_after_max_s: float = Field(default=300.0, gt=0, description="Largest `Retry-After` ever sent.")

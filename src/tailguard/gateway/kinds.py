@@ -47,6 +47,11 @@ class Kind:
     priority_field: str | None = None
     rank_to_priority: Callable[[int], int] | None = None
     upstream_headers: Mapping[str, str] = field(default_factory=dict)
+    # Can resume a generation where it stopped: chat with a trailing assistant message that the
+    # model continues (vLLM: `continue_final_message`; llama-server continues a trailing assistant
+    # message by itself), and completions with the generated text appended to the prompt. The
+    # gateway suspends (preempts) requests only on such backends.
+    continues_generation: bool = False
 
     def priority_for(self, rank: int) -> tuple[str, int] | None:
         """The request field and value that give a class of `rank` its place in the engine's own
@@ -138,7 +143,7 @@ KINDS: dict[str, Kind] = {
     "vllm": Kind(
         name="vllm", health_path="/health",
         load_sources=(LoadSource("/metrics", parse_vllm_metrics),),
-        priority_field="priority", rank_to_priority=_rank,
+        priority_field="priority", rank_to_priority=_rank, continues_generation=True,
     ),
     "llamacpp": Kind(
         name="llamacpp", health_path="/health",  # 503 while the model loads, 200 once it serves
@@ -147,6 +152,7 @@ KINDS: dict[str, Kind] = {
         # a pooled connection reused right after one fails with "Server disconnected" or "Can not
         # write request body". Asking for a fresh connection per request avoids the stale reuse.
         upstream_headers={"Connection": "close"},
+        continues_generation=True,
     ),
     "sglang": Kind(
         name="sglang", health_path="/health",
@@ -160,7 +166,8 @@ KINDS: dict[str, Kind] = {
     "openai": Kind(name="openai", health_path="/v1/models"),
     # The simulator exports vLLM's metric names, so the gateway reads it exactly as it reads vLLM;
     # it has no priority queue of its own (the gateway's queue is the one under test).
-    "sim": Kind(name="sim", health_path="/health", load_sources=(LoadSource("/metrics", parse_vllm_metrics),)),
+    "sim": Kind(name="sim", health_path="/health", load_sources=(LoadSource("/metrics", parse_vllm_metrics),),
+                continues_generation=True),
 }
 
 

@@ -150,6 +150,9 @@ class GatewayMetrics:
         self.requests = Counter(
             "tailguard_requests", "Requests by terminal outcome; each request is counted once.",
             ["class", "outcome"], registry=r)
+        self.preemptions = Counter(
+            "tailguard_preemptions", "Running requests suspended to free a slot for higher-priority work "
+            "(each is resumed later where it stopped).", ["class"], registry=r)
         self.backend_healthy = Gauge(
             "tailguard_backend_healthy", "1 if the last health probes of a backend succeeded.", ["backend"],
             registry=r)
@@ -188,6 +191,7 @@ class RequestTimes:
     output_tokens: int = 0
     content_chunks: int = 0
     attempts: int = 0
+    preemptions: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -251,7 +255,7 @@ def access_log(
         "queue_ms": None if t.bound_at is None else round((t.bound_at - t.arrived_at) * 1000.0, 3),
         "ttft_ms": None if t.first_content_at is None else round((t.first_content_at - t.arrived_at) * 1000.0, 3),
         "e2e_ms": round((end - t.arrived_at) * 1000.0, 3),
-        "prompt_tokens": t.prompt_tokens, "output_tokens": t.output_tokens,
+        "prompt_tokens": t.prompt_tokens, "output_tokens": t.output_tokens, "preemptions": t.preemptions,
     }
     if reason is not None:
         rec["reason"] = reason

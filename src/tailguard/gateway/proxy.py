@@ -11,6 +11,8 @@ import asyncio
 import itertools
 import logging
 import os
+from typing import Any
+
 from aiohttp import web
 
 from tailguard.errors import APIError, Overloaded, PayloadTooLarge
@@ -21,8 +23,9 @@ from tailguard.gateway.config import ClassConfig, GatewayConfig
 from tailguard.gateway.dispatch import Dispatcher, Ticket, overloaded
 from tailguard.gateway.metrics import GatewayMetrics, RequestTimes, access_log, record_finish, response_headers
 from tailguard.gateway.relay import (
-    Assembler, ClientGone, RelayError, StreamRelay, Upstream, UpstreamStatus, Watchdog, upstream_body,
+    Assembler, ClientGone, RelayError, StreamRelay, Suspended, Upstream, UpstreamStatus, Watchdog, upstream_body,
 )
+from tailguard.gateway.resume import Progress, continuation_body, resumable
 from tailguard.gateway.scheduler import Pending
 from tailguard.types import Outcome
 from tailguard.wire.openai import Endpoint, ParsedRequest, error_body, error_headers, parse_request
@@ -108,7 +111,10 @@ class Proxy:
                                  "No healthy backend is available.")
             pending = Pending(req_id, cls.name, cls.rank, capped.est_tokens, t.arrived_at,
                               t.arrived_at + cls.max_queue_wait_s)
-            ticket = await self._dispatcher.admit(pending)
+            progress = None
+            if cls.preemptible and self._dispatcher.preemption and resumable(capped.body, endpoint):
+                progress = Progress()
+            ticket = await self._dispatcher.admit(pending, progress=progress, max_tokens=capped.max_tokens)
             t.bound_at = ticket.bound_at
             return await self._relay(request, endpoint, raw, parsed, capped, cls, ticket, t, req_id, ex)
         except APIError as err:
@@ -144,24 +150,31 @@ class Proxy:
         wd = Watchdog(loop, total_at=ticket.bound_at + to.total_s, idle_s=to.idle_s)
         itl = self._metrics.cls(cls.name).itl
         stream: StreamRelay | None = None
+        asm: Assembler | None = None  # kept across the runs of a preemptible request
         sent: web.StreamResponse | None = None  # a non-stream response already being written
+        progress = ticket.progress
+        resumed: dict[str, Any] | None = None  # the continuation body after a suspension
         try:
             while True:
                 backend = self._backends[ticket.backend]
                 t.backend = backend.name
                 t.attempts += 1
                 body = upstream_body(
-                    raw, capped.body, client_stream=parsed.stream, client_usage=parsed.include_usage,
-                    body_changed=capped.body_changed, backend=backend, rank=cls.rank,
+                    raw, capped.body if resumed is None else resumed, client_stream=parsed.stream,
+                    client_usage=parsed.include_usage, body_changed=capped.body_changed or resumed is not None,
+                    backend=backend, rank=cls.rank,
                 )
                 wd.start_attempt(loop.time() + to.first_token_s)
                 up = None
                 try:
                     up = await self._upstream.open(backend, endpoint, body, req_id)
                     t.upstream_headers_at = loop.time()
+                    if progress is not None:
+                        ticket.on_suspend = up.close
                     if parsed.stream:
-                        stream = StreamRelay(request, endpoint, t, wd, parsed.include_usage, itl,
-                                             lambda: response_headers(t))
+                        if stream is None:
+                            stream = StreamRelay(request, endpoint, t, wd, parsed.include_usage, itl,
+                                                 lambda: response_headers(t), progress=progress)
                         await stream.run(up)
                         self._finish_tokens(t, stream.usage.prompt_tokens, stream.usage.completion_tokens)
                         up.release()
@@ -172,7 +185,8 @@ class Proxy:
                             self._ok(backend.name, cls.name, t, ex, 200)
                         t.finished_at = loop.time()
                         return stream.response  # type: ignore[return-value]
-                    asm = Assembler(endpoint, t, wd, itl)
+                    if asm is None:
+                        asm = Assembler(endpoint, t, wd, itl, progress=progress)
                     payload = await asm.run(up)
                     up.release()
                     self._finish_tokens(t, asm.usage.prompt_tokens, asm.usage.completion_tokens)
@@ -187,6 +201,11 @@ class Proxy:
                     self._ok(backend.name, cls.name, t, ex, 200)
                     t.finished_at = loop.time()
                     return sent
+                except Suspended:
+                    assert progress is not None
+                    ticket = await self._suspended(ticket, progress, t, wd)
+                    resumed = continuation_body(capped.body, endpoint, progress)
+                    continue
                 except RelayError as err:
                     self._metrics.upstream_errors.labels(backend.name, err.kind).inc()
                     if err.kind in ("connect", "timeout_connect") and self._pool.mark_failure(backend.name):
@@ -219,8 +238,20 @@ class Proxy:
                         return stream.response
                     raise timeout from None
                 finally:
+                    ticket.on_suspend = None
                     if up is not None:
                         up.close()  # no-op after release(); otherwise aborts the engine's request
+        except Overloaded as err:
+            # Suspended, then expired in the queue (or the gateway shut down): a stream the client
+            # already reads ends with an error event; otherwise the 503 goes out as usual.
+            if stream is not None and stream.response is not None:
+                ex.outcome, ex.status, ex.reason = Outcome.REJECTED, 200, err.code
+                try:
+                    await stream.fail(RelayError(err.code or "queue_timeout", err.message, status=503))
+                except ClientGone:
+                    ex.outcome = Outcome.CLIENT_GONE
+                return stream.response
+            raise
         except RelayError as err:
             if stream is not None and stream.response is not None:
                 # Broken after the client got bytes: end the stream with an error event.
@@ -240,6 +271,19 @@ class Proxy:
             return sent if sent is not None else web.Response(status=499)
         finally:
             wd.stop()
+
+    async def _suspended(self, ticket: Ticket, progress: Progress, t: RequestTimes, wd: Watchdog) -> Ticket:
+        """The dispatcher preempted this request: wait, with no deadline running and the
+        client's response open, until it has a slot again; then the caller sends the
+        continuation. Raises `Overloaded` when it expires in the queue."""
+        t.preemptions += 1
+        wd.stop()
+        suspended_at = self._loop.time()
+        await self._dispatcher.resume(ticket)
+        progress.suspended = False
+        wd.total_at += self._loop.time() - suspended_at
+        t.attempts -= 1  # a resumed run is not a retry
+        return ticket
 
     def _finish_tokens(self, t: RequestTimes, prompt: int | None, completion: int | None) -> None:
         if prompt is not None:

@@ -26,8 +26,9 @@ from tailguard.errors import APIError
 from tailguard.gateway.backends import prepare_body
 from tailguard.gateway.config import BackendConfig, TimeoutsConfig
 from tailguard.gateway.metrics import ChunkHistogram, RequestTimes
+from tailguard.gateway.resume import Progress
 from tailguard.wire.openai import Endpoint, error_body
-from tailguard.wire.sse import DONE, DONE_EVENT, SSEDecoder
+from tailguard.wire.sse import DONE, DONE_EVENT, SSEDecoder, encode_event
 
 UPSTREAM_PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 # Byte keys whose non-empty string value marks a chunk that carries generated content.
@@ -72,6 +73,11 @@ class UpstreamStatus(Exception):
 
 class ClientGone(Exception):
     """Writing to the client failed: it disconnected."""
+
+
+class Suspended(Exception):
+    """The dispatcher preempted this request: its upstream was closed, and the client's response
+    stays open until the request is resumed."""
 
 
 class Watchdog:
@@ -291,10 +297,14 @@ class StreamRelay:
     response: web.StreamResponse | None = None
     upstream_error: bool = False
     ended: bool = False  # the client's response is complete (eof written)
+    progress: Progress | None = None  # set for preemptible requests: the text so far is tracked
 
     async def run(self, up: aiohttp.ClientResponse) -> None:
         """Relay until the upstream ends. Raises `RelayError` (retryable while nothing was
-        sent), `ClientGone`, or CancelledError; the caller closes `up`."""
+        sent), `ClientGone`, `Suspended`, or CancelledError; the caller closes `up`."""
+        if self.progress is not None:
+            await self._run_tracked(up, self.progress)
+            return
         loop_time = asyncio.get_running_loop().time
         keys = _CONTENT_KEYS[self.endpoint]
         t = self.times
@@ -371,6 +381,110 @@ class StreamRelay:
         elif not self.ended:
             await self._end(carry)
 
+    async def _run_tracked(self, up: aiohttp.ClientResponse, prog: Progress) -> None:
+        """The relay of a preemptible request: every event is parsed, to keep the text so far
+        (the one thing a continuation needs). On a resumed run the client's stream is already
+        open: the new upstream's role-only preamble is dropped and its usage is rewritten once,
+        so the client sees one response. Between reads it stops with `Suspended` once the
+        dispatcher has preempted the request."""
+        loop_time = asyncio.get_running_loop().time
+        chat = self.endpoint == "chat"
+        t, wd, itl = self.times, self.watchdog, self.itl
+        dec = SSEDecoder()
+        started_run = False  # content seen in this run (the watchdog's first-token phase ends)
+        held: list[bytes] = []
+        try:
+            async for data in up.content.iter_any():
+                if prog.suspended and not self.ended:
+                    raise Suspended()
+                now = loop_time()
+                wd.last_at = now
+                if self.ended:
+                    continue
+                out: list[bytes] = []
+                content = 0
+                last = False
+                for ev in dec.feed(data):
+                    if ev.data == DONE:
+                        out.append(DONE_EVENT)
+                        last = True
+                        continue
+                    try:
+                        obj = orjson.loads(ev.data)
+                    except orjson.JSONDecodeError:
+                        out.append(ev.raw)
+                        continue
+                    if not isinstance(obj, dict):
+                        out.append(ev.raw)
+                        continue
+                    if isinstance(obj.get("error"), dict):
+                        self.upstream_error = True
+                        out.append(ev.raw)
+                        continue
+                    text = _delta_text(obj, chat)
+                    if text:
+                        prog.parts.append(text)
+                        prog.tokens += 1
+                        content += 1
+                        out.append(ev.raw)
+                        continue
+                    u = obj.get("usage")
+                    if isinstance(u, dict):
+                        usage_only = _read_usage(obj, self.usage)
+                        if usage_only and not self.client_usage:
+                            continue
+                        if prog.runs > 1:  # the one JSON rewrite of a resumed request
+                            pt, ct = prog.client_usage(self.usage.prompt_tokens, self.usage.completion_tokens)
+                            if pt is not None and ct is not None:
+                                obj["usage"] = {**u, "prompt_tokens": pt, "completion_tokens": ct,
+                                                "total_tokens": pt + ct}
+                                out.append(encode_event(orjson.dumps(obj)))
+                                continue
+                        out.append(ev.raw)
+                        continue
+                    if self.response is not None and not started_run and _role_only(obj):
+                        continue  # a resumed run's preamble: the client has had it
+                    out.append(ev.raw)
+                if content:
+                    t.content_chunks += content
+                    if not started_run:
+                        started_run = True
+                        wd.first_content(now)
+                        if t.first_content_at is None:
+                            t.first_content_at = now
+                        elif t.last_content_at is not None:
+                            itl.observe(now - t.last_content_at)
+                    else:
+                        itl.observe(now - t.last_content_at)  # type: ignore[operator]
+                    if content > 1:
+                        itl.observe_zeros(content - 1)
+                    t.last_content_at = now
+                chunk = b"".join(out)
+                if self.response is None:
+                    held.append(chunk)
+                    if t.first_content_at is None and not last:
+                        continue
+                    await self._start(b"".join(held), eof=last)
+                    held.clear()
+                elif last:
+                    await self._end(chunk)
+                elif chunk:
+                    await self._write(chunk)
+        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionError) as e:
+            if prog.suspended and not self.ended:
+                raise Suspended() from None
+            if self.response is None:
+                raise RelayError("disconnect", f"Backend closed the stream early: {e}", retryable=True) from None
+            await self.fail(RelayError("disconnect", f"Backend closed the stream early: {e}"))
+            return
+        if prog.suspended and not self.ended:
+            raise Suspended()
+        tail = b"".join(ev.raw for ev in dec.flush())
+        if self.response is None:
+            await self._start(b"".join(held) + tail, eof=True)
+        elif not self.ended:
+            await self._end(tail)
+
     async def _start(self, first: bytes, eof: bool) -> None:
         resp = _SSEResponse(status=200, headers={**_SSE_HEADERS, **self.make_headers()})
         self.response = resp
@@ -404,6 +518,31 @@ class StreamRelay:
             await self._end(b"data: " + error_body(err.api_error()) + b"\n\n")
 
 
+def _delta_text(obj: dict[str, Any], chat: bool) -> str:
+    """The generated text a parsed chunk carries (first choice; preemptible requests have one)."""
+    choices = obj.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return ""
+    ch = choices[0]
+    if chat:
+        delta = ch.get("delta")
+        text = delta.get("content") if isinstance(delta, dict) else None
+    else:
+        text = ch.get("text")
+    return text if isinstance(text, str) else ""
+
+
+def _role_only(obj: dict[str, Any]) -> bool:
+    """A chunk with no text and no finish reason (the role-only first chunk of a chat stream)."""
+    choices = obj.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return False
+    for ch in choices:
+        if not isinstance(ch, dict) or ch.get("finish_reason") is not None:
+            return False
+    return True
+
+
 class _SSEResponse(web.StreamResponse):
     """Sends its headers together with the first chunk (one write instead of two), as aiohttp's
     own `web.Response` does; the relay always writes a chunk right after `prepare`."""
@@ -434,22 +573,41 @@ class Assembler:
     choices: dict[int, _Choice] = field(default_factory=dict)
     error: dict[str, Any] | None = None
 
+    progress: Progress | None = None  # set for preemptible requests
+    _run_started: bool = False  # content seen in the current run
+
     async def run(self, up: aiohttp.ClientResponse) -> bytes:
+        """Assemble until the upstream ends. A preemptible request's assembler outlives a
+        suspension (`Suspended`) and keeps accumulating over the resumed run."""
         loop_time = asyncio.get_running_loop().time
         dec = SSEDecoder()
+        prog = self.progress
+        self._run_started = False
+        done = False
         try:
             async for data in up.content.iter_any():
+                if prog is not None and prog.suspended:
+                    raise Suspended()
                 now = loop_time()
                 self.watchdog.last_at = now
                 for ev in dec.feed(data):
+                    done = done or ev.data == DONE
                     self._absorb(ev.data, now)
             for ev in dec.flush():
+                done = done or ev.data == DONE
                 self._absorb(ev.data, loop_time())
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionError) as e:
+            if prog is not None and prog.suspended:
+                raise Suspended() from None
             raise RelayError("disconnect", f"Backend closed the stream early: {e}",
                              retryable=self.times.first_content_at is None) from None
+        if prog is not None and prog.suspended and not done:
+            raise Suspended()
         if self.error is not None:
             raise RelayError("stream_error", str(self.error.get("message", "upstream error")), retryable=False)
+        if prog is not None:
+            pt, ct = prog.client_usage(self.usage.prompt_tokens, self.usage.completion_tokens)
+            self.usage.prompt_tokens, self.usage.completion_tokens = pt, ct
         return self.body()
 
     def _absorb(self, data: bytes, now: float) -> None:
@@ -493,14 +651,19 @@ class Assembler:
             if isinstance(text, str) and text:
                 slot.parts.append(text)
                 got = True
+                if self.progress is not None:
+                    self.progress.parts.append(text)
+                    self.progress.tokens += 1
             fr = ch.get("finish_reason")
             if isinstance(fr, str):
                 slot.finish_reason = fr
         if got:
             t = self.times
+            if not self._run_started:
+                self._run_started = True
+                self.watchdog.first_content(now)
             if t.first_content_at is None:
                 t.first_content_at = now
-                self.watchdog.first_content(now)
             else:
                 self.itl.observe(now - t.last_content_at)  # type: ignore[operator]
             t.last_content_at = now

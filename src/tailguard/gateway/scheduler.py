@@ -218,6 +218,34 @@ class BaseScheduler(abc.ABC):
             return None
         return math.inf if self._interval_s <= 0 else 1.0 / self._interval_s
 
+    def head(self, now: float) -> Pending | None:
+        """The request `pop` would choose if every backend had room: the one a preemption would
+        make room for. None when nothing is queued."""
+        return self._head(now)
+
+    def take(self, req_id: str, now: float) -> Pending:
+        """Dispatch the queued request `req_id` now (the slot a preemption freed is its)."""
+        return self._dispatched(self._entries[req_id])
+
+    def requeue(self, req: Pending, now: float) -> None:
+        """A running request was suspended: it leaves the running set and waits again, with no
+        admission check (it was admitted once; refusing it now would cut a response in half).
+        Its `arrived_at` is kept, so aging and arrival order count from its first arrival."""
+        cls = self._running.pop(req.id, None)
+        if cls is not None:
+            self._running_by_class[cls] -= 1
+        if req.id in self._entries:
+            raise ValueError(f"request id {req.id!r} is already queued")
+        self._add(req, self._queue_of(req))
+
+    def guaranteed(self, cls: str) -> bool:
+        """True when suspending one running request of `cls` would put the class below its
+        `min_share` of the running requests (a preemption must not undo a guarantee)."""
+        share = self._queues[cls].cfg.min_share
+        if share <= 0:
+            return False
+        return self._running_by_class[cls] - 1 < math.floor(share * len(self._running) + 1e-9)
+
     def retry_after_s(self) -> float:
         """A Retry-After for rejections made outside the scheduler (e.g. no healthy backend):
         the expected time until the next completion, within the configured bounds."""
@@ -246,6 +274,10 @@ class BaseScheduler(abc.ABC):
     @abc.abstractmethod
     def pop(self, now: float, admissible: Callable[[Pending], bool] | None = None) -> Pending | None:
         """The policy itself: which admissible queued request goes next."""
+
+    @abc.abstractmethod
+    def _head(self, now: float) -> Pending | None:
+        """`pop`'s choice without the admissibility check, left queued."""
 
     def _ahead(self, req: Pending, q: _ClassQueue) -> int:
         """Queued requests expected to leave before `req` (FCFS: all of them)."""
@@ -347,6 +379,9 @@ class FcfsScheduler(BaseScheduler):
             return None
         return self._dispatched(best[2])
 
+    def _head(self, now: float) -> Pending | None:
+        heads = [h for h in (self._fifo_head(q) for q in self._queues.values()) if h is not None]
+        return min(heads, key=lambda h: h[:2])[2].req if heads else None
 
 
 class RankedSjfScheduler(BaseScheduler):
@@ -397,6 +432,16 @@ class RankedSjfScheduler(BaseScheduler):
                 entry = self._pick(group, aged_before, admissible)
                 if entry is not None:
                     return self._dispatched(entry)
+        return None
+
+    def _head(self, now: float) -> Pending | None:
+        # The best of the first rank with requests queued; min_share guarantees are left out:
+        # they decide between ranks only when a slot is free anyway.
+        aged_before = now - self._cfg.aging_s
+        for i, group in enumerate(self._groups):
+            if self._rank_live[i]:
+                entry = self._pick(group, aged_before, None)
+                return entry.req if entry is not None else None
         return None
 
     def _pick(

@@ -23,7 +23,8 @@ def test_defaults_have_interactive_first_and_a_capped_batch_class() -> None:
     assert [(c.name, c.rank) for c in cfg.classes] == [("interactive", 0), ("batch", 1)]
     batch = cfg.classes[1]
     assert batch.max_tokens_cap == 4096 and batch.cap_mode == "clamp"
-    assert (batch.max_share, batch.min_share) == (0.875, 0.75)
+    assert (batch.max_share, batch.min_share, batch.preemptible) == (1.0, 0.0, True)
+    assert not cfg.classes[0].preemptible and cfg.scheduler.preemption
     assert cfg.default_class == "interactive"
     assert (cfg.host, cfg.port, cfg.max_body_bytes) == ("127.0.0.1", 8080, 4 * 1024 * 1024)
     assert cfg.scheduler.policy == "ranked-sjf" and cfg.backends == []

@@ -1,0 +1,78 @@
+"""Which running request to suspend so that a waiting one of higher priority can start; pure.
+
+The dispatcher (gateway) and the discrete-event run (sim/des.py) ask the same policy: when the
+scheduler's best queued request fits on no backend, is there a running request whose slot it
+may take? A victim is suspended, not killed: its generation so far is kept and it is resumed later
+from there (docs/architecture.md, "Preemption"), so the price of a preemption is one re-prefill of
+prompt + text so far, not the work already done.
+
+    policy = PreemptionPolicy(max_preemptions=3, min_run_s=1.0)
+    victim = policy.victim(head, candidates, now, fits=lambda c: pool_fits(c.backend, head, c.cls))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from tailguard.gateway.config import SchedulerConfig
+from tailguard.gateway.scheduler import Pending
+
+
+@dataclass(slots=True, frozen=True)
+class Candidate:
+    """A running request that could be suspended (its class is preemptible and its backend can
+    continue a generation; the caller lists only those)."""
+
+    id: str
+    cls: str
+    rank: int
+    backend: str
+    remaining_tokens: int  # output tokens still to generate (max_tokens - generated so far)
+    preemptions: int  # times it was suspended already
+    running_since: float  # when its current run started (bound to a slot)
+
+
+@dataclass(slots=True, frozen=True)
+class PreemptionPolicy:
+    """Pick the victim for a waiting request, or none.
+
+    A candidate qualifies when it is of a strictly lower priority (higher rank) than the waiting
+    request, has been suspended fewer than `max_preemptions` times, has run for at least
+    `min_run_s` since it last started, has work left, and `fits` says that freeing its slot lets
+    the waiting request in (its backend is healthy and the class shares allow it). Among those, the
+    one with the most remaining work goes: it would hold its slot longest, and it is the one whose
+    suspension delays its own completion least in relative terms. Ties: the most recently started
+    (least progress lost to the re-prefill), then the id, so the choice is deterministic.
+    """
+
+    max_preemptions: int = 3
+    min_run_s: float = 1.0
+
+    @classmethod
+    def from_config(cls, cfg: SchedulerConfig) -> PreemptionPolicy | None:
+        """The policy `cfg` asks for, or None when preemption is off (or the policy is `fcfs`,
+        the baseline, which never reorders running work)."""
+        if not cfg.preemption or cfg.policy == "fcfs" or cfg.max_preemptions_per_request == 0:
+            return None
+        return cls(max_preemptions=cfg.max_preemptions_per_request, min_run_s=cfg.min_run_s)
+
+    def victim(
+        self, waiting: Pending, running: Iterable[Candidate], now: float, fits: Callable[[Candidate], bool],
+    ) -> Candidate | None:
+        best: Candidate | None = None
+        for c in running:
+            if (
+                c.rank <= waiting.rank
+                or c.preemptions >= self.max_preemptions
+                or now - c.running_since < self.min_run_s
+                or c.remaining_tokens <= 0
+            ):
+                continue
+            if best is not None and (c.remaining_tokens, c.running_since, c.id) <= (
+                best.remaining_tokens, best.running_since, best.id
+            ):
+                continue
+            if fits(c):
+                best = c
+        return best

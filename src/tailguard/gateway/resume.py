@@ -1,0 +1,113 @@
+"""Suspend and continue: what the gateway keeps of a preemptible request's generation, and the
+body that asks an engine to continue it; pure, no I/O.
+
+A suspended request is resumed by sending the engine the same request with the text generated
+so far appended: for chat, as a trailing assistant message the model continues
+(`continue_final_message`, `add_generation_prompt: false`: vLLM's parameters; llama-server
+continues a trailing assistant message by itself), for completions, after the prompt. Its
+`max_tokens` shrinks by the tokens already generated, so the client gets what it asked for in
+total. Only a request whose text is fully known can be continued like this (`resumable`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tailguard.wire.openai import Endpoint
+from tailguard.wire.tokens import CHAT_MESSAGE_OVERHEAD_TOKENS, text_tokens
+
+# Fields whose output the continuation could not reproduce: structured output restarts its
+# grammar, tool calls are not plain text, several choices or echoed prompts are not one text.
+_NOT_RESUMABLE = ("tools", "functions", "tool_choice", "response_format", "guided_json", "guided_regex",
+                  "guided_choice", "guided_grammar", "structured_outputs", "logprobs", "top_logprobs", "echo",
+                  "best_of", "suffix")
+
+
+def resumable(body: dict[str, Any], endpoint: Endpoint) -> bool:
+    """True if the generation of `body` can be suspended and continued from its text."""
+    for key in _NOT_RESUMABLE:
+        v = body.get(key)
+        if v is not None and v is not False:
+            return False
+    n = body.get("n")
+    if n is not None and n != 1:
+        return False
+    if endpoint == "completions":
+        return isinstance(body.get("prompt"), str)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return False
+    if body.get("continue_final_message"):
+        last = messages[-1]
+        # The client continues its own assistant message: we can extend it only if it is text.
+        return isinstance(last, dict) and last.get("role") == "assistant" and isinstance(last.get("content"), str)
+    return True
+
+
+@dataclass(slots=True)
+class Progress:
+    """A preemptible request's generation so far, kept across its runs.
+
+    The relay appends the text of every content chunk it has passed to the client (before
+    writing it, so the count never runs behind what the client got), and the dispatcher's
+    suspension sets `suspended`, which the relay checks between chunks.
+    """
+
+    parts: list[str] = field(default_factory=list)
+    tokens: int = 0  # content chunks relayed, over every run: the generated-token count
+    base_tokens: int = 0  # tokens generated before the current run
+    added_prompt_tokens: int = 0  # estimated tokens the current run's continuation added to the prompt
+    runs: int = 1
+    suspended: bool = False
+
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def client_usage(self, prompt_tokens: int | None, completion_tokens: int | None) -> tuple[int | None, int | None]:
+        """The upstream usage of the current run as the client should see it: the original
+        prompt (the continuation's prompt minus what it added) and every token generated."""
+        if self.runs == 1:
+            return prompt_tokens, completion_tokens
+        pt = None if prompt_tokens is None else max(1, prompt_tokens - self.added_prompt_tokens)
+        ct = self.base_tokens + (completion_tokens if completion_tokens is not None else self.tokens - self.base_tokens)
+        return pt, ct
+
+
+def continuation_body(body: dict[str, Any], endpoint: Endpoint, progress: Progress) -> dict[str, Any]:
+    """The request that continues `body` after `progress`; records in `progress` where the new
+    run starts (`base_tokens`, `added_prompt_tokens`)."""
+    text = progress.text()
+    done = progress.tokens
+    progress.runs += 1
+    progress.base_tokens = done
+    progress.added_prompt_tokens = 0
+    if not text:
+        return body  # nothing generated yet: start over
+    out = dict(body)
+    if endpoint == "chat":
+        messages = list(body["messages"])
+        last = messages[-1]
+        if body.get("continue_final_message") and isinstance(last, dict) and last.get("role") == "assistant":
+            messages[-1] = {**last, "content": str(last.get("content", "")) + text}
+            added = text_tokens(text)
+        else:
+            messages.append({"role": "assistant", "content": text})
+            added = CHAT_MESSAGE_OVERHEAD_TOKENS + text_tokens(text)
+        out["messages"] = messages
+        out["continue_final_message"] = True
+        out["add_generation_prompt"] = False
+        names: tuple[str, ...] = ("max_tokens", "max_completion_tokens")
+    else:
+        out["prompt"] = str(body["prompt"]) + text
+        added = text_tokens(str(body["prompt"]) + text) - text_tokens(str(body["prompt"]))
+        names = ("max_tokens",)
+    for name in names:
+        v = body.get(name)
+        if isinstance(v, int) and not isinstance(v, bool):
+            out[name] = max(1, v - done)
+    m = body.get("min_tokens")
+    if isinstance(m, int) and not isinstance(m, bool) and m > 0:
+        out["min_tokens"] = max(0, m - done)
+    progress.added_prompt_tokens = added
+    return out
