@@ -236,11 +236,11 @@ class SchedulerConfig(_Model):
         "Not done by the `fcfs` policy (the baseline).",
     )
     max_preemptions_per_request: int = Field(
-        default=3, ge=0,
+        default=16, ge=0,
         description="How often one request may be suspended; after that it runs to its end.",
     )
     min_run_s: float = Field(
-        default=1.0, ge=0,
+        default=0.0, ge=0,
         description="A request (re)started less than this long ago is not suspended, so a burst of "
         "arrivals cannot suspend the same work over and over before it makes progress.",
     )

@@ -6,7 +6,7 @@ may take? A victim is suspended, not killed: its generation so far is kept and i
 from there (docs/architecture.md, "Preemption"), so the price of a preemption is one re-prefill of
 prompt + text so far, not the work already done.
 
-    policy = PreemptionPolicy(max_preemptions=3, min_run_s=1.0)
+    policy = PreemptionPolicy(max_preemptions=16, min_run_s=0.0)
     victim = policy.victim(head, candidates, now, fits=lambda c: pool_fits(c.backend, head, c.cls))
 """
 
@@ -46,8 +46,8 @@ class PreemptionPolicy:
     (least progress lost to the re-prefill), then the id, so the choice is deterministic.
     """
 
-    max_preemptions: int = 3
-    min_run_s: float = 1.0
+    max_preemptions: int = 16
+    min_run_s: float = 0.0
 
     @classmethod
     def from_config(cls, cfg: SchedulerConfig) -> PreemptionPolicy | None:

@@ -79,6 +79,18 @@ class Scheduler(Protocol):
     def __len__(self) -> int: ...
 
 
+class PreemptiveScheduler(Scheduler, Protocol):
+    """A scheduler that a preempting driver can use: `BaseScheduler` is one."""
+
+    def head(self, now: float) -> Pending | None: ...
+
+    def take(self, req_id: str, now: float) -> Pending: ...
+
+    def requeue(self, req: Pending, now: float) -> None: ...
+
+    def guaranteed(self, cls: str) -> bool: ...
+
+
 # Job sizes are bucketed by powers of two to estimate "how many of my rank are shorter than me"
 # in O(1) without an order-statistics tree; within a factor of two is enough for an admission guess.
 _SIZE_BUCKETS = 64

@@ -225,6 +225,11 @@ class Engine:
     def idle(self) -> bool:
         return not self._seqs
 
+    def output_tokens(self, req_id: str) -> int:
+        """Tokens generated so far by a request in the engine (0 if unknown or not started)."""
+        seq = self._seqs.get(req_id)
+        return 0 if seq is None else self._out_now(seq)
+
     @property
     def num_running(self) -> int:
         return len(self._running)

@@ -4,6 +4,7 @@ import pytest
 
 from tailguard.clock import VirtualClock
 from tailguard.gateway.config import ClassConfig, SchedulerConfig
+from tailguard.gateway.preemption import PreemptionPolicy
 from tailguard.gateway.scheduler import FcfsScheduler, RankedSjfScheduler
 from tailguard.sim.cost import CostModel, EngineConfig
 from tailguard.sim.des import Arrival, Timeline, run
@@ -158,3 +159,46 @@ def test_without_front_every_request_enters_the_engine_on_arrival() -> None:
     tls = run(engine(), [Arrival(f"r{i}", 0.5 * i, 10, 2) for i in range(4)], VirtualClock())
     assert all(tl.dispatched_at == tl.arrived_at for tl in tls)
     assert all(isinstance(tl, Timeline) and not math.isnan(tl.e2e_s or 0.0) for tl in tls)
+
+
+def _preempt_case(preempt: bool) -> tuple[list[Timeline], Engine]:
+    cls = [ClassConfig(name="interactive", rank=0), ClassConfig(name="batch", rank=1, preemptible=True)]
+    front = RankedSjfScheduler(SchedulerConfig(), cls)
+    arrivals = [Arrival("s0", 0.0, 100, 400, cls="batch", rank=1), Arrival("c0", 0.5, 20, 10)]
+    e = engine(max_num_seqs=4)
+    kw: dict[str, object] = {}
+    if preempt:
+        kw = {"preemption": PreemptionPolicy(max_preemptions=1, min_run_s=0.0), "preemptible": ["batch"]}
+    tls = run(e, arrivals, VirtualClock(), front=front, front_max_inflight=1, **kw)  # type: ignore[arg-type]
+    return tls, e
+
+
+def test_front_preemption_suspends_the_batch_request_and_resumes_it_to_its_full_length() -> None:
+    (s_on, c_on), e_on = _preempt_case(True)
+    (s_off, c_off), e_off = _preempt_case(False)
+    # Off: the chat waits for the whole summary. On: it starts at once, and the summary still
+    # produces all its 400 tokens, after being aborted once in the engine.
+    assert c_off.dispatched_at == s_off.finished_at
+    assert c_on.dispatched_at is not None and c_on.dispatched_at < 0.6
+    assert c_on.finished_at < s_on.finished_at  # type: ignore[operator]
+    assert (s_on.outcome, s_on.output_tokens, s_on.suspensions) == (Outcome.SUCCESS, 400, 1)
+    assert (s_off.output_tokens, s_off.suspensions) == (400, 0)
+    assert s_on.dispatched_at == 0.0 and s_on.first_token_at is not None and s_on.first_token_at < 0.5
+    assert (e_on.finished_total["abort"], e_off.finished_total["abort"]) == (1, 0)
+    # The continuation re-prefills prompt + generated text, so the summary ends a little later.
+    assert s_on.finished_at > s_off.finished_at  # type: ignore[operator]
+
+
+def test_follow_up_makes_a_closed_loop() -> None:
+    sent: list[str] = []
+
+    def follow_up(tl: Timeline, t: float) -> Arrival | None:
+        if len(sent) >= 5:
+            return None
+        sent.append(f"n{len(sent)}")
+        return Arrival(sent[-1], t, 20, 10)
+
+    tls = run(engine(), [Arrival("r0", 0.0, 20, 10)], VirtualClock(), follow_up=follow_up)
+    assert [tl.id for tl in tls] == ["r0", "n0", "n1", "n2", "n3", "n4"]
+    for prev, nxt in zip(tls, tls[1:]):
+        assert nxt.arrived_at == prev.finished_at
