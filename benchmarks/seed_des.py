@@ -159,6 +159,7 @@ def summarize(timelines: list[Timeline], wall_s: float) -> dict[str, Any]:
     out["output_tokens_per_s"] = sum(tl.output_tokens for tl in ok_all) / (last - first)
     out["requests_per_s"] = len(ok_all) / (last - first)
     out["makespan_s"] = last - first
+    out["suspensions_per_s"] = sum(tl.suspensions for tl in timelines) / (last - first)
     for cls in sorted({tl.cls for tl in timelines}):
         mine = [tl for tl in timelines if tl.cls == cls]
         ok = [tl for tl in mine if tl.outcome is Outcome.SUCCESS]
@@ -302,11 +303,12 @@ def table(runs: dict[str, Any]) -> list[str]:
                 f"{fmt(row['ttft_s']['p99'], 1000, 1)} | {fmt(row['e2e_s']['p50'])} | {fmt(row['e2e_s']['p99'])} | "
                 f"{fmt(row['e2e_p99_over_p50'], 1, 1)} | {fmt(row['front_queue_s']['p99'])} | {row['engine_slots_mean']:.2f} |"
             )
-    lines += ["", "| run | output tokens/s | requests/s | simulated s | wall s |", "|---|---:|---:|---:|---:|"]
+    lines += ["", "| run | output tokens/s | requests/s | preemptions/s | simulated s | wall s |",
+              "|---|---:|---:|---:|---:|---:|"]
     for name, run_res in runs.items():
         lines.append(
             f"| {name} | {run_res['output_tokens_per_s']:.0f} | {run_res['requests_per_s']:.2f} | "
-            f"{run_res['makespan_s']:.0f} | {run_res['wall_s']:.1f} |"
+            f"{run_res['suspensions_per_s']:.2f} | {run_res['makespan_s']:.0f} | {run_res['wall_s']:.1f} |"
         )
     return lines
 
