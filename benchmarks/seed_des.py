@@ -6,11 +6,12 @@ summaries: short prompt, max_tokens 2048, class batch). Open loop: Poisson arriv
 (default 85%) of the engine's measured capacity for this mix. Closed loop: 16 clients, each sending
 its next request when the last ends (the bench's `--concurrency`). Engine: the `h100-llama8b`
 preset with `max_num_seqs` 8. In front: the gateway's `RankedSjfScheduler` with the default
-classes (batch max_share 0.875, min_share 0.75), at most 8 requests in the engine, exactly as
-`tailguard serve` runs it (the same policy objects: scheduler, backend pool and its slot shares).
-Also the gateway with its `fcfs` policy, to separate "holding requests back" from "choosing who
-goes next", and ranked-sjf with other batch shares (`ranked-sjf@0.75/0`: max_share 0.75, no
-guarantee), to show the trade-off the shares set.
+classes (batch preemptible, max_share 1) and its preemption policy, at most 8 requests in the
+engine, exactly as `tailguard serve` runs it (the same policy objects: scheduler, preemption
+policy, backend pool and its slot shares). Also the gateway with its `fcfs` policy, to separate
+"holding requests back" from "choosing who goes next", and ranked-sjf without preemption and with
+other batch shares (`ranked-sjf:nopreempt@0.75/0`: max_share 0.75, no guarantee), to show the
+trade-off the shares set.
 
     .venv/bin/python benchmarks/seed_des.py [--requests 100000] [--load 0.85] [--clients 16] \
         [--runs straight,fcfs,ranked-sjf,ranked-sjf:nopreempt,ranked-sjf:nopreempt@0.875/0.75,...]
