@@ -239,8 +239,6 @@ class Dispatcher:
             return
         self._pool.acquire(backend, p.cls)
         self._metrics.inflight_of(backend).inc()
-        if ticket is None or not ticket.suspended:  # a resumed request's wait is not a queue wait
-            self._metrics.cls(p.cls).queue_wait.observe(now - p.arrived_at)
         if ticket is None:
             ticket = Ticket(p, backend, now)
         else:

@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import logging
 import os
+import time
 from typing import Any
 
 from aiohttp import web
@@ -85,7 +86,9 @@ class Proxy:
         self._timeouts = cfg.timeouts
 
     async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-        t = RequestTimes(arrived_at=self._loop.time(), cls=NO_CLASS)
+        # Timings use perf_counter (sub-ms); the policies get loop time, as every driver of them does.
+        t = RequestTimes(arrived_at=time.perf_counter(), cls=NO_CLASS)
+        arrived_at = self._loop.time()
         req_id = f"{self._id_prefix}{next(self._ids):x}"
         ex = _Exit()
         ticket: Ticket | None = None
@@ -109,13 +112,14 @@ class Proxy:
                 self._metrics.rejected.labels(cls.name, "no_healthy_backend").inc()
                 raise overloaded("no_healthy_backend", self._dispatcher.retry_after_s(),
                                  "No healthy backend is available.")
-            pending = Pending(req_id, cls.name, cls.rank, capped.est_tokens, t.arrived_at,
-                              t.arrived_at + cls.max_queue_wait_s)
+            pending = Pending(req_id, cls.name, cls.rank, capped.est_tokens, arrived_at,
+                              arrived_at + cls.max_queue_wait_s)
             progress = None
             if cls.preemptible and self._dispatcher.preemption and resumable(capped.body, endpoint):
                 progress = Progress()
             ticket = await self._dispatcher.admit(pending, progress=progress, max_tokens=capped.max_tokens)
-            t.bound_at = ticket.bound_at
+            t.bound_at = time.perf_counter()
+            self._metrics.cls(cls.name).queue_wait.observe(t.bound_at - t.arrived_at)
             return await self._relay(request, endpoint, raw, parsed, capped, cls, ticket, t, req_id, ex)
         except APIError as err:
             if isinstance(err, Overloaded):
@@ -129,7 +133,7 @@ class Proxy:
             ex.outcome, ex.status, ex.reason = Outcome.UPSTREAM_ERROR, 500, "internal_error"
             return error_response(APIError("Internal gateway error.", status=500, code="internal_error"))
         finally:
-            now = self._loop.time()
+            now = time.perf_counter()
             if t.finished_at is None:
                 t.finished_at = now
             if ticket is not None:
@@ -147,7 +151,9 @@ class Proxy:
     ) -> web.StreamResponse:
         loop = self._loop
         to = self._timeouts
-        wd = Watchdog(loop, total_at=ticket.bound_at + to.total_s, idle_s=to.idle_s)
+        clock = time.perf_counter
+        assert t.bound_at is not None
+        wd = Watchdog(loop, total_at=t.bound_at + to.total_s, idle_s=to.idle_s)
         itl = self._metrics.cls(cls.name).itl
         stream: StreamRelay | None = None
         asm: Assembler | None = None  # kept across the runs of a preemptible request
@@ -164,11 +170,11 @@ class Proxy:
                     client_usage=parsed.include_usage, body_changed=capped.body_changed or resumed is not None,
                     backend=backend, rank=cls.rank,
                 )
-                wd.start_attempt(loop.time() + to.first_token_s)
+                wd.start_attempt(clock() + to.first_token_s)
                 up = None
                 try:
                     up = await self._upstream.open(backend, endpoint, body, req_id)
-                    t.upstream_headers_at = loop.time()
+                    t.upstream_headers_at = clock()
                     if progress is not None:
                         ticket.on_suspend = up.close
                     if parsed.stream:
@@ -183,7 +189,7 @@ class Proxy:
                             ex.outcome, ex.status, ex.reason = Outcome.UPSTREAM_ERROR, 200, "stream_error"
                         else:
                             self._ok(backend.name, cls.name, t, ex, 200)
-                        t.finished_at = loop.time()
+                        t.finished_at = clock()
                         return stream.response  # type: ignore[return-value]
                     if asm is None:
                         asm = Assembler(endpoint, t, wd, itl, progress=progress)
@@ -199,7 +205,7 @@ class Proxy:
                     except ConnectionError:
                         raise ClientGone() from None
                     self._ok(backend.name, cls.name, t, ex, 200)
-                    t.finished_at = loop.time()
+                    t.finished_at = clock()
                     return sent
                 except Suspended:
                     assert progress is not None
@@ -234,7 +240,7 @@ class Proxy:
                             await stream.fail(timeout)
                         except ClientGone:
                             ex.outcome = Outcome.CLIENT_GONE
-                        t.finished_at = loop.time()
+                        t.finished_at = clock()
                         return stream.response
                     raise timeout from None
                 finally:
@@ -278,10 +284,10 @@ class Proxy:
         continuation. Raises `Overloaded` when it expires in the queue."""
         t.preemptions += 1
         wd.stop()
-        suspended_at = self._loop.time()
+        suspended_at = time.perf_counter()
         await self._dispatcher.resume(ticket)
         progress.suspended = False
-        wd.total_at += self._loop.time() - suspended_at
+        wd.total_at += time.perf_counter() - suspended_at
         t.attempts -= 1  # a resumed run is not a retry
         return ticket
 

@@ -15,6 +15,7 @@ before any content can still be retried on another backend.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -86,7 +87,8 @@ class Watchdog:
     Chunks only store `last_at`; the timer, when it fires, re-arms itself at the next deadline
     if nothing expired. That costs one callback per idle period instead of a timer per chunk.
     On expiry it cancels the request's task (like `asyncio.timeout`), and `take_expiry()` tells
-    that cancellation apart from a client disconnect.
+    that cancellation apart from a client disconnect. Instants are `time.perf_counter()` seconds,
+    the clock of the request's timings (uvloop's `loop.time()` only has millisecond resolution).
     """
 
     __slots__ = ("_loop", "_task", "_base", "_handle", "total_at", "first_token_at", "idle_s",
@@ -102,7 +104,7 @@ class Watchdog:
         self.total_at = total_at
         self.first_token_at = total_at
         self.idle_s = idle_s
-        self.last_at = loop.time()
+        self.last_at = time.perf_counter()
         self.first_seen = False
         self.expired: str | None = None
 
@@ -120,11 +122,11 @@ class Watchdog:
     def _arm(self, at: float) -> None:
         if self._handle is not None:
             self._handle.cancel()
-        self._handle = self._loop.call_at(at, self._fire)
+        self._handle = self._loop.call_later(max(0.0, at - time.perf_counter()), self._fire)
 
     def _fire(self) -> None:
         self._handle = None
-        now = self._loop.time()
+        now = time.perf_counter()
         if now >= self.total_at:
             kind = "timeout_total"
         elif not self.first_seen:
@@ -305,7 +307,7 @@ class StreamRelay:
         if self.progress is not None:
             await self._run_tracked(up, self.progress)
             return
-        loop_time = asyncio.get_running_loop().time
+        loop_time = time.perf_counter  # metrics need sub-ms; uvloop's loop.time() is ms
         keys = _CONTENT_KEYS[self.endpoint]
         t = self.times
         wd = self.watchdog
@@ -387,7 +389,7 @@ class StreamRelay:
         open: the new upstream's role-only preamble is dropped and its usage is rewritten once,
         so the client sees one response. Between reads it stops with `Suspended` once the
         dispatcher has preempted the request."""
-        loop_time = asyncio.get_running_loop().time
+        loop_time = time.perf_counter  # metrics need sub-ms; uvloop's loop.time() is ms
         chat = self.endpoint == "chat"
         t, wd, itl = self.times, self.watchdog, self.itl
         dec = SSEDecoder()
@@ -579,7 +581,7 @@ class Assembler:
     async def run(self, up: aiohttp.ClientResponse) -> bytes:
         """Assemble until the upstream ends. A preemptible request's assembler outlives a
         suspension (`Suspended`) and keeps accumulating over the resumed run."""
-        loop_time = asyncio.get_running_loop().time
+        loop_time = time.perf_counter  # metrics need sub-ms; uvloop's loop.time() is ms
         dec = SSEDecoder()
         prog = self.progress
         self._run_started = False
