@@ -28,7 +28,7 @@ from tailguard.cli.experiment import Arm, SimSpec, run_arms
 
 RESULTS = Path(__file__).resolve().parent / "results"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from seed_des import gateway_config, measure_capacity  # noqa: E402  (the same capacity figure as the DES run)
+from seed_des import gateway_config, measure_capacity, parse_label  # noqa: E402  (same capacity and run labels as the DES run)
 
 TARGETS = {
     "a": ("interactive P99 TTFT, times lower than straight", ">= 5"),
@@ -85,6 +85,19 @@ def section(title: str, runs: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def make_arm(label: str) -> Arm:
+    """`straight`, or a gateway run labelled as in seed_des.py: `policy[:nopreempt][@max_share[/min_share]]`."""
+    if label == "straight":
+        return Arm(label)
+    policy, preempt, max_share, min_share = parse_label(label)
+    if preempt and max_share is None and min_share is None:
+        return Arm(label, gateway=True, policy=policy)
+    gw = gateway_config(max_share, min_share)
+    config = {"classes": [c.model_dump(exclude_defaults=True) for c in gw.classes],
+              "scheduler": {"preemption": preempt}}
+    return Arm(label, gateway=True, policy=policy, config=config)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--duration", type=float, default=60.0, help="wall seconds of load per arm")
@@ -92,12 +105,12 @@ def main() -> None:
     ap.add_argument("--time-scale", type=float, default=0.25)
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--load", type=float, default=0.85, help="open-loop rate as a fraction of capacity (0: skip)")
-    ap.add_argument("--arms", default="straight,fcfs,ranked-sjf", help="straight and/or gateway policies")
+    ap.add_argument("--arms", default="straight,fcfs,ranked-sjf", help="straight and gateway runs: policy[:nopreempt][@batch max_share[/min_share]]")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
     sim = SimSpec(time_scale=args.time_scale)
-    arms = [Arm("straight") if a == "straight" else Arm(a, gateway=True, policy=a) for a in args.arms.split(",")]
+    arms = [make_arm(a) for a in args.arms.split(",")]
     out = RESULTS / "seed_gateway"
     started = time.time()
     closed_load = {"workload": "seed-mixed", "concurrency": args.clients, "duration_s": args.duration,

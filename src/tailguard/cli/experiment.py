@@ -109,7 +109,7 @@ async def target(arm: Arm, sim: SimSpec, logs: Path) -> AsyncIterator[str]:
         gw_url = f"http://127.0.0.1:{gw_port}"
         args = ["serve", "--port", str(gw_port), "--policy", arm.policy]
         if arm.config is None:
-            args += ["--backend", sim_url, "--max-concurrency", str(arm.max_concurrency)]
+            args += ["--backend", sim_url, "--backend-kind", "sim", "--max-concurrency", str(arm.max_concurrency)]
         else:
             path = logs / f"{arm.label}-gateway.yaml"
             backend = {"name": "sim", "url": sim_url, "kind": "sim", "max_concurrency": arm.max_concurrency}

@@ -20,6 +20,10 @@ def serve(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="tailguard.yaml to load."),
     backend: Optional[list[str]] = typer.Option(
         None, "--backend", "-b", help="Upstream base URL (repeat for several); the quick form without a config."),
+    backend_kind: str = typer.Option(
+        "openai", "--backend-kind",
+        help="Kind of the --backend servers: vllm, llamacpp, sglang, tgi, openai or sim (how load is read, "
+        "class -> engine priority, whether a batch request can be suspended and continued)."),
     max_concurrency: Optional[int] = typer.Option(
         None, "--max-concurrency", min=1, help="In-flight cap per backend (the engine's --max-num-seqs)."),
     host: Optional[str] = typer.Option(None, "--host", help="Address to listen on (default 127.0.0.1)."),
@@ -33,7 +37,7 @@ def serve(
     from tailguard.errors import ConfigError
 
     try:
-        cfg = build_config(config, backend or [], max_concurrency, host, port, policy, sim)
+        cfg = build_config(config, backend or [], max_concurrency, host, port, policy, sim, backend_kind)
         if sim:
             from tailguard.sim.cost import EngineConfig
 
@@ -46,7 +50,7 @@ def serve(
 
 def build_config(
     config: Path | None, backends: list[str], max_concurrency: int | None, host: str | None,
-    port: int | None, policy: str | None, sim: bool,
+    port: int | None, policy: str | None, sim: bool, backend_kind: str = "openai",
 ) -> GatewayConfig:
     """The config from the file (or the quick form), with command-line overrides applied."""
     from tailguard.errors import ConfigError
@@ -61,7 +65,7 @@ def build_config(
         if backends:
             raise ConfigError("--backend cannot be combined with --config (list backends in the file)")
     elif backends:
-        cfg = GatewayConfig.quick(backends, max_concurrency or 8)
+        cfg = GatewayConfig.quick(backends, max_concurrency or 8, backend_kind)
     elif sim:
         # The real URL is filled in once the simulator listens (its port is picked then).
         cfg = GatewayConfig.quick(["http://127.0.0.1:1"], max_concurrency or 8)

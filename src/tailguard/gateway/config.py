@@ -353,8 +353,9 @@ class GatewayConfig(_Model):
         return self
 
     @classmethod
-    def quick(cls, backend_urls: list[str], max_concurrency: int = 8) -> GatewayConfig:
-        """The config behind `tailguard serve --backend URL ...`: default classes, one backend per URL."""
+    def quick(cls, backend_urls: list[str], max_concurrency: int = 8, kind: str = "openai") -> GatewayConfig:
+        """The config behind `tailguard serve --backend URL ... [--backend-kind KIND]`: default
+        classes, one backend per URL, all of one kind."""
         if not backend_urls:
             raise ConfigError("at least one --backend URL is needed")
         seen: dict[str, int] = {}
@@ -363,7 +364,8 @@ class GatewayConfig(_Model):
             base = _host_port(url)
             n = seen.get(base, 0)
             seen[base] = n + 1
-            backends.append({"name": base if n == 0 else f"{base}-{n}", "url": url, "max_concurrency": max_concurrency})
+            backends.append({"name": base if n == 0 else f"{base}-{n}", "url": url, "max_concurrency": max_concurrency,
+                             "kind": kind})
         return _validate({"backends": backends}, "--backend")
 
 

@@ -143,6 +143,13 @@ def test_quick_form_names_backends_by_host_and_port() -> None:
         GatewayConfig.quick(["127.0.0.1:8100"], 8)
 
 
+def test_quick_form_backend_kind() -> None:
+    assert [b.kind for b in GatewayConfig.quick(["http://127.0.0.1:8100"], 8).backends] == ["openai"]
+    assert [b.kind for b in GatewayConfig.quick(["http://127.0.0.1:8100"], 8, "vllm").backends] == ["vllm"]
+    with pytest.raises(ConfigError, match="kind"):
+        GatewayConfig.quick(["http://127.0.0.1:8100"], 8, "nginx")
+
+
 def test_docs_describe_every_field() -> None:
     from pydantic import BaseModel
 
