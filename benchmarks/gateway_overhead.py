@@ -1,18 +1,21 @@
 """What the gateway itself costs: latency it adds per request, measured side by side against
-going straight to the simulator, and the highest rate it relays before that added P99 passes 10 ms.
+going straight to the simulator, and the highest rate at which that added P99 stays within 10 ms.
 
-Three processes on loopback: a `tailguard sim` (time scale 1, H100 preset, batch large enough
-that it never queues), a `tailguard serve` in front of it (`max_concurrency` large enough that the
-gateway never holds a request back, access log on, written to a file), and this load generator.
-Open-loop Poisson arrivals; requests alternate between the two arms (straight, through the
-gateway), so both see the same engine at the same moment. Every request streams a 64-token chat
-answer. TTFT is to the first content chunk, E2E to the end of the stream, both from the instant the
-request was sent. "Added" is the gateway arm's percentile minus the straight arm's.
+Processes on loopback: a `tailguard sim` (time scale 1, H100 preset, batch large enough that it
+never queues), a `tailguard serve` in front of it (`max_concurrency` large enough that the gateway
+never holds a request back, access log on, written to a file), optionally nginx in front of the same
+simulator as a reference proxy (`proxy_buffering off`, keep-alive upstream; used when `nginx` is on
+PATH), and this load generator. Open-loop Poisson arrivals; requests rotate over the arms
+(straight, gateway[, nginx]), so every arm sees the same engine at the same moment. Every request
+streams a 64-token chat answer. TTFT is to the first content chunk, E2E to the end of the stream,
+both from the instant the request was sent. "Added" is an arm's percentile minus the straight
+arm's. Rates are totals over all arms; the gateway carries its share of them.
 
-Also reported: the gateway's CPU time per request (from /proc), which bounds its throughput on a
-core independently of the load generator.
+Also reported: the gateway's CPU time per request (from /proc), which bounds its own throughput
+on one core independently of the load generator. A phase whose generator sent 1% of requests
+more than 5 ms late ran on a saturated machine; it is run again, and the sweep stops there.
 
-    .venv/bin/python benchmarks/gateway_overhead.py [--rate 20] [--seconds 30] [--sweep-seconds 10]
+    .venv/bin/python benchmarks/gateway_overhead.py [--rate 30] [--seconds 30] [--sweep-seconds 10] [--no-nginx]
 
 Writes benchmarks/results/gateway_overhead.{json,md}.
 """
@@ -25,6 +28,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -42,11 +46,33 @@ RESULTS = Path(__file__).resolve().parent / "results"
 TOKENS = 64
 PROMPT = [{"role": "user", "content": "word " * 80}]  # about 104 prompt tokens
 LIMIT_MS = 10.0
-# A phase counts only if the generator sent 99% of requests within this of their scheduled instant;
-# otherwise the machine (shared cores) was the bottleneck, and the phase is run again.
 MAX_LAG_MS = 5.0
 ATTEMPTS = 3
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+NGINX_CONF = """\
+worker_processes 1;
+daemon off;
+pid {tmp}/nginx.pid;
+error_log {tmp}/nginx-error.log warn;
+events {{ worker_connections 8192; }}
+http {{
+    access_log {tmp}/nginx-access.log;
+    client_body_temp_path {tmp}/body;
+    proxy_temp_path {tmp}/proxy;
+    upstream sim {{ server 127.0.0.1:{sim_port}; keepalive 512; }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://sim;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_request_buffering off;
+        }}
+    }}
+}}
+"""
 
 
 @dataclass(slots=True)
@@ -69,12 +95,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
 
 
-async def wait_healthy(url: str, timeout_s: float = 30.0) -> None:
+async def wait_healthy(url: str, path: str = "/health", timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     async with aiohttp.ClientSession() as s:
         while time.monotonic() < deadline:
             try:
-                async with s.get(f"{url}/health") as r:
+                async with s.get(f"{url}{path}") as r:
                     if r.status == 200:
                         return
             except aiohttp.ClientError:
@@ -105,16 +131,16 @@ async def one(session: aiohttp.ClientSession, url: str, arm: str, due: float, ou
 
 async def phase(sessions: dict[str, aiohttp.ClientSession], urls: dict[str, str], rate: float, seconds: float,
                 seed: int) -> list[Sample]:
-    """Open-loop Poisson arrivals at `rate`, alternating arms; waits for every request to end."""
+    """Open-loop Poisson arrivals at `rate`, rotating over the arms; waits for every request."""
     rng = random.Random(seed)
+    arms = list(urls)
     out: list[Sample] = []
     tasks = []
     t = time.perf_counter() + 0.05
     end = t + seconds
-    arms = ("straight", "gateway")
     i = 0
     while t < end:
-        arm = arms[i % 2]
+        arm = arms[i % len(arms)]
         tasks.append(asyncio.create_task(one(sessions[arm], urls[arm], arm, t, out)))
         i += 1
         t += rng.expovariate(rate)
@@ -130,97 +156,26 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q)) if values else float("nan")
 
 
-def summarize(samples: list[Sample], rate: float, seconds: float) -> dict[str, Any]:
-    res: dict[str, Any] = {"rate_per_s": rate, "seconds": seconds}
-    for arm in ("straight", "gateway"):
+def summarize(samples: list[Sample], arms: list[str], rate: float, seconds: float) -> dict[str, Any]:
+    res: dict[str, Any] = {"rate_per_s": rate, "seconds": seconds, "arms": {}}
+    for arm in arms:
         ok = [s for s in samples if s.arm == arm and s.ok]
         n = sum(1 for s in samples if s.arm == arm)
-        res[arm] = {
+        res["arms"][arm] = {
             "requests": n, "errors": n - len(ok),
             "ttft_ms": {"p50": pct([s.ttft_s for s in ok], 50) * 1e3, "p99": pct([s.ttft_s for s in ok], 99) * 1e3},
             "e2e_ms": {"p50": pct([s.e2e_s for s in ok], 50) * 1e3, "p99": pct([s.e2e_s for s in ok], 99) * 1e3},
         }
-    g, s = res["gateway"], res["straight"]
-    res["added_ms"] = {
-        "ttft_p50": g["ttft_ms"]["p50"] - s["ttft_ms"]["p50"], "ttft_p99": g["ttft_ms"]["p99"] - s["ttft_ms"]["p99"],
-        "e2e_p50": g["e2e_ms"]["p50"] - s["e2e_ms"]["p50"], "e2e_p99": g["e2e_ms"]["p99"] - s["e2e_ms"]["p99"],
-    }
-    lags = [x.lag_s for x in samples]
-    res["generator_lag_p99_ms"] = pct(lags, 99) * 1e3
+    s = res["arms"]["straight"]
+    res["added_ms"] = {}
+    for arm in arms[1:]:
+        a = res["arms"][arm]
+        res["added_ms"][arm] = {
+            f"{m}_{q}": a[f"{m}_ms"][q] - s[f"{m}_ms"][q] for m in ("ttft", "e2e") for q in ("p50", "p99")
+        }
+    res["generator_lag_p99_ms"] = pct([x.lag_s for x in samples], 99) * 1e3
+    res["valid"] = res["generator_lag_p99_ms"] <= MAX_LAG_MS
     return res
-
-
-async def run(args: argparse.Namespace) -> dict[str, Any]:
-    load_before = os.getloadavg()[0]
-    tmp = Path(tempfile.mkdtemp(prefix="tg-overhead-"))
-    sim_port, gw_port = free_port(), free_port()
-    sim_url, gw_url = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{gw_port}"
-    (tmp / "tailguard.yaml").write_text(
-        f"port: {gw_port}\nbackends:\n  - {{name: sim, url: '{sim_url}', kind: sim, max_concurrency: 4096}}\n"
-        "classes:\n  - {name: interactive, rank: 0, max_queue_len: 100000}\n  - {name: batch, rank: 1}\n"
-    )
-    py = sys.executable
-    sim_log, gw_log = open(tmp / "sim.log", "wb"), open(tmp / "gateway.log", "wb")
-    sim = subprocess.Popen([py, "-m", "tailguard", "sim", "--port", str(sim_port), "--preset", args.preset,
-                            "--max-num-seqs", "4096", "--time-scale", "1"], stdout=subprocess.DEVNULL, stderr=sim_log)
-    gw = subprocess.Popen([py, "-m", "tailguard", "serve", "--config", str(tmp / "tailguard.yaml")],
-                          stdout=subprocess.DEVNULL, stderr=gw_log)
-    try:
-        await wait_healthy(sim_url)
-        await wait_healthy(gw_url)
-        urls = {"straight": f"{sim_url}/v1/chat/completions", "gateway": f"{gw_url}/v1/chat/completions"}
-        conn = {"limit": 0, "keepalive_timeout": 30.0}
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(**conn)) as a, \
-                aiohttp.ClientSession(connector=aiohttp.TCPConnector(**conn)) as b:
-            sessions = {"straight": a, "gateway": b}
-            await phase(sessions, urls, args.rate, 2.0, seed=1)  # warm-up: connections, caches
-            moderate = await measured(sessions, urls, gw.pid, args.rate, args.seconds, seed=2)
-            print(_line(moderate), flush=True)
-            sweep = []
-            best: float | None = None
-            stop_reason = "swept every rate"
-            for rate in args.sweep:
-                res = await measured(sessions, urls, gw.pid, rate, args.sweep_seconds, seed=int(rate))
-                within = (res["added_ms"]["ttft_p99"] <= LIMIT_MS and res["added_ms"]["e2e_p99"] <= LIMIT_MS
-                          and res["gateway"]["errors"] == 0)
-                res["within_limit"] = within
-                sweep.append(res)
-                print(_line(res), flush=True)
-                if not res["valid"]:
-                    stop_reason = (f"at {rate:.0f}/s the load generator fell behind its schedule on every attempt "
-                                   "(the machine's cores, not the gateway, were the limit)")
-                    break
-                if not within:
-                    stop_reason = f"at {rate:.0f}/s the added P99 passed {LIMIT_MS:.0f} ms"
-                    break
-                best = rate
-    finally:
-        for p in (gw, sim):
-            p.terminate()
-        for p in (gw, sim):
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        sim_log.close()
-        gw_log.close()
-    return {
-        "benchmark": "gateway_overhead",
-        "setup": {
-            "preset": args.preset, "time_scale": 1.0, "tokens_per_response": TOKENS, "prompt_tokens": 104,
-            "arms": "alternating per request, same simulator", "arrivals": "open-loop Poisson",
-            "gateway": "tailguard serve, ranked-sjf, max_concurrency 4096 (never binds), access log to a file",
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-            "processes": "simulator, gateway and load generator share the machine's cores",
-            "load_average_1m": {"start": load_before, "end": os.getloadavg()[0]},
-        },
-        "moderate": moderate,
-        "sweep": sweep,
-        "limit_ms": LIMIT_MS,
-        "max_rate_within_limit_per_s": best,
-        "sweep_stopped": stop_reason,
-    }
 
 
 async def measured(sessions: dict[str, aiohttp.ClientSession], urls: dict[str, str], gw_pid: int, rate: float,
@@ -229,13 +184,12 @@ async def measured(sessions: dict[str, aiohttp.ClientSession], urls: dict[str, s
     res: dict[str, Any] = {}
     for attempt in range(1, ATTEMPTS + 1):
         c0 = cpu_seconds(gw_pid)
-        res = summarize(await phase(sessions, urls, rate, seconds, seed=seed), rate, seconds)
+        res = summarize(await phase(sessions, urls, rate, seconds, seed=seed), list(urls), rate, seconds)
         cpu = cpu_seconds(gw_pid) - c0
-        n = res["gateway"]["requests"]
+        n = res["arms"]["gateway"]["requests"]
         res["gateway_cpu_ms_per_request"] = cpu / n * 1e3 if n else float("nan")
         res["gateway_cpu_share"] = cpu / seconds
         res["attempts"] = attempt
-        res["valid"] = res["generator_lag_p99_ms"] <= MAX_LAG_MS
         if res["valid"]:
             break
         print(f"  (rate {rate:.0f}/s: generator lag p99 {res['generator_lag_p99_ms']:.1f} ms, running again)",
@@ -243,70 +197,193 @@ async def measured(sessions: dict[str, aiohttp.ClientSession], urls: dict[str, s
     return res
 
 
+def within_limit(res: dict[str, Any]) -> bool:
+    a = res["added_ms"]["gateway"]
+    return a["ttft_p99"] <= LIMIT_MS and a["e2e_p99"] <= LIMIT_MS and res["arms"]["gateway"]["errors"] == 0
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    load_before = os.getloadavg()[0]
+    tmp = Path(tempfile.mkdtemp(prefix="tg-overhead-"))
+    sim_port, gw_port, nginx_port = free_port(), free_port(), free_port()
+    sim_url, gw_url = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{gw_port}"
+    (tmp / "tailguard.yaml").write_text(
+        f"port: {gw_port}\nbackends:\n  - {{name: sim, url: '{sim_url}', kind: sim, max_concurrency: 4096}}\n"
+        "classes:\n  - {name: interactive, rank: 0, max_queue_len: 100000}\n  - {name: batch, rank: 1}\n"
+    )
+    nginx = shutil.which("nginx") if args.nginx else None
+    py = sys.executable
+    logs = [open(tmp / f"{n}.log", "wb") for n in ("sim", "gateway", "nginx")]
+    procs: list[subprocess.Popen[bytes]] = []
+    procs.append(subprocess.Popen(
+        [py, "-m", "tailguard", "sim", "--port", str(sim_port), "--preset", args.preset, "--max-num-seqs", "4096",
+         "--time-scale", "1"], stdout=subprocess.DEVNULL, stderr=logs[0]))
+    gw = subprocess.Popen([py, "-m", "tailguard", "serve", "--config", str(tmp / "tailguard.yaml")],
+                          stdout=subprocess.DEVNULL, stderr=logs[1])
+    procs.append(gw)
+    urls = {"straight": f"{sim_url}/v1/chat/completions", "gateway": f"{gw_url}/v1/chat/completions"}
+    if nginx:
+        (tmp / "nginx.conf").write_text(NGINX_CONF.format(tmp=tmp, sim_port=sim_port, port=nginx_port))
+        procs.append(subprocess.Popen([nginx, "-c", str(tmp / "nginx.conf"), "-p", str(tmp)],
+                                      stdout=subprocess.DEVNULL, stderr=logs[2]))
+        urls["nginx"] = f"http://127.0.0.1:{nginx_port}/v1/chat/completions"
+    try:
+        await wait_healthy(sim_url)
+        await wait_healthy(gw_url)
+        if nginx:
+            await wait_healthy(f"http://127.0.0.1:{nginx_port}")
+        sessions = {arm: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0))
+                    for arm in urls}
+        try:
+            await phase(sessions, urls, args.rate, 2.0, seed=1)  # warm-up: connections, caches
+            moderate = await measured(sessions, urls, gw.pid, args.rate, args.seconds, seed=2)
+            print(_line(moderate), flush=True)
+            sweep: list[dict[str, Any]] = []
+            best: float | None = None
+            stop_reason = "every rate was swept"
+            for rate in args.sweep:
+                res = await measured(sessions, urls, gw.pid, rate, args.sweep_seconds, seed=int(rate))
+                res["within_limit"] = within_limit(res)
+                sweep.append(res)
+                print(_line(res), flush=True)
+                if not res["valid"]:
+                    stop_reason = (f"at {rate:.0f}/s the load generator fell behind its schedule on every attempt "
+                                   "(the machine's cores, not the gateway, were the limit)")
+                    break
+                if not res["within_limit"]:
+                    stop_reason = f"at {rate:.0f}/s the gateway's added P99 passed {LIMIT_MS:.0f} ms"
+                    break
+                best = rate
+        finally:
+            for s in sessions.values():
+                await s.close()
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for f in logs:
+            f.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    cpu = [1e3 / r["gateway_cpu_ms_per_request"] for r in [moderate, *sweep] if r["valid"]]
+    return {
+        "benchmark": "gateway_overhead",
+        "setup": {
+            "preset": args.preset, "time_scale": 1.0, "tokens_per_response": TOKENS, "prompt_tokens": 104,
+            "arms": list(urls), "assignment": "rotating per request, one simulator", "arrivals": "open-loop Poisson",
+            "gateway": "tailguard serve, ranked-sjf, max_concurrency 4096 (never binds), access log to a file",
+            "nginx": "nginx 1 worker, proxy_buffering off, upstream keepalive, access log to a file" if nginx else None,
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+            "processes": "simulator, proxies and load generator share the machine's cores",
+            "load_average_1m": {"start": load_before, "end": os.getloadavg()[0]},
+        },
+        "moderate": moderate,
+        "sweep": sweep,
+        "limit_ms": LIMIT_MS,
+        "max_rate_within_limit_per_s": best,
+        "sweep_stopped": stop_reason,
+        # Where the gateway alone would saturate one core: its CPU time per request, inverted.
+        "cpu_bound_rate_per_core_per_s": min(cpu) if cpu else None,
+    }
+
+
 def _line(r: dict[str, Any]) -> str:
-    a = r["added_ms"]
-    return (f"rate {r['rate_per_s']:>6.1f}/s  straight ttft p50 {r['straight']['ttft_ms']['p50']:.2f} ms  "
-            f"added: ttft p50 {a['ttft_p50']:+.2f} p99 {a['ttft_p99']:+.2f} ms, e2e p50 {a['e2e_p50']:+.2f} "
-            f"p99 {a['e2e_p99']:+.2f} ms; gateway cpu {r.get('gateway_cpu_ms_per_request', float('nan')):.3f} "
-            f"ms/req; errors {r['gateway']['errors']}/{r['straight']['errors']}; "
-            f"lag p99 {r['generator_lag_p99_ms']:.1f} ms")
+    parts = [f"rate {r['rate_per_s']:>6.1f}/s  straight ttft p50 {r['arms']['straight']['ttft_ms']['p50']:.2f} ms"]
+    for arm, a in r["added_ms"].items():
+        parts.append(f"{arm} added ttft {a['ttft_p50']:+.2f}/{a['ttft_p99']:+.2f} e2e {a['e2e_p50']:+.2f}/"
+                     f"{a['e2e_p99']:+.2f} ms")
+    parts.append(f"gateway cpu {r['gateway_cpu_ms_per_request']:.3f} ms/req; lag p99 {r['generator_lag_p99_ms']:.1f} ms")
+    return " | ".join(parts)
+
+
+def _f(v: float) -> str:
+    return f"{v:+.2f}"
 
 
 def markdown(res: dict[str, Any]) -> str:
     m = res["moderate"]
-    a = m["added_ms"]
+    arms = res["setup"]["arms"]
+    setup = res["setup"]
     lines = [
         "# Gateway overhead",
         "",
-        f"Straight to the simulator vs through `tailguard serve`, side by side (alternating requests), "
-        f"streamed {TOKENS}-token chat answers, open-loop Poisson arrivals, {res['setup']['preset']} at time scale 1. "
-        f"Simulator, gateway and load generator share {res['setup']['machine']['cpus']} CPU cores "
-        f"(1-minute load average {res['setup']['load_average_1m']['start']:.1f} at the start, "
-        f"{res['setup']['load_average_1m']['end']:.1f} at the end: other work on the machine adds noise).",
+        f"Straight to the simulator vs through `tailguard serve`"
+        f"{' (and vs nginx as a reference proxy)' if 'nginx' in arms else ''}, side by side (requests rotate "
+        f"over the arms), streamed {TOKENS}-token chat answers, open-loop Poisson arrivals, {setup['preset']} at "
+        f"time scale 1. Everything shares {setup['machine']['cpus']} CPU cores (1-minute load average "
+        f"{setup['load_average_1m']['start']:.1f} at the start, {setup['load_average_1m']['end']:.1f} at the end; "
+        "other work on the machine adds noise). Rates are totals over all arms.",
         "",
         f"## At a moderate rate ({m['rate_per_s']:.0f} requests/s, {m['seconds']:.0f} s, "
-        f"{m['gateway']['requests']} + {m['straight']['requests']} requests)",
+        + ", ".join(f"{m['arms'][a]['requests']} {a}" for a in arms) + ")",
         "",
-        "| | straight | gateway | added |",
-        "|---|---|---|---|",
-        f"| TTFT P50 (ms) | {m['straight']['ttft_ms']['p50']:.2f} | {m['gateway']['ttft_ms']['p50']:.2f} | {a['ttft_p50']:+.2f} |",
-        f"| TTFT P99 (ms) | {m['straight']['ttft_ms']['p99']:.2f} | {m['gateway']['ttft_ms']['p99']:.2f} | {a['ttft_p99']:+.2f} |",
-        f"| E2E P50 (ms) | {m['straight']['e2e_ms']['p50']:.2f} | {m['gateway']['e2e_ms']['p50']:.2f} | {a['e2e_p50']:+.2f} |",
-        f"| E2E P99 (ms) | {m['straight']['e2e_ms']['p99']:.2f} | {m['gateway']['e2e_ms']['p99']:.2f} | {a['e2e_p99']:+.2f} |",
+        "| | " + " | ".join(arms) + " | " + " | ".join(f"{a} added" for a in arms[1:]) + " |",
+        "|---" * (2 * len(arms)) + "|",  # label, one column per arm, one "added" per non-straight arm
+    ]
+    for metric, q, label in (("ttft", "p50", "TTFT P50"), ("ttft", "p99", "TTFT P99"),
+                             ("e2e", "p50", "E2E P50"), ("e2e", "p99", "E2E P99")):
+        vals = [f"{m['arms'][a][f'{metric}_ms'][q]:.2f}" for a in arms]
+        added = [_f(m["added_ms"][a][f"{metric}_{q}"]) for a in arms[1:]]
+        lines.append(f"| {label} (ms) | " + " | ".join(vals + added) + " |")
+    lines += [
         "",
-        f"Gateway CPU time: {m['gateway_cpu_ms_per_request']:.3f} ms per request "
-        f"({TOKENS} chunks relayed each). Generator lag P99 {m['generator_lag_p99_ms']:.1f} ms "
+        f"Gateway CPU time: {m['gateway_cpu_ms_per_request']:.3f} ms per request ({TOKENS} chunks relayed each). "
+        f"Generator lag P99 {m['generator_lag_p99_ms']:.1f} ms "
         f"({'valid' if m['valid'] else 'NOT valid: the machine was saturated'}).",
         "",
-        f"## Rate sweep ({res['sweep'][0]['seconds']:.0f} s per rate; stops at the first rate whose added P99 "
-        f"passes {res['limit_ms']:.0f} ms)" if res["sweep"] else "## Rate sweep (not run)",
-        "",
-        "| rate (req/s) | added TTFT P50 / P99 (ms) | added E2E P50 / P99 (ms) | gateway CPU (ms/req, share of a core) | errors gw/straight | generator lag P99 (ms) | valid |",
-        "|---|---|---|---|---|---|---|",
     ]
-    for r in res["sweep"]:
-        x = r["added_ms"]
-        lines.append(
-            f"| {r['rate_per_s']:.0f} | {x['ttft_p50']:+.2f} / {x['ttft_p99']:+.2f} | {x['e2e_p50']:+.2f} / "
-            f"{x['e2e_p99']:+.2f} | {r['gateway_cpu_ms_per_request']:.3f}, {r['gateway_cpu_share']:.0%} | "
-            f"{r['gateway']['errors']}/{r['straight']['errors']} | {r['generator_lag_p99_ms']:.1f} | "
-            f"{'yes' if r['valid'] else 'no'} |")
+    if res["sweep"]:
+        lines += [
+            f"## Rate sweep ({res['sweep'][0]['seconds']:.0f} s per rate; stops at the first rate whose added P99 "
+            f"passes {res['limit_ms']:.0f} ms or that the machine cannot drive)",
+            "",
+            "| rate (req/s, all arms) | gateway added TTFT P50 / P99 (ms) | gateway added E2E P50 / P99 (ms) | "
+            + ("nginx added TTFT P50 / P99 (ms) | nginx added E2E P50 / P99 (ms) | " if "nginx" in arms else "")
+            + "gateway CPU (ms/req, share of a core) | gateway errors | generator lag P99 (ms) | valid |",
+            "|---" * (9 if "nginx" in arms else 7) + "|",
+        ]
+        for r in res["sweep"]:
+            g = r["added_ms"]["gateway"]
+            row = [f"{r['rate_per_s']:.0f}", f"{_f(g['ttft_p50'])} / {_f(g['ttft_p99'])}",
+                   f"{_f(g['e2e_p50'])} / {_f(g['e2e_p99'])}"]
+            if "nginx" in arms:
+                n = r["added_ms"]["nginx"]
+                row += [f"{_f(n['ttft_p50'])} / {_f(n['ttft_p99'])}", f"{_f(n['e2e_p50'])} / {_f(n['e2e_p99'])}"]
+            row += [f"{r['gateway_cpu_ms_per_request']:.3f}, {r['gateway_cpu_share']:.0%}",
+                    str(r["arms"]["gateway"]["errors"]), f"{r['generator_lag_p99_ms']:.1f}",
+                    "yes" if r["valid"] else "no"]
+            lines.append("| " + " | ".join(row) + " |")
     best = res["max_rate_within_limit_per_s"]
-    lines += ["", f"Highest rate with added P99 (TTFT and E2E) within {res['limit_ms']:.0f} ms: "
-              f"**{best:.0f} requests/s**" if best is not None else "No swept rate stayed within the limit.",
-              f"The sweep stopped because {res['sweep_stopped']}.", ""]
-    lines += ["Percentile differences of two samples are noisy at P99: a few hundred requests per arm put "
-              "about one millisecond of noise on them; negative values mean no measurable cost.", ""]
+    share = 1.0 / len(arms)
+    lines += [
+        "",
+        (f"Highest rate with the gateway's added P99 (TTFT and E2E) within {res['limit_ms']:.0f} ms: "
+         f"**{best:.0f} requests/s** in total, {best * share:.0f}/s of them through the gateway."
+         if best is not None else "No swept rate stayed within the limit."),
+        f"The sweep stopped because {res['sweep_stopped']}.",
+        "",
+    ]
+    if res["cpu_bound_rate_per_core_per_s"]:
+        c = res["cpu_bound_rate_per_core_per_s"]
+        lines += [f"The gateway's CPU time per request puts its own single-core ceiling at about **{c:.0f} "
+                  f"requests/s** of {TOKENS}-token streams (about {c * TOKENS / 1000:.0f}k relayed chunks/s).", ""]
+    lines += ["Percentile differences between arms are noisy at P99: a few hundred requests per arm put a "
+              "millisecond or more of noise on them; a negative value means no measurable cost.", ""]
     return "\n".join(lines)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rate", type=float, default=20.0, help="moderate rate, requests/s (both arms together)")
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--rate", type=float, default=30.0, help="moderate rate, requests/s over all arms")
     p.add_argument("--seconds", type=float, default=30.0)
-    p.add_argument("--sweep", type=float, nargs="*", default=[25, 50, 100, 150, 200, 300, 400, 600, 800])
+    p.add_argument("--sweep", type=float, nargs="*", default=[30, 75, 150, 225, 300, 450, 600, 900])
     p.add_argument("--sweep-seconds", type=float, default=10.0)
     p.add_argument("--preset", default="h100-llama8b")
+    p.add_argument("--no-nginx", dest="nginx", action="store_false", help="skip the nginx reference arm")
     args = p.parse_args()
     try:
         import uvloop
