@@ -181,7 +181,7 @@ class TimeoutsConfig(_Model):
     connect_s: float = Field(default=5.0, gt=0, description="Opening the upstream connection and sending the request.")
     first_token_s: float = Field(
         default=120.0, gt=0,
-        description="From sending upstream to the first response chunk (covers a long prompt's prefill).",
+        description="From sending upstream to the first chunk carrying generated content (the role-only chunk does not count; covers a long prompt's prefill).",
     )
     idle_s: float = Field(default=30.0, gt=0, description="Longest gap between two upstream chunks.")
     total_s: float = Field(default=600.0, gt=0, description="Whole upstream request, from connect to the last byte.")
