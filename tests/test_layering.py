@@ -16,6 +16,7 @@ PURE = {
     "types", "errors", "wire.sse", "wire.openai", "wire.tokens",
     "sim.cost", "sim.kv", "sim.engine",
     "gateway.classes", "gateway.caps", "gateway.scheduler", "gateway.router", "gateway.backends",
+    "gateway.config", "gateway.preemption", "gateway.resume", "gateway.kinds", "sim.des",
     "bench.workload", "bench.stats", "bench.dataset", "bench.recorder", "bench.compare",
     "client.retry", "client.timeouts",
 }
@@ -24,13 +25,13 @@ IO_MODULES = ("asyncio", "aiohttp", "prometheus_client", "time", "socket", "uvlo
 FORBIDDEN_PARTS = {
     "gateway": ("tailguard.sim", "tailguard.bench", "tailguard.client", "tailguard.cli"),
     "bench": ("tailguard.gateway", "tailguard.client", "tailguard.cli", "tailguard.sim"),
-    "sim": ("tailguard.bench", "tailguard.client", "tailguard.cli"),
+    "sim": ("tailguard.bench", "tailguard.client", "tailguard.cli", "tailguard.gateway"),
     "client": ("tailguard.gateway", "tailguard.sim", "tailguard.bench", "tailguard.cli"),
     "wire": ("tailguard.gateway", "tailguard.sim", "tailguard.bench", "tailguard.client", "tailguard.cli"),
 }
 # sim/des.py replays the gateway's pure policies on virtual time: the one allowed crossing.
-ALLOWED_CROSSINGS = {("sim.des", "tailguard.gateway.scheduler"), ("sim.des", "tailguard.gateway.classes"),
-                     ("sim.des", "tailguard.gateway.caps"), ("sim.des", "tailguard.gateway.router")}
+ALLOWED_CROSSINGS = {("sim.des", f"tailguard.gateway.{m}")
+                     for m in ("scheduler", "preemption", "classes", "caps", "router", "backends")}
 
 
 def modules() -> list[tuple[str, Path]]:
