@@ -48,6 +48,7 @@ class EngineSetup:
     kind: str
     slots: int  # the engine's batch size, and the gateway's cap
     summary_tokens: int
+    requests: int  # measured requests per arm: enough chats for a P99 in a few minutes of this engine
     argv: list[str]
     env: dict[str, str]
     ready_s: float
@@ -81,12 +82,12 @@ def engine_setup(kind: str, port: int, m: dict[str, str]) -> EngineSetup:
         # gateway arm) needs the other. With two threads llama.cpp's workers spin against them.
         argv = [m["llama_server"], "-m", bench_gguf(), "--host", "127.0.0.1", "--port", str(port), "-np", "4",
                 "-c", str(4 * 4096), "-t", "1", "--metrics", "--no-webui", "-a", "tiny", "-n", "2048"]
-        return EngineSetup("llamacpp", 4, 1024, argv, {}, 60)
+        return EngineSetup("llamacpp", 4, 1024, 600, argv, {}, 60)
     argv = [m["vllm_python"], "-m", "vllm.entrypoints.openai.api_server", "--model", m["hf_model"],
             "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "4096",
             "--max-num-seqs", "8", "--dtype", "float32", "--enforce-eager", "--scheduling-policy", "priority"]
     env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-    return EngineSetup("vllm", 8, 1024, argv, env, 360)
+    return EngineSetup("vllm", 8, 1024, 250, argv, env, 360)
 
 
 def workload(summary_tokens: int, kind: str) -> Workload:
@@ -143,14 +144,26 @@ class Proc:
 
 
 async def one_arm(url: str, setup: EngineSetup, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """One measured run; the summary gains `error_kinds`: failures counted by the client's error text."""
     config = BenchConfig(url=url, workload=workload(setup.summary_tokens, setup.kind), concurrency=args.clients,
-                         requests=args.requests, warmup_requests=args.warmup, seed=seed, model="tiny",
+                         requests=args.requests or setup.requests, warmup_requests=args.warmup, seed=seed, model="tiny",
                          timeouts=Timeouts(first_token_s=300, total_s=600))
     t0 = time.monotonic()
     result = await run_bench(config)
     summary = summarize(result.records, result.meta)
     summary["wall_s"] = time.monotonic() - t0
+    kinds: dict[str, int] = {}
+    for r in result.records:
+        if not r.ok and not r.warmup:
+            key = f"{r.status or r.error_kind}: {(r.error or '')[:80]}"
+            kinds[key] = kinds.get(key, 0) + 1
+    summary["error_kinds"] = kinds
     return summary
+
+
+def _f(v: float | None, digits: int = 3) -> str:
+    """A percentile is None when failures reach into it (failed requests stay in the tail)."""
+    return "fail" if v is None else f"{v:.{digits}f}"
 
 
 def arm_figures(s: dict[str, Any]) -> dict[str, Any]:
@@ -163,7 +176,7 @@ def arm_figures(s: dict[str, Any]) -> dict[str, Any]:
         "requests_per_s": s["throughput"]["requests_per_s"],
         "count": s["overall"]["count"], "ok": s["overall"]["ok"], "errors": s["overall"]["errors"],
         "chat_count": chat["count"], "summary_count": summ["count"],
-        "valid": s["validity"]["valid"], "wall_s": s["wall_s"],
+        "valid": s["validity"]["valid"], "wall_s": s["wall_s"], "error_kinds": s["error_kinds"],
     }
 
 
@@ -193,17 +206,16 @@ async def run_engine(kind: str, args: argparse.Namespace, m: dict[str, str], log
             for arm, url in (("straight", engine_url), ("gateway", gw_url)):
                 s = await one_arm(url, setup, args, seed=args.seed + rnd)
                 fig = arm_figures(s)
-                if fig["ok"] < fig["count"]:
-                    print(json.dumps(s["overall"])[:600], flush=True)
                 arms[arm].append(fig)
-                print(f"{kind} round {rnd + 1} {arm:8s}: chat TTFT p50 {fig['chat_ttft_p50_s']:.3f} s "
-                      f"p99 {fig['chat_ttft_p99_s']:.3f} s, {fig['output_tokens_per_s']:.0f} tok/s, "
-                      f"errors {fig['errors']}, {fig['wall_s']:.0f} s", flush=True)
+                print(f"{kind} round {rnd + 1} {arm:8s}: chat TTFT p50 {_f(fig['chat_ttft_p50_s'])} s "
+                      f"p99 {_f(fig['chat_ttft_p99_s'])} s, {_f(fig['output_tokens_per_s'], 0)} tok/s, "
+                      f"errors {fig['errors']} {fig['error_kinds']}, {fig['wall_s']:.0f} s", flush=True)
     finally:
         if gateway is not None:
             gateway.stop()
         engine.stop()
     return {"kind": kind, "slots": setup.slots, "engine_start_s": start_s, "summary_tokens": setup.summary_tokens,
+            "requests": args.requests or setup.requests,
             "engine_argv": [Path(a).name if a.startswith("/") else a for a in setup.argv], "arms": arms,
             "verdict": verdict(arms)}
 
@@ -212,8 +224,10 @@ def verdict(arms: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Per round and pooled: how much lower the chat P99 TTFT is, and the tokens/s kept."""
     rounds = []
     for st, gw in zip(arms["straight"], arms["gateway"]):
+        s_p99, g_p99 = st["chat_ttft_p99_s"], gw["chat_ttft_p99_s"]
         rounds.append({
-            "ttft_p99_lower_by": st["chat_ttft_p99_s"] / gw["chat_ttft_p99_s"],
+            # A failed P99 (None) through the gateway is no improvement; a failed straight one is unbounded.
+            "ttft_p99_lower_by": 0.0 if g_p99 is None else (float("inf") if s_p99 is None else s_p99 / g_p99),
             "tokens_per_s_kept": gw["output_tokens_per_s"] / st["output_tokens_per_s"],
         })
     worst_ttft = min(r["ttft_p99_lower_by"] for r in rounds)
@@ -226,10 +240,10 @@ def markdown(args: argparse.Namespace, results: list[dict[str, Any]], load: tupl
     lines = [
         "# The seed experiment on real engines",
         "",
-        f"`.venv/bin/python benchmarks/seed_real.py --engines {args.engines} --requests {args.requests} "
-        f"--rounds {args.rounds} --clients {args.clients}`",
+        f"`.venv/bin/python benchmarks/seed_real.py --engines {args.engines} "
+        + (f"--requests {args.requests} " if args.requests else "") + f"--rounds {args.rounds} --clients {args.clients}`",
         "",
-        f"Closed loop, {args.clients} clients, {args.requests} measured requests per arm (after {args.warmup} warm-up): "
+        f"Closed loop, {args.clients} clients, the measured requests per arm given below (after {args.warmup} warm-up): "
         "92% chats (64-192 prompt tokens, 32 output tokens, class `interactive`), 8% summaries (128-384 prompt "
         "tokens, long outputs, class `batch`). Straight = the load generator talks to the engine; gateway = "
         "through `tailguard serve` (own process, default classes and ranked-SJF scheduler) capping the engine "
@@ -241,8 +255,8 @@ def markdown(args: argparse.Namespace, results: list[dict[str, Any]], load: tupl
     ]
     for r in results:
         lines += [
-            f"## {r['kind']} ({r['slots']} slots, gateway cap {r['slots']}, summaries of {r['summary_tokens']} tokens; "
-            f"engine ready in {r['engine_start_s']:.1f} s)",
+            f"## {r['kind']} ({r['slots']} slots, gateway cap {r['slots']}, summaries of {r['summary_tokens']} tokens, "
+            f"{r['requests']} requests per arm; engine ready in {r['engine_start_s']:.1f} s)",
             "",
             "| round | arm | chat TTFT p50 s | chat TTFT p99 s | chat E2E p99 s | summary E2E p50 s | summary E2E p99 s "
             "| output tokens/s | requests/s | errors | valid |",
@@ -251,10 +265,15 @@ def markdown(args: argparse.Namespace, results: list[dict[str, Any]], load: tupl
         for i, (st, gw) in enumerate(zip(r["arms"]["straight"], r["arms"]["gateway"])):
             for arm, f in (("straight", st), ("gateway", gw)):
                 lines.append(
-                    f"| {i + 1} | {arm} | {f['chat_ttft_p50_s']:.3f} | {f['chat_ttft_p99_s']:.3f} | "
-                    f"{f['chat_e2e_p99_s']:.3f} | {f['summary_e2e_p50_s']:.2f} | {f['summary_e2e_p99_s']:.2f} | "
-                    f"{f['output_tokens_per_s']:.0f} | {f['requests_per_s']:.2f} | {f['errors']} | "
+                    f"| {i + 1} | {arm} | {_f(f['chat_ttft_p50_s'])} | {_f(f['chat_ttft_p99_s'])} | "
+                    f"{_f(f['chat_e2e_p99_s'])} | {_f(f['summary_e2e_p50_s'], 2)} | {_f(f['summary_e2e_p99_s'], 2)} | "
+                    f"{_f(f['output_tokens_per_s'], 0)} | {_f(f['requests_per_s'], 2)} | {f['errors']} | "
                     f"{'yes' if f['valid'] else 'no'} |")
+        failures: dict[str, int] = {}
+        for a in ("straight", "gateway"):
+            for f in r["arms"][a]:
+                for k, n in f["error_kinds"].items():
+                    failures[f"{a}: {k}"] = failures.get(f"{a}: {k}", 0) + n
         v = r["verdict"]
         per_round = ", ".join(f"{x['ttft_p99_lower_by']:.1f}x / {x['tokens_per_s_kept']:.0%}" for x in v["rounds"])
         lines += [
@@ -264,6 +283,9 @@ def markdown(args: argparse.Namespace, results: list[dict[str, Any]], load: tupl
             f"straight tokens/s: targets (>= 3x, >= 90%) **{'met' if v['met'] else 'NOT met'}**.",
             "",
         ]
+        if failures:
+            lines += ["Failed requests (they stay in the tail: a P99 they reach reads `fail`): "
+                      + "; ".join(f"{n} x `{k}`" for k, n in failures.items()), ""]
     lines += [
         "Why: straight, the engine's own queue is first come, first served, so a chat that arrives while "
         "summaries fill every slot waits for one to finish. Through the gateway the engine never holds more "
@@ -294,7 +316,8 @@ async def main(args: argparse.Namespace) -> None:
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engines", default="llamacpp,vllm")
-    p.add_argument("--requests", type=int, default=400, help="measured requests per arm and round")
+    p.add_argument("--requests", type=int, help="measured requests per arm and round (default: 600 on "
+                   "llama-server, 250 on vLLM)")
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--rounds", type=int, default=2)

@@ -17,6 +17,7 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,13 @@ class Kind:
     # message by itself), and completions with the generated text appended to the prompt. The
     # gateway suspends (preempts) requests only on such backends.
     continues_generation: bool = False
+    # True where every content chunk carries exactly one token, so counting chunks counts tokens
+    # (seen on llama-server). vLLM merges several tokens into one chunk whenever its API server
+    # runs behind the engine, so a count of chunks falls short there.
+    one_token_per_chunk: bool = False
+    # `stream_options` fields that make every chunk carry the running `usage` (completion tokens so
+    # far): how to know how many tokens a stream has produced where chunks are not tokens.
+    running_usage_options: Mapping[str, Any] = field(default_factory=dict)
 
     def priority_for(self, rank: int) -> tuple[str, int] | None:
         """The request field and value that give a class of `rank` its place in the engine's own
@@ -144,6 +152,7 @@ KINDS: dict[str, Kind] = {
         name="vllm", health_path="/health",
         load_sources=(LoadSource("/metrics", parse_vllm_metrics),),
         priority_field="priority", rank_to_priority=_rank, continues_generation=True,
+        running_usage_options={"continuous_usage_stats": True},
     ),
     "llamacpp": Kind(
         name="llamacpp", health_path="/health",  # 503 while the model loads, 200 once it serves
@@ -152,7 +161,7 @@ KINDS: dict[str, Kind] = {
         # a pooled connection reused right after one fails with "Server disconnected" or "Can not
         # write request body". Asking for a fresh connection per request avoids the stale reuse.
         upstream_headers={"Connection": "close"},
-        continues_generation=True,
+        continues_generation=True, one_token_per_chunk=True,
     ),
     "sglang": Kind(
         name="sglang", health_path="/health",
@@ -167,7 +176,7 @@ KINDS: dict[str, Kind] = {
     # The simulator exports vLLM's metric names, so the gateway reads it exactly as it reads vLLM;
     # it has no priority queue of its own (the gateway's queue is the one under test).
     "sim": Kind(name="sim", health_path="/health", load_sources=(LoadSource("/metrics", parse_vllm_metrics),),
-                continues_generation=True),
+                continues_generation=True, one_token_per_chunk=True),  # the simulator sends a chunk per token
 }
 
 

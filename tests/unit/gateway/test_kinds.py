@@ -86,6 +86,14 @@ def test_quirks_and_health_paths() -> None:
     assert get_kind("openai").load_sources == ()
 
 
+def test_token_counting_per_kind() -> None:
+    # Chunks count tokens only where the server sends one token per chunk; vLLM is told to put the
+    # running usage on every chunk instead (tests/real/test_preemption_real.py shows why).
+    assert get_kind("llamacpp").one_token_per_chunk and get_kind("sim").one_token_per_chunk
+    assert not get_kind("vllm").one_token_per_chunk
+    assert get_kind("vllm").running_usage_options == {"continuous_usage_stats": True}
+
+
 def test_every_configurable_kind_is_in_the_table() -> None:
     from typing import get_args
 
