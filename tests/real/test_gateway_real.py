@@ -228,16 +228,34 @@ async def test_disconnect_frees_the_llamacpp_slot(start_llama: Callable[..., Eng
 
 
 async def test_disconnect_frees_the_vllm_request(vllm_server: EngineProcess) -> None:
+    # The client leaves once vLLM is generating, whether or not a chunk has reached it yet: on a
+    # busy CPU vLLM's API server can hold the first chunks back for seconds.
     max_tokens = 1900
     before = await engine_metric(vllm_server, "vllm:generation_tokens_total")
-    async with gateway(config((vllm_server, 8))) as url:
-        await stream_then_leave(url, {"model": "tiny", "prompt": "hello", "max_tokens": max_tokens,
-                                      "stream": True}, content_chunks=3)
+    body = {"model": "tiny", "prompt": "hello", "max_tokens": max_tokens, "stream": True}
 
-        async def none_running() -> bool:
-            return await engine_metric(vllm_server, "vllm:num_requests_running") == 0
+    async def running(n: int) -> Callable[[], Any]:
+        async def check() -> bool:
+            return await engine_metric(vllm_server, "vllm:num_requests_running") == n
+        return check
 
-        await wait_for(none_running, "vLLM to stop running the abandoned request", timeout_s=10)
+    async def generating() -> bool:
+        return await engine_metric(vllm_server, "vllm:generation_tokens_total") - before >= 3
+
+    async with gateway(config((vllm_server, 8))) as url, aiohttp.ClientSession() as s:
+        async def read_all() -> None:
+            async with s.post(url + "/v1/completions", json=body) as r:
+                async for _ in r.content.iter_any():
+                    pass
+
+        reader = asyncio.create_task(read_all())
+        try:
+            await wait_for(await running(1), "vLLM to run the request", timeout_s=60)
+            await wait_for(generating, "vLLM to generate", timeout_s=60)
+        finally:
+            reader.cancel()  # the client leaves: its connection to the gateway closes
+            await asyncio.gather(reader, return_exceptions=True)
+        await wait_for(await running(0), "vLLM to stop running the abandoned request", timeout_s=10)
     decoded = await engine_metric(vllm_server, "vllm:generation_tokens_total") - before
     assert 3 <= decoded < max_tokens
 
@@ -321,12 +339,12 @@ async def test_class_maps_to_vllm_priority(vllm_server: EngineProcess) -> None:
             return check
 
         # Staggered lengths: running requests finish one at a time, so each freed seat is a choice.
-        fill = [asyncio.create_task(first_token_at(c, "batch", 400 + 50 * i)) for i in range(8)]
-        await wait_for(running, "vLLM to run 8 batch requests")
+        fill = [asyncio.create_task(first_token_at(c, "batch", 600 + 60 * i)) for i in range(8)]
+        await wait_for(running, "vLLM to run 8 batch requests", timeout_s=60)
         queued_batch = [asyncio.create_task(first_token_at(c, "batch", 20)) for _ in range(4)]
-        await wait_for(await waiting(4), "4 batch requests to wait inside vLLM")
+        await wait_for(await waiting(4), "4 batch requests to wait inside vLLM", timeout_s=60)
         queued_interactive = [asyncio.create_task(first_token_at(c, "interactive", 20)) for _ in range(4)]
-        await wait_for(await waiting(8), "4 interactive requests to wait inside vLLM")
+        await wait_for(await waiting(8), "4 interactive requests to wait inside vLLM", timeout_s=60)
         batch_first = await asyncio.gather(*queued_batch)
         interactive_first = await asyncio.gather(*queued_interactive)
         await asyncio.gather(*fill)
