@@ -275,11 +275,11 @@ def markdown(args: argparse.Namespace, results: list[dict[str, Any]], load: tupl
                 for k, n in f["error_kinds"].items():
                     failures[f"{a}: {k}"] = failures.get(f"{a}: {k}", 0) + n
         v = r["verdict"]
-        per_round = ", ".join(f"{x['ttft_p99_lower_by']:.1f}x / {x['tokens_per_s_kept']:.0%}" for x in v["rounds"])
+        per_round = ", ".join(f"{x['ttft_p99_lower_by']:.1f}x / {x['tokens_per_s_kept']:.1%}" for x in v["rounds"])
         lines += [
             "",
             f"Chat P99 TTFT lower through the gateway by / output tokens/s kept, per round: {per_round}. "
-            f"Worst round: **{v['worst_ttft_p99_lower_by']:.1f}x** lower, **{v['worst_tokens_per_s_kept']:.0%}** of "
+            f"Worst round: **{v['worst_ttft_p99_lower_by']:.1f}x** lower, **{v['worst_tokens_per_s_kept']:.1%}** of "
             f"straight tokens/s: targets (>= 3x, >= 90%) **{'met' if v['met'] else 'NOT met'}**.",
             "",
         ]
