@@ -25,6 +25,7 @@ from tailguard.gateway.caps import OutputEstimator
 from tailguard.gateway.classes import ClassTable
 from tailguard.gateway.config import GatewayConfig
 from tailguard.gateway.dispatch import Dispatcher
+from tailguard.gateway.kinds import get_kind
 from tailguard.gateway.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, GatewayMetrics
 from tailguard.gateway.proxy import Proxy, error_response
 from tailguard.gateway.relay import Upstream
@@ -99,7 +100,9 @@ async def _probe_loop(app: web.Application, name: str) -> None:
     backend = next(b for b in cfg.backends if b.name == name)
     pool, dispatcher, metrics = app[POOL], app[DISPATCHER], app[METRICS]
     session = app[UPSTREAM].session
-    url = backend.url + cfg.health.path
+    # An explicit `health.path` wins; else each kind's own (a plain OpenAI server has no /health).
+    path = cfg.health.path if "path" in cfg.health.model_fields_set else get_kind(backend.kind).health_path
+    url = backend.url + path
     timeout = aiohttp.ClientTimeout(total=cfg.health.timeout_s)
     headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
     while True:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Callable
+from typing import Any
 
-from tailguard.gateway.classes import vllm_priority
 from tailguard.gateway.config import BackendConfig, ClassConfig, HealthConfig
+from tailguard.gateway.kinds import get_kind
 
 
 class BackendState:
@@ -156,42 +156,23 @@ class BackendPool:
 Body = dict[str, Any]
 
 
-def _unchanged(body: Body, rank: int) -> Body | None:
-    return None
-
-
-def _vllm(body: Body, rank: int) -> Body | None:
-    # vLLM orders its own waiting queue by `priority` (lower first) under
-    # `--scheduling-policy priority`; the client's own value, if any, wins. Priority 0 is vLLM's
-    # default, so it needs no rewrite. (v0 engines answer 400 to a non-zero priority without
-    # that flag; v1 ignores it: vllm-project/vllm#22997.)
-    if "priority" in body:
-        return None
-    priority = vllm_priority(rank)
-    if priority == 0:
-        return None
-    new = dict(body)
-    new["priority"] = priority
-    return new
-
-
-BODY_TRANSLATORS: dict[str, Callable[[Body, int], Body | None]] = {
-    "vllm": _vllm,
-    "llamacpp": _unchanged,
-    "sglang": _unchanged,
-    "tgi": _unchanged,
-    "openai": _unchanged,
-    "sim": _unchanged,
-}
-
-
 def translate_body(kind: str, body: Body, rank: int) -> Body | None:
     """The body a backend of `kind` should get for a request of class rank `rank`, or None when
-    the body goes unchanged (so the caller forwards the bytes it has)."""
-    translator = BODY_TRANSLATORS.get(kind)
-    if translator is None:
-        raise ValueError(f"unknown backend kind {kind!r} (known: {', '.join(BODY_TRANSLATORS)})")
-    return translator(body, rank)
+    the body goes unchanged (so the caller forwards the bytes it has).
+
+    Engines with a priority queue of their own (vLLM under `--scheduling-policy priority`,
+    SGLang with priority scheduling) get the class as their `priority` field, in their own
+    direction (`Kind.priority_for`); the client's own value, if any, wins, and the engine's
+    default (0) needs no rewrite."""
+    placed = get_kind(kind).priority_for(rank)
+    if placed is None:
+        return None
+    field, value = placed
+    if field in body or value == 0:
+        return None
+    new = dict(body)
+    new[field] = value
+    return new
 
 
 def prepare_body(backend: BackendConfig, body: Body, rank: int) -> Body | None:

@@ -111,8 +111,3 @@ class ClassTable:
             if by_key is not None:
                 return by_key
         return self.default
-
-
-def vllm_priority(rank: int) -> int:
-    """vLLM's `priority` for a class rank: both mean "lower is served earlier", so it is the rank."""
-    return rank

@@ -266,7 +266,7 @@ class HealthConfig(_Model):
     healthy_after: int = Field(
         default=1, ge=1, description="Consecutive successful probes before an unhealthy backend is used again."
     )
-    path: str = Field(default="/health", description="Probed path; any 2xx answer is healthy.")
+    path: str = Field(default="/health", description="Probed path; any 2xx answer is healthy. When unset, each backend is probed at its kind's own path (`/health`, or `/v1/models` for `openai`, which has no health endpoint).")
 
     @field_validator("path")
     @classmethod

@@ -168,7 +168,7 @@ class Proxy:
                 body = upstream_body(
                     raw, capped.body if resumed is None else resumed, client_stream=parsed.stream,
                     client_usage=parsed.include_usage, body_changed=capped.body_changed or resumed is not None,
-                    backend=backend, rank=cls.rank,
+                    backend=backend, rank=cls.rank, count_tokens=progress is not None,
                 )
                 wd.start_attempt(clock() + to.first_token_s)
                 up = None

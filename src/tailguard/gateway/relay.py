@@ -26,6 +26,7 @@ from aiohttp import web
 from tailguard.errors import APIError
 from tailguard.gateway.backends import prepare_body
 from tailguard.gateway.config import BackendConfig, TimeoutsConfig
+from tailguard.gateway.kinds import get_kind
 from tailguard.gateway.metrics import ChunkHistogram, RequestTimes
 from tailguard.gateway.resume import Progress
 from tailguard.wire.openai import Endpoint, error_body
@@ -160,17 +161,22 @@ class Watchdog:
 
 def upstream_body(
     raw: bytes, body: dict[str, Any], *, client_stream: bool, client_usage: bool, body_changed: bool,
-    backend: BackendConfig, rank: int,
+    backend: BackendConfig, rank: int, count_tokens: bool = False,
 ) -> bytes:
     """The bytes sent upstream: always a stream with usage. The client's raw bytes when they
-    already say exactly that, else the body serialised once (the only JSON encode per request)."""
+    already say exactly that, else the body serialised once (the only JSON encode per request).
+
+    `count_tokens` (a preemptible request) asks a backend whose chunks may carry several tokens
+    for the running usage on every chunk, so the tokens generated so far are known exactly."""
     prepared = prepare_body(backend, body, rank)
-    if prepared is None and client_stream and client_usage and not body_changed:
+    kind = get_kind(backend.kind)
+    running = kind.running_usage_options if count_tokens and not kind.one_token_per_chunk else {}
+    if prepared is None and client_stream and client_usage and not body_changed and not running:
         return raw
     b = dict(prepared if prepared is not None else body)
     b["stream"] = True
     so = b.get("stream_options")
-    b["stream_options"] = {**so, "include_usage": True} if isinstance(so, dict) else {"include_usage": True}
+    b["stream_options"] = {**(so if isinstance(so, dict) else {}), **running, "include_usage": True}
     return orjson.dumps(b)
 
 
@@ -194,6 +200,7 @@ class Upstream:
         """Send the request; returns a 2xx streaming response. Raises `RelayError` (connect
         failures, 5xx) or `UpstreamStatus` (4xx, passed back to the client)."""
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "X-Request-Id": req_id}
+        headers.update(get_kind(backend.kind).upstream_headers)  # e.g. llama-server: no stale keep-alive reuse
         if backend.api_key:
             headers["Authorization"] = f"Bearer {backend.api_key}"
         try:
@@ -425,8 +432,7 @@ class StreamRelay:
                         continue
                     text = _delta_text(obj, chat)
                     if text:
-                        prog.parts.append(text)
-                        prog.tokens += 1
+                        prog.add(text, _running_completion_tokens(obj))
                         content += 1
                         out.append(ev.raw)
                         continue
@@ -518,6 +524,16 @@ class StreamRelay:
         self.upstream_error = True
         if not self.ended:
             await self._end(b"data: " + error_body(err.api_error()) + b"\n\n")
+
+
+def _running_completion_tokens(obj: dict[str, Any]) -> int | None:
+    """The run's tokens so far, where the backend puts a running `usage` on every chunk."""
+    u = obj.get("usage")
+    if isinstance(u, dict):
+        ct = u.get("completion_tokens")
+        if isinstance(ct, int) and not isinstance(ct, bool):
+            return ct
+    return None
 
 
 def _delta_text(obj: dict[str, Any], chat: bool) -> str:
@@ -654,8 +670,7 @@ class Assembler:
                 slot.parts.append(text)
                 got = True
                 if self.progress is not None:
-                    self.progress.parts.append(text)
-                    self.progress.tokens += 1
+                    self.progress.add(text, _running_completion_tokens(obj))
             fr = ch.get("finish_reason")
             if isinstance(fr, str):
                 slot.finish_reason = fr

@@ -64,6 +64,13 @@ class Progress:
     def text(self) -> str:
         return "".join(self.parts)
 
+    def add(self, text: str, run_tokens: int | None = None) -> None:
+        """A content chunk passed to the client. `run_tokens` is the backend's running count of
+        this run's tokens when it sends one (vLLM packs several tokens into a chunk when its API
+        server lags, so counting chunks would fall short); else a chunk counts as one token."""
+        self.parts.append(text)
+        self.tokens = self.base_tokens + run_tokens if run_tokens is not None else self.tokens + 1
+
     def client_usage(self, prompt_tokens: int | None, completion_tokens: int | None) -> tuple[int | None, int | None]:
         """The upstream usage of the current run as the client should see it: the original
         prompt (the continuation's prompt minus what it added) and every token generated."""

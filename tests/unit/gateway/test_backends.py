@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tailguard.gateway.backends import BODY_TRANSLATORS, BackendPool, prepare_body, translate_body
+from tailguard.gateway.backends import BackendPool, prepare_body, translate_body
 from tailguard.gateway.config import BackendConfig, ClassConfig, HealthConfig
 
 THREE = [
@@ -84,7 +84,12 @@ def test_vllm_gets_priority_from_rank_unless_the_client_set_one() -> None:
     assert translate_body("vllm", {**body, "priority": -5}, 2) is None
 
 
-@pytest.mark.parametrize("kind", ["llamacpp", "sglang", "tgi", "openai", "sim"])
+def test_sglang_gets_the_rank_negated_because_it_serves_higher_values_first() -> None:
+    assert translate_body("sglang", {"model": "m"}, 1) == {"model": "m", "priority": -1}
+    assert translate_body("sglang", {"model": "m"}, 0) is None
+
+
+@pytest.mark.parametrize("kind", ["llamacpp", "tgi", "openai", "sim"])
 def test_other_kinds_are_sent_unchanged(kind: str) -> None:
     assert translate_body(kind, {"model": "m"}, 3) is None
 
@@ -92,7 +97,6 @@ def test_other_kinds_are_sent_unchanged(kind: str) -> None:
 def test_unknown_kind_lists_the_known_ones() -> None:
     with pytest.raises(ValueError, match="unknown backend kind 'triton' .known: vllm, llamacpp, sglang, tgi, openai, sim."):
         translate_body("triton", {}, 0)
-    assert set(BODY_TRANSLATORS) == {"vllm", "llamacpp", "sglang", "tgi", "openai", "sim"}
 
 
 def test_prepare_body_rewrites_the_model_when_configured() -> None:

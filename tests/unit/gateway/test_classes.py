@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tailguard.errors import APIError, BadRequest
-from tailguard.gateway.classes import ClassTable, vllm_priority
+from tailguard.gateway.classes import ClassTable
 from tailguard.gateway.config import GatewayConfig
 
 
@@ -91,7 +91,3 @@ def test_table_lookup_and_rank_order() -> None:
     t = table(classes=[{"name": "b", "rank": 3}, {"name": "a", "rank": 1}], default_class="a")
     assert [c.name for c in t] == ["a", "b"] and len(t) == 2
     assert "b" in t and t["b"].rank == 3 and t.get("zz") is None
-
-
-def test_vllm_priority_is_the_rank() -> None:
-    assert [vllm_priority(r) for r in (0, 1, 5)] == [0, 1, 5]
