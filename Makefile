@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-real bench engines lint clean
+.PHONY: demo test test-real bench bench-real engines lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,9 @@ $(ENGINES_STAMP): $(STAMP)
 
 engines: $(ENGINES_STAMP)
 	PROJECT_PY=$(CURDIR)/$(PY) bash engines/setup.sh
+
+bench-real: $(ENGINES_STAMP)
+	$(PY) benchmarks/seed_real.py
 
 test-real: $(STAMP)
 	$(PY) -m pytest -q -m real tests/real
