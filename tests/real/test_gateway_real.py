@@ -325,11 +325,13 @@ async def first_token_at(c: AsyncOpenAI, cls: str, max_tokens: int) -> float:
     return first
 
 
+@pytest.mark.timeout(400)
 async def test_class_maps_to_vllm_priority(vllm_server: EngineProcess) -> None:
     # The gateway may keep 16 in flight, vLLM runs 8 (--max-num-seqs): the other 8 wait in vLLM's
     # own queue, which `--scheduling-policy priority` orders by the `priority` the gateway set.
     cfg = config((vllm_server, 16))
-    async with gateway(cfg) as url, client(url) as c, asyncio.timeout(STEP_S * 2):
+    # vLLM may still be finishing requests earlier tests abandoned: allow it time to drain.
+    async with gateway(cfg) as url, client(url) as c, asyncio.timeout(STEP_S * 6):
         async def running() -> bool:
             return await engine_metric(vllm_server, "vllm:num_requests_running") == 8
 
@@ -340,7 +342,7 @@ async def test_class_maps_to_vllm_priority(vllm_server: EngineProcess) -> None:
 
         # Staggered lengths: running requests finish one at a time, so each freed seat is a choice.
         fill = [asyncio.create_task(first_token_at(c, "batch", 600 + 60 * i)) for i in range(8)]
-        await wait_for(running, "vLLM to run 8 batch requests", timeout_s=60)
+        await wait_for(running, "vLLM to run 8 batch requests", timeout_s=180)
         queued_batch = [asyncio.create_task(first_token_at(c, "batch", 20)) for _ in range(4)]
         await wait_for(await waiting(4), "4 batch requests to wait inside vLLM", timeout_s=60)
         queued_interactive = [asyncio.create_task(first_token_at(c, "interactive", 20)) for _ in range(4)]

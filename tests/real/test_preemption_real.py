@@ -20,10 +20,10 @@ pytestmark = pytest.mark.real
 BATCH_TOKENS = 1500  # long enough that the chat always arrives while it runs, on a fast or a slow machine
 CHAT_TOKENS = 10
 # Tokens an engine may still generate between the gateway closing a suspended request's stream and
-# the engine noticing. llama-server notices within a token or two. vLLM's engine runs ahead of its
+# the engine noticing. llama-server notices within a few tokens (up to 17 seen). vLLM's engine runs ahead of its
 # API server on this CPU: at the abort it had generated ~240 tokens of which ~20 had been streamed
 # (with 600 asked, the continuation asked for exactly 600 - 21 = 579, checked by hand), so its bound is loose.
-ABORT_WASTE_TOKENS = {"llamacpp": 16, "vllm": BATCH_TOKENS // 2}
+ABORT_WASTE_TOKENS = {"llamacpp": 32, "vllm": BATCH_TOKENS // 2}
 GENERATED = {"llamacpp": "llamacpp:tokens_predicted_total", "vllm": "vllm:generation_tokens_total"}
 
 
