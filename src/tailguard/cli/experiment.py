@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -95,13 +96,18 @@ class Arm:
     max_concurrency: int = 8
     config: dict[str, Any] | None = None  # gateway YAML settings (backends are filled in)
 
+    @property
+    def folder(self) -> str:
+        """The label as one path component (labels like `ranked-sjf@0.875/0.75` hold a slash)."""
+        return re.sub(r"[^A-Za-z0-9_.@-]", "_", self.label)
+
 
 @contextlib.asynccontextmanager
 async def target(arm: Arm, sim: SimSpec, logs: Path) -> AsyncIterator[str]:
     """A fresh simulator (and gateway, for a gateway arm); yields the URL the load goes to."""
     sim_port = free_port()
     sim_url = f"http://127.0.0.1:{sim_port}"
-    async with spawned(sim.args(sim_port), f"{sim_url}/health", logs / f"{arm.label}-sim.log"):
+    async with spawned(sim.args(sim_port), f"{sim_url}/health", logs / f"{arm.folder}-sim.log"):
         if not arm.gateway:
             yield sim_url
             return
@@ -111,11 +117,11 @@ async def target(arm: Arm, sim: SimSpec, logs: Path) -> AsyncIterator[str]:
         if arm.config is None:
             args += ["--backend", sim_url, "--backend-kind", "sim", "--max-concurrency", str(arm.max_concurrency)]
         else:
-            path = logs / f"{arm.label}-gateway.yaml"
+            path = logs / f"{arm.folder}-gateway.yaml"
             backend = {"name": "sim", "url": sim_url, "kind": "sim", "max_concurrency": arm.max_concurrency}
             path.write_text(yaml.safe_dump({**arm.config, "backends": [backend]}))
             args += ["--config", str(path)]
-        async with spawned(args, f"{gw_url}/health", logs / f"{arm.label}-gateway.log"):
+        async with spawned(args, f"{gw_url}/health", logs / f"{arm.folder}-gateway.log"):
             yield gw_url
 
 
@@ -136,5 +142,5 @@ async def run_arms(arms: Sequence[Arm], sim: SimSpec, load: dict[str, Any], out_
             console.rule(f"[bold]{arm.label}[/]: {load.get('workload')} {where}")
         async with target(arm, sim, out_dir / "logs") as url:
             cfg = BenchConfig(url=url, time_scale=sim.time_scale, **load)
-            summaries[arm.label] = await bench_to_dir(cfg, out_dir / arm.label, console=console, label=arm.label)
+            summaries[arm.label] = await bench_to_dir(cfg, out_dir / arm.folder, console=console, label=arm.label)
     return summaries
