@@ -27,7 +27,6 @@ import os
 import platform
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,7 @@ import uvloop
 from tailguard.bench.load import BenchConfig, Timeouts, run_bench
 from tailguard.bench.stats import describe, summarize
 from tailguard.bench.workload import parse_workload
+from tailguard.cli.experiment import free_port
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TAILGUARD = str(Path(sys.executable).with_name("tailguard"))
@@ -48,12 +48,6 @@ LAG_LIMIT_S = 0.005
 WORKLOAD = parse_workload({"name": "ceiling", "classes": [
     {"name": "stream64", "prompt_tokens": 32, "max_tokens": 64, "stream": True},
 ]})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_pressure() -> float | None:

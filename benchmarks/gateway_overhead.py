@@ -29,7 +29,6 @@ import os
 import platform
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,8 @@ from typing import Any
 import aiohttp
 import numpy as np
 import orjson
+
+from tailguard.cli.experiment import free_port
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TOKENS = 64
@@ -82,12 +83,6 @@ class Sample:
     ttft_s: float
     e2e_s: float
     ok: bool
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:

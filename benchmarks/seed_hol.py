@@ -14,58 +14,23 @@ and benchmarks/results/seed_hol.md, and prints the chats' P50 and P99 end-to-end
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import platform
-import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 from rich.console import Console
 
 from tailguard.bench.load import BenchConfig, Timeouts, run_bench
 from tailguard.bench.report import write_outputs
 from tailguard.bench.table import ProgressDisplay
+from tailguard.cli.experiment import free_port, stop_process, wait_healthy
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TAILGUARD = str(Path(sys.executable).with_name("tailguard"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def wait_healthy(url: str, proc: subprocess.Popen[bytes], limit_s: float = 30.0) -> None:
-    deadline = time.monotonic() + limit_s
-    async with aiohttp.ClientSession() as s:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"tailguard sim exited with {proc.returncode}")
-            try:
-                async with s.get(url + "/health") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise RuntimeError("tailguard sim did not become healthy")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -76,7 +41,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     console = Console()
     try:
-        await wait_healthy(url, proc)
+        await wait_healthy(url + "/health", proc)
         config = BenchConfig(url=url, workload=args.workload, concurrency=args.clients, requests=args.requests,
                              warmup_requests=args.warmup, seed=args.seed, time_scale=args.time_scale,
                              timeouts=Timeouts(first_token_s=600, total_s=600))
@@ -86,7 +51,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             result = await run_bench(config, progress=show)
         wall_s = time.perf_counter() - t0
     finally:
-        stop(proc)
+        stop_process(proc)
     out = RESULTS / "seed_hol"
     summary = write_outputs(result, out, console=console)
     chat = summary["classes"]["chat"]["e2e_s"]
