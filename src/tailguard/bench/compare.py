@@ -40,7 +40,10 @@ def _group(before: Sequence[RequestRecord], after: Sequence[RequestRecord], seed
         for i, (key, q) in enumerate(COMPARED_PERCENTILES):
             ci = ratio_ci(sa[m], sb[m], q, n_boot=n_boot, seed=seed + i)
             row[key] = {
+                # n_*: sample sizes, so "no sample" (e.g. no gateway queue header straight to an
+                # engine) reads "-" and is not mistaken for a percentile landing on failures.
                 "before": json_number(db[key]), "after": json_number(da[key]),
+                "n_before": len(sb[m]), "n_after": len(sa[m]),
                 "ratio": json_number(point_ratio(da[key], db[key]), 4),
                 "ci95": None if ci is None else [json_number(ci[0], 4), json_number(ci[1], 4)],
             }

@@ -12,7 +12,7 @@ from markupsafe import Markup, escape
 from tailguard.bench import plots
 from tailguard.bench.recorder import RequestRecord
 from tailguard.bench.stats import measured
-from tailguard.bench.table import METRIC_LABELS, fmt_ratio, fmt_s, p99_word, significant_change
+from tailguard.bench.table import METRIC_LABELS, fmt_ratio, fmt_s, fmt_side, p99_word, significant_change
 
 _BASE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
@@ -132,7 +132,7 @@ _COMPARE = """{% extends "base.html" %}
 {% for name, g in groups %}{% for m, row in g.metrics.items() %}{% set outer = loop %}{% for key in ("p50", "p95", "p99") %}{% set c = row[key] %}
 <tr class="{{ 'sep' if outer.last and loop.last else '' }}"><td class="l">{{ name if outer.first and loop.first else '' }}</td>
 <td class="l">{{ labels[m] if loop.first else '' }}</td><td class="l">{{ key|upper }}</td>
-<td>{{ fmt_s(c.before) }}</td><td>{{ fmt_s(c.after) }}</td>
+<td>{{ fmt_side(c, "before") }}</td><td>{{ fmt_side(c, "after") }}</td>
 <td class="{{ ratio_class(c.ci95) }}">{{ fmt_ratio(c.ratio) }}</td>
 <td>{% if c.ci95 and c.ci95[0] is not none and c.ci95[1] is not none %}{{ fmt_ratio(c.ci95[0]) }} - {{ fmt_ratio(c.ci95[1]) }}{% else %}-{% endif %}</td></tr>
 {% endfor %}{% endfor %}{% endfor %}
@@ -158,7 +158,7 @@ _PCTS = (("p50", "P50"), ("p90", "P90"), ("p95", "P95"), ("p99", "P99"), ("p999"
 def _env() -> Environment:
     env = Environment(loader=DictLoader({"base.html": _BASE, "report.html": _REPORT, "compare.html": _COMPARE}),
                       autoescape=select_autoescape(default=True, default_for_string=True))
-    env.globals.update(fmt_s=fmt_s, fmt_ratio=fmt_ratio, num=_num, labels=METRIC_LABELS, pcts=_PCTS,
+    env.globals.update(fmt_s=fmt_s, fmt_side=fmt_side, fmt_ratio=fmt_ratio, num=_num, labels=METRIC_LABELS, pcts=_PCTS,
                        pct=_pct, yes_no=_yes_no, ratio_class=_ratio_class, metric_rows=_metric_rows, when=_when,
                        p99_verdict=_p99_verdict)
     return env

@@ -220,6 +220,9 @@ def _group(records: list[RequestRecord], window_s: float, slos: dict[str, dict[s
     }
     for m in METRICS:
         g[m] = _stats_json(stats[m])
+    # Sample sizes: 0 means "not measured" (e.g. queue_s without a gateway), so that metric's
+    # nulls are not read as percentiles landing on failures.
+    g["samples"] = {m: len(smp[m]) for m in METRICS}
     g["throughput"] = {
         "requests_per_s": json_number(ok / window_s if window_s > 0 else math.nan),
         "output_tokens_per_s": json_number(out_tokens / window_s if window_s > 0 else math.nan),

@@ -63,7 +63,8 @@ def summary_tables(summary: dict[str, Any]) -> Group:
         first = True
         for m, label in METRIC_LABELS.items():
             st = g[m]
-            if all(st[k] is None for k, _ in _PCT_COLS) and g["count"] and m in ("itl_s", "tpot_s", "queue_s"):
+            if g.get("samples", {}).get(m) == 0 or (all(st[k] is None for k, _ in _PCT_COLS) and g["count"]
+                                                    and m in ("itl_s", "tpot_s", "queue_s")):
                 continue
             lat.add_row(name if first else "", label, *(fmt_s(st[k]) for k, _ in _PCT_COLS),
                         end_section=False)
@@ -97,6 +98,11 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
 
 # --- compare ------------------------------------------------------------------------------------
 
+def fmt_side(cell: dict[str, Any], side: str) -> str:
+    """One side of a compared percentile: "-" where that run had no sample of the metric."""
+    return "-" if cell.get(f"n_{side}") == 0 else fmt_s(cell[side])
+
+
 def compare_tables(cmp: dict[str, Any]) -> Group:
     t = Table(title="After / before (ratio < 1 is better; 95% bootstrap CI)", title_justify="left", header_style="bold")
     for col in ("class", "metric", "pct", "before", "after", "ratio", "95% CI"):
@@ -111,7 +117,7 @@ def compare_tables(cmp: dict[str, Any]) -> Group:
                 c = row[key]
                 ci = c["ci95"]
                 t.add_row(name if first else "", METRIC_LABELS[m] if key == "p50" else "", key.upper(),
-                          fmt_s(c["before"]), fmt_s(c["after"]), _ratio_text(c["ratio"], ci),
+                          fmt_side(c, "before"), fmt_side(c, "after"), _ratio_text(c["ratio"], ci),
                           "-" if ci is None or None in ci else f"{fmt_ratio(ci[0])} - {fmt_ratio(ci[1])}")
                 first = False
         if t.rows:
