@@ -290,7 +290,9 @@ def markdown(args: argparse.Namespace, results: list[dict[str, Any]], load: tupl
         "Why: straight, the engine's own queue is first come, first served, so a chat that arrives while "
         "summaries fill every slot waits for one to finish. Through the gateway the engine never holds more "
         "than its batch size, the chat waits in the gateway's queue instead, ahead of every queued summary, "
-        "and the default `batch` share keeps a slot for chats. Timings on this shared 2-core machine vary by "
+        "and when summaries hold every slot it suspends one (preemption) and continues it later from its text. "
+        "Summary latency rises in this closed loop because faster chats send clients to their next summary "
+        "sooner (see README). Timings on this shared 2-core machine vary by "
         "30-50% between runs; compare the arms of one round.",
         "",
     ]
