@@ -341,7 +341,9 @@ async def test_class_maps_to_vllm_priority(vllm_server: EngineProcess) -> None:
             return check
 
         # Staggered lengths: running requests finish one at a time, so each freed seat is a choice.
-        fill = [asyncio.create_task(first_token_at(c, "batch", 600 + 60 * i)) for i in range(8)]
+        # Long enough (up to 1710 of the 2048-token context) that none finishes before all the
+        # queued requests are inside vLLM, however slowly this machine runs today.
+        fill = [asyncio.create_task(first_token_at(c, "batch", 1500 + 30 * i)) for i in range(8)]
         await wait_for(running, "vLLM to run 8 batch requests", timeout_s=180)
         queued_batch = [asyncio.create_task(first_token_at(c, "batch", 20)) for _ in range(4)]
         await wait_for(await waiting(4), "4 batch requests to wait inside vLLM", timeout_s=60)
