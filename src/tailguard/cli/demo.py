@@ -1,4 +1,4 @@
-"""`tailguard demo`: the seed problem and its fix in about a minute, on the built-in simulator.
+"""`tailguard demo`: the seed problem and its fix in about a minute and a half (30 s of load per arm), on the built-in simulator.
 
 Runs `seed-mixed` (mostly 32-token chats, some 2048-token summaries) from 16 closed-loop clients
 straight at a simulated H100 engine (max_num_seqs 8, first-come-first-served), then through the
