@@ -40,7 +40,7 @@ import uvloop
 from tailguard.bench.load import BenchConfig, Timeouts, run_bench
 from tailguard.bench.stats import describe, summarize
 from tailguard.bench.workload import parse_workload
-from tailguard.cli.experiment import free_port
+from tailguard.cli.experiment import free_port, wait_healthy
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TAILGUARD = str(Path(sys.executable).with_name("tailguard"))
@@ -62,19 +62,6 @@ def cpu_pressure() -> float | None:
 def cpu_s() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
-
-
-async def wait_healthy(url: str) -> None:
-    async with aiohttp.ClientSession() as s:
-        for _ in range(300):
-            try:
-                async with s.get(url + "/health") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise RuntimeError("simulator did not become healthy")
 
 
 async def one_rate(url: str, rate: float, seconds: float, seed: int) -> dict[str, Any]:
@@ -155,7 +142,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     guide_rows: list[dict[str, Any]] = []
     try:
-        await wait_healthy(url)
+        await wait_healthy(url + "/health", proc)
         await one_rate(url, 20.0, 1.0, 0)  # warm connections, caches and imports
         fails = 0
         for rate in args.rates:

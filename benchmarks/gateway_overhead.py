@@ -41,7 +41,7 @@ import aiohttp
 import numpy as np
 import orjson
 
-from tailguard.cli.experiment import free_port
+from tailguard.cli.experiment import free_port, wait_healthy
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TOKENS = 64
@@ -88,20 +88,6 @@ class Sample:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
-
-
-async def wait_healthy(url: str, path: str = "/health", timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as s:
-        while time.monotonic() < deadline:
-            try:
-                async with s.get(f"{url}{path}") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-    raise RuntimeError(f"{url} did not become healthy")
 
 
 async def one(session: aiohttp.ClientSession, url: str, arm: str, due: float, out: list[Sample]) -> None:
@@ -223,10 +209,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                       stdout=subprocess.DEVNULL, stderr=logs[2]))
         urls["nginx"] = f"http://127.0.0.1:{nginx_port}/v1/chat/completions"
     try:
-        await wait_healthy(sim_url)
-        await wait_healthy(gw_url)
+        await wait_healthy(f"{sim_url}/health", procs[0])
+        await wait_healthy(f"{gw_url}/health", gw)
         if nginx:
-            await wait_healthy(f"http://127.0.0.1:{nginx_port}")
+            await wait_healthy(f"http://127.0.0.1:{nginx_port}/health", procs[2])
         sessions = {arm: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0))
                     for arm in urls}
         try:

@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,7 @@ import yaml
 from tailguard.bench.load import BenchConfig, Timeouts, run_bench
 from tailguard.bench.stats import summarize
 from tailguard.bench.workload import Workload
+from tailguard.cli.experiment import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -52,12 +52,6 @@ class EngineSetup:
     argv: list[str]
     env: dict[str, str]
     ready_s: float
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def manifest() -> dict[str, str]:

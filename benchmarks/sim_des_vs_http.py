@@ -29,6 +29,8 @@ from tailguard.sim.des import Arrival, run
 from tailguard.sim.engine import Engine
 from tailguard.wire.sse import SSEDecoder
 
+from sim_des_speed import pct  # beside this script: one nearest-rank percentile for both
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -95,11 +97,6 @@ def scrape_sums(text: str) -> dict[str, float]:
         if m:
             out[m.group(1)] = float(m.group(2))
     return out
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 def main() -> None:

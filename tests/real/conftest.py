@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.real.processes import EngineProcess, free_port
+from tailguard.cli.experiment import free_port
+from tests.real.processes import EngineProcess
 
 CACHE = Path(os.environ.get("TAILGUARD_CACHE", Path.home() / ".cache" / "tailguard"))
 MANIFEST = CACHE / "engines.json"
