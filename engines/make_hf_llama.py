@@ -22,6 +22,8 @@ import sys
 from dataclasses import astuple, dataclass
 from pathlib import Path
 
+from model_text import CHATML_TEMPLATE, FORBIDDEN_LOGIT_WEIGHT, WORDS  # beside this script
+
 FORMAT_VERSION = 1
 VOCAB = 512
 
@@ -40,21 +42,7 @@ class Shape:
 PRESETS = {"tiny": Shape(hidden=128, heads=2, layers=2, ffn=256),
            "small": Shape(hidden=512, heads=8, layers=8, ffn=1408)}
 MAX_POSITIONS = 4096
-FORBIDDEN_LOGIT_WEIGHT = -64.0
 SPECIALS = ["<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>"]
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-WORDS = (
-    "the of and to in is it that for was on are as with his they at be this have from or one had by "
-    "word but not what all were we when your can said there use an each which she do how their if will "
-    "up other about out many then them these so some her would make like him into time has look two "
-    "more write go see number no way could people my than first water been call who oil its now find "
-    "long down day did get come made may part tail guard queue token batch slot fast slow"
-).split()
 
 
 def corpus(seed: int) -> list[str]:
