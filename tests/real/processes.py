@@ -43,6 +43,11 @@ class EngineProcess:
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
     model: str = "tiny"
+    # `max_tokens` of a request that is still running when a test has finished watching it. Tests
+    # observe engine states (running, waiting) by polling pages that a busy engine answers slowly
+    # (vLLM's API server took 4-10 s per /metrics on a loaded 2-core machine while its engine kept
+    # decoding), so such requests end by a test cancelling them, never by running out.
+    long_request_tokens: int = 1900
     proc: subprocess.Popen[bytes] | None = None
 
     @property

@@ -12,7 +12,7 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -83,10 +83,16 @@ async def gateway_health(url: str) -> dict[str, Any]:
             return body
 
 
-async def wait_for(check: Callable[[], Any], what: str, timeout_s: float = 15.0) -> None:
-    """Poll an async condition until true; fail with `what` when the bound passes."""
+async def wait_for(check: Callable[[], Any], what: str, timeout_s: float = 15.0,
+                   senders: Sequence[asyncio.Task[Any]] = ()) -> None:
+    """Poll an async condition until true; fail with `what` when the bound passes. A condition that
+    waits on requests in flight names their tasks as `senders`: when one of them fails, its error
+    is raised at once, instead of the condition timing out without saying why."""
     deadline = time.monotonic() + timeout_s
     while not await check():
+        for task in senders:
+            if task.done() and task.exception() is not None:
+                raise AssertionError(f"a request failed while waiting for {what}") from task.exception()
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         await asyncio.sleep(0.05)
@@ -174,7 +180,7 @@ async def test_completions_stream_through_gateway(engine: EngineProcess) -> None
 
 
 async def test_context_too_long_passes_the_engines_own_400(engine: EngineProcess) -> None:
-    prompt = "the " * 3000
+    prompt = "the " * 5000  # over every engine's context
     async with client(engine.base_url) as c, asyncio.timeout(STEP_S):
         with pytest.raises(openai.BadRequestError) as direct:
             await c.completions.create(model=engine.model, prompt=prompt, max_tokens=4)
@@ -230,14 +236,12 @@ async def test_disconnect_frees_the_llamacpp_slot(start_llama: Callable[..., Eng
 async def test_disconnect_frees_the_vllm_request(vllm_server: EngineProcess) -> None:
     # The client leaves once vLLM is generating, whether or not a chunk has reached it yet: on a
     # busy CPU vLLM's API server can hold the first chunks back for seconds.
-    max_tokens = 1900
+    max_tokens = vllm_server.long_request_tokens
     before = await engine_metric(vllm_server, "vllm:generation_tokens_total")
     body = {"model": "tiny", "prompt": "hello", "max_tokens": max_tokens, "stream": True}
 
-    async def running(n: int) -> Callable[[], Any]:
-        async def check() -> bool:
-            return await engine_metric(vllm_server, "vllm:num_requests_running") == n
-        return check
+    async def idle() -> bool:
+        return await engine_metric(vllm_server, "vllm:num_requests_running") == 0
 
     async def generating() -> bool:
         return await engine_metric(vllm_server, "vllm:generation_tokens_total") - before >= 3
@@ -250,12 +254,11 @@ async def test_disconnect_frees_the_vllm_request(vllm_server: EngineProcess) -> 
 
         reader = asyncio.create_task(read_all())
         try:
-            await wait_for(await running(1), "vLLM to run the request", timeout_s=60)
-            await wait_for(generating, "vLLM to generate", timeout_s=60)
+            await wait_for(generating, "vLLM to generate", timeout_s=STEP_S, senders=[reader])
         finally:
             reader.cancel()  # the client leaves: its connection to the gateway closes
             await asyncio.gather(reader, return_exceptions=True)
-        await wait_for(await running(0), "vLLM to stop running the abandoned request", timeout_s=10)
+        await wait_for(idle, "vLLM to stop running the abandoned request", timeout_s=STEP_S)
     decoded = await engine_metric(vllm_server, "vllm:generation_tokens_total") - before
     assert 3 <= decoded < max_tokens
 
@@ -330,27 +333,30 @@ async def test_class_maps_to_vllm_priority(vllm_server: EngineProcess) -> None:
     # The gateway may keep 16 in flight, vLLM runs 8 (--max-num-seqs): the other 8 wait in vLLM's
     # own queue, which `--scheduling-policy priority` orders by the `priority` the gateway set.
     cfg = config((vllm_server, 16))
-    # vLLM may still be finishing requests earlier tests abandoned: allow it time to drain.
     async with gateway(cfg) as url, client(url) as c, asyncio.timeout(STEP_S * 6):
-        async def running() -> bool:
-            return await engine_metric(vllm_server, "vllm:num_requests_running") == 8
-
-        async def waiting(n: int) -> Callable[[], Any]:
+        async def engine_is(running: int, waiting: int) -> Callable[[], Any]:
             async def check() -> bool:
-                return await engine_metric(vllm_server, "vllm:num_requests_waiting") == n
+                return (await engine_metric(vllm_server, "vllm:num_requests_running") == running
+                        and await engine_metric(vllm_server, "vllm:num_requests_waiting") == waiting)
             return check
 
-        # Staggered lengths: running requests finish one at a time, so each freed seat is a choice.
-        # Long enough (up to 1710 of the 2048-token context) that none finishes before all the
-        # queued requests are inside vLLM, however slowly this machine runs today.
-        fill = [asyncio.create_task(first_token_at(c, "batch", 1500 + 30 * i)) for i in range(8)]
-        await wait_for(running, "vLLM to run 8 batch requests", timeout_s=180)
+        # vLLM may still be ending requests that earlier tests abandoned.
+        await wait_for(await engine_is(0, 0), "vLLM to be idle", timeout_s=STEP_S)
+        # Eight batch requests take every seat and keep it until cancelled.
+        fill = [asyncio.create_task(first_token_at(c, "batch", vllm_server.long_request_tokens)) for _ in range(8)]
+        await wait_for(await engine_is(8, 0), "vLLM to run 8 batch requests", timeout_s=STEP_S * 2, senders=fill)
         queued_batch = [asyncio.create_task(first_token_at(c, "batch", 20)) for _ in range(4)]
-        await wait_for(await waiting(4), "4 batch requests to wait inside vLLM", timeout_s=60)
+        await wait_for(await engine_is(8, 4), "4 batch requests to wait inside vLLM", timeout_s=STEP_S,
+                       senders=fill + queued_batch)
         queued_interactive = [asyncio.create_task(first_token_at(c, "interactive", 20)) for _ in range(4)]
-        await wait_for(await waiting(8), "4 interactive requests to wait inside vLLM", timeout_s=60)
+        await wait_for(await engine_is(8, 8), "4 interactive requests to wait inside vLLM", timeout_s=STEP_S,
+                       senders=fill + queued_batch + queued_interactive)
+        # One seat frees: the eight short requests pass through it one at a time, in vLLM's order.
+        fill[0].cancel()
         batch_first = await asyncio.gather(*queued_batch)
         interactive_first = await asyncio.gather(*queued_interactive)
-        await asyncio.gather(*fill)
-    # Sent last, served first: vLLM saw priority 0 for interactive and 1 for batch.
+        assert not any(f.done() for f in fill[1:])  # the other seats stayed taken throughout
+        for f in fill:
+            f.cancel()
+        await asyncio.gather(*fill, return_exceptions=True)
     assert max(interactive_first) < min(batch_first)

@@ -25,7 +25,7 @@ def hold_streams(session: aiohttp.ClientSession, proc: EngineProcess, n: int) ->
     """Run `n` long streams straight to the engine, reading them as a client would, until cancelled.
     (llama-server sends a queued request's headers only when a slot takes it, so nothing here
     waits for headers.)"""
-    body = {"model": proc.model, "prompt": "hold", "max_tokens": 1900, "stream": True}
+    body = {"model": proc.model, "prompt": "hold", "max_tokens": proc.long_request_tokens, "stream": True}
 
     async def one() -> None:
         async with session.post(proc.base_url + "/v1/completions", json=body) as r:
@@ -42,7 +42,7 @@ async def release(streams: list[asyncio.Task[None]]) -> None:
 
 
 async def until_load(session: aiohttp.ClientSession, proc: EngineProcess, source: LoadSource,
-                     want: EngineLoad, timeout_s: float = 20.0) -> None:
+                     want: EngineLoad, timeout_s: float = STEP_S) -> None:
     seen: EngineLoad | None = None
     try:
         async with asyncio.timeout(timeout_s):
@@ -55,7 +55,7 @@ async def until_load(session: aiohttp.ClientSession, proc: EngineProcess, source
 async def test_llamacpp_metrics_and_slots_pages(start_llama: Callable[..., EngineProcess]) -> None:
     engine = start_llama("llama-one-slot", slots=1, slow=True)
     metrics, slots = get_kind("llamacpp").load_sources
-    async with aiohttp.ClientSession() as s, asyncio.timeout(STEP_S):
+    async with aiohttp.ClientSession() as s, asyncio.timeout(STEP_S * 3):
         assert await read_load(s, engine, metrics) == EngineLoad(0, 0)
         streams = hold_streams(s, engine, 2)  # one decodes, one waits for the only slot
         try:
@@ -69,7 +69,7 @@ async def test_llamacpp_metrics_and_slots_pages(start_llama: Callable[..., Engin
 async def test_llamacpp_without_metrics_falls_back_to_slots(start_llama: Callable[..., EngineProcess]) -> None:
     engine = start_llama("llama-no-metrics", slots=2, slow=True, metrics=False)
     metrics, slots = get_kind("llamacpp").load_sources
-    async with aiohttp.ClientSession() as s, asyncio.timeout(STEP_S):
+    async with aiohttp.ClientSession() as s, asyncio.timeout(STEP_S * 3):
         async with s.get(engine.base_url + metrics.path) as r:
             assert r.status == 501
             assert metrics.parse(await r.read()) is None  # an error page is "not understood", never "idle"
@@ -83,7 +83,7 @@ async def test_llamacpp_without_metrics_falls_back_to_slots(start_llama: Callabl
 
 async def test_vllm_metrics_page(vllm_server: EngineProcess) -> None:
     (metrics,) = get_kind("vllm").load_sources
-    async with aiohttp.ClientSession() as s, asyncio.timeout(STEP_S):
+    async with aiohttp.ClientSession() as s, asyncio.timeout(STEP_S * 3):
         await until_load(s, vllm_server, metrics, EngineLoad(0, 0))
         streams = hold_streams(s, vllm_server, 10)  # --max-num-seqs 8: two wait inside vLLM
         try:
