@@ -24,7 +24,7 @@ MANIFEST = CACHE / "engines.json"
 REAL_TIMEOUT_S = 420  # covers the session's one vLLM start (~40-90 s on a loaded 2-core machine)
 LLAMA_SLOTS = 4
 LLAMA_SLOT_CTX = 2048
-VLLM_MAX_MODEL_LEN = 4096  # room for requests that outlast a slow poll (long_request_tokens)
+VLLM_MAX_MODEL_LEN = 16384  # room for requests that outlast a slow poll (long_request_tokens and more)
 VLLM_MAX_NUM_SEQS = 8
 
 
@@ -89,8 +89,8 @@ def vllm_process(engines: Engines, log_dir: Path) -> EngineProcess:
     ]
     env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
            "TRANSFORMERS_OFFLINE": "1"}
-    # 2 GiB of KV is 65,536 tokens: sixteen whole contexts, so eight running requests of
-    # long_request_tokens never run out of KV (vLLM preempts nothing on its own).
+    # 2 GiB of KV is 65,536 tokens: twelve running requests of long_request_tokens never run out
+    # of KV (vLLM preempts nothing on its own).
     return EngineProcess(name="vllm", kind="vllm", argv=argv, port=port, log_path=log_dir / f"vllm-{port}.log", env=env,
                          long_request_tokens=4000)  # the batch class's cap is 4096
 

@@ -122,7 +122,7 @@ async def test_greedy_is_deterministic(engine: EngineProcess) -> None:
 
 
 async def test_context_too_long_is_a_400_with_the_engines_body(engine: EngineProcess) -> None:
-    prompt = "the " * 5000  # over the 2048-token context of a llama slot and the 4096 of vLLM's max-model-len
+    prompt = "the " * 20000  # over the 2048-token context of a llama slot and the 16384 of vLLM's max-model-len
     async with client(engine) as c, asyncio.timeout(STEP_S):
         with pytest.raises(openai.BadRequestError) as e:
             await c.completions.create(model=engine.model, prompt=prompt, max_tokens=4)

@@ -180,7 +180,7 @@ async def test_completions_stream_through_gateway(engine: EngineProcess) -> None
 
 
 async def test_context_too_long_passes_the_engines_own_400(engine: EngineProcess) -> None:
-    prompt = "the " * 5000  # over every engine's context
+    prompt = "the " * 20000  # over every engine's context
     async with client(engine.base_url) as c, asyncio.timeout(STEP_S):
         with pytest.raises(openai.BadRequestError) as direct:
             await c.completions.create(model=engine.model, prompt=prompt, max_tokens=4)
@@ -235,8 +235,10 @@ async def test_disconnect_frees_the_llamacpp_slot(start_llama: Callable[..., Eng
 
 async def test_disconnect_frees_the_vllm_request(vllm_server: EngineProcess) -> None:
     # The client leaves once vLLM is generating, whether or not a chunk has reached it yet: on a
-    # busy CPU vLLM's API server can hold the first chunks back for seconds.
-    max_tokens = vllm_server.long_request_tokens
+    # busy CPU vLLM's API server can hold the first chunks back for seconds, and its /metrics showed
+    # the first tokens only after 35 s, when 3,686 had been made. So the request asks for nearly the
+    # whole context (the interactive class has no cap): about two minutes of decoding on this CPU.
+    max_tokens = 16000
     before = await engine_metric(vllm_server, "vllm:generation_tokens_total")
     body = {"model": "tiny", "prompt": "hello", "max_tokens": max_tokens, "stream": True}
 
@@ -317,46 +319,62 @@ async def test_killed_llamacpp_is_routed_around(start_llama: Callable[..., Engin
 
 # --- the class becomes vLLM's own priority ------------------------------------------------------
 
-async def first_token_at(c: AsyncOpenAI, cls: str, max_tokens: int) -> float:
+async def hold_stream(c: AsyncOpenAI, cls: str, max_tokens: int, started: asyncio.Event) -> None:
+    """Read a completion stream until it ends or is cancelled; `started` is set at its first text."""
     stream = await c.completions.create(model="tiny", prompt="queue", max_tokens=max_tokens, stream=True,
                                         extra_headers={"X-Tailguard-Class": cls})
-    first: float | None = None
     async for ch in stream:
-        if first is None and ch.choices and ch.choices[0].text:
-            first = time.monotonic()
-    assert first is not None
-    return first
+        if ch.choices and ch.choices[0].text:
+            started.set()
 
 
 @pytest.mark.timeout(400)
 async def test_class_maps_to_vllm_priority(vllm_server: EngineProcess) -> None:
     # The gateway may keep 16 in flight, vLLM runs 8 (--max-num-seqs): the other 8 wait in vLLM's
     # own queue, which `--scheduling-policy priority` orders by the `priority` the gateway set.
+    # Every request is long enough to hold its seat until cancelled, so which requests run is read
+    # from the engine's state and from which streams ever start, never from when chunks arrive (vLLM's
+    # API server on a busy CPU delivers in bursts that can reorder first chunks across requests).
     cfg = config((vllm_server, 16))
-    async with gateway(cfg) as url, client(url) as c, asyncio.timeout(STEP_S * 6):
+    long = vllm_server.long_request_tokens
+    async with gateway(cfg) as url, asyncio.timeout(STEP_S * 6), \
+            AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=STEP_S * 4) as c:
+        # (a queued stream sees no byte until it runs: its read timeout covers the whole set-up)
         async def engine_is(running: int, waiting: int) -> Callable[[], Any]:
             async def check() -> bool:
                 return (await engine_metric(vllm_server, "vllm:num_requests_running") == running
                         and await engine_metric(vllm_server, "vllm:num_requests_waiting") == waiting)
             return check
 
+        def send(cls: str, n: int) -> tuple[list[asyncio.Task[None]], list[asyncio.Event]]:
+            events = [asyncio.Event() for _ in range(n)]
+            return [asyncio.create_task(hold_stream(c, cls, long, e)) for e in events], events
+
         # vLLM may still be ending requests that earlier tests abandoned.
         await wait_for(await engine_is(0, 0), "vLLM to be idle", timeout_s=STEP_S)
-        # Eight batch requests take every seat and keep it until cancelled.
-        fill = [asyncio.create_task(first_token_at(c, "batch", vllm_server.long_request_tokens)) for _ in range(8)]
+        fill, _ = send("batch", 8)  # take every seat
         await wait_for(await engine_is(8, 0), "vLLM to run 8 batch requests", timeout_s=STEP_S * 2, senders=fill)
-        queued_batch = [asyncio.create_task(first_token_at(c, "batch", 20)) for _ in range(4)]
+        queued_batch, batch_started = send("batch", 4)
         await wait_for(await engine_is(8, 4), "4 batch requests to wait inside vLLM", timeout_s=STEP_S,
                        senders=fill + queued_batch)
-        queued_interactive = [asyncio.create_task(first_token_at(c, "interactive", 20)) for _ in range(4)]
+        queued_interactive, interactive_started = send("interactive", 4)
+        everything = fill + queued_batch + queued_interactive
         await wait_for(await engine_is(8, 8), "4 interactive requests to wait inside vLLM", timeout_s=STEP_S,
-                       senders=fill + queued_batch + queued_interactive)
-        # One seat frees: the eight short requests pass through it one at a time, in vLLM's order.
-        fill[0].cancel()
-        batch_first = await asyncio.gather(*queued_batch)
-        interactive_first = await asyncio.gather(*queued_interactive)
-        assert not any(f.done() for f in fill[1:])  # the other seats stayed taken throughout
-        for f in fill:
+                       senders=everything)
+        # Four seats free: vLLM fills them from its queue, and they stay taken.
+        for f in fill[:4]:
             f.cancel()
-        await asyncio.gather(*fill, return_exceptions=True)
-    assert max(interactive_first) < min(batch_first)
+        await wait_for(await engine_is(8, 4), "vLLM to take 4 queued requests", timeout_s=STEP_S,
+                       senders=fill[4:] + queued_batch + queued_interactive)
+
+        async def interactive_running() -> bool:
+            return all(e.is_set() for e in interactive_started)
+
+        await wait_for(interactive_running, "the 4 interactive requests to start", timeout_s=STEP_S,
+                       senders=fill[4:] + queued_batch + queued_interactive)
+        batch_ran = sum(e.is_set() for e in batch_started)
+        for t in everything:
+            t.cancel()
+        await asyncio.gather(*everything, return_exceptions=True)
+    # Sent last, served first: vLLM saw priority 0 for interactive and 1 for batch.
+    assert batch_ran == 0
