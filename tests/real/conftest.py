@@ -86,6 +86,8 @@ def vllm_process(engines: Engines, log_dir: Path) -> EngineProcess:
         "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
         "--max-model-len", str(VLLM_MAX_MODEL_LEN), "--max-num-seqs", str(VLLM_MAX_NUM_SEQS),
         "--dtype", "float32", "--enforce-eager", "--scheduling-policy", "priority",
+        # For tool calls through the gateway (a named tool_choice needs a parser in vLLM 0.32).
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
     ]
     env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
            "TRANSFORMERS_OFFLINE": "1"}

@@ -170,6 +170,63 @@ async def test_non_stream_through_gateway_is_assembled_with_usage(engine: Engine
     assert r.usage is not None and r.usage.completion_tokens == 33 and r.usage.prompt_tokens > 0
 
 
+def same_logprobs(a: Any, b: Any) -> bool:
+    """Equal logprob records: same tokens, log-probabilities within float noise."""
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= 1e-3 * max(1.0, abs(a))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_logprobs(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_logprobs(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+async def test_non_stream_logprobs_are_assembled_as_the_engine_answers_them(engine: EngineProcess, endpoint: str) -> None:
+    # The gateway asks upstream for a stream and joins the chunks' logprobs back into one record.
+    async def ask(c: AsyncOpenAI) -> tuple[str | None, Any]:
+        if endpoint == "chat":
+            r = await c.chat.completions.create(model=engine.model, messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=8, temperature=0.0, logprobs=True, top_logprobs=2)
+            lp = r.choices[0].logprobs
+            return r.choices[0].message.content, lp.model_dump(exclude_none=True) if lp else None
+        rc = await c.completions.create(model=engine.model, prompt="the queue", max_tokens=8, temperature=0.0,
+                                        logprobs=2)
+        lpc = rc.choices[0].logprobs
+        return rc.choices[0].text, lpc.model_dump(exclude_none=True) if lpc else None
+
+    async with client(engine.base_url) as c, asyncio.timeout(STEP_S):
+        direct_text, direct = await ask(c)
+    async with gateway(config((engine, 4))) as url, client(url) as c, asyncio.timeout(STEP_S):
+        text, relayed = await ask(c)
+    assert direct and relayed is not None
+    assert text == direct_text
+    if endpoint == "completions" and engine.kind == "llamacpp":
+        relayed.pop("text_offset", None)  # llama-server's streamed offsets count from each chunk
+        direct.pop("text_offset", None)
+    assert same_logprobs(relayed, direct)
+
+
+async def test_non_stream_tool_call_is_assembled(vllm_server: EngineProcess) -> None:
+    # A named tool choice makes vLLM call the tool whatever the (random) model says; the gateway
+    # asks upstream for a stream and must join the tool call's deltas back into one message.
+    tools: Any = [{"type": "function", "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                       "required": ["city"]}}}]
+    body: Any = {"model": vllm_server.model, "messages": [{"role": "user", "content": "weather?"}], "tools": tools,
+                 "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "max_tokens": 300,
+                 "temperature": 0.0}
+    async with client(vllm_server.base_url) as c, asyncio.timeout(STEP_S):
+        direct = (await c.chat.completions.create(**body)).choices[0].message
+    async with gateway(config((vllm_server, 4))) as url, client(url) as c, asyncio.timeout(STEP_S):
+        relayed = (await c.chat.completions.create(**body)).choices[0].message
+    assert direct.tool_calls and relayed.tool_calls
+    assert [(t.type, t.function.name, t.function.arguments) for t in relayed.tool_calls] == \
+        [(t.type, t.function.name, t.function.arguments) for t in direct.tool_calls]
+    assert relayed.tool_calls[0].function.name == "get_weather" and relayed.tool_calls[0].id
+
+
 async def test_completions_stream_through_gateway(engine: EngineProcess) -> None:
     async with gateway(config((engine, 4))) as url, client(url) as c, asyncio.timeout(STEP_S):
         stream = await c.completions.create(model=engine.model, prompt="slot", max_tokens=12, stream=True,

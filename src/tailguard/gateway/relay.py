@@ -35,7 +35,7 @@ from tailguard.wire.sse import DONE, DONE_EVENT, SSEDecoder, encode_event
 UPSTREAM_PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 # Byte keys whose non-empty string value marks a chunk that carries generated content.
 _CONTENT_KEYS: dict[Endpoint, tuple[bytes, ...]] = {
-    "chat": (b'"content":', b'"reasoning_content":', b'"tool_calls":'),
+    "chat": (b'"content":', b'"reasoning_content":', b'"reasoning":', b'"tool_calls":'),
     "completions": (b'"text":',),
 }
 _USAGE_KEY = b'"usage":'
@@ -569,11 +569,50 @@ class _SSEResponse(web.StreamResponse):
 
 
 @dataclass(slots=True)
+class _ToolCall:
+    """One tool call as its stream deltas build it: the id, type and name come once, the
+    arguments in pieces."""
+
+    id: str | None = None
+    type: str = "function"
+    name: list[str] = field(default_factory=list)
+    arguments: list[str] = field(default_factory=list)
+
+    def absorb(self, delta: dict[str, Any]) -> None:
+        if isinstance(delta.get("id"), str):
+            self.id = delta["id"]
+        if isinstance(delta.get("type"), str):
+            self.type = delta["type"]
+        fn = delta.get("function")
+        if isinstance(fn, dict):
+            if isinstance(fn.get("name"), str):
+                self.name.append(fn["name"])
+            if isinstance(fn.get("arguments"), str):
+                self.arguments.append(fn["arguments"])
+
+    def body(self) -> dict[str, Any]:
+        return {"id": self.id, "type": self.type,
+                "function": {"name": "".join(self.name), "arguments": "".join(self.arguments)}}
+
+
+@dataclass(slots=True)
 class _Choice:
     parts: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
+    reasoning_key: str = "reasoning_content"  # vLLM 0.10 and llama-server; newer vLLM says "reasoning"
+    tool_calls: dict[int, _ToolCall] = field(default_factory=dict)
+    # Chat: the `logprobs.content` entries in order. Completions: `tokens`, `token_logprobs`,
+    # `top_logprobs`, `text_offset`, each the chunks' lists joined.
+    logprobs: dict[str, list[Any]] | None = None
     finish_reason: str | None = None
     role: str = "assistant"
+
+    def absorb_logprobs(self, lp: dict[str, Any]) -> None:
+        if self.logprobs is None:
+            self.logprobs = {}
+        for key, items in lp.items():
+            if isinstance(items, list):
+                self.logprobs.setdefault(key, []).extend(items)
 
 
 @dataclass(slots=True)
@@ -660,12 +699,24 @@ class Assembler:
                 text = delta.get("content")
                 if isinstance(delta.get("role"), str):
                     slot.role = delta["role"]
-                reasoning = delta.get("reasoning_content")
-                if isinstance(reasoning, str) and reasoning:
-                    slot.reasoning.append(reasoning)
-                    got = True
+                for key in ("reasoning_content", "reasoning"):
+                    reasoning = delta.get(key)
+                    if isinstance(reasoning, str) and reasoning:
+                        slot.reasoning.append(reasoning)
+                        slot.reasoning_key = key
+                        got = True
+                calls = delta.get("tool_calls")
+                if isinstance(calls, list):
+                    for call in calls:
+                        if isinstance(call, dict):
+                            i = call.get("index", 0)
+                            slot.tool_calls.setdefault(i if isinstance(i, int) else 0, _ToolCall()).absorb(call)
+                            got = True
             else:
                 text = ch.get("text")
+            lp = ch.get("logprobs")
+            if isinstance(lp, dict):
+                slot.absorb_logprobs(lp)
             if isinstance(text, str) and text:
                 slot.parts.append(text)
                 got = True
@@ -693,13 +744,17 @@ class Assembler:
         choices: list[dict[str, Any]] = []
         for idx, c in sorted(self.choices.items()):
             if self.endpoint == "chat":
-                msg: dict[str, Any] = {"role": c.role, "content": "".join(c.parts)}
+                # As OpenAI answers: a message that only calls tools has `content: null`.
+                content = "".join(c.parts) if c.parts or not c.tool_calls else None
+                msg: dict[str, Any] = {"role": c.role, "content": content}
                 if c.reasoning:
-                    msg["reasoning_content"] = "".join(c.reasoning)
-                choices.append({"index": idx, "message": msg, "logprobs": None,
+                    msg[c.reasoning_key] = "".join(c.reasoning)
+                if c.tool_calls:
+                    msg["tool_calls"] = [call.body() for _, call in sorted(c.tool_calls.items())]
+                choices.append({"index": idx, "message": msg, "logprobs": c.logprobs,
                                 "finish_reason": c.finish_reason or "stop"})
             else:
-                choices.append({"index": idx, "text": "".join(c.parts), "logprobs": None,
+                choices.append({"index": idx, "text": "".join(c.parts), "logprobs": c.logprobs,
                                 "finish_reason": c.finish_reason or "stop"})
         pt = self.usage.prompt_tokens if self.usage.prompt_tokens is not None else self.times.prompt_tokens
         ct = self.usage.completion_tokens if self.usage.completion_tokens is not None else self.times.content_chunks
