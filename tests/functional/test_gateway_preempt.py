@@ -41,7 +41,9 @@ async def test_stream_preempted_by_a_chat_resumes_with_every_token_and_true_usag
         usage = None
         chat_done_at_tokens: int | None = None
         chat_task: asyncio.Task[Any] | None = None
+        ids: set[str] = set()
         async for ch in stream:
+            ids.add(ch.id)
             if ch.usage is not None:
                 usage = ch.usage
             for choice in ch.choices:
@@ -60,6 +62,7 @@ async def test_stream_preempted_by_a_chat_resumes_with_every_token_and_true_usag
         assert chat_done_at_tokens is not None and chat_done_at_tokens < max_tokens // 2
         assert "".join(text) == " tok" * max_tokens
         assert roles == 1
+        assert len(ids) == 1  # one response id, though two engine requests made it
         assert usage is not None and usage.completion_tokens == max_tokens
         assert usage.prompt_tokens == 4 + 10  # one message of 40 bytes, as the simulator counts it
         m = await scrape(gw.url)

@@ -307,6 +307,9 @@ class StreamRelay:
     upstream_error: bool = False
     ended: bool = False  # the client's response is complete (eof written)
     progress: Progress | None = None  # set for preemptible requests: the text so far is tracked
+    # A preemptible request's chunk id from its first run: a resumed run's chunks are given it
+    # back, so the client sees one response id throughout.
+    stream_id: str | None = None
 
     async def run(self, up: aiohttp.ClientResponse) -> None:
         """Relay until the upstream ends. Raises `RelayError` (retryable while nothing was
@@ -426,15 +429,23 @@ class StreamRelay:
                     if not isinstance(obj, dict):
                         out.append(ev.raw)
                         continue
+                    raw = ev.raw
+                    cid = obj.get("id")
+                    if isinstance(cid, str):
+                        if self.stream_id is None:
+                            self.stream_id = cid
+                        elif cid != self.stream_id:  # a resumed run: its engine named it anew
+                            raw = raw.replace(orjson.dumps(cid), orjson.dumps(self.stream_id), 1)
+                            obj["id"] = self.stream_id
                     if isinstance(obj.get("error"), dict):
                         self.upstream_error = True
-                        out.append(ev.raw)
+                        out.append(raw)
                         continue
                     text = _delta_text(obj, chat)
                     if text:
                         prog.add(text, _running_completion_tokens(obj))
                         content += 1
-                        out.append(ev.raw)
+                        out.append(raw)
                         continue
                     u = obj.get("usage")
                     if isinstance(u, dict):
@@ -448,11 +459,11 @@ class StreamRelay:
                                                 "total_tokens": pt + ct}
                                 out.append(encode_event(orjson.dumps(obj)))
                                 continue
-                        out.append(ev.raw)
+                        out.append(raw)
                         continue
                     if self.response is not None and not started_run and _role_only(obj):
                         continue  # a resumed run's preamble: the client has had it
-                    out.append(ev.raw)
+                    out.append(raw)
                 if content:
                     t.content_chunks += content
                     if not started_run:
