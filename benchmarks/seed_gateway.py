@@ -28,7 +28,8 @@ from tailguard.cli.experiment import Arm, SimSpec, run_arms
 
 RESULTS = Path(__file__).resolve().parent / "results"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from seed_des import gateway_config, measure_capacity, parse_label  # noqa: E402  (same capacity and run labels as the DES run)
+from seed_des import (  # noqa: E402  (same capacity, run labels and closed-loop analysis as the DES run)
+    ClosedLoopFlow, gateway_config, littles_law_lines, measure_capacity, parse_label)
 
 TARGETS = {
     "a": ("interactive P99 TTFT, times lower than straight", ">= 5"),
@@ -107,7 +108,11 @@ def main() -> None:
     ap.add_argument("--load", type=float, default=0.85, help="open-loop rate as a fraction of capacity (0: skip)")
     ap.add_argument("--arms", default="straight,fcfs,ranked-sjf", help="straight and gateway runs: policy[:nopreempt][@batch max_share[/min_share]]")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--render", action="store_true", help="only rewrite the .md from the saved seed_gateway.json")
     args = ap.parse_args()
+    if args.render:
+        render(json.loads((RESULTS / "seed_gateway.json").read_text()))
+        return
 
     sim = SimSpec(time_scale=args.time_scale)
     arms = [make_arm(a) for a in args.arms.split(",")]
@@ -129,14 +134,33 @@ def main() -> None:
     result["machine"] = f"{platform.machine()}, Python {platform.python_version()}"
     result["wall_s"] = round(time.time() - started, 1)
     (RESULTS / "seed_gateway.json").write_text(json.dumps(result, indent=2, default=str))
+    render(result)
 
-    cmd = "`.venv/bin/python benchmarks/seed_gateway.py " + " ".join(sys.argv[1:]) + "`"
+
+def flows(runs: dict[str, Any]) -> dict[str, ClosedLoopFlow]:
+    """Completions per simulated second and mean E2E by class, from each arm's summary.json."""
+    def flow(s: dict[str, Any]) -> ClosedLoopFlow:
+        c, b = s["classes"]["chat"], s["classes"]["summary"]
+        return ClosedLoopFlow(c["throughput"]["requests_per_s"], c["e2e_s"]["mean"],
+                              b["throughput"]["requests_per_s"], b["e2e_s"]["mean"])
+    return {k: flow(v) for k, v in runs.items()}
+
+
+def render(result: dict[str, Any]) -> None:
+    """Write benchmarks/results/seed_gateway.md from a run's results (also `--render`: from the
+    saved seed_gateway.json, without running again)."""
+    args = argparse.Namespace(**result["args"])
+    capacity = result["capacity_requests_per_s"]
+    cmd = (f"`.venv/bin/python benchmarks/seed_gateway.py --duration {args.duration:g} --warmup {args.warmup:g} "
+           f"--arms {args.arms}`")
     md = ["# The seed experiment: straight vs through the gateway (real processes)", "", cmd, "",
-          f"Simulator h100-llama8b, max_num_seqs {sim.max_num_seqs}, time scale {args.time_scale} (figures in simulated "
-          f"seconds); gateway max_concurrency {sim.max_num_seqs}, default classes; {args.duration:g} wall s per arm, "
-          f"first {args.warmup:g} s excluded; {result['machine']}, 2 cores shared by simulator, gateway and generator; "
-          f"whole run {result['wall_s']} s.", ""]
+          f"Simulator h100-llama8b, max_num_seqs {SimSpec().max_num_seqs}, time scale {args.time_scale} (figures in "
+          f"simulated seconds); gateway max_concurrency {SimSpec().max_num_seqs}, default classes; {args.duration:g} "
+          f"wall s per arm, first {args.warmup:g} s excluded; {result['machine']}, 2 cores shared by simulator, "
+          f"gateway and generator; whole run {result['wall_s']} s.", ""]
     md += section(f"Closed loop: {args.clients} clients", result["closed"])
+    if "straight" in result["closed"]:
+        md += littles_law_lines(flows(result["closed"]), args.clients) + [""]
     if "open" in result:
         md += section(f"Open loop: Poisson at {args.load:.0%} of capacity ({capacity:.2f} req/s simulated)", result["open"])
     text = "\n".join(md)
