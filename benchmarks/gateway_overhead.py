@@ -180,7 +180,7 @@ async def measured(sessions: dict[str, aiohttp.ClientSession], urls: dict[str, s
 
 def within_limit(res: dict[str, Any]) -> bool:
     a = res["added_ms"]["gateway"]
-    return a["ttft_p99"] <= LIMIT_MS and a["e2e_p99"] <= LIMIT_MS and res["arms"]["gateway"]["errors"] == 0
+    return bool(a["ttft_p99"] <= LIMIT_MS and a["e2e_p99"] <= LIMIT_MS and res["arms"]["gateway"]["errors"] == 0)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

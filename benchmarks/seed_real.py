@@ -107,6 +107,7 @@ class Proc:
 
     def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
         self.log = log
+        self.name = Path(argv[0]).name
         with open(log, "ab") as f:
             self.p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       env={**os.environ, **env}, start_new_session=True)
@@ -116,7 +117,7 @@ class Proc:
         async with aiohttp.ClientSession() as s:
             while time.monotonic() < deadline:
                 if self.p.poll() is not None:
-                    raise RuntimeError(f"{self.p.args[0]} exited ({self.p.returncode}); see {self.log}")
+                    raise RuntimeError(f"{self.name} exited ({self.p.returncode}); see {self.log}")
                 try:
                     async with s.get(url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
                         if r.status == 200:
