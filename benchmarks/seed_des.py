@@ -132,7 +132,8 @@ def seed_arrivals(n: int, rate_per_s: float, gw: GatewayConfig, seed: int) -> li
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig.from_preset(args.preset, max_num_seqs=args.max_num_seqs)
+    return EngineConfig.from_preset(args.preset, max_num_seqs=args.max_num_seqs,
+                                    enable_prefix_caching=getattr(args, "prefix_caching", None) or None)
 
 
 def measure_capacity(args: argparse.Namespace, gw: GatewayConfig) -> float:
@@ -381,9 +382,11 @@ def markdown(result: dict[str, Any]) -> str:
         "# The seed experiment on the discrete-event simulator",
         "",
         f"`.venv/bin/python benchmarks/seed_des.py --requests {a['requests']} --load {a['load']} "
-        f"--clients {a['clients']} --closed-s {a['closed_s']:g} --runs {','.join(a['runs'])}`",
+        f"--clients {a['clients']} --closed-s {a['closed_s']:g} --runs {','.join(a['runs'])}"
+        f"{' --prefix-caching' if a['prefix_caching'] else ''}`",
         "",
-        f"Engine `{a['preset']}` with max_num_seqs {a['max_num_seqs']} (FCFS); gateway in front with at most "
+        f"Engine `{a['preset']}` with max_num_seqs {a['max_num_seqs']} (FCFS, prefix cache "
+        f"{'on' if a['prefix_caching'] else 'off'}); gateway in front with at most "
         f"{a['front_max_inflight']} in flight and the default classes (batch preemptible, max_share "
         f"{shares['max_share']}, min_share {shares['min_share']}) and scheduler (preemption on, at most "
         f"{SchedulerConfig().max_preemptions_per_request} suspensions per request); `:nopreempt` runs turn "
@@ -411,8 +414,12 @@ def markdown(result: dict[str, Any]) -> str:
             "With preemption (`ranked-sjf`, batch max_share 1) a chat that finds every slot taken suspends the "
             "batch request with the most work left, which resumes from its text when a slot frees: chats wait "
             "for no batch job, and batch keeps every slot it is not displaced from; what batch pays is the "
-            "re-prefill of prompt + text so far at each resume (the simulator keeps no KV of an aborted "
-            "request; vLLM with prefix caching would find much of it cached) and the slot-time chats take.",
+            "re-prefill of prompt + text so far at each resume and the slot-time chats take. "
+            + ("With the prefix cache on, a resumed request finds the blocks its suspended run left cached "
+               "(unless evicted meanwhile) and re-prefills only the rest, as vLLM's prefix cache does."
+               if a["prefix_caching"] else
+               "With the prefix cache off (this run) nothing of a suspended run's KV is kept; "
+               "`--prefix-caching` (vLLM V1's default) writes seed_des_prefix_caching.md."),
         ]
     if result.get("closed"):
         lines += [
@@ -457,8 +464,14 @@ def main() -> None:
     ap.add_argument("--front-max-inflight", type=int, default=8)
     ap.add_argument("--capacity-requests", type=int, default=4000)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--out", default=str(RESULTS / "seed_des"), help="output path without extension")
+    ap.add_argument("--prefix-caching", action="store_true",
+                    help="engine prefix cache on (vLLM V1's default): a resumed request finds the blocks its "
+                    "suspended run left cached")
+    ap.add_argument("--out", default=None, help="output path without extension (default: results/seed_des, "
+                    "or seed_des_prefix_caching with --prefix-caching)")
     args = ap.parse_args()
+    if args.out is None:
+        args.out = str(RESULTS / ("seed_des_prefix_caching" if args.prefix_caching else "seed_des"))
     labels = [r for r in args.runs.split(",") if r]
 
     gw = gateway_config()

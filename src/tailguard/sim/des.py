@@ -150,10 +150,11 @@ def run(
 class _Live:
     """A front-dispatched request while it is in the engine or suspended."""
 
-    __slots__ = ("arrival", "started_at", "base_tokens", "suspensions", "running")
+    __slots__ = ("arrival", "kv_key", "started_at", "base_tokens", "suspensions", "running")
 
-    def __init__(self, arrival: Arrival) -> None:
+    def __init__(self, arrival: Arrival, kv_key: int) -> None:
         self.arrival = arrival
+        self.kv_key = kv_key  # the engine's name for its content: each run finds what the last left cached
         self.running = False  # in the engine (else suspended, queued in the front)
         self.started_at = 0.0
         self.base_tokens = 0  # generated in earlier runs
@@ -185,6 +186,7 @@ class _Run:
         self.pfront: PreemptiveScheduler | None = None
         self.in_step = False
         self.live: dict[str, _Live] = {}  # preemptible requests dispatched and not finished
+        self.kv_keys = 0  # the next kv_key to give a preemptible request
         self.follow_up: Callable[[Timeline, float], Arrival | None] | None = None
         self.timelines: list[Timeline] = []
 
@@ -379,16 +381,19 @@ class _Run:
     def _dispatch(self, a: Arrival, t: float) -> None:
         tl = self.by_id[a.id]
         self.inflight += 1
+        kv_key = None
         if self.preemption is not None and a.cls in self.preemptible:
             lv = self.live.get(a.id)
             if lv is None:
-                lv = self.live[a.id] = _Live(a)
+                lv = self.live[a.id] = _Live(a, self.kv_keys)
+                self.kv_keys += 1
             lv.started_at = t
             lv.running = True
+            kv_key = lv.kv_key
             if lv.base_tokens:  # resumed: the continuation of what it generated so far
                 self.engine.add(SimRequest(a.id, a.prompt_tokens + lv.base_tokens, a.max_tokens - lv.base_tokens,
-                                           a.priority, a.block_hashes), t)
+                                           a.priority, a.block_hashes, kv_key), t)
                 return
         if tl.dispatched_at is None:
             tl.dispatched_at = t
-        self.engine.add(SimRequest(a.id, a.prompt_tokens, a.max_tokens, a.priority, a.block_hashes), t)
+        self.engine.add(SimRequest(a.id, a.prompt_tokens, a.max_tokens, a.priority, a.block_hashes, kv_key), t)

@@ -46,6 +46,11 @@ class SimRequest:
     max_tokens: int
     priority: int = 0
     block_hashes: tuple[int, ...] = ()
+    # Names the request's own content past `block_hashes` (0 <= kv_key < 2**30). Blocks it leaves
+    # cached when it ends or is aborted can be found by a later request with the same kv_key: the
+    # gateway's continuation of a suspended request, whose prompt is the original's prompt and
+    # output, as vLLM's prefix cache finds them by the token ids. None: nobody else can have them.
+    kv_key: int | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -105,14 +110,18 @@ class Step:
 
 
 _WAITING, _PREFILL, _DECODE, _GONE = 0, 1, 2, 3
+# Content keys are 63-bit; bit 63 set keeps a request's own block keys apart from them, and bit 62
+# tells keys named by a request's `kv_key` from keys only its own sequence number makes.
 _OWN_KEY = 1 << 63
+_NAMED_KEY = 1 << 62
+_MAX_KV_KEY = 1 << 30
 
 
 class _Seq:
     __slots__ = (
         "id", "prompt", "target", "length_reason", "priority", "arrived_at", "seqno", "shared",
         "state", "computed", "out", "base_step", "finish_step", "epoch", "run_order",
-        "private", "held", "admitted", "preemptions",
+        "private", "held", "admitted", "preemptions", "own_keys", "finds_own",
     )
 
     def __init__(self, req: SimRequest, target: int, length_reason: str, arrived_at: float, seqno: int) -> None:
@@ -135,14 +144,21 @@ class _Seq:
         self.held: dict[int, int] = {}  # block index -> cached key held
         self.admitted = False
         self.preemptions = 0
+        if req.kv_key is None:
+            self.own_keys = _OWN_KEY | (seqno << 32)
+        elif 0 <= req.kv_key < _MAX_KV_KEY:
+            self.own_keys = _OWN_KEY | _NAMED_KEY | (req.kv_key << 32)
+        else:
+            raise ValueError(f"kv_key {req.kv_key} is outside [0, 2**30)")
+        self.finds_own = req.kv_key is not None  # a continuation may find its original's blocks
 
     def block_key(self, i: int) -> int:
         if i < len(self.shared):
             return self.shared[i]
         # Blocks nobody else can have computed (the rest of the prompt, the output) get a key only
-        # this request produces, so that after preemption it can find its own released blocks.
-        # Content keys are 63-bit; bit 63 set keeps these apart from them.
-        return _OWN_KEY | (self.seqno << 32) | i
+        # this request (or its continuation) produces, so that after preemption it can find its
+        # own released blocks.
+        return self.own_keys | i
 
 
 class Engine:
@@ -216,8 +232,10 @@ class Engine:
         if seq.state == _WAITING:
             self._n_waiting -= 1  # lazily dropped from the queue when it reaches the head
         else:
+            # vLLM's prefix cache keeps an aborted request's full blocks until they are evicted.
+            kv_tokens = self._cacheable_tokens(seq)
             self._leave_running(seq)
-            self._free(seq, 0)
+            self._free(seq, kv_tokens if self.kv.enable_prefix_caching else 0)
         seq.state = _GONE
         self.finished_total["abort"] += 1
         return True
@@ -388,7 +406,7 @@ class Engine:
                 # vLLM always computes at least the last token, so a full hit still prefills one.
                 max_blocks = (total - 1) // bs
                 keys = list(seq.shared[:max_blocks])
-                if seq.preemptions:  # its own released blocks may still be cached
+                if seq.preemptions or seq.finds_own:  # its own released blocks may still be cached
                     keys.extend(seq.block_key(i) for i in range(len(keys), max_blocks))
                 hit_blocks, evictable_hits = kv.lookup(keys, max_blocks)
             hit_tokens = hit_blocks * bs
@@ -434,9 +452,13 @@ class Engine:
                 return False
         return True
 
+    def _cacheable_tokens(self, seq: _Seq) -> int:
+        """Tokens of a running sequence whose KV is computed (the newest token's is not yet)."""
+        return seq.computed if seq.state == _PREFILL else seq.prompt + self._out_now(seq) - 1
+
     def _preempt(self, seq: _Seq, events: list[Event]) -> None:
         out = self._out_now(seq)
-        kv_tokens = seq.computed if seq.state == _PREFILL else seq.prompt + out - 1
+        kv_tokens = self._cacheable_tokens(seq)
         self._leave_running(seq)
         self._free(seq, kv_tokens if self.kv.enable_prefix_caching else 0)
         seq.out = out

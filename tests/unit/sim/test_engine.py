@@ -238,6 +238,39 @@ def test_abort_frees_slot_and_kv_at_once() -> None:
     assert e.finished_total["abort"] == 2
 
 
+def run_then_abort(e: Engine, req: SimRequest, tokens: int) -> float:
+    """Step `req` alone until it has generated `tokens`, abort it; returns the time after."""
+    e.add(req, now=0.0)
+    t = 0.0
+    while e.output_tokens(req.id) < tokens:
+        t = e.step(t).ended_at
+    assert e.abort(req.id, t)
+    return t
+
+
+@pytest.mark.parametrize("caching,kv_key,cached", [
+    (True, 7, (100 + 40 - 1) // 16 * 16),  # every full block of prompt + output, as vLLM's prefix cache
+    (True, None, 0),  # nothing names the content: no other request can have computed it
+    (False, 7, 0),
+])
+def test_a_continuation_finds_the_blocks_its_aborted_original_left(
+    caching: bool, kv_key: int | None, cached: int,
+) -> None:
+    # The gateway suspends a request (abort) and later sends prompt + text so far as a new request.
+    e = Engine(config(enable_prefix_caching=caching))
+    t = run_then_abort(e, SimRequest("orig", 100, 200, kv_key=kv_key), 40)
+    e.add(SimRequest("cont", 140, 160, kv_key=kv_key), now=t)
+    steps = drive(e, t=t)
+    (adm,) = [a for _, a in events_of(steps, Admitted)]
+    assert adm.cached_tokens == cached
+    assert steps[0].prefill_tokens == 140 - cached
+
+
+def test_kv_key_is_bounded() -> None:
+    with pytest.raises(ValueError, match="kv_key"):
+        Engine(config()).add(SimRequest("r", 10, 2, kv_key=1 << 30), now=0.0)
+
+
 def test_abort_of_a_waiting_request_removes_it_from_the_queue() -> None:
     e = Engine(config(max_num_seqs=1))
     for rid in ("a", "b", "c"):
