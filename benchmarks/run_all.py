@@ -13,23 +13,33 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 # The real-engine benchmark (seed_real) needs `make engines` and runs from `make bench-real`.
-BENCHMARKS = ("sim_des_speed", "sim_des_vs_http", "seed_des", "seed_hol", "seed_gateway", "gateway_overhead",
-              "bench_ceiling")
+# Each entry: a script in this folder and its arguments.
+BENCHMARKS: tuple[tuple[str, ...], ...] = (
+    ("sim_des_speed",), ("sim_des_vs_http",), ("seed_des",),
+    ("seed_des", "--prefix-caching", "--runs", "straight,ranked-sjf"),
+    ("seed_hol",), ("seed_gateway",), ("gateway_overhead",), ("bench_ceiling",),
+)
 
 
 def main(names: list[str]) -> int:
-    unknown = [n for n in names if n not in BENCHMARKS and not (HERE / f"{n}.py").is_file()]
+    known = sorted({script for script, *_ in BENCHMARKS})
+    unknown = [n for n in names if n not in known and not (HERE / f"{n}.py").is_file()]
     if unknown:
-        print(f"unknown benchmark(s) {unknown}; known: {', '.join(BENCHMARKS)}", file=sys.stderr)
+        print(f"unknown benchmark(s) {unknown}; known: {', '.join(known)}", file=sys.stderr)
         return 2
+    if names:  # every entry of a named script, and a script not listed above with no arguments
+        chosen = [b for b in BENCHMARKS if b[0] in names] + [(n,) for n in names if n not in known]
+    else:
+        chosen = list(BENCHMARKS)
     failed = []
-    for name in names or BENCHMARKS:
-        print(f"== {name}", flush=True)
+    for script, *args in chosen:
+        label = " ".join([script, *args])
+        print(f"== {label}", flush=True)
         started = time.monotonic()
-        rc = subprocess.call([sys.executable, str(HERE / f"{name}.py")])
-        print(f"== {name}: {'ok' if rc == 0 else f'FAILED ({rc})'} in {time.monotonic() - started:.0f} s", flush=True)
+        rc = subprocess.call([sys.executable, str(HERE / f"{script}.py"), *args])
+        print(f"== {label}: {'ok' if rc == 0 else f'FAILED ({rc})'} in {time.monotonic() - started:.0f} s", flush=True)
         if rc != 0:
-            failed.append(name)
+            failed.append(label)
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
