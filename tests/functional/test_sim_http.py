@@ -243,6 +243,8 @@ BAD_BODIES: list[tuple[str, bytes, str | None]] = [
     ("chat", b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 5000}', "context_length_exceeded"),
     ("chat", b'{"messages": [{"role": "user", "content": "x"}], "priority": 3}', "invalid_value"),
     ("chat", b'{"messages": [{"role": "user", "content": "x"}], "n": 2}', "invalid_value"),
+    ("chat", b'{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', "invalid_type"),
+    ("chat", b'{"messages": [{"role": "user", "content": "x"}], "priority": "high"}', "invalid_type"),
     ("completions", b'{"model": "m"}', "missing_required_parameter"),
     ("completions", b'{"prompt": {"a": 1}}', "invalid_type"),
 ]

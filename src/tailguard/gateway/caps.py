@@ -37,6 +37,14 @@ def apply_caps(parsed: ParsedRequest, cls: ClassConfig, output_estimate_tokens: 
         )
     asked = parsed.max_tokens
     body = parsed.body
+    field = "max_tokens"
+    if parsed.endpoint == "chat" and asked is not None:
+        # A chat body may carry both limits (both validated) and engines differ in which wins:
+        # the larger one is what the cap and the job size must assume.
+        field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        other = body.get("max_tokens") if field == "max_completion_tokens" else None
+        if other is not None and other > asked:
+            asked, field = other, "max_tokens"
     cap = cls.max_tokens_cap
     if asked is None:
         # Without a limit the engine may generate up to the context length; the class default (or
@@ -49,18 +57,16 @@ def apply_caps(parsed: ParsedRequest, cls: ClassConfig, output_estimate_tokens: 
         return Capped(fill, parsed.prompt_tokens + fill, True, new)
     if cap is None or asked <= cap:
         return Capped(asked, parsed.prompt_tokens + asked, False, body)
-    field = "max_completion_tokens" if parsed.endpoint == "chat" and body.get("max_completion_tokens") is not None else "max_tokens"
     if cls.cap_mode == "reject":
         raise BadRequest(
             f"'{field}' is {asked}, above the cap of {cap} for class '{cls.name}'.",
             param=field, code="max_tokens_over_cap",
         )
     new = dict(body)
-    new[field] = cap
-    # A chat body may carry both fields; servers differ in which one wins, so neither may exceed the cap.
-    other = body.get("max_tokens") if field == "max_completion_tokens" else None
-    if isinstance(other, int) and other > cap:
-        new["max_tokens"] = cap
+    for name in ("max_tokens", "max_completion_tokens") if parsed.endpoint == "chat" else ("max_tokens",):
+        v = body.get(name)
+        if v is not None and v > cap:
+            new[name] = cap
     return Capped(cap, parsed.prompt_tokens + cap, True, new)
 
 

@@ -91,8 +91,11 @@ class ClassTable:
         if named is not None:
             cls = self._by_name.get(named.strip())
             if cls is None:
+                shown = named.strip()
+                if len(shown) > 64:  # a header may hold 8 KB: the error names it, not echoes it
+                    shown = shown[:64] + "..."
                 raise BadRequest(
-                    f"Unknown request class {named.strip()!r} in header {CLASS_HEADER}; known classes: {self._known}.",
+                    f"Unknown request class {shown!r} in header {CLASS_HEADER}; known classes: {self._known}.",
                     param=CLASS_HEADER, code="unknown_class",
                 )
             return cls

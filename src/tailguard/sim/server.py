@@ -268,6 +268,7 @@ async def _generate(request: web.Request, endpoint: wire.Endpoint) -> web.Stream
     try:
         raw = await _read_body(request)
         parsed = wire.parse_request(raw, endpoint)
+        wire.validate_engine_fields(parsed.body)
         acc = _accept(state, parsed, "chatcmpl" if endpoint == "chat" else "cmpl")
         keys = _block_keys(state, parsed)
     except APIError as err:

@@ -3,6 +3,9 @@ response chunks, and the one function that turns an `APIError` into OpenAI's err
 
 Validation follows what vLLM accepts: fields the model does not use are kept and ignored, but a
 field we do read must have the right type, so a client bug is a clear 400 instead of a 500 later.
+`validate_body` checks what the gateway reads; the fields it only forwards (sampling, seed, stop,
+user) are the engine's to judge (`validate_engine_fields`, which the simulator runs as vLLM
+would), so the gateway neither refuses what an engine accepts nor spends admission time on them.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ Endpoint = Literal["chat", "completions"]
 
 # Far above any real context window, low enough that arithmetic on it stays cheap and sane.
 MAX_TOKENS_LIMIT = 10_000_000
+# OpenAI's own bound on `n`; unbounded, one request could ask an engine for millions of sequences.
+MAX_N = 128
 _ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
 
 
@@ -76,26 +81,15 @@ def validate_body(body: dict[str, Any], endpoint: Endpoint) -> ParsedRequest:
             raise _type_error("stream_options", "an object")
         include_usage = _opt_bool(so, "include_usage", "stream_options.include_usage") or False
     max_tokens = _max_tokens(body, endpoint)
-    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
-        v = body.get(name)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-            raise _type_error(name, "a number")
-    for name in ("n", "seed", "priority"):
-        v = body.get(name)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-            raise _type_error(name, "an integer")
     n = body.get("n")
-    if n is not None and n < 1:
-        raise BadRequest("'n' must be at least 1.", param="n", code="invalid_value")
-    _opt_bool(body, "ignore_eos")
-    stop = body.get("stop")
-    if stop is not None and not isinstance(stop, str):
-        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-            raise _type_error("stop", "a string or a list of strings")
-    for name in ("user", "service_tier"):
-        v = body.get(name)
-        if v is not None and not isinstance(v, str):
-            raise _type_error(name, "a string")
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise _type_error("n", "an integer")
+        if not 1 <= n <= MAX_N:
+            raise BadRequest(f"'n' must be between 1 and {MAX_N}, got {n}.", param="n", code="invalid_value")
+    tier = body.get("service_tier")
+    if tier is not None and not isinstance(tier, str):
+        raise _type_error("service_tier", "a string")
 
     token_ids: list[int] | None = None
     if endpoint == "chat":
@@ -105,11 +99,39 @@ def validate_body(body: dict[str, Any], endpoint: Endpoint) -> ParsedRequest:
     return ParsedRequest(endpoint, body, model, stream, include_usage, max_tokens, prompt_tokens, token_ids)
 
 
+def validate_engine_fields(body: dict[str, Any]) -> None:
+    """The types of the fields an engine reads and the gateway only forwards."""
+    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+        v = body.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise _type_error(name, "a number")
+    for name in ("seed", "priority"):
+        v = body.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise _type_error(name, "an integer")
+    _opt_bool(body, "ignore_eos")
+    stop = body.get("stop")
+    if stop is not None and not isinstance(stop, str):
+        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+            raise _type_error("stop", "a string or a list of strings")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise _type_error("user", "a string")
+
+
 def _max_tokens(body: dict[str, Any], endpoint: Endpoint) -> int | None:
-    name = "max_tokens"
-    value = body.get("max_tokens")
-    if endpoint == "chat" and body.get("max_completion_tokens") is not None:
-        name, value = "max_completion_tokens", body["max_completion_tokens"]
+    """The output limit as vLLM reads it (for chat `max_completion_tokens` wins). A chat body
+    may carry both, and engines differ in which wins, so both are checked (the caps use both)."""
+    value = _token_limit(body, "max_tokens")
+    if endpoint == "chat":
+        mct = _token_limit(body, "max_completion_tokens")
+        if mct is not None:
+            return mct
+    return value
+
+
+def _token_limit(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):

@@ -40,6 +40,17 @@ def test_clamp_caps_max_completion_tokens_and_a_larger_max_tokens_too() -> None:
     assert c.max_tokens == 100 and c.body["max_completion_tokens"] == 100 and c.body["max_tokens"] == 100
 
 
+def test_a_small_max_completion_tokens_does_not_hide_a_large_max_tokens() -> None:
+    # Engines differ in which of the two wins, so the larger one is capped and sizes the job.
+    p = chat(max_completion_tokens=10, max_tokens=6000)
+    c = apply_caps(p, ClassConfig(name="batch", max_tokens_cap=100), 0)
+    assert c.max_tokens == 100 and c.body["max_tokens"] == 100 and c.body["max_completion_tokens"] == 10
+    assert apply_caps(p, ClassConfig(name="batch"), 0).est_tokens == 14 + 6000
+    with pytest.raises(BadRequest) as info:
+        apply_caps(p, ClassConfig(name="batch", max_tokens_cap=100, cap_mode="reject"), 0)
+    assert info.value.param == "max_tokens"
+
+
 def test_reject_mode_is_a_400_naming_the_field() -> None:
     cls = ClassConfig(name="batch", max_tokens_cap=100, cap_mode="reject")
     with pytest.raises(BadRequest) as info:

@@ -33,6 +33,12 @@ def test_unknown_header_class_is_a_400_listing_the_known_ones() -> None:
     assert "'gold'" in err.message and "known classes: interactive, batch" in err.message
 
 
+def test_a_long_unknown_header_class_is_named_not_echoed() -> None:
+    with pytest.raises(BadRequest) as info:
+        table().classify({"X-Tailguard-Class": "g" * 8000}, {}, None)
+    assert "'" + "g" * 64 + "...'" in info.value.message and len(info.value.message) < 200
+
+
 @pytest.mark.parametrize("tier,expected", [
     ("priority", "interactive"), ("default", "interactive"), ("scale", "interactive"), ("flex", "batch"),
 ])

@@ -2,7 +2,9 @@ import orjson
 import pytest
 
 from tailguard.errors import BadRequest, Overloaded
-from tailguard.wire.openai import error_body, error_headers, parse_request
+from tailguard.wire.openai import (
+    error_body, error_headers, parse_request, validate_engine_fields,
+)
 from tailguard.wire.tokens import CHAT_MESSAGE_OVERHEAD_TOKENS, synthetic_text, text_tokens
 
 
@@ -43,7 +45,10 @@ def test_completion_token_ids_counted_exactly() -> None:
         (chat(max_tokens="12"), "chat", "max_tokens"),
         (chat(max_tokens=True), "chat", "max_tokens"),
         (chat(stream="yes"), "chat", "stream"),
-        (chat(temperature="hot"), "chat", "temperature"),
+        (chat(max_completion_tokens=5, max_tokens="9"), "chat", "max_tokens"),
+        (chat(n=0), "chat", "n"),
+        (chat(n=129), "chat", "n"),
+        (chat(n=2.0), "chat", "n"),
         (chat(stream_options=[1]), "chat", "stream_options"),
         (b'{"model":"m"}', "completions", "prompt"),
         (b'{"model":"m","prompt":{"a":1}}', "completions", "prompt"),
@@ -55,6 +60,14 @@ def test_bad_requests_name_the_param(raw: bytes, endpoint: str, param: str | Non
         parse_request(raw, endpoint)  # type: ignore[arg-type]
     assert e.value.status == 400
     assert e.value.param == param
+
+
+def test_fields_the_gateway_only_forwards_are_left_to_the_engine() -> None:
+    body = parse_request(chat(temperature="hot", seed="s", stop=5, user=1), "chat").body
+    with pytest.raises(BadRequest) as e:
+        validate_engine_fields(body)
+    assert e.value.param == "temperature"
+    validate_engine_fields(parse_request(chat(temperature=0.5, seed=1, stop=["x"], priority=-1), "chat").body)
 
 
 def test_error_body_shape_and_retry_after() -> None:
