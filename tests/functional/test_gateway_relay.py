@@ -78,7 +78,8 @@ async def test_completions_stream_and_non_stream() -> None:
 async def test_raw_stream_is_valid_sse_ending_in_done() -> None:
     body = orjson.dumps({"model": "m", "messages": CHAT, "max_tokens": 6, "stream": True})
     async with asyncio.timeout(20), gateway() as gw, aiohttp.ClientSession() as s:
-        async with s.post(f"{gw.url}/v1/chat/completions", data=body) as r:
+        async with s.post(f"{gw.url}/v1/chat/completions", data=body,
+                          headers={"Content-Type": "application/json"}) as r:
             assert r.status == 200
             dec = SSEDecoder()
             events = []

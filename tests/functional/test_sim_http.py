@@ -267,6 +267,22 @@ async def test_bad_requests_get_openai_style_400s_and_the_server_keeps_serving(s
             assert (await r.json())["usage"]["completion_tokens"] == 2
 
 
+@pytest.mark.parametrize("headers,code", [
+    ({"Content-Type": "text/plain"}, "invalid_type"),
+    ({"Content-Type": "application/json", "Content-Encoding": "gzip"}, "invalid_body"),
+])
+async def test_a_body_not_declared_or_not_decodable_as_json_is_a_400(
+    sim: RunningSim, headers: dict[str, str], code: str,
+) -> None:
+    body = b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}'
+    async with asyncio.timeout(10), aiohttp.ClientSession() as s:
+        async with s.post(f"{sim.url}/v1/chat/completions", data=body, headers=headers) as r:
+            assert r.status == 400
+            assert (await r.json())["error"]["code"] == code
+        async with s.post(f"{sim.url}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}) as r:
+            assert r.status == 200
+
+
 async def test_context_length_over_http_through_openai(sim: RunningSim) -> None:
     async with asyncio.timeout(10), client(sim) as c:
         with pytest.raises(openai.BadRequestError) as e:

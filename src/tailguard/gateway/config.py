@@ -321,7 +321,13 @@ class GatewayConfig(_Model):
     health: HealthConfig = Field(default_factory=HealthConfig, description="Backend health probes.")
     auth: AuthConfig = Field(default_factory=AuthConfig, description="Client API keys.")
     max_body_bytes: int = Field(
-        default=4 * 1024 * 1024, ge=1024, description="Largest request body accepted; larger is a 413."
+        default=4 * 1024 * 1024, ge=1024,
+        description="Largest request body accepted; larger is a 413 (at once when its Content-Length says so).",
+    )
+    body_timeout_s: float = Field(
+        default=30.0, gt=0,
+        description="Longest wait for a request's body once its headers are in; a slower client gets a 408. "
+        "Nothing is queued before its body is in, so a slow client costs a connection, never a slot.",
     )
     access_log: bool = Field(default=True, description="Write one JSON line per request to stderr.")
     log_prompts: bool = Field(

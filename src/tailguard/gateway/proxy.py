@@ -1,5 +1,6 @@
-"""One request's way through the gateway: read, authenticate, classify, cap, wait for a slot,
-relay (retrying once on another backend if nothing reached the client), and end exactly once.
+"""One request's way through the gateway: authenticate, read the body (bounded in size and time),
+classify, cap, wait for a slot, relay (retrying once on another backend if nothing reached the
+client), and end exactly once.
 
 Every exit of `Proxy.handle` goes through one `finally` that releases the slot, counts the one
 outcome and writes the access-log line, so no path can end a request twice or not at all.
@@ -15,8 +16,9 @@ import time
 from typing import Any
 
 from aiohttp import web
+from aiohttp.hdrs import CONTENT_TYPE
 
-from tailguard.errors import APIError, Overloaded, PayloadTooLarge
+from tailguard.errors import APIError, BadRequest, Overloaded, PayloadTooLarge
 from tailguard.gateway.backends import BackendPool
 from tailguard.gateway.caps import Capped, OutputEstimator, apply_caps
 from tailguard.gateway.classes import ClassTable
@@ -29,7 +31,9 @@ from tailguard.gateway.relay import (
 from tailguard.gateway.resume import Progress, continuation_body, resumable
 from tailguard.gateway.scheduler import Pending
 from tailguard.types import Outcome
-from tailguard.wire.openai import Endpoint, ParsedRequest, error_body, error_headers, parse_request
+from tailguard.wire.openai import (
+    Endpoint, ParsedRequest, error_body, error_headers, is_json_media_type, parse_request,
+)
 
 NO_CLASS = "none"  # metrics label of a request rejected before it had a class
 
@@ -94,15 +98,9 @@ class Proxy:
         ticket: Ticket | None = None
         parsed: ParsedRequest | None = None
         try:
-            try:
-                raw = await request.read()
-            except web.HTTPRequestEntityTooLarge:
-                raise PayloadTooLarge(
-                    f"Request body is larger than the limit of {self._cfg.max_body_bytes} bytes.",
-                    code="body_too_large",
-                ) from None
             api_key = _bearer(request)
-            self._classes.authenticate(api_key)
+            self._classes.authenticate(api_key)  # before the body: a stranger's body is never read
+            raw = await self._read_body(request)
             parsed = parse_request(raw, endpoint)
             cls = self._classes.classify(request.headers, parsed.body, api_key)
             t.cls = cls.name
@@ -127,7 +125,12 @@ class Proxy:
             else:
                 ex.outcome, ex.reason = Outcome.CLIENT_ERROR, err.code
             ex.status = err.status
-            return error_response(err, response_headers(t) if t.cls != NO_CLASS else None)
+            resp = error_response(err, response_headers(t) if t.cls != NO_CLASS else None)
+            if not request.content.is_eof():
+                # Refused before its body was read (or the body is broken): aiohttp drains what
+                # follows for a while, then closes; the client must not reuse the connection.
+                resp.force_close()
+            return resp
         except Exception:
             log.exception("internal error handling %s %s", request.method, request.path)
             ex.outcome, ex.status, ex.reason = Outcome.UPSTREAM_ERROR, 500, "internal_error"
@@ -144,6 +147,36 @@ class Proxy:
                 access_log(t, req_id=req_id, method=request.method, path=request.path, status=ex.status,
                            outcome=ex.outcome, reason=ex.reason, prompt=prompt,
                            completion=ex.completion if self._cfg.log_prompts else None)
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        """The whole body, within `max_body_bytes` and `body_timeout_s`. A body too large is
+        refused at its Content-Length, before it is read; a slow one cannot hold a handler open
+        for ever. The queue is not involved yet: nothing is admitted before its body is in."""
+        length = request.content_length
+        if length is not None and length > self._cfg.max_body_bytes:
+            raise self._too_large()
+        if CONTENT_TYPE in request.headers and not is_json_media_type(request.content_type):
+            raise BadRequest(
+                f"Content-Type must be application/json, got {request.content_type!r}.", status=415,
+                param="Content-Type", code="unsupported_media_type",
+            )
+        try:
+            async with asyncio.timeout(self._cfg.body_timeout_s):
+                return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise self._too_large() from None
+        except TimeoutError:
+            raise BadRequest(
+                f"The request body did not arrive within {self._cfg.body_timeout_s:g} s.", status=408,
+                code="body_timeout",
+            ) from None
+        except web.RequestPayloadError:
+            raise BadRequest("The request body could not be decoded: its Content-Encoding or chunked framing "
+                             "is broken.", code="invalid_body") from None
+
+    def _too_large(self) -> PayloadTooLarge:
+        return PayloadTooLarge(f"Request body is larger than the limit of {self._cfg.max_body_bytes} bytes.",
+                               code="body_too_large")
 
     async def _relay(
         self, request: web.Request, endpoint: Endpoint, raw: bytes, parsed: ParsedRequest, capped: Capped,

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 from aiohttp import web
+from aiohttp.hdrs import CONTENT_TYPE as CONTENT_TYPE_HEADER
 
 from tailguard.clock import ScaledClock
 from tailguard.errors import APIError, BadRequest, PayloadTooLarge
@@ -225,12 +226,18 @@ def _error(err: APIError) -> web.Response:
 
 
 async def _read_body(request: web.Request) -> bytes:
+    if CONTENT_TYPE_HEADER in request.headers and not wire.is_json_media_type(request.content_type):
+        # vLLM's FastAPI refuses a body that is not declared JSON (as a 400 validation error).
+        raise BadRequest(f"Content-Type must be application/json, got {request.content_type!r}.",
+                         param="Content-Type", code="invalid_type")
     try:
         return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge(
             f"Request body is larger than {request.app[SIM].max_body_bytes} bytes.", code="payload_too_large"
         ) from None
+    except web.RequestPayloadError:
+        raise BadRequest("The request body could not be decoded.", code="invalid_body") from None
 
 
 class _Chunks:
@@ -272,7 +279,10 @@ async def _generate(request: web.Request, endpoint: wire.Endpoint) -> web.Stream
         acc = _accept(state, parsed, "chatcmpl" if endpoint == "chat" else "cmpl")
         keys = _block_keys(state, parsed)
     except APIError as err:
-        return _error(err)
+        resp = _error(err)
+        if not request.content.is_eof():
+            resp.force_close()  # the body was not read to its end: this connection cannot be reused
+        return resp
     if state.closing:
         return _error(_unavailable(state))
     engine, clock = state.engine, state.clock

@@ -204,6 +204,14 @@ def _type_error(param: str, expected: str) -> BadRequest:
     return BadRequest(f"'{param}' must be {expected}.", param=param, code="invalid_type")
 
 
+def is_json_media_type(mime: str) -> bool:
+    """Whether a request's media type (lower case, no parameters) says JSON, by the rule of
+    FastAPI (so vLLM and SGLang): `application/json` or `application/*+json`. A body sent as
+    `text/plain` or a form is refused: those are what a web page may post cross-site without a
+    CORS preflight, so accepting them would let any page a user opens spend a local gateway's GPU."""
+    return mime == "application/json" or (mime.startswith("application/") and mime.endswith("+json"))
+
+
 def error_body(err: APIError) -> bytes:
     """The one place an `APIError` becomes OpenAI's error JSON."""
     return orjson.dumps(

@@ -3,7 +3,7 @@ import pytest
 
 from tailguard.errors import BadRequest, Overloaded
 from tailguard.wire.openai import (
-    error_body, error_headers, parse_request, validate_engine_fields,
+    error_body, error_headers, is_json_media_type, parse_request, validate_engine_fields,
 )
 from tailguard.wire.tokens import CHAT_MESSAGE_OVERHEAD_TOKENS, synthetic_text, text_tokens
 
@@ -68,6 +68,14 @@ def test_fields_the_gateway_only_forwards_are_left_to_the_engine() -> None:
         validate_engine_fields(body)
     assert e.value.param == "temperature"
     validate_engine_fields(parse_request(chat(temperature=0.5, seed=1, stop=["x"], priority=-1), "chat").body)
+
+
+@pytest.mark.parametrize("mime,ok", [
+    ("application/json", True), ("application/vnd.api+json", True), ("text/plain", False),
+    ("application/x-www-form-urlencoded", False), ("multipart/form-data", False), ("application/octet-stream", False),
+])
+def test_json_media_types_are_fastapis(mime: str, ok: bool) -> None:
+    assert is_json_media_type(mime) is ok
 
 
 def test_error_body_shape_and_retry_after() -> None:
