@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from aiohttp import web
-from aiohttp.hdrs import CONTENT_TYPE
+from aiohttp.hdrs import CONTENT_ENCODING, CONTENT_TYPE
 
 from tailguard.errors import APIError, BadRequest, Overloaded, PayloadTooLarge
 from tailguard.gateway.backends import BackendPool
@@ -161,6 +161,8 @@ class Proxy:
                 param="Content-Type", code="unsupported_media_type",
             )
         try:
+            if length is not None and request.content.total_bytes == length and CONTENT_ENCODING not in request.headers:
+                return await request.read()  # all here already (the usual case): no timer to arm
             async with asyncio.timeout(self._cfg.body_timeout_s):
                 return await request.read()
         except web.HTTPRequestEntityTooLarge:
