@@ -162,13 +162,14 @@ def translate_body(kind: str, body: Body, rank: int) -> Body | None:
 
     Engines with a priority queue of their own (vLLM under `--scheduling-policy priority`,
     SGLang with priority scheduling) get the class as their `priority` field, in their own
-    direction (`Kind.priority_for`); the client's own value, if any, wins, and the engine's
-    default (0) needs no rewrite."""
+    direction (`Kind.priority_for`). A client's own value is replaced: the class is the gateway's
+    to set, or a batch client could jump the engine's queue with `priority: -100`. A body that
+    already says what the class says (absent = the engine's default 0) is not rewritten."""
     placed = get_kind(kind).priority_for(rank)
     if placed is None:
         return None
     field, value = placed
-    if field in body or value == 0:
+    if body.get(field, 0) == value:
         return None
     new = dict(body)
     new[field] = value

@@ -21,7 +21,7 @@ class Capped:
     """
 
     max_tokens: int | None  # the limit sent upstream (None: the engine's own default)
-    est_tokens: int  # prompt tokens + max_tokens (or the class's output estimate): SJF job size
+    est_tokens: int  # prompt tokens + n x max_tokens (or the class's output estimate): SJF job size
     body_changed: bool
     body: dict[str, Any]
 
@@ -51,12 +51,12 @@ def apply_caps(parsed: ParsedRequest, cls: ClassConfig, output_estimate_tokens: 
         # its cap) keeps such a request inside the class's budget.
         fill = cls.default_max_tokens if cls.default_max_tokens is not None else cap
         if fill is None:
-            return Capped(None, parsed.prompt_tokens + output_estimate_tokens, False, body)
+            return Capped(None, parsed.prompt_tokens + parsed.n * output_estimate_tokens, False, body)
         new = dict(body)
         new["max_tokens"] = fill
-        return Capped(fill, parsed.prompt_tokens + fill, True, new)
+        return Capped(fill, parsed.prompt_tokens + parsed.n * fill, True, new)
     if cap is None or asked <= cap:
-        return Capped(asked, parsed.prompt_tokens + asked, False, body)
+        return Capped(asked, parsed.prompt_tokens + parsed.n * asked, False, body)
     if cls.cap_mode == "reject":
         raise BadRequest(
             f"'{field}' is {asked}, above the cap of {cap} for class '{cls.name}'.",
@@ -67,7 +67,7 @@ def apply_caps(parsed: ParsedRequest, cls: ClassConfig, output_estimate_tokens: 
         v = body.get(name)
         if v is not None and v > cap:
             new[name] = cap
-    return Capped(cap, parsed.prompt_tokens + cap, True, new)
+    return Capped(cap, parsed.prompt_tokens + parsed.n * cap, True, new)
 
 
 class OutputEstimator:

@@ -39,6 +39,7 @@ class ParsedRequest:
     max_tokens: int | None
     prompt_tokens: int
     token_ids: list[int] | None = field(default=None)
+    n: int = 1  # choices asked for: the engine generates each, so the job size counts each
 
     def prompt_text(self) -> str:
         """The prompt flattened to one string (role-tagged for chat); used for prefix hashing."""
@@ -96,7 +97,8 @@ def validate_body(body: dict[str, Any], endpoint: Endpoint) -> ParsedRequest:
         prompt_tokens = _chat_prompt_tokens(body)
     else:
         prompt_tokens, token_ids = _completion_prompt_tokens(body)
-    return ParsedRequest(endpoint, body, model, stream, include_usage, max_tokens, prompt_tokens, token_ids)
+    return ParsedRequest(endpoint, body, model, stream, include_usage, max_tokens, prompt_tokens, token_ids,
+                         1 if n is None else n)
 
 
 def validate_engine_fields(body: dict[str, Any]) -> None:

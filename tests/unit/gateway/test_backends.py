@@ -76,12 +76,15 @@ def test_unhealthy_after_consecutive_failures_and_back_after_successes() -> None
     assert p.mark_success("a") is True and p.is_healthy("a")
 
 
-def test_vllm_gets_priority_from_rank_unless_the_client_set_one() -> None:
+def test_vllm_gets_priority_from_the_class_rank_whatever_the_client_sent() -> None:
     body = {"model": "m", "prompt": "x"}
     assert translate_body("vllm", body, 2) == {"model": "m", "prompt": "x", "priority": 2}
     assert "priority" not in body
     assert translate_body("vllm", body, 0) is None  # 0 is vLLM's default: no rewrite needed
-    assert translate_body("vllm", {**body, "priority": -5}, 2) is None
+    # The class decides, not the client: a batch client cannot jump the engine's queue.
+    assert translate_body("vllm", {**body, "priority": -5}, 2) == {"model": "m", "prompt": "x", "priority": 2}
+    assert translate_body("vllm", {**body, "priority": -5}, 0) == {"model": "m", "prompt": "x", "priority": 0}
+    assert translate_body("vllm", {**body, "priority": 2}, 2) is None
 
 
 def test_sglang_gets_the_rank_negated_because_it_serves_higher_values_first() -> None:

@@ -51,6 +51,14 @@ def test_a_small_max_completion_tokens_does_not_hide_a_large_max_tokens() -> Non
     assert info.value.param == "max_tokens"
 
 
+def test_each_of_n_choices_counts_in_the_job_size() -> None:
+    # n choices are n generations: sized as one, n=128 would pass every single-choice request in SJF.
+    c = apply_caps(chat(max_tokens=32, n=4), ClassConfig(name="batch", max_tokens_cap=4096), 0)
+    assert (c.max_tokens, c.est_tokens) == (32, 14 + 4 * 32)
+    c = apply_caps(chat(n=3), ClassConfig(name="interactive"), output_estimate_tokens=50)
+    assert c.est_tokens == 14 + 3 * 50
+
+
 def test_reject_mode_is_a_400_naming_the_field() -> None:
     cls = ClassConfig(name="batch", max_tokens_cap=100, cap_mode="reject")
     with pytest.raises(BadRequest) as info:
