@@ -230,6 +230,48 @@ async def test_prefix_caching_hits_over_http() -> None:
     assert m["vllm:prefix_cache_queries_total"] > m["vllm:prefix_cache_hits_total"]
 
 
+async def _abort_after(c: AsyncOpenAI, tokens: int, **request: Any) -> str:
+    """Stream a request, leave after `tokens` chunks of text (the engine aborts it); its text."""
+    stream: Any = await (c.chat.completions if "messages" in request else c.completions).create(
+        model="m", stream=True, **request)
+    parts: list[str] = []
+    async for ch in stream:
+        piece = (ch.choices[0].delta.content if "messages" in request else ch.choices[0].text) if ch.choices else None
+        if piece:
+            parts.append(piece)
+        if len(parts) == tokens:
+            break
+    await stream.close()
+    return "".join(parts)
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+async def test_a_continuation_finds_what_its_aborted_original_left_cached(endpoint: str) -> None:
+    # What the gateway does to a suspended request: the engine aborts it, then gets the prompt
+    # plus the text so far. With prefix caching, the blocks of prompt + output are found again.
+    async with running_sim(cfg(enable_prefix_caching=True), time_scale=SCALE) as s:
+        async with asyncio.timeout(10), client(s) as c:
+            if endpoint == "completions":
+                prompt = "x" * 400  # 100 tokens
+                text = await _abort_after(c, 100, prompt=prompt, max_tokens=300)
+                await wait_metric(s, "vllm:num_requests_running", 0)
+                before = (await scrape(s))["vllm:prefix_cache_hits_total"]
+                await c.completions.create(model="m", prompt=prompt + text, max_tokens=200)
+                expected = (100 + 100 - 1) // 16 * 16  # all full blocks but the one with the last token
+            else:
+                messages: list[Any] = [{"role": "user", "content": "y" * 40}]
+                text = await _abort_after(c, 100, messages=messages, max_tokens=300)
+                await wait_metric(s, "vllm:num_requests_running", 0)
+                before = (await scrape(s))["vllm:prefix_cache_hits_total"]
+                await c.chat.completions.create(
+                    model="m", max_tokens=200, messages=[*messages, {"role": "assistant", "content": text}],
+                    extra_body={"continue_final_message": True, "add_generation_prompt": False})
+                expected = 7 * 16  # the continuation's text holds 7 full blocks of 64 bytes
+            hits = (await scrape(s))["vllm:prefix_cache_hits_total"] - before
+    assert text == " tok" * 100
+    assert hits == expected
+
+
 BAD_BODIES: list[tuple[str, bytes, str | None]] = [
     ("chat", b"{not json", "invalid_json"),
     ("chat", b"[1, 2]", "invalid_json"),

@@ -205,13 +205,30 @@ def _accept(state: SimState, parsed: wire.ParsedRequest, prefix: str) -> _Accept
     return _Accepted(state.new_id(prefix), parsed, prompt, max_tokens)
 
 
-def _block_keys(state: SimState, parsed: wire.ParsedRequest) -> tuple[int, ...]:
+def _block_keys(state: SimState, parsed: wire.ParsedRequest, max_tokens: int) -> tuple[int, ...]:
+    """Prefix-cache keys of the request's whole sequence: its prompt as the engine would render
+    it, then the output it will generate (every token is TOKEN_TEXT). Keying the output too is what
+    lets a continuation (prompt + text so far, as the gateway resumes a suspended request) find the
+    blocks its aborted original left cached, as vLLM's prefix cache finds them by token ids."""
     if not state.config.enable_prefix_caching:
         return ()
     bs = state.config.block_size
     if parsed.token_ids is not None:
         return token_block_hashes(parsed.token_ids, bs)
-    return text_block_hashes(parsed.prompt_text(), bs, max_blocks=parsed.prompt_tokens // bs)
+    text = _sequence_prefix(parsed) + TOKEN_TEXT * max_tokens
+    return text_block_hashes(text, bs, max_blocks=(parsed.prompt_tokens + max_tokens) // bs)
+
+
+def _sequence_prefix(parsed: wire.ParsedRequest) -> str:
+    """The text generation continues from. Chat is rendered like a chat template: each message,
+    then the assistant's turn opened (or, with `continue_final_message`, the last message left
+    open), so a continuation's text starts with its original's text and generated output."""
+    text = parsed.prompt_text()
+    if parsed.endpoint == "completions":
+        return text
+    if parsed.body.get("continue_final_message") is True:
+        return text[:-1]  # the last message's closing newline: it stays open
+    return text + "assistant:"
 
 
 def _unavailable(state: SimState) -> APIError:
@@ -277,7 +294,7 @@ async def _generate(request: web.Request, endpoint: wire.Endpoint) -> web.Stream
         parsed = wire.parse_request(raw, endpoint)
         wire.validate_engine_fields(parsed.body)
         acc = _accept(state, parsed, "chatcmpl" if endpoint == "chat" else "cmpl")
-        keys = _block_keys(state, parsed)
+        keys = _block_keys(state, parsed, acc.max_tokens)
     except APIError as err:
         resp = _error(err)
         if not request.content.is_eof():
