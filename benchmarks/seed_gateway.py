@@ -9,7 +9,8 @@ simulated seconds (wall / time_scale).
     .venv/bin/python benchmarks/seed_gateway.py [--duration 60] [--time-scale 0.25] [--load 0.85]
 
 Writes benchmarks/results/seed_gateway.{json,md}; every arm's bench folder under
-benchmarks/results/seed_gateway/.
+benchmarks/results/seed_gateway/. With `--prefix-caching` the simulator runs with its prefix cache
+on (vLLM V1's default), and everything is written under the name seed_gateway_prefix_caching.
 """
 
 from __future__ import annotations
@@ -108,15 +109,18 @@ def main() -> None:
     ap.add_argument("--load", type=float, default=0.85, help="open-loop rate as a fraction of capacity (0: skip)")
     ap.add_argument("--arms", default="straight,fcfs,ranked-sjf", help="straight and gateway runs: policy[:nopreempt][@batch max_share[/min_share]]")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--render", action="store_true", help="only rewrite the .md from the saved seed_gateway.json")
+    ap.add_argument("--prefix-caching", action="store_true",
+                    help="simulator prefix cache on: a resumed request finds what its suspended run left cached")
+    ap.add_argument("--render", action="store_true", help="only rewrite the .md from the saved .json")
     args = ap.parse_args()
+    name = results_name(vars(args))
     if args.render:
-        render(json.loads((RESULTS / "seed_gateway.json").read_text()))
+        render(json.loads((RESULTS / f"{name}.json").read_text()))
         return
 
-    sim = SimSpec(time_scale=args.time_scale)
+    sim = SimSpec(time_scale=args.time_scale, extra=("--enable-prefix-caching",) if args.prefix_caching else ())
     arms = [make_arm(a) for a in args.arms.split(",")]
-    out = RESULTS / "seed_gateway"
+    out = RESULTS / name
     started = time.time()
     closed_load = {"workload": "seed-mixed", "concurrency": args.clients, "duration_s": args.duration,
                    "warmup_s": args.warmup, "seed": args.seed}
@@ -133,7 +137,7 @@ def main() -> None:
     result["capacity_requests_per_s"] = capacity
     result["machine"] = f"{platform.machine()}, Python {platform.python_version()}"
     result["wall_s"] = round(time.time() - started, 1)
-    (RESULTS / "seed_gateway.json").write_text(json.dumps(result, indent=2, default=str))
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2, default=str))
     render(result)
 
 
@@ -146,15 +150,20 @@ def flows(runs: dict[str, Any]) -> dict[str, ClosedLoopFlow]:
     return {k: flow(v) for k, v in runs.items()}
 
 
+def results_name(args: dict[str, Any]) -> str:
+    return "seed_gateway_prefix_caching" if args.get("prefix_caching") else "seed_gateway"
+
+
 def render(result: dict[str, Any]) -> None:
-    """Write benchmarks/results/seed_gateway.md from a run's results (also `--render`: from the
-    saved seed_gateway.json, without running again)."""
-    args = argparse.Namespace(**result["args"])
+    """Write the results page from a run's results (also `--render`: from the saved .json,
+    without running again)."""
+    args = argparse.Namespace(**{"prefix_caching": False, **result["args"]})
     capacity = result["capacity_requests_per_s"]
     cmd = (f"`.venv/bin/python benchmarks/seed_gateway.py --duration {args.duration:g} --warmup {args.warmup:g} "
-           f"--arms {args.arms}`")
+           f"--arms {args.arms}{' --prefix-caching' if args.prefix_caching else ''}`")
     md = ["# The seed experiment: straight vs through the gateway (real processes)", "", cmd, "",
-          f"Simulator h100-llama8b, max_num_seqs {SimSpec().max_num_seqs}, time scale {args.time_scale} (figures in "
+          f"Simulator h100-llama8b, max_num_seqs {SimSpec().max_num_seqs}, prefix cache "
+          f"{'on' if args.prefix_caching else 'off'}, time scale {args.time_scale} (figures in "
           f"simulated seconds); gateway max_concurrency {SimSpec().max_num_seqs}, default classes; {args.duration:g} "
           f"wall s per arm, first {args.warmup:g} s excluded; {result['machine']}, 2 cores shared by simulator, "
           f"gateway and generator; whole run {result['wall_s']} s.", ""]
@@ -164,7 +173,7 @@ def render(result: dict[str, Any]) -> None:
     if "open" in result:
         md += section(f"Open loop: Poisson at {args.load:.0%} of capacity ({capacity:.2f} req/s simulated)", result["open"])
     text = "\n".join(md)
-    (RESULTS / "seed_gateway.md").write_text(text)
+    (RESULTS / f"{results_name(result['args'])}.md").write_text(text)
     print(text)
 
 
