@@ -232,10 +232,7 @@ class Engine:
         if seq.state == _WAITING:
             self._n_waiting -= 1  # lazily dropped from the queue when it reaches the head
         else:
-            # vLLM's prefix cache keeps an aborted request's full blocks until they are evicted.
-            kv_tokens = self._cacheable_tokens(seq)
-            self._leave_running(seq)
-            self._free(seq, kv_tokens if self.kv.enable_prefix_caching else 0)
+            self._stop_running(seq)
         seq.state = _GONE
         self.finished_total["abort"] += 1
         return True
@@ -452,21 +449,21 @@ class Engine:
                 return False
         return True
 
-    def _cacheable_tokens(self, seq: _Seq) -> int:
-        """Tokens of a running sequence whose KV is computed (the newest token's is not yet)."""
-        return seq.computed if seq.state == _PREFILL else seq.prompt + self._out_now(seq) - 1
+    def _stop_running(self, seq: _Seq) -> None:
+        """Take a running sequence (preempted or aborted) out of the batch and release its blocks.
+        With prefix caching its computed full blocks stay cached, as vLLM's do until evicted, so
+        its recompute or its continuation finds them; the newest token's KV is not computed yet."""
+        kv_tokens = seq.computed if seq.state == _PREFILL else seq.prompt + self._out_now(seq) - 1
+        self._leave_running(seq)  # also fixes `seq.out` at the tokens generated so far
+        self._free(seq, kv_tokens if self.kv.enable_prefix_caching else 0)
 
     def _preempt(self, seq: _Seq, events: list[Event]) -> None:
-        out = self._out_now(seq)
-        kv_tokens = self._cacheable_tokens(seq)
-        self._leave_running(seq)
-        self._free(seq, kv_tokens if self.kv.enable_prefix_caching else 0)
-        seq.out = out
+        self._stop_running(seq)
         seq.computed = 0
         seq.preemptions += 1
         self.preemptions_total += 1
         self._push_waiting(seq, front=True)
-        events.append(Preempted(seq.id, out))
+        events.append(Preempted(seq.id, seq.out))
 
     def _leave_running(self, seq: _Seq) -> None:
         del self._running[seq.id]
