@@ -13,7 +13,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "tailguard"
 
 PURE = {
-    "types", "errors", "wire.sse", "wire.openai", "wire.tokens",
+    "types", "errors", "wire.sse", "wire.openai", "wire.tokens", "wire.chunks",
     "sim.cost", "sim.kv", "sim.engine",
     "gateway.classes", "gateway.caps", "gateway.scheduler", "gateway.router", "gateway.backends",
     "gateway.config", "gateway.preemption", "gateway.resume", "gateway.kinds", "sim.des",

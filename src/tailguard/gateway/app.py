@@ -28,7 +28,7 @@ from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.kinds import get_kind
 from tailguard.gateway.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, GatewayMetrics
 from tailguard.gateway.proxy import Proxy, error_response
-from tailguard.gateway.relay import Upstream
+from tailguard.gateway.upstream import Upstream
 from tailguard.gateway.preemption import PreemptionPolicy
 from tailguard.gateway.scheduler import BaseScheduler, make_scheduler
 

@@ -25,9 +25,11 @@ from tailguard.gateway.classes import ClassTable
 from tailguard.gateway.config import ClassConfig, GatewayConfig
 from tailguard.gateway.dispatch import Dispatcher, Ticket, overloaded
 from tailguard.gateway.metrics import GatewayMetrics, RequestTimes, access_log, record_finish, response_headers
-from tailguard.gateway.relay import (
-    Assembler, ClientGone, RelayError, StreamRelay, Suspended, Upstream, UpstreamStatus, Watchdog, upstream_body,
-)
+from tailguard.gateway.assemble import Assembler
+from tailguard.gateway.stream import StreamRelay
+from tailguard.gateway.tally import Tally
+from tailguard.gateway.upstream import ClientGone, RelayError, Suspended, Upstream, UpstreamStatus, upstream_body
+from tailguard.gateway.watchdog import Watchdog
 from tailguard.gateway.resume import Progress, continuation_body, resumable
 from tailguard.gateway.scheduler import Pending
 from tailguard.types import Outcome
@@ -189,7 +191,7 @@ class Proxy:
         clock = time.perf_counter
         assert t.bound_at is not None
         wd = Watchdog(loop, total_at=t.bound_at + to.total_s, idle_s=to.idle_s)
-        itl = self._metrics.cls(cls.name).itl
+        tally = Tally(t, wd, self._metrics.cls(cls.name).itl)  # kept across attempts and runs
         stream: StreamRelay | None = None
         asm: Assembler | None = None  # kept across the runs of a preemptible request
         sent: web.StreamResponse | None = None  # a non-stream response already being written
@@ -214,10 +216,10 @@ class Proxy:
                         ticket.on_suspend = up.close
                     if parsed.stream:
                         if stream is None:
-                            stream = StreamRelay(request, endpoint, t, wd, parsed.include_usage, itl,
+                            stream = StreamRelay(request, endpoint, tally, parsed.include_usage,
                                                  lambda: response_headers(t), progress=progress)
                         await stream.run(up)
-                        self._finish_tokens(t, stream.usage.prompt_tokens, stream.usage.completion_tokens)
+                        self._finish_tokens(t, tally.usage.prompt_tokens, tally.usage.completion_tokens)
                         up.release()
                         if stream.upstream_error:
                             self._metrics.upstream_errors.labels(backend.name, "stream_error").inc()
@@ -227,10 +229,10 @@ class Proxy:
                         t.finished_at = clock()
                         return stream.response  # type: ignore[return-value]
                     if asm is None:
-                        asm = Assembler(endpoint, t, wd, itl, progress=progress)
+                        asm = Assembler(endpoint, tally, progress=progress)
                     payload = await asm.run(up)
                     up.release()
-                    self._finish_tokens(t, asm.usage.prompt_tokens, asm.usage.completion_tokens)
+                    self._finish_tokens(t, tally.usage.prompt_tokens, tally.usage.completion_tokens)
                     if self._cfg.log_prompts:
                         ex.completion = asm.text()
                     sent = web.Response(body=payload, content_type="application/json", headers=response_headers(t))

@@ -1,0 +1,137 @@
+"""One upstream attempt's connection: the pooled client session, the body sent, the request
+opened, and the exceptions that say how an attempt ended.
+
+    RelayError                 an attempt failed; `retryable` while the client has seen nothing
+    └── kinds: connect | status | disconnect | timeout_connect | timeout_first_token
+               | timeout_idle | timeout_total | protocol | stream_error
+    UpstreamStatus             the backend refused (4xx): passed back to the client as it is
+    ClientGone                 writing to the client failed
+    Suspended                  the dispatcher preempted the request; the client's response stays open
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import orjson
+
+from tailguard.errors import APIError
+from tailguard.gateway.backends import prepare_body
+from tailguard.gateway.config import BackendConfig, TimeoutsConfig
+from tailguard.gateway.kinds import get_kind
+from tailguard.wire.openai import Endpoint
+
+UPSTREAM_PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+# Largest upstream error body passed back to a client (a 4xx is small; a runaway one is cut).
+_MAX_ERROR_BODY = 64 * 1024
+
+
+class RelayError(Exception):
+    """An upstream attempt failed. `retryable` means no byte has reached the client yet."""
+
+    def __init__(self, kind: str, message: str, *, status: int = 502, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.status = status
+        self.retryable = retryable
+
+    @property
+    def is_timeout(self) -> bool:
+        return self.kind.startswith("timeout")
+
+    def api_error(self) -> APIError:
+        return APIError(self.message, status=self.status, type="upstream_error", code=self.kind)
+
+
+class UpstreamStatus(Exception):
+    """The upstream answered with an error status before streaming (e.g. a 400 for a context
+    overflow); the client gets the same status and body."""
+
+    def __init__(self, status: int, body: bytes, content_type: str) -> None:
+        super().__init__(f"upstream status {status}")
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+
+
+class ClientGone(Exception):
+    """Writing to the client failed: it disconnected."""
+
+
+class Suspended(Exception):
+    """The dispatcher preempted this request: its upstream was closed, and the client's response
+    stays open until the request is resumed."""
+
+
+def upstream_body(
+    raw: bytes, body: dict[str, Any], *, client_stream: bool, client_usage: bool, body_changed: bool,
+    backend: BackendConfig, rank: int, count_tokens: bool = False,
+) -> bytes:
+    """The bytes sent upstream: always a stream with usage. The client's raw bytes when they
+    already say exactly that, else the body serialised once (the only JSON encode per request).
+
+    `count_tokens` (a preemptible request) asks a backend whose chunks may carry several tokens
+    for the running usage on every chunk, so the tokens generated so far are known exactly."""
+    prepared = prepare_body(backend, body, rank)
+    kind = get_kind(backend.kind)
+    running = kind.running_usage_options if count_tokens and not kind.one_token_per_chunk else {}
+    if prepared is None and client_stream and client_usage and not body_changed and not running:
+        return raw
+    b = dict(prepared if prepared is not None else body)
+    b["stream"] = True
+    so = b.get("stream_options")
+    b["stream_options"] = {**(so if isinstance(so, dict) else {}), **running, "include_usage": True}
+    return orjson.dumps(b)
+
+
+class Upstream:
+    """The shared upstream client: one pooled `ClientSession` for every backend and request."""
+
+    def __init__(self, timeouts: TimeoutsConfig) -> None:
+        self.timeouts = timeouts
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30.0)
+        self.session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, connect=timeouts.connect_s, sock_connect=timeouts.connect_s),
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+        )
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    async def open(self, backend: BackendConfig, endpoint: Endpoint, body: bytes, req_id: str) -> aiohttp.ClientResponse:
+        """Send the request; returns a 2xx streaming response. Raises `RelayError` (connect
+        failures, 5xx) or `UpstreamStatus` (4xx, passed back to the client)."""
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "X-Request-Id": req_id}
+        headers.update(get_kind(backend.kind).upstream_headers)  # e.g. llama-server: no stale keep-alive reuse
+        if backend.api_key:
+            headers["Authorization"] = f"Bearer {backend.api_key}"
+        try:
+            resp = await self.session.post(backend.url + UPSTREAM_PATHS[endpoint], data=body, headers=headers)
+        except (aiohttp.ConnectionTimeoutError, aiohttp.ServerTimeoutError) as e:
+            raise RelayError("timeout_connect", f"Connecting to backend '{backend.name}' timed out: {e}",
+                             status=504, retryable=True) from None
+        except aiohttp.ServerDisconnectedError as e:
+            # Typically a pooled keep-alive connection the backend had just closed.
+            raise RelayError("disconnect", f"Backend '{backend.name}' closed the connection: {e}",
+                             retryable=True) from None
+        except aiohttp.ClientError as e:
+            raise RelayError("connect", f"Backend '{backend.name}' is unreachable: {e}", retryable=True) from None
+        if resp.status >= 400:
+            try:
+                payload = await resp.content.read(_MAX_ERROR_BODY)
+            except aiohttp.ClientError:
+                payload = b""
+            finally:
+                resp.close()
+            if resp.status >= 500 or resp.status == 429:
+                raise RelayError(
+                    "status", f"Backend '{backend.name}' answered {resp.status}: {payload[:500].decode('utf-8', 'replace')}",
+                    status=502, retryable=True,
+                )
+            raise UpstreamStatus(resp.status, payload, resp.headers.get("Content-Type", "application/json"))
+        return resp
+

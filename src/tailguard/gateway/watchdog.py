@@ -1,0 +1,85 @@
+"""A request's phase deadlines (first token, idle between chunks, total) on one lazily re-armed
+timer that cancels the request's task when one passes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+
+class Watchdog:
+    """Phase deadlines for one request with one timer, re-armed lazily.
+
+    Chunks only store `last_at`; the timer, when it fires, re-arms itself at the next deadline
+    if nothing expired. That costs one callback per idle period instead of a timer per chunk.
+    On expiry it cancels the request's task (like `asyncio.timeout`), and `take_expiry()` tells
+    that cancellation apart from a client disconnect. Instants are `time.perf_counter()` seconds,
+    the clock of the request's timings (uvloop's `loop.time()` only has millisecond resolution).
+    """
+
+    __slots__ = ("_loop", "_task", "_base", "_handle", "total_at", "first_token_at", "idle_s",
+                 "last_at", "first_seen", "expired")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, total_at: float, idle_s: float) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._loop = loop
+        self._task = task
+        self._base = task.cancelling()
+        self._handle: asyncio.TimerHandle | None = None
+        self.total_at = total_at
+        self.first_token_at = total_at
+        self.idle_s = idle_s
+        self.last_at = time.perf_counter()
+        self.first_seen = False
+        self.expired: str | None = None
+
+    def start_attempt(self, first_token_at: float) -> None:
+        self.first_token_at = first_token_at
+        self.first_seen = False
+        self._arm(min(first_token_at, self.total_at))
+
+    def first_content(self, now: float) -> None:
+        """From here on the idle deadline applies instead of the first-token one."""
+        self.first_seen = True
+        self.last_at = now
+        self._arm(min(now + self.idle_s, self.total_at))
+
+    def _arm(self, at: float) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = self._loop.call_later(max(0.0, at - time.perf_counter()), self._fire)
+
+    def _fire(self) -> None:
+        self._handle = None
+        now = time.perf_counter()
+        if now >= self.total_at:
+            kind = "timeout_total"
+        elif not self.first_seen:
+            if now < self.first_token_at:
+                self._arm(min(self.first_token_at, self.total_at))
+                return
+            kind = "timeout_first_token"
+        else:
+            due = self.last_at + self.idle_s
+            if now < due:
+                self._arm(min(due, self.total_at))
+                return
+            kind = "timeout_idle"
+        self.expired = kind
+        self._task.cancel()
+
+    def take_expiry(self) -> str | None:
+        """After a CancelledError: the deadline that caused it, or None if it came from outside
+        (the client left), in which case the caller must re-raise."""
+        if self.expired is None:
+            return None
+        if self._task.uncancel() > self._base:
+            return None  # also cancelled from outside: that one wins
+        return self.expired
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+

@@ -1,0 +1,145 @@
+"""What a streamed chat or completions chunk carries: generated content, usage, an error; pure,
+no I/O. The one definition the gateway and the bench both measure by.
+
+A chunk carries *content* when it has a non-empty `content`, `reasoning_content`, `reasoning` or
+`text` string, or a non-empty `tool_calls` list: a reasoning model's thinking and a tool call's
+arguments are generated tokens, so the first of them is the first token. Role-only chunks
+(`"content":""`), `null` content and usage-only chunks (`"choices":[]`) carry none.
+
+The byte scans (`has_content`, `has_usage`, `is_error`) run once per chunk on the relay's hot
+path, so they look at bytes and never parse JSON; they take a range so a relay can scan an event
+inside the buffer it read without slicing it out. Only the rare chunks they pick out are parsed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+# Keys whose non-empty string (or list) value is generated content. JSON escapes quotes inside
+# strings, so `"content":` never matches inside a tool call's arguments or the text itself.
+CONTENT_KEYS = (b'"content":', b'"text":', b'"reasoning_content":', b'"reasoning":', b'"tool_calls":')
+_USAGE_KEY = b'"usage":'
+_QUOTE, _BRACKET, _CLOSE_BRACKET, _BRACE, _SPACE = 0x22, 0x5B, 0x5D, 0x7B, 0x20
+
+
+@dataclass(slots=True)
+class Usage:
+    """The token counts of a stream's usage chunk (the last one seen wins)."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+    def read(self, obj: Any) -> bool:
+        """Copy the counts of a parsed chunk's `usage`; True if the chunk is usage-only."""
+        if not isinstance(obj, dict):
+            return False
+        u = obj.get("usage")
+        if isinstance(u, dict):
+            pt, ct = u.get("prompt_tokens"), u.get("completion_tokens")
+            if isinstance(pt, int):
+                self.prompt_tokens = pt
+            if isinstance(ct, int):
+                self.completion_tokens = ct
+        return obj.get("choices") == []
+
+
+def has_content(data: bytes, start: int = 0, end: int | None = None) -> bool:
+    """True if the chunk in data[start:end] carries generated content (see the module docstring)."""
+    if end is None:
+        end = len(data)
+    for key in CONTENT_KEYS:
+        i = data.find(key, start, end)
+        while i >= 0:
+            j = i + len(key)
+            while j < end and data[j] == _SPACE:
+                j += 1
+            if j + 1 < end:
+                c = data[j]
+                if c == _QUOTE and data[j + 1] != _QUOTE:  # a non-empty string
+                    return True
+                if c == _BRACKET and data[j + 1] != _CLOSE_BRACKET:  # a non-empty list (tool_calls)
+                    return True
+            i = data.find(key, j, end)
+    return False
+
+
+def has_usage(data: bytes, start: int = 0, end: int | None = None) -> bool:
+    """True if the chunk in data[start:end] carries a `usage` object (not `null`)."""
+    if end is None:
+        end = len(data)
+    i = data.find(_USAGE_KEY, start, end)
+    if i < 0:
+        return False
+    j = i + len(_USAGE_KEY)
+    while j < end and data[j] == _SPACE:
+        j += 1
+    return j < end and data[j] == _BRACE
+
+
+def is_error(data: bytes, start: int = 0, end: int | None = None) -> bool:
+    """True if the chunk in data[start:end] is an error object (`{"error": ...}`), which servers
+    send in place of a chunk when a generation fails mid-stream."""
+    if end is None:
+        end = len(data)
+    i = data.find(b"{", start, end)
+    if i < 0:
+        return False
+    j = i + 1
+    while j < end and data[j] == _SPACE:
+        j += 1
+    return data.startswith(b'"error"', j)
+
+
+def parse(data: bytes) -> Any:
+    """A chunk's JSON, or None if it is not JSON."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def usage_of(data: bytes) -> dict[str, Any] | None:
+    """The `usage` object of a chunk, parsed only when the bytes show a non-null one."""
+    if not has_usage(data):
+        return None
+    obj = parse(data)
+    usage = obj.get("usage") if isinstance(obj, dict) else None
+    return usage if isinstance(usage, dict) else None
+
+
+def running_completion_tokens(obj: dict[str, Any]) -> int | None:
+    """The run's tokens so far, where the backend puts a running `usage` on every chunk."""
+    u = obj.get("usage")
+    if isinstance(u, dict):
+        ct = u.get("completion_tokens")
+        if isinstance(ct, int) and not isinstance(ct, bool):
+            return ct
+    return None
+
+
+def delta_text(obj: dict[str, Any], chat: bool) -> str:
+    """The answer text a parsed chunk carries (first choice; preemptible requests have one)."""
+    choices = obj.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return ""
+    ch = choices[0]
+    if chat:
+        delta = ch.get("delta")
+        text = delta.get("content") if isinstance(delta, dict) else None
+    else:
+        text = ch.get("text")
+    return text if isinstance(text, str) else ""
+
+
+def role_only(obj: dict[str, Any]) -> bool:
+    """A chunk with no text and no finish reason (the role-only first chunk of a chat stream)."""
+    choices = obj.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return False
+    for ch in choices:
+        if not isinstance(ch, dict) or ch.get("finish_reason") is not None:
+            return False
+    return True
