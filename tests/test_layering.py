@@ -17,7 +17,7 @@ PURE = {
     "sim.cost", "sim.kv", "sim.engine",
     "gateway.classes", "gateway.caps", "gateway.scheduler", "gateway.router", "gateway.backends",
     "gateway.config", "gateway.preemption", "gateway.resume", "gateway.kinds", "sim.des",
-    "bench.workload", "bench.stats", "bench.dataset", "bench.recorder", "bench.compare",
+    "bench.workload", "bench.stats", "bench.dataset", "bench.recorder", "bench.compare", "bench.attribution",
     "client.retry", "client.timeouts",
 }
 IO_MODULES = ("asyncio", "aiohttp", "prometheus_client", "time", "socket", "uvloop", "httpx")

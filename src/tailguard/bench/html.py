@@ -10,6 +10,7 @@ from jinja2 import DictLoader, Environment, select_autoescape
 from markupsafe import Markup, escape
 
 from tailguard.bench import plots
+from tailguard.bench.attribution import tail_parts
 from tailguard.bench.recorder import RequestRecord
 from tailguard.bench.stats import measured
 from tailguard.bench.table import METRIC_LABELS, fmt_ratio, fmt_s, fmt_side, p99_word, significant_change
@@ -92,6 +93,19 @@ client gave up. Queue wait comes from the gateway's X-Tailguard-Queue-Ms header 
 <img alt="latency over time" src="data:image/png;base64,{{ img.time }}">
 <h2>In flight</h2>
 <img alt="in-flight requests" src="data:image/png;base64,{{ img.inflight }}">
+{% if img.tail %}<h2>Where the slowest 1% spent their time</h2>
+<img alt="tail attribution" src="data:image/png;base64,{{ img.tail }}">
+<p class="note">Each request's E2E split into dispatch lag, gateway queue, engine queue, prefill, decode and stalls
+(gaps above 5x the request's own median ITL); prefill is the fastest time to first token seen in this run for a
+prompt of that size, and the rest of the time to first token is counted as engine queue. Per request in
+requests.jsonl (<code>attribution</code>).</p>{% endif %}
+{% if doctor is not none %}<h2>Doctor</h2>
+{% if not doctor.findings %}<p class="good">No problem found.</p>{% endif %}
+{% for f in doctor.findings %}<div class="note"><p><b>{{ f.severity }}: {{ f.kind }}</b>: {{ f.symptom }}</p><ul>
+<li>likely cause: {{ f.cause }}</li>
+{% for e in f.evidence.for %}<li>for: {{ e }}</li>{% endfor %}{% for e in f.evidence.against %}<li>against: {{ e }}</li>{% endfor %}
+<li>next: {{ f.next_step }}</li><li>check: <code>{{ f.check }}</code></li></ul></div>{% endfor %}
+{% endif %}
 {% if img.itl %}<h2>Inter-token latency</h2>
 <img alt="ITL distribution" src="data:image/png;base64,{{ img.itl }}">{% endif %}
 <h2>Load generator</h2>
@@ -203,7 +217,9 @@ def _class_names(summary_or_cmp: dict[str, Any]) -> list[str]:
     return list(summary_or_cmp["classes"].keys())
 
 
-def render_report(summary: dict[str, Any], records: Sequence[RequestRecord], version: str) -> str:
+def render_report(summary: dict[str, Any], records: Sequence[RequestRecord], version: str,
+                  doctor: dict[str, Any] | None = None) -> str:
+    """The run's page; `doctor` is what `tailguard doctor` found (doctor.json), shown when given."""
     rec = measured(records)
     names = _class_names(summary)
     groups = [*summary["classes"].items(), ("overall", summary["overall"])]
@@ -213,10 +229,12 @@ def render_report(summary: dict[str, Any], records: Sequence[RequestRecord], ver
         "inflight": plots.in_flight(records, names),
         "itl": plots.itl_distribution(rec, names),
         "lag": plots.dispatch_lag(records, summary["validity"]["threshold_s"]),
+        "tail": plots.tail_attribution(tail_parts(rec)),
     }
     errors = [(n, g["error_kinds"]) for n, g in summary["classes"].items() if g["error_kinds"]]
     return _env().get_template("report.html").render(
-        run=summary["run"], validity=summary["validity"], groups=groups, img=img, errors=errors, version=version)
+        run=summary["run"], validity=summary["validity"], groups=groups, img=img, errors=errors, version=version,
+        doctor=doctor)
 
 
 def render_compare(cmp: dict[str, Any], before: Sequence[RequestRecord], after: Sequence[RequestRecord],

@@ -21,7 +21,7 @@ import aiohttp
 import orjson
 
 from tailguard import __version__
-from tailguard.bench.recorder import RequestRecord, has_content, is_error_event, usage_of
+from tailguard.bench.recorder import RequestRecord, has_content, is_error_event, parse_server_timing, usage_of
 from tailguard.bench.workload import (
     ArrivalProcess, PlannedRequest, RequestFactory, Workload, load_workload, schedule,
 )
@@ -160,6 +160,10 @@ def rescale(result: RunResult, time_scale: float) -> None:
         if r.first_token_at is not None:
             r.first_token_at *= k
         r.chunk_at = [t * k for t in r.chunk_at]
+        if r.queue_ms is not None:
+            r.queue_ms *= k
+        if r.server_timing_s is not None:
+            r.server_timing_s = {name: v * k for name, v in r.server_timing_s.items()}
     m = result.meta
     m["time_scale"] = time_scale
     m["times_in"] = "simulated seconds (wall seconds / time_scale)"
@@ -301,6 +305,8 @@ class _Run:
                             pass
                     rec.backend = h.get("X-Tailguard-Backend")
                     rec.server_class = h.get("X-Tailguard-Class")
+                    if (st := h.get("Server-Timing")) is not None:
+                        rec.server_timing_s = parse_server_timing(st)
                     if resp.status != 200:
                         text = await resp.read()
                         rec.error_kind = "http"

@@ -223,3 +223,27 @@ def compare_cdfs(before: Sequence[RequestRecord], after: Sequence[RequestRecord]
     _style_cdf(ax2, "TTFT CDF: before (dotted) vs after (solid)")
     ax1.legend(loc="lower right", fontsize=9)
     return to_png_b64(fig)
+
+
+PART_COLORS = {"dispatch_s": "#7f7f7f", "gateway_queue_s": "#9467bd", "engine_queue_s": "#d62728",
+               "prefill_s": "#ff7f0e", "decode_s": "#1f77b4", "stall_s": "#8c564b"}
+
+
+def tail_attribution(parts_by_class: dict[str, dict[str, float]]) -> str | None:
+    """One horizontal stacked bar per class: where the slowest 1% spent their time, on average."""
+    if not parts_by_class:
+        return None
+    fig = Figure(figsize=(12, 0.6 + 0.55 * len(parts_by_class)))
+    ax = fig.subplots()
+    names = list(parts_by_class)
+    left = np.zeros(len(names))
+    for part, color in PART_COLORS.items():
+        widths = np.asarray([parts_by_class[n].get(part, 0.0) for n in names])
+        ax.barh(names, widths, left=left, color=color, label=part.removesuffix("_s").replace("_", " "))
+        left += widths
+    ax.invert_yaxis()
+    ax.xaxis.set_major_formatter(FuncFormatter(_seconds_label))
+    ax.set_xlabel("mean seconds per request among the class's slowest 1% (by E2E)")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=9)
+    return to_png_b64(fig)

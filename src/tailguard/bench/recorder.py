@@ -41,6 +41,8 @@ class RequestRecord:
     queue_ms: float | None = None
     backend: str | None = None
     server_class: str | None = None
+    server_timing_s: dict[str, float] | None = None  # the gateway's Server-Timing, in seconds
+    attribution: dict[str, float] | None = None  # where the E2E went (bench.attribution.PARTS)
 
     # Derived values, measured from the schedule (design principle 5).
     @property
@@ -134,6 +136,22 @@ def usage_of(data: bytes) -> dict[str, Any] | None:
         return None
     usage = obj.get("usage") if isinstance(obj, dict) else None
     return usage if isinstance(usage, dict) else None
+
+
+def parse_server_timing(value: str) -> dict[str, float]:
+    """`queue;dur=12.5, ttft;dur=80` -> {"queue": 0.0125, "ttft": 0.08}: durations in seconds,
+    entries without a readable `dur` skipped (the header is the server's, not ours to trust)."""
+    out: dict[str, float] = {}
+    for entry in value.split(","):
+        name, *params = (p.strip() for p in entry.split(";"))
+        for p in params:
+            key, _, v = p.partition("=")
+            if key.strip().lower() == "dur" and name:
+                try:
+                    out[name] = float(v.strip().strip('"')) / 1000.0
+                except ValueError:
+                    pass
+    return out
 
 
 def is_error_event(data: bytes) -> bool:

@@ -18,6 +18,7 @@ import orjson
 from rich.console import Console
 
 from tailguard import __version__
+from tailguard.bench.attribution import attribute_all
 from tailguard.bench.compare import compare
 from tailguard.bench.html import render_compare, render_report
 from tailguard.bench.load import BenchConfig, RunResult, run_bench
@@ -32,6 +33,7 @@ SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.html"
 COMPARE_JSON = "compare.json"
 COMPARE_HTML = "compare.html"
+DOCTOR_FILE = "doctor.json"  # written by `tailguard doctor`; the report shows its findings
 
 
 def _dump(obj: Any, path: Path) -> None:
@@ -42,6 +44,7 @@ def write_outputs(result: RunResult, out_dir: Path, *, console: Console | None =
                   html: bool = True) -> dict[str, Any]:
     """Write the folder for a finished run; prints the tables when given a console. Returns the summary."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    attribute_all(result.records)
     write_jsonl(result.records, out_dir / REQUESTS_FILE)
     _dump(result.meta, out_dir / RUN_FILE)
     # Summarise what was saved (times rounded to the microsecond), so `rerender` reproduces it exactly.
@@ -54,7 +57,11 @@ def _render(records: list[RequestRecord], meta: dict[str, Any], out_dir: Path, *
     summary = summarize(records, meta)
     _dump(summary, out_dir / SUMMARY_FILE)
     if html:
-        (out_dir / REPORT_FILE).write_text(render_report(summary, records, __version__), encoding="utf-8")
+        if any(r.attribution is None for r in records):  # a folder saved before attribution existed
+            attribute_all(records)
+        doctor_path = out_dir / DOCTOR_FILE
+        doctor = orjson.loads(doctor_path.read_bytes()) if doctor_path.is_file() else None
+        (out_dir / REPORT_FILE).write_text(render_report(summary, records, __version__, doctor), encoding="utf-8")
     if console is not None:
         print_summary(summary, console)
         console.print(f"wrote {out_dir}/{{{SUMMARY_FILE}, {REQUESTS_FILE}{', ' + REPORT_FILE if html else ''}}}")

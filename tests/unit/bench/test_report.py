@@ -87,9 +87,11 @@ def test_outputs_written_parsable_and_rerenderable(tmp_path: Path) -> None:
     assert len((out / "requests.jsonl").read_text().splitlines()) == 301
     page = assert_self_contained((out / "report.html").read_text())
     text = " ".join(page.text)
-    for word in ("chat", "summary", "overall", "P99", "Valid run", "TTFT", "ITL", "timeouts"):
+    for word in ("chat", "summary", "overall", "P99", "Valid run", "TTFT", "ITL", "timeouts", "slowest 1%"):
         assert word in text
-    assert len([t for t, _ in page.tags if t == "img"]) == 5
+    assert len([t for t, _ in page.tags if t == "img"]) == 6  # with the tail-attribution bars
+    assert all(set(orjson.loads(line)["attribution"]) >= {"prefill_s", "stall_s"}
+               for line in (out / "requests.jsonl").read_text().splitlines())
     shown = console.export_text()
     assert "chat" in shown and "E2E" in shown and "VALID run" in shown
     (out / "summary.json").unlink()
