@@ -1,0 +1,145 @@
+"""When to try a call again and how long to wait first: backoff with full jitter, Retry-After,
+and a retry budget shared by a client's calls. Pure: no I/O, told the time.
+
+The shapes come from the clients that had to stop retry storms: full jitter from AWS's backoff
+study (every client draws its wait from [0, cap], so a fleet's retries spread over the window
+instead of arriving in waves), the budget from Finagle's `RetryBudget` and gRPC's retry
+throttling (retries may be at most a share of recent requests, plus a small floor per second).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import random
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal, Mapping
+
+# Why a call stops being retried; shown in the exception so a user knows which knob to turn.
+GiveUpReason = Literal["not_retryable", "attempts", "retry_after_too_long", "budget"]
+
+# 408 and 409 are the server asking to be asked again; 502/503/504 an instance restarting or full.
+RETRY_STATUSES = frozenset({408, 409, 429, 502, 503, 504})
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    delay_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    reason: GiveUpReason
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How one call is retried. `max_attempts` counts the first try; delays are in seconds.
+
+        RetryPolicy(max_attempts=4, base_delay=1.0, max_delay=8.0, max_retry_after=60)
+
+    A 503 (an instance restarting) is retried after a full-jitter draw from
+    [0, min(max_delay, base_delay * 2**n)]; a 429 (the server is overloaded or this caller is
+    over its limit) draws from a window `overload_factor` times longer. A `Retry-After` is a floor
+    the draw is added to, so clients told the same instant still spread out after it; one longer
+    than `max_retry_after` ends the call at once rather than sleeping (a client once slept on
+    `retry-after: 198300`).
+    """
+
+    max_attempts: int = 4
+    base_delay: float = 1.0
+    max_delay: float = 8.0
+    max_retry_after: float = 60.0
+    overload_factor: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts counts the first try: it must be at least 1")
+        if self.base_delay < 0 or self.max_delay < 0 or self.max_retry_after < 0:
+            raise ValueError("delays must not be negative")
+
+    def decide(self, attempts: int, status: int | None, retry_after_s: float | None,
+               rng: random.Random) -> Retry | GiveUp:
+        """After `attempts` tries, the last of which failed with `status` (None: the connection
+        failed or timed out before any content), retry after a delay or give up."""
+        if status is not None and status not in RETRY_STATUSES:
+            return GiveUp("not_retryable")
+        if attempts >= self.max_attempts:
+            return GiveUp("attempts")
+        if retry_after_s is not None and retry_after_s > self.max_retry_after:
+            return GiveUp("retry_after_too_long")
+        factor = self.overload_factor if status == 429 else 1.0
+        window = min(self.max_delay, self.base_delay * factor * 2.0 ** min(attempts - 1, 60))
+        return Retry(max(0.0, retry_after_s or 0.0) + rng.uniform(0.0, window))
+
+
+def parse_retry_after(headers: Mapping[str, str], now_epoch: float) -> float | None:
+    """Seconds the server asked us to wait: `retry-after-ms` (OpenAI's), then `Retry-After` as
+    seconds or as an HTTP date (RFC 9110), measured from `now_epoch`. None when absent or
+    unreadable; a date in the past is 0; a number too large to represent is infinite."""
+    lower = {k.lower(): v for k, v in headers.items()}
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = lower.get(name)
+        if value is None:
+            continue
+        try:
+            seconds = float(value) / scale
+        except ValueError:
+            continue
+        if not math.isnan(seconds):
+            return max(0.0, seconds)
+    value = lower.get("retry-after")
+    if value is None:
+        return None
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # RFC 9110 dates are GMT; a naive one is read as such
+        return None
+    return max(0.0, when.timestamp() - now_epoch)
+
+
+class RetryBudget:
+    """Retries one client may send: at most `ratio` of the calls it started in the last `ttl_s`
+    seconds, plus `min_per_s` per second (Finagle's defaults are 20% and 10/s over 10 s; an LLM
+    client sends far fewer requests, so the floor here is 1/s).
+
+    While a backend is down every call fails, the budget runs dry, and calls fail at once instead
+    of multiplying the load on the backend by `max_attempts`; a transient error costs little.
+
+        budget = RetryBudget()
+        budget.record_call(now)          # each call's first try deposits
+        if budget.try_withdraw(now): ... # each retry withdraws, or is refused
+    """
+
+    __slots__ = ("ratio", "min_per_s", "ttl_s", "_calls", "_retries")
+
+    def __init__(self, ratio: float = 0.2, min_per_s: float = 1.0, ttl_s: float = 10.0) -> None:
+        if ratio < 0 or min_per_s < 0 or ttl_s <= 0:
+            raise ValueError("ratio and min_per_s must not be negative, ttl_s must be positive")
+        self.ratio = ratio
+        self.min_per_s = min_per_s
+        self.ttl_s = ttl_s
+        self._calls: deque[float] = deque()
+        self._retries: deque[float] = deque()
+
+    def record_call(self, now: float) -> None:
+        self._calls.append(now)
+
+    def try_withdraw(self, now: float) -> bool:
+        """Take one retry from the budget if it has one."""
+        self._expire(now)
+        allowed = self.min_per_s * self.ttl_s + self.ratio * len(self._calls)
+        if len(self._retries) + 1 > allowed:
+            return False
+        self._retries.append(now)
+        return True
+
+    def _expire(self, now: float) -> None:
+        horizon = now - self.ttl_s
+        for q in (self._calls, self._retries):
+            while q and q[0] <= horizon:
+                q.popleft()
+
