@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections import defaultdict
 from contextlib import asynccontextmanager
@@ -35,7 +36,9 @@ ROLE = chunk({"role": "assistant", "content": ""})
 @dataclass
 class Faults:
     url: str
-    hits: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    hits: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))  # monotonic arrivals
+    walls: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))  # the same, as epoch
+
 
     def base(self, fault: str) -> str:
         return f"{self.url}/{fault}/v1"
@@ -129,8 +132,9 @@ async def bad_request(request: web.Request) -> web.StreamResponse:
     return web.json_response(body, status=400)
 
 
-def _http_date_in(seconds: float) -> str:
-    return formatdate(time.time() + seconds, usegmt=True)
+def _next_whole_second() -> str:
+    """An HTTP date (whole seconds) that is up to a second away: the wait is ceil(now) - now."""
+    return formatdate(math.ceil(time.time()), usegmt=True)
 
 
 FAULTS: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]] = {
@@ -139,7 +143,7 @@ FAULTS: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]] = {
     "three_then_keepalive": three_then_keepalive,
     "ok": ok,
     "429_seconds": reject(429, lambda: "0.2", times=1),
-    "429_date": reject(429, lambda: _http_date_in(1.0), times=1),
+    "429_date": reject(429, _next_whole_second, times=1),
     "429_absurd": reject(429, lambda: "198300", times=1),
     "503_then_200": reject(503, lambda: "0.05", times=1),
     "503_always": reject(503, lambda: "0", times=1000),
@@ -148,10 +152,12 @@ FAULTS: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]] = {
     "400": bad_request,
 }
 HITS = web.AppKey("hits", dict)
+WALLS = web.AppKey("walls", dict)
 
 
 async def _route(request: web.Request) -> web.StreamResponse:
     fault = request.match_info["fault"]
+    request.app[WALLS][fault].append(time.time())
     request.app[HITS][fault].append(time.monotonic())
     return await FAULTS[fault](request)
 
@@ -161,6 +167,7 @@ async def fault_server() -> AsyncIterator[Faults]:
     app = web.Application()
     faults = Faults("")
     app[HITS] = faults.hits
+    app[WALLS] = faults.walls
     app.router.add_post("/{fault}/v1/chat/completions", _route)
     async with running(app, handler_cancellation=True) as url:
         faults.url = url
