@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
+from importlib import metadata
 from concurrent.futures import ThreadPoolExecutor
 import sys
 from pathlib import Path
@@ -15,23 +17,25 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "tailguard"
 PURE = {
     "types", "errors", "wire.sse", "wire.openai", "wire.tokens", "wire.chunks",
     "sim.cost", "sim.kv", "sim.engine",
-    "gateway.classes", "gateway.caps", "gateway.scheduler", "gateway.router", "gateway.backends",
-    "gateway.config", "gateway.preemption", "gateway.resume", "gateway.kinds", "sim.des",
+    "front.params", "front.queue", "front.slots", "front.router", "front.preemption", "front.retry", "front.front",
+    "gateway.classes", "gateway.caps", "gateway.backends",
+    "gateway.config", "gateway.resume", "gateway.kinds", "sim.des",
     "bench.workload", "bench.stats", "bench.dataset", "bench.recorder", "bench.compare", "bench.attribution",
-    "client.retry", "client.timeouts",
+    "client.retry", "client.timeouts", "client.chunks", "client.assembly",
 }
-IO_MODULES = ("asyncio", "aiohttp", "prometheus_client", "time", "socket", "uvloop", "httpx")
+IO_MODULES = ("asyncio", "aiohttp", "prometheus_client", "time", "socket", "uvloop", "httpx", "httpx2", "anyio")
 # part -> parts it must never import
 FORBIDDEN_PARTS = {
+    # The front decides for every driver: it knows no gateway, simulator, bench or HTTP.
+    "front": ("tailguard.gateway", "tailguard.sim", "tailguard.bench", "tailguard.client", "tailguard.cli"),
     "gateway": ("tailguard.sim", "tailguard.bench", "tailguard.client", "tailguard.cli"),
     "bench": ("tailguard.gateway", "tailguard.client", "tailguard.cli", "tailguard.sim"),
     "sim": ("tailguard.bench", "tailguard.client", "tailguard.cli", "tailguard.gateway"),
     "client": ("tailguard.gateway", "tailguard.sim", "tailguard.bench", "tailguard.cli"),
     "wire": ("tailguard.gateway", "tailguard.sim", "tailguard.bench", "tailguard.client", "tailguard.cli"),
 }
-# sim/des.py replays the gateway's pure policies on virtual time: the one allowed crossing.
-ALLOWED_CROSSINGS = {("sim.des", f"tailguard.gateway.{m}")
-                     for m in ("scheduler", "preemption", "classes", "caps", "router", "backends")}
+# No part crosses into another's: the gateway and the simulator share the front instead.
+ALLOWED_CROSSINGS: set[tuple[str, str]] = set()
 
 
 def modules() -> list[tuple[str, Path]]:
@@ -62,7 +66,8 @@ def test_module_respects_layering(name: str, path: Path) -> None:
         assert not bad, f"pure module tailguard.{name} imports I/O modules {bad}"
     part = name.split(".")[0]
     for forbidden in FORBIDDEN_PARTS.get(part, ()):
-        bad = sorted(m for m in imported if m.startswith(forbidden) and (name, m) not in ALLOWED_CROSSINGS)
+        bad = sorted(m for m in imported if (m == forbidden or m.startswith(forbidden + "."))
+                     and (name, m) not in ALLOWED_CROSSINGS)
         assert not bad, f"tailguard.{name} may not import {bad}"
 
 
@@ -84,3 +89,64 @@ def test_every_module_imports_alone() -> None:
     with ThreadPoolExecutor(max_workers=4) as pool:
         failures = [f"{n}:\n{r.stderr}" for n, r in pool.map(check, names) if r.returncode != 0]
     assert not failures, "modules that fail to import alone:\n" + "\n".join(failures)
+
+
+def _closure(dists: set[str]) -> set[str]:
+    """The distributions `dists` need at run time (their `Requires-Dist` without extras), themselves included."""
+    seen: set[str] = set()
+    todo = list(dists)
+    while todo:
+        name = todo.pop().lower().replace("_", "-")
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            reqs = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:  # needed only on another platform: not installed here
+            continue
+        for req in reqs:
+            if "extra ==" not in req:
+                todo.append(re.match(r"[A-Za-z0-9._-]+", req).group(0))  # type: ignore[union-attr]
+    return seen
+
+
+_LIGHT_INSTALL = """
+import importlib.abc, sys
+allowed = set(sys.argv[1].split(","))
+
+class OnlyAllowed(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        top = name.split(".")[0]
+        if top not in allowed and not top.startswith("_sysconfigdata"):  # the stdlib's build data
+            raise ModuleNotFoundError(f"not installed with the client: {name}", name=name)
+        return None
+
+sys.meta_path.insert(0, OnlyAllowed())
+import tailguard.client
+tailguard.client.openai_client(base_url="http://127.0.0.1:9/v1", api_key="k").close()
+tailguard.client.async_openai_client(base_url="http://127.0.0.1:9/v1", api_key="k")
+print(*sorted(sys.modules))
+"""
+
+
+def test_client_pulls_in_only_the_stdlib_httpx2_and_openai() -> None:
+    """An application that embeds tailguard.client needs none of the server or bench dependencies
+    (aiohttp, numpy, matplotlib, prometheus_client, orjson, ...). A fresh interpreter in which
+    only the standard library, tailguard, openai and httpx2 and their own requirements can be
+    imported (as after `pip install tailguard` without extras) imports the client and builds
+    both clients; nothing else of tailguard's is loaded. (openai imports aiohttp when it happens
+    to be installed, as it is here; the finder makes that import fail as it would there.)"""
+    by_module = metadata.packages_distributions()
+    needed = _closure({"openai", "httpx2"})
+    allowed = set(sys.stdlib_module_names) | {"tailguard", "__main__"} | {
+        top for top, dists in by_module.items() if any(d.lower().replace("_", "-") in needed for d in dists)}
+    run = subprocess.run([sys.executable, "-W", "error", "-c", _LIGHT_INSTALL, ",".join(sorted(allowed))],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    loaded = run.stdout.split()
+    foreign = sorted({m.split(".")[0] for m in loaded} - allowed)
+    assert not [f for f in foreign if not f.startswith(("_sysconfigdata", "_distutils_hack"))], foreign
+    parts = sorted(m for m in loaded if m.startswith("tailguard.")
+                   and not m.startswith(("tailguard.client", "tailguard.wire.sse", "tailguard.wire")))
+    assert not parts, f"tailguard.client pulls in other parts: {parts}"
+    assert "tailguard.wire.openai" not in loaded and "tailguard.wire.chunks" not in loaded  # orjson
