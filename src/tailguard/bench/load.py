@@ -21,12 +21,12 @@ import aiohttp
 import orjson
 
 from tailguard import __version__
-from tailguard.bench.recorder import RequestRecord, has_content, is_error_event, parse_server_timing, usage_of
+from tailguard.bench.recorder import ERROR_TEXT_LIMIT as _ERROR_TEXT_LIMIT
+from tailguard.bench.recorder import RequestRecord, StreamRecorder, parse_server_timing
 from tailguard.bench.workload import (
     ArrivalProcess, PlannedRequest, RequestFactory, Workload, load_workload, schedule,
 )
 from tailguard.errors import ConfigError
-from tailguard.wire.sse import DONE, SSEDecoder
 from tailguard.wire.tokens import text_tokens
 
 # Above this dispatch-lag P99 the generator, not the server, shaped the latencies. 5 ms is well
@@ -34,7 +34,6 @@ from tailguard.wire.tokens import text_tokens
 DEFAULT_MAX_DISPATCH_LAG_S = 0.005
 LOOP_TICK_S = 0.01
 _START_LEAD_S = 0.05
-_ERROR_TEXT_LIMIT = 300
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,40 +343,11 @@ class _Run:
                            cm: asyncio.Timeout, total_deadline: float) -> None:
         t0 = self.t0
         perf = time.perf_counter
-        dec = SSEDecoder()
-        chunks = rec.chunk_at
-        done = False
+        reader = StreamRecorder(rec)
         async for data in resp.content.iter_any():
-            now = perf() - t0
-            for ev in dec.feed(data):
-                d = ev.data
-                if d == DONE:
-                    done = True
-                elif has_content(d):
-                    chunks.append(now)
-                    if rec.first_token_at is None:
-                        rec.first_token_at = now
-                        cm.reschedule(total_deadline)
-                    if b'"usage":{' in d:
-                        self._take_usage(rec, d)
-                elif is_error_event(d):
-                    rec.error_kind = "stream_error"
-                    rec.error = d[:_ERROR_TEXT_LIMIT].decode("utf-8", "replace")
-                else:
-                    self._take_usage(rec, d)
-        if not done and rec.error_kind is None:
-            rec.error_kind = "truncated"
-            rec.error = "stream ended without data: [DONE]"
-
-    @staticmethod
-    def _take_usage(rec: RequestRecord, d: bytes) -> None:
-        usage = usage_of(d)
-        if usage is not None:
-            ct, pt = usage.get("completion_tokens"), usage.get("prompt_tokens")
-            if isinstance(ct, int):
-                rec.usage_output_tokens = ct
-            if isinstance(pt, int):
-                rec.usage_prompt_tokens = pt
+            if reader.feed(data, perf() - t0):
+                cm.reschedule(total_deadline)  # the first token came: now only the total deadline
+        reader.finish(perf() - t0)
 
     async def _read_whole(self, resp: aiohttp.ClientResponse, rec: RequestRecord) -> None:
         raw = await resp.read()

@@ -1,4 +1,4 @@
-"""What the bench keeps per request, the cheap scan that finds content chunks in an SSE stream, and
+"""What the bench keeps per request, the reader that records a streamed answer into it, and
 `requests.jsonl`: one JSON object per request, enough to rebuild every statistic and plot.
 
 Times in a record are seconds since the run's start (`t0`); `chunk_at` holds the arrival time of
@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any, Iterable, Literal
 
 import orjson
+
+from tailguard.wire.chunks import has_content, is_error, usage_of
+from tailguard.wire.sse import DONE, SSEDecoder
 
 ErrorKind = Literal["http", "connect", "disconnect", "protocol", "stream_error", "truncated", "timeout"]
 TimeoutPhase = Literal["connect", "first_token", "total"]
@@ -98,44 +101,71 @@ def read_jsonl(path: Path) -> list[RequestRecord]:
     return out
 
 
-# --- scanning stream chunks without parsing JSON ------------------------------------------------
+# --- reading a streamed answer ------------------------------------------------------------------
 
-_CONTENT_KEYS = (b'"content":', b'"text":')
-_USAGE_KEY = b'"usage":'
-
-
-def has_content(data: bytes) -> bool:
-    """True if a chat or completions chunk carries a non-empty generated string. Role-only chunks
-    (`"content":""`), `null` content and usage-only chunks are not content. Looks at bytes only:
-    this runs once per token, so it must not parse JSON."""
-    for key in _CONTENT_KEYS:
-        i = data.find(key)
-        while i >= 0:
-            j = i + len(key)
-            while j < len(data) and data[j] == 0x20:
-                j += 1
-            if data[j:j + 1] == b'"' and data[j + 1:j + 2] != b'"':
-                return True
-            i = data.find(key, j)
-    return False
+ERROR_TEXT_LIMIT = 300  # bytes of a server's error text kept in a record
 
 
-def usage_of(data: bytes) -> dict[str, Any] | None:
-    """The `usage` object of a chunk, parsed only when the chunk has a non-null one (once per stream)."""
-    i = data.find(_USAGE_KEY)
-    if i < 0:
-        return None
-    j = i + len(_USAGE_KEY)
-    while j < len(data) and data[j] == 0x20:
-        j += 1
-    if data[j:j + 1] != b"{":
-        return None
-    try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-    usage = obj.get("usage") if isinstance(obj, dict) else None
-    return usage if isinstance(usage, dict) else None
+class StreamRecorder:
+    """Reads one streamed answer into its record as it arrives: when each chunk that carries
+    content came (what counts is `wire.chunks`' definition, the gateway's too, so both measure
+    the same TTFT), the usage, an error event, and whether `data: [DONE]` ended it. Pure: told
+    the time; framed by the one SSE decoder, so every line-end style reads alike.
+
+        reader = StreamRecorder(rec)
+        for data in reads:
+            if reader.feed(data, now):   # this read brought the first token
+                ...
+        reader.finish(now)
+    """
+
+    __slots__ = ("rec", "_decoder", "_done")
+
+    def __init__(self, rec: RequestRecord) -> None:
+        self.rec = rec
+        self._decoder = SSEDecoder()
+        self._done = False
+
+    def feed(self, data: bytes, now: float) -> bool:
+        """Record one read at `now`; True if it brought the first content chunk."""
+        waiting = self.rec.first_token_at is None
+        for ev in self._decoder.feed(data):
+            self._event(ev.data, now)
+        return waiting and self.rec.first_token_at is not None
+
+    def finish(self, now: float) -> None:
+        """At EOF: a last event cut off before its blank line still counts; no `[DONE]` means
+        the answer was truncated."""
+        for ev in self._decoder.flush():
+            self._event(ev.data, now)
+        rec = self.rec
+        if not self._done and rec.error_kind is None:
+            rec.error_kind = "truncated"
+            rec.error = "stream ended without data: [DONE]"
+
+    def _event(self, data: bytes, now: float) -> None:
+        rec = self.rec
+        if data == DONE:
+            self._done = True
+        elif has_content(data):
+            rec.chunk_at.append(now)
+            if rec.first_token_at is None:
+                rec.first_token_at = now
+            self._usage(data)  # some servers put a running usage on every chunk
+        elif is_error(data):
+            rec.error_kind = "stream_error"
+            rec.error = data[:ERROR_TEXT_LIMIT].decode("utf-8", "replace")
+        else:
+            self._usage(data)
+
+    def _usage(self, data: bytes) -> None:
+        usage = usage_of(data)
+        if usage is not None:
+            ct, pt = usage.get("completion_tokens"), usage.get("prompt_tokens")
+            if isinstance(ct, int):
+                self.rec.usage_output_tokens = ct
+            if isinstance(pt, int):
+                self.rec.usage_prompt_tokens = pt
 
 
 def parse_server_timing(value: str) -> dict[str, float]:
@@ -152,7 +182,3 @@ def parse_server_timing(value: str) -> dict[str, float]:
                 except ValueError:
                     pass
     return out
-
-
-def is_error_event(data: bytes) -> bool:
-    return data.startswith(b'{"error"') or data.startswith(b'{ "error"')

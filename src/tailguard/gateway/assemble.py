@@ -13,7 +13,7 @@ import orjson
 from tailguard.gateway.resume import Progress
 from tailguard.gateway.tally import Tally
 from tailguard.gateway.upstream import RelayError, Suspended
-from tailguard.wire.chunks import running_completion_tokens
+from tailguard.wire.chunks import delta_text, has_content, running_completion_tokens
 from tailguard.wire.openai import Endpoint
 from tailguard.wire.sse import DONE, SSEDecoder
 
@@ -132,47 +132,45 @@ class Assembler:
             self.model = str(obj.get("model", ""))
             c = obj.get("created")
             self.created = c if isinstance(c, int) else 0
-        got = False
         for ch in obj.get("choices") or ():
-            if not isinstance(ch, dict):
-                continue
-            idx = ch.get("index", 0)
-            slot = self.choices.get(idx)
-            if slot is None:
-                slot = self.choices[idx] = _Choice()
-            if self.endpoint == "chat":
-                delta = ch.get("delta") or {}
-                text = delta.get("content")
-                if isinstance(delta.get("role"), str):
-                    slot.role = delta["role"]
-                for key in ("reasoning_content", "reasoning"):
-                    reasoning = delta.get(key)
-                    if isinstance(reasoning, str) and reasoning:
-                        slot.reasoning.append(reasoning)
-                        slot.reasoning_key = key
-                        got = True
-                calls = delta.get("tool_calls")
-                if isinstance(calls, list):
-                    for call in calls:
-                        if isinstance(call, dict):
-                            i = call.get("index", 0)
-                            slot.tool_calls.setdefault(i if isinstance(i, int) else 0, _ToolCall()).absorb(call)
-                            got = True
-            else:
-                text = ch.get("text")
-            lp = ch.get("logprobs")
-            if isinstance(lp, dict):
-                slot.absorb_logprobs(lp)
-            if isinstance(text, str) and text:
-                slot.parts.append(text)
-                got = True
-                if self.progress is not None:
-                    self.progress.add(text, running_completion_tokens(obj))
-            fr = ch.get("finish_reason")
-            if isinstance(fr, str):
-                slot.finish_reason = fr
-        if got:
+            if isinstance(ch, dict):
+                idx = ch.get("index", 0)
+                slot = self.choices.get(idx)
+                if slot is None:
+                    slot = self.choices[idx] = _Choice()
+                self._absorb_choice(slot, ch)
+        if has_content(data):
             self.tally.content(now)
+            if self.progress is not None:
+                self.progress.add(delta_text(obj, self.endpoint == "chat"), running_completion_tokens(obj))
+
+    def _absorb_choice(self, slot: _Choice, ch: dict[str, Any]) -> None:
+        if self.endpoint == "chat":
+            delta = ch.get("delta") or {}
+            text = delta.get("content")
+            if isinstance(delta.get("role"), str):
+                slot.role = delta["role"]
+            for key in ("reasoning_content", "reasoning"):
+                reasoning = delta.get(key)
+                if isinstance(reasoning, str) and reasoning:
+                    slot.reasoning.append(reasoning)
+                    slot.reasoning_key = key
+            calls = delta.get("tool_calls")
+            if isinstance(calls, list):
+                for call in calls:
+                    if isinstance(call, dict):
+                        i = call.get("index", 0)
+                        slot.tool_calls.setdefault(i if isinstance(i, int) else 0, _ToolCall()).absorb(call)
+        else:
+            text = ch.get("text")
+        lp = ch.get("logprobs")
+        if isinstance(lp, dict):
+            slot.absorb_logprobs(lp)
+        if isinstance(text, str) and text:
+            slot.parts.append(text)
+        fr = ch.get("finish_reason")
+        if isinstance(fr, str):
+            slot.finish_reason = fr
 
     def text(self) -> str:
         return "".join("".join(c.parts) for _, c in sorted(self.choices.items()))

@@ -11,8 +11,8 @@ request takes the tracked path instead, which parses every event to keep the tex
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import aiohttp
 import orjson
@@ -23,7 +23,7 @@ from tailguard.gateway.tally import Tally
 from tailguard.gateway.upstream import ClientGone, RelayError, Suspended
 from tailguard.wire.chunks import delta_text, has_content, has_usage, is_error, parse, role_only, running_completion_tokens
 from tailguard.wire.openai import Endpoint, error_body
-from tailguard.wire.sse import DONE, DONE_EVENT, SSEDecoder, encode_event
+from tailguard.wire.sse import DONE, DONE_EVENT, SSEDecoder, SSEEvent, encode_event, events_of, is_done
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -33,6 +33,9 @@ def _event_json(data: bytes, start: int, end: int) -> object:
     block = data[start:end]
     k = block.find(b"data:")
     return None if k < 0 else parse(block[k + 5:].strip())
+
+
+_UPSTREAM_BROKE = (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionError)
 
 
 @dataclass(slots=True)
@@ -51,179 +54,149 @@ class StreamRelay:
     # A preemptible request's chunk id from its first run: a resumed run's chunks are given it
     # back, so the client sees one response id throughout.
     stream_id: str | None = None
+    # Bytes before the first content chunk (the role-only delta), sent with it.
+    held: list[bytes] = field(default_factory=list)
 
     async def run(self, up: aiohttp.ClientResponse) -> None:
         """Relay until the upstream ends. Raises `RelayError` (retryable while nothing was
         sent), `ClientGone`, `Suspended`, or CancelledError; the caller closes `up`."""
         self.tally.start_run()
-        if self.progress is not None:
-            await self._run_tracked(up, self.progress)
-            return
-        loop_time = time.perf_counter  # metrics need sub-ms; uvloop's loop.time() is ms
-        tally = self.tally
-        t = tally.times
-        wd = tally.watchdog
-        held: list[bytes] = []
-        carry = b""
+        self.held.clear()  # a failed attempt's preamble is not this one's
+        prog = self.progress
+        clock = time.perf_counter  # metrics need sub-ms; uvloop's loop.time() is ms
+        wd = self.tally.watchdog
+        dec = SSEDecoder()
         try:
             async for data in up.content.iter_any():
-                now = loop_time()
+                if prog is not None and prog.suspended and not self.ended:
+                    raise Suspended()
+                now = clock()
                 wd.last_at = now
                 if self.ended:
                     continue  # past [DONE]: drain so the connection can be reused
-                if carry:
-                    data = carry + data
-                    carry = b""
-                if not data.endswith(b"\n\n"):
-                    cut = data.rfind(b"\n\n")
-                    cut = cut + 2 if cut >= 0 else 0
-                    carry = data[cut:]
-                    data = data[:cut]
-                    if not data:
-                        continue
-                content = 0
-                drop: tuple[int, int] | None = None
-                pos = 0
-                while True:
-                    end = data.find(b"\n\n", pos)
-                    if end < 0:
-                        break
-                    if has_content(data, pos, end):
-                        content += 1
-                    elif has_usage(data, pos, end):
-                        if tally.usage.read(_event_json(data, pos, end)) and not self.client_usage:
-                            drop = (pos, end + 2)
-                    elif is_error(data, pos, end):
-                        self.upstream_error = True
-                    pos = end + 2
-                last = data.endswith(DONE_EVENT)
-                if drop is not None:
-                    data = data[:drop[0]] + data[drop[1]:]
-                if content:
-                    tally.content(now, content)
-                if self.response is None:
-                    if t.first_content_at is None and not last:
-                        if data:
-                            held.append(data)
-                        continue
-                    held.append(data)
-                    await self._start(b"".join(held), eof=last)
-                    held.clear()
-                elif last:
-                    # The final event and the chunked terminator in one send.
-                    await self._end(data)
-                elif data:
-                    await self._write(data)
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionError) as e:
-            if self.response is None:
-                raise RelayError("disconnect", f"Backend closed the stream early: {e}", retryable=True) from None
-            await self.fail(RelayError("disconnect", f"Backend closed the stream early: {e}"))
-            return
-        if carry:
-            held.append(carry)
-        if self.response is None:
-            await self._start(b"".join(held), eof=True)
-        elif not self.ended:
-            await self._end(carry)
-
-    async def _run_tracked(self, up: aiohttp.ClientResponse, prog: Progress) -> None:
-        """The relay of a preemptible request: every event is parsed, to keep the text so far
-        (the one thing a continuation needs). On a resumed run the client's stream is already
-        open: the new upstream's role-only preamble is dropped and its usage is rewritten once,
-        so the client sees one response. Between reads it stops with `Suspended` once the
-        dispatcher has preempted the request."""
-        loop_time = time.perf_counter  # metrics need sub-ms; uvloop's loop.time() is ms
-        chat = self.endpoint == "chat"
-        tally = self.tally
-        t, wd = tally.times, tally.watchdog
-        dec = SSEDecoder()
-        held: list[bytes] = []
-        try:
-            async for data in up.content.iter_any():
-                if prog.suspended and not self.ended:
-                    raise Suspended()
-                now = loop_time()
-                wd.last_at = now
-                if self.ended:
-                    continue
-                out: list[bytes] = []
-                content = 0
-                last = False
-                for ev in dec.feed(data):
-                    if ev.data == DONE:
-                        out.append(DONE_EVENT)
-                        last = True
-                        continue
-                    try:
-                        obj = orjson.loads(ev.data)
-                    except orjson.JSONDecodeError:
-                        out.append(ev.raw)
-                        continue
-                    if not isinstance(obj, dict):
-                        out.append(ev.raw)
-                        continue
-                    raw = ev.raw
-                    cid = obj.get("id")
-                    if isinstance(cid, str):
-                        if self.stream_id is None:
-                            self.stream_id = cid
-                        elif cid != self.stream_id:  # a resumed run: its engine named it anew
-                            raw = raw.replace(orjson.dumps(cid), orjson.dumps(self.stream_id), 1)
-                            obj["id"] = self.stream_id
-                    if isinstance(obj.get("error"), dict):
-                        self.upstream_error = True
-                        out.append(raw)
-                        continue
-                    text = delta_text(obj, chat)
-                    if text:
-                        prog.add(text, running_completion_tokens(obj))
-                        content += 1
-                        out.append(raw)
-                        continue
-                    u = obj.get("usage")
-                    if isinstance(u, dict):
-                        usage_only = tally.usage.read(obj)
-                        if usage_only and not self.client_usage:
-                            continue
-                        if prog.runs > 1:  # the one JSON rewrite of a resumed request
-                            pt, ct = prog.client_usage(tally.usage.prompt_tokens, tally.usage.completion_tokens)
-                            if pt is not None and ct is not None:
-                                obj["usage"] = {**u, "prompt_tokens": pt, "completion_tokens": ct,
-                                                "total_tokens": pt + ct}
-                                out.append(encode_event(orjson.dumps(obj)))
-                                continue
-                        out.append(raw)
-                        continue
-                    if self.response is not None and not tally.run_started and role_only(obj):
-                        continue  # a resumed run's preamble: the client has had it
-                    out.append(raw)
-                if content:
-                    tally.content(now, content)
-                chunk = b"".join(out)
-                if self.response is None:
-                    held.append(chunk)
-                    if t.first_content_at is None and not last:
-                        continue
-                    await self._start(b"".join(held), eof=last)
-                    held.clear()
-                elif last:
-                    await self._end(chunk)
-                elif chunk:
-                    await self._write(chunk)
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionError) as e:
-            if prog.suspended and not self.ended:
+                if prog is None:
+                    buf, ends = dec.frame(data)
+                    if ends:
+                        await self._emit(*self._scan(buf, ends), now)
+                else:
+                    await self._emit(*self._track(dec.feed(data), prog), now)
+        except _UPSTREAM_BROKE as e:
+            if prog is not None and prog.suspended and not self.ended:
                 raise Suspended() from None
             if self.response is None:
                 raise RelayError("disconnect", f"Backend closed the stream early: {e}", retryable=True) from None
             await self.fail(RelayError("disconnect", f"Backend closed the stream early: {e}"))
             return
-        if prog.suspended and not self.ended:
+        if prog is not None and prog.suspended and not self.ended:
             raise Suspended()
-        tail = b"".join(ev.raw for ev in dec.flush())
+        if not self.ended:  # EOF: a last event without its blank line, then the end in any case
+            tail = dec.flush_raw()
+            chunk, content, _ = self._scan(tail, [len(tail)]) if prog is None else self._track(
+                events_of(tail), prog)
+            await self._emit(chunk, content, True, clock())
+
+    def _scan(self, buf: bytes, ends: list[int]) -> tuple[bytes, int, bool]:
+        """The zero-parse path: which events carry content, usage or an error, found by their
+        bytes in place. Returns the bytes to send (`buf` itself unless a usage-only chunk the
+        client did not ask for is cut out), the content chunk count, and whether it ended."""
+        content = 0
+        drop: tuple[int, int] | None = None
+        usage = self.tally.usage
+        pos = last_start = 0
+        for end in ends:
+            if has_content(buf, pos, end):
+                content += 1
+            elif has_usage(buf, pos, end):
+                if usage.read(_event_json(buf, pos, end)) and not self.client_usage:
+                    drop = (pos, end)
+            elif is_error(buf, pos, end):
+                self.upstream_error = True
+            last_start, pos = pos, end
+        last = is_done(buf, last_start, pos)
+        if drop is not None:
+            buf = buf[:drop[0]] + buf[drop[1]:]
+        return buf, content, last
+
+    def _track(self, events: list[SSEEvent], prog: Progress) -> tuple[bytes, int, bool]:
+        """The relay of a preemptible request: every event is parsed, to keep the text so far
+        (the one thing a continuation needs). On a resumed run the client's stream is already
+        open: the new upstream's role-only preamble is dropped and its usage is rewritten once,
+        so the client sees one response."""
+        out: list[bytes] = []
+        content = 0
+        last = False
+        for ev in events:
+            if ev.data == DONE:
+                out.append(DONE_EVENT)
+                last = True
+                continue
+            obj = parse(ev.data)
+            if not isinstance(obj, dict):
+                out.append(ev.raw)
+                continue
+            raw = self._same_id(ev.raw, obj)
+            if isinstance(obj.get("error"), dict):
+                self.upstream_error = True
+                out.append(raw)
+            elif has_content(ev.data):
+                prog.add(delta_text(obj, self.endpoint == "chat"), running_completion_tokens(obj))
+                content += 1
+                out.append(raw)
+            elif isinstance(obj.get("usage"), dict):
+                usage = self._usage_event(raw, obj, prog)
+                if usage:
+                    out.append(usage)
+            elif not (self.response is not None and not self.tally.run_started and role_only(obj)):
+                out.append(raw)  # (else a resumed run's preamble: the client has had it)
+        return b"".join(out), content, last
+
+    def _same_id(self, raw: bytes, obj: dict[str, Any]) -> bytes:
+        """A resumed run's chunk with the first run's id, which its engine named anew."""
+        cid = obj.get("id")
+        if not isinstance(cid, str):
+            return raw
+        if self.stream_id is None:
+            self.stream_id = cid
+        elif cid != self.stream_id:
+            raw = raw.replace(orjson.dumps(cid), orjson.dumps(self.stream_id), 1)
+            obj["id"] = self.stream_id
+        return raw
+
+    def _usage_event(self, raw: bytes, obj: dict[str, Any], prog: Progress) -> bytes:
+        """The usage chunk as the client gets it: dropped if it did not ask for it, rewritten
+        once (the one JSON rewrite of a resumed request) to count every run."""
+        usage = self.tally.usage
+        if usage.read(obj) and not self.client_usage:
+            return b""
+        if prog.runs > 1:
+            pt, ct = prog.client_usage(usage.prompt_tokens, usage.completion_tokens)
+            if pt is not None and ct is not None:
+                obj["usage"] = {**obj["usage"], "prompt_tokens": pt, "completion_tokens": ct,
+                                "total_tokens": pt + ct}
+                return encode_event(orjson.dumps(obj))
+        return raw
+
+    async def _emit(self, chunk: bytes, content: int, last: bool, now: float) -> None:
+        """Count one read's content chunks and pass its bytes on: held back until the first
+        content chunk, then written at once; the final event and the end of the response in
+        one send."""
+        tally = self.tally
+        if content:
+            tally.content(now, content)
         if self.response is None:
-            await self._start(b"".join(held) + tail, eof=True)
-        elif not self.ended:
-            await self._end(tail)
+            if chunk:
+                self.held.append(chunk)
+            if tally.times.first_content_at is None and not last:
+                return
+            first = b"".join(self.held)
+            self.held.clear()
+            await self._start(first, eof=last)
+        elif self.ended:
+            return
+        elif last:
+            await self._end(chunk)
+        elif chunk:
+            await self._write(chunk)
 
     async def _start(self, first: bytes, eof: bool) -> None:
         resp = _SSEResponse(status=200, headers={**_SSE_HEADERS, **self.make_headers()})

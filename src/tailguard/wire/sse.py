@@ -1,67 +1,125 @@
 """Server-sent events on the wire: an incremental decoder and the encoder; pure, no I/O.
 
+One framing for every reader of an upstream stream (the gateway's relays and assembler, the
+bench's recorder), as the SSE spec has it: lines end in LF, CR or CRLF (CRLF is sse-starlette's
+default, so FastAPI servers such as llama-cpp-python's send it); an event ends at a blank line;
+`data:` with or without the space; comments; `event:`, `id:` and multi-line `data:`; an event
+split across reads; and a last event cut off by EOF without its blank line (`flush`).
+
 The decoder works on bytes and never parses JSON: callers that relay a stream look at the raw
-`data` of each event and parse only what they need (usually just the final usage chunk).
+bytes of each event and parse only what they need (usually just the final usage chunk). `frame`
+is the relay's zero-copy form: whole events as one buffer of the bytes read plus their end
+offsets; `feed` parses those events' fields.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 DONE = b"[DONE]"
 DONE_EVENT = b"data: [DONE]\n\n"
+_DONE_BLOCKS = (b"data: [DONE]", b"data:[DONE]")
+# A line end followed by a line end (a blank line) in a stream that has CRs. A CR is a line end
+# of its own only when no LF follows, so the CR of a CRLF never starts a blank line.
+_EVENT_END = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+_BOM = b"\xef\xbb\xbf"
 
 
 @dataclass(slots=True, frozen=True)
 class SSEEvent:
     data: bytes
     event: str | None = None
-    raw: bytes = b""
+    raw: bytes = b""  # the event's bytes as they came, with their own line ends
+    id: str | None = None
 
 
 class SSEDecoder:
-    """Splits a byte stream into events; keeps a partial event between `feed` calls.
+    """Splits a byte stream into events; keeps a partial event between calls.
 
         decoder = SSEDecoder()
         for chunk in response_chunks:
             for ev in decoder.feed(chunk):
                 handle(ev.data)
-        tail = decoder.flush()
+        for ev in decoder.flush():   # an event EOF cut off before its blank line
+            handle(ev.data)
+
+    A relay that forwards bytes uses `frame(chunk)` and `flush_raw()` instead (see there).
     """
 
-    __slots__ = ("_buf",)
+    __slots__ = ("_buf", "_started")
 
     def __init__(self) -> None:
         self._buf = b""
+        self._started = False
+
+    def frame(self, data: bytes) -> tuple[bytes, list[int]]:
+        """The whole events the stream now holds, as `(buf, ends)`: `buf` is the bytes of those
+        events back to back as they came, and event i is `buf[ends[i-1]:ends[i]]` (from 0 for
+        the first), blank line included. `buf` is `data` itself when `data` ends on an event's
+        end and nothing was kept from before: an LF stream read event by event is never copied."""
+        buf = self._buf + data if self._buf else data
+        if not self._started and buf:
+            if len(buf) < len(_BOM) and _BOM.startswith(buf):
+                self._buf = buf
+                return b"", []
+            self._started = True
+            if buf.startswith(_BOM):
+                buf = buf[len(_BOM):]
+        ends: list[int] = []
+        pos = 0
+        if b"\r" not in buf:
+            while (i := buf.find(b"\n\n", pos)) >= 0:
+                pos = i + 2
+                ends.append(pos)
+        else:
+            for m in _EVENT_END.finditer(buf):
+                pos = m.end()
+                ends.append(pos)
+        if pos == len(buf):
+            self._buf = b""
+            return buf, ends
+        self._buf = buf[pos:]
+        return buf[:pos], ends
+
+    def flush_raw(self) -> bytes:
+        """At EOF: what is left of a last event, ended with a blank line (LF) so whoever it is
+        passed on to dispatches it too; b"" if only line ends were left."""
+        rest, self._buf = self._buf, b""
+        rest = rest.rstrip(b"\r\n")
+        return rest + b"\n\n" if rest else b""
 
     def feed(self, data: bytes) -> list[SSEEvent]:
-        buf = self._buf + data if self._buf else data
-        if b"\r" in buf:
-            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        events: list[SSEEvent] = []
-        start = 0
-        while True:
-            end = buf.find(b"\n\n", start)
-            if end < 0:
-                break
-            block = buf[start:end]
-            start = end + 2
-            ev = _parse_block(block)
-            if ev is not None:
-                events.append(ev)
-        self._buf = buf[start:]
-        return events
+        buf, ends = self.frame(data)
+        return _events(buf, ends)
 
     def flush(self) -> list[SSEEvent]:
-        block, self._buf = self._buf, b""
-        ev = _parse_block(block.strip(b"\n"))
-        return [ev] if ev is not None else []
+        return events_of(self.flush_raw())
+
+
+def events_of(block: bytes) -> list[SSEEvent]:
+    """The event in one whole block (what `flush_raw` returns), parsed."""
+    return _events(block, [len(block)])
+
+
+def _events(buf: bytes, ends: list[int]) -> list[SSEEvent]:
+    events: list[SSEEvent] = []
+    start = 0
+    for end in ends:
+        ev = _parse_block(buf[start:end])
+        if ev is not None:
+            events.append(ev)
+        start = end
+    return events
 
 
 def _parse_block(block: bytes) -> SSEEvent | None:
     data_lines: list[bytes] = []
     event: str | None = None
-    for line in block.split(b"\n"):
+    id_: str | None = None
+    lines = _LINE_END.split(block) if b"\r" in block else block.split(b"\n")
+    for line in lines:
         if not line or line.startswith(b":"):
             continue
         field, _, value = line.partition(b":")
@@ -71,9 +129,16 @@ def _parse_block(block: bytes) -> SSEEvent | None:
             data_lines.append(value)
         elif field == b"event":
             event = value.decode("utf-8", "replace")
+        elif field == b"id" and b"\0" not in value:
+            id_ = value.decode("utf-8", "replace")
     if not data_lines and event is None:
         return None
-    return SSEEvent(data=b"\n".join(data_lines), event=event, raw=block + b"\n\n")
+    return SSEEvent(data=b"\n".join(data_lines), event=event, raw=block, id=id_)
+
+
+def is_done(buf: bytes, start: int, end: int) -> bool:
+    """True if buf[start:end] is the `data: [DONE]` event that ends an OpenAI stream."""
+    return end - start <= 24 and buf[start:end].strip() in _DONE_BLOCKS
 
 
 def encode_event(data: bytes) -> bytes:

@@ -1,4 +1,4 @@
-"""Content-chunk detection on raw SSE data, usage parsing, and the requests.jsonl round trip."""
+"""Reading a streamed answer into a record (content, usage, errors, truncation) and the requests.jsonl round trip."""
 
 from __future__ import annotations
 
@@ -6,33 +6,52 @@ from pathlib import Path
 
 import pytest
 
-from tailguard.bench.recorder import RequestRecord, has_content, is_error_event, read_jsonl, usage_of, write_jsonl
-from tailguard.wire.openai import chat_chunk, completion_chunk, usage_dict
+from tailguard.bench.recorder import RequestRecord, StreamRecorder, read_jsonl, write_jsonl
+from tailguard.wire.openai import chat_chunk, usage_dict
 
 
-@pytest.mark.parametrize("data,expected", [
-    (chat_chunk("i", "m", 0, role="assistant"), False),  # role-only chunk
-    (chat_chunk("i", "m", 0, content="hi"), True),
-    (chat_chunk("i", "m", 0, content=""), False),
-    (chat_chunk("i", "m", 0, finish_reason="length"), False),
-    (chat_chunk("i", "m", 0, usage=usage_dict(3, 4), empty_choices=True), False),
-    (completion_chunk("i", "m", 0, text="x"), True),
-    (completion_chunk("i", "m", 0, text="", finish_reason="stop"), False),
-    (b'{"choices":[{"delta":{"content": "spaced"}}]}', True),
-    (b'{"choices":[{"delta":{"reasoning_content":null,"content":"x"}}]}', True),
-    (b'{"choices":[{"delta":{"content":null}}]}', False),
-    (b'{"choices":[{"delta":{"content":"\\"quoted\\""}}]}', True),
-])
-def test_has_content(data: bytes, expected: bool) -> None:
-    assert has_content(data) is expected
+def _record() -> RequestRecord:
+    return RequestRecord(index=0, cls="chat", warmup=False, scheduled_at=0.0)
 
 
-def test_usage_parsed_only_when_present() -> None:
-    assert usage_of(chat_chunk("i", "m", 0, usage=usage_dict(3, 4), empty_choices=True)) == usage_dict(3, 4)
-    assert usage_of(b'{"choices":[],"usage":null}') is None
-    assert usage_of(chat_chunk("i", "m", 0, content="x")) is None
-    assert is_error_event(b'{"error":{"message":"boom"}}')
-    assert not is_error_event(chat_chunk("i", "m", 0, content="error"))
+def _stream(*chunks: bytes, end: bytes = b"\n\n") -> bytes:
+    return b"".join(b"data: " + c + end for c in chunks)
+
+
+def test_reasoning_counts_as_the_first_token_as_the_gateway_counts_it() -> None:
+    rec = _record()
+    r = StreamRecorder(rec)
+    assert not r.feed(_stream(chat_chunk("i", "m", 0, role="assistant")), 0.1)
+    assert r.feed(_stream(b'{"choices":[{"delta":{"reasoning_content":"think"}}]}'), 0.2)
+    assert not r.feed(_stream(chat_chunk("i", "m", 0, content="x")), 0.3)
+    r.feed(_stream(chat_chunk("i", "m", 0, usage=usage_dict(3, 2), empty_choices=True), b"[DONE]"), 0.4)
+    r.finish(0.5)
+    assert rec.first_token_at == 0.2 and rec.chunk_at == [0.2, 0.3]
+    assert (rec.usage_prompt_tokens, rec.usage_output_tokens, rec.error_kind) == (3, 2, None)
+
+
+@pytest.mark.parametrize("end", [b"\n\n", b"\r\n\r\n", b"\r\r"])
+def test_every_line_end_and_a_last_event_without_its_blank_line(end: bytes) -> None:
+    rec = _record()
+    r = StreamRecorder(rec)
+    body = _stream(chat_chunk("i", "m", 0, content="a"), chat_chunk("i", "m", 0, content="b"), end=end)
+    for k, byte in enumerate(body + b"data: [DONE]"):  # one byte a read, and EOF right after [DONE]
+        r.feed(bytes([byte]), float(k))
+    r.finish(999.0)
+    assert len(rec.chunk_at) == 2 and rec.error_kind is None
+
+
+def test_error_event_and_truncation() -> None:
+    rec = _record()
+    r = StreamRecorder(rec)
+    r.feed(_stream(b'{"error":{"message":"boom"}}'), 0.1)
+    r.finish(0.2)
+    assert rec.error_kind == "stream_error" and rec.error is not None and "boom" in rec.error
+    rec = _record()
+    r = StreamRecorder(rec)
+    r.feed(_stream(chat_chunk("i", "m", 0, content="a")), 0.1)
+    r.finish(0.2)
+    assert rec.error_kind == "truncated"
 
 
 def test_jsonl_round_trip(tmp_path: Path) -> None:

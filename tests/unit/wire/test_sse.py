@@ -1,25 +1,113 @@
-from tailguard.wire.sse import DONE, SSEDecoder, encode_event
+"""The SSE decoder on bytes, no sockets: every line-end style, every field, every split point."""
+
+from __future__ import annotations
+
+import pytest
+
+from tailguard.wire.sse import DONE, SSEDecoder, SSEEvent, encode_event, is_done
+
+# One stream with every kind of line the spec allows, written with "\n" and re-ended below.
+STREAM = (
+    ": a comment, then a keep-alive comment alone\n\n"
+    ": ping\n\n"
+    "data: {\"a\": 1}\n\n"
+    "data:{\"no\":\"space\"}\n\n"
+    "event: delta\nid: 7\ndata: line one\ndata: line two\n\n"
+    "retry: 1000\ndata\n\n"
+    "data: [DONE]\n\n"
+)
+EXPECTED = [(b'{"a": 1}', None, None), (b'{"no":"space"}', None, None), (b"line one\nline two", "delta", "7"),
+            (b"", None, None), (DONE, None, None)]
+ENDS = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}
 
 
-def test_events_split_across_feeds_are_joined() -> None:
+def _stream(end: bytes) -> bytes:
+    return STREAM.encode().replace(b"\n", end)
+
+
+def _triples(events: list[SSEEvent]) -> list[tuple[bytes, str | None, str | None]]:
+    return [(e.data, e.event, e.id) for e in events]
+
+
+@pytest.mark.parametrize("end", ENDS.values(), ids=ENDS.keys())
+def test_every_split_point_gives_the_same_events(end: bytes) -> None:
+    raw = _stream(end)
+    for cut in range(len(raw) + 1):
+        d = SSEDecoder()
+        events = d.feed(raw[:cut]) + d.feed(raw[cut:]) + d.flush()
+        assert _triples(events) == EXPECTED, f"split at byte {cut}"
+
+
+@pytest.mark.parametrize("end", ENDS.values(), ids=ENDS.keys())
+def test_byte_by_byte_each_event_comes_out_once_it_is_whole(end: bytes) -> None:
+    raw = _stream(end)
     d = SSEDecoder()
-    assert d.feed(b"data: {\"a\"") == []
-    evs = d.feed(b": 1}\n\ndata: [DONE]\n\n")
-    assert [e.data for e in evs] == [b'{"a": 1}', DONE]
+    seen: list[SSEEvent] = []
+    for i in range(len(raw)):
+        seen += d.feed(raw[i:i + 1])
+    assert _triples(seen + d.flush()) == EXPECTED
+    # With CR line ends the blank line is only certain once the byte after it shows no LF;
+    # with LF or CRLF the last event is out as soon as its blank line has come.
+    assert len(seen) == len(EXPECTED)
 
 
-def test_crlf_comments_and_multiline_data() -> None:
+@pytest.mark.parametrize("end", ENDS.values(), ids=ENDS.keys())
+def test_frame_passes_the_bytes_on_as_they_came(end: bytes) -> None:
+    raw = _stream(end)
+    for cut in range(len(raw) + 1):
+        d = SSEDecoder()
+        out = b""
+        n = 0
+        for part in (raw[:cut], raw[cut:]):
+            buf, ends = d.frame(part)
+            assert ends == sorted(ends) and (not ends or ends[-1] == len(buf))
+            out += buf
+            n += len(ends)
+        # At EOF only trailing line ends may differ (the lone LF of a CRLF cut after its CR).
+        assert (out + d.flush_raw()).rstrip(b"\r\n") == raw.rstrip(b"\r\n") and n == STREAM.count("\n\n")
+
+
+def test_frame_does_not_copy_whole_lf_events() -> None:
     d = SSEDecoder()
-    evs = d.feed(b": keepalive\r\n\r\nevent: x\r\ndata: a\r\ndata: b\r\n\r\n")
-    assert len(evs) == 1
-    assert evs[0].event == "x" and evs[0].data == b"a\nb"
+    data = encode_event(b'{"x":1}') + encode_event(b'{"y":2}')
+    buf, ends = d.frame(data)
+    assert buf is data and ends == [len(encode_event(b'{"x":1}')), len(data)]
 
 
-def test_flush_returns_unterminated_event() -> None:
+def test_mixed_line_ends_and_a_crlf_split_between_cr_and_lf() -> None:
     d = SSEDecoder()
-    assert d.feed(b"data: tail") == []
-    assert [e.data for e in d.flush()] == [b"tail"]
-    assert d.flush() == []
+    assert d.feed(b"data: a\r") == []
+    assert [e.data for e in d.feed(b"\n\r")] == [b"a"]  # CRLF then CR: a blank line
+    assert [e.data for e in d.feed(b"\ndata: b\n\r\n")] == [b"b"]  # the lone LF left is an empty line
+
+
+def test_last_event_without_its_blank_line_at_eof() -> None:
+    for tail in (b"data: [DONE]", b"data: [DONE]\n", b"data: [DONE]\r\n", b"data: [DONE]\r"):
+        d = SSEDecoder()
+        assert d.feed(b"data: x\n\n" + tail)[0].data == b"x"
+        assert [e.data for e in d.flush()] == [DONE]
+        assert d.flush() == []
+
+
+def test_flush_raw_ends_the_last_event_and_nothing_else() -> None:
+    d = SSEDecoder()
+    d.frame(b"data: tail\r\n")
+    assert d.flush_raw() == b"data: tail\n\n"
+    d.frame(b"\r\n")
+    assert d.flush_raw() == b""
+
+
+def test_byte_order_mark_is_skipped_even_split() -> None:
+    d = SSEDecoder()
+    assert d.feed(b"\xef\xbb") == []
+    assert [e.data for e in d.feed(b"\xbfdata: x\n\n")] == [b"x"]
+
+
+def test_is_done_only_for_the_done_event() -> None:
+    for ev in (b"data: [DONE]\n\n", b"data:[DONE]\r\n\r\n"):
+        assert is_done(b"xx" + ev, 2, 2 + len(ev))
+    content = encode_event(b'{"choices":[{"delta":{"content":"[DONE]"}}]}')
+    assert not is_done(content, 0, len(content))
 
 
 def test_encode_roundtrip() -> None:

@@ -1,0 +1,55 @@
+"""What a chunk carries, read from its bytes: the one content definition of gateway and bench."""
+
+from __future__ import annotations
+
+import pytest
+
+from tailguard.wire.chunks import Usage, has_content, has_usage, is_error, usage_of
+from tailguard.wire.openai import chat_chunk, completion_chunk, usage_dict
+
+
+@pytest.mark.parametrize("data,expected", [
+    (chat_chunk("i", "m", 0, role="assistant"), False),  # role-only chunk
+    (chat_chunk("i", "m", 0, content="hi"), True),
+    (chat_chunk("i", "m", 0, content=""), False),
+    (chat_chunk("i", "m", 0, finish_reason="length"), False),
+    (chat_chunk("i", "m", 0, usage=usage_dict(3, 4), empty_choices=True), False),  # usage-only
+    (completion_chunk("i", "m", 0, text="x"), True),
+    (completion_chunk("i", "m", 0, text="", finish_reason="stop"), False),
+    (b'{"choices":[{"delta":{"content": "spaced"}}]}', True),
+    (b'{"choices":[{"delta":{"reasoning_content":null,"content":"x"}}]}', True),
+    (b'{"choices":[{"delta":{"content":null}}]}', False),
+    (b'{"choices":[{"delta":{"content":"\\"quoted\\""}}]}', True),
+    # A reasoning model's thinking and a tool call are generated tokens too.
+    (b'{"choices":[{"delta":{"reasoning_content":"Let me think","content":null}}]}', True),
+    (b'{"choices":[{"delta":{"reasoning":"hmm"}}]}', True),
+    (b'{"choices":[{"delta":{"reasoning_content":""}}]}', False),
+    (b'{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\\"a\\""}}]}}]}', True),
+    (b'{"choices":[{"delta":{"tool_calls":[]}}]}', False),
+    # A key inside a string (escaped quotes) is not a key.
+    (b'{"choices":[{"delta":{"tool_calls":[],"role":"{\\"content\\":\\"x\\"}"}}]}', False),
+])
+def test_has_content(data: bytes, expected: bool) -> None:
+    assert has_content(data) is expected
+    framed = b"data: " + data + b"\r\n\r\n"  # the same answer on the raw bytes of an event
+    assert has_content(b"xx" + framed + b"yy", 2, 2 + len(framed)) is expected
+
+
+def test_scans_stay_inside_their_range() -> None:
+    a, b = chat_chunk("i", "m", 0, role="assistant"), chat_chunk("i", "m", 0, content="x")
+    buf = a + b
+    assert not has_content(buf, 0, len(a)) and has_content(buf, len(a), len(buf))
+    u = chat_chunk("i", "m", 0, usage=usage_dict(1, 2), empty_choices=True)
+    assert has_usage(b + u, len(b)) and not has_usage(b + u, 0, len(b))
+
+
+def test_usage_and_errors() -> None:
+    assert usage_of(chat_chunk("i", "m", 0, usage=usage_dict(3, 4), empty_choices=True)) == usage_dict(3, 4)
+    assert usage_of(b'{"choices":[],"usage":null}') is None
+    assert usage_of(chat_chunk("i", "m", 0, content="x")) is None
+    assert is_error(b'{"error":{"message":"boom"}}') and is_error(b'data: { "error": {}}\n\n')
+    assert not is_error(chat_chunk("i", "m", 0, content="error"))
+    u = Usage()
+    assert u.read({"choices": [], "usage": usage_dict(3, 4)}) is True
+    assert (u.prompt_tokens, u.completion_tokens) == (3, 4)
+    assert u.read({"choices": [{}], "usage": usage_dict(5, 6)}) is False and u.completion_tokens == 6
