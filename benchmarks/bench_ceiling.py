@@ -67,7 +67,8 @@ def cpu_s() -> float:
 async def one_rate(url: str, rate: float, seconds: float, seed: int) -> dict[str, Any]:
     cfg = BenchConfig(url=url, workload=WORKLOAD, rate=rate, arrival="poisson", duration_s=seconds,
                       warmup_s=0.5, seed=seed, model="tailguard-sim",
-                      timeouts=Timeouts(connect_s=10, first_token_s=30, total_s=60))
+                      timeouts=Timeouts(connect_s=10, first_token_s=30, total_s=60),
+                      time_scale=1.0)  # wall seconds: this measures the generator, not the simulated engine
     c0, w0 = cpu_s(), time.perf_counter()
     result = await run_bench(cfg)
     c1, w1 = cpu_s(), time.perf_counter()

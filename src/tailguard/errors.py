@@ -2,6 +2,7 @@
 
     TailguardError
     ├── ConfigError          a config or workload file is invalid (message says where)
+    ├── TargetError          the bench's target cannot be measured: unreachable, refused, 401, 404
     └── APIError             answered to an HTTP client as an OpenAI-style error body
         ├── BadRequest       400: malformed, missing or wrongly typed fields
         ├── PayloadTooLarge  413: body over the configured limit
@@ -19,6 +20,10 @@ class TailguardError(Exception):
 
 class ConfigError(TailguardError):
     """A configuration or workload file is invalid; the message names the field."""
+
+
+class TargetError(TailguardError):
+    """The bench's target failed its start-up check; the message says what and where, in one line."""
 
 
 class APIError(TailguardError):

@@ -34,7 +34,8 @@ async def test_bench_reads_the_simulator_stream_exactly() -> None:
         {"name": "plain", "weight": 1, "prompt_tokens": 50, "max_tokens": 5, "stream": False},
     ]})
     async with running_sim(engine(), time_scale=SCALE) as sim, asyncio.timeout(60):
-        result = await run_bench(BenchConfig(url=sim.url, workload=w, concurrency=4, requests=24, seed=3))
+        result = await run_bench(BenchConfig(url=sim.url, workload=w, concurrency=4, requests=24, seed=3,
+                                             time_scale=SCALE))
     assert result.meta["model"] == "tailguard-sim"
     assert len(result.records) == 24 and all(r.ok and r.status == 200 for r in result.records)
     for r in result.records:
@@ -68,7 +69,8 @@ async def test_bench_counts_what_the_openai_package_sees() -> None:
                 if chunk.usage is not None:
                     usage = chunk.usage
         one = parse_workload({"name": "one", "classes": [w.classes[0].model_dump()]})
-        result = await run_bench(BenchConfig(url=sim.url, workload=one, concurrency=1, requests=1, seed=9))
+        result = await run_bench(BenchConfig(url=sim.url, workload=one, concurrency=1, requests=1, seed=9,
+                                             time_scale=SCALE))
     rec = result.records[0]
     assert usage is not None
     assert len(rec.chunk_at) == content_chunks == 32
@@ -93,12 +95,17 @@ async def run_cli(*args: str) -> tuple[int, str]:
 async def test_cli_runs_compares_and_rerenders(tmp_path: Path) -> None:
     async with running_sim(engine(), time_scale=SCALE) as sim:
         code, out = await run_cli("bench", "--url", sim.url, "--workload", "chat-only", "--concurrency", "2",
-                                  "--requests", "8", "--warmup", "2", "--out", str(tmp_path / "a"), "--quiet")
+                                  "--requests", "8", "--out", str(tmp_path / "unsaid"), "--quiet")
+        # The simulator lists its time scale: without --time-scale every figure would be wall seconds.
+        assert code == 1 and f"pass --time-scale {SCALE:g}" in out and not (tmp_path / "unsaid").exists(), out
+        code, out = await run_cli("bench", "--url", sim.url, "--workload", "chat-only", "--concurrency", "2",
+                                  "--requests", "8", "--warmup", "2", "--out", str(tmp_path / "a"), "--quiet",
+                                  "--time-scale", str(SCALE))
         assert code == 0, out
         assert "E2E" in out and "chat" in out and "run" in out
         code, out = await run_cli("bench", "--url", sim.url, "--workload", "chat-only", "--rate", "40",
                                   "--arrival", "gamma", "--burstiness", "0.5", "--duration", "0.5",
-                                  "--out", str(tmp_path / "b"), "--quiet", "--seed", "4")
+                                  "--out", str(tmp_path / "b"), "--quiet", "--seed", "4", "--time-scale", str(SCALE))
         assert code == 0, out
     for d in ("a", "b"):
         assert {p.name for p in (tmp_path / d).iterdir()} == {"summary.json", "requests.jsonl", "run.json", "report.html"}

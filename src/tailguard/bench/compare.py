@@ -10,8 +10,9 @@ from typing import Any, Sequence
 
 from tailguard.bench.recorder import RequestRecord
 from tailguard.bench.stats import (
-    DEFAULT_BOOTSTRAP, METRICS, describe, json_number, measured, point_ratio, ratio_ci, samples, validity,
+    DEFAULT_BOOTSTRAP, METRICS, describe, json_number, measured, point_ratio, ratio_ci, samples,
 )
+from tailguard.bench.validity import validity
 
 COMPARED_PERCENTILES: tuple[tuple[str, float], ...] = (("p50", 50.0), ("p95", 95.0), ("p99", 99.0))
 VERDICT_METRIC = "e2e_s"
@@ -103,10 +104,9 @@ def compare(before: Sequence[RequestRecord], before_meta: dict[str, Any],
 
 
 def _run_info(meta: dict[str, Any], records: Sequence[RequestRecord]) -> dict[str, Any]:
-    lag = meta.get("loop_lag_s") or {}
     return {
         "label": meta.get("label"), "workload": (meta.get("workload") or {}).get("name"), "url": meta.get("url"),
         "mode": meta.get("mode"), "concurrency": meta.get("concurrency"), "rate": meta.get("rate"),
         "started_at": meta.get("started_at"),
-        "validity": validity(records, float(meta.get("max_dispatch_lag_s", 0.005)), lag.get("p99"), lag.get("max")),
+        "validity": validity(records, meta),
     }

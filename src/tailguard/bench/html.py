@@ -13,7 +13,10 @@ from tailguard.bench import plots
 from tailguard.bench.attribution import tail_parts
 from tailguard.bench.recorder import RequestRecord
 from tailguard.bench.stats import measured
-from tailguard.bench.table import METRIC_LABELS, fmt_ratio, fmt_s, fmt_side, p99_word, significant_change
+from tailguard.bench.table import (
+    METRIC_LABELS, fmt_ratio, fmt_s, fmt_side, interrupted_line, p99_word, significant_change,
+)
+from tailguard.bench.validity import verdict_line
 
 _BASE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
@@ -51,12 +54,8 @@ _REPORT = """{% extends "base.html" %}
  &middot; {{ run.measured_requests }} requests measured ({{ run.warmup_requests_excluded }} warm-up excluded) over {{ fmt_s(run.window_s) }}
  {% if run.time_scale and run.time_scale != 1.0 %}&middot; <b>times in simulated seconds</b> (wall seconds / {{ run.time_scale }}){% endif %}
 </div>
-{% if validity.valid %}
-<div class="banner valid">Valid run: dispatch lag P99 {{ "%.2f"|format((validity.dispatch_lag_p99_s or 0) * 1000) }} ms
- (threshold {{ "%.1f"|format(validity.threshold_s * 1000) }} ms){% if validity.loop_lag_p99_s is not none %}, event-loop lag P99 {{ "%.2f"|format(validity.loop_lag_p99_s * 1000) }} ms{% endif %}.</div>
-{% else %}
-<div class="banner invalid">INVALID run: {{ validity.reason }}</div>
-{% endif %}
+<div class="banner {{ "valid" if validity.valid else "invalid" }}">{{ verdict_line(validity) }}</div>
+{% if interrupted %}<div class="banner invalid">{{ interrupted_line(interrupted) }}</div>{% endif %}
 
 <h2>Requests</h2>
 <table>
@@ -174,7 +173,7 @@ def _env() -> Environment:
                       autoescape=select_autoescape(default=True, default_for_string=True))
     env.globals.update(fmt_s=fmt_s, fmt_side=fmt_side, fmt_ratio=fmt_ratio, num=_num, labels=METRIC_LABELS, pcts=_PCTS,
                        pct=_pct, yes_no=_yes_no, ratio_class=_ratio_class, metric_rows=_metric_rows, when=_when,
-                       p99_verdict=_p99_verdict)
+                       p99_verdict=_p99_verdict, verdict_line=verdict_line, interrupted_line=interrupted_line)
     return env
 
 
@@ -233,7 +232,7 @@ def render_report(summary: dict[str, Any], records: Sequence[RequestRecord], ver
     }
     errors = [(n, g["error_kinds"]) for n, g in summary["classes"].items() if g["error_kinds"]]
     return _env().get_template("report.html").render(
-        run=summary["run"], validity=summary["validity"], groups=groups, img=img, errors=errors, version=version,
+        run=summary["run"], validity=summary["validity"], interrupted=summary.get("interrupted"), groups=groups, img=img, errors=errors, version=version,
         doctor=doctor)
 
 

@@ -5,6 +5,12 @@ Honesty rules: in open loop every request has a due time fixed in advance, and l
 measured from it, so a slow generator cannot hide queueing; the gap between due and actual send
 (dispatch lag) and the event loop's own lag are recorded, and `stats.validity` marks a run whose
 dispatch lag P99 is above the threshold as invalid. No retries: a failure is a measurement.
+
+Before the clock starts, the target is checked (`target.probe`: one line and no load if it cannot
+be measured) and the connections the first requests need are opened, so the first dispatch
+measures the generator's pace, not its start-up. A `stop` event ends a run early: nothing more is
+sent, requests in flight get `interrupt_grace_s` to finish, and those still running then are cut
+and recorded as `interrupted`.
 """
 
 from __future__ import annotations
@@ -29,13 +35,13 @@ from tailguard.bench.workload import (
 from tailguard.errors import ConfigError
 from tailguard.wire.tokens import text_tokens
 
-# Above this dispatch-lag P99 the generator, not the server, shaped the latencies. 5 ms is well
-# under any TTFT worth measuring and well over the 1 ms granularity of uvloop's timers.
-DEFAULT_MAX_DISPATCH_LAG_S = 0.005
 LOOP_TICK_S = 0.01
 _START_LEAD_S = 0.05
 
 
+# Connections opened before an open-loop run; a closed loop opens one per client.
+_WARM_CONNECTIONS_OPEN = 16
+_WARM_CONNECTIONS_MAX = 64
 @dataclass(frozen=True, slots=True)
 class Timeouts:
     """Staged client timeouts, in wall seconds: TCP connect, first content token (from send),
@@ -73,8 +79,11 @@ class BenchConfig:
     max_connections: int = 10_000
     # Against the simulator run at --time-scale X, pass X: recorded times are divided by it, so
     # every latency reads in simulated seconds (what the modelled GPU would deliver). Validity
-    # keeps its wall-clock meaning: the threshold is converted the same way.
-    time_scale: float = 1.0
+    # keeps its wall-clock meaning: the threshold is converted the same way. None: not given,
+    # which a target that says it runs on simulated time refuses (`target.time_scale_for`).
+    time_scale: float | None = None
+    # Wall seconds requests in flight may take to finish after `stop` is set.
+    interrupt_grace_s: float = 5.0
 
     def check(self, workload: Workload) -> None:
         """Raises `ConfigError` for a run that cannot be measured as asked."""
@@ -124,14 +133,10 @@ class RunResult:
     meta: dict[str, Any]
 
 
-def base_url(url: str) -> str:
-    """`http://host:port`, `.../v1` and a trailing slash all name the same server."""
-    u = url.rstrip("/")
-    return u[:-3] if u.endswith("/v1") else u
-
-
-async def run_bench(config: BenchConfig, progress: Callable[[Progress], None] | None = None) -> RunResult:
-    """Run one benchmark; `progress` is called about four times a second from the event loop."""
+async def run_bench(config: BenchConfig, progress: Callable[[Progress], None] | None = None,
+                    stop: asyncio.Event | None = None) -> RunResult:
+    """Run one benchmark; `progress` is called about four times a second from the event loop.
+    Setting `stop` interrupts the run (`meta["interrupted"]` says when and how many were cut)."""
     if isinstance(config.workload, Workload):
         workload, base_dir = config.workload, None
     else:
@@ -140,12 +145,15 @@ async def run_bench(config: BenchConfig, progress: Callable[[Progress], None] | 
     connector = aiohttp.TCPConnector(limit=config.max_connections, limit_per_host=0)
     timeout = aiohttp.ClientTimeout(total=None, connect=config.timeouts.connect_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        model = config.model or await _first_model(session, base_url(config.url), config)
-        factory = RequestFactory(workload, seed=config.seed, model=model, base_dir=base_dir)
-        run = _Run(config, workload, factory, session, model, progress)
+        target = await probe(session, url, api_key=config.api_key, timeout_s=config.timeouts.connect_s + 5.0,
+                             model=config.model)
+        time_scale = time_scale_for(config.time_scale, target.time_scale, url)
+        factory = RequestFactory(workload, seed=config.seed, model=target.model, base_dir=base_dir)
+        run = _Run(config, workload, factory, session, target.model, progress, stop)
         result = await run.go()
-    if config.time_scale != 1.0:
-        rescale(result, config.time_scale)
+    if time_scale != 1.0:
+        rescale(result, time_scale)
+    url = base_url(config.url)
     return result
 
 
@@ -168,25 +176,14 @@ def rescale(result: RunResult, time_scale: float) -> None:
     m["times_in"] = "simulated seconds (wall seconds / time_scale)"
     m["max_dispatch_lag_s"] = m["max_dispatch_lag_s"] * k
     m["loop_lag_s"] = {key: (v * k if key != "samples" else v) for key, v in m["loop_lag_s"].items()}
-
-
-async def _first_model(session: aiohttp.ClientSession, url: str, config: BenchConfig) -> str:
-    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-    try:
-        async with asyncio.timeout(config.timeouts.connect_s + 5.0):
-            async with session.get(url + "/v1/models", headers=headers) as resp:
-                data = await resp.json(content_type=None) if resp.status == 200 else None
-    except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-        raise ConfigError(f"could not list models at {url}/v1/models ({e!r}); pass --model") from None
-    try:
-        return str(data["data"][0]["id"])  # type: ignore[index]
-    except (TypeError, KeyError, IndexError):
-        raise ConfigError(f"{url}/v1/models lists no model; pass --model") from None
+    if m.get("interrupted"):
+        m["interrupted"]["after_s"] *= k
 
 
 class _Run:
     def __init__(self, config: BenchConfig, workload: Workload, factory: RequestFactory,
-                 session: aiohttp.ClientSession, model: str, progress: Callable[[Progress], None] | None) -> None:
+                 session: aiohttp.ClientSession, model: str, progress: Callable[[Progress], None] | None,
+                 stop: asyncio.Event | None) -> None:
         self.config = config
         self.workload = workload
         self.factory = factory
@@ -200,6 +197,7 @@ class _Run:
         self.records: list[RequestRecord] = []
         self.loop_lag_s: list[float] = []
         self.in_flight = 0
+        self.stop = stop
         self.failed = 0
         self.total = None if config.requests is None else config.requests + config.warmup_requests
         self.horizon_s = None if config.duration_s is None else config.duration_s + config.warmup_s
@@ -212,21 +210,25 @@ class _Run:
         # enough to make the generator late. Freezing moves those objects out of the collector's
         # sight for the run, so only objects made during the run are ever scanned.
         gc.collect()
+        self._stopping = False
+        self._interrupted_after_s: float | None = None
+        self._sender: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         gc.freeze()
         self.t0 = time.perf_counter() + _START_LEAD_S
         ticker = asyncio.create_task(self._tick())
+        await self._warm()
         try:
-            if self.config.concurrency is not None:
-                await asyncio.gather(*(self._client() for _ in range(self.config.concurrency)))
-            else:
-                await self._open_loop()
+            await self._until_done_or_stopped(driver)
         finally:
             gc.unfreeze()
-            ticker.cancel()
-            try:
-                await ticker
-            except asyncio.CancelledError:
-                pass
+        driver = asyncio.create_task(self._closed_loop() if self.config.concurrency is not None else self._open_loop())
+            for task in (driver, ticker):
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
         wall_s = time.perf_counter() - self.t0
         self._report_progress()
         self.records.sort(key=lambda r: r.index)
@@ -239,26 +241,77 @@ class _Run:
             return self._issued < self.total
         assert self.horizon_s is not None
         return due_s < self.horizon_s
+    async def _warm(self) -> None:
+        """Open the connections the first requests will use, before the clock starts. The probe
+        already ran the request path once; a cold connect per client would otherwise land in
+        the first requests' latencies."""
+        n = min(self.config.concurrency or _WARM_CONNECTIONS_OPEN, _WARM_CONNECTIONS_MAX)
+
+        async def one() -> None:
+            async with self.session.get(self.url + "/v1/models", headers=self.headers) as resp:
+                await resp.read()
+
+        try:
+            async with asyncio.timeout(self.config.timeouts.connect_s + 5.0):
+                await asyncio.gather(*(one() for _ in range(n)))
+        except (aiohttp.ClientError, TimeoutError):
+            pass  # the probe showed the target answers; a slow warm-up only costs the first requests
+
+    async def _until_done_or_stopped(self, driver: asyncio.Task[None]) -> None:
+        """Wait for the run's end or `stop`; then stop sending, give requests in flight the grace
+        period, and cut those still running (each records itself as `interrupted`)."""
+        if self.stop is None:
+            await driver
+            return
+        stopped = asyncio.create_task(self.stop.wait())
+        try:
+            await asyncio.wait({driver, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if not driver.done():
+            self._interrupted_after_s = time.perf_counter() - self.t0
+            self._stopping = True
+            if self._sender is not None:
+                self._sender.cancel()
+            if not (await asyncio.wait({driver}, timeout=self.config.interrupt_grace_s))[0]:
+                driver.cancel()
+                await asyncio.wait({driver})
+        if not driver.cancelled():
+            driver.result()
+
 
     def _is_warmup(self, index: int, due_s: float) -> bool:
         return index < self.config.warmup_requests or due_s < self.config.warmup_s
+        if self._stopping:
+            return False
 
     async def _open_loop(self) -> None:
         c = self.config
-        tasks: set[asyncio.Task[None]] = set()
+        tasks = self._tasks
         for due_s, cls in schedule(self.factory, rate=c.rate, process=c.arrival, burstiness=c.burstiness, seed=c.seed):
             if not self._more(due_s):
                 break
             req = self.factory.next(cls)  # built before its due time, off the clock
+    async def _closed_loop(self) -> None:
+        await asyncio.gather(*(self._client() for _ in range(self.config.concurrency or 0)))
+
             self._issued += 1
+        # The sender is a task of its own so that an interrupt can cut its sleep until the next
+        # due time without cutting the requests in flight.
+        self._sender = asyncio.create_task(self._send_open())
+        await asyncio.wait({self._sender})
+        if not self._sender.cancelled():
+            self._sender.result()
+        while self._tasks:
+            await asyncio.gather(*self._tasks)
+
+    async def _send_open(self) -> None:
             due_at = self.t0 + due_s
             while (delay := due_at - time.perf_counter()) > 0:
                 await asyncio.sleep(delay)
             task = asyncio.create_task(self._one(req, due_s, self._is_warmup(req.index, due_s)))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.gather(*tasks)
 
     async def _client(self) -> None:
         # Closed loop: a client is due again the moment its previous request ends (no think time).
@@ -332,12 +385,16 @@ class _Run:
             # one odd response must not end a run of thousands.
             rec.error_kind = "protocol"
             rec.error = repr(e)[:_ERROR_TEXT_LIMIT]
-        rec.ended_at = perf() - t0
-        rec.ok = rec.error_kind is None
-        rec.finish_tokens()
-        self.in_flight -= 1
-        if not rec.ok:
-            self.failed += 1
+        except asyncio.CancelledError:
+            rec.error_kind = "interrupted"  # cut by an interrupt: the bench's doing, not the server's
+            raise
+        finally:
+            rec.ended_at = perf() - t0
+            rec.ok = rec.error_kind is None
+            rec.finish_tokens()
+            self.in_flight -= 1
+            if not rec.ok and rec.error_kind != "interrupted":
+                self.failed += 1
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, rec: RequestRecord,
                            cm: asyncio.Timeout, total_deadline: float) -> None:
@@ -420,5 +477,9 @@ class _Run:
                 "p99": lag[min(len(lag) - 1, int(len(lag) * 0.99))] if lag else 0.0,
                 "max": lag[-1] if lag else 0.0,
                 "samples": len(lag),
+            "interrupted": None if self._interrupted_after_s is None else {
+                "after_s": round(self._interrupted_after_s, 6),
+                "grace_s": c.interrupt_grace_s,
+            },
             },
         }

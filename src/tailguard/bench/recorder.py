@@ -16,7 +16,7 @@ import orjson
 from tailguard.wire.chunks import has_content, is_error, usage_of
 from tailguard.wire.sse import DONE, SSEDecoder
 
-ErrorKind = Literal["http", "connect", "disconnect", "protocol", "stream_error", "truncated", "timeout"]
+ErrorKind = Literal["http", "connect", "disconnect", "protocol", "stream_error", "truncated", "timeout", "interrupted"]
 TimeoutPhase = Literal["connect", "first_token", "total"]
 
 

@@ -11,6 +11,7 @@ A folder holds `requests.jsonl` (one record per request), `run.json` (how the ru
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,8 @@ def _render(records: list[RequestRecord], meta: dict[str, Any], out_dir: Path, *
         (out_dir / REPORT_FILE).write_text(render_report(summary, records, __version__, doctor), encoding="utf-8")
     if console is not None:
         print_summary(summary, console)
-        console.print(f"wrote {out_dir}/{{{SUMMARY_FILE}, {REQUESTS_FILE}{', ' + REPORT_FILE if html else ''}}}")
+        console.print(f"wrote {out_dir}/{{{SUMMARY_FILE}, {REQUESTS_FILE}{', ' + REPORT_FILE if html else ''}}}",
+                      soft_wrap=True)
     return summary
 
 
@@ -107,13 +109,15 @@ def compare_dirs(before: Path, after: Path, out_dir: Path | None = None, *,
 
 
 async def bench_to_dir(config: BenchConfig, out_dir: Path, *, console: Console | None = None,
-                       progress: bool = True, label: str | None = None) -> dict[str, Any]:
-    """Run `config`, show a progress bar and the tables on `console`, write the folder, return the summary."""
+                       progress: bool = True, label: str | None = None,
+                       stop: asyncio.Event | None = None) -> dict[str, Any]:
+    """Run `config`, show a progress bar and the tables on `console`, write the folder, return the
+    summary. Setting `stop` ends the run early; the folder is written all the same, marked interrupted."""
     if console is not None and progress:
         with ProgressDisplay(console) as show:
-            result = await run_bench(config, progress=show)
+            result = await run_bench(config, progress=show, stop=stop)
     else:
-        result = await run_bench(config)
+        result = await run_bench(config, stop=stop)
     if label is not None:
         result.meta["label"] = label
     return write_outputs(result, out_dir, console=console)

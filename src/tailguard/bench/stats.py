@@ -22,6 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailguard.bench.recorder import RequestRecord
+from tailguard.bench.validity import validity
 
 Array = NDArray[np.float64]
 PERCENTILES: tuple[tuple[str, float], ...] = (("p50", 50.0), ("p90", 90.0), ("p95", 95.0), ("p99", 99.0), ("p999", 99.9))
@@ -102,7 +103,9 @@ def samples(records: Sequence[RequestRecord]) -> dict[str, Array]:
 
 
 def measured(records: Iterable[RequestRecord]) -> list[RequestRecord]:
-    return [r for r in records if not r.warmup]
+    """The records statistics are taken over: not warm-up, and not cut by an interrupt (the
+    bench ended those, not the server)."""
+    return [r for r in records if not r.warmup and r.error_kind != "interrupted"]
 
 
 # --- goodput ----------------------------------------------------------------------------------------
@@ -270,28 +273,6 @@ def measurement_window_s(records: Sequence[RequestRecord]) -> float:
     return max(r.ended_at for r in records) - min(r.scheduled_at for r in records)
 
 
-def validity(records: Sequence[RequestRecord], max_dispatch_lag_s: float, loop_lag_p99_s: float | None,
-             loop_lag_max_s: float | None = None) -> dict[str, Any]:
-    """Dispatch lag decides; event-loop lag explains (its max shows a stall that P99, taken over
-    10 ms ticks, would average away)."""
-    lag = np.sort(np.asarray([r.dispatch_lag_s for r in records], dtype=np.float64))
-    p99 = percentile(lag, 99.0) if len(lag) else 0.0
-    valid = bool(p99 <= max_dispatch_lag_s)
-    reason = None if valid else (
-        f"dispatch lag P99 {p99 * 1000:.1f} ms is above {max_dispatch_lag_s * 1000:.1f} ms: "
-        "the load generator fell behind its schedule, so these latencies partly measure the generator"
-    )
-    return {
-        "dispatch_lag_p99_s": json_number(p99),
-        "valid": valid,
-        "dispatch_lag_max_s": json_number(float(lag[-1]) if len(lag) else 0.0),
-        "loop_lag_p99_s": None if loop_lag_p99_s is None else json_number(loop_lag_p99_s),
-        "loop_lag_max_s": None if loop_lag_max_s is None else json_number(loop_lag_max_s),
-        "threshold_s": max_dispatch_lag_s,
-        "reason": reason,
-    }
-
-
 def summarize(records: Sequence[RequestRecord], meta: dict[str, Any], *, n_boot: int = DEFAULT_BOOTSTRAP) -> dict[str, Any]:
     """The `summary.json` object: classes.<name>, overall, throughput, validity, plus run info."""
     rec = measured(records)
@@ -305,12 +286,12 @@ def summarize(records: Sequence[RequestRecord], meta: dict[str, Any], *, n_boot:
     classes = {name: _group([r for r in rec if r.cls == name], window, slos, seed, n_boot)
                for name in class_names if any(r.cls == name for r in rec)}
     overall = _group(rec, window, slos, seed, n_boot)
-    loop_lag = meta.get("loop_lag_s") or {}
     return {
         "classes": classes,
         "overall": overall,
         "throughput": overall["throughput"],
-        "validity": validity(rec, float(meta.get("max_dispatch_lag_s", 0.005)), loop_lag.get("p99"), loop_lag.get("max")),
+        "validity": validity(rec, meta),
+        "interrupted": _interrupted(records, meta),
         "run": {
             "workload": (meta.get("workload") or {}).get("name"),
             "url": meta.get("url"), "model": meta.get("model"), "mode": meta.get("mode"),
@@ -321,3 +302,14 @@ def summarize(records: Sequence[RequestRecord], meta: dict[str, Any], *, n_boot:
             "time_scale": meta.get("time_scale", 1.0),
         },
     }
+
+
+def _interrupted(records: Sequence[RequestRecord], meta: dict[str, Any]) -> dict[str, Any] | None:
+    """None for a run that ran to its end; else when it was stopped and what had been sent:
+    `sent` = `done` (ended on their own, warm-up included) + `cut` (still running after the grace)."""
+    info = meta.get("interrupted")
+    if not info:
+        return None
+    cut = sum(1 for r in records if r.error_kind == "interrupted")
+    return {"after_s": info.get("after_s"), "grace_s": info.get("grace_s"),
+            "sent": len(records), "done": len(records) - cut, "cut": cut}

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tailguard.bench.load import Progress
+from tailguard.bench.validity import verdict_line
 
 METRIC_LABELS = {"e2e_s": "E2E", "ttft_s": "TTFT", "itl_s": "ITL", "tpot_s": "TPOT", "queue_s": "queue"}
 _PCT_COLS = (("p50", "P50"), ("p90", "P90"), ("p95", "P95"), ("p99", "P99"), ("p999", "P99.9"), ("max", "max"), ("mean", "mean"))
@@ -69,17 +70,22 @@ def summary_tables(summary: dict[str, Any]) -> Group:
             lat.add_row(name if first else "", label, *(fmt_s(st[k]) for k, _ in _PCT_COLS),
                         end_section=False)
             first = False
-        lat.rows[-1].end_section = True
-    return Group(counts, lat, validity_text(summary["validity"]))
+        if lat.rows:  # an interrupted run can end with nothing measured
+            lat.rows[-1].end_section = True
+    lines = [validity_text(summary["validity"])]
+    if summary.get("interrupted"):
+        lines.append(Text(interrupted_line(summary["interrupted"]), style="bold yellow"))
+    return Group(counts, lat, *lines)
 
 
 def validity_text(v: dict[str, Any]) -> Text:
-    lag = v["dispatch_lag_p99_s"] or 0.0
-    loop = v.get("loop_lag_p99_s")
-    extra = f", event-loop lag P99 {loop * 1000:.1f} ms" if loop is not None else ""
-    if v["valid"]:
-        return Text(f"VALID run: dispatch lag P99 {lag * 1000:.2f} ms{extra}", style="green")
-    return Text(f"INVALID run: {v['reason']}{extra}", style="bold white on red")
+    return Text(verdict_line(v), style="green" if v["valid"] else "bold white on red")
+
+
+def interrupted_line(info: dict[str, Any]) -> str:
+    """What an interrupted run holds: the statistics cover the requests that ended on their own."""
+    return (f"INTERRUPTED after {fmt_s(info['after_s'])}: {info['sent']} requests sent, {info['done']} ended, "
+            f"{info['cut']} cut after the {info['grace_s']:g} s grace; the statistics cover the ones that ended")
 
 
 def _num(v: float | None) -> str:
@@ -212,16 +218,19 @@ class ProgressDisplay:
         self._task: TaskID | None = None
 
     def __enter__(self) -> ProgressDisplay:
-        self._bar.start()
-        self._task = self._bar.add_task("", total=None)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._bar.refresh()
-        self._bar.stop()
+        if self._task is not None:
+            self._bar.refresh()
+            self._bar.stop()
 
     def __call__(self, p: Progress) -> None:
-        assert self._task is not None
+        # Started by the first report, once the load begins: a target that fails its start-up
+        # check prints its one line with no empty bar above it.
+        if self._task is None:
+            self._bar.start()
+            self._task = self._bar.add_task("", total=None)
         if p.total is not None:
             total, done = float(p.total), float(p.done)
             desc = f"{p.done}/{p.total} done"

@@ -315,7 +315,9 @@ class RequestFactory:
         self._pick_rng = random.Random(f"{seed}:classes")
         self._len_rng = {c.name: random.Random(f"{seed}:lengths:{c.name}") for c in workload.classes}
         self._text_rng = random.Random(f"{seed}:text")
-        self._pool: _TextPool | None = None
+        # Built now, before any clock runs: built on first use it cost the first request ~8 ms
+        # of dispatch lag, enough to mark a short run invalid.
+        self._pool = _TextPool(self._text_rng)
         self._shared_system = {
             c.name: synthetic_text(c.system_prompt.tokens, random.Random(f"{seed}:system:{c.name}"))
             for c in workload.classes if c.system_prompt is not None and c.system_prompt.shared
@@ -365,8 +367,6 @@ class RequestFactory:
                               tuple(c.headers.items()), prompt_tokens, max_tokens, c.stream)
 
     def _synthetic_body(self, c: RequestClass, endpoint: Endpoint, prompt_tokens: int) -> tuple[dict[str, Any], int]:
-        if self._pool is None:
-            self._pool = _TextPool(self._text_rng)
         system: str | None = None
         if c.system_prompt is not None:
             system = self._shared_system.get(c.name) or self._pool.take(c.system_prompt.tokens)

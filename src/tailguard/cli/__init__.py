@@ -1,12 +1,16 @@
 """The `tailguard` command: one module per verb, each registering itself on the typer app.
 
 Verb modules import their heavy parts inside the command function, so `tailguard --help`
-stays fast and importing one verb does not pull in the others.
+stays fast and importing one verb does not pull in the others. Help is click's plain layout
+(`rich_markup_mode=None`): rich's boxed panels cut option names at 80 columns and show a flag as
+`<bool>`, as if it took a value; the plain one wraps the help text and keeps every name whole.
 """
 
 from __future__ import annotations
 
 import importlib
+
+from typing import Optional
 
 import typer
 
@@ -18,6 +22,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 
@@ -26,9 +31,26 @@ def _register() -> None:
         importlib.import_module(f"tailguard.cli.{name}").register(app)
 
 
+def _version(show: bool) -> None:
+    if show:
+        from tailguard import __version__
+
+        typer.echo(f"tailguard {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Optional[bool] = typer.Option(None, "--version", callback=_version, is_eager=True,
+                                           help="Print the version and exit."),
+) -> None:
     """tailguard: a priority gateway, an honest load generator and an engine simulator."""
+
+
+def listen_error(host: str, port: int, e: OSError) -> str:
+    """One line for a port that cannot be had: asyncio's message repeats the address, keep its cause."""
+    cause = str(e.strerror or e).rsplit(": ", 1)[-1]
+    return f"cannot listen on {host}:{port}: {cause}"
 
 
 def main() -> None:

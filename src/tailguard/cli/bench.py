@@ -54,7 +54,7 @@ def console() -> "Console":
 def _fail(msg: str) -> None:
     from rich.console import Console
 
-    Console(stderr=True).print(f"[bold red]error:[/] {msg}")
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {msg}")  # one line, however long
     raise typer.Exit(1)
 
 
@@ -76,10 +76,15 @@ def bench_run(
     connect_timeout: float = typer.Option(10.0, help="Seconds to connect"),
     first_token_timeout: float = typer.Option(120.0, help="Seconds from send to the first content token"),
     timeout: float = typer.Option(600.0, help="Seconds from send to the end of the reply"),
-    max_dispatch_lag_ms: float = typer.Option(5.0, help="Dispatch lag P99 above this marks the run invalid"),
-    time_scale: float = typer.Option(1.0, help="Target is `tailguard sim --time-scale X`: pass X to report "
-                                               "simulated seconds (timeouts stay wall seconds)"),
+    max_dispatch_lag_ms: float = typer.Option(5.0, help="Dispatch lag P99 above this (wall ms) marks the run invalid"),
+    time_scale: Optional[float] = typer.Option(
+        None, help="Target is `tailguard sim --time-scale X`: pass X to report simulated seconds (timeouts stay "
+                   "wall seconds); required when the target says it runs on simulated time, 1 for wall seconds"),
+    interrupt_grace: float = typer.Option(5.0, help="On Ctrl-C or SIGTERM: seconds requests in flight get to finish"),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar"),
+    scrape: list[str] = typer.Option([], "--scrape", help="Snapshot this server's /metrics during the run into "
+                                     "metrics.jsonl, for `tailguard doctor` (repeatable: gateway and engine)"),
+    scrape_interval: float = typer.Option(1.0, help="Wall seconds between --scrape snapshots"),
 ) -> None:
     """Run a workload against an OpenAI-compatible server and write summary.json, requests.jsonl and report.html."""
     if ctx.invoked_subcommand is not None:
@@ -89,8 +94,7 @@ def bench_run(
         _fail("--url is required to run a benchmark")
     assert url is not None
     from tailguard.bench.load import BenchConfig, Timeouts
-    from tailguard.bench.report import bench_to_dir
-    from tailguard.errors import ConfigError
+    from tailguard.errors import ConfigError, TargetError
 
     if arrival not in ("constant", "poisson", "gamma"):
         _fail(f"--arrival must be constant, poisson or gamma, not {arrival!r}")
@@ -101,11 +105,50 @@ def bench_run(
             burstiness=burstiness, requests=requests if requests is not None or duration is not None else 200,
             duration_s=duration, warmup_requests=warm_n, warmup_s=warm_s, seed=seed, model=model, api_key=api_key,
             timeouts=Timeouts(connect_s=connect_timeout, first_token_s=first_token_timeout, total_s=timeout),
-            max_dispatch_lag_s=max_dispatch_lag_ms / 1000.0, time_scale=time_scale,
+            max_dispatch_lag_s=max_dispatch_lag_ms / 1000.0, time_scale=time_scale, interrupt_grace_s=interrupt_grace,
         )
-        run_async(bench_to_dir(config, out, console=console(), progress=not quiet))
-    except ConfigError as e:
+        from tailguard.bench.scrape import while_scraping
+
+        code = run_async(while_scraping(run_interruptible(config, out, console(), progress=not quiet),
+                                        scrape, scrape_interval, out))
+    except (ConfigError, TargetError) as e:
         _fail(str(e))
+    if code:
+        raise typer.Exit(code)
+
+
+async def run_interruptible(config: Any, out: Path, con: "Console", *, progress: bool) -> int:
+    """Run and write the folder; the first SIGINT or SIGTERM stops the run early (the folder is
+    still written, marked interrupted), a second one ends the process at once. Returns the exit
+    code: 0, or 128 + the signal's number after an interrupt, as a shell reports a killed command."""
+    import asyncio
+    import signal
+
+    from tailguard.bench.report import bench_to_dir
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    caught: list[signal.Signals] = []
+    signals = (signal.SIGINT, signal.SIGTERM)
+
+    def on_signal(sig: signal.Signals) -> None:
+        caught.append(sig)
+        stop.set()
+        for s in signals:
+            loop.remove_signal_handler(s)
+            signal.signal(s, signal.SIG_DFL)  # the next one ends the process, with no clean-up
+        con.print(f"[bold yellow]{sig.name}[/]: stopped sending; requests in flight get "
+                  f"{config.interrupt_grace_s:g} s to finish (send it again to quit at once)", soft_wrap=True)
+
+    for s in signals:
+        loop.add_signal_handler(s, on_signal, s)
+    try:
+        await bench_to_dir(config, out, console=con, progress=progress, stop=stop)
+    finally:
+        if not caught:
+            for s in signals:
+                loop.remove_signal_handler(s)
+    return 128 + caught[0].value if caught else 0
 
 
 def bench_compare(
@@ -150,7 +193,8 @@ def bench_workloads(name: Optional[str] = typer.Argument(None, help="Print this 
 
 
 def register(app: typer.Typer) -> None:
-    bench = typer.Typer(help="Measure tail latency honestly; compare two runs.", add_completion=False)
+    bench = typer.Typer(help="Measure tail latency honestly; compare two runs.", add_completion=False,
+                        rich_markup_mode=None)
     bench.callback(invoke_without_command=True)(bench_run)
     bench.command("compare")(bench_compare)
     bench.command("report")(bench_report)

@@ -3,10 +3,13 @@ default classes, or in front of an in-process simulator with `--sim`."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 import typer
+
+from tailguard.cli import listen_error
 
 if TYPE_CHECKING:
     from tailguard.gateway.config import GatewayConfig
@@ -32,6 +35,10 @@ def serve(
     sim: bool = typer.Option(False, "--sim", help="Start the built-in simulator in-process and use it as the backend."),
     sim_preset: Optional[str] = typer.Option(None, "--sim-preset", help="Simulator preset (with --sim)."),
     sim_time_scale: float = typer.Option(1.0, "--sim-time-scale", min=1e-6, help="Simulator time scale (with --sim)."),
+    sim_port: int = typer.Option(
+        0, "--sim-port", min=0, max=65535,
+        help="Port of the simulator (with --sim; default: a free one). Its URL is printed at start-up, so a "
+        "bench can also be sent straight to it."),
 ) -> None:
     """Run the gateway: OpenAI-compatible API that serves short and interactive requests first."""
     from tailguard.errors import ConfigError
@@ -45,7 +52,7 @@ def serve(
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
-    _run(_main(cfg, sim, sim_preset, sim_time_scale))
+    _run(_main(cfg, sim, sim_preset, sim_time_scale, sim_port))
 
 
 def build_config(
@@ -89,15 +96,13 @@ def build_config(
     return cfg
 
 
-async def _main(cfg: GatewayConfig, sim: bool, preset: str | None, time_scale: float) -> None:
-    from tailguard.gateway.app import serve as serve_gateway
+class CannotListen(Exception):
+    """A port to listen on was taken (or not ours to take): said in one line, as `tailguard sim` says it."""
 
-    def ready(url: str) -> None:
-        names = ", ".join(f"{b.name}={b.url}" for b in cfg.backends)
-        typer.echo(f"tailguard gateway listening on {url} ({cfg.scheduler.policy}; backends: {names})", err=True)
 
+async def _main(cfg: GatewayConfig, sim: bool, preset: str | None, time_scale: float, sim_port: int) -> None:
     if not sim:
-        await serve_gateway(cfg, ready=ready)
+        await _gateway(cfg)
         return
     from tailguard.sim.cost import EngineConfig
     from tailguard.sim.server import running_sim
@@ -105,19 +110,49 @@ async def _main(cfg: GatewayConfig, sim: bool, preset: str | None, time_scale: f
     # The simulated engine batches exactly as many sequences as the gateway lets through, as a
     # vLLM started with --max-num-seqs equal to the backend's max_concurrency would.
     engine = EngineConfig.from_preset(preset or "h100-llama8b", max_num_seqs=cfg.backends[0].max_concurrency)
-    async with running_sim(engine, time_scale=time_scale) as running:
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            running = await stack.enter_async_context(running_sim(engine, time_scale=time_scale, port=sim_port))
+        except OSError as e:
+            raise CannotListen(listen_error("127.0.0.1", sim_port, e) + " (--sim-port)") from None
         first = cfg.backends[0].model_copy(update={"url": running.url, "kind": "sim", "name": "sim"})
         cfg = cfg.model_copy(update={"backends": [first]})
-        typer.echo(f"simulator listening on {running.url} (max_num_seqs={engine.max_num_seqs})", err=True)
+        scale = f" --time-scale {time_scale:g}" if time_scale != 1.0 else ""
+        typer.echo(f"simulator listening on {running.url} (max_num_seqs={engine.max_num_seqs}, time scale "
+                   f"{time_scale:g}); to measure it straight: tailguard bench --url {running.url}{scale}", err=True)
+        await _gateway(cfg)
+
+
+async def _gateway(cfg: GatewayConfig) -> None:
+    """Serve until stopped; an OSError before the gateway listens is its port, said in one line."""
+    from tailguard.gateway.app import serve as serve_gateway
+
+    listening = False
+
+    def ready(url: str) -> None:
+        nonlocal listening
+        listening = True
+        names = ", ".join(f"{b.name}={b.url}" for b in cfg.backends)
+        typer.echo(f"tailguard gateway listening on {url} ({cfg.scheduler.policy}; backends: {names})", err=True)
+
+    try:
         await serve_gateway(cfg, ready=ready)
+    except OSError as e:
+        if listening:
+            raise
+        raise CannotListen(listen_error(cfg.host, cfg.port, e)) from None
 
 
 def _run(coro: Any) -> None:
     try:
-        import uvloop
-    except ImportError:  # pragma: no cover - Windows
-        import asyncio
+        try:
+            import uvloop
+        except ImportError:  # pragma: no cover - Windows
+            import asyncio
 
-        asyncio.run(coro)
-        return
-    uvloop.run(coro)
+            asyncio.run(coro)
+            return
+        uvloop.run(coro)
+    except CannotListen as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None

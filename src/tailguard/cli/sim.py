@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from tailguard.cli import listen_error
+
 if TYPE_CHECKING:
     from tailguard.sim.cost import EngineConfig
 
@@ -89,5 +91,5 @@ def _run(config: EngineConfig, host: str, port: int, time_scale: float, model_na
     except KeyboardInterrupt:
         pass
     except OSError as e:
-        typer.echo(f"error: cannot listen on {host}:{port}: {e}", err=True)
+        typer.echo(f"error: {listen_error(host, port, e)}", err=True)
         raise typer.Exit(1) from None

@@ -7,12 +7,12 @@ on a per-request future; a streamed token costs one pre-encoded chunk and, per s
 
 Endpoints behave like vLLM's where a client or the gateway can tell: `/v1/chat/completions` and
 `/v1/completions` (stream and non-stream, `stream_options.include_usage`, `usage`, finish_reason
-"length"), `/v1/models`, `/health`, `/metrics` (`vllm:*`). Body `priority` is vLLM's (lower runs
-earlier) and, as in vLLM, a non-zero priority is refused unless the policy is "priority". A
-missing `max_tokens` means "up to max_model_len". Every generated token is the text " tok" (one
-token by the bytes/4 estimate). A client that disconnects has its request aborted at once when
-the server runs with `handler_cancellation=True` (as `serve` and `start_sim` do); otherwise a
-stream is aborted at its next write.
+"length"), `/v1/models` (its model lists the `time_scale`), `/health`, `/metrics` (`vllm:*`). Body
+`priority` is vLLM's (lower runs earlier) and, as in vLLM, a non-zero priority is refused unless
+the policy is "priority". A missing `max_tokens` means "up to max_model_len". Every generated
+token is the text " tok" (one token by the bytes/4 estimate). A client that disconnects has its
+request aborted at once when the server runs with `handler_cancellation=True` (as `serve` and
+`start_sim` do); otherwise a stream is aborted at its next write.
 """
 
 from __future__ import annotations
@@ -389,7 +389,9 @@ async def _models(request: web.Request) -> web.Response:
     return web.json_response({
         "object": "list",
         "data": [{"id": state.model_name, "object": "model", "created": state.created, "owned_by": "tailguard",
-                  "root": state.model_name, "parent": None, "max_model_len": state.config.max_model_len}],
+                  "root": state.model_name, "parent": None, "max_model_len": state.config.max_model_len,
+                  # Wall seconds per simulated second: a load generator reads it to report simulated time.
+                  "time_scale": state.clock.time_scale}],
     })
 
 

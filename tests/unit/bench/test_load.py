@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tailguard.bench.load import BenchConfig, RunResult, Timeouts, base_url, rescale
+from tailguard.bench.load import BenchConfig, RunResult, Timeouts, rescale
+from tailguard.bench.target import base_url
 from tailguard.bench.recorder import RequestRecord
 from tailguard.bench.stats import summarize
 from tailguard.bench.workload import load_workload, parse_workload
@@ -20,7 +21,8 @@ from tailguard.errors import ConfigError
     ({"rate": 1.0, "requests": 5, "duration_s": 3.0}, "--requests N or --duration S"),
     ({"rate": 1.0, "requests": 5, "timeouts": Timeouts(total_s=0)}, "timeouts"),
     ({"rate": 1.0, "requests": 5, "warmup_requests": -1}, "--warmup"),
-    ({"rate": 1.0, "requests": 5, "time_scale": 0.0}, "time_scale"),
+    ({"rate": 1.0, "requests": 5, "time_scale": 0.0}, "--time-scale"),
+    ({"rate": 1.0, "requests": 5, "interrupt_grace_s": -1.0}, "--interrupt-grace"),
 ])
 def test_config_errors(kw: dict, msg: str) -> None:
     with pytest.raises(ConfigError, match=msg):

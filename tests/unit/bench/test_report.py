@@ -87,7 +87,7 @@ def test_outputs_written_parsable_and_rerenderable(tmp_path: Path) -> None:
     assert len((out / "requests.jsonl").read_text().splitlines()) == 301
     page = assert_self_contained((out / "report.html").read_text())
     text = " ".join(page.text)
-    for word in ("chat", "summary", "overall", "P99", "Valid run", "TTFT", "ITL", "timeouts", "slowest 1%"):
+    for word in ("chat", "summary", "overall", "P99", "VALID run", "TTFT", "ITL", "timeouts", "slowest 1%"):
         assert word in text
     assert len([t for t, _ in page.tags if t == "img"]) == 6  # with the tail-attribution bars
     assert all(set(orjson.loads(line)["attribution"]) >= {"prefill_s", "stall_s"}
@@ -107,7 +107,7 @@ def test_invalid_run_banner(tmp_path: Path) -> None:
     summary = write_outputs(run, tmp_path / "late")
     assert summary["validity"]["valid"] is False
     html = (tmp_path / "late" / "report.html").read_text()
-    assert "INVALID run" in html and "fell behind" in html
+    assert "INVALID run" in html and "30 of 290 requests were sent late" in html and "What to do" in html
 
 
 def test_compare_dirs_writes_table_and_page(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 from tailguard.bench.recorder import RequestRecord
 from tailguard.bench.stats import (
     METRICS, STAT_KEYS, bootstrap_percentiles, describe, percentile, ratio_ci, samples, summarize,
-    tail_ratio_ci, validity,
+    tail_ratio_ci,
 )
 
 
@@ -128,12 +128,13 @@ def test_throughput_goodput_and_warmup() -> None:
     assert gp["fraction"] == pytest.approx(0.5) and gp["good"] == 5
 
 
-def test_validity_marks_a_late_generator_invalid() -> None:
-    on_time = [rec(i, lag=0.0005) for i in range(100)]
-    assert validity(on_time, 0.005, 0.001)["valid"] is True
-    late = on_time[:95] + [rec(100 + i, lag=0.05) for i in range(5)]
-    v = validity(late, 0.005, None)
-    assert v["valid"] is False and v["dispatch_lag_p99_s"] > 0.005 and "fell behind" in v["reason"]
+def test_requests_cut_by_an_interrupt_are_counted_but_not_measured() -> None:
+    rs = [rec(i, due=float(i)) for i in range(6)]
+    rs += [rec(6, due=6.0, ok=False, kind="interrupted", ttft=None), rec(7, due=6.5, ok=False, kind="interrupted")]
+    s = summarize(rs, {**META, "interrupted": {"after_s": 7.0, "grace_s": 5.0}})
+    assert s["overall"]["count"] == 6 and s["overall"]["errors"] == 0 and s["overall"]["e2e_s"]["p99"] is not None
+    assert s["interrupted"] == {"after_s": 7.0, "grace_s": 5.0, "sent": 8, "done": 6, "cut": 2}
+    assert summarize(rs[:6], META)["interrupted"] is None
 
 
 def test_order_statistic_bootstrap_matches_brute_force() -> None:

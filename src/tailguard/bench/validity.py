@@ -1,0 +1,113 @@
+"""Did a run measure the server, or the load generator? The dispatch-lag verdict, which requests
+lagged and by how much, the likely cause and the advice that fits it. Pure: records in, a dict out.
+
+Dispatch lag is how late a request left against its schedule; latencies are measured from the
+schedule, so a late generator inflates them. The threshold is a property of the generator's wall
+clock. A run reported in simulated seconds (`time_scale` X: X wall seconds per simulated second)
+has every time divided by X, the lags and the threshold alike, so the verdict is unchanged and the
+figures it prints are in the run's own units; it says so.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from tailguard.bench.recorder import RequestRecord
+
+# Above this dispatch-lag P99 the generator, not the server, shaped the latencies. 5 ms is well
+# under any TTFT worth measuring and well over the 1 ms granularity of uvloop's timers.
+DEFAULT_MAX_DISPATCH_LAG_S = 0.005
+WORST_SHOWN = 3
+# Lagging requests all among the first 5% (at least the first one) are the generator's start.
+START_FRACTION = 0.05
+
+
+def validity(records: Sequence[RequestRecord], meta: dict[str, Any]) -> dict[str, Any]:
+    """The `validity` object of summary.json for the measured `records` of the run `meta` describes.
+
+    Dispatch lag decides; event-loop lag explains (its max shows a stall that P99, taken over
+    10 ms ticks, would average away)."""
+    threshold = float(meta.get("max_dispatch_lag_s", DEFAULT_MAX_DISPATCH_LAG_S))
+    scale = float(meta.get("time_scale") or 1.0)
+    loop = meta.get("loop_lag_s") or {}
+    ordered = sorted(records, key=lambda r: r.index)
+    lags = np.asarray([r.dispatch_lag_s for r in ordered], dtype=np.float64)
+    p99 = float(np.percentile(lags, 99.0)) if len(lags) else 0.0  # lags are finite: numpy's own will do
+    late = sorted(((pos, r) for pos, r in enumerate(ordered) if r.dispatch_lag_s > threshold),
+                  key=lambda pr: -pr[1].dispatch_lag_s)
+    valid = bool(p99 <= threshold)
+    out: dict[str, Any] = {
+        "dispatch_lag_p99_s": round(p99, 6),
+        "valid": valid,
+        "dispatch_lag_max_s": round(float(lags.max()) if len(lags) else 0.0, 6),
+        "loop_lag_p99_s": None if loop.get("p99") is None else round(loop["p99"], 6),
+        "loop_lag_max_s": None if loop.get("max") is None else round(loop["max"], 6),
+        "threshold_s": threshold,
+        "time_scale": scale,
+        "threshold_wall_s": round(threshold * scale, 6),
+        "late": {"count": len(late), "of": len(ordered),
+                 "worst": [{"index": r.index, "lag_s": round(r.dispatch_lag_s, 6)} for _, r in late[:WORST_SHOWN]]},
+        "cause": None, "reason": None, "advice": None,
+    }
+    if not valid:
+        cause, advice = _cause(late, ordered, meta, threshold)
+        out["cause"], out["advice"] = cause, advice
+        out["reason"] = (f"dispatch lag P99 {ms(p99, scale)} is above the {threshold_text(threshold, scale)}: "
+                         f"{_late_text(late, len(ordered), scale)}; these latencies partly measure the generator")
+    return out
+
+
+def ms(seconds: float, scale: float) -> str:
+    """A lag in the run's units: `6.9 ms`, or `27.6 ms simulated` in a time-scaled run."""
+    return f"{seconds * 1000:.1f} ms" + (" simulated" if scale != 1.0 else "")
+
+
+def threshold_text(threshold_s: float, scale: float) -> str:
+    """The threshold in the run's units, and why it is not the 5 ms the flag says when scaled."""
+    if scale == 1.0:
+        return f"threshold {threshold_s * 1000:.1f} ms"
+    return (f"threshold {threshold_s * 1000:.1f} ms simulated ({threshold_s * scale * 1000:g} ms wall / "
+            f"time scale {scale:g}: this run's times are simulated seconds)")
+
+
+def _late_text(late: list[tuple[int, RequestRecord]], n: int, scale: float) -> str:
+    worst = ", ".join(f"#{r.index} by {ms(r.dispatch_lag_s, scale)}" for _, r in late[:WORST_SHOWN])
+    more = f" and {len(late) - WORST_SHOWN} more" if len(late) > WORST_SHOWN else ""
+    return f"{len(late)} of {n} requests were sent late ({worst}{more})"
+
+
+def _cause(late: list[tuple[int, RequestRecord]], ordered: list[RequestRecord], meta: dict[str, Any],
+           threshold: float) -> tuple[str, str]:
+    """The likely cause of the lag, and what to do about it: (cause, advice)."""
+    n = len(ordered)
+    first = max(1, math.ceil(n * START_FRACTION))
+    loop_max = (meta.get("loop_lag_s") or {}).get("max") or 0.0
+    if late and max(pos for pos, _ in late) < first:
+        k = max(pos for pos, _ in late) + 1
+        return "start", (f"only the first {k} request(s) lagged: the generator's start, not its pace; "
+                         f"exclude them with --warmup {k}")
+    if meta.get("mode") == "open":
+        tail = [r.dispatch_lag_s for r in ordered[-max(1, n // 4):]]
+        if float(np.median(tail)) > threshold:
+            return "rate", ("the generator fell ever further behind its schedule: it cannot send at this rate; "
+                            "lower --rate, or give the generator a core of its own")
+    if loop_max > threshold:
+        return "stall", ("the generator's event loop stalled (another process took its CPU, or the servers share "
+                         "its core): run the servers elsewhere or give the generator a core of its own (taskset)")
+    return "busy", ("the generator's CPU was too busy to send on time: fewer --concurrency, or give the "
+                    "generator a core of its own")
+
+
+def verdict_line(v: dict[str, Any]) -> str:
+    """The banner of a run's `validity`, for the terminal and report.html alike."""
+    scale = float(v.get("time_scale") or 1.0)
+    loop = v.get("loop_lag_p99_s")
+    loop_text = f"; event-loop lag P99 {ms(loop, scale)}" if loop is not None else ""
+    if v["valid"]:
+        lag = v.get("dispatch_lag_p99_s") or 0.0
+        return f"VALID run: dispatch lag P99 {ms(lag, scale)}, {threshold_text(v['threshold_s'], scale)}{loop_text}"
+    advice = f". What to do: {v['advice']}" if v.get("advice") else ""
+    return f"INVALID run: {v['reason']}{loop_text}{advice}"
