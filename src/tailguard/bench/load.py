@@ -32,16 +32,18 @@ from tailguard.bench.recorder import RequestRecord, StreamRecorder, parse_server
 from tailguard.bench.workload import (
     ArrivalProcess, PlannedRequest, RequestFactory, Workload, load_workload, schedule,
 )
+from tailguard.bench.target import base_url, probe, time_scale_for
+from tailguard.bench.validity import DEFAULT_MAX_DISPATCH_LAG_S
 from tailguard.errors import ConfigError
 from tailguard.wire.tokens import text_tokens
 
 LOOP_TICK_S = 0.01
 _START_LEAD_S = 0.05
-
-
 # Connections opened before an open-loop run; a closed loop opens one per client.
 _WARM_CONNECTIONS_OPEN = 16
 _WARM_CONNECTIONS_MAX = 64
+
+
 @dataclass(frozen=True, slots=True)
 class Timeouts:
     """Staged client timeouts, in wall seconds: TCP connect, first content token (from send),
@@ -111,8 +113,10 @@ class BenchConfig:
             raise ConfigError("timeouts must be > 0")
         if self.max_connections < 1:
             raise ConfigError("max_connections must be at least 1")
-        if self.time_scale <= 0:
-            raise ConfigError("time_scale must be > 0")
+        if self.time_scale is not None and self.time_scale <= 0:
+            raise ConfigError("--time-scale must be > 0")
+        if self.interrupt_grace_s < 0:
+            raise ConfigError("--interrupt-grace must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +148,7 @@ async def run_bench(config: BenchConfig, progress: Callable[[Progress], None] | 
     config.check(workload)
     connector = aiohttp.TCPConnector(limit=config.max_connections, limit_per_host=0)
     timeout = aiohttp.ClientTimeout(total=None, connect=config.timeouts.connect_s)
+    url = base_url(config.url)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         target = await probe(session, url, api_key=config.api_key, timeout_s=config.timeouts.connect_s + 5.0,
                              model=config.model)
@@ -153,7 +158,6 @@ async def run_bench(config: BenchConfig, progress: Callable[[Progress], None] | 
         result = await run.go()
     if time_scale != 1.0:
         rescale(result, time_scale)
-    url = base_url(config.url)
     return result
 
 
@@ -190,6 +194,7 @@ class _Run:
         self.session = session
         self.model = model
         self.progress = progress
+        self.stop = stop
         self.url = base_url(config.url)
         self.headers = {"Content-Type": "application/json"}
         if config.api_key:
@@ -197,32 +202,31 @@ class _Run:
         self.records: list[RequestRecord] = []
         self.loop_lag_s: list[float] = []
         self.in_flight = 0
-        self.stop = stop
         self.failed = 0
         self.total = None if config.requests is None else config.requests + config.warmup_requests
         self.horizon_s = None if config.duration_s is None else config.duration_s + config.warmup_s
         self.t0 = 0.0
         self._issued = 0
-
-    async def go(self) -> RunResult:
-        started = _dt.datetime.now(_dt.timezone.utc)
-        # A full collection over everything imported so far takes tens of milliseconds: long
-        # enough to make the generator late. Freezing moves those objects out of the collector's
-        # sight for the run, so only objects made during the run are ever scanned.
-        gc.collect()
         self._stopping = False
         self._interrupted_after_s: float | None = None
         self._sender: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+
+    async def go(self) -> RunResult:
+        started = _dt.datetime.now(_dt.timezone.utc)
+        await self._warm()
+        # A full collection over everything imported so far takes tens of milliseconds: long
+        # enough to make the generator late. Freezing moves those objects out of the collector's
+        # sight for the run, so only objects made during the run are ever scanned.
+        gc.collect()
         gc.freeze()
         self.t0 = time.perf_counter() + _START_LEAD_S
         ticker = asyncio.create_task(self._tick())
-        await self._warm()
+        driver = asyncio.create_task(self._closed_loop() if self.config.concurrency is not None else self._open_loop())
         try:
             await self._until_done_or_stopped(driver)
         finally:
             gc.unfreeze()
-        driver = asyncio.create_task(self._closed_loop() if self.config.concurrency is not None else self._open_loop())
             for task in (driver, ticker):
                 task.cancel()
                 try:
@@ -234,13 +238,6 @@ class _Run:
         self.records.sort(key=lambda r: r.index)
         return RunResult(self.records, self._meta(started, wall_s))
 
-    # --- the two loops ---
-
-    def _more(self, due_s: float) -> bool:
-        if self.total is not None:
-            return self._issued < self.total
-        assert self.horizon_s is not None
-        return due_s < self.horizon_s
     async def _warm(self) -> None:
         """Open the connections the first requests will use, before the clock starts. The probe
         already ran the request path once; a cold connect per client would otherwise land in
@@ -279,23 +276,23 @@ class _Run:
         if not driver.cancelled():
             driver.result()
 
+    # --- the two loops ---
+
+    def _more(self, due_s: float) -> bool:
+        if self._stopping:
+            return False
+        if self.total is not None:
+            return self._issued < self.total
+        assert self.horizon_s is not None
+        return due_s < self.horizon_s
 
     def _is_warmup(self, index: int, due_s: float) -> bool:
         return index < self.config.warmup_requests or due_s < self.config.warmup_s
-        if self._stopping:
-            return False
 
-    async def _open_loop(self) -> None:
-        c = self.config
-        tasks = self._tasks
-        for due_s, cls in schedule(self.factory, rate=c.rate, process=c.arrival, burstiness=c.burstiness, seed=c.seed):
-            if not self._more(due_s):
-                break
-            req = self.factory.next(cls)  # built before its due time, off the clock
     async def _closed_loop(self) -> None:
         await asyncio.gather(*(self._client() for _ in range(self.config.concurrency or 0)))
 
-            self._issued += 1
+    async def _open_loop(self) -> None:
         # The sender is a task of its own so that an interrupt can cut its sleep until the next
         # due time without cutting the requests in flight.
         self._sender = asyncio.create_task(self._send_open())
@@ -306,6 +303,13 @@ class _Run:
             await asyncio.gather(*self._tasks)
 
     async def _send_open(self) -> None:
+        c = self.config
+        tasks = self._tasks
+        for due_s, cls in schedule(self.factory, rate=c.rate, process=c.arrival, burstiness=c.burstiness, seed=c.seed):
+            if not self._more(due_s):
+                break
+            req = self.factory.next(cls)  # built before its due time, off the clock
+            self._issued += 1
             due_at = self.t0 + due_s
             while (delay := due_at - time.perf_counter()) > 0:
                 await asyncio.sleep(delay)
@@ -470,6 +474,10 @@ class _Run:
             "timeouts": asdict(c.timeouts),
             "max_dispatch_lag_s": c.max_dispatch_lag_s,
             "time_scale": 1.0,
+            "interrupted": None if self._interrupted_after_s is None else {
+                "after_s": round(self._interrupted_after_s, 6),
+                "grace_s": c.interrupt_grace_s,
+            },
             "workload": self.workload.model_dump(mode="json"),
             "slo": self.workload.slos(),
             "loop_lag_s": {
@@ -477,9 +485,5 @@ class _Run:
                 "p99": lag[min(len(lag) - 1, int(len(lag) * 0.99))] if lag else 0.0,
                 "max": lag[-1] if lag else 0.0,
                 "samples": len(lag),
-            "interrupted": None if self._interrupted_after_s is None else {
-                "after_s": round(self._interrupted_after_s, 6),
-                "grace_s": c.interrupt_grace_s,
-            },
             },
         }
