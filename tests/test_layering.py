@@ -21,6 +21,7 @@ PURE = {
     "gateway.classes", "gateway.caps", "gateway.backends",
     "gateway.config", "gateway.resume", "gateway.kinds", "sim.des",
     "bench.workload", "bench.stats", "bench.dataset", "bench.recorder", "bench.compare", "bench.attribution",
+    "doctor.finding", "doctor.evidence", "doctor.facts", "doctor.rules", "doctor.diagnosis", "sweep.virtual",
     "client.retry", "client.timeouts", "client.chunks", "client.assembly",
 }
 IO_MODULES = ("asyncio", "aiohttp", "prometheus_client", "time", "socket", "uvloop", "httpx", "httpx2", "anyio")
@@ -33,6 +34,10 @@ FORBIDDEN_PARTS = {
     "sim": ("tailguard.bench", "tailguard.client", "tailguard.cli", "tailguard.gateway"),
     "client": ("tailguard.gateway", "tailguard.sim", "tailguard.bench", "tailguard.cli"),
     "wire": ("tailguard.gateway", "tailguard.sim", "tailguard.bench", "tailguard.client", "tailguard.cli"),
+    # doctor reads bench runs and the servers' pages; it never runs or imports a server
+    "doctor": ("tailguard.gateway", "tailguard.sim", "tailguard.client", "tailguard.cli", "tailguard.sweep"),
+    # sweep drives the simulator on virtual time and measures with bench's statistics; processes live in cli/
+    "sweep": ("tailguard.client", "tailguard.cli"),
 }
 # No part crosses into another's: the gateway and the simulator share the front instead.
 ALLOWED_CROSSINGS: set[tuple[str, str]] = set()

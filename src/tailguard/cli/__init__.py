@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-VERB_MODULES: tuple[str, ...] = ("bench", "demo", "serve", "sim")
+VERB_MODULES: tuple[str, ...] = ("bench", "demo", "doctor", "serve", "sim")
 
 app = typer.Typer(
     name="tailguard",

@@ -1,0 +1,309 @@
+"""One rule per finding kind: each reads `RunFacts` (and the servers' evidence, when scraped) and
+returns a `Finding` or None (pure, no I/O). The thresholds are the article's where it gives one
+(a P99/P50 within 3-5x is a healthy tail; near 20x is the disease, section 7.4) and stated with
+their reason otherwise. docs/doctor.md lists each rule in words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tailguard.doctor.evidence import EngineEvidence, GatewayEvidence
+from tailguard.doctor.facts import QUEUE_PARTS, TTFT_PARTS, ClassFacts, RunFacts, share, shared_prefix_share
+from tailguard.doctor.finding import Finding
+
+TAIL_RATIO = 5.0  # P99/P50 above the article's 3-5x band is a tail worth fixing
+QUEUED = 0.5  # "most of its time was spent queued"
+TTFT_HIGH_ITLS = 10.0  # a first token later than ten steady decode steps is a slow first token
+# ...and one that is most of the request's time (the article's test, 7.3: is TTFT close to the
+# whole request, or a small part of it?)
+TTFT_OF_E2E = 0.5
+LONG_VS_SHORT = 4.0  # a class asking 4x the output of another holds its slots 4x as long
+FAIL_SHARE = 0.01  # 1% of requests refused or timed out is not noise
+
+Rule = Callable[[RunFacts, "EngineEvidence | None", "GatewayEvidence | None"], "Finding | None"]
+
+
+def _s(v: float | None) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s"
+
+
+def _x(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.1f}x"
+
+
+def _pct(v: float) -> str:
+    return f"{v * 100:.0f}%"
+
+
+def bench_command(f: RunFacts, url: str | None = None, out: str = "after") -> str:
+    """The `tailguard bench` command that repeats this run (optionally at another URL)."""
+    m = f.meta
+    w = (m.get("workload") or {}).get("name", "seed-mixed")
+    load = f"--concurrency {m['concurrency']}" if m.get("concurrency") else f"--rate {m.get('rate')}"
+    size = f"--requests {m['requests']}" if m.get("requests") else f"--duration {m.get('duration_s')}"
+    ts = f" --time-scale {m['time_scale']}" if m.get("time_scale", 1.0) != 1.0 else ""
+    return f"tailguard bench --url {url or m.get('url', 'URL')} --workload {w} {load} {size} --seed {m.get('seed', 0)}{ts} --out {out}"
+
+
+def _by_output(f: RunFacts) -> tuple[ClassFacts, ClassFacts] | None:
+    cs = [c for c in f.classes.values() if c.count]
+    if len(cs) < 2:
+        return None
+    cs.sort(key=lambda c: c.max_tokens)
+    return cs[0], cs[-1]
+
+
+def head_of_line(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence | None) -> Finding | None:
+    pair = _by_output(f)
+    if pair is None:
+        return None
+    short, long = pair
+    ratio = max(short.ratio("e2e") or 0.0, short.ratio("ttft") or 0.0)
+    queued = share(short.tail, QUEUE_PARTS)
+    if long.max_tokens < LONG_VS_SHORT * short.max_tokens or ratio < TAIL_RATIO or queued < QUEUED \
+            or short.others_in_flight_at_tail < 1:
+        return None
+    against = []
+    if (long.ratio("e2e") or 0) >= TAIL_RATIO:
+        against.append(f"{long.name} has a long tail too (E2E P99/P50 {_x(long.ratio('e2e'))}): load, not only order")
+    if short.rejected or short.timeouts:
+        against.append(f"{short.name} also lost {short.rejected + short.timeouts} requests to refusals or timeouts")
+    if f.behind_gateway:
+        step = (f"the gateway is in front already: let it hold fewer {long.name} requests (a lower `max_share` or "
+                f"`max_tokens_cap` for their class, `preemption: true`), or lower `max_concurrency`")
+        check = (f"tailguard sweep --setting max_concurrency --values 2..32 --slo {short.name}:e2e_s=<target> "
+                 "--backend <engine URL>")
+    else:
+        step = ("put `tailguard serve` in front of the engine: the ranked-sjf policy with `max_concurrency` equal "
+                f"to the engine's max_num_seqs, so a {short.name} request waits for the next free slot, not behind "
+                f"every queued {long.name} request")
+        check = (f"tailguard serve --backend {f.meta.get('url', 'URL')} --max-concurrency <max_num_seqs>; "
+                 f"{bench_command(f, 'http://127.0.0.1:8080', 'after')}; tailguard bench compare <this run> after")
+    return Finding(
+        "head_of_line", "high",
+        symptom=(f"{short.name} E2E P99 {_s(short.e2e_p99)} vs P50 {_s(short.e2e_p50)} (P99/P50 {_x(short.ratio('e2e'))}, "
+                 f"TTFT {_x(short.ratio('ttft'))}) while {long.name} asks for {long.max_tokens:.0f} tokens "
+                 f"against {short.max_tokens:.0f}"),
+        cause=f"a few long {long.name} generations hold the engine's batch slots; {short.name} requests queue behind them",
+        next_step=step, check=check,
+        evidence_for=(f"the slowest 1% of {short.name} spent {_pct(queued)} of their time queued "
+                      f"(engine {_s(short.tail['engine_queue_s'])}, gateway {_s(short.tail['gateway_queue_s'])})",
+                      f"when they were sent, {short.others_in_flight_at_tail:.1f} other requests were in flight on average"),
+        evidence_against=tuple(against),
+    )
+
+
+def _ttft_slow(f: RunFacts) -> list[ClassFacts]:
+    if f.itl_p50 is None:
+        return []
+    step = max(f.itl_p50, 1e-3)
+    return [c for c in f.classes.values() if c.ttft_p99 is not None and c.e2e_p99 is not None
+            and c.ttft_p99 > TTFT_HIGH_ITLS * step and c.ttft_p99 >= TTFT_OF_E2E * c.e2e_p99]
+
+
+def queueing(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence | None) -> Finding | None:
+    slow = [c for c in _ttft_slow(f) if share(c.ttft_tail, QUEUE_PARTS, TTFT_PARTS) >= QUEUED]
+    if not slow:
+        return None
+    c = max(slow, key=lambda c: c.ttft_p99 or 0.0)
+    q = share(c.ttft_tail, QUEUE_PARTS, TTFT_PARTS)
+    where = "gateway" if c.ttft_tail["gateway_queue_s"] > c.ttft_tail["engine_queue_s"] else "engine"
+    evid = [f"the slowest 1% by TTFT spent {_pct(q)} of it queued (mostly in the {where}), prefill {_s(c.ttft_tail['prefill_s'])}"]
+    if engine is not None and engine.queue_time_mean_s is not None:
+        evid.append(f"the engine's own queue-time histogram: mean {_s(engine.queue_time_mean_s)} per request")
+    return Finding(
+        "queueing", "medium",
+        symptom=(f"{c.name} TTFT P99 {_s(c.ttft_p99)} (P50 {_s(c.ttft_p50)}) of an E2E P99 {_s(c.e2e_p99)}; "
+                 f"a decode step takes {_s(f.itl_p50)}"),
+        cause=f"the first token waits in the {where}'s queue, not in prefill",
+        next_step=("shorten the queue: fewer requests in flight per engine (a gateway `max_concurrency` that binds), "
+                   "a priority for this class, or more capacity"),
+        check="tailguard sweep --setting max_concurrency --values 2..32 --slo " f"{c.name}:ttft_s=<target>",
+        evidence_for=tuple(evid),
+    )
+
+
+def prefill(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence | None) -> Finding | None:
+    slow = [c for c in _ttft_slow(f) if share(c.ttft_tail, ("prefill_s",), TTFT_PARTS) >= QUEUED]
+    if not slow:
+        return None
+    c = max(slow, key=lambda c: c.ttft_p99 or 0.0)
+    prompts = sorted(r.prompt_tokens for r in c.records)
+    evid = [f"the slowest 1% by TTFT spent {_pct(share(c.ttft_tail, ('prefill_s',), TTFT_PARTS))} of it in prefill "
+            f"({_s(c.ttft_tail['prefill_s'])}); its prompts: median {prompts[len(prompts) // 2]} tokens"]
+    if engine is not None and engine.prefill_time_mean_s is not None:
+        evid.append(f"the engine's prefill-time histogram: mean {_s(engine.prefill_time_mean_s)}")
+    return Finding(
+        "prefill", "medium",
+        symptom=f"{c.name} TTFT P99 {_s(c.ttft_p99)} of an E2E P99 {_s(c.e2e_p99)}; a decode step takes {_s(f.itl_p50)}",
+        cause="long prompts: the first token waits for the prompt's own prefill",
+        next_step=("shorten what is prefilled: enable the engine's prefix cache for shared prefixes, cap the prompt "
+                   "(`max_prompt_tokens`), or send long-prompt work as its own class"),
+        check=bench_command(f) + "  # with prefix caching on, then: tailguard bench compare <this run> after",
+        evidence_for=tuple(evid),
+    )
+
+
+def overload(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence | None) -> Finding | None:
+    cs = [c for c in f.classes.values() if c.count]
+    refused = sum(c.rejected for c in cs)
+    all_queued = bool(cs) and all(c.median_queue_share >= QUEUED for c in cs)
+    if refused < FAIL_SHARE * f.requests and not all_queued:
+        return None
+    evid = [f"{c.name}: the median request spent {_pct(c.median_queue_share)} of its E2E queued (P50 {_s(c.e2e_p50)})" for c in cs]
+    if refused:
+        evid.append(f"{refused} of {f.requests} requests refused with 429/503")
+    if gw is not None and gw.rejected:
+        evid.append("the gateway's refusals: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(gw.rejected.items())))
+    rate = f.meta.get("rate")
+    lower = f"--rate {rate * 0.7:g}" if rate else f"--concurrency {max(1, int((f.meta.get('concurrency') or 2) * 0.7))}"
+    return Finding(
+        "overload", "high",
+        symptom="every class is slow at the median, not only in the tail" + (f"; {refused} requests refused" if refused else ""),
+        cause="the offered load is above what the engine serves: requests queue whatever their order",
+        next_step=("offer less load per engine (fewer clients, a lower rate) or add engine instances; behind the "
+                   "gateway a bounded queue turns the excess into fast 429/503 with Retry-After"),
+        check=bench_command(f).replace(f"--rate {rate}" if rate else f"--concurrency {f.meta.get('concurrency')}", lower),
+        evidence_for=tuple(evid),
+    )
+
+
+def starvation(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence | None) -> Finding | None:
+    cs = [c for c in f.classes.values() if c.count]
+    if len(cs) < 2 or not f.behind_gateway:
+        return None
+    starved = max(cs, key=lambda c: c.median_gateway_share)
+    favoured = min(cs, key=lambda c: c.median_gateway_s)
+    refused = starved.rejected / starved.count
+    waits_more = starved.median_gateway_s >= LONG_VS_SHORT * max(favoured.median_gateway_s, 1e-3)
+    if not ((starved.median_gateway_share >= QUEUED and waits_more) or refused >= FAIL_SHARE) \
+            or (favoured.ratio("e2e") or 0.0) >= TAIL_RATIO or favoured.rejected > FAIL_SHARE * favoured.count:
+        return None
+    return Finding(
+        "starvation", "medium",
+        symptom=(f"{starved.name} waits in the gateway: its median request spends {_pct(starved.median_gateway_share)} "
+                 f"of its E2E there ({_s(starved.median_gateway_s)}; P50 {_s(starved.e2e_p50)}), {_pct(refused)} "
+                 f"refused; {favoured.name}'s median waits {_s(favoured.median_gateway_s)}"),
+        cause=f"priorities: {favoured.name} takes the slots as fast as they free, so {starved.name} runs only in the gaps",
+        next_step=(f"reserve capacity for {starved.name}: a `min_share` for its class, or `aging_s` so a waiting "
+                   f"request gains priority with time"),
+        check=f"tailguard sweep --setting aging_s --values 1,5,10,30 --slo {favoured.name}:e2e_s=<target>",
+        evidence_for=(f"{favoured.name} is served well: E2E P99/P50 {_x(favoured.ratio('e2e'))}, P99 {_s(favoured.e2e_p99)}",),
+    )
+
+
+def client_timeouts(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence | None) -> Finding | None:
+    timed = [r for c in f.classes.values() for r in c.records if r.timed_out]
+    streaming = [r for r in timed if r.timeout_phase == "total" and r.chunk_at]
+    if len(timed) < max(1.0, FAIL_SHARE * f.requests) or len(streaming) < len(timed) / 2:
+        return None
+    ok = [r for c in f.classes.values() for r in c.records if r.ok]
+    longest = max((r.e2e_s for r in ok), default=0.0)
+    gaps = sorted(r.ended_at - r.chunk_at[-1] for r in streaming)
+    evid = [f"{len(streaming)} of {len(timed)} timed-out requests were still receiving tokens when the client "
+            f"gave up (median {_s(gaps[len(gaps) // 2])} after their last token)"]
+    against = []
+    if engine is not None and engine.successes is not None:
+        evid.append(f"the engine finished {engine.successes:.0f} requests during the run; the client counted {len(ok)} successes")
+    if f.meta.get("timeouts"):
+        evid.append(f"the client's total timeout: {f.meta['timeouts'].get('total_s')} s (wall)")
+    if any(r.error_kind not in (None, "timeout") for c in f.classes.values() for r in c.records):
+        against.append("the server also failed some requests outright")
+    return Finding(
+        "client_timeouts", "high",
+        symptom=f"{len(timed)} of {f.requests} requests timed out at the client while the server was still generating",
+        cause="the client's fixed total timeout is shorter than a long generation takes",
+        next_step=("replace the fixed total timeout by a first-token timeout plus an idle timeout between tokens "
+                   "(tailguard.client's Timeouts), or derive the total from max_tokens"),
+        check=bench_command(f) + f" --timeout {max(longest * 2, 1.0):.0f}",
+        evidence_for=tuple(evid), evidence_against=tuple(against),
+    )
+
+
+def kv_pressure(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence | None) -> Finding | None:
+    if engine is None or not ((engine.preemptions or 0) > 0 or (engine.kv_usage_max or 0) >= 0.95):
+        return None
+    stalled = max(f.classes.values(), key=lambda c: share(c.tail, ("stall_s",)))
+    stall = share(stalled.tail, ("stall_s",))
+    itl = stalled.ratio("itl")
+    if stall < 0.05 and (itl or 0) < 3:
+        return None
+    return Finding(
+        "kv_pressure", "high",
+        symptom=(f"{stalled.name}: stalls make {_pct(stall)} of its slowest 1%'s time; ITL P99/P50 {_x(itl)}"),
+        cause="the KV cache is full: the engine preempts running sequences and recomputes them",
+        next_step=("hold fewer sequences in the engine at once (a lower `max_num_seqs`, or a gateway "
+                   "`max_concurrency` below it) or shorten `max_model_len`; more KV memory if you have it"),
+        check="tailguard sweep --setting max_concurrency --values 2..32 --engine-metrics",
+        evidence_for=(f"engine preemptions during the run: {engine.preemptions or 0:.0f}",
+                      f"KV cache usage max {_pct(engine.kv_usage_max or 0)} over {engine.snapshots} snapshots"),
+    )
+
+
+def cap_above_engine(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence | None) -> Finding | None:
+    if not f.behind_gateway or engine is None or not (engine.waiting_max or 0) >= 1:
+        return None
+    # The engine queued requests the gateway had already let through, and that is where a tail waited.
+    c = max(f.classes.values(), key=lambda c: c.tail["engine_queue_s"])
+    if c.tail["engine_queue_s"] <= max(c.tail["gateway_queue_s"], 0.0) or share(c.tail, ("engine_queue_s",)) < 0.25:
+        return None
+    return Finding(
+        "cap_above_engine", "medium",
+        symptom=(f"behind the gateway, {c.name}'s slowest 1% still waited {_s(c.tail['engine_queue_s'])} in the engine's "
+                 f"own queue (gateway queue {_s(c.tail['gateway_queue_s'])})"),
+        cause="the gateway's max_concurrency is above the engine's batch slots, so requests queue in the engine, in its order",
+        next_step=(f"set the backend's `max_concurrency` to the engine's max_num_seqs (it ran at most "
+                   f"{engine.running_max or 0:.0f} at once), so waiting happens in the gateway's queue"),
+        check="tailguard sweep --setting max_concurrency --values 2..32 --backend <engine URL>",
+        evidence_for=(f"the engine's waiting queue: mean {engine.waiting_mean or 0:.2f}, max {engine.waiting_max:.0f} "
+                      f"over {engine.snapshots} snapshots; running max {engine.running_max or 0:.0f}",),
+    )
+
+
+def prefix_misses(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence | None) -> Finding | None:
+    shared = shared_prefix_share(f.meta)
+    if not shared or engine is None or engine.prefix_queried_tokens is None:
+        return None
+    expected = sum(shared.values()) / len(shared)
+    rate = engine.prefix_hit_rate
+    if rate is not None and rate >= expected / 2:
+        return None
+    seen = "no prefix-cache queries at all (prefix caching is off)" if not rate and not engine.prefix_queried_tokens \
+        else f"prefix-cache hit rate {_pct(rate or 0)}"
+    return Finding(
+        "prefix_misses", "medium",
+        symptom=f"{seen}, though {', '.join(shared)} send a shared system prompt ({_pct(expected)} of a prompt)",
+        cause="shared prefixes are prefilled again for every request",
+        next_step="enable the engine's prefix cache (vLLM: --enable-prefix-caching; `tailguard sim --enable-prefix-caching`)",
+        check=bench_command(f) + "  # against the engine with prefix caching on, then tailguard doctor after --engine-metrics URL",
+        evidence_for=(f"prefix-cache tokens queried {engine.prefix_queried_tokens:.0f}, hit {engine.prefix_hit_tokens or 0:.0f}",),
+    )
+
+
+def generator_bound(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence | None) -> Finding | None:
+    if f.valid:
+        return None
+    v = f.summary.get("validity", {})
+    return Finding(
+        "generator_bound", "high",
+        symptom=f"the load generator fell behind its schedule: {f.validity_reason}",
+        cause="the machine running the bench could not send on time, so the latencies are partly the generator's",
+        next_step="give the generator its own cores (or another machine), or offer less load from one process",
+        check=bench_command(f),
+        evidence_for=(f"dispatch lag P99 {_s(v.get('dispatch_lag_p99_s'))}, threshold {_s(v.get('threshold_s'))}",),
+    )
+
+
+RULES: dict[str, Rule] = {
+    "head_of_line": head_of_line, "overload": overload, "starvation": starvation,
+    "client_timeouts": client_timeouts, "cap_above_engine": cap_above_engine, "kv_pressure": kv_pressure,
+    "queueing": queueing, "prefill": prefill, "prefix_misses": prefix_misses, "generator_bound": generator_bound,
+}
+
+
+def findings_json(findings: list[Finding]) -> dict[str, Any]:
+    return {"findings": [x.to_json() for x in findings]}

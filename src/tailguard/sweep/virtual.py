@@ -1,0 +1,187 @@
+"""A bench run on virtual time: a workload's seeded requests through the discrete-event simulator,
+straight to the engine or behind the gateway's own policies, returned as the bench's records so
+every statistic, attribution and doctor rule reads it exactly as it reads an HTTP run.
+
+`simulate` is the one call into the DES (and the only place that builds the gateway's policies
+for it): when the DES drives the gateway's front, only that function changes.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tailguard.bench.recorder import RequestRecord
+from tailguard.bench.workload import Workload
+from tailguard.doctor.evidence import EngineEvidence
+from tailguard.gateway.config import GatewayConfig
+from tailguard.sim.cost import EngineConfig
+from tailguard.types import Outcome
+
+if TYPE_CHECKING:
+    from tailguard.sim.des import Timeline
+    from tailguard.sim.engine import Engine
+
+DES_URL = "des://engine"
+REJECT_STATUS = {Outcome.REJECTED: 503, Outcome.CLIENT_ERROR: 400}
+
+
+@dataclass(frozen=True)
+class VirtualRun:
+    """One run: `concurrency` clients (closed loop) or Poisson arrivals at `rate` (open loop), for
+    `requests` requests; `gateway` None sends them straight to the engine."""
+
+    engine: EngineConfig
+    workload: Workload
+    requests: int
+    gateway: GatewayConfig | None = None
+    concurrency: int | None = None
+    rate: float | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """One request as the workload draws it, with its gateway class's rank and queue bound."""
+
+    id: str
+    at: float
+    prompt_tokens: int
+    max_tokens: int
+    cls: str
+    rank: int
+    wait_bound_s: float
+
+
+def simulate(engine_cfg: EngineConfig, gateway: GatewayConfig | None, planned: list[Planned],
+             follow_up: Callable[[str, float], Planned | None] | None) -> tuple[list[Timeline], Engine]:
+    """The one call into the DES: the gateway's scheduler (and preemption policy) in front of the
+    engine with the first backend's `max_concurrency`, as `tailguard serve` runs them. Slot shares
+    (`max_share`, `min_share`) are not modelled here: the DES drives a bare scheduler.
+    `follow_up(ended_id, now)` may send the next request of a closed loop."""
+    from tailguard.clock import VirtualClock
+    from tailguard.gateway.preemption import PreemptionPolicy
+    from tailguard.gateway.scheduler import make_scheduler
+    from tailguard.sim.des import Arrival, Timeline, run
+    from tailguard.sim.engine import Engine
+
+    def arrival(p: Planned) -> Arrival:
+        return Arrival(p.id, p.at, p.prompt_tokens, p.max_tokens, cls=p.cls, rank=p.rank, wait_bound_s=p.wait_bound_s)
+
+    def follow(tl: Timeline, now: float) -> Arrival | None:
+        assert follow_up is not None
+        nxt = follow_up(tl.id, now)
+        return None if nxt is None else arrival(nxt)
+
+    engine = Engine(engine_cfg)
+    kw: dict[str, Any] = {}
+    if gateway is not None:
+        kw = {"front": make_scheduler(gateway.scheduler, gateway.classes),
+              "front_max_inflight": gateway.backends[0].max_concurrency}
+        policy = PreemptionPolicy.from_config(gateway.scheduler)
+        if policy is not None:
+            kw.update(preemption=policy, preemptible=[c.name for c in gateway.classes if c.preemptible])
+    timelines = run(engine, [arrival(p) for p in planned], VirtualClock(), record_tokens=True,
+                    follow_up=follow if follow_up is not None else None, **kw)
+    return timelines, engine
+
+
+class _Source:
+    """The workload's requests as DES arrivals: class picked by weight, sizes drawn, the gateway
+    class (header `X-Tailguard-Class`) giving rank, queue bound and `max_tokens_cap`."""
+
+    def __init__(self, vr: VirtualRun) -> None:
+        self.vr = vr
+        self.rng = random.Random(vr.seed)
+        self.wl = vr.workload.classes
+        self.weights = [c.weight for c in self.wl]
+        gw = vr.gateway or GatewayConfig.model_validate({"backends": [{"name": "e", "url": "http://127.0.0.1:1"}]})
+        self.gw_classes = {c.name: c for c in gw.classes}
+        self.default = gw.default_class
+        self.wl_class: dict[str, str] = {}
+        self.sent = 0
+
+    def next(self, at: float) -> Planned:
+        wc = self.rng.choices(self.wl, self.weights)[0]
+        gc = self.gw_classes.get(wc.headers.get("X-Tailguard-Class", self.default), self.gw_classes[self.default])
+        max_tokens = wc.max_tokens.sample(self.rng) if wc.max_tokens is not None else 256
+        if self.vr.gateway is not None and gc.max_tokens_cap is not None:
+            max_tokens = min(max_tokens, gc.max_tokens_cap)
+        rid = f"{wc.name}-{self.sent}"
+        self.wl_class[rid] = wc.name
+        self.sent += 1
+        return Planned(rid, at, wc.prompt_tokens.sample(self.rng), max_tokens, gc.name, gc.rank, gc.max_queue_wait_s)
+
+
+def _planned(vr: VirtualRun, src: _Source) -> tuple[list[Planned], Callable[[str, float], Planned | None] | None]:
+    if vr.concurrency is not None:
+        def follow(_ended: str, now: float) -> Planned | None:
+            return src.next(now) if src.sent < vr.requests else None
+        return [src.next(0.0) for _ in range(min(vr.concurrency, vr.requests))], follow
+    assert vr.rate is not None
+    t, out = 0.0, []
+    for _ in range(vr.requests):
+        t += src.rng.expovariate(vr.rate)
+        out.append(src.next(t))
+    return out, None
+
+
+def record_of(i: int, tl: Timeline, cls: str, behind_gateway: bool) -> RequestRecord:
+    """A DES timeline as the bench would have recorded it (times from the arrival, which is the
+    scheduled send: the DES has no generator lag)."""
+    ok = tl.outcome is Outcome.SUCCESS
+    end = tl.finished_at if tl.finished_at is not None else tl.arrived_at
+    queue_ms = None
+    if behind_gateway:
+        queue_ms = 1000.0 * ((tl.dispatched_at if tl.dispatched_at is not None else end) - tl.arrived_at)
+    return RequestRecord(
+        index=i, cls=cls, warmup=False, scheduled_at=tl.arrived_at, sent_at=tl.arrived_at, ended_at=end,
+        status=200 if ok else REJECT_STATUS.get(tl.outcome or Outcome.REJECTED, 503), ok=ok,
+        error_kind=None if ok else "http", error=None if ok else tl.reject_reason,
+        first_token_at=tl.first_token_at, chunk_at=list(tl.token_times or []), output_tokens=tl.output_tokens,
+        usage_output_tokens=tl.output_tokens, prompt_tokens=tl.prompt_tokens, max_tokens=tl.max_tokens,
+        queue_ms=queue_ms, backend="engine" if behind_gateway else None, server_class=tl.cls,
+    )
+
+
+def engine_evidence(timelines: list[Timeline], engine: Engine) -> EngineEvidence:
+    """What the engine's /metrics would have shown over the run, from the DES's own record:
+    the engine's queue is each request's wait from dispatch to admission (Little's law gives its
+    time-average length)."""
+    waits = [(tl.dispatched_at if tl.dispatched_at is not None else tl.arrived_at, tl.admitted_at)
+             for tl in timelines if tl.admitted_at is not None]
+    span = max((tl.finished_at or 0.0) for tl in timelines) - min(tl.arrived_at for tl in timelines)
+    events = sorted([(a, 1) for a, _ in waits] + [(b, -1) for _, b in waits])
+    depth = peak = 0
+    for _, d in events:
+        depth += d
+        peak = max(peak, depth)
+    queued = sum(b - a for a, b in waits)
+    return EngineEvidence(
+        snapshots=len(timelines), running_max=float(engine.config.max_num_seqs),
+        waiting_mean=queued / span if span > 0 else 0.0, waiting_max=float(peak), kv_usage_max=None,
+        preemptions=float(engine.preemptions_total),
+        prefix_queried_tokens=float(engine.prefix_queried_tokens_total),
+        prefix_hit_tokens=float(engine.prefix_hit_tokens_total),
+        queue_time_mean_s=queued / len(waits) if waits else None, prefill_time_mean_s=None,
+        successes=float(sum(tl.outcome is Outcome.SUCCESS for tl in timelines)),
+    )
+
+
+def run_virtual(vr: VirtualRun) -> tuple[list[RequestRecord], dict[str, Any], EngineEvidence]:
+    """Run `vr` on virtual time: the bench's records, a run.json-like description, and the
+    engine's evidence for `tailguard doctor`."""
+    src = _Source(vr)
+    planned, follow = _planned(vr, src)
+    timelines, engine = simulate(vr.engine, vr.gateway, planned, follow)
+    records = [record_of(i, tl, src.wl_class[tl.id], vr.gateway is not None) for i, tl in enumerate(timelines)]
+    meta: dict[str, Any] = {
+        "url": DES_URL, "mode": "closed" if vr.concurrency is not None else "open",
+        "concurrency": vr.concurrency, "rate": vr.rate, "requests": vr.requests, "seed": vr.seed,
+        "workload": vr.workload.model_dump(mode="json"), "slo": vr.workload.slos(), "time_scale": 1.0,
+        "max_dispatch_lag_s": 0.005, "loop_lag_s": {"p50": 0.0, "p99": 0.0, "max": 0.0, "samples": 0},
+        "times_in": "simulated seconds (discrete-event run)",
+    }
+    return records, meta, engine_evidence(timelines, engine)

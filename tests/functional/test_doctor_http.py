@@ -1,0 +1,98 @@
+"""Doctor's findings that need HTTP-level evidence, from real runs against the real simulator over
+loopback: client timeouts on streams the server was still sending, prefix-cache misses read from
+the engine's /metrics scraped during the run, a generator that could not keep its schedule; and a
+healthy run through the real gateway, scraped, with no finding. One run goes through the CLI:
+`tailguard bench --scrape` then `tailguard doctor --json`."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from tailguard.bench.load import BenchConfig, Timeouts, run_bench
+from tailguard.bench.report import write_outputs
+from tailguard.bench.scrape import SCRAPE_FILE, scraping, write_scrapes
+from tailguard.bench.workload import parse_workload
+from tailguard.cli.doctor import snapshots
+from tailguard.doctor.diagnosis import diagnose
+from tailguard.doctor.evidence import engine_evidence, gateway_evidence
+from tailguard.doctor.finding import Finding
+from tailguard.sim.cost import EngineConfig
+from tailguard.sim.server import running_sim
+from tests.functional.gateways import gateway
+
+SCALE = 0.05
+TAILGUARD = str(Path(sys.executable).with_name("tailguard"))
+
+
+def engine(**kw: Any) -> EngineConfig:
+    return EngineConfig.from_preset("h100-llama8b", **{"max_num_seqs": 8, "max_model_len": 8192,
+                                                       "kv_cache_tokens": 262144, **kw})
+
+
+async def diagnosed(url: str, cfg: BenchConfig, out: Path, scrape: list[str]) -> list[Finding]:
+    """Run, scrape, write the folder, then diagnose it as `tailguard doctor` does."""
+    async with scraping(scrape, 0.05) as snaps:
+        result = await run_bench(cfg)
+    write_outputs(result, out)
+    write_scrapes(snaps, out)
+    gw, eng = snapshots(out, None, None)
+    return diagnose(result.records, result.meta, engine=engine_evidence(eng), gateway=gateway_evidence(gw))
+
+
+async def test_client_timeouts_on_streams_still_running_through_the_cli(tmp_path: Path) -> None:
+    async with running_sim(engine(), time_scale=SCALE) as sim, asyncio.timeout(60):
+        bench = await asyncio.create_subprocess_exec(
+            TAILGUARD, "bench", "--url", sim.url, "--workload", "seed-mixed", "--concurrency", "4",
+            "--requests", "40", "--seed", "3", "--timeout", "0.2", "--time-scale", str(SCALE), "--quiet",
+            "--scrape", sim.url, "--scrape-interval", "0.05", "--out", str(tmp_path))
+        assert await bench.wait() == 0
+    assert (tmp_path / SCRAPE_FILE).is_file()
+    doctor = await asyncio.create_subprocess_exec(TAILGUARD, "doctor", str(tmp_path), "--json",
+                                                  stdout=asyncio.subprocess.PIPE)
+    out, _ = await asyncio.wait_for(doctor.communicate(), 30)
+    found = orjson.loads(out)["findings"]
+    kinds = [f["kind"] for f in found]
+    assert "client_timeouts" in kinds, kinds
+    assert "still receiving tokens" in found[kinds.index("client_timeouts")]["evidence"]["for"][0]
+    assert "Doctor" in (tmp_path / "report.html").read_text()
+
+
+SHARED = parse_workload({"name": "shared-prefix", "classes": [
+    {"name": "chat", "prompt_tokens": 1200, "max_tokens": 64, "system_prompt": {"tokens": 1000, "shared": True}}]})
+
+
+async def test_prefix_misses_only_without_the_prefix_cache(tmp_path: Path) -> None:
+    kinds = {}
+    for caching in (False, True):
+        async with running_sim(engine(enable_prefix_caching=caching), time_scale=SCALE) as sim, asyncio.timeout(60):
+            cfg = BenchConfig(url=sim.url, workload=SHARED, concurrency=4, requests=40, seed=1, time_scale=SCALE)
+            kinds[caching] = [f.kind for f in await diagnosed(sim.url, cfg, tmp_path / str(caching), [sim.url])]
+    assert "prefix_misses" in kinds[False] and "prefix_misses" not in kinds[True], kinds
+
+
+async def test_a_generator_that_cannot_keep_its_schedule(tmp_path: Path) -> None:
+    async with running_sim(engine(), time_scale=SCALE) as sim, asyncio.timeout(60):
+        cfg = BenchConfig(url=sim.url, workload="chat-only", rate=400.0, requests=40, seed=1, time_scale=SCALE,
+                          max_dispatch_lag_s=1e-9)  # nobody sends within a nanosecond of schedule
+        found = await diagnosed(sim.url, cfg, tmp_path, [])
+    assert "generator_bound" in [f.kind for f in found]
+
+
+LONGER_CHATS = parse_workload({"name": "chats", "classes": [{"name": "chat", "prompt_tokens": 200, "max_tokens": 128}]})
+
+
+async def test_a_healthy_run_through_the_gateway_has_no_finding(tmp_path: Path) -> None:
+    async with gateway(max_concurrency=8, engine_cfg=engine(), scale=SCALE) as gw, asyncio.timeout(60):
+        # the servers share the test's event loop with the generator: allow it 50 ms (wall) of lag
+        cfg = BenchConfig(url=gw.url, workload=LONGER_CHATS, concurrency=4, requests=40, seed=1, time_scale=SCALE,
+                          timeouts=Timeouts(total_s=30.0), max_dispatch_lag_s=0.05)
+        found = await diagnosed(gw.url, cfg, tmp_path, [gw.url, gw.sims[0].url])
+    assert found == []
+    gw_snaps, eng_snaps = snapshots(tmp_path, None, None)
+    assert gw_snaps and eng_snaps  # both pages were told apart and read
+    assert sum(gateway_evidence(gw_snaps).outcomes.values()) == 40  # type: ignore[union-attr]

@@ -1,0 +1,91 @@
+"""Each finding from a seeded discrete-event scenario built to show it, and none on healthy runs:
+the simulator's engine (straight, or behind the gateway's own scheduler) on virtual time, read
+by doctor exactly as it reads a bench run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tailguard.bench.workload import Workload, load_workload, parse_workload
+from tailguard.doctor.diagnosis import diagnose
+from tailguard.doctor.finding import KINDS, Finding
+from tailguard.gateway.config import GatewayConfig
+from tailguard.sim.cost import EngineConfig
+from tailguard.sweep.virtual import VirtualRun, run_virtual
+
+# The h100-llama8b preset with 8 slots serves about 38 chats/s (32 tokens each) and about 3.7
+# seed-mixed requests/s; the rates below are fractions of that.
+CHAT_HEAVY = parse_workload({"name": "chat-heavy", "classes": [
+    {"name": "chat", "weight": 0.9, "prompt_tokens": 64, "max_tokens": 32, "headers": {"X-Tailguard-Class": "interactive"}},
+    {"name": "report", "weight": 0.1, "prompt_tokens": 256, "max_tokens": 64, "headers": {"X-Tailguard-Class": "batch"}},
+]})
+RAG = parse_workload({"name": "rag", "classes": [{"name": "rag", "prompt_tokens": 30000, "max_tokens": 16}]})
+
+
+def engine(**kw: Any) -> EngineConfig:
+    return EngineConfig.from_preset("h100-llama8b", **{"max_num_seqs": 8, **kw})
+
+
+def gateway(max_concurrency: int, **scheduler: Any) -> GatewayConfig:
+    return GatewayConfig.model_validate({"scheduler": scheduler, "backends": [
+        {"name": "engine", "url": "http://127.0.0.1:1", "kind": "sim", "max_concurrency": max_concurrency}]})
+
+
+def wl(name: str) -> Workload:
+    return load_workload(name)[0]
+
+
+def findings(vr: VirtualRun) -> list[Finding]:
+    records, meta, engine_ev = run_virtual(vr)
+    return diagnose(records, meta, engine=engine_ev)
+
+
+SCENARIOS = {
+    # seed-mixed straight to an FCFS engine at 90% load: chats wait behind summaries
+    "head_of_line": VirtualRun(engine(), wl("seed-mixed"), 2000, rate=3.4, seed=1),
+    # chats only, near capacity: the first token waits for a slot
+    "queueing": VirtualRun(engine(), wl("chat-only"), 2000, rate=33.0, seed=1),
+    # 30k-token prompts, 16-token answers, at low load: the first token is the prompt's prefill
+    "prefill": VirtualRun(engine(max_model_len=32768), RAG, 150, rate=0.15, seed=1),
+    # chats at 1.6x capacity: everyone queues, at the median too
+    "overload": VirtualRun(engine(), wl("chat-only"), 1500, rate=60.0, seed=1),
+    # a KV cache of 6000 tokens for 8 slots of 2048-token summaries: the engine preempts
+    "kv_pressure": VirtualRun(engine(kv_cache_tokens=6000, max_model_len=4096), wl("seed-mixed"), 600, rate=3.0, seed=1),
+    # the gateway lets 32 through to an engine with 8 slots: the engine queues, in its own order
+    "cap_above_engine": VirtualRun(engine(), wl("seed-mixed"), 2000, gateway=gateway(32), rate=3.0, seed=1),
+    # ranked-sjf at full load: chats take every slot as it frees, reports wait
+    "starvation": VirtualRun(engine(), CHAT_HEAVY, 2000, gateway=gateway(8, preemption=False), rate=38.0, seed=1),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SCENARIOS))
+def test_each_scenario_shows_its_finding(kind: str) -> None:
+    found = findings(SCENARIOS[kind])
+    kinds = [f.kind for f in found]
+    assert kind in kinds, kinds
+    f = found[kinds.index(kind)]
+    assert f.symptom and f.cause and f.next_step and f.check and f.evidence_for
+    assert f.to_json()["kind"] == kind and set(f.to_json()) == {
+        "kind", "severity", "symptom", "evidence", "cause", "next_step", "check"}
+
+
+def test_head_of_line_comes_first_and_proposes_the_gateway() -> None:
+    first = findings(SCENARIOS["head_of_line"])[0]
+    assert first.kind == "head_of_line" and "tailguard serve" in first.next_step
+
+
+@pytest.mark.parametrize("vr", [
+    VirtualRun(engine(), wl("chat-only"), 2000, rate=20.0, seed=2),  # half load, straight
+    VirtualRun(engine(), wl("seed-mixed"), 2000, gateway=gateway(8), rate=3.0, seed=2),  # the gateway as `make demo` runs it
+], ids=["chat-half-load", "seed-mixed-behind-the-gateway"])
+def test_a_healthy_run_has_no_finding(vr: VirtualRun) -> None:
+    assert findings(vr) == []
+
+
+def test_kinds_are_the_documented_list() -> None:
+    assert set(KINDS) >= {"head_of_line", "queueing", "prefill", "overload", "client_timeouts", "kv_pressure",
+                          "cap_above_engine", "prefix_misses", "generator_bound", "starvation"}
+    with pytest.raises(ValueError, match="unknown finding kind"):
+        Finding("slow", "high", "s", "c", "n", "x")
