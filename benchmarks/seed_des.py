@@ -30,7 +30,6 @@ import math
 import platform
 import random
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,10 +38,8 @@ import numpy as np
 
 from tailguard.bench.workload import load_workload
 from tailguard.clock import VirtualClock
-from tailguard.gateway.backends import BackendPool
+from tailguard.front.front import Front
 from tailguard.gateway.config import BackendConfig, GatewayConfig, SchedulerConfig
-from tailguard.gateway.preemption import PreemptionPolicy
-from tailguard.gateway.scheduler import BaseScheduler, Pending, Reject, make_scheduler
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.des import Arrival, Timeline, run
 from tailguard.sim.engine import Engine
@@ -50,65 +47,6 @@ from tailguard.types import Outcome
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ENGINE_NAME = "engine"
-
-
-class PooledFront:
-    """A scheduler plus the gateway's slot bookkeeping, as the gateway's dispatcher drives them:
-    `pop` asks for a request some slot may take (the class shares), a finish frees the slot.
-    The discrete-event run pops without an admissibility check, so this adds the gateway's."""
-
-    def __init__(self, sched: BaseScheduler, pool: BackendPool) -> None:
-        self.sched = sched
-        self.pool = pool
-        self.cls_of: dict[str, str] = {}
-        self._admissible: Callable[[Pending], bool] = lambda p: pool.has_capacity(ENGINE_NAME, p.cls)
-
-    def push(self, req: Pending, now: float) -> Reject | None:
-        return self.sched.push(req, now)
-
-    def pop(self, now: float, admissible: Callable[[Pending], bool] | None = None) -> Pending | None:
-        p = self.sched.pop(now, self._admissible)
-        if p is not None:
-            self.pool.acquire(ENGINE_NAME, p.cls)
-            self.cls_of[p.id] = p.cls
-        return p
-
-    def remove(self, req_id: str, now: float) -> bool:
-        return self.sched.remove(req_id, now)
-
-    # The preempting driver's extras (`PreemptiveScheduler`), with the slot bookkeeping.
-
-    def head(self, now: float) -> Pending | None:
-        return self.sched.head(now)
-
-    def take(self, req_id: str, now: float) -> Pending:
-        p = self.sched.take(req_id, now)
-        self.pool.acquire(ENGINE_NAME, p.cls)
-        self.cls_of[p.id] = p.cls
-        return p
-
-    def requeue(self, req: Pending, now: float) -> None:
-        self.pool.release(ENGINE_NAME, self.cls_of.pop(req.id))
-        self.sched.requeue(req, now)
-
-    def guaranteed(self, cls: str) -> bool:
-        return self.sched.guaranteed(cls)
-
-    def fits(self, waiting: Pending, victim_cls: str) -> bool:
-        return self.pool.fits_after_release(ENGINE_NAME, waiting.cls, victim_cls)
-
-    def expire(self, now: float) -> list[Pending]:
-        return self.sched.expire(now)
-
-    def on_finish(self, req_id: str, outcome: Outcome, now: float) -> None:
-        self.pool.release(ENGINE_NAME, self.cls_of.pop(req_id))
-        self.sched.on_finish(req_id, outcome, now)
-
-    def next_wakeup(self) -> float | None:
-        return self.sched.next_wakeup()
-
-    def __len__(self) -> int:
-        return len(self.sched)
 
 
 def seed_arrivals(n: int, rate_per_s: float, gw: GatewayConfig, seed: int) -> list[Arrival]:
@@ -126,7 +64,7 @@ def seed_arrivals(n: int, rate_per_s: float, gw: GatewayConfig, seed: int) -> li
         assert wc.max_tokens is not None
         out.append(Arrival(
             f"{wc.name}-{i}", t, wc.prompt_tokens.sample(rng), wc.max_tokens.sample(rng),
-            cls=gw_cls.name, rank=gw_cls.rank, wait_bound_s=gw_cls.max_queue_wait_s,
+            cls=gw_cls.name,
         ))
     return out
 
@@ -141,7 +79,7 @@ def measure_capacity(args: argparse.Namespace, gw: GatewayConfig) -> float:
     once, and the rate is read between the 10th and 90th percentile of completions (no ramp-up or
     drain-out)."""
     burst = [
-        Arrival(a.id, 0.0, a.prompt_tokens, a.max_tokens, cls=a.cls, rank=a.rank)
+        Arrival(a.id, 0.0, a.prompt_tokens, a.max_tokens, cls=a.cls)
         for a in seed_arrivals(args.capacity_requests, 1.0, gw, args.seed + 1)
     ]
     done = sorted(tl.finished_at for tl in run(Engine(engine_config(args)), burst, VirtualClock())
@@ -202,30 +140,25 @@ def parse_label(label: str) -> tuple[str, bool, float | None, float | None]:
     return policy, flag != "nopreempt", float(max_s) if max_s else None, float(min_s) if min_s else None
 
 
-def make_front(label: str, args: argparse.Namespace) -> tuple[PooledFront | None, GatewayConfig, dict[str, Any]]:
-    """The front scheduler of run `label` and the keyword arguments of `des.run` for it."""
+def make_front(label: str, args: argparse.Namespace, patient: bool = False) -> tuple[Front | None, GatewayConfig]:
+    """The gateway's front for run `label` (None: straight to the engine), built from the same
+    config `tailguard serve` would run with one backend of kind `sim`, the engine. `patient`:
+    no class sheds (the closed loop measures the order, and a client never gives up)."""
     policy, preempt, max_share, min_share = parse_label(label)
-    gw = gateway_config(max_share, min_share, preempt)
+    gw = gateway_config(max_share, min_share, preempt, patient)
     if policy == "straight":
-        return None, gw, {}
+        return None, gw
     backend = BackendConfig(name=ENGINE_NAME, url="http://127.0.0.1:1", kind="sim", max_concurrency=args.front_max_inflight)
-    sched_cfg = gw.scheduler.model_copy(update={"policy": policy})
-    sched = make_scheduler(sched_cfg, gw.classes)
-    front = PooledFront(sched, BackendPool([backend], gw.classes, gw.health))
-    kw: dict[str, Any] = {"front": front, "front_max_inflight": args.front_max_inflight}
-    policy_obj = PreemptionPolicy.from_config(sched_cfg)
-    if policy_obj is not None:
-        kw.update(preemption=policy_obj, preemptible=[c.name for c in gw.classes if c.preemptible],
-                  preempt_fits=front.fits)
-    return front, gw, kw
+    gw = gw.model_copy(update={"scheduler": gw.scheduler.model_copy(update={"policy": policy}), "backends": [backend]})
+    return Front(gw.front_params({ENGINE_NAME: True})), gw
 
 
 def run_one(label: str, arrivals: list[Arrival], args: argparse.Namespace) -> dict[str, Any]:
     """Open loop: `straight`, or a gateway policy with optional batch shares (`parse_label`)."""
-    front, gw, kw = make_front(label, args)
+    front, gw = make_front(label, args)
     engine = Engine(engine_config(args))
     t0 = time.perf_counter()
-    timelines = run(engine, arrivals, VirtualClock(), **kw)
+    timelines = run(engine, arrivals, VirtualClock(), front)
     res = summarize(timelines, time.perf_counter() - t0)
     res["engine_steps"] = engine.steps_total
     res["batch_shares"] = batch_shares(gw) if front is not None else None
@@ -237,7 +170,7 @@ def run_closed(label: str, args: argparse.Namespace) -> dict[str, Any]:
     `seed-mixed` request the moment the previous one ends, until `args.closed_s`. Counted: the
     requests sent after `args.closed_warmup_s` (the clients start in step) and finished by
     `args.closed_s`."""
-    front, gw, kw = make_front(label, args)
+    front, gw = make_front(label, args, patient=True)
     engine = Engine(engine_config(args))
     workload, _ = load_workload("seed-mixed")
     rng = random.Random(args.seed)
@@ -251,7 +184,7 @@ def run_closed(label: str, args: argparse.Namespace) -> dict[str, Any]:
         cls = classes[wc.headers["X-Tailguard-Class"]]
         assert wc.max_tokens is not None
         a = Arrival(f"{wc.name}-{sent}", t, wc.prompt_tokens.sample(rng), wc.max_tokens.sample(rng),
-                    cls=cls.name, rank=cls.rank, wait_bound_s=cls.max_queue_wait_s)
+                    cls=cls.name)
         sent += 1
         return a
 
@@ -262,7 +195,7 @@ def run_closed(label: str, args: argparse.Namespace) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     first = [make(0.0) for _ in range(args.clients)]
-    timelines = run(engine, first, VirtualClock(), follow_up=follow_up, **kw)
+    timelines = run(engine, first, VirtualClock(), front, follow_up=follow_up)
     counted = [tl for tl in timelines if tl.arrived_at >= args.closed_warmup_s
                and tl.finished_at is not None and tl.finished_at <= args.closed_s]
     res = summarize(counted, time.perf_counter() - t0)
@@ -272,12 +205,15 @@ def run_closed(label: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def gateway_config(
     batch_max_share: float | None = None, batch_min_share: float | None = None, preemption: bool = True,
+    patient: bool = False,
 ) -> GatewayConfig:
     """The gateway's defaults, optionally with other batch shares (min_share is lowered to fit
-    a smaller max_share unless given) and preemption off."""
+    a smaller max_share unless given), preemption off, or queue bounds no request reaches."""
     base = GatewayConfig()
     classes = []
     for c in base.classes:
+        if patient:
+            c = c.model_copy(update={"max_queue_wait_s": 86400.0})
         if c.name == "batch":
             hi = c.max_share if batch_max_share is None else batch_max_share
             lo = min(c.min_share, hi) if batch_min_share is None else batch_min_share

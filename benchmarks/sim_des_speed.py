@@ -32,9 +32,9 @@ def seed_mix(n: int, rate_per_s: float, summary_share: float, seed: int) -> list
     for i in range(n):
         t += rng.expovariate(rate_per_s)
         if rng.random() < summary_share:
-            out.append(Arrival(f"s{i}", t, 2048, 256, cls="batch", rank=1))
+            out.append(Arrival(f"s{i}", t, 2048, 256, cls="batch"))
         else:
-            out.append(Arrival(f"c{i}", t, 32, 64, cls="interactive", rank=0))
+            out.append(Arrival(f"c{i}", t, 32, 64, cls="interactive"))
     return out
 
 

@@ -93,7 +93,7 @@ async def test_dead_backend_is_retried_on_the_other_one() -> None:
 
 async def test_without_retry_a_dead_backend_is_a_502() -> None:
     dead = BackendConfig(name="dead", url=dead_url(), kind="sim")
-    async with asyncio.timeout(20), gateway(sims=0, extra_backends=[dead], retry_other_backend=False) as gw, \
+    async with asyncio.timeout(20), gateway(sims=0, extra_backends=[dead], retries={"max_attempts": 1}) as gw, \
             gw.client() as c:
         with pytest.raises(openai.APIStatusError) as info:
             await c.chat.completions.create(model="m", messages=CHAT, max_tokens=3)

@@ -24,9 +24,9 @@ def serve(
     backend: Optional[list[str]] = typer.Option(
         None, "--backend", "-b", help="Upstream base URL (repeat for several); the quick form without a config."),
     backend_kind: str = typer.Option(
-        "openai", "--backend-kind",
-        help="Kind of the --backend servers: vllm, llamacpp, sglang, tgi, openai or sim (how load is read, "
-        "class -> engine priority, whether a batch request can be suspended and continued)."),
+        "auto", "--backend-kind",
+        help="Kind of the --backend servers: auto (ask each server), vllm, llamacpp, sglang, tgi, openai or "
+        "sim (class -> engine priority, whether a batch request can be suspended and continued)."),
     max_concurrency: Optional[int] = typer.Option(
         None, "--max-concurrency", min=1, help="In-flight cap per backend (the engine's --max-num-seqs)."),
     host: Optional[str] = typer.Option(None, "--host", help="Address to listen on (default 127.0.0.1)."),
@@ -57,7 +57,7 @@ def serve(
 
 def build_config(
     config: Path | None, backends: list[str], max_concurrency: int | None, host: str | None,
-    port: int | None, policy: str | None, sim: bool, backend_kind: str = "openai",
+    port: int | None, policy: str | None, sim: bool, backend_kind: str = "auto",
 ) -> GatewayConfig:
     """The config from the file (or the quick form), with command-line overrides applied."""
     from tailguard.errors import ConfigError

@@ -1,5 +1,6 @@
 """The gateway's aiohttp application: routes, typed app state, startup and shutdown of the
-shared upstream session, the dispatcher and the health probes; `serve(cfg)` runs it.
+shared upstream session, the front and its driver, and the probes that find each backend's kind
+and health; `serve(cfg)` runs it.
 
 Disconnect detection needs aiohttp's handler cancellation (a queued client that leaves cancels
 its handler, which removes it from the queue; a streaming one closes its upstream request).
@@ -20,23 +21,19 @@ import orjson
 from aiohttp import web
 
 from tailguard.errors import APIError
-from tailguard.gateway.backends import BackendPool
+from tailguard.gateway.backends import resolved
 from tailguard.gateway.caps import OutputEstimator
 from tailguard.gateway.classes import ClassTable
-from tailguard.gateway.config import GatewayConfig
+from tailguard.gateway.config import BackendConfig, GatewayConfig
 from tailguard.gateway.dispatch import Dispatcher
-from tailguard.gateway.kinds import get_kind
+from tailguard.gateway.kinds import DETECT_PATHS, detect_kind, get_kind
 from tailguard.gateway.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, GatewayMetrics
 from tailguard.gateway.proxy import Proxy, error_response
 from tailguard.gateway.upstream import Upstream
-from tailguard.gateway.preemption import PreemptionPolicy
-from tailguard.gateway.scheduler import BaseScheduler, make_scheduler
 
 CONFIG = web.AppKey("config", GatewayConfig)
 METRICS = web.AppKey("metrics", GatewayMetrics)
 CLASSES = web.AppKey("classes", ClassTable)
-POOL = web.AppKey("pool", BackendPool)
-SCHEDULER = web.AppKey("scheduler", BaseScheduler)
 DISPATCHER = web.AppKey("dispatcher", Dispatcher)
 UPSTREAM = web.AppKey("upstream", Upstream)
 PROXY = web.AppKey("proxy", Proxy)
@@ -65,23 +62,19 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     cfg = app[CONFIG]
     loop = asyncio.get_running_loop()
     metrics = app[METRICS]
-    pool = BackendPool(cfg.backends, cfg.classes, cfg.health)
-    scheduler = make_scheduler(cfg.scheduler, cfg.classes)
-    dispatcher = Dispatcher(scheduler, pool, metrics, loop, retry_after=scheduler.retry_after_s,
-                            policy=PreemptionPolicy.from_config(cfg.scheduler))
+    backends = {b.name: resolved(b) for b in cfg.backends}  # kind `auto` is `openai` until detected
+    dispatcher = Dispatcher(
+        cfg.front_params({n: get_kind(b.kind).continues_generation for n, b in backends.items()}), metrics, loop)
     upstream = Upstream(cfg.timeouts)
-    app[POOL] = pool
-    app[SCHEDULER] = scheduler
     app[DISPATCHER] = dispatcher
     app[UPSTREAM] = upstream
-    app[PROXY] = Proxy(cfg, app[CLASSES], pool, dispatcher, upstream, metrics,
+    app[BACKENDS] = backends
+    app[PROXY] = Proxy(cfg, app[CLASSES], backends, dispatcher, upstream, metrics,
                        OutputEstimator(cfg.scheduler.output_estimate), loop)
     app[MODELS] = ModelCache(cfg, upstream.session)
-    for b in cfg.backends:
+    for b in backends.values():
         metrics.backend_healthy.labels(b.name).set(1)
-        metrics.inflight.labels(b.name).set(0)
-    for c in cfg.classes:
-        metrics.queue_length.labels(c.name).set(0)
+        metrics.set_kind(b.name, b.kind)
     probes = [asyncio.create_task(_probe_loop(app, b.name), name=f"tailguard-health-{b.name}")
               for b in cfg.backends]
     try:
@@ -95,32 +88,56 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _probe_loop(app: web.Application, name: str) -> None:
-    """Probe one backend forever; a state flip updates the gauge and may unblock the queue."""
+    """Probe one backend for ever: its kind first (when `auto`) and again whenever it comes back,
+    its health every interval. Each probe is bounded by `health.timeout_s`, so a backend that
+    never answers holds up nothing but its own probes."""
     cfg = app[CONFIG]
-    backend = next(b for b in cfg.backends if b.name == name)
-    pool, dispatcher, metrics = app[POOL], app[DISPATCHER], app[METRICS]
-    session = app[UPSTREAM].session
-    # An explicit `health.path` wins; else each kind's own (a plain OpenAI server has no /health).
-    path = cfg.health.path if "path" in cfg.health.model_fields_set else get_kind(backend.kind).health_path
-    url = backend.url + path
+    configured = next(b for b in cfg.backends if b.name == name)
+    dispatcher, session = app[DISPATCHER], app[UPSTREAM].session
     timeout = aiohttp.ClientTimeout(total=cfg.health.timeout_s)
-    headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
+    detect = configured.kind == "auto"
+    healthy = True
     while True:
-        try:
-            async with session.get(url, timeout=timeout, headers=headers) as resp:
-                await resp.read()
-                ok = 200 <= resp.status < 300
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            ok = False
-        if ok:
-            if pool.mark_success(name):
-                log.warning("backend %s is healthy again", name)
-                metrics.backend_healthy.labels(name).set(1)
-                dispatcher.wake()
-        elif pool.mark_failure(name):
-            log.warning("backend %s is unhealthy (health probe failed)", name)
-            metrics.backend_healthy.labels(name).set(0)
-        await asyncio.sleep(cfg.health.interval_s)
+        if detect:
+            await _detect(app, configured, session, timeout)
+        backend = app[BACKENDS][name]
+        # An explicit `health.path` wins; else each kind's own (a plain OpenAI server has no /health).
+        path = cfg.health.path if "path" in cfg.health.model_fields_set else get_kind(backend.kind).health_path
+        ok = await _get_ok(session, backend, path, timeout) is not None
+        dispatcher.probe(name, ok)
+        now_healthy = dispatcher.front.slots.is_healthy(name)
+        detect = configured.kind == "auto" and now_healthy and not healthy  # it came back: ask again
+        healthy = now_healthy
+        if not detect:
+            await asyncio.sleep(cfg.health.interval_s)
+
+
+async def _get_ok(
+    session: aiohttp.ClientSession, backend: BackendConfig, path: str, timeout: aiohttp.ClientTimeout,
+) -> bytes | None:
+    """The body of a 2xx answer to GET `path`, or None (any other status, error or timeout)."""
+    headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
+    try:
+        async with session.get(backend.url + path, timeout=timeout, headers=headers) as resp:
+            body = await resp.read()
+            return body if 200 <= resp.status < 300 else None
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return None
+
+
+async def _detect(
+    app: web.Application, configured: BackendConfig, session: aiohttp.ClientSession, timeout: aiohttp.ClientTimeout,
+) -> None:
+    """Ask a `kind: auto` backend what it is and switch everything that depends on it (request
+    translation, health path, whether its requests can be suspended, its reservation)."""
+    bodies = await asyncio.gather(*(_get_ok(session, configured, p, timeout) for p in DETECT_PATHS))
+    kind = detect_kind(dict(zip(DETECT_PATHS, bodies)))
+    backends = app[BACKENDS]
+    if backends[configured.name].kind != kind:
+        log.warning("backend %s is %s (detected)", configured.name, kind)
+        backends[configured.name] = configured.model_copy(update={"kind": kind})
+        app[METRICS].set_kind(configured.name, kind)
+    app[DISPATCHER].set_kind(configured.name, get_kind(kind).continues_generation)
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:
@@ -132,15 +149,18 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _health(request: web.Request) -> web.Response:
-    pool = request.app[POOL]
-    backends = {s.name: {"healthy": s.healthy, "in_flight": s.in_flight, "max_concurrency": s.cfg.max_concurrency}
-                for s in pool}
-    ok = pool.any_healthy()
+    slots = request.app[DISPATCHER].front.slots
+    kinds = request.app[BACKENDS]
+    backends = {s.name: {"healthy": s.healthy, "kind": kinds[s.name].kind, "in_flight": s.in_flight,
+                         "max_concurrency": s.cfg.max_concurrency, "reserved_slots": s.cfg.reserve()}
+                for s in slots}
+    ok = slots.any_healthy()
     body = {"status": "ok" if ok else "unavailable", "queued": len(request.app[DISPATCHER]), "backends": backends}
     return web.Response(status=200 if ok else 503, body=orjson.dumps(body), content_type="application/json")
 
 
 async def _metrics(request: web.Request) -> web.Response:
+    request.app[DISPATCHER].export_gauges()
     body = request.app[METRICS].render()
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
@@ -198,6 +218,7 @@ class ModelCache:
 
 
 MODELS = web.AppKey("models", ModelCache)
+BACKENDS = web.AppKey("backends", dict[str, BackendConfig])
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

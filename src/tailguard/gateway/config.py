@@ -7,21 +7,30 @@ unknown keys are errors, so a typo in a config file fails loudly instead of bein
 from __future__ import annotations
 
 import re
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tailguard.errors import ConfigError
+from tailguard.front import params as fp
 
-BackendKind = Literal["vllm", "llamacpp", "sglang", "tgi", "openai", "sim"]
+BackendKind = Literal["auto", "vllm", "llamacpp", "sglang", "tgi", "openai", "sim"]
 SchedulerPolicy = Literal["ranked-sjf", "fcfs"]
 CapMode = Literal["clamp", "reject"]
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]
 
 _CLASS_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _BACKEND_NAME = re.compile(r"^[A-Za-z0-9_.:-]+$")
+# The front's defaults (tailguard.front.params), so each default number lives in one place.
+_CLS = fp.ClassSpec(name="")
+_QUEUE = fp.QueueParams()
+_PREEMPT = fp.PreemptionParams()
+_BACKEND = fp.BackendSpec(name="")
+_HEALTH = fp.HealthParams()
+_RETRY = fp.RetryParams()
 
 
 class _Model(BaseModel):
@@ -33,7 +42,7 @@ class ClassConfig(_Model):
 
     name: str = Field(description="Class name, used in `X-Tailguard-Class`, metrics labels and logs.")
     rank: int = Field(
-        default=0,
+        default=_CLS.rank,
         description="Priority between classes: a lower rank is served first (strict priority, except while a "
         "later-ranked class is below its `min_share`).",
     )
@@ -56,34 +65,39 @@ class ClassConfig(_Model):
         description="Largest estimated prompt (UTF-8 bytes / 4, or exact token ids) accepted; larger is a 400.",
     )
     max_queue_len: int = Field(
-        default=1000, ge=1,
+        default=_CLS.max_queue_len, ge=1,
         description="Requests of this class that may wait in the gateway at once; more are rejected "
         "with 503 `queue_full`. Bounds the gateway's memory.",
     )
     max_queue_wait_s: float = Field(
-        default=30.0, gt=0,
+        default=_CLS.max_queue_wait_s, gt=0,
         description="Longest a request may wait in the gateway's queue. A request expected to wait longer "
         "is rejected on arrival (503 `wait_bound`); one that does wait this long leaves with the same answer.",
     )
     max_share: float = Field(
-        default=1.0, gt=0, le=1,
+        default=_CLS.max_share, gt=0, le=1,
         description="Fraction of each backend's `max_concurrency` that this class and every class ranked "
         "after it may occupy together (rounded down, at least one slot); the rest is kept for "
         "higher-ranked classes.",
     )
     min_share: float = Field(
-        default=0.0, ge=0, lt=1,
+        default=_CLS.min_share, ge=0, lt=1,
         description="Guaranteed fraction of the slots in use (rounded down) for this class while it has "
         "requests queued: when a slot frees and the class holds fewer, its next request goes before those "
         "of higher ranks, so a flood of higher-ranked work cannot starve it. 0 = no guarantee (strict "
         "priority). Used by `ranked-sjf`; at most `max_share`.",
     )
     preemptible: bool = Field(
-        default=False,
+        default=_CLS.preemptible,
         description="A running request of this class may be suspended to free its slot for a queued request "
         "of a lower rank, and resumed later where it stopped (the client's connection stays open). Only on "
         "backends whose kind can continue a generation (`vllm`, `llamacpp`, `sim`).",
     )
+
+    def spec(self) -> fp.ClassSpec:
+        return fp.ClassSpec(name=self.name, rank=self.rank, max_queue_len=self.max_queue_len,
+                            max_queue_wait_s=self.max_queue_wait_s, max_share=self.max_share,
+                            min_share=self.min_share, preemptible=self.preemptible)
 
     @field_validator("name")
     @classmethod
@@ -120,13 +134,8 @@ def default_classes() -> list[ClassConfig]:
     (docs/configuration.md). Suspending a batch job for a waiting chat and resuming it later costs
     one re-prefill instead, so batch may use the whole engine (benchmarks/results/seed_des.md).
     """
-    return [
-        ClassConfig(name="interactive", rank=0, max_queue_len=1000, max_queue_wait_s=30.0),
-        ClassConfig(
-            name="batch", rank=1, max_tokens_cap=4096, max_queue_len=10000, max_queue_wait_s=600.0,
-            preemptible=True,
-        ),
-    ]
+    caps: dict[str, dict[str, Any]] = {"batch": {"max_tokens_cap": 4096}}
+    return [ClassConfig(**asdict(c), **caps.get(c.name, {})) for c in fp.default_classes()]
 
 
 class BackendConfig(_Model):
@@ -137,22 +146,37 @@ class BackendConfig(_Model):
         description="Base URL without `/v1`, e.g. `http://127.0.0.1:8000` (a trailing `/v1` is removed)."
     )
     kind: BackendKind = Field(
-        default="openai",
-        description="Server software, for per-kind request translation: `vllm` sets the request's `priority` "
-        "from the class rank; the others are sent unchanged.",
+        default="auto",
+        description="Server software. `auto` (the default) asks the server at start and whenever it comes "
+        "back (vLLM's `/version`, llama.cpp's `/props`, TGI's `/info`, SGLang's `/get_server_info`, the "
+        "simulator's `/health`), else `openai`. The kind decides the protection: on `vllm`, `llamacpp` "
+        "and `sim` a running batch request can be suspended for a chat and continued; on the others "
+        "`reserved_slots` are kept for the top class. `vllm` and `sglang` also get the class as their "
+        "`priority`.",
+    )
+    reserved_slots: int | None = Field(
+        default=_BACKEND.reserved_slots, ge=0,
+        description="Slots only the top-ranked class (interactive) may take. Unset: none on a kind that "
+        "can continue a generation (preemption protects chats there), else a quarter of "
+        "`max_concurrency` (at least one), so a burst of long jobs cannot hold every slot.",
     )
     max_concurrency: int = Field(
-        default=8, ge=1,
+        default=_BACKEND.max_concurrency, ge=1,
         description="Requests the gateway keeps in flight on this backend at once: the gateway-side twin of "
         "vLLM's `--max-num-seqs` (or llama.cpp's `-np`). Set it to the engine's batch size; more and the "
         "engine queues FCFS behind the gateway's back.",
     )
     weight: float = Field(
-        default=1.0, gt=0,
+        default=_BACKEND.weight, gt=0,
         description="Relative capacity when routing: load is compared as in-flight / (max_concurrency * weight).",
     )
     api_key: str | None = Field(default=None, description="Sent upstream as `Authorization: Bearer <key>`.")
     model: str | None = Field(default=None, description="If set, replaces the request's `model` on the way upstream.")
+
+    def spec(self, continues: bool = False) -> fp.BackendSpec:
+        """The front's view; `continues` comes from the kind (named, or detected later)."""
+        return fp.BackendSpec(name=self.name, max_concurrency=self.max_concurrency, weight=self.weight,
+                              continues=continues, reserved_slots=self.reserved_slots)
 
     @field_validator("name")
     @classmethod
@@ -204,17 +228,17 @@ class SchedulerConfig(_Model):
     """Who goes next when a slot frees."""
 
     policy: SchedulerPolicy = Field(
-        default="ranked-sjf",
+        default=cast(SchedulerPolicy, _QUEUE.policy),
         description="`ranked-sjf`: priority by class rank (with `min_share` guarantees), shortest estimated job "
         "first within a rank (see `sjf_size_ratio`), with aging. `fcfs`: arrival order, for comparison.",
     )
     aging_s: float = Field(
-        default=10.0, gt=0,
+        default=_QUEUE.aging_s, gt=0,
         description="Starvation bound of `ranked-sjf`: once a request has waited this long, no younger request "
         "of its rank is dispatched before it (aged requests go oldest first).",
     )
     sjf_size_ratio: float = Field(
-        default=4.0, ge=1,
+        default=_QUEUE.sjf_size_ratio, ge=1,
         description="Within a class, shortest-first needs a real gap: the oldest queued request goes next "
         "unless another is at least this many times smaller (then the smallest goes). Job sizes are rough "
         "(a prompt token costs far less time than an output token), so near-equal sizes keep arrival order "
@@ -225,27 +249,36 @@ class SchedulerConfig(_Model):
         description="Running per-class estimate of output length, used as job size when `max_tokens` is absent.",
     )
     drain_ewma_weight: float = Field(
-        default=0.1, gt=0, le=1,
+        default=_QUEUE.drain_ewma_weight, gt=0, le=1,
         description="Weight of each new interval between completions in the measured drain rate "
         "(used for `wait_bound` rejections and `Retry-After`).",
     )
     preemption: bool = Field(
-        default=True,
+        default=_PREEMPT.enabled,
         description="Suspend a running request of a `preemptible` class when a request of a higher priority (lower rank) is "
         "queued and no backend has a slot for it; the suspended one is resumed where it stopped. "
         "Not done by the `fcfs` policy (the baseline).",
     )
     max_preemptions_per_request: int = Field(
-        default=16, ge=0,
+        default=_PREEMPT.max_preemptions_per_request, ge=0,
         description="How often one request may be suspended; after that it runs to its end.",
     )
     min_run_s: float = Field(
-        default=0.0, ge=0,
+        default=_PREEMPT.min_run_s, ge=0,
         description="A request (re)started less than this long ago is not suspended, so a burst of "
         "arrivals cannot suspend the same work over and over before it makes progress.",
     )
-    retry_after_min_s: float = Field(default=1.0, gt=0, description="Smallest `Retry-After` ever sent.")
-    retry_after_max_s: float = Field(default=300.0, gt=0, description="Largest `Retry-After` ever sent.")
+    retry_after_min_s: float = Field(default=_QUEUE.retry_after_min_s, gt=0, description="Smallest `Retry-After` ever sent.")
+    retry_after_max_s: float = Field(default=_QUEUE.retry_after_max_s, gt=0, description="Largest `Retry-After` ever sent.")
+
+    def queue_params(self) -> fp.QueueParams:
+        return fp.QueueParams(policy=self.policy, aging_s=self.aging_s, sjf_size_ratio=self.sjf_size_ratio,
+                              drain_ewma_weight=self.drain_ewma_weight, retry_after_min_s=self.retry_after_min_s,
+                              retry_after_max_s=self.retry_after_max_s)
+
+    def preemption_params(self) -> fp.PreemptionParams:
+        return fp.PreemptionParams(enabled=self.preemption, min_run_s=self.min_run_s,
+                                   max_preemptions_per_request=self.max_preemptions_per_request)
 
     @model_validator(mode="after")
     def _retry_bounds(self) -> SchedulerConfig:
@@ -260,11 +293,11 @@ class HealthConfig(_Model):
     interval_s: float = Field(default=5.0, gt=0, description="Time between probes of one backend.")
     timeout_s: float = Field(default=2.0, gt=0, description="A probe slower than this counts as a failure.")
     unhealthy_after: int = Field(
-        default=3, ge=1,
+        default=_HEALTH.unhealthy_after, ge=1,
         description="Consecutive failures (probes or connection errors) before a backend stops receiving requests.",
     )
     healthy_after: int = Field(
-        default=1, ge=1, description="Consecutive successful probes before an unhealthy backend is used again."
+        default=_HEALTH.healthy_after, ge=1, description="Consecutive successful probes before an unhealthy backend is used again."
     )
     path: str = Field(default="/health", description="Probed path; any 2xx answer is healthy. When unset, each backend is probed at its kind's own path (`/health`, or `/v1/models` for `openai`, which has no health endpoint).")
 
@@ -274,6 +307,30 @@ class HealthConfig(_Model):
         if not v.startswith("/"):
             raise ValueError(f"path {v!r} must start with '/'")
         return v
+
+
+class RetryConfig(_Model):
+    """Retries of a request whose upstream failed before any byte reached its client."""
+
+    max_attempts: int = Field(
+        default=_RETRY.max_attempts, ge=1,
+        description="Attempts per request in all (1 = never retry). A reset or stale keep-alive connection "
+        "is retried once on the same backend over a fresh connection; a refused connection, a 5xx or a "
+        "429 on another backend with a free slot. Never once content has reached the client.",
+    )
+    budget_ratio: float = Field(
+        default=_RETRY.budget_ratio, ge=0,
+        description="Retries may be at most this share of the requests of the last 10 s (plus "
+        "`min_retries_per_s`), so a failing backend cannot multiply the load (Envoy's `retry_budget`).",
+    )
+    min_retries_per_s: float = Field(
+        default=_RETRY.min_retries_per_s, ge=0,
+        description="Retries per second always allowed, whatever the request rate.",
+    )
+
+    def params(self) -> fp.RetryParams:
+        return fp.RetryParams(max_attempts=self.max_attempts, budget_ratio=self.budget_ratio,
+                              min_retries_per_s=self.min_retries_per_s)
 
 
 class ApiKeyConfig(_Model):
@@ -333,10 +390,20 @@ class GatewayConfig(_Model):
     log_prompts: bool = Field(
         default=False, description="Include prompt and completion text in the access log (off: metadata only)."
     )
-    retry_other_backend: bool = Field(
-        default=True,
-        description="Retry a request on another backend when its upstream fails before any byte reached the client.",
-    )
+    retries: RetryConfig = Field(default_factory=RetryConfig, description="Retries that lose nothing.")
+
+    def front_params(self, continues: dict[str, bool] | None = None) -> fp.FrontParams:
+        """The front's parameters; `continues` maps a backend to whether its kind can continue a
+        generation (backends of kind `auto` are added as not continuing until detected)."""
+        known = continues or {}
+        h = self.health
+        return fp.FrontParams(
+            classes=[c.spec() for c in self.classes],
+            backends=[b.spec(known.get(b.name, False)) for b in self.backends],
+            queue=self.scheduler.queue_params(), preemption=self.scheduler.preemption_params(),
+            health=fp.HealthParams(unhealthy_after=h.unhealthy_after, healthy_after=h.healthy_after),
+            retry=self.retries.params(),
+        )
 
     @model_validator(mode="after")
     def _cross_checks(self) -> GatewayConfig:
@@ -359,7 +426,7 @@ class GatewayConfig(_Model):
         return self
 
     @classmethod
-    def quick(cls, backend_urls: list[str], max_concurrency: int = 8, kind: str = "openai") -> GatewayConfig:
+    def quick(cls, backend_urls: list[str], max_concurrency: int = 8, kind: str = "auto") -> GatewayConfig:
         """The config behind `tailguard serve --backend URL ... [--backend-kind KIND]`: default
         classes, one backend per URL, all of one kind."""
         if not backend_urls:

@@ -180,6 +180,45 @@ KINDS: dict[str, Kind] = {
 }
 
 
+# --- telling the kind from the server's own answers ---------------------------------------------
+
+# Pages a backend of `kind: auto` is asked for, all at once; what each server answers on its own.
+DETECT_PATHS = ("/version", "/props", "/info", "/get_server_info")
+
+
+def _json_object(body: bytes | None) -> dict[str, Any] | None:
+    if not body:
+        return None
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def detect_kind(answers: Mapping[str, bytes | None]) -> str:
+    """The kind of a server from the bodies of its 2xx answers to `DETECT_PATHS` (None: no 2xx
+    answer). Each server is known by a page only it serves in that shape:
+    the simulator's `/version` names itself; llama-server's `/props` has its slot settings; TGI's
+    `/info` names its router and model; SGLang's `/get_server_info` lists its server args;
+    vLLM's `/version` is `{"version": ...}` alone. Anything else is a plain `openai` server."""
+    version = _json_object(answers.get("/version"))
+    if version is not None and version.get("engine") == "tailguard-sim":
+        return "sim"
+    props = _json_object(answers.get("/props"))
+    if props is not None and ("default_generation_settings" in props or "total_slots" in props):
+        return "llamacpp"
+    info = _json_object(answers.get("/info"))
+    if info is not None and "model_id" in info and ("router" in info or "max_total_tokens" in info):
+        return "tgi"
+    server_info = _json_object(answers.get("/get_server_info"))
+    if server_info is not None and ("model_path" in server_info or "tp_size" in server_info):
+        return "sglang"
+    if version is not None and isinstance(version.get("version"), str):
+        return "vllm"
+    return "openai"
+
+
 def get_kind(name: str) -> Kind:
     try:
         return KINDS[name]

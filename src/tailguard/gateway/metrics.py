@@ -156,8 +156,12 @@ class GatewayMetrics:
         self.backend_healthy = Gauge(
             "tailguard_backend_healthy", "1 if the last health probes of a backend succeeded.", ["backend"],
             registry=r)
+        self.backend_kind = Gauge(
+            "tailguard_backend_kind", "1 for the kind each backend is treated as (named in the config, or "
+            "detected when `auto`).", ["backend", "kind"], registry=r)
         self._classes: dict[str, ClassMetrics] = {}
         self._inflight: dict[str, Any] = {}
+        self._kinds: dict[str, str] = {}
 
     def cls(self, name: str) -> ClassMetrics:
         c = self._classes.get(name)
@@ -170,6 +174,13 @@ class GatewayMetrics:
         if g is None:
             g = self._inflight[backend] = self.inflight.labels(backend)
         return g
+
+    def set_kind(self, backend: str, kind: str) -> None:
+        old = self._kinds.get(backend)
+        if old is not None and old != kind:
+            self.backend_kind.remove(backend, old)
+        self._kinds[backend] = kind
+        self.backend_kind.labels(backend, kind).set(1)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -19,11 +19,10 @@ from aiohttp import web
 from aiohttp.hdrs import CONTENT_ENCODING, CONTENT_TYPE
 
 from tailguard.errors import APIError, BadRequest, Overloaded, PayloadTooLarge
-from tailguard.gateway.backends import BackendPool
 from tailguard.gateway.caps import Capped, OutputEstimator, apply_caps
 from tailguard.gateway.classes import ClassTable
-from tailguard.gateway.config import ClassConfig, GatewayConfig
-from tailguard.gateway.dispatch import Dispatcher, Ticket, overloaded
+from tailguard.gateway.config import BackendConfig, ClassConfig, GatewayConfig
+from tailguard.gateway.dispatch import Dispatcher, Ticket
 from tailguard.gateway.metrics import GatewayMetrics, RequestTimes, access_log, record_finish, response_headers
 from tailguard.gateway.assemble import Assembler
 from tailguard.gateway.stream import StreamRelay
@@ -31,7 +30,6 @@ from tailguard.gateway.tally import Tally
 from tailguard.gateway.upstream import ClientGone, RelayError, Suspended, Upstream, UpstreamStatus, upstream_body
 from tailguard.gateway.watchdog import Watchdog
 from tailguard.gateway.resume import Progress, continuation_body, resumable
-from tailguard.gateway.scheduler import Pending
 from tailguard.types import Outcome
 from tailguard.wire.openai import (
     Endpoint, ParsedRequest, error_body, error_headers, is_json_media_type, parse_request,
@@ -74,19 +72,18 @@ class Proxy:
     """The request handler shared by `/v1/chat/completions` and `/v1/completions`."""
 
     def __init__(
-        self, cfg: GatewayConfig, classes: ClassTable, pool: BackendPool, dispatcher: Dispatcher,
+        self, cfg: GatewayConfig, classes: ClassTable, backends: dict[str, BackendConfig], dispatcher: Dispatcher,
         upstream: Upstream, metrics: GatewayMetrics, estimator: OutputEstimator,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         self._cfg = cfg
         self._classes = classes
-        self._pool = pool
         self._dispatcher = dispatcher
         self._upstream = upstream
         self._metrics = metrics
         self._estimator = estimator
         self._loop = loop
-        self._backends = {b.name: b for b in cfg.backends}
+        self._backends = backends  # by name, each with its kind resolved (app.py updates it on detection)
         self._ids = itertools.count()
         self._id_prefix = f"tg-{os.getpid():x}-{os.urandom(3).hex()}-"
         self._timeouts = cfg.timeouts
@@ -94,7 +91,6 @@ class Proxy:
     async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         # Timings use perf_counter (sub-ms); the policies get loop time, as every driver of them does.
         t = RequestTimes(arrived_at=time.perf_counter(), cls=NO_CLASS)
-        arrived_at = self._loop.time()
         req_id = f"{self._id_prefix}{next(self._ids):x}"
         ex = _Exit()
         ticket: Ticket | None = None
@@ -108,16 +104,11 @@ class Proxy:
             t.cls = cls.name
             t.prompt_tokens = parsed.prompt_tokens
             capped = apply_caps(parsed, cls, self._estimator.estimate(cls.name))
-            if not self._pool.any_healthy():
-                self._metrics.rejected.labels(cls.name, "no_healthy_backend").inc()
-                raise overloaded("no_healthy_backend", self._dispatcher.retry_after_s(),
-                                 "No healthy backend is available.")
-            pending = Pending(req_id, cls.name, cls.rank, capped.est_tokens, arrived_at,
-                              arrived_at + cls.max_queue_wait_s)
             progress = None
-            if cls.preemptible and self._dispatcher.preemption and resumable(capped.body, endpoint):
+            if self._dispatcher.may_suspend(cls.name) and resumable(capped.body, endpoint):
                 progress = Progress()
-            ticket = await self._dispatcher.admit(pending, progress=progress, max_tokens=capped.max_tokens)
+            ticket = await self._dispatcher.admit(req_id, cls.name, capped.est_tokens, progress=progress,
+                                                  max_tokens=capped.max_tokens)
             t.bound_at = time.perf_counter()
             self._metrics.cls(cls.name).queue_wait.observe(t.bound_at - t.arrived_at)
             return await self._relay(request, endpoint, raw, parsed, capped, cls, ticket, t, req_id, ex)
@@ -213,7 +204,7 @@ class Proxy:
                     up = await self._upstream.open(backend, endpoint, body, req_id)
                     t.upstream_headers_at = clock()
                     if progress is not None:
-                        ticket.on_suspend = up.close
+                        self._dispatcher.upstream_open(ticket, up.close)
                     if parsed.stream:
                         if stream is None:
                             stream = StreamRelay(request, endpoint, tally, parsed.include_usage,
@@ -225,7 +216,7 @@ class Proxy:
                             self._metrics.upstream_errors.labels(backend.name, "stream_error").inc()
                             ex.outcome, ex.status, ex.reason = Outcome.UPSTREAM_ERROR, 200, "stream_error"
                         else:
-                            self._ok(backend.name, cls.name, t, ex, 200)
+                            self._ok(cls.name, t, ex, 200)
                         t.finished_at = clock()
                         return stream.response  # type: ignore[return-value]
                     if asm is None:
@@ -241,7 +232,7 @@ class Proxy:
                         await sent.write_eof()
                     except ConnectionError:
                         raise ClientGone() from None
-                    self._ok(backend.name, cls.name, t, ex, 200)
+                    self._ok(cls.name, t, ex, 200)
                     t.finished_at = clock()
                     return sent
                 except Suspended:
@@ -251,17 +242,12 @@ class Proxy:
                     continue
                 except RelayError as err:
                     self._metrics.upstream_errors.labels(backend.name, err.kind).inc()
-                    if err.kind in ("connect", "timeout_connect") and self._pool.mark_failure(backend.name):
-                        self._metrics.backend_healthy.labels(backend.name).set(0)
-                    if err.retryable and self._cfg.retry_other_backend and t.attempts < 2:
-                        if self._dispatcher.reroute(ticket) is not None:
-                            continue
-                        if err.kind == "disconnect" and t.upstream_headers_at is None:
-                            continue  # a stale pooled connection: the same backend on a fresh one
+                    if err.retryable and self._dispatcher.failed(ticket, err.kind):
+                        continue  # nothing reached the client: the front sends it again
                     raise
                 except UpstreamStatus as us:
                     # The backend understood and refused (e.g. context too long): the client's error.
-                    self._pool.mark_success(backend.name)
+                    self._dispatcher.probe(backend.name, True)  # it answered: it is alive
                     ex.outcome, ex.status, ex.reason = Outcome.CLIENT_ERROR, us.status, "upstream_4xx"
                     return web.Response(status=us.status, body=us.body, headers={
                         "Content-Type": us.content_type, **response_headers(t)})
@@ -281,7 +267,7 @@ class Proxy:
                         return stream.response
                     raise timeout from None
                 finally:
-                    ticket.on_suspend = None
+                    ticket.on_suspend = None  # closed below: a suspension has nothing to stop
                     if up is not None:
                         up.close()  # no-op after release(); otherwise aborts the engine's request
         except Overloaded as err:
@@ -333,11 +319,8 @@ class Proxy:
             t.prompt_tokens = prompt
         t.output_tokens = completion if completion is not None else t.content_chunks
 
-    def _ok(self, backend: str, cls: str, t: RequestTimes, ex: _Exit, status: int) -> None:
+    def _ok(self, cls: str, t: RequestTimes, ex: _Exit, status: int) -> None:
         ex.outcome, ex.status = Outcome.SUCCESS, status
-        if self._pool.mark_success(backend):
-            self._metrics.backend_healthy.labels(backend).set(1)
-            self._dispatcher.wake()
         self._estimator.observe(cls, t.output_tokens)
 
 

@@ -2,7 +2,7 @@
 opened, and the exceptions that say how an attempt ended.
 
     RelayError                 an attempt failed; `retryable` while the client has seen nothing
-    └── kinds: connect | status | disconnect | timeout_connect | timeout_first_token
+    └── kinds: connect | reset | status | disconnect | timeout_connect | timeout_first_token
                | timeout_idle | timeout_total | protocol | stream_error
     UpstreamStatus             the backend refused (4xx): passed back to the client as it is
     ClientGone                 writing to the client failed
@@ -114,9 +114,13 @@ class Upstream:
         except (aiohttp.ConnectionTimeoutError, aiohttp.ServerTimeoutError) as e:
             raise RelayError("timeout_connect", f"Connecting to backend '{backend.name}' timed out: {e}",
                              status=504, retryable=True) from None
-        except aiohttp.ServerDisconnectedError as e:
-            # Typically a pooled keep-alive connection the backend had just closed.
-            raise RelayError("disconnect", f"Backend '{backend.name}' closed the connection: {e}",
+        except aiohttp.ClientConnectorError as e:
+            # Refused or unreachable: that backend is down (the front tries another).
+            raise RelayError("connect", f"Backend '{backend.name}' is unreachable: {e}", retryable=True) from None
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+            # Reset or closed before an answer: typically a pooled keep-alive connection the
+            # backend had just closed (the front tries it again on a fresh connection).
+            raise RelayError("reset", f"Backend '{backend.name}' closed the connection: {e}",
                              retryable=True) from None
         except aiohttp.ClientError as e:
             raise RelayError("connect", f"Backend '{backend.name}' is unreachable: {e}", retryable=True) from None

@@ -1,54 +1,49 @@
 """The discrete-event driver of the engine model: timed requests in, one `Timeline` per request
 out, on a `VirtualClock` (no sleeping, no I/O).
 
-Optionally a gateway scheduler (`tailguard.gateway.scheduler.Scheduler`) stands in front of the
-engine, as the gateway does: arrivals are pushed to it, at most `front_max_inflight` requests are
-in the engine at once, and a slot freed by a finished request is refilled by `front.pop`. That is
-how a gateway policy is evaluated on virtual time with the very object the gateway runs.
-
-With a `preemption` policy as well, the run preempts as the gateway's dispatcher does: when the
-front's best queued request finds no slot, the policy may name a running request of a
-preemptible class; it is aborted in the engine (slot and KV freed at once), queued again with its
-first arrival time, and when dispatched again it re-enters the engine as its continuation: prompt
-= original prompt + tokens generated so far, max_tokens = what is left.
+Optionally the gateway's front (`tailguard.front.front.Front`, the very object `tailguard serve`
+drives) stands in front of the engine: arrivals go into it, and its decisions are carried out on
+the engine model: `Start` adds a request to the engine, `Suspend` aborts it there (slot and KV
+freed at once; its blocks stay in the prefix cache), `Reject` ends it. A suspended request
+started again re-enters the engine as its continuation: prompt = original prompt + tokens
+generated so far, max_tokens = what is left, with the same `kv_key`, so the engine's prefix cache
+finds what its first run left. The front's backend is this one engine.
 
 `follow_up` turns the run into a closed loop: each request's end may send the next one at once.
 
 Time runs like the HTTP server's: a step starting at t ends at t + duration; requests arriving
 meanwhile join the engine's waiting queue at their arrival instant and are considered from the
-next step; tokens and finishes take effect at the step's end.
+next step; tokens and finishes take effect at the step's end. The engine cannot abort a request
+mid-step, so decisions made during a step never preempt (`preempt=False`); the front is asked
+again at the step's end.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, cast
+from typing import Iterable
 
 from tailguard.clock import VirtualClock
-from tailguard.gateway.preemption import Candidate, PreemptionPolicy
-from tailguard.gateway.scheduler import Pending, PreemptiveScheduler, Scheduler
+from tailguard.front.front import Decision, Front, Reject, Start, Suspend
 from tailguard.sim.engine import Admitted, Engine, FirstToken, Preempted, RequestFinished, SimRequest
 from tailguard.types import Outcome
 
 
 @dataclass(slots=True, frozen=True)
 class Arrival:
-    """A timed request. `cls`, `rank` and `wait_bound_s` matter only with a `front` scheduler;
-    `priority` is vLLM's (lower first, with the engine's "priority" policy)."""
+    """A timed request. `cls` matters only with a front (whose class table gives its rank and
+    queue bound); `priority` is vLLM's (lower first, with the engine's "priority" policy)."""
 
     id: str
     at: float
     prompt_tokens: int
     max_tokens: int
     cls: str = "interactive"
-    rank: int = 0
     priority: int = 0
-    wait_bound_s: float = math.inf
     block_hashes: tuple[int, ...] = ()  # prefix-cache keys of the prompt's leading blocks (sim.kv)
-
-
 @dataclass(slots=True)
 class Timeline:
     """What happened to one request, in simulated seconds.
@@ -99,28 +94,23 @@ class Timeline:
         return (self.finished_at - self.first_token_at) / (self.output_tokens - 1)
 
 
+
 def run(
     engine: Engine,
     arrivals: Iterable[Arrival],
     clock: VirtualClock,
-    front: Scheduler | None = None,
-    front_max_inflight: int | None = None,
+    front: Front | None = None,
     *,
     record_tokens: bool = False,
-    preemption: PreemptionPolicy | None = None,
-    preemptible: Collection[str] = (),
-    preempt_fits: Callable[[Pending, str], bool] | None = None,
     follow_up: Callable[[Timeline, float], Arrival | None] | None = None,
 ) -> list[Timeline]:
     """Run every arrival to its end; Timelines come back in the order the arrivals were given
     (then those of follow-ups, in the order they were sent).
 
-    Without `front`, each request enters the engine at its arrival. With it, at most
-    `front_max_inflight` (default: the engine's `max_num_seqs`) are in the engine at once.
-    `preemption` (needs a `front` with `head`/`take`/`requeue`, as `BaseScheduler` has) may
-    suspend running requests of the `preemptible` classes; `preempt_fits(waiting, victim_cls)`
-    adds the slot-share check the gateway's pool makes. `follow_up(timeline, now)` is called when
-    a request ends and may return the next arrival (at `now`).
+    Without `front`, each request enters the engine at its arrival. With it, the front decides
+    when each goes in (and may suspend and reject); it must have exactly one backend, this
+    engine. `follow_up(timeline, now)` is called when a request ends and may return the next
+    arrival (at `now`).
     """
     given = list(arrivals)
     timelines: list[Timeline] = []
@@ -136,59 +126,50 @@ def run(
     order = sorted(given, key=lambda a: a.at)
     if order and order[0].at < clock.now():
         raise ValueError(f"arrival {order[0].id!r} at {order[0].at} is before the clock ({clock.now()})")
-    r = _Run(engine, clock, front, front_max_inflight, by_id, order, record_tokens)
-    if preemption is not None:
-        if front is None:
-            raise ValueError("preemption needs a front scheduler")
-        r.preemption, r.preemptible, r.preempt_fits = preemption, frozenset(preemptible), preempt_fits
-        r.pfront = cast(PreemptiveScheduler, front)
+    if front is not None and len(front.params.backends) != 1:
+        raise ValueError("the discrete-event run drives a front with exactly one backend (its engine)")
+    r = _Run(engine, clock, front, by_id, order, record_tokens)
     r.follow_up, r.timelines = follow_up, timelines
     r.loop()
     return timelines
 
 
 class _Live:
-    """A front-dispatched request while it is in the engine or suspended."""
+    """A front-dispatched preemptible request while it is in the engine or suspended."""
 
-    __slots__ = ("arrival", "kv_key", "started_at", "base_tokens", "suspensions", "running")
+    __slots__ = ("arrival", "kv_key", "base_tokens")
 
     def __init__(self, arrival: Arrival, kv_key: int) -> None:
         self.arrival = arrival
         self.kv_key = kv_key  # the engine's name for its content: each run finds what the last left cached
-        self.running = False  # in the engine (else suspended, queued in the front)
-        self.started_at = 0.0
         self.base_tokens = 0  # generated in earlier runs
-        self.suspensions = 0
 
 
 class _Run:
     """One run's state; a class so the hot loop reads locals, not closures."""
 
     def __init__(
-        self, engine: Engine, clock: VirtualClock, front: Scheduler | None, limit: int | None,
+        self, engine: Engine, clock: VirtualClock, front: Front | None,
         by_id: dict[str, Timeline], order: list[Arrival], record: bool,
     ) -> None:
         self.engine = engine
         self.clock = clock
         self.front = front
-        self.limit = limit if limit is not None else engine.config.max_num_seqs
-        if self.limit < 1:
-            raise ValueError("front_max_inflight must be >= 1")
         self.by_id = by_id
         self.order = order
         self.record = record
-        self.waiting: dict[str, Arrival] = {}  # queued in the front scheduler
-        self.inflight = 0
+        self.waiting: dict[str, Arrival] = {}  # in the front, waiting for a Start
         self.max_model_len = engine.config.max_model_len
-        self.preemption: PreemptionPolicy | None = None
-        self.preemptible: frozenset[str] = frozenset()
-        self.preempt_fits: Callable[[Pending, str], bool] | None = None
-        self.pfront: PreemptiveScheduler | None = None
         self.in_step = False
         self.live: dict[str, _Live] = {}  # preemptible requests dispatched and not finished
         self.kv_keys = 0  # the next kv_key to give a preemptible request
         self.follow_up: Callable[[Timeline, float], Arrival | None] | None = None
         self.timelines: list[Timeline] = []
+        if front is not None:
+            front.progress = self._generated
+
+    def _generated(self, req_id: str) -> int:
+        return self.live[req_id].base_tokens + self.engine.output_tokens(req_id)
 
     def loop(self) -> None:
         engine, clock, front, by_id, order = self.engine, self.clock, self.front, self.by_id, self.order
@@ -199,14 +180,14 @@ class _Run:
         while True:
             if engine.idle():
                 next_at = order[i].at if i < n else inf
-                wake = front.next_wakeup() if front is not None and len(front) else None
+                wake = front.next_wakeup() if front is not None else None
                 if wake is not None and wake <= next_at:
                     clock.advance_to(max(wake, clock.now()))
-                    self._expire()
+                    self._tick()
                     continue
                 if i >= n:
                     if front is not None and len(front):
-                        raise RuntimeError("requests are stuck in the front scheduler with the engine idle")
+                        raise RuntimeError("requests are stuck in the front with the engine idle")
                     return
                 clock.advance_to(next_at)
                 while i < n and order[i].at <= next_at:  # everyone arriving at this instant
@@ -224,11 +205,11 @@ class _Run:
             self.in_step = True
             while True:
                 next_at = order[i].at if i < n else inf
-                if front is not None and len(front):
+                if front is not None:
                     wake = front.next_wakeup()
                     if wake is not None and wake < next_at and wake <= end:
                         clock.advance_to(max(wake, clock.now()))
-                        self._expire()
+                        self._tick()
                         continue
                 if next_at > end:
                     break
@@ -246,19 +227,7 @@ class _Run:
             for ev in step.events:
                 tl = by_id[ev.req_id]
                 if isinstance(ev, RequestFinished):
-                    tl.finished_at = end
-                    tl.output_tokens = ev.output_tokens
-                    tl.finish_reason = ev.finish_reason
-                    tl.outcome = Outcome.SUCCESS
-                    self.inflight -= 1
-                    if self.live:
-                        lv = self.live.pop(ev.req_id, None)
-                        if lv is not None:
-                            tl.output_tokens += lv.base_tokens
-                    if front is not None:
-                        front.on_finish(ev.req_id, Outcome.SUCCESS, end)
-                    if self.follow_up is not None:
-                        self._follow(tl, end)
+                    self._finished(tl, ev, end)
                 elif isinstance(ev, FirstToken):
                     if tl.first_token_at is None:
                         tl.first_token_at = end
@@ -269,9 +238,23 @@ class _Run:
                 elif isinstance(ev, Preempted):
                     tl.preemptions += 1
             if front is not None and len(front):
-                self._pump(end)
+                self._apply(front.tick(end))  # what the step's end made possible, preemption included
 
     # --- helpers ---------------------------------------------------------------------------
+
+    def _finished(self, tl: Timeline, ev: RequestFinished, end: float) -> None:
+        tl.finished_at = end
+        tl.output_tokens = ev.output_tokens
+        tl.finish_reason = ev.finish_reason
+        tl.outcome = Outcome.SUCCESS
+        if self.live:
+            lv = self.live.pop(ev.req_id, None)
+            if lv is not None:
+                tl.output_tokens += lv.base_tokens
+        if self.front is not None:
+            self._apply(self.front.finish(ev.req_id, Outcome.SUCCESS, end))
+        if self.follow_up is not None:
+            self._follow(tl, end)
 
     def _follow(self, tl: Timeline, t: float) -> None:
         assert self.follow_up is not None
@@ -287,108 +270,67 @@ class _Run:
         self.timelines.append(new)
         self._arrive(a)
 
+    def _end(self, tl: Timeline, outcome: Outcome, reason: str, t: float) -> None:
+        tl.outcome, tl.reject_reason, tl.finished_at = outcome, reason, t
+        if self.follow_up is not None:
+            self._follow(tl, t)
+
     def _arrive(self, a: Arrival) -> None:
         t = a.at
         if a.prompt_tokens + a.max_tokens > self.max_model_len or a.prompt_tokens < 1 or a.max_tokens < 1:
-            tl = self.by_id[a.id]
-            tl.outcome = Outcome.CLIENT_ERROR
-            tl.reject_reason = "context_length"
-            tl.finished_at = t
-            if self.follow_up is not None:
-                self._follow(tl, t)
+            self._end(self.by_id[a.id], Outcome.CLIENT_ERROR, "context_length", t)
             return
         front = self.front
         if front is None:
             self._dispatch(a, t)
             return
-        bound_at = t + a.wait_bound_s
-        reject = front.push(Pending(a.id, a.cls, a.rank, a.prompt_tokens + a.max_tokens, t, bound_at), t)
-        if reject is not None:
-            tl = self.by_id[a.id]
-            tl.outcome = Outcome.REJECTED
-            tl.reject_reason = reject.reason
-            tl.finished_at = t
-            if self.follow_up is not None:
-                self._follow(tl, t)
+        self.waiting[a.id] = a
+        self._apply(front.arrive(a.id, a.cls, a.prompt_tokens + a.max_tokens, t, resumable=True,
+                                 max_tokens=a.max_tokens, preempt=not self.in_step))
+
+    def _tick(self) -> None:
+        assert self.front is not None
+        self._apply(self.front.tick(self.clock.now(), preempt=not self.in_step))
+
+    def _apply(self, decisions: Sequence[Decision]) -> None:
+        """Carry out the front's decisions (and those they lead to) on the engine model."""
+        if not decisions:
             return
-        self.waiting[a.id] = a
-        self._pump(t)
-
-    def _pump(self, t: float) -> None:
         front = self.front
         assert front is not None
-        while True:
-            while self.inflight < self.limit and len(front):
-                p = front.pop(t)
-                if p is None:
-                    break
-                self._dispatch(self.waiting.pop(p.id), t)
-            # Whatever is still queued found no slot: maybe a preemption makes one.
-            if (self.preemption is None or self.in_step or not self.live or not len(front)
-                    or not self._preempt(t)):
-                return
-
-    def _preempt(self, t: float) -> bool:
-        front = self.pfront
-        policy = self.preemption
-        assert front is not None and policy is not None
-        head = front.head(t)
-        if head is None:
-            return False
-        engine = self.engine
-        fits_cls = self.preempt_fits
-
-        def fits(c: Candidate) -> bool:
-            if fits_cls is not None and not fits_cls(head, c.cls):
-                return False
-            return not front.guaranteed(c.cls)
-
-        cands = []
-        for rid, lv in self.live.items():
-            if not lv.running:
-                continue
-            a = lv.arrival
-            done = lv.base_tokens + engine.output_tokens(rid)
-            cands.append(Candidate(rid, a.cls, a.rank, "engine", a.max_tokens - done, lv.suspensions, lv.started_at))
-        victim = policy.victim(head, cands, t, fits)
-        if victim is None:
-            return False
-        lv = self.live[victim.id]
-        lv.base_tokens += engine.output_tokens(victim.id)
-        lv.suspensions += 1
-        lv.running = False
-        engine.abort(victim.id, t)
-        self.inflight -= 1
-        self.by_id[victim.id].suspensions += 1
-        a = lv.arrival
-        front.requeue(Pending(a.id, a.cls, a.rank, a.prompt_tokens + a.max_tokens, a.at, t + a.wait_bound_s), t)
-        self.waiting[a.id] = a
-        p = front.take(head.id, t)
-        self._dispatch(self.waiting.pop(p.id), t)
-        return True
-
-    def _expire(self) -> None:
-        front = self.front
-        assert front is not None
+        todo: deque[Decision] = deque(decisions)
         t = self.clock.now()
-        for p in front.expire(t):
-            self.waiting.pop(p.id, None)
-            tl = self.by_id[p.id]
-            tl.outcome = Outcome.REJECTED
-            tl.reject_reason = "queue_timeout"
-            tl.finished_at = t
+        while todo:
+            d = todo.popleft()
+            if isinstance(d, Start):
+                a = self.waiting.pop(d.id)
+                self._dispatch(a, t)
+                if d.id in self.live:
+                    todo.extend(front.suspendable(d.id, t, preempt=not self.in_step))
+            elif isinstance(d, Suspend):
+                self._suspend(d.id, t)
+            elif isinstance(d, Reject):
+                self.waiting.pop(d.id, None)
+                self.live.pop(d.id, None)
+                reason = d.reason
+                self._end(self.by_id[d.id], Outcome.REJECTED, reason, t)
+
+    def _suspend(self, req_id: str, t: float) -> None:
+        lv = self.live[req_id]
+        lv.base_tokens += self.engine.output_tokens(req_id)
+        self.engine.abort(req_id, t)
+        self.by_id[req_id].suspensions += 1
+        self.waiting[req_id] = lv.arrival
 
     def _dispatch(self, a: Arrival, t: float) -> None:
         tl = self.by_id[a.id]
-        self.inflight += 1
         kv_key = None
-        if self.preemption is not None and a.cls in self.preemptible:
+        front = self.front
+        if front is not None and front.may_suspend(a.cls):
             lv = self.live.get(a.id)
             if lv is None:
                 lv = self.live[a.id] = _Live(a, self.kv_keys)
                 self.kv_keys += 1
-            lv.started_at = t
-            lv.running = True
             kv_key = lv.kv_key
             if lv.base_tokens:  # resumed: the continuation of what it generated so far
                 self.engine.add(SimRequest(a.id, a.prompt_tokens + lv.base_tokens, a.max_tokens - lv.base_tokens,

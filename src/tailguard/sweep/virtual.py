@@ -57,18 +57,17 @@ class Planned:
 
 def simulate(engine_cfg: EngineConfig, gateway: GatewayConfig | None, planned: list[Planned],
              follow_up: Callable[[str, float], Planned | None] | None) -> tuple[list[Timeline], Engine]:
-    """The one call into the DES: the gateway's scheduler (and preemption policy) in front of the
-    engine with the first backend's `max_concurrency`, as `tailguard serve` runs them. Slot shares
-    (`max_share`, `min_share`) are not modelled here: the DES drives a bare scheduler.
+    """The one call into the DES: the gateway's front (queue, slot shares, preemption, as
+    `tailguard serve` builds it from `gateway`) in front of the engine, which stands for the
+    config's first backend, taken as one that can continue a generation (the simulator can).
     `follow_up(ended_id, now)` may send the next request of a closed loop."""
     from tailguard.clock import VirtualClock
-    from tailguard.gateway.preemption import PreemptionPolicy
-    from tailguard.gateway.scheduler import make_scheduler
+    from tailguard.front.front import Front
     from tailguard.sim.des import Arrival, Timeline, run
     from tailguard.sim.engine import Engine
 
     def arrival(p: Planned) -> Arrival:
-        return Arrival(p.id, p.at, p.prompt_tokens, p.max_tokens, cls=p.cls, rank=p.rank, wait_bound_s=p.wait_bound_s)
+        return Arrival(p.id, p.at, p.prompt_tokens, p.max_tokens, cls=p.cls)
 
     def follow(tl: Timeline, now: float) -> Arrival | None:
         assert follow_up is not None
@@ -76,15 +75,12 @@ def simulate(engine_cfg: EngineConfig, gateway: GatewayConfig | None, planned: l
         return None if nxt is None else arrival(nxt)
 
     engine = Engine(engine_cfg)
-    kw: dict[str, Any] = {}
+    front = None
     if gateway is not None:
-        kw = {"front": make_scheduler(gateway.scheduler, gateway.classes),
-              "front_max_inflight": gateway.backends[0].max_concurrency}
-        policy = PreemptionPolicy.from_config(gateway.scheduler)
-        if policy is not None:
-            kw.update(preemption=policy, preemptible=[c.name for c in gateway.classes if c.preemptible])
-    timelines = run(engine, [arrival(p) for p in planned], VirtualClock(), record_tokens=True,
-                    follow_up=follow if follow_up is not None else None, **kw)
+        first = gateway.backends[0]
+        front = Front(gateway.model_copy(update={"backends": [first]}).front_params({first.name: True}))
+    timelines = run(engine, [arrival(p) for p in planned], VirtualClock(), front, record_tokens=True,
+                    follow_up=follow if follow_up is not None else None)
     return timelines, engine
 
 

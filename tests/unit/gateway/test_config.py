@@ -28,7 +28,7 @@ def test_defaults_have_interactive_first_and_a_capped_batch_class() -> None:
     assert cfg.default_class == "interactive"
     assert (cfg.host, cfg.port, cfg.max_body_bytes) == ("127.0.0.1", 8080, 4 * 1024 * 1024)
     assert cfg.scheduler.policy == "ranked-sjf" and cfg.backends == []
-    assert cfg.access_log is True and cfg.log_prompts is False and cfg.retry_other_backend is True
+    assert cfg.access_log is True and cfg.log_prompts is False and cfg.retries.max_attempts == 3
 
 
 def test_every_field_is_documented() -> None:
@@ -92,7 +92,7 @@ scheduler: {policy: fcfs, aging_s: 3}
      "backends[0] (a).max_concurrency: Input should be greater than or equal to 1"),
     ("backends:\n  - {name: a, url: 'ftp://h'}\n", "must start with http:// or https://"),
     ("backends:\n  - {name: a, url: 'http://h:1', kind: triton}\n",
-     "backends[0] (a).kind: Input should be 'vllm', 'llamacpp', 'sglang', 'tgi', 'openai' or 'sim'"),
+     "backends[0] (a).kind: Input should be 'auto', 'vllm', 'llamacpp', 'sglang', 'tgi', 'openai' or 'sim'"),
     ("prot: 80\n", "prot: unknown setting (check the spelling; see docs/configuration.md)"),
     ("timeouts: {idle_s: -1}\n", "timeouts.idle_s: Input should be greater than 0"),
     ("classes:\n  - {name: interactive, default_max_tokens: 500, max_tokens_cap: 100}\n",
@@ -144,7 +144,7 @@ def test_quick_form_names_backends_by_host_and_port() -> None:
 
 
 def test_quick_form_backend_kind() -> None:
-    assert [b.kind for b in GatewayConfig.quick(["http://127.0.0.1:8100"], 8).backends] == ["openai"]
+    assert [b.kind for b in GatewayConfig.quick(["http://127.0.0.1:8100"], 8).backends] == ["auto"]
     assert [b.kind for b in GatewayConfig.quick(["http://127.0.0.1:8100"], 8, "vllm").backends] == ["vllm"]
     with pytest.raises(ConfigError, match="kind"):
         GatewayConfig.quick(["http://127.0.0.1:8100"], 8, "nginx")

@@ -3,9 +3,8 @@ import math
 import pytest
 
 from tailguard.clock import VirtualClock
-from tailguard.gateway.config import ClassConfig, SchedulerConfig
-from tailguard.gateway.preemption import PreemptionPolicy
-from tailguard.gateway.scheduler import FcfsScheduler, RankedSjfScheduler
+from tailguard.front.front import Front
+from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, PreemptionParams, QueueParams
 from tailguard.sim.cost import CostModel, EngineConfig
 from tailguard.sim.des import Arrival, Timeline, run
 from tailguard.sim.engine import Engine
@@ -22,9 +21,19 @@ def engine(**kw: object) -> Engine:
     return Engine(EngineConfig(**base))  # type: ignore[arg-type]
 
 
-def classes() -> list[ClassConfig]:
-    return [ClassConfig(name="interactive", rank=0, max_queue_len=100),
-            ClassConfig(name="batch", rank=1, max_queue_len=3)]
+def classes() -> list[ClassSpec]:
+    return [ClassSpec(name="interactive", rank=0, max_queue_len=100),
+            ClassSpec(name="hurry", rank=0, max_queue_wait_s=0.5),
+            ClassSpec(name="batch", rank=1, max_queue_len=3)]
+
+
+def front(policy: str, limit: int, cls: list[ClassSpec] | None = None, max_preemptions: int = 0) -> Front:
+    """The gateway's front with one backend, the engine, holding `limit` requests at once."""
+    return Front(FrontParams(
+        classes=cls or classes(), backends=[BackendSpec("engine", max_concurrency=limit, continues=True)],
+        queue=QueueParams(policy=policy),
+        preemption=PreemptionParams(enabled=max_preemptions > 0, max_preemptions_per_request=max_preemptions),
+    ))
 
 
 def test_single_request_ttft_is_the_analytic_prefill_step() -> None:
@@ -104,10 +113,10 @@ def test_duplicate_ids_and_past_arrivals_are_refused() -> None:
 
 
 def test_front_scheduler_caps_inflight_and_keeps_its_order() -> None:
-    front = FcfsScheduler(SchedulerConfig(policy="fcfs"), classes())
+    f = front("fcfs", 2)
     arrivals = [Arrival(f"r{i}", 0.001 * i, 20, 30) for i in range(8)]
     e = engine(max_num_seqs=8)
-    tls = run(e, arrivals, VirtualClock(), front=front, front_max_inflight=2)
+    tls = run(e, arrivals, VirtualClock(), front=f)
     assert all(tl.outcome is Outcome.SUCCESS for tl in tls)
     # Never more than two in the engine at once: each dispatch waits for an earlier finish.
     spans = sorted((tl.dispatched_at, tl.finished_at) for tl in tls)  # type: ignore[type-var]
@@ -116,34 +125,32 @@ def test_front_scheduler_caps_inflight_and_keeps_its_order() -> None:
     assert [tl.id for tl in sorted(tls, key=lambda x: x.dispatched_at)] == [f"r{i}" for i in range(8)]  # type: ignore[arg-type, return-value]
     assert all(tl.front_queue_s is not None for tl in tls)
     assert tls[5].front_queue_s > 0  # type: ignore[operator]
-    assert len(front) == 0
+    assert len(f) == 0
 
 
 def test_front_ranked_sjf_lets_chats_overtake_summaries() -> None:
     cls = classes()
-    cls[1] = ClassConfig(name="batch", rank=1, max_queue_len=100)
-    arrivals = [Arrival(f"s{i}", 0.0, 600, 100, cls="batch", rank=1) for i in range(6)]
-    arrivals += [Arrival(f"c{i}", 0.01, 20, 10, cls="interactive", rank=0) for i in range(3)]
+    cls[2] = ClassSpec(name="batch", rank=1, max_queue_len=100)
+    arrivals = [Arrival(f"s{i}", 0.0, 600, 100, cls="batch") for i in range(6)]
+    arrivals += [Arrival(f"c{i}", 0.01, 20, 10, cls="interactive") for i in range(3)]
 
-    def chats(front: object) -> tuple[float, list[str]]:
-        tls = run(engine(max_num_seqs=8, max_num_batched_tokens=1024), arrivals, VirtualClock(),
-                  front=front, front_max_inflight=2)  # type: ignore[arg-type]
+    def chats(f: Front) -> tuple[float, list[str]]:
+        tls = run(engine(max_num_seqs=8, max_num_batched_tokens=1024), arrivals, VirtualClock(), front=f)
         order = [tl.id for tl in sorted(tls, key=lambda x: (x.dispatched_at, x.id))]  # type: ignore[arg-type, return-value]
         return max(tl.e2e_s for tl in tls if tl.cls == "interactive"), order  # type: ignore[type-var]
 
-    fcfs, fcfs_order = chats(FcfsScheduler(SchedulerConfig(policy="fcfs"), cls))
-    sjf, sjf_order = chats(RankedSjfScheduler(SchedulerConfig(policy="ranked-sjf"), cls))
+    fcfs, fcfs_order = chats(front("fcfs", 2, cls))
+    sjf, sjf_order = chats(front("ranked-sjf", 2, cls))
     assert fcfs_order == [f"s{i}" for i in range(6)] + ["c0", "c1", "c2"]
     assert sjf_order == ["s0", "s1", "c0", "c1", "c2", "s2", "s3", "s4", "s5"]
     assert sjf < fcfs / 2
 
 
 def test_front_rejections_and_expiry_become_timelines() -> None:
-    front = FcfsScheduler(SchedulerConfig(policy="fcfs"), classes())
     arrivals = [Arrival("busy", 0.0, 20, 500, cls="interactive")]
-    arrivals += [Arrival(f"b{i}", 0.01, 20, 5, cls="batch", rank=1) for i in range(5)]
-    arrivals += [Arrival("impatient", 0.02, 20, 5, cls="interactive", wait_bound_s=0.5)]
-    tls = {tl.id: tl for tl in run(engine(), arrivals, VirtualClock(), front=front, front_max_inflight=1)}
+    arrivals += [Arrival(f"b{i}", 0.01, 20, 5, cls="batch") for i in range(5)]
+    arrivals += [Arrival("impatient", 0.02, 20, 5, cls="hurry")]
+    tls = {tl.id: tl for tl in run(engine(), arrivals, VirtualClock(), front=front("fcfs", 1))}
     full = [tl for tl in tls.values() if tl.reject_reason == "queue_full"]
     assert [tl.id for tl in full] == ["b3", "b4"]
     assert all(tl.outcome is Outcome.REJECTED and tl.finished_at == pytest.approx(0.01) for tl in full)
@@ -162,14 +169,10 @@ def test_without_front_every_request_enters_the_engine_on_arrival() -> None:
 
 
 def _preempt_case(preempt: bool) -> tuple[list[Timeline], Engine]:
-    cls = [ClassConfig(name="interactive", rank=0), ClassConfig(name="batch", rank=1, preemptible=True)]
-    front = RankedSjfScheduler(SchedulerConfig(), cls)
-    arrivals = [Arrival("s0", 0.0, 100, 400, cls="batch", rank=1), Arrival("c0", 0.5, 20, 10)]
+    cls = [ClassSpec(name="interactive", rank=0), ClassSpec(name="batch", rank=1, preemptible=True)]
+    arrivals = [Arrival("s0", 0.0, 100, 400, cls="batch"), Arrival("c0", 0.5, 20, 10)]
     e = engine(max_num_seqs=4)
-    kw: dict[str, object] = {}
-    if preempt:
-        kw = {"preemption": PreemptionPolicy(max_preemptions=1, min_run_s=0.0), "preemptible": ["batch"]}
-    tls = run(e, arrivals, VirtualClock(), front=front, front_max_inflight=1, **kw)  # type: ignore[arg-type]
+    tls = run(e, arrivals, VirtualClock(), front=front("ranked-sjf", 1, cls, max_preemptions=1 if preempt else 0))
     return tls, e
 
 

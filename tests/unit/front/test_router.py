@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from tailguard.gateway.backends import BackendPool
-from tailguard.gateway.config import BackendConfig, ClassConfig, HealthConfig
-from tailguard.gateway.router import choose
-from tailguard.gateway.scheduler import Pending
+from tailguard.front.slots import BackendPool
+from tailguard.front.params import BackendSpec, ClassSpec, HealthParams, PreemptionParams, QueueParams
+from tailguard.front.router import choose
+from tailguard.front.queue import Pending
 
-CLASSES = [ClassConfig(name="interactive", rank=0), ClassConfig(name="batch", rank=1, max_share=0.5)]
+CLASSES = [ClassSpec(name="interactive", rank=0), ClassSpec(name="batch", rank=1, max_share=0.5)]
 
 
 def pending(cls: str = "interactive") -> Pending:
@@ -15,8 +15,8 @@ def pending(cls: str = "interactive") -> Pending:
 
 
 def make(*specs: tuple[str, int, float]) -> BackendPool:
-    backends = [BackendConfig(name=n, url="http://127.0.0.1:1", max_concurrency=c, weight=w) for n, c, w in specs]
-    return BackendPool(backends, CLASSES, HealthConfig(unhealthy_after=1))
+    backends = [BackendSpec(name=n, max_concurrency=c, weight=w) for n, c, w in specs]
+    return BackendPool(backends, CLASSES, HealthParams(unhealthy_after=1))
 
 
 def take(pool: BackendPool, cls: str = "interactive") -> str | None:

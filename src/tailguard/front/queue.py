@@ -1,7 +1,7 @@
 """Who goes next: the scheduler protocol and its policies; pure, no I/O.
 
-The asyncio dispatcher (gateway) and the discrete-event run (sim/des.py) drive the very same
-objects, passing `now` in, so a policy is evaluated on a million requests without a socket.
+`tailguard.front.front.Front` owns one and drives it; the gateway and the discrete-event run
+drive the front, passing `now` in, so a policy is evaluated on a million requests without a socket.
 
 Policies, by name in `SCHEDULERS`:
 - `fcfs`: arrival order across all classes (the baseline the benefit is measured against).
@@ -11,7 +11,10 @@ Policies, by name in `SCHEDULERS`:
   higher ranks, so a stream of interactive work cannot starve batch work for ever.
 
 Both keep per-class queues bounded (`max_queue_len`), refuse a request whose expected wait exceeds
-its bound, and drop requests that waited past it. Push, pop, remove and expire are O(log n) (heaps
+its bound, and drop requests that waited past it. The expected wait is the work ahead over the
+measured drain rate, scaled by how far real waits have run over such predictions lately (a
+feedback in the spirit of CoDel: under sustained overload the admitted queue stays short enough
+that what is admitted is served within its bound, and the excess is refused at once). Push, pop, remove and expire are O(log n) (heaps
 with lazy deletion, compacted when dead entries outnumber live ones, so memory stays bounded).
 """
 
@@ -22,10 +25,10 @@ import heapq
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from tailguard.errors import ConfigError
-from tailguard.gateway.config import ClassConfig, SchedulerConfig
+from tailguard.front.params import ClassSpec, QueueParams
 from tailguard.types import Outcome
 
 
@@ -49,60 +52,26 @@ class Reject:
     retry_after_s: float
 
 
-class Scheduler(Protocol):
-    def push(self, req: Pending, now: float) -> Reject | None:
-        """Queue a request, or refuse it (full queue, or a bound it cannot meet)."""
-        ...
-
-    def pop(self, now: float, admissible: Callable[[Pending], bool] | None = None) -> Pending | None:
-        """Called when a slot frees: the best queued request for which `admissible` holds (the
-        driver passes a check that some backend can take it, which is how per-class slot shares
-        are enforced), or None."""
-        ...
-
-    def remove(self, req_id: str, now: float) -> bool:
-        """A queued client left: drop its request. True if it was queued."""
-        ...
-
-    def expire(self, now: float) -> list[Pending]:
-        """Requests that have waited past their bound; they leave the queue."""
-        ...
-
-    def on_finish(self, req_id: str, outcome: Outcome, now: float) -> None:
-        """Once per dispatched request, when it ends (feeds drain-rate and size estimates)."""
-        ...
-
-    def next_wakeup(self) -> float | None:
-        """Earliest instant at which `expire` would return something."""
-        ...
-
-    def __len__(self) -> int: ...
-
-
-class PreemptiveScheduler(Scheduler, Protocol):
-    """A scheduler that a preempting driver can use: `BaseScheduler` is one."""
-
-    def head(self, now: float) -> Pending | None: ...
-
-    def take(self, req_id: str, now: float) -> Pending: ...
-
-    def requeue(self, req: Pending, now: float) -> None: ...
-
-    def guaranteed(self, cls: str) -> bool: ...
-
-
 # Job sizes are bucketed by powers of two to estimate "how many of my rank are shorter than me"
 # in O(1) without an order-statistics tree; within a factor of two is enough for an admission guess.
 _SIZE_BUCKETS = 64
 
 
-class _Entry:
-    __slots__ = ("req", "seq", "alive")
+# Wait feedback: each dispatched (or expired) request compares its real wait with the wait
+# predicted when it was admitted; the EWMA of (real + slack) / (predicted + slack) scales later
+# predictions, within these bounds. The slack keeps near-zero waits from giving wild ratios.
+_WAIT_SLACK_S = 0.1
+_WAIT_FACTOR_BOUNDS = (0.5, 8.0)
 
-    def __init__(self, req: Pending, seq: int) -> None:
+
+class _Entry:
+    __slots__ = ("req", "seq", "alive", "predicted")
+
+    def __init__(self, req: Pending, seq: int, predicted: float | None) -> None:
         self.req = req
         self.seq = seq
         self.alive = True
+        self.predicted = predicted  # the wait expected at admission (None: not predicted)
 
 
 # Heap items: a sort key tuple whose last element is the entry (seq before it makes keys unique).
@@ -113,7 +82,7 @@ _FifoItem = tuple[float, int, _Entry]
 class _ClassQueue:
     __slots__ = ("cfg", "fifo", "sjf", "live")
 
-    def __init__(self, cfg: ClassConfig) -> None:
+    def __init__(self, cfg: ClassSpec) -> None:
         self.cfg = cfg
         self.fifo: list[_FifoItem] = []  # (arrived_at, seq, entry)
         self.sjf: list[_Item] = []  # (est_tokens, arrived_at, seq, entry); unused by FCFS
@@ -121,15 +90,14 @@ class _ClassQueue:
 
 
 class BaseScheduler(abc.ABC):
-    """Bookkeeping shared by the policies: per-class queues, deadlines, drain rate, Retry-After.
-
-    Implements `Scheduler` with FCFS semantics for the admission estimate; subclasses define
-    `pop` and may refine `_ahead`.
+    """Bookkeeping shared by the policies: per-class queues, deadlines, drain rate, wait
+    feedback, Retry-After. FCFS semantics for the admission estimate; subclasses define `pop`
+    and may refine `_ahead`.
     """
 
     _uses_sjf = False
 
-    def __init__(self, cfg: SchedulerConfig, classes: Iterable[ClassConfig]) -> None:
+    def __init__(self, cfg: QueueParams, classes: Iterable[ClassSpec]) -> None:
         self._cfg = cfg
         self._queues: dict[str, _ClassQueue] = {c.name: _ClassQueue(c) for c in classes}
         if not self._queues:
@@ -148,8 +116,9 @@ class BaseScheduler(abc.ABC):
         # guarantees are measured against.
         self._running: dict[str, str] = {}
         self._running_by_class: dict[str, int] = {name: 0 for name in self._queues}
+        self._wait_factor = 1.0  # real waits over predicted ones, lately (see _WAIT_SLACK_S)
 
-    # --- protocol -------------------------------------------------------------------------
+    # --- the policy's interface -----------------------------------------------------------
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -160,16 +129,23 @@ class BaseScheduler(abc.ABC):
             raise ValueError(f"request id {req.id!r} is already queued")
         if q.live >= q.cfg.max_queue_len:
             return Reject("queue_full", self._clamp(self._queue_full_wait_s(q)))
-        ahead = self._ahead(req, q)
-        rate = self.drain_rate()
-        if ahead > 0 and rate is not None:
-            expected_s = ahead / rate
+        expected_s = self._expected_wait_s(req, q)
+        if expected_s is not None:
             budget_s = req.wait_bound_at - now
             if expected_s > budget_s:
                 # Retry once enough of the backlog has drained for the bound to be met.
                 return Reject("wait_bound", self._clamp(expected_s - max(budget_s, 0.0)))
-        self._add(req, q)
+        self._add(req, q, expected_s)
         return None
+
+    def _expected_wait_s(self, req: Pending, q: _ClassQueue) -> float | None:
+        """How long `req` would wait if queued now: the requests expected to leave before it over
+        the drain rate, times the recent real-over-predicted factor. None before a rate is known."""
+        rate = self.drain_rate()
+        if rate is None:
+            return None
+        ahead = self._ahead(req, q)
+        return ahead / rate * self._wait_factor if ahead else 0.0
 
     def remove(self, req_id: str, now: float) -> bool:
         entry = self._entries.get(req_id)
@@ -187,6 +163,7 @@ class BaseScheduler(abc.ABC):
                 break
             self._pop(heap)
             if entry.alive:
+                self._learn_wait(entry, now)
                 self._kill(entry)
                 out.append(entry.req)
         return out
@@ -237,7 +214,7 @@ class BaseScheduler(abc.ABC):
 
     def take(self, req_id: str, now: float) -> Pending:
         """Dispatch the queued request `req_id` now (the slot a preemption freed is its)."""
-        return self._dispatched(self._entries[req_id])
+        return self._dispatched(self._entries[req_id], now)
 
     def requeue(self, req: Pending, now: float) -> None:
         """A running request was suspended: it leaves the running set and waits again, with no
@@ -248,7 +225,7 @@ class BaseScheduler(abc.ABC):
             self._running_by_class[cls] -= 1
         if req.id in self._entries:
             raise ValueError(f"request id {req.id!r} is already queued")
-        self._add(req, self._queue_of(req))
+        self._add(req, self._queue_of(req), None)
 
     def guaranteed(self, cls: str) -> bool:
         """True when suspending one running request of `cls` would put the class below its
@@ -299,9 +276,9 @@ class BaseScheduler(abc.ABC):
         """Requests that must leave before the head of `q` does (for queue_full's Retry-After)."""
         return 0
 
-    def _add(self, req: Pending, q: _ClassQueue) -> None:
+    def _add(self, req: Pending, q: _ClassQueue, predicted: float | None) -> None:
         self._seq += 1
-        entry = _Entry(req, self._seq)
+        entry = _Entry(req, self._seq, predicted)
         self._entries[req.id] = entry
         q.live += 1
         self._push(q.fifo, (req.arrived_at, entry.seq, entry))
@@ -310,13 +287,23 @@ class BaseScheduler(abc.ABC):
         self._push(self._deadlines, (req.wait_bound_at, entry.seq, entry))
         self._on_add(req)
 
-    def _dispatched(self, entry: _Entry) -> Pending:
+    def _dispatched(self, entry: _Entry, now: float) -> Pending:
         """`entry` leaves the queue for a backend slot."""
+        self._learn_wait(entry, now)
         self._kill(entry)
         req = entry.req
         self._running[req.id] = req.cls
         self._running_by_class[req.cls] += 1
         return req
+
+    def _learn_wait(self, entry: _Entry, now: float) -> None:
+        """Feed the real wait of a request that leaves the queue back into the predictions."""
+        if entry.predicted is None:
+            return
+        sample = (now - entry.req.arrived_at + _WAIT_SLACK_S) / (entry.predicted + _WAIT_SLACK_S)
+        f = self._wait_factor + self._cfg.drain_ewma_weight * (sample - self._wait_factor)
+        lo, hi = _WAIT_FACTOR_BOUNDS
+        self._wait_factor = min(hi, max(lo, f))
 
     def _on_add(self, req: Pending) -> None:
         pass
@@ -389,7 +376,7 @@ class FcfsScheduler(BaseScheduler):
             best = head
         if best is None:
             return None
-        return self._dispatched(best[2])
+        return self._dispatched(best[2], now)
 
     def _head(self, now: float) -> Pending | None:
         heads = [h for h in (self._fifo_head(q) for q in self._queues.values()) if h is not None]
@@ -412,14 +399,14 @@ class RankedSjfScheduler(BaseScheduler):
     The aging bound: once request R has waited `aging_s`, no request younger than R of its rank
     is dispatched before R by rule 2 (as long as R's class is admissible at that pop).
 
-        s = RankedSjfScheduler(SchedulerConfig(aging_s=10), classes)
+        s = RankedSjfScheduler(QueueParams(aging_s=10), classes)
         s.push(Pending("a", "batch", 1, 2080, arrived_at=0.0, wait_bound_at=600.0), now=0.0)
         s.pop(now=0.5, admissible=lambda p: pool_has_room_for(p.cls))
     """
 
     _uses_sjf = True
 
-    def __init__(self, cfg: SchedulerConfig, classes: Iterable[ClassConfig]) -> None:
+    def __init__(self, cfg: QueueParams, classes: Iterable[ClassSpec]) -> None:
         super().__init__(cfg, classes)
         ranks = sorted({q.cfg.rank for q in self._queues.values()})
         self._groups: list[list[_ClassQueue]] = [
@@ -438,12 +425,12 @@ class RankedSjfScheduler(BaseScheduler):
                 if q.live and self._running_by_class[q.cfg.name] < math.floor(q.cfg.min_share * slots + 1e-9):
                     entry = self._pick([q], aged_before, admissible)
                     if entry is not None:
-                        return self._dispatched(entry)
+                        return self._dispatched(entry, now)
         for i, group in enumerate(self._groups):
             if self._rank_live[i]:
                 entry = self._pick(group, aged_before, admissible)
                 if entry is not None:
-                    return self._dispatched(entry)
+                    return self._dispatched(entry, now)
         return None
 
     def _head(self, now: float) -> Pending | None:
@@ -515,7 +502,7 @@ SCHEDULERS: dict[str, type[BaseScheduler]] = {
 }
 
 
-def make_scheduler(cfg: SchedulerConfig, classes: Iterable[ClassConfig]) -> BaseScheduler:
+def make_scheduler(cfg: QueueParams, classes: Iterable[ClassSpec]) -> BaseScheduler:
     """The policy named by `cfg.policy`; an unknown name lists the known ones."""
     factory = SCHEDULERS.get(cfg.policy)
     if factory is None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from tailguard.gateway.backends import BackendPool
-from tailguard.gateway.scheduler import Pending
+from tailguard.front.queue import Pending
+from tailguard.front.slots import BackendPool
 
 
 def choose(pool: BackendPool, pending: Pending, now: float, exclude: Collection[str] = ()) -> str | None:

@@ -4,14 +4,15 @@ and the order that comes out."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
 from tailguard.errors import ConfigError
-from tailguard.gateway.backends import BackendPool
-from tailguard.gateway.config import BackendConfig, ClassConfig, SchedulerConfig
-from tailguard.gateway.router import choose
-from tailguard.gateway.scheduler import (
+from tailguard.front.slots import BackendPool
+from tailguard.front.params import BackendSpec, ClassSpec, HealthParams, PreemptionParams, QueueParams
+from tailguard.front.router import choose
+from tailguard.front.queue import (
     SCHEDULERS,
     BaseScheduler,
     FcfsScheduler,
@@ -23,8 +24,8 @@ from tailguard.gateway.scheduler import (
 from tailguard.types import Outcome
 
 CLASSES = [
-    ClassConfig(name="interactive", rank=0, max_queue_len=4, max_queue_wait_s=30.0),
-    ClassConfig(name="batch", rank=1, max_queue_len=6, max_queue_wait_s=600.0, max_share=0.75),
+    ClassSpec(name="interactive", rank=0, max_queue_len=4, max_queue_wait_s=30.0),
+    ClassSpec(name="batch", rank=1, max_queue_len=6, max_queue_wait_s=600.0, max_share=0.75),
 ]
 RANK = {c.name: c.rank for c in CLASSES}
 WAIT = {c.name: c.max_queue_wait_s for c in CLASSES}
@@ -35,7 +36,7 @@ def req(id: str, cls: str, est: int, at: float) -> Pending:
 
 
 def sjf(aging_s: float = 10.0) -> RankedSjfScheduler:
-    return RankedSjfScheduler(SchedulerConfig(aging_s=aging_s), CLASSES)
+    return RankedSjfScheduler(QueueParams(aging_s=aging_s), CLASSES)
 
 
 def drain(s: BaseScheduler, now: float) -> list[str]:
@@ -99,8 +100,8 @@ def test_aged_requests_go_oldest_first_and_higher_rank_still_wins() -> None:
 def test_aging_bound_holds_under_random_load() -> None:
     """No request is overtaken by a younger one of its rank later than arrived_at + aging_s."""
     aging_s = 30.0
-    classes = [ClassConfig(name="batch", rank=0, max_queue_len=10_000, max_queue_wait_s=1e9)]
-    s = RankedSjfScheduler(SchedulerConfig(aging_s=aging_s), classes)
+    classes = [ClassSpec(name="batch", rank=0, max_queue_len=10_000, max_queue_wait_s=1e9)]
+    s = RankedSjfScheduler(QueueParams(aging_s=aging_s), classes)
     rng = random.Random(7)
     queued: dict[str, Pending] = {}
     now = 0.0
@@ -131,7 +132,7 @@ def test_aging_bound_holds_under_random_load() -> None:
 # --- FCFS ---------------------------------------------------------------------------------------
 
 def test_fcfs_serves_arrival_order_across_classes() -> None:
-    s = FcfsScheduler(SchedulerConfig(policy="fcfs"), CLASSES)
+    s = FcfsScheduler(QueueParams(policy="fcfs"), CLASSES)
     s.push(req("b-long", "batch", 2080, 0.0), 0.0)
     s.push(req("i-short", "interactive", 40, 0.5), 0.5)
     s.push(req("b-short", "batch", 10, 0.7), 0.7)
@@ -139,7 +140,7 @@ def test_fcfs_serves_arrival_order_across_classes() -> None:
 
 
 def test_fcfs_skips_a_class_that_is_not_admissible() -> None:
-    s = FcfsScheduler(SchedulerConfig(policy="fcfs"), CLASSES)
+    s = FcfsScheduler(QueueParams(policy="fcfs"), CLASSES)
     s.push(req("b0", "batch", 2080, 0.0), 0.0)
     s.push(req("i0", "interactive", 40, 0.5), 0.5)
     p = s.pop(1.0, admissible=lambda p: p.cls != "batch")
@@ -150,10 +151,10 @@ def test_fcfs_skips_a_class_that_is_not_admissible() -> None:
 
 
 def test_make_scheduler_picks_by_name_and_lists_known_on_unknown() -> None:
-    assert isinstance(make_scheduler(SchedulerConfig(policy="fcfs"), CLASSES), FcfsScheduler)
-    assert isinstance(make_scheduler(SchedulerConfig(), CLASSES), RankedSjfScheduler)
+    assert isinstance(make_scheduler(QueueParams(policy="fcfs"), CLASSES), FcfsScheduler)
+    assert isinstance(make_scheduler(QueueParams(), CLASSES), RankedSjfScheduler)
     assert set(SCHEDULERS) == {"fcfs", "ranked-sjf"}
-    bad = SchedulerConfig().model_copy(update={"policy": "lifo"})
+    bad = QueueParams(policy="lifo")
     with pytest.raises(ConfigError, match=r"unknown scheduler policy 'lifo' \(known: fcfs, ranked-sjf\)"):
         make_scheduler(bad, CLASSES)
 
@@ -161,7 +162,7 @@ def test_make_scheduler_picks_by_name_and_lists_known_on_unknown() -> None:
 # --- reservation through the pool ---------------------------------------------------------------
 
 def test_batch_cannot_take_the_slots_kept_for_interactive() -> None:
-    pool = BackendPool([BackendConfig(name="gpu", url="http://127.0.0.1:1", max_concurrency=4)], CLASSES)
+    pool = BackendPool([BackendSpec(name="gpu", max_concurrency=4)], CLASSES)
     s = sjf()
     for i in range(5):
         s.push(req(f"b{i}", "batch", 2000, float(i)), float(i))
@@ -202,20 +203,20 @@ def test_near_equal_sizes_keep_arrival_order_and_a_real_gap_jumps_the_queue() ->
 
 
 def test_sjf_size_ratio_1_is_strict_shortest_first() -> None:
-    s = RankedSjfScheduler(SchedulerConfig(sjf_size_ratio=1.0), CLASSES)
+    s = RankedSjfScheduler(QueueParams(sjf_size_ratio=1.0), CLASSES)
     for i, (est, at) in enumerate([(256, 0.0), (128, 0.1), (200, 0.2)]):
         s.push(req(f"c{i}", "interactive", est, at), at)
     assert drain(s, 1.0) == ["c1", "c2", "c0"]
 
 
 GUARANTEED = [
-    ClassConfig(name="interactive", rank=0, max_queue_wait_s=30.0),
-    ClassConfig(name="batch", rank=1, max_queue_wait_s=600.0, max_share=0.75, min_share=0.5),
+    ClassSpec(name="interactive", rank=0, max_queue_wait_s=30.0),
+    ClassSpec(name="batch", rank=1, max_queue_wait_s=600.0, max_share=0.75, min_share=0.5),
 ]
 
 
 def test_min_share_gives_batch_the_freed_slot_until_it_holds_its_guarantee() -> None:
-    s = RankedSjfScheduler(SchedulerConfig(), GUARANTEED)
+    s = RankedSjfScheduler(QueueParams(), GUARANTEED)
     # Four slots, all held by chats (popped while no batch was queued).
     for i in range(4):
         s.push(Pending(f"i{i}", "interactive", 0, 40, 0.0, 30.0), 0.0)
@@ -249,9 +250,9 @@ def test_min_share_gives_batch_the_freed_slot_until_it_holds_its_guarantee() -> 
 
 
 def test_without_min_share_a_stream_of_chats_starves_batch() -> None:
-    no_guarantee = [GUARANTEED[0], GUARANTEED[1].model_copy(update={"min_share": 0.0})]
+    no_guarantee = [GUARANTEED[0], replace(GUARANTEED[1], min_share=0.0)]
     for classes, expected in ((no_guarantee, []), (GUARANTEED, ["b0", "b1"])):
-        s = RankedSjfScheduler(SchedulerConfig(), classes)
+        s = RankedSjfScheduler(QueueParams(), classes)
         # Four slots full of chats, then two batch requests queue.
         for i in range(4):
             s.push(Pending(f"c{i}", "interactive", 0, 40, 0.0, 30.0), 0.0)
@@ -275,7 +276,7 @@ def test_without_min_share_a_stream_of_chats_starves_batch() -> None:
 
 
 def test_min_share_respects_admissibility() -> None:
-    s = RankedSjfScheduler(SchedulerConfig(), GUARANTEED)
+    s = RankedSjfScheduler(QueueParams(), GUARANTEED)
     s.push(Pending("i0", "interactive", 0, 40, 0.0, 30.0), 0.0)
     s.push(Pending("b0", "batch", 1, 2080, 0.0, 600.0), 0.0)
     s.on_finish("x", Outcome.SUCCESS, 0.0)
@@ -309,8 +310,8 @@ def test_queue_full_without_measured_rate_uses_the_minimum() -> None:
 
 
 def test_wait_bound_rejects_a_request_that_would_wait_too_long() -> None:
-    classes = [ClassConfig(name="interactive", rank=0, max_queue_len=100, max_queue_wait_s=10.0)]
-    s = RankedSjfScheduler(SchedulerConfig(), classes)
+    classes = [ClassSpec(name="interactive", rank=0, max_queue_len=100, max_queue_wait_s=10.0)]
+    s = RankedSjfScheduler(QueueParams(), classes)
     s.push(Pending("filler", "interactive", 0, 1, 0.0, 10.0), 0.0)
     s.on_finish("x", Outcome.SUCCESS, 0.0)
     s.on_finish("y", Outcome.SUCCESS, 4.0)  # one completion every 4 s
@@ -327,8 +328,8 @@ def test_wait_bound_rejects_a_request_that_would_wait_too_long() -> None:
 
 
 def test_first_request_is_never_refused_for_its_bound() -> None:
-    classes = [ClassConfig(name="interactive", rank=0, max_queue_len=100, max_queue_wait_s=0.1)]
-    s = RankedSjfScheduler(SchedulerConfig(), classes)
+    classes = [ClassSpec(name="interactive", rank=0, max_queue_len=100, max_queue_wait_s=0.1)]
+    s = RankedSjfScheduler(QueueParams(), classes)
     s.push(Pending("f", "interactive", 0, 1, 0.0, 0.1), 0.0)
     s.on_finish("x", Outcome.SUCCESS, 0.0)
     s.on_finish("y", Outcome.SUCCESS, 100.0)  # very slow drain
@@ -388,8 +389,8 @@ def test_queue_slot_frees_when_a_request_leaves() -> None:
 
 
 def test_memory_stays_bounded_under_churn() -> None:
-    classes = [ClassConfig(name="batch", rank=0, max_queue_len=50, max_queue_wait_s=1e9)]
-    s = RankedSjfScheduler(SchedulerConfig(), classes)
+    classes = [ClassSpec(name="batch", rank=0, max_queue_len=50, max_queue_wait_s=1e9)]
+    s = RankedSjfScheduler(QueueParams(), classes)
     for i in range(20_000):
         s.push(Pending(f"r{i}", "batch", 0, i % 97, float(i), 1e9), float(i))
         if i % 3 == 0:

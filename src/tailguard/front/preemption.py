@@ -1,8 +1,7 @@
 """Which running request to suspend so that a waiting one of higher priority can start; pure.
 
-The dispatcher (gateway) and the discrete-event run (sim/des.py) ask the same policy: when the
-scheduler's best queued request fits on no backend, is there a running request whose slot it
-may take? A victim is suspended, not killed: its generation so far is kept and it is resumed later
+The front (`tailguard.front.front`) asks it, whoever drives the front: when the scheduler's best
+queued request fits on no backend, is there a running request whose slot it may take? A victim is suspended, not killed: its generation so far is kept and it is resumed later
 from there (docs/architecture.md, "Preemption"), so the price of a preemption is one re-prefill of
 prompt + text so far, not the work already done.
 
@@ -15,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from tailguard.gateway.config import SchedulerConfig
-from tailguard.gateway.scheduler import Pending
+from tailguard.front.params import PreemptionParams
+from tailguard.front.queue import Pending
 
 
 @dataclass(slots=True, frozen=True)
@@ -50,12 +49,12 @@ class PreemptionPolicy:
     min_run_s: float = 0.0
 
     @classmethod
-    def from_config(cls, cfg: SchedulerConfig) -> PreemptionPolicy | None:
-        """The policy `cfg` asks for, or None when preemption is off (or the policy is `fcfs`,
-        the baseline, which never reorders running work)."""
-        if not cfg.preemption or cfg.policy == "fcfs" or cfg.max_preemptions_per_request == 0:
+    def from_params(cls, params: PreemptionParams, queue_policy: str) -> PreemptionPolicy | None:
+        """The policy `params` ask for, or None when preemption is off (or the queue policy is
+        `fcfs`, the baseline, which never reorders running work)."""
+        if not params.enabled or queue_policy == "fcfs" or params.max_preemptions_per_request == 0:
             return None
-        return cls(max_preemptions=cfg.max_preemptions_per_request, min_run_s=cfg.min_run_s)
+        return cls(max_preemptions=params.max_preemptions_per_request, min_run_s=params.min_run_s)
 
     def victim(
         self, waiting: Pending, running: Iterable[Candidate], now: float, fits: Callable[[Candidate], bool],

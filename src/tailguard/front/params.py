@@ -1,0 +1,124 @@
+"""The front's parameters as plain frozen dataclasses; pure, no I/O.
+
+The policies are configured with these, never with the gateway's YAML models, so the
+discrete-event simulator, the benchmarks and the tests build a front without importing the
+gateway. `tailguard.gateway.config` turns a validated `tailguard.yaml` into them (`*.spec()`),
+and its field defaults are read from here, so every default lives in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class ClassSpec:
+    """A request class as the front sees it: its rank, queue bounds and slot shares."""
+
+    name: str
+    rank: int = 0  # lower is served first
+    max_queue_len: int = 1000
+    # Longest wait in the queue: a request expected to wait longer is refused on arrival, one
+    # that does wait this long leaves with a 503. What a chat user will wait for a first token.
+    max_queue_wait_s: float = 30.0
+    max_share: float = 1.0  # of each backend's slots, together with every class ranked after it
+    min_share: float = 0.0  # guaranteed fraction of the slots in use while it has requests queued
+    preemptible: bool = False  # a running request may be suspended and continued later
+
+
+@dataclass(frozen=True, slots=True)
+class QueueParams:
+    """Who goes next (`tailguard.front.queue`) and when a refused client may retry."""
+
+    policy: str = "ranked-sjf"
+    aging_s: float = 10.0
+    sjf_size_ratio: float = 4.0
+    drain_ewma_weight: float = 0.1
+    retry_after_min_s: float = 1.0
+    retry_after_max_s: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionParams:
+    """When a running request of a preemptible class may be suspended for a waiting one."""
+
+    enabled: bool = True
+    max_preemptions_per_request: int = 16
+    min_run_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSpec:
+    """One backend's slots. `continues` says whether its kind can resume a generation from its
+    text (then preemption protects higher ranks); `reserved_slots` is how many slots only the
+    top rank may take (None: none where `continues`, else a quarter of the slots, at least one,
+    so that a burst of long jobs can never hold every slot of an engine nobody can preempt)."""
+
+    name: str
+    max_concurrency: int = 8
+    weight: float = 1.0
+    continues: bool = False
+    reserved_slots: int | None = None
+
+    def reserve(self) -> int:
+        """Slots kept for the top rank."""
+        if self.reserved_slots is not None:
+            return min(self.reserved_slots, self.max_concurrency - 1)
+        if self.continues or self.max_concurrency < 2:
+            return 0
+        return max(1, self.max_concurrency // 4)
+
+
+@dataclass(frozen=True, slots=True)
+class HealthParams:
+    """How many consecutive failures make a backend unhealthy, and successes healthy again."""
+
+    unhealthy_after: int = 3
+    healthy_after: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class RetryParams:
+    """Retries of a request that failed before any byte reached its client.
+
+    A budget like Envoy's `retry_budget` and Finagle's `RetryBudget`: within any `window_s`,
+    retries are at most `budget_ratio` of the requests that arrived plus `min_retries_per_s`
+    per second, so a failing backend cannot make the gateway multiply its own load."""
+
+    max_attempts: int = 3
+    budget_ratio: float = 0.2
+    min_retries_per_s: float = 5.0
+    window_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class FrontParams:
+    """Everything a `Front` is built from."""
+
+    classes: Sequence[ClassSpec]
+    backends: Sequence[BackendSpec]
+    queue: QueueParams = field(default_factory=QueueParams)
+    preemption: PreemptionParams = field(default_factory=PreemptionParams)
+    health: HealthParams = field(default_factory=HealthParams)
+    retry: RetryParams = field(default_factory=RetryParams)
+
+    def class_named(self, name: str) -> ClassSpec:
+        for c in self.classes:
+            if c.name == name:
+                return c
+        raise ValueError(f"unknown class {name!r} (known: {', '.join(c.name for c in self.classes)})")
+
+
+def default_classes() -> list[ClassSpec]:
+    """`interactive` first, waiting at most what a chat user waits for a first token; `batch`
+    preemptible, with every slot open to it and ten minutes of patience (docs/tuning.md)."""
+    return [
+        ClassSpec(name="interactive", rank=0, max_queue_len=1000, max_queue_wait_s=INTERACTIVE_WAIT_S),
+        ClassSpec(name="batch", rank=1, max_queue_len=10000, max_queue_wait_s=600.0, preemptible=True),
+    ]
+
+
+# A chat user's patience for a first token: the article's first-token timeout is 15-30 s, and an
+# admitted chat must be answered well within it even under sustained overload.
+INTERACTIVE_WAIT_S = 10.0

@@ -1,0 +1,47 @@
+"""Continuation bodies of a suspended generation: what the engine is asked to continue."""
+
+from __future__ import annotations
+
+from tailguard.gateway.resume import Progress, continuation_body, resumable
+
+
+def test_chat_continuation_appends_the_text_and_shrinks_the_budget() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100,
+            "max_completion_tokens": 90, "min_tokens": 5}
+    prog = Progress(parts=["Once", " upon", " a"], tokens=3)
+    out = continuation_body(body, "chat", prog)
+    assert out["messages"] == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once upon a"}]
+    assert out["continue_final_message"] is True and out["add_generation_prompt"] is False
+    assert (out["max_tokens"], out["max_completion_tokens"], out["min_tokens"]) == (97, 87, 2)
+    assert body["messages"] == [{"role": "user", "content": "hi"}] and body["max_tokens"] == 100  # untouched
+    assert (prog.runs, prog.base_tokens, prog.added_prompt_tokens) == (2, 3, 4 + 3)  # 11 bytes -> 3 tokens
+    # The client sees its own prompt and every token: upstream counted 7 more prompt tokens.
+    assert prog.client_usage(19, 97) == (12, 100)
+
+
+def test_completion_continuation_and_a_client_continuing_its_own_message() -> None:
+    prog = Progress(parts=["abcd"], tokens=1)
+    out = continuation_body({"prompt": "x" * 8, "max_tokens": 10}, "completions", prog)
+    assert (out["prompt"], out["max_tokens"], prog.added_prompt_tokens) == ("x" * 8 + "abcd", 9, 1)
+    own = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "The"}],
+           "continue_final_message": True, "add_generation_prompt": False, "max_tokens": 4}
+    assert resumable(own, "chat")
+    out = continuation_body(own, "chat", Progress(parts=[" end"], tokens=1))
+    assert out["messages"][-1] == {"role": "assistant", "content": "The end"} and out["max_tokens"] == 3
+
+
+def test_nothing_generated_yet_restarts_the_same_body() -> None:
+    body = {"prompt": "p", "max_tokens": 10}
+    prog = Progress()
+    assert continuation_body(body, "completions", prog) is body
+    assert prog.runs == 2 and prog.client_usage(1, 10) == (1, 10)
+
+
+def test_only_plain_text_generations_are_resumable() -> None:
+    msgs = [{"role": "user", "content": "q"}]
+    assert resumable({"messages": msgs}, "chat")
+    assert not resumable({"messages": msgs, "tools": [{"type": "function"}]}, "chat")
+    assert not resumable({"messages": msgs, "n": 2}, "chat")
+    assert not resumable({"messages": msgs, "response_format": {"type": "json_object"}}, "chat")
+    assert not resumable({"prompt": [1, 2, 3]}, "completions")
+    assert not resumable({"prompt": "p", "echo": True}, "completions")
