@@ -1,17 +1,25 @@
 """Before/after comparison of two runs: per class and metric, the percentiles, their ratio with a
-bootstrap 95% CI, and the seed's verdict (did P99 fall, did the P99/P50 gap narrow, did the
-timeout rate fall). Pure: works on records and run descriptions, no I/O.
+bootstrap 95% CI, throughput and goodput with theirs (`throughput.py`), and the seed's verdict
+per class (did P99 fall, did the P99/P50 gap narrow, did the timeout rate fall). Pure: works on
+records and run descriptions, no I/O.
+
+"overall" over several classes pools requests of very different sizes (32-token chats with
+2,048-token summaries): its percentiles and P99/P50 describe the mix, not any request, and move
+with it. Its verdict is therefore only what adds up across classes: throughput, error and
+timeout rates (`verdict.pooled`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from tailguard.bench.recorder import RequestRecord
 from tailguard.bench.stats import (
     DEFAULT_BOOTSTRAP, METRICS, describe, json_number, measured, point_ratio, ratio_ci, samples,
 )
+from tailguard.bench.throughput import compare_rates, slice_rates, window
 from tailguard.bench.validity import validity
 
 COMPARED_PERCENTILES: tuple[tuple[str, float], ...] = (("p50", 50.0), ("p95", 95.0), ("p99", 99.0))
@@ -30,7 +38,24 @@ def _counts(records: Sequence[RequestRecord]) -> dict[str, Any]:
             "timeout_rate": json_number(_rate(timeouts, n), 6), "error_rate": json_number(_rate(n - ok - timeouts, n), 6)}
 
 
-def _group(before: Sequence[RequestRecord], after: Sequence[RequestRecord], seed: int, n_boot: int) -> dict[str, Any]:
+POOLED_WHY = ("over several classes of different sizes, percentiles and P99/P50 describe the mix, not a request: "
+              "read each class for latency")
+
+
+@dataclass(frozen=True)
+class _Side:
+    """What every group of one run is measured against: the run's window and SLOs."""
+
+    start: float
+    end: float
+    slos: dict[str, dict[str, float]]
+
+    def rates(self, records: Sequence[RequestRecord]) -> dict[str, Any]:
+        return slice_rates(records, self.start, self.end, self.slos)
+
+
+def _group(before: Sequence[RequestRecord], after: Sequence[RequestRecord], sides: tuple[_Side, _Side],
+           seed: int, n_boot: int, pooled: bool = False) -> dict[str, Any]:
     sb, sa = samples(before), samples(after)
     metrics: dict[str, Any] = {}
     for m in METRICS:
@@ -54,7 +79,9 @@ def _group(before: Sequence[RequestRecord], after: Sequence[RequestRecord], seed
         }
         metrics[m] = row
     cb, ca = _counts(before), _counts(after)
-    return {"before": cb, "after": ca, "metrics": metrics, "verdict": _verdict(metrics.get(VERDICT_METRIC), cb, ca)}
+    rates = compare_rates(sides[0].rates(before), sides[1].rates(after), seed=seed, n_boot=n_boot)
+    verdict = _pooled_verdict(rates, cb, ca) if pooled else _verdict(metrics.get(VERDICT_METRIC), cb, ca)
+    return {"before": cb, "after": ca, "metrics": metrics, "throughput": rates, "verdict": verdict}
 
 
 def _lt(a: float | None, b: float | None) -> bool | None:
@@ -77,10 +104,22 @@ def _verdict(row: dict[str, Any] | None, cb: dict[str, Any], ca: dict[str, Any])
         ci = p99["ci95"]
         v["p99_fell_significantly"] = None if ci is None or ci[1] is None else bool(ci[1] < 1.0)
         v["gap_narrowed"] = _lt(row["tail_ratio"]["after"], row["tail_ratio"]["before"])
-    tb, ta = cb["timeout_rate"], ca["timeout_rate"]
-    if tb is not None and ta is not None and not (tb == 0 and ta == 0):
-        v["timeout_rate_fell"] = ta < tb
+    v["timeout_rate_fell"] = _rate_fell(cb["timeout_rate"], ca["timeout_rate"])
     return v
+
+
+def _rate_fell(before: float | None, after: float | None) -> bool | None:
+    """None when there is nothing to say: a rate missing, or zero in both runs."""
+    if before is None or after is None or (before == 0 and after == 0):
+        return None
+    return after < before
+
+
+def _pooled_verdict(rates: dict[str, Any], cb: dict[str, Any], ca: dict[str, Any]) -> dict[str, Any]:
+    return {"metric": None, "pooled": True, "why": POOLED_WHY,
+            "output_tokens_ratio": (rates.get("output_tokens_per_s") or {}).get("ratio"),
+            "error_rate_fell": _rate_fell(cb["error_rate"], ca["error_rate"]),
+            "timeout_rate_fell": _rate_fell(cb["timeout_rate"], ca["timeout_rate"])}
 
 
 def compare(before: Sequence[RequestRecord], before_meta: dict[str, Any],
@@ -93,13 +132,14 @@ def compare(before: Sequence[RequestRecord], before_meta: dict[str, Any],
     for r in [*b, *a]:
         if r.cls not in names:
             names.append(r.cls)
-    classes = {n: _group([r for r in b if r.cls == n], [r for r in a if r.cls == n], seed, n_boot)
+    sides = (_Side(*window(b), before_meta.get("slo") or {}), _Side(*window(a), after_meta.get("slo") or {}))
+    classes = {n: _group([r for r in b if r.cls == n], [r for r in a if r.cls == n], sides, seed, n_boot)
                for n in names if any(r.cls == n for r in [*b, *a])}
     return {
         "before": _run_info(before_meta, b),
         "after": _run_info(after_meta, a),
         "classes": classes,
-        "overall": _group(b, a, seed, n_boot),
+        "overall": _group(b, a, sides, seed, n_boot, pooled=len(classes) > 1),
     }
 
 

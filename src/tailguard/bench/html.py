@@ -13,9 +13,9 @@ from tailguard.bench import plots
 from tailguard.bench.attribution import tail_parts
 from tailguard.bench.recorder import RequestRecord
 from tailguard.bench.stats import measured
-from tailguard.bench.table import (
-    METRIC_LABELS, fmt_ratio, fmt_s, fmt_side, interrupted_line, p99_word, significant_change,
-)
+from tailguard.bench.compare_table import RATE_LABELS, fmt_ci, fmt_side, significant_change, verdict_parts
+from tailguard.bench.table import METRIC_LABELS, fmt_ratio, fmt_s, interrupted_line, num
+from tailguard.bench.throughput import N_SLICES
 from tailguard.bench.validity import verdict_line
 
 _BASE = """<!doctype html>
@@ -127,22 +127,27 @@ _COMPARE = """{% extends "base.html" %}
 <div class="banner valid">Both runs valid (dispatch lag P99 {{ "%.2f"|format((cmp.before.validity.dispatch_lag_p99_s or 0) * 1000) }} ms and {{ "%.2f"|format((cmp.after.validity.dispatch_lag_p99_s or 0) * 1000) }} ms).</div>
 {% else %}<div class="banner invalid">At least one run is invalid: its generator fell behind schedule; read the comparison with care.</div>{% endif %}
 
-<h2>Verdict (E2E)</h2>
+<h2>Verdict (E2E, per class)</h2>
 <ul class="verdict">
-{% for name, g in groups %}{% set v = g.verdict %}{% set row = g.metrics.get("e2e_s") %}
-<li><b>{{ name }}</b>:
-{% if row %}P99 {{ fmt_s(row.p99.before) }} &rarr; {{ fmt_s(row.p99.after) }}
- {{ p99_verdict(v) }};
- P99/P50 {{ fmt_ratio(row.tail_ratio.before) }} &rarr; {{ fmt_ratio(row.tail_ratio.after) }} {{ yes_no(v.gap_narrowed, "narrowed", "did not narrow") }};
- timeouts {{ pct(g.before.timeout_rate) }} &rarr; {{ pct(g.after.timeout_rate) }} {{ yes_no(v.timeout_rate_fell, "fell", "did not fall", "none in either run") }}
-{% else %}<span class="muted">no requests of this class in one of the runs</span>{% endif %}</li>
+{% for name, g in groups %}<li>{{ verdict_html(name, g) }}</li>
 {% endfor %}
 </ul>
+
+<h2>Throughput</h2>
+<table>
+<tr><th class="l">class</th><th class="l">rate</th><th>before</th><th>after</th><th>after/before</th><th>95% CI</th></tr>
+{% for name, g in groups %}{% for key, label in rate_labels.items() %}{% set c = g.throughput.get(key) %}{% if c %}
+<tr class="{{ 'sep' if loop.last else '' }}"><td class="l">{{ name if loop.first else '' }}</td><td class="l">{{ label }}</td>
+<td>{{ num(c.before) }}</td><td>{{ num(c.after) }}</td><td class="{{ ratio_class(c.ci95, True) }}">{{ fmt_ratio(c.ratio) }}</td>
+<td>{{ fmt_ci(c.ci95) }}</td></tr>{% endif %}{% endfor %}{% endfor %}
+</table>
+<p class="note">Above 1 is more. Each run's window is cut into {{ n_slices }} equal time slices; the interval is a
+bootstrap over slices. A streamed request's tokens count in the slices they arrived in.</p>
 
 <h2>Per class and metric</h2>
 <table>
 <tr><th class="l">class</th><th class="l">metric</th><th class="l">pct</th><th>before</th><th>after</th><th>after/before</th><th>95% CI</th></tr>
-{% for name, g in groups %}{% for m, row in g.metrics.items() %}{% set outer = loop %}{% for key in ("p50", "p95", "p99") %}{% set c = row[key] %}
+{% for name, g in groups if not g.verdict.pooled %}{% for m, row in g.metrics.items() %}{% set outer = loop %}{% for key in ("p50", "p95", "p99") %}{% set c = row[key] %}
 <tr class="{{ 'sep' if outer.last and loop.last else '' }}"><td class="l">{{ name if outer.first and loop.first else '' }}</td>
 <td class="l">{{ labels[m] if loop.first else '' }}</td><td class="l">{{ key|upper }}</td>
 <td>{{ fmt_side(c, "before") }}</td><td>{{ fmt_side(c, "after") }}</td>
@@ -150,7 +155,8 @@ _COMPARE = """{% extends "base.html" %}
 <td>{% if c.ci95 and c.ci95[0] is not none and c.ci95[1] is not none %}{{ fmt_ratio(c.ci95[0]) }} - {{ fmt_ratio(c.ci95[1]) }}{% else %}-{% endif %}</td></tr>
 {% endfor %}{% endfor %}{% endfor %}
 </table>
-<p class="note">Ratios are after / before: below 1 is better. The 95% interval is a bootstrap over both runs'
+<p class="note">Ratios are after / before: below 1 is better ("overall" is left out on a mixed workload:
+percentiles over classes of very different sizes describe the mix, not a request). The 95% interval is a bootstrap over both runs'
 requests (each run resampled independently); green when the whole interval is below 0.95, red when it is above 1.05.</p>
 
 <h2>Counts</h2>
@@ -171,9 +177,10 @@ _PCTS = (("p50", "P50"), ("p90", "P90"), ("p95", "P95"), ("p99", "P99"), ("p999"
 def _env() -> Environment:
     env = Environment(loader=DictLoader({"base.html": _BASE, "report.html": _REPORT, "compare.html": _COMPARE}),
                       autoescape=select_autoescape(default=True, default_for_string=True))
-    env.globals.update(fmt_s=fmt_s, fmt_side=fmt_side, fmt_ratio=fmt_ratio, num=_num, labels=METRIC_LABELS, pcts=_PCTS,
-                       pct=_pct, yes_no=_yes_no, ratio_class=_ratio_class, metric_rows=_metric_rows, when=_when,
-                       p99_verdict=_p99_verdict, verdict_line=verdict_line, interrupted_line=interrupted_line)
+    env.globals.update(fmt_s=fmt_s, fmt_side=fmt_side, fmt_ratio=fmt_ratio, fmt_ci=fmt_ci, num=num,
+                       labels=METRIC_LABELS, pcts=_PCTS, ratio_class=_ratio_class, metric_rows=_metric_rows,
+                       when=_when, verdict_html=_verdict_html, rate_labels=RATE_LABELS, n_slices=N_SLICES,
+                       verdict_line=verdict_line, interrupted_line=interrupted_line)
     return env
 
 
@@ -184,28 +191,15 @@ def _when(iso: str | None) -> str:
     return iso[:19].replace("T", " ") + (" UTC" if iso.endswith("+00:00") else "")
 
 
-def _num(v: float | None) -> str:
-    return "-" if v is None else (f"{v:.1f}" if v < 1000 else f"{v:.0f}")
+def _verdict_html(name: str, g: dict[str, Any]) -> Markup:
+    """The terminal's verdict parts as spans: the page says what the terminal says."""
+    css = {"green": "good", "red": "bad", "dim": "muted", "bold": "name"}
+    return Markup("").join(Markup(f'<span class="{css.get(style, "")}">{escape(text)}</span>')
+                           for text, style in verdict_parts(name, g))
 
 
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{v * 100:.1f}%"
-
-
-def _yes_no(flag: bool | None, yes: str, no: str, none: str = "n/a") -> Markup:
-    if flag is None:
-        return Markup(f'<span class="muted">{escape(none)}</span>')
-    return Markup(f'<span class="{"good" if flag else "bad"}">{escape(yes if flag else no)}</span>')
-
-
-def _p99_verdict(v: dict[str, Any]) -> Markup:
-    word, style = p99_word(v)
-    cls = {"green": "good", "red": "bad"}.get(style, "muted")
-    return Markup(f'<span class="{cls}">{escape(word)}</span>')
-
-
-def _ratio_class(ci: list[float | None] | None) -> str:
-    return {True: "good", False: "bad", None: ""}[significant_change(ci)]
+def _ratio_class(ci: list[float | None] | None, higher_is_better: bool = False) -> str:
+    return {True: "good", False: "bad", None: ""}[significant_change(ci, higher_is_better)]
 
 
 def _metric_rows(g: dict[str, Any]) -> list[str]:
@@ -232,7 +226,8 @@ def render_report(summary: dict[str, Any], records: Sequence[RequestRecord], ver
     }
     errors = [(n, g["error_kinds"]) for n, g in summary["classes"].items() if g["error_kinds"]]
     return _env().get_template("report.html").render(
-        run=summary["run"], validity=summary["validity"], interrupted=summary.get("interrupted"), groups=groups, img=img, errors=errors, version=version,
+        run=summary["run"], validity=summary["validity"], interrupted=summary.get("interrupted"), groups=groups,
+        img=img, errors=errors, version=version,
         doctor=doctor)
 
 

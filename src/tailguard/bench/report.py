@@ -25,7 +25,8 @@ from tailguard.bench.html import render_compare, render_report
 from tailguard.bench.load import BenchConfig, RunResult, run_bench
 from tailguard.bench.recorder import RequestRecord, read_jsonl, write_jsonl
 from tailguard.bench.stats import summarize
-from tailguard.bench.table import ProgressDisplay, print_comparison, print_summary
+from tailguard.bench.compare_table import print_comparison
+from tailguard.bench.table import ProgressDisplay, print_summary
 from tailguard.errors import ConfigError
 
 REQUESTS_FILE = "requests.jsonl"

@@ -195,6 +195,18 @@ def ratio_ci(after: Array, before: Array, q: float, *, n_boot: int = DEFAULT_BOO
     return _ci(_ratio(a, b), level)
 
 
+def mean_ratio_ci(after: Array, before: Array, *, n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0,
+                  level: float = 0.95) -> tuple[float, float] | None:
+    """Bootstrap CI of mean(after)/mean(before), each run's values (e.g. per-slice rates)
+    resampled independently."""
+    if len(after) == 0 or len(before) == 0:
+        return None
+    rng = np.random.default_rng(seed)
+    a = np.asarray(after, dtype=np.float64)[rng.integers(0, len(after), size=(n_boot, len(after)))].mean(axis=1)
+    b = np.asarray(before, dtype=np.float64)[rng.integers(0, len(before), size=(n_boot, len(before)))].mean(axis=1)
+    return _ci(_ratio(a, b), level)
+
+
 def point_ratio(num: float, den: float) -> float:
     if math.isnan(num) or math.isnan(den):
         return math.nan

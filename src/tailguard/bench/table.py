@@ -1,4 +1,8 @@
-"""Terminal output: the live progress bar, the per-class summary table and the comparison table (rich)."""
+"""Terminal output: the live progress bar and the per-class summary tables (rich). The comparison
+is in `compare_table.py`.
+
+Tables fold a cell that does not fit rather than cut it with an ellipsis: at 80 columns a figure
+or an interval wraps onto a second line, and no digit is lost."""
 
 from __future__ import annotations
 
@@ -38,10 +42,17 @@ def _groups(summary: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return [*summary["classes"].items(), ("overall", summary["overall"])]
 
 
+def table(title: str, columns: tuple[str, ...], left: int = 1) -> Table:
+    """A table whose first `left` columns are left-aligned, the rest right-aligned, every cell folding."""
+    t = Table(title=title, title_justify="left", header_style="bold")
+    for i, col in enumerate(columns):
+        t.add_column(col, justify="left" if i < left else "right", overflow="fold")
+    return t
+
+
 def summary_tables(summary: dict[str, Any]) -> Group:
-    counts = Table(title="Requests", title_justify="left", header_style="bold")
-    for col in ("class", "count", "ok", "errors", "timeouts", "req/s", "out tok/s", "goodput", "E2E P99/P50"):
-        counts.add_column(col, justify="left" if col == "class" else "right")
+    counts = table("Requests", ("class", "count", "ok", "errors", "timeouts", "req/s", "out tok/s", "goodput",
+                                "E2E P99/P50"))
     for name, g in _groups(summary):
         gp = g.get("goodput")
         tr = g["tail_ratio"]["e2e_s"]
@@ -51,15 +62,11 @@ def summary_tables(summary: dict[str, Any]) -> Group:
         counts.add_row(
             Text(name, style="bold" if name == "overall" else ""), str(g["count"]), str(g["ok"]),
             _red_if(g["errors"]), _red_if(g["timeouts"]),
-            _num(g["throughput"]["requests_per_s"]), _num(g["throughput"]["output_tokens_per_s"]),
-            "-" if not gp else f"{gp['fraction'] * 100:.1f}% ({_num(gp['requests_per_s'])}/s)", ratio,
+            num(g["throughput"]["requests_per_s"]), num(g["throughput"]["output_tokens_per_s"]),
+            "-" if not gp else f"{gp['fraction'] * 100:.1f}% ({num(gp['requests_per_s'])}/s)", ratio,
         )
-    lat = Table(title="Latency (from the scheduled send time; failures rank as worst)", title_justify="left",
-                header_style="bold")
-    lat.add_column("class")
-    lat.add_column("metric")
-    for _, label in _PCT_COLS:
-        lat.add_column(label, justify="right")
+    lat = table("Latency (from the scheduled send time; failures rank as worst)",
+                ("class", "metric", *(label for _, label in _PCT_COLS)), left=2)
     for name, g in _groups(summary):
         first = True
         for m, label in METRIC_LABELS.items():
@@ -88,7 +95,8 @@ def interrupted_line(info: dict[str, Any]) -> str:
             f"{info['cut']} cut after the {info['grace_s']:g} s grace; the statistics cover the ones that ended")
 
 
-def _num(v: float | None) -> str:
+def num(v: float | None) -> str:
+    """A rate for people: one decimal below 1000."""
     if v is None:
         return "-"
     return f"{v:.1f}" if v < 1000 else f"{v:.0f}"
@@ -100,106 +108,6 @@ def _red_if(n: int) -> Text:
 
 def print_summary(summary: dict[str, Any], console: Console) -> None:
     console.print(summary_tables(summary))
-
-
-# --- compare ------------------------------------------------------------------------------------
-
-def fmt_side(cell: dict[str, Any], side: str) -> str:
-    """One side of a compared percentile: "-" where that run had no sample of the metric."""
-    return "-" if cell.get(f"n_{side}") == 0 else fmt_s(cell[side])
-
-
-def compare_tables(cmp: dict[str, Any]) -> Group:
-    t = Table(title="After / before (ratio < 1 is better; 95% bootstrap CI)", title_justify="left", header_style="bold")
-    for col in ("class", "metric", "pct", "before", "after", "ratio", "95% CI"):
-        t.add_column(col, justify="left" if col in ("class", "metric", "pct") else "right")
-    for name, g in [*cmp["classes"].items(), ("overall", cmp["overall"])]:
-        first = True
-        for m in ("e2e_s", "ttft_s", "itl_s", "tpot_s", "queue_s"):
-            row = g["metrics"].get(m)
-            if row is None:
-                continue
-            for key in ("p50", "p95", "p99"):
-                c = row[key]
-                ci = c["ci95"]
-                t.add_row(name if first else "", METRIC_LABELS[m] if key == "p50" else "", key.upper(),
-                          fmt_side(c, "before"), fmt_side(c, "after"), _ratio_text(c["ratio"], ci),
-                          "-" if ci is None or None in ci else f"{fmt_ratio(ci[0])} - {fmt_ratio(ci[1])}")
-                first = False
-        if t.rows:
-            t.rows[-1].end_section = True
-    lines = [verdict_text(name, g) for name, g in [*cmp["classes"].items(), ("overall", cmp["overall"])]]
-    warn = []
-    for side in ("before", "after"):
-        v = cmp[side]["validity"]
-        if not v["valid"]:
-            warn.append(Text(f"{side} run is INVALID: {v['reason']}", style="bold white on red"))
-    return Group(t, Text("Verdict (E2E):", style="bold"), *lines, *warn)
-
-
-# Colour only changes that matter: the whole CI beyond 5% either way. Pooled ITL samples are so
-# large that a 0.5% shift is "significant" and not worth a red cell.
-MATERIAL_CHANGE = 0.05
-
-
-def significant_change(ci: list[float | None] | None) -> bool | None:
-    """True: better beyond doubt (CI below 0.95); False: worse (CI above 1.05); None: neither."""
-    if not ci or ci[0] is None or ci[1] is None:
-        return None
-    if ci[1] < 1.0 - MATERIAL_CHANGE:
-        return True
-    if ci[0] > 1.0 + MATERIAL_CHANGE:
-        return False
-    return None
-
-
-def _ratio_text(r: float | None, ci: list[float | None] | None) -> Text:
-    flag = significant_change(ci)
-    return Text(fmt_ratio(r), style={True: "green", False: "red", None: ""}[flag])
-
-
-def verdict_text(name: str, g: dict[str, Any]) -> Text:
-    v = g["verdict"]
-    row = g["metrics"].get("e2e_s")
-    t = Text(f"  {name}: ")
-    if row is None:
-        return t + Text("no requests in one of the runs")
-    p99 = row["p99"]
-    t += Text(f"P99 {fmt_s(p99['before'])} -> {fmt_s(p99['after'])} ")
-    word, style = p99_word(v)
-    t += Text(word, style=style)
-    tr = row["tail_ratio"]
-    t += Text(f"; P99/P50 {fmt_ratio(tr['before'])} -> {fmt_ratio(tr['after'])} ")
-    t += _yes_no(v["gap_narrowed"], "narrowed", "did not narrow")
-    tb, ta = g["before"]["timeout_rate"], g["after"]["timeout_rate"]
-    t += Text(f"; timeouts {_pct(tb)} -> {_pct(ta)} ")
-    t += _yes_no(v["timeout_rate_fell"], "fell", "did not fall", none="none in either run")
-    return t
-
-
-def p99_word(v: dict[str, Any]) -> tuple[str, str]:
-    """The P99 verdict in words: a fall counts only when its 95% CI excludes 1."""
-    if v["p99_fell"] is None:
-        return "n/a", "dim"
-    if v["p99_fell"] and v["p99_fell_significantly"]:
-        return "fell", "green"
-    if v["p99_fell"]:
-        return "no clear change (95% CI includes 1)", "dim"
-    return "did not fall", "red"
-
-
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{v * 100:.1f}%"
-
-
-def _yes_no(flag: bool | None, yes: str, no: str, none: str = "n/a") -> Text:
-    if flag is None:
-        return Text(none, style="dim")
-    return Text(yes, style="green") if flag else Text(no, style="red")
-
-
-def print_comparison(cmp: dict[str, Any], console: Console) -> None:
-    console.print(compare_tables(cmp))
 
 
 # --- live progress ----------------------------------------------------------------------------------

@@ -72,3 +72,44 @@ def test_failures_make_a_worse_after_run() -> None:
     assert p99["after"] is None and p99["ratio"] is None  # lands on a failure: +inf
     assert cmp["classes"]["chat"]["verdict"]["p99_fell"] is False
     assert cmp["classes"]["chat"]["after"]["errors"] == 5
+
+
+def steady(n: int, every_s: float, tokens: int, cls: str = "chat", start: int = 0) -> list[RequestRecord]:
+    """A request ending every `every_s` seconds, each streaming `tokens` chunks in its last second."""
+    out = []
+    for i in range(n):
+        end = (i + 1) * every_s
+        r = RequestRecord(index=start + i, cls=cls, warmup=False, scheduled_at=end - 1.0, sent_at=end - 1.0,
+                          ended_at=end, ok=True, first_token_at=end - 1.0,
+                          chunk_at=[end - 1.0 + k / tokens for k in range(tokens)])
+        r.finish_tokens()
+        out.append(r)
+    return out
+
+
+def test_throughput_and_goodput_rows_have_ratios_and_intervals() -> None:
+    meta = {**META, "slo": {"chat": {"e2e_s": 2.0}}}
+    before = steady(200, 0.5, 10)            # 2 requests/s, 20 tokens/s
+    after = steady(250, 0.4, 10)             # 2.5 requests/s, 25 tokens/s
+    tp = compare(before, meta, after, meta, n_boot=500)["classes"]["chat"]["throughput"]
+    assert set(tp) == {"requests_per_s", "output_tokens_per_s", "goodput_per_s"}
+    rps = tp["requests_per_s"]
+    assert rps["before"] == pytest.approx(200 / 100.0, rel=0.02) and rps["after"] == pytest.approx(250 / 100.0, rel=0.02)
+    assert rps["ratio"] == pytest.approx(1.25, rel=0.03)
+    lo, hi = rps["ci95"]
+    assert 1.0 < lo <= rps["ratio"] <= hi
+    assert tp["output_tokens_per_s"]["ratio"] == pytest.approx(1.25, rel=0.03)
+    assert tp["goodput_per_s"]["ratio"] == pytest.approx(1.25, rel=0.03)
+    assert "goodput_per_s" not in compare(before, META, after, META, n_boot=100)["classes"]["chat"]["throughput"]
+
+
+def test_overall_on_a_mixed_workload_judges_only_what_adds_up_across_classes() -> None:
+    before = steady(100, 1.0, 32) + steady(10, 10.0, 2048, "summary", start=1000)
+    after = steady(100, 1.0, 32) + steady(10, 10.0, 2048, "summary", start=1000)
+    cmp = compare(before, META, after, META, n_boot=200)
+    v = cmp["overall"]["verdict"]
+    assert v["pooled"] is True and v["metric"] is None and "p99_fell" not in v and "describe the mix" in v["why"]
+    assert v["output_tokens_ratio"] == pytest.approx(1.0) and v["timeout_rate_fell"] is None
+    assert cmp["classes"]["chat"]["verdict"]["metric"] == "e2e_s"  # each class keeps its latency verdict
+    one = compare(before[:100], META, after[:100], META, n_boot=200)
+    assert "pooled" not in one["overall"]["verdict"]  # one class: overall is that class
