@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import abc
 import heapq
+from collections import deque
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -57,9 +58,13 @@ class Reject:
 _SIZE_BUCKETS = 64
 
 
-# Wait feedback: each dispatched (or expired) request compares its real wait with the wait
-# predicted when it was admitted; the EWMA of (real + slack) / (predicted + slack) scales later
-# predictions, within these bounds. The slack keeps near-zero waits from giving wild ratios.
+# A request is admitted while its expected wait is within this share of its bound: the estimate
+# is a mean, and without a margin about half of those admitted near the bound would pass it.
+_ADMIT_SHARE = 0.8
+
+# Wait feedback: each dispatched (or expired) request compares its real wait with the raw wait
+# predicted when it was admitted (backlog / drain rate); the EWMA of (real + slack) /
+# (predicted + slack) scales later predictions, within these bounds. The slack keeps near-zero waits from giving wild ratios.
 _WAIT_SLACK_S = 0.1
 _WAIT_FACTOR_BOUNDS = (0.5, 8.0)
 
@@ -71,7 +76,7 @@ class _Entry:
         self.req = req
         self.seq = seq
         self.alive = True
-        self.predicted = predicted  # the wait expected at admission (None: not predicted)
+        self.predicted = predicted  # the raw wait expected at admission (None: not predicted)
 
 
 # Heap items: a sort key tuple whose last element is the entry (seq before it makes keys unique).
@@ -107,11 +112,12 @@ class BaseScheduler(abc.ABC):
         self._seq = 0
         self._heap_refs = 0  # items in all heaps, live or dead: the compaction trigger
         self._refs_per_entry = 3 if self._uses_sjf else 2
-        # Drain rate: EWMA of intervals between completions, sampled only while requests were
-        # queued the whole interval (otherwise the interval measures demand, not capacity).
-        self._last_finish_at: float | None = None
+        # Drain rate: completions over the time they took, counted over the latest ones that
+        # came while requests were queued the whole time (otherwise the gaps measure demand, not
+        # capacity). A window, not an EWMA of gaps: a batching engine ends requests in bursts,
+        # and a mean of gaps swings with the phase of the burst it was last fed.
+        self._finishes: deque[float] = deque(maxlen=max(8, round(4 / cfg.drain_ewma_weight)))
         self._backlogged = False
-        self._interval_s: float | None = None
         # Dispatched and not yet finished, per class (pop adds, on_finish removes): what min_share
         # guarantees are measured against.
         self._running: dict[str, str] = {}
@@ -129,23 +135,24 @@ class BaseScheduler(abc.ABC):
             raise ValueError(f"request id {req.id!r} is already queued")
         if q.live >= q.cfg.max_queue_len:
             return Reject("queue_full", self._clamp(self._queue_full_wait_s(q)))
-        expected_s = self._expected_wait_s(req, q)
-        if expected_s is not None:
+        raw_s = self._raw_wait_s(req, q)
+        if raw_s is not None:
+            expected_s = raw_s * self._wait_factor
             budget_s = req.wait_bound_at - now
-            if expected_s > budget_s:
+            if expected_s > budget_s * _ADMIT_SHARE:
                 # Retry once enough of the backlog has drained for the bound to be met.
                 return Reject("wait_bound", self._clamp(expected_s - max(budget_s, 0.0)))
-        self._add(req, q, expected_s)
+        self._add(req, q, raw_s)
         return None
 
-    def _expected_wait_s(self, req: Pending, q: _ClassQueue) -> float | None:
-        """How long `req` would wait if queued now: the requests expected to leave before it over
-        the drain rate, times the recent real-over-predicted factor. None before a rate is known."""
+    def _raw_wait_s(self, req: Pending, q: _ClassQueue) -> float | None:
+        """How long `req` would wait if queued now, before the feedback: the requests expected to
+        leave before it over the drain rate. None before a rate is known."""
         rate = self.drain_rate()
         if rate is None:
             return None
         ahead = self._ahead(req, q)
-        return ahead / rate * self._wait_factor if ahead else 0.0
+        return ahead / rate if ahead else 0.0
 
     def remove(self, req_id: str, now: float) -> bool:
         entry = self._entries.get(req_id)
@@ -179,13 +186,9 @@ class BaseScheduler(abc.ABC):
         cls = self._running.pop(req_id, None)
         if cls is not None:
             self._running_by_class[cls] -= 1
-        if self._backlogged and self._last_finish_at is not None:
-            sample = max(0.0, now - self._last_finish_at)
-            if self._interval_s is None:
-                self._interval_s = sample
-            else:
-                self._interval_s += self._cfg.drain_ewma_weight * (sample - self._interval_s)
-        self._last_finish_at = now
+        if not self._backlogged:
+            self._finishes.clear()  # idle since the last one: that gap says nothing of capacity
+        self._finishes.append(now)
         self._backlogged = len(self._entries) > 0
 
     # --- public extras for drivers and metrics ----------------------------------------------
@@ -203,9 +206,11 @@ class BaseScheduler(abc.ABC):
 
     def drain_rate(self) -> float | None:
         """Measured completions per second while backlogged; None until measured."""
-        if self._interval_s is None:
+        f = self._finishes
+        if len(f) < 2:
             return None
-        return math.inf if self._interval_s <= 0 else 1.0 / self._interval_s
+        span = f[-1] - f[0]
+        return math.inf if span <= 0 else (len(f) - 1) / span
 
     def head(self, now: float) -> Pending | None:
         """The request `pop` would choose if every backend had room: the one a preemption would

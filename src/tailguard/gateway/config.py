@@ -250,8 +250,8 @@ class SchedulerConfig(_Model):
     )
     drain_ewma_weight: float = Field(
         default=_QUEUE.drain_ewma_weight, gt=0, le=1,
-        description="Weight of each new interval between completions in the measured drain rate "
-        "(used for `wait_bound` rejections and `Retry-After`).",
+        description="The drain rate (used for `wait_bound` rejections and `Retry-After`) is counted over the "
+        "last `4 / drain_ewma_weight` completions that happened while requests were queued.",
     )
     preemption: bool = Field(
         default=_PREEMPT.enabled,

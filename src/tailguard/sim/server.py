@@ -7,7 +7,8 @@ on a per-request future; a streamed token costs one pre-encoded chunk and, per s
 
 Endpoints behave like vLLM's where a client or the gateway can tell: `/v1/chat/completions` and
 `/v1/completions` (stream and non-stream, `stream_options.include_usage`, `usage`, finish_reason
-"length"), `/v1/models` (its model lists the `time_scale`), `/health`, `/metrics` (`vllm:*`). Body
+"length"), `/v1/models` (its model lists the `time_scale`), `/health`, `/version` (naming itself),
+`/metrics` (`vllm:*`). Body
 `priority` is vLLM's (lower runs earlier) and, as in vLLM, a non-zero priority is refused unless
 the policy is "priority". A missing `max_tokens` means "up to max_model_len". Every generated
 token is the text " tok" (one token by the bytes/4 estimate). A client that disconnects has its
@@ -29,6 +30,7 @@ from typing import AsyncIterator, Callable
 from aiohttp import web
 from aiohttp.hdrs import CONTENT_TYPE as CONTENT_TYPE_HEADER
 
+from tailguard import __version__
 from tailguard.clock import ScaledClock
 from tailguard.errors import APIError, BadRequest, PayloadTooLarge
 from tailguard.sim.cost import EngineConfig
@@ -399,6 +401,12 @@ async def _health(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
+async def _version(request: web.Request) -> web.Response:
+    """Like vLLM's `/version`, plus `engine`, which is how a gateway of `kind: auto` tells the
+    simulator from the engine it imitates."""
+    return web.json_response({"version": __version__, "engine": "tailguard-sim"})
+
+
 async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=request.app[SIM].metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
@@ -431,6 +439,7 @@ def create_app(
     app.router.add_post("/v1/completions", _completions)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
+    app.router.add_get("/version", _version)
     app.router.add_get("/metrics", _metrics)
     app.on_startup.append(_on_startup)
     app.on_shutdown.append(_on_shutdown)

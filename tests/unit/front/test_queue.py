@@ -347,9 +347,9 @@ def test_drain_rate_ignores_intervals_with_an_empty_queue() -> None:
     s.on_finish("c", Outcome.SUCCESS, 101.0)
     s.on_finish("d", Outcome.SUCCESS, 102.0)
     assert s.drain_rate() == pytest.approx(1.0)
-    s.on_finish("e", Outcome.SUCCESS, 104.0)  # EWMA weight 0.1: 1 + 0.1 * (2 - 1)
-    assert s.drain_rate() == pytest.approx(1 / 1.1)
-    assert s.retry_after_s() == pytest.approx(1.1)
+    s.on_finish("e", Outcome.SUCCESS, 104.0)  # a window: two completions after the first, in 3 s
+    assert s.drain_rate() == pytest.approx(2 / 3)
+    assert s.retry_after_s() == pytest.approx(1.5)
 
 
 def test_expire_removes_requests_past_their_bound_in_order() -> None:
