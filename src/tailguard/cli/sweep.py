@@ -1,0 +1,206 @@
+"""`tailguard sweep`: move one setting over a list or range, each value measured (with repeats
+until its P99 settles) against the discrete-event simulator (seconds for a whole sweep, seeded and
+reproducible), the simulator over HTTP behind a real gateway process, or a real engine behind a
+gateway restarted per value; writes every run, sweep.json, sweep.html and pareto.png."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+import typer
+
+if TYPE_CHECKING:
+    from tailguard.sweep.search import Setting, Sweep
+
+ENGINE = "engine"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What every run of the sweep shares; the setting's value goes on top of it."""
+
+    workload: str
+    requests: int
+    concurrency: int | None
+    rate: float | None
+    gateway: dict[str, Any]  # base gateway YAML settings, backends included
+    preset: str
+    max_num_seqs: int
+    time_scale: float
+    out: Path
+
+
+def _folder(sw: "Sweep", value: Any, seed: int, out: Path) -> Path:
+    return out / f"{sw.setting.label.replace(':', '-')}={value}" / f"seed{seed}"
+
+
+def run_des(sw: "Sweep", plan: Plan) -> None:
+    """Every run on virtual time, in this process."""
+    from tailguard.bench.load import RunResult
+    from tailguard.bench.report import write_outputs
+    from tailguard.bench.workload import load_workload
+    from tailguard.gateway.config import GatewayConfig
+    from tailguard.sim.cost import EngineConfig
+    from tailguard.sweep.search import apply
+    from tailguard.sweep.virtual import VirtualRun, run_virtual
+
+    workload, _ = load_workload(plan.workload)
+    while (nxt := sw.next_run()) is not None:
+        i, value, seed = nxt
+        gw, eng = apply(sw.setting, value, plan.gateway, {"max_num_seqs": plan.max_num_seqs})
+        vr = VirtualRun(EngineConfig.from_preset(plan.preset, **eng), workload, plan.requests,
+                        GatewayConfig.model_validate(gw), plan.concurrency, plan.rate, seed)
+        records, meta, _ = run_virtual(vr)
+        meta["label"] = f"{sw.setting.label}={value}"
+        sw.add(i, write_outputs(RunResult(records, meta), _folder(sw, value, seed, plan.out), html=False))
+
+
+@contextlib.asynccontextmanager
+async def _gateway_for(gw: dict[str, Any], sim_extra: dict[str, Any], plan: Plan, backend: str | None,
+                       label: str) -> AsyncIterator[str]:
+    """A fresh gateway (and simulator, without `backend`) for one value; yields the gateway's URL."""
+    import yaml
+
+    from tailguard.cli.experiment import Arm, SimSpec, free_port, spawned, target
+
+    logs = plan.out / "logs"
+    mc = int(gw["backends"][0]["max_concurrency"])
+    rest = {k: v for k, v in gw.items() if k != "backends"}
+    if backend is None:
+        extra = () if "enable_prefix_caching" not in sim_extra else (
+            ("--enable-prefix-caching",) if sim_extra["enable_prefix_caching"] else ("--no-enable-prefix-caching",))
+        sim = SimSpec(plan.preset, int(sim_extra.get("max_num_seqs", plan.max_num_seqs)), plan.time_scale, extra)
+        arm = Arm(label, gateway=True, policy=rest.get("scheduler", {}).get("policy", "ranked-sjf"),
+                  max_concurrency=mc, config=rest)
+        async with target(arm, sim, logs) as url:
+            yield url
+        return
+    port = free_port()
+    path = logs / f"{Arm(label).folder}-gateway.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({**rest, "backends": [{**gw["backends"][0], "url": backend}]}))
+    url = f"http://127.0.0.1:{port}"
+    async with spawned(["serve", "--port", str(port), "--config", str(path)], f"{url}/health",
+                       logs / f"{Arm(label).folder}-gateway.log"):
+        yield url
+
+
+async def run_http(sw: "Sweep", plan: Plan, backend: str | None) -> None:
+    """Per value, a gateway process (and a simulator process, without `backend`); its repeats run
+    against them with the bench."""
+    from tailguard.bench.load import BenchConfig
+    from tailguard.bench.report import bench_to_dir
+    from tailguard.sweep.search import apply
+
+    while (nxt := sw.next_run()) is not None:
+        i, value, _ = nxt
+        gw, eng = apply(sw.setting, value, plan.gateway, {"max_num_seqs": plan.max_num_seqs})
+        label = f"{sw.setting.label}={value}"
+        async with _gateway_for(gw, eng, plan, backend, label) as url:
+            while (nxt := sw.next_run()) is not None and nxt[0] == i:
+                seed = nxt[2]
+                cfg = BenchConfig(url=url, workload=plan.workload, concurrency=plan.concurrency, rate=plan.rate,
+                                  requests=plan.requests, seed=seed,
+                                  time_scale=plan.time_scale if backend is None else 1.0)
+                sw.add(i, await bench_to_dir(cfg, _folder(sw, value, seed, plan.out), console=None, label=label))
+
+
+def _base_gateway(config: Path | None, backend_kind: str, max_concurrency: int) -> dict[str, Any]:
+    import yaml
+
+    base: dict[str, Any] = yaml.safe_load(config.read_text()) if config is not None else {}
+    base = base or {}
+    base["backends"] = [{"name": ENGINE, "url": "http://127.0.0.1:1", "kind": backend_kind,
+                         "max_concurrency": max_concurrency}]
+    return base
+
+
+def _check(setting: "Setting", backend: str | None, target: str) -> None:
+    from tailguard.errors import ConfigError
+
+    if target not in ("des", "sim"):
+        raise ConfigError(f"--target {target!r}: des (virtual time) or sim (HTTP simulator); or give --backend URL")
+    if backend is not None and setting.on_engine:
+        raise ConfigError(f"{setting.name} is the engine's: a sweep against a real --backend moves gateway settings only")
+
+
+def sweep(
+    setting: str = typer.Option(..., help="max_concurrency, max_tokens_cap:CLASS, policy, aging_s, preemption; "
+                                          "on the simulator also max_num_seqs, prefix_caching"),
+    values: str = typer.Option(..., help="2..32, 2..32:x2, 1,5,10, on,off or policy names"),
+    slo: list[str] = typer.Option([], help="CLASS:METRIC=SECONDS on the class's P99, e.g. chat:e2e_s=1.5 (repeatable)"),
+    target: str = typer.Option("des", help="des: the discrete-event simulator; sim: the HTTP simulator behind a gateway"),
+    backend: Optional[str] = typer.Option(None, help="A real engine's URL: a gateway in front, restarted per value"),
+    backend_kind: str = typer.Option("vllm", help="The --backend's kind (vllm, sglang, llamacpp, tgi, openai)"),
+    config: Optional[Path] = typer.Option(None, help="Gateway YAML the sweep starts from (classes, scheduler)"),
+    workload: str = typer.Option("seed-mixed", help="Built-in workload name or a YAML file"),
+    concurrency: Optional[int] = typer.Option(None, help="Closed loop: N clients"),
+    rate: Optional[float] = typer.Option(None, help="Open loop: requests per second (wall seconds over HTTP)"),
+    requests: int = typer.Option(400, help="Requests per run"),
+    seed: int = typer.Option(0, help="Seed of a value's first run; repeats take the next seeds"),
+    min_repeats: int = typer.Option(2, help="Runs per value at least"),
+    max_repeats: int = typer.Option(5, help="Runs per value at most"),
+    tolerance: float = typer.Option(0.1, help="Repeat until the P99's 95% interval is within this fraction of its mean"),
+    preset: str = typer.Option("h100-llama8b", help="Simulated engine preset"),
+    max_num_seqs: int = typer.Option(8, help="Simulated engine's slots; also the gateway's max_concurrency unless swept"),
+    time_scale: float = typer.Option(0.25, help="--target sim: wall seconds per simulated second"),
+    out: Path = typer.Option(Path("sweep-out"), help="Output folder"),
+) -> None:
+    """Move one setting at a time against a per-class P99 SLO; recommend a value and show the knee."""
+    import orjson
+
+    from tailguard.cli.bench import _fail, console, run_async
+    from tailguard.errors import ConfigError
+    from tailguard.sweep.page import render
+    from tailguard.sweep.search import Setting, Slo, Sweep, parse_values, result
+
+    try:
+        st = Setting.parse(setting)
+        _check(st, backend, target)
+        if (concurrency is None) == (rate is None):
+            raise ConfigError("give --concurrency N or --rate R")
+        sw = Sweep(st, parse_values(st, values), [Slo.parse(s) for s in slo], seed, min_repeats, max_repeats, tolerance)
+        kind = backend_kind if backend is not None else "sim"
+        plan = Plan(workload, requests, concurrency, rate, _base_gateway(config, kind, max_num_seqs), preset,
+                    max_num_seqs, time_scale, out)
+        if backend is None and target == "des":
+            run_des(sw, plan)
+            how = f"On the discrete-event simulator ({preset}, max_num_seqs {max_num_seqs}), virtual time."
+        else:
+            run_async(run_http(sw, plan, backend))
+            how = (f"Against {backend} behind a gateway restarted per value." if backend is not None else
+                   f"Against the HTTP simulator ({preset}, time scale {time_scale}) behind a gateway, both restarted per value.")
+    except ConfigError as e:
+        _fail(str(e))
+    res = result(sw)
+    res["how"] = how + f" Workload {workload}, {requests} requests per run, " + (
+        f"{concurrency} clients." if concurrency is not None else f"{rate} req/s.")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_bytes(orjson.dumps(res, option=orjson.OPT_INDENT_2) + b"\n")
+    page, pareto = render(res, res["how"])
+    (out / "sweep.html").write_text(page, encoding="utf-8")
+    (out / "pareto.png").write_bytes(pareto)
+    _print(res, console())
+
+
+def _print(res: dict[str, Any], con: Any) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"sweep of {res['setting']}")
+    classes = sorted({c for p in res["points"] for c in p["p99"]})
+    for col in ["value", "runs", "tokens/s", *[f"{c} P99 E2E" for c in classes], "SLO"]:
+        t.add_column(col, justify="right")
+    for p in res["points"]:
+        cells = [f"{(p['p99'].get(c, {}).get('e2e_s', {}).get('mean') or float('nan')):.3f}" for c in classes]
+        t.add_row(str(p["value"]), str(p["runs"]), f"{p['throughput_tokens_per_s']:.0f}", *cells,
+                  "ok" if p["meets_slo"] else "miss")
+    con.print(t)
+    con.print(f"knee: {res['knee']}; recommended: [bold]{res['recommended']}[/] ({res['reason']})")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sweep")(sweep)

@@ -1,0 +1,245 @@
+"""One setting at a time against a per-class P99 SLO (pure, no I/O): the settings a sweep can
+move and where each lives in the gateway's YAML or the simulator's engine config, the value
+lists, the repeat rule, the knee and the recommendation.
+
+The driver (the DES in `sweep/virtual.py`, processes in `cli/sweep.py`) asks `Sweep.next_run()`
+for the next (value, seed) to measure and hands each run's `summary.json` back with `add`; a
+value is repeated with a new seed until the 95% interval of its P99 is within `tolerance` of the
+mean (or `max_repeats`), as GuideLLM and AIPerf repeat a point until it is stable.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from statistics import mean, stdev
+from typing import Any
+
+from tailguard.errors import ConfigError
+
+GATEWAY_SETTINGS = ("max_concurrency", "max_tokens_cap", "policy", "aging_s", "preemption")
+ENGINE_SETTINGS = ("max_num_seqs", "prefix_caching")  # only when the engine is the simulator
+NUMERIC = ("max_concurrency", "max_tokens_cap", "aging_s", "max_num_seqs")
+# Two-sided 95% Student t quantiles by degrees of freedom (n - 1): repeats are few.
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+NEAR_BEST = 0.02  # within 2% of the best throughput is a tie: the smaller value wins
+
+
+@dataclass(frozen=True)
+class Setting:
+    """`max_concurrency`, or `max_tokens_cap:batch` (a class's cap)."""
+
+    name: str
+    cls: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Setting:
+        name, _, of = text.partition(":")
+        if name not in GATEWAY_SETTINGS + ENGINE_SETTINGS:
+            raise ConfigError(f"--setting {text!r}: known settings are {', '.join(GATEWAY_SETTINGS + ENGINE_SETTINGS)}")
+        if (name == "max_tokens_cap") != bool(of):
+            raise ConfigError("max_tokens_cap takes its class: --setting max_tokens_cap:batch")
+        return cls(name, of or None)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}:{self.cls}" if self.cls else self.name
+
+    @property
+    def on_engine(self) -> bool:
+        return self.name in ENGINE_SETTINGS
+
+
+def parse_values(setting: Setting, text: str) -> list[Any]:
+    """`2..32` (every integer), `2..32:x2` (doubling), `2..32:4` (step 4), or a list `1,5,10`;
+    `on,off` for preemption and prefix caching, policy names for the policy."""
+    if setting.name in ("preemption", "prefix_caching"):
+        flags = {"on": True, "true": True, "off": False, "false": False}
+        try:
+            return [flags[v.strip().lower()] for v in text.split(",")]
+        except KeyError:
+            raise ConfigError(f"--values for {setting.name}: on,off") from None
+    if setting.name == "policy":
+        return [v.strip() for v in text.split(",")]
+    try:
+        if ".." in text:
+            span, _, step = text.partition(":")
+            lo, hi = (int(x) for x in span.split(".."))
+            if step.startswith("x"):
+                out, v = [], lo
+                while v <= hi:
+                    out.append(v)
+                    v *= int(step[1:])
+                return out
+            return list(range(lo, hi + 1, int(step) if step else 1))
+        return [float(v) if setting.name == "aging_s" else int(v) for v in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"--values {text!r}: a list (1,2,4), a range (2..32) or a doubling range (2..32:x2)") from None
+
+
+def apply(setting: Setting, value: Any, gateway: dict[str, Any], engine: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The gateway YAML settings and the engine overrides with `setting` set to `value` (copies)."""
+    gw, eng = copy.deepcopy(gateway), dict(engine)
+    if setting.name == "max_concurrency":
+        for b in gw.setdefault("backends", [{}]):
+            b["max_concurrency"] = value
+    elif setting.name == "max_tokens_cap":
+        classes = gw.setdefault("classes", [{"name": "interactive", "rank": 0},
+                                            {"name": "batch", "rank": 1, "preemptible": True}])
+        match = [c for c in classes if c["name"] == setting.cls]
+        if not match:
+            raise ConfigError(f"no class {setting.cls!r} in the gateway config")
+        match[0]["max_tokens_cap"] = value
+    elif setting.name in ("policy", "aging_s", "preemption"):
+        gw.setdefault("scheduler", {})[setting.name] = value
+    elif setting.name == "max_num_seqs":
+        eng["max_num_seqs"] = value
+    else:
+        eng["enable_prefix_caching"] = value
+    return gw, eng
+
+
+@dataclass(frozen=True)
+class Slo:
+    """`chat:e2e_s=2.0`: the class's P99 of that metric must stay at or under the bound."""
+
+    cls: str
+    metric: str
+    bound_s: float
+
+    @classmethod
+    def parse(cls, text: str) -> Slo:
+        try:
+            name, rest = text.split(":", 1)
+            metric, bound = rest.split("=", 1)
+            slo = cls(name, metric, float(bound))
+        except ValueError:
+            raise ConfigError(f"--slo {text!r}: CLASS:METRIC=SECONDS, e.g. chat:e2e_s=2.0") from None
+        if slo.metric not in ("e2e_s", "ttft_s", "itl_s", "tpot_s"):
+            raise ConfigError(f"--slo {text!r}: the metric is one of e2e_s, ttft_s, itl_s, tpot_s")
+        return slo
+
+
+def p99(summary: dict[str, Any], cls: str, metric: str) -> float | None:
+    v = summary.get("classes", {}).get(cls, {}).get(metric, {}).get("p99")
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def throughput(summary: dict[str, Any]) -> float:
+    return float(summary.get("throughput", {}).get("output_tokens_per_s") or 0.0)
+
+
+def interval(xs: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% t-interval (inf for a single run)."""
+    if len(xs) < 2:
+        return (xs[0] if xs else math.nan), math.inf
+    return mean(xs), T95.get(len(xs) - 1, 1.96) * stdev(xs) / math.sqrt(len(xs))
+
+
+@dataclass
+class Point:
+    value: Any
+    summaries: list[dict[str, Any]] = field(default_factory=list)
+
+    def p99s(self, cls: str, metric: str) -> list[float]:
+        return [v for s in self.summaries if (v := p99(s, cls, metric)) is not None]
+
+    def throughput(self) -> float:
+        return mean(throughput(s) for s in self.summaries) if self.summaries else 0.0
+
+
+@dataclass
+class Sweep:
+    setting: Setting
+    values: list[Any]
+    slos: list[Slo]
+    seed: int = 0
+    min_repeats: int = 2
+    max_repeats: int = 5
+    tolerance: float = 0.1
+    points: list[Point] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.values:
+            raise ConfigError("--values is empty")
+        if not 1 <= self.min_repeats <= self.max_repeats:
+            raise ConfigError("repeats: 1 <= min <= max")
+        self.points = [Point(v) for v in self.values]
+
+    def watched(self, summary: dict[str, Any]) -> list[tuple[str, str]]:
+        """(class, metric) pairs whose P99 must settle: the SLO's, else the overall E2E."""
+        return [(s.cls, s.metric) for s in self.slos] or [("overall", "e2e_s")]
+
+    def settled(self, pt: Point) -> bool:
+        n = len(pt.summaries)
+        if n < self.min_repeats:
+            return False
+        if n >= self.max_repeats:
+            return True
+        for cls, metric in self.watched(pt.summaries[0]):
+            xs = pt.p99s(cls, metric) if cls != "overall" else [
+                float(s["overall"][metric]["p99"]) for s in pt.summaries if s["overall"][metric]["p99"] is not None]
+            m, half = interval(xs)
+            if not m or half > self.tolerance * m:
+                return False
+        return True
+
+    def next_run(self) -> tuple[int, Any, int] | None:
+        """(point index, value, seed) of the next run, or None when every value has settled."""
+        for i, pt in enumerate(self.points):
+            if not self.settled(pt):
+                return i, pt.value, self.seed + len(pt.summaries)
+        return None
+
+    def add(self, index: int, summary: dict[str, Any]) -> None:
+        self.points[index].summaries.append(summary)
+
+    def meets(self, pt: Point) -> bool:
+        """Every SLO's class P99 (mean over repeats) at or under its bound."""
+        for s in self.slos:
+            xs = pt.p99s(s.cls, s.metric)
+            if not xs or mean(xs) > s.bound_s:
+                return False
+        return True
+
+
+def knee(xs: list[float], ys: list[float]) -> int | None:
+    """Kneedle's knee of a rising, flattening curve: the point farthest above the chord from
+    the first to the last point, both axes scaled to [0, 1]. None for fewer than three points
+    or a flat curve."""
+    if len(xs) < 3 or max(ys) == min(ys) or max(xs) == min(xs):
+        return None
+    xn = [(x - xs[0]) / (xs[-1] - xs[0]) for x in xs]
+    yn = [(y - min(ys)) / (max(ys) - min(ys)) for y in ys]
+    chord = [yn[0] + (yn[-1] - yn[0]) * x for x in xn]
+    gaps = [y - c for y, c in zip(yn, chord)]
+    best = max(range(len(xs)), key=lambda i: gaps[i])
+    return best if gaps[best] > 0 else None
+
+
+def result(sw: Sweep) -> dict[str, Any]:
+    """sweep.json: every value's measurements, the knee and the recommendation with its reason."""
+    rows = []
+    for pt in sw.points:
+        row: dict[str, Any] = {"value": pt.value, "runs": len(pt.summaries), "throughput_tokens_per_s": pt.throughput(),
+                               "meets_slo": sw.meets(pt), "p99": {}}
+        for cls in sorted({c for s in pt.summaries for c in s.get("classes", {})}):
+            row["p99"][cls] = {}
+            for m in ("e2e_s", "ttft_s"):
+                mu, half = interval(pt.p99s(cls, m))
+                row["p99"][cls][m] = {"mean": None if math.isnan(mu) else mu, "ci95_half": None if math.isinf(half) else half}
+        rows.append(row)
+    k = knee([float(v) for v in sw.values], [r["throughput_tokens_per_s"] for r in rows]) \
+        if sw.setting.name in NUMERIC else None
+    ok = [r for r in rows if r["meets_slo"]]
+    rec, why = None, "no value meets the SLO: offer less load, or sweep another setting"
+    if ok:
+        best = max(r["throughput_tokens_per_s"] for r in ok)
+        rec = next(r for r in ok if r["throughput_tokens_per_s"] >= (1 - NEAR_BEST) * best)
+        why = (f"the {'smallest ' if sw.setting.name in NUMERIC else ''}value within {NEAR_BEST:.0%} of the most "
+               f"throughput ({best:.0f} tokens/s) among those meeting " +
+               (", ".join(f"{s.cls} P99 {s.metric} <= {s.bound_s:g} s" for s in sw.slos) or "no SLO (none given)"))
+    return {"setting": sw.setting.label, "values": sw.values, "slo": [vars(s) for s in sw.slos], "points": rows,
+            "knee": None if k is None else sw.values[k], "recommended": None if rec is None else rec["value"],
+            "reason": why}
