@@ -111,9 +111,10 @@ def compare_dirs(before: Path, after: Path, out_dir: Path | None = None, *,
 
 async def bench_to_dir(config: BenchConfig, out_dir: Path, *, console: Console | None = None,
                        progress: bool = True, label: str | None = None,
-                       stop: asyncio.Event | None = None) -> dict[str, Any]:
-    """Run `config`, show a progress bar and the tables on `console`, write the folder, return the
-    summary. Setting `stop` ends the run early; the folder is written all the same, marked interrupted."""
+                       stop: asyncio.Event | None = None, tables: bool = True) -> dict[str, Any]:
+    """Run `config`, show a progress bar and (with `tables`) the tables on `console`, write the folder,
+    return the summary. Setting `stop` ends the run early; the folder is written all the same, marked
+    interrupted."""
     if console is not None and progress:
         with ProgressDisplay(console) as show:
             result = await run_bench(config, progress=show, stop=stop)
@@ -121,4 +122,4 @@ async def bench_to_dir(config: BenchConfig, out_dir: Path, *, console: Console |
         result = await run_bench(config, stop=stop)
     if label is not None:
         result.meta["label"] = label
-    return write_outputs(result, out_dir, console=console)
+    return write_outputs(result, out_dir, console=console if tables else None)

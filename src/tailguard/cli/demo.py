@@ -2,14 +2,28 @@
 
 Runs `seed-mixed` (mostly 32-token chats, some 2048-token summaries) from 16 closed-loop clients
 straight at a simulated H100 engine (max_num_seqs 8, first-come-first-served), then through the
-gateway in front of an identical engine, and prints the before/after comparison.
+gateway in front of an identical engine, and prints the before/after comparison, ending with the
+README's headline table (`headline`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+# The README's headline: (column, class, metric, statistic) read from compare.json.
+HEADLINE: tuple[tuple[str, str, str, str], ...] = (
+    ("chat TTFT P99", "chat", "ttft_s", "p99"),
+    ("chat E2E P50", "chat", "e2e_s", "p50"),
+    ("chat E2E P99", "chat", "e2e_s", "p99"),
+    ("chat P99/P50", "chat", "e2e_s", "tail_ratio"),
+    ("summary E2E P99", "summary", "e2e_s", "p99"),
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -30,6 +44,7 @@ def demo(
     from rich.console import Console
 
     from tailguard.bench.report import compare_dirs
+    from tailguard.bench.validity import verdict_line
     from tailguard.cli.bench import run_async
     from tailguard.cli.experiment import Arm, SimSpec, run_arms
 
@@ -40,6 +55,28 @@ def demo(
     arms = [Arm("before"), Arm("after", gateway=True, policy=policy, max_concurrency=max_num_seqs)]
     console.print(f"[bold]tailguard demo[/]: simulator {sim.preset}, max_num_seqs {max_num_seqs}, time scale "
                   f"{time_scale} (1 wall second = {1 / time_scale:g} simulated seconds; figures are simulated seconds)")
-    run_async(run_arms(arms, sim, load, out, console=console))
+    summaries = run_async(run_arms(arms, sim, load, out, console=console, tables=False))
+    for label, s in summaries.items():
+        console.print(f"{label}: {s['overall']['count']} requests measured; {verdict_line(s['validity'])}",
+                      soft_wrap=True)
     console.rule("[bold]before vs after")
-    compare_dirs(out / "before", out / "after", out, console=console)
+    cmp = compare_dirs(out / "before", out / "after", out, console=console)
+    console.print(headline(cmp, concurrency))
+
+
+def headline(cmp: dict[str, Any], concurrency: int) -> "Table":
+    """The README's compact table: the chat tail, the summaries' cost and the tokens/s kept."""
+    from tailguard.bench.table import fmt_ratio, fmt_s, table
+
+    t = table(f"seed-mixed, {concurrency} clients, simulated seconds; before: straight to the engine, after: "
+              "through tailguard serve", ("", *(col for col, *_ in HEADLINE), "output tokens/s"))
+    tokens = cmp["overall"]["throughput"]["output_tokens_per_s"]
+    for side in ("before", "after"):
+        cells = []
+        for _, cls, metric, stat in HEADLINE:
+            row = cmp["classes"].get(cls, {}).get("metrics", {}).get(metric)
+            cells.append("-" if row is None else fmt_ratio(row[stat][side]) if stat == "tail_ratio"
+                         else fmt_s(row[stat][side]))
+        kept = f" ({tokens['after'] / tokens['before']:.0%})" if side == "after" and tokens["before"] else ""
+        t.add_row(side, *cells, f"{tokens[side]:.0f}{kept}")
+    return t

@@ -126,8 +126,9 @@ async def target(arm: Arm, sim: SimSpec, logs: Path) -> AsyncIterator[str]:
 
 
 async def run_arms(arms: Sequence[Arm], sim: SimSpec, load: dict[str, Any], out_dir: Path,
-                   console: Any | None = None) -> dict[str, dict[str, Any]]:
-    """Run the same seeded load against each arm in turn; returns each arm's summary by label.
+                   console: Any | None = None, tables: bool = True) -> dict[str, dict[str, Any]]:
+    """Run the same seeded load against each arm in turn; returns each arm's summary by label
+    (`tables=False`: progress only on `console`, not each arm's summary tables).
 
     `load` holds `BenchConfig` fields (rates and durations in wall seconds); recorded times are
     converted to simulated seconds, so every figure reads as the modelled GPU would deliver it."""
@@ -142,5 +143,6 @@ async def run_arms(arms: Sequence[Arm], sim: SimSpec, load: dict[str, Any], out_
             console.rule(f"[bold]{arm.label}[/]: {load.get('workload')} {where}")
         async with target(arm, sim, out_dir / "logs") as url:
             cfg = BenchConfig(url=url, time_scale=sim.time_scale, **load)
-            summaries[arm.label] = await bench_to_dir(cfg, out_dir / arm.folder, console=console, label=arm.label)
+            summaries[arm.label] = await bench_to_dir(cfg, out_dir / arm.folder, console=console, label=arm.label,
+                                                      tables=tables)
     return summaries

@@ -28,3 +28,16 @@ def test_mixed_comparison_prints_throughput_and_per_class_verdicts_whole_at_80_c
     overall = " ".join(text[text.index("overall: "):].split())
     assert overall.startswith("overall: requests/s") and "no latency verdict" in overall
     assert not re.search(r"P99 [0-9]", overall)  # no pooled percentile is judged
+
+
+def test_the_demo_ends_with_the_readmes_headline_table() -> None:
+    from tailguard.cli.demo import headline
+
+    before = steady(100, 1.0, 32) + steady(10, 10.0, 2048, "summary", start=1000)
+    after = steady(100, 1.0, 32) + steady(10, 10.0, 2048, "summary", start=1000)
+    console = Console(width=80, record=True, color_system=None)
+    console.print(headline(compare(before, META, after, META, n_boot=100), 16))
+    text = console.export_text()
+    assert "chat TTFT" in text and "summary" in text and "…" not in text
+    rows = [line for line in text.splitlines() if line.startswith(("│ before", "│ after"))]
+    assert len(rows) == 2 and "1.00s" in rows[0] and "(100%)" in text

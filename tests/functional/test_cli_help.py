@@ -1,0 +1,60 @@
+"""`COLUMNS=80 tailguard <verb> --help`, for every verb the command has: every option name shown
+whole, flags shown without a value placeholder, nothing wider than the terminal. The verbs and
+their options are read from the command itself, so a new verb or option is checked too."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import typer
+
+from tailguard import __version__, cli
+
+TAILGUARD = str(Path(sys.executable).with_name("tailguard"))
+
+
+def verbs() -> Iterator[tuple[list[str], Any]]:
+    cli._register()
+
+    def walk(command: Any, path: list[str]) -> Iterator[tuple[list[str], Any]]:
+        yield path, command
+        for name, sub in sorted(getattr(command, "commands", {}).items()):
+            yield from walk(sub, [*path, name])
+
+    yield from walk(typer.main.get_command(cli.app), [])
+
+
+async def run(*args: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(TAILGUARD, *args, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.STDOUT, env={**os.environ, "COLUMNS": "80"})
+    try:
+        async with asyncio.timeout(60):
+            out, _ = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode()
+
+
+@pytest.mark.parametrize("path,command", list(verbs()), ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+async def test_help_at_80_columns_shows_every_option_whole(path: list[str], command: Any) -> None:
+    code, text = await run(*path, "--help")
+    assert code == 0, text
+    assert "…" not in text and "<bool>" not in text
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    words = set(text.replace(",", " ").replace("/", " ").split())
+    for param in command.params:
+        for name in (*param.opts, *param.secondary_opts):
+            if name.startswith("-"):
+                assert name in words, f"{' '.join(path)}: {name} not shown whole in\n{text}"
+
+
+async def test_version() -> None:
+    assert await run("--version") == (0, f"tailguard {__version__}\n")
