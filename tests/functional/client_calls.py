@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tailguard.client import RetryPolicy, Timeouts, async_openai_client, openai_client
+from tests.functional.client_faults import fault_server
 
 CHAT = [{"role": "user", "content": "hi"}]
 KINDS = ("sync", "async")
@@ -68,3 +69,10 @@ def _sync_call(base_url: str | list[str], options: dict[str, Any], args: dict[st
             out.error = err
     out.elapsed_s = time.monotonic() - start
     return out
+
+
+async def against(kind: str, fault: str, **kw: Any) -> tuple[Outcome, list[float]]:
+    """One call to a fresh fault server's `fault`, bounded; the outcome and when each try arrived."""
+    async with asyncio.timeout(5), fault_server() as f:
+        out = await call(kind, f.base(fault), **kw)
+    return out, f.hits[fault]

@@ -14,7 +14,7 @@ import pytest
 from tailguard.client import (
     ConnectTimeout, DeadlineExceeded, FirstTokenTimeout, IdleTimeout, RetryPolicy, Timeouts, TotalTimeout,
 )
-from tests.functional.client_calls import KINDS, call
+from tests.functional.client_calls import KINDS, against, call
 from tests.functional.client_faults import fault_server
 
 D = 0.2  # every deadline in this file
@@ -32,35 +32,31 @@ def _fired(err: Exception | None, cls: type[DeadlineExceeded], elapsed_s: float,
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_server_that_never_answers_is_a_first_token_timeout(kind: str) -> None:
-    async with asyncio.timeout(5), fault_server() as f:
-        out = await call(kind, f.base("hang"))
+    out, hits = await against(kind, "hang")
     err = _fired(out.error, FirstTokenTimeout, out.elapsed_s)
     assert err.content_chunks == 0 and "first_token deadline of 0.2 s" in str(err)
-    assert len(f.hits["hang"]) == 1
+    assert len(hits) == 1
 
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_keepalives_after_the_role_chunk_do_not_hold_off_the_first_token_deadline(kind: str) -> None:
-    async with asyncio.timeout(5), fault_server() as f:
-        out = await call(kind, f.base("role_then_keepalive"))
+    out, hits = await against(kind, "role_then_keepalive")
     _fired(out.error, FirstTokenTimeout, out.elapsed_s)
     assert out.texts == []
 
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_keepalives_after_content_do_not_reset_the_idle_deadline_and_nothing_is_retried(kind: str) -> None:
-    async with asyncio.timeout(5), fault_server() as f:
-        out = await call(kind, f.base("three_then_keepalive"), retry=RetryPolicy(max_attempts=4, base_delay=0.01))
+    out, hits = await against(kind, "three_then_keepalive", retry=RetryPolicy(max_attempts=4, base_delay=0.01))
     err = _fired(out.error, IdleTimeout, out.elapsed_s)
     assert out.texts == ["one", " two", " three"]
     assert err.content_chunks == 3 and "3 content chunks had arrived" in str(err)
-    assert len(f.hits["three_then_keepalive"]) == 1  # content had reached the caller
+    assert len(hits) == 1  # content had reached the caller
 
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_fixed_total_deadline(kind: str) -> None:
-    async with asyncio.timeout(5), fault_server() as f:
-        out = await call(kind, f.base("three_then_keepalive"), timeouts=Timeouts(first_token=1, idle=None, total=0.3))
+    out, hits = await against(kind, "three_then_keepalive", timeouts=Timeouts(first_token=1, idle=None, total=0.3))
     _fired(out.error, TotalTimeout, out.elapsed_s, limit_s=0.3)
     assert out.texts == ["one", " two", " three"]
 
@@ -69,8 +65,7 @@ async def test_a_fixed_total_deadline(kind: str) -> None:
 async def test_the_total_deadline_derived_from_max_tokens(kind: str) -> None:
     # (first_token 0.1 + 2 tokens at 10 tokens/s) x slack 1 = 0.3 s
     timeouts = Timeouts(first_token=0.1, idle=None, total=None, tokens_per_s=10, slack=1)
-    async with asyncio.timeout(5), fault_server() as f:
-        out = await call(kind, f.base("three_then_keepalive"), timeouts=timeouts, max_tokens=2)
+    out, hits = await against(kind, "three_then_keepalive", timeouts=timeouts, max_tokens=2)
     _fired(out.error, TotalTimeout, out.elapsed_s, limit_s=0.3)
 
 
@@ -104,8 +99,7 @@ async def test_a_connection_that_does_not_open_is_a_connect_timeout(kind: str, u
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_non_stream_call_is_streamed_underneath_and_assembled(kind: str) -> None:
-    async with asyncio.timeout(5), fault_server() as f:
-        out = await call(kind, f.base("ok"), stream=False)
+    out, hits = await against(kind, "ok", stream=False)
     assert out.error is None, repr(out.error)
     assert out.answer.choices[0].message.content == "one two three"
     assert out.answer.choices[0].finish_reason == "stop"

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from tailguard.client import RateLimited, RetryBudget, RetryPolicy, Unavailable
-from tests.functional.client_calls import KINDS, call
+from tests.functional.client_calls import KINDS, against, call
 from tests.functional.client_faults import fault_server
 from tests.functional.gateways import dead_url
 
@@ -24,10 +24,9 @@ def _gaps(times: list[float]) -> list[float]:
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_429_waits_its_retry_after_in_seconds(kind: str) -> None:
-    async with asyncio.timeout(5), fault_server() as f:
-        out = await call(kind, f.base("429_seconds"), retry=FAST)
+    out, hits = await against(kind, "429_seconds", retry=FAST)
     assert out.error is None and out.texts == ["one", " two", " three"]
-    [gap] = _gaps(f.hits["429_seconds"])
+    [gap] = _gaps(hits)
     # Retry-After 0.2 is a floor; the 429 jitter window is base 0.02 x overload factor 2
     assert 0.2 <= gap < 0.2 + 0.04 + LATE
 
@@ -43,60 +42,54 @@ async def test_429_waits_for_its_retry_after_date(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_an_absurd_retry_after_raises_at_once(kind: str) -> None:
-    async with asyncio.timeout(5), fault_server() as f:
-        out = await call(kind, f.base("429_absurd"), retry=RetryPolicy(max_attempts=4, max_retry_after=60))
+    out, hits = await against(kind, "429_absurd", retry=RetryPolicy(max_attempts=4, max_retry_after=60))
     err = out.error
     assert isinstance(err, RateLimited) and isinstance(err, openai.RateLimitError)
     assert err.gave_up == "retry_after_too_long" and err.retry_after_s == 198300 and err.attempts == 1
     assert err.reason == "queue_full" and "(queue_full)" in str(err) and "retry_after_too_long" in str(err)
-    assert len(f.hits["429_absurd"]) == 1 and out.elapsed_s < LATE
+    assert len(hits) == 1 and out.elapsed_s < LATE
 
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_503_then_200(kind: str) -> None:
-    async with asyncio.timeout(5), fault_server() as f:
-        out = await call(kind, f.base("503_then_200"), retry=FAST)
+    out, hits = await against(kind, "503_then_200", retry=FAST)
     assert out.error is None and out.texts == ["one", " two", " three"]
-    [gap] = _gaps(f.hits["503_then_200"])
+    [gap] = _gaps(hits)
     assert 0.05 <= gap < 0.05 + 0.02 + LATE  # Retry-After 0.05 plus a 503 window of 0.02
 
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_reset_connection_is_retried(kind: str) -> None:
-    async with asyncio.timeout(5), fault_server() as f:
-        out = await call(kind, f.base("reset_once"), retry=FAST)
+    out, hits = await against(kind, "reset_once", retry=FAST)
     assert out.error is None and out.texts == ["one", " two", " three"]
-    assert len(f.hits["reset_once"]) == 2
+    assert len(hits) == 2
 
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_reset_after_content_reached_the_caller_is_not_retried(kind: str) -> None:
-    async with asyncio.timeout(5), fault_server() as f:
-        out = await call(kind, f.base("content_then_reset"), retry=FAST)
+    out, hits = await against(kind, "content_then_reset", retry=FAST)
     assert isinstance(out.error, openai.APIConnectionError)
     assert out.texts == ["one"]
-    assert len(f.hits["content_then_reset"]) == 1
+    assert len(hits) == 1
 
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_400_is_tried_once(kind: str) -> None:
-    async with asyncio.timeout(5), fault_server() as f:
-        out = await call(kind, f.base("400"), retry=FAST)
+    out, hits = await against(kind, "400", retry=FAST)
     assert isinstance(out.error, openai.BadRequestError)
     assert out.error.body == {"message": "messages is required", "type": "invalid_request_error",
                               "param": "messages", "code": "missing_required_parameter"}
-    assert len(f.hits["400"]) == 1
+    assert len(hits) == 1
 
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_retries_stop_after_max_attempts_and_follow_the_backoff(kind: str) -> None:
     policy = RetryPolicy(max_attempts=4, base_delay=0.05, max_delay=0.1)
-    async with asyncio.timeout(5), fault_server() as f:
-        out = await call(kind, f.base("503_always"), retry=policy, budget=False)
+    out, hits = await against(kind, "503_always", retry=policy, budget=False)
     err = out.error
     assert isinstance(err, Unavailable) and isinstance(err, openai.InternalServerError)
     assert err.attempts == 4 and err.gave_up == "attempts" and err.reason == "queue_full"
-    gaps = _gaps(f.hits["503_always"])
+    gaps = _gaps(hits)
     assert len(gaps) == 3
     for gap, window in zip(gaps, (0.05, 0.1, 0.1)):  # Retry-After 0 + full jitter in [0, window]
         assert gap < window + LATE

@@ -162,10 +162,6 @@ def connect_failure(request: httpx2.Request, err: httpx2.TransportError, connect
     return TryFailed(None, None, err)
 
 
-def is_sse(headers: httpx2.Headers) -> bool:
-    return headers.get("content-type", "").split(";")[0].strip() == "text/event-stream"
-
-
 
 class Progress:
     """A response body read under a try's deadlines: each piece is scanned for content, which
