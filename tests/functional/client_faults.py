@@ -169,6 +169,7 @@ async def fault_server() -> AsyncIterator[Faults]:
     app[HITS] = faults.hits
     app[WALLS] = faults.walls
     app.router.add_post("/{fault}/v1/chat/completions", _route)
+    app.router.add_get("/{fault}/v1/models", _route)
     async with running(app, handler_cancellation=True) as url:
         faults.url = url
         yield faults

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from typing import Iterator
 
 import openai
@@ -13,6 +14,7 @@ import pytest
 
 from tailguard.client import (
     ConnectTimeout, DeadlineExceeded, FirstTokenTimeout, IdleTimeout, RetryPolicy, Timeouts, TotalTimeout,
+    async_openai_client,
 )
 from tests.functional.client_calls import KINDS, against, call
 from tests.functional.client_faults import fault_server
@@ -116,3 +118,13 @@ async def test_a_non_stream_call_has_the_same_deadlines_and_is_retried_since_not
     _fired(stalled.error, FirstTokenTimeout, stalled.elapsed_s)
     assert isinstance(idle.error, IdleTimeout)
     assert len(f.hits["three_then_keepalive"]) == 2
+
+
+async def test_a_call_to_another_endpoint_answers_within_first_token() -> None:
+    async with asyncio.timeout(5), fault_server() as f:
+        async with async_openai_client(base_url=f.base("hang"), api_key="k", timeouts=Timeouts(first_token=D),
+                                       retry=RetryPolicy(max_attempts=1)) as client:
+            start = time.monotonic()
+            with pytest.raises(TotalTimeout) as info:
+                await client.models.list()
+    _fired(info.value, TotalTimeout, time.monotonic() - start)

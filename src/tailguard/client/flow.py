@@ -84,6 +84,8 @@ class Call:
             total = t.total_s(fields.max_tokens, self._state.speed.tokens_per_s())
         sent_at = time.monotonic()
         streams = fields.endpoint is not None  # only a stream shows a first token and stalls
+        if not streams and total is None:
+            total = t.first_token  # a models or embeddings call answers as soon as a first token would
         deadlines = Deadlines(t.first_token if streams else None, t.idle if streams else None, total, sent_at)
         remaining = deadlines.remaining_s(sent_at)
         read = None if remaining == float("inf") else remaining
