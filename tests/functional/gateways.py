@@ -50,14 +50,15 @@ def dead_url() -> str:
 @asynccontextmanager
 async def gateway(
     *, sims: int = 1, max_concurrency: int = 8, engine_cfg: EngineConfig | None = None, scale: float = SCALE,
-    extra_backends: list[BackendConfig] | None = None, **cfg: Any,
+    extra_backends: list[BackendConfig] | None = None, kind: str = "sim", **cfg: Any,
 ) -> AsyncIterator[Stack]:
-    """`sims` simulators, each a backend (`sim0`, `sim1`, ...) after `extra_backends`, behind one gateway."""
+    """`sims` simulators, each a backend (`sim0`, `sim1`, ...) of `kind` after `extra_backends`,
+    behind one gateway."""
     async with AsyncExitStack() as stack:
         started = [await stack.enter_async_context(running_sim(engine_cfg or engine(), time_scale=scale))
                    for _ in range(sims)]
         backends = list(extra_backends or []) + [
-            BackendConfig(name=f"sim{i}", url=s.url, kind="sim", max_concurrency=max_concurrency)
+            BackendConfig(name=f"sim{i}", url=s.url, kind=kind, max_concurrency=max_concurrency)  # type: ignore[arg-type]
             for i, s in enumerate(started)
         ]
         gw_cfg = GatewayConfig.model_validate({"backends": [b.model_dump() for b in backends], **cfg})

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from tailguard.front.params import FrontParams
 from tailguard.front.preemption import Candidate, PreemptionPolicy
 from tailguard.front.queue import Pending, make_scheduler
-from tailguard.front.retry import OTHER_BACKEND_KINDS, SAME_BACKEND_KINDS, RetryBudget
+from tailguard.front.retry import HEALTH_KINDS, OTHER_BACKEND_KINDS, SAME_BACKEND_KINDS, RetryBudget
 from tailguard.front.router import choose
 from tailguard.front.slots import BackendPool
 from tailguard.types import Outcome
@@ -193,7 +193,7 @@ class Front:
             raise ValueError(f"request {req_id!r} is {r.state.value}, not running")
         old = r.backend
         r.suspendable = False
-        if kind in ("connect", "timeout_connect") and self.slots.mark_failure(old):
+        if kind in HEALTH_KINDS and self.slots.mark_failure(old):
             self._out.append(HealthChanged(old, False))
         if r.attempts < self._max_attempts and kind in OTHER_BACKEND_KINDS:
             target = self._retry_target(r, kind, now)

@@ -7,8 +7,9 @@ is closed before the retry is sent. Where it goes depends on how it failed:
 - `reset`, `disconnect`: the connection broke before an answer (typically a pooled keep-alive
   connection the server had just closed). The server itself may be fine, so the same backend is
   tried once more on a fresh connection, even when it is the only one; then another.
-- `connect`, `timeout_connect`, `status` (a 5xx or 429 before streaming): that backend refused
-  or is down; another backend is tried, never the same.
+- `connect`, `timeout_connect`, `status` (a 5xx or 429 before streaming), `timeout_headers` (the
+  first-token deadline passed with not even response headers: a hung server): that backend
+  refused or is down; another backend is tried, never the same.
 - anything else (deadlines once the request was accepted upstream, protocol errors): not
   retried, since the engine may have done the work.
 """
@@ -20,7 +21,9 @@ import math
 from tailguard.front.params import RetryParams
 
 SAME_BACKEND_KINDS = frozenset({"reset", "disconnect"})
-OTHER_BACKEND_KINDS = frozenset({"reset", "disconnect", "connect", "timeout_connect", "status"})
+OTHER_BACKEND_KINDS = frozenset({"reset", "disconnect", "connect", "timeout_connect", "status", "timeout_headers"})
+# Failures that count against a backend's health (as a failed probe does).
+HEALTH_KINDS = frozenset({"connect", "timeout_connect", "timeout_headers"})
 
 
 class RetryBudget:

@@ -188,6 +188,7 @@ class Proxy:
         sent: web.StreamResponse | None = None  # a non-stream response already being written
         progress = ticket.progress
         resumed: dict[str, Any] | None = None  # the continuation body after a suspension
+        retried = False  # the last attempt failed: this one goes on a new connection
         try:
             while True:
                 backend = self._backends[ticket.backend]
@@ -201,7 +202,7 @@ class Proxy:
                 wd.start_attempt(clock() + to.first_token_s)
                 up = None
                 try:
-                    up = await self._upstream.open(backend, endpoint, body, req_id)
+                    up = await self._upstream.open(backend, endpoint, body, req_id, fresh=retried)
                     t.upstream_headers_at = clock()
                     if progress is not None:
                         self._dispatcher.upstream_open(ticket, up.close)
@@ -239,10 +240,12 @@ class Proxy:
                     assert progress is not None
                     ticket = await self._suspended(ticket, progress, t, wd)
                     resumed = continuation_body(capped.body, endpoint, progress)
+                    retried = False
                     continue
                 except RelayError as err:
                     self._metrics.upstream_errors.labels(backend.name, err.kind).inc()
                     if err.retryable and self._dispatcher.failed(ticket, err.kind):
+                        retried = True
                         continue  # nothing reached the client: the front sends it again
                     raise
                 except UpstreamStatus as us:
@@ -256,6 +259,10 @@ class Proxy:
                     if kind is None:
                         raise
                     self._metrics.upstream_errors.labels(backend.name, kind).inc()
+                    if up is None and kind == "timeout_first_token" and self._dispatcher.failed(
+                            ticket, "timeout_headers"):
+                        retried = True
+                        continue  # it never answered at all (a hung server): another may
                     timeout = RelayError(kind, _TIMEOUT_TEXT[kind].format(backend=backend.name), status=504)
                     if stream is not None and stream.response is not None:
                         ex.outcome, ex.status, ex.reason = Outcome.TIMEOUT, 200, kind

@@ -87,30 +87,41 @@ def upstream_body(
 
 
 class Upstream:
-    """The shared upstream client: one pooled `ClientSession` for every backend and request."""
+    """The shared upstream client: one pooled `ClientSession` for every backend and request, and
+    one that never pools, for retries: a retry after a reset must not be handed another pooled
+    connection the server has closed just the same."""
 
     def __init__(self, timeouts: TimeoutsConfig) -> None:
         self.timeouts = timeouts
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30.0)
-        self.session = aiohttp.ClientSession(
+        self.session = self._session(aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30.0))
+        self._fresh = self._session(aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=True))
+
+    def _session(self, connector: aiohttp.TCPConnector) -> aiohttp.ClientSession:
+        t = self.timeouts
+        return aiohttp.ClientSession(
             connector=connector,
-            timeout=aiohttp.ClientTimeout(total=None, connect=timeouts.connect_s, sock_connect=timeouts.connect_s),
+            timeout=aiohttp.ClientTimeout(total=None, connect=t.connect_s, sock_connect=t.connect_s),
             auto_decompress=False,
             skip_auto_headers=("User-Agent",),
         )
 
     async def close(self) -> None:
         await self.session.close()
+        await self._fresh.close()
 
-    async def open(self, backend: BackendConfig, endpoint: Endpoint, body: bytes, req_id: str) -> aiohttp.ClientResponse:
-        """Send the request; returns a 2xx streaming response. Raises `RelayError` (connect
-        failures, 5xx) or `UpstreamStatus` (4xx, passed back to the client)."""
+    async def open(
+        self, backend: BackendConfig, endpoint: Endpoint, body: bytes, req_id: str, *, fresh: bool = False,
+    ) -> aiohttp.ClientResponse:
+        """Send the request (`fresh`: on a new connection); returns a 2xx streaming response.
+        Raises `RelayError` (connect failures, resets, 5xx) or `UpstreamStatus` (4xx, passed
+        back to the client)."""
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "X-Request-Id": req_id}
         headers.update(get_kind(backend.kind).upstream_headers)  # e.g. llama-server: no stale keep-alive reuse
         if backend.api_key:
             headers["Authorization"] = f"Bearer {backend.api_key}"
         try:
-            resp = await self.session.post(backend.url + UPSTREAM_PATHS[endpoint], data=body, headers=headers)
+            session = self._fresh if fresh else self.session
+            resp = await session.post(backend.url + UPSTREAM_PATHS[endpoint], data=body, headers=headers)
         except (aiohttp.ConnectionTimeoutError, aiohttp.ServerTimeoutError) as e:
             raise RelayError("timeout_connect", f"Connecting to backend '{backend.name}' timed out: {e}",
                              status=504, retryable=True) from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tailguard.gateway.kinds import (
-    KINDS, EngineLoad, get_kind, parse_llamacpp_metrics, parse_llamacpp_slots, parse_sglang_metrics,
+    KINDS, EngineLoad, detect_kind, get_kind, parse_llamacpp_metrics, parse_llamacpp_slots, parse_sglang_metrics,
     parse_tgi_metrics, parse_vllm_metrics, prometheus_sums,
 )
 
@@ -129,3 +129,27 @@ def test_every_config_in_the_engines_doc_loads(tmp_path: pytest.TempPathFactory)
         path.write_text(block)
         cfg = load_config(path)
         assert [b.kind for b in cfg.backends] == [kind]
+
+
+# What each server answers on the pages `kind: auto` asks for (shapes from their own servers).
+VLLM_VERSION = b'{"version":"0.10.1.1"}'
+SIM_VERSION = b'{"version":"0.1.0","engine":"tailguard-sim"}'
+LLAMACPP_PROPS = (b'{"default_generation_settings":{"n_ctx":2048,"params":{}},"total_slots":4,'
+                  b'"model_path":"tiny.gguf","chat_template":"","build_info":"b6000"}')
+TGI_INFO = (b'{"model_id":"tiny","model_dtype":"torch.float16","max_total_tokens":2048,'
+            b'"router":"text-generation-router","version":"3.3.4"}')
+SGLANG_INFO = b'{"model_path":"tiny","tokenizer_path":"tiny","tp_size":1,"version":"0.4.9"}'
+
+
+@pytest.mark.parametrize("answers,kind", [
+    ({"/version": VLLM_VERSION}, "vllm"),
+    ({"/version": SIM_VERSION}, "sim"),
+    ({"/props": LLAMACPP_PROPS}, "llamacpp"),
+    ({"/info": TGI_INFO}, "tgi"),
+    ({"/get_server_info": SGLANG_INFO, "/version": b'{"version":"0.4.9"}'}, "sglang"),
+    ({}, "openai"),
+    ({"/version": b"<html>not json</html>", "/props": b"[1]", "/info": b'{"model_id":"x"}'}, "openai"),
+])
+def test_the_kind_is_read_from_the_page_only_that_server_serves(answers: dict[str, bytes], kind: str) -> None:
+    assert detect_kind(answers) == kind
+    assert kind in KINDS

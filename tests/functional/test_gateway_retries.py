@@ -1,0 +1,143 @@
+"""Faults that must cost no request another attempt could serve, each made for real on a socket:
+a server that drops every reused keep-alive connection (as llama-server does while advertising
+keep-alive), one that resets every connection, one that accepts and never answers. The real
+`openai` package is the client; every wait is bounded."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+import openai
+import pytest
+
+from tailguard.gateway.config import BackendConfig
+from tests.functional.gateways import gateway, sample, scrape
+
+CHAT = [{"role": "user", "content": "hello"}]
+_EVENTS = (
+    b'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
+    b'"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
+    b'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
+    b'"delta":{"content":" ok"},"finish_reason":"stop"}]}\n\n'
+    b'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m","choices":[],'
+    b'"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}\n\n'
+    b"data: [DONE]\n\n"
+)
+_RESPONSE = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+             + f"{len(_EVENTS):x}\r\n".encode() + _EVENTS + b"\r\n0\r\n\r\n")
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@asynccontextmanager
+async def raw_server(handle: Handler) -> AsyncIterator[str]:
+    """A TCP server on loopback speaking just enough HTTP/1.1 by hand to misbehave exactly."""
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def tracked(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        tasks.add(task)
+        try:
+            await handle(r, w)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            pass  # torn down below; ending normally keeps asyncio's stream callback quiet
+        finally:
+            w.close()
+            tasks.discard(task)
+
+    server = await asyncio.start_server(tracked, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.close()
+        for t in list(tasks):
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await server.wait_closed()
+
+
+async def read_request(r: asyncio.StreamReader) -> None:
+    head = await r.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    await r.readexactly(length)
+
+
+async def drops_reused_connections(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    """Answers the first request of a connection and keeps it open (HTTP/1.1 keep-alive, no
+    `Connection: close`); the next request on it finds the connection closed, unanswered."""
+    await read_request(r)
+    w.write(_RESPONSE)
+    await w.drain()
+    await read_request(r)
+
+
+async def resets(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    await read_request(r)
+    w.transport.abort()  # RST, no answer
+
+
+async def never_answers(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    await read_request(r)
+    await asyncio.sleep(3600)
+
+
+def backend(name: str, url: str) -> BackendConfig:
+    return BackendConfig(name=name, url=url, kind="openai", max_concurrency=4)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_dropped_keep_alive_connection_is_retried_on_a_fresh_one(stream: bool) -> None:
+    async with asyncio.timeout(30), raw_server(drops_reused_connections) as url, \
+            gateway(sims=0, extra_backends=[backend("flaky", url)]) as gw, gw.client() as c:
+        for _ in range(12):
+            if stream:
+                s = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=1, stream=True)
+                text = "".join([ch.choices[0].delta.content or "" async for ch in s if ch.choices])
+            else:
+                text = (await c.chat.completions.create(model="m", messages=CHAT, max_tokens=1)).choices[0].message.content or ""
+            assert text == " ok"
+        m = await scrape(gw.url)
+    assert sample(m, "tailguard_requests_total", **{"class": "interactive", "outcome": "success"}) == 12
+    assert sample(m, "tailguard_upstream_errors_total", backend="flaky", kind="reset") >= 1
+
+
+async def test_without_retries_the_same_server_costs_requests() -> None:
+    """The check above can fail: with one attempt the dropped connections are lost requests."""
+    async with asyncio.timeout(30), raw_server(drops_reused_connections) as url, \
+            gateway(sims=0, extra_backends=[backend("flaky", url)], retries={"max_attempts": 1}) as gw, \
+            gw.client() as c:
+        failed = 0
+        for _ in range(12):
+            try:
+                await c.chat.completions.create(model="m", messages=CHAT, max_tokens=1)
+            except openai.APIStatusError as e:
+                assert e.status_code == 502
+                failed += 1
+    assert failed >= 1
+
+
+@pytest.mark.parametrize("fault", [resets, never_answers], ids=["resets", "never_answers"])
+async def test_a_backend_that_resets_or_hangs_costs_nothing_another_can_serve(fault: Handler) -> None:
+    async with asyncio.timeout(30), raw_server(fault) as url, \
+            gateway(extra_backends=[backend("bad", url)], timeouts={"first_token_s": 0.5}) as gw, \
+            gw.client() as c:
+        results = await asyncio.gather(*(
+            c.chat.completions.with_raw_response.create(model="m", messages=CHAT, max_tokens=2)
+            for _ in range(6)))
+        m = await scrape(gw.url)
+    assert [r.parse().choices[0].message.content for r in results] == [" tok" * 2] * 6
+    assert all(r.headers["x-tailguard-backend"] == "sim0" for r in results)
+    kind = "reset" if fault is resets else "timeout_first_token"
+    assert sample(m, "tailguard_upstream_errors_total", backend="bad", kind=kind) >= 1
+    assert sample(m, "tailguard_requests_total", **{"class": "interactive", "outcome": "success"}) == 6
