@@ -219,7 +219,8 @@ def client_timeouts(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvide
         cause="the client's fixed total timeout is shorter than a long generation takes",
         next_step=("replace the fixed total timeout by a first-token timeout plus an idle timeout between tokens "
                    "(tailguard.client's Timeouts), or derive the total from max_tokens"),
-        check=bench_command(f) + f" --timeout {max(longest * 2, 1.0):.0f}",
+        # --timeout is wall seconds; the run's times are simulated when it had a time scale
+        check=bench_command(f) + f" --timeout {max(longest * f.meta.get('time_scale', 1.0) * 2, 1.0):.0f}",
         evidence_for=tuple(evid), evidence_against=tuple(against),
     )
 
