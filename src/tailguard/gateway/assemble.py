@@ -78,6 +78,7 @@ class Assembler:
     error: dict[str, Any] | None = None
 
     progress: Progress | None = None  # set for preemptible requests
+    service_tier: str | None = None  # the tier to report, when the request named one
 
     async def run(self, up: aiohttp.ClientResponse) -> bytes:
         """Assemble until the upstream ends. A preemptible request's assembler outlives a
@@ -194,8 +195,11 @@ class Assembler:
         usage, t = self.tally.usage, self.tally.times
         pt = usage.prompt_tokens if usage.prompt_tokens is not None else t.prompt_tokens
         ct = usage.completion_tokens if usage.completion_tokens is not None else t.content_chunks
-        return orjson.dumps({
+        out: dict[str, Any] = {
             "id": self.id, "object": "chat.completion" if self.endpoint == "chat" else "text_completion",
             "created": self.created, "model": self.model, "choices": choices,
             "usage": {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct},
-        })
+        }
+        if self.service_tier is not None:
+            out["service_tier"] = self.service_tier
+        return orjson.dumps(out)

@@ -72,6 +72,17 @@ class ClassTable:
     def get(self, name: str) -> ClassConfig | None:
         return self._by_name.get(name)
 
+    def served_tier(self, requested: object, cls: ClassConfig) -> str | None:
+        """The `service_tier` a response reports when the request named one: the tier asked for
+        when that is the class it was served in, else the tier of that class (`flex` for the
+        class `flex` maps to, `default` for the others). None when the request named none, so a
+        response is left as the engine wrote it."""
+        if not isinstance(requested, str):
+            return None
+        if requested != "auto" and self._tiers.get(requested) is cls:
+            return requested
+        return "flex" if self._tiers["flex"] is cls else "default"
+
     def authenticate(self, api_key: str | None) -> None:
         """Raise a 401 when keys are configured and this one is missing or unknown."""
         if not self.auth_required:

@@ -189,6 +189,7 @@ class Proxy:
         progress = ticket.progress
         resumed: dict[str, Any] | None = None  # the continuation body after a suspension
         retried = False  # the last attempt failed: this one goes on a new connection
+        tier = self._classes.served_tier(parsed.body.get("service_tier"), cls)
         try:
             while True:
                 backend = self._backends[ticket.backend]
@@ -209,7 +210,8 @@ class Proxy:
                     if parsed.stream:
                         if stream is None:
                             stream = StreamRelay(request, endpoint, tally, parsed.include_usage,
-                                                 lambda: response_headers(t), progress=progress)
+                                                 lambda: response_headers(t), progress=progress,
+                                                 service_tier=tier.encode() if tier is not None else None)
                         await stream.run(up)
                         self._finish_tokens(t, tally.usage.prompt_tokens, tally.usage.completion_tokens)
                         up.release()
@@ -221,7 +223,7 @@ class Proxy:
                         t.finished_at = clock()
                         return stream.response  # type: ignore[return-value]
                     if asm is None:
-                        asm = Assembler(endpoint, tally, progress=progress)
+                        asm = Assembler(endpoint, tally, progress=progress, service_tier=tier)
                     payload = await asm.run(up)
                     up.release()
                     self._finish_tokens(t, tally.usage.prompt_tokens, tally.usage.completion_tokens)
@@ -307,6 +309,8 @@ class Proxy:
             return sent if sent is not None else web.Response(status=499)
         finally:
             wd.stop()
+            if t.output_tokens == 0 and t.content_chunks:
+                self._meter_unfinished(t, tally, progress)
 
     async def _suspended(self, ticket: Ticket, progress: Progress, t: RequestTimes, wd: Watchdog) -> Ticket:
         """The dispatcher preempted this request: wait, with no deadline running and the
@@ -325,6 +329,19 @@ class Proxy:
         if prompt is not None:
             t.prompt_tokens = prompt
         t.output_tokens = completion if completion is not None else t.content_chunks
+
+    def _meter_unfinished(self, t: RequestTimes, tally: Tally, progress: Progress | None) -> None:
+        """What a request that did not finish generated is charged all the same (client gone,
+        timeout, upstream error, expired while suspended): the tokens a preemptible request
+        tracked over its runs, else the engine's count when it sent one, else its content chunks,
+        marked as an estimate in the access log."""
+        if progress is not None and progress.tokens:
+            t.output_tokens = progress.tokens  # counted over every run, as the engine reported them
+        elif tally.usage.completion_tokens is not None:
+            t.output_tokens = tally.usage.completion_tokens
+        else:
+            t.output_tokens = t.content_chunks
+            t.extra["output_tokens_estimated"] = True
 
     def _ok(self, cls: str, t: RequestTimes, ex: _Exit, status: int) -> None:
         ex.outcome, ex.status = Outcome.SUCCESS, status

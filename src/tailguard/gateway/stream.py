@@ -21,7 +21,9 @@ from aiohttp import web
 from tailguard.gateway.resume import Progress
 from tailguard.gateway.tally import Tally
 from tailguard.gateway.upstream import ClientGone, RelayError, Suspended
-from tailguard.wire.chunks import delta_text, has_content, has_usage, is_error, parse, role_only, running_completion_tokens
+from tailguard.wire.chunks import (
+    delta_text, has_content, has_usage, is_error, parse, role_only, running_completion_tokens, with_service_tier,
+)
 from tailguard.wire.openai import Endpoint, error_body
 from tailguard.wire.sse import DONE, DONE_EVENT, SSEDecoder, SSEEvent, encode_event, events_of, is_done
 
@@ -56,6 +58,7 @@ class StreamRelay:
     stream_id: str | None = None
     # Bytes before the first content chunk (the role-only delta), sent with it.
     held: list[bytes] = field(default_factory=list)
+    service_tier: bytes | None = None  # the tier to report, when the request named one
 
     async def run(self, up: aiohttp.ClientResponse) -> None:
         """Relay until the upstream ends. Raises `RelayError` (retryable while nothing was
@@ -183,6 +186,8 @@ class StreamRelay:
         tally = self.tally
         if content:
             tally.content(now, content)
+        if self.service_tier is not None and chunk:
+            chunk = with_service_tier(chunk, self.service_tier)
         if self.response is None:
             if chunk:
                 self.held.append(chunk)

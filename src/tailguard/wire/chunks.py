@@ -13,6 +13,8 @@ inside the buffer it read without slicing it out. Only the rare chunks they pick
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +24,7 @@ import orjson
 # strings, so `"content":` never matches inside a tool call's arguments or the text itself.
 CONTENT_KEYS = (b'"content":', b'"text":', b'"reasoning_content":', b'"reasoning":', b'"tool_calls":')
 _USAGE_KEY = b'"usage":'
+_TIER_VALUE = re.compile(rb'"service_tier":\s*(null|"[^"]*")')
 _QUOTE, _BRACKET, _CLOSE_BRACKET, _BRACE, _SPACE = 0x22, 0x5B, 0x5D, 0x7B, 0x20
 
 
@@ -91,6 +94,16 @@ def is_error(data: bytes, start: int = 0, end: int | None = None) -> bool:
     while j < end and data[j] == _SPACE:
         j += 1
     return data.startswith(b'"error"', j)
+
+
+def with_service_tier(data: bytes, tier: bytes) -> bytes:
+    """Every JSON event in `data` saying `"service_tier": tier`: an engine's own value (vLLM
+    writes null) is replaced, else the field is put first. Bytes only, no parse; used only for
+    requests that named a tier, so the common stream pays nothing."""
+    value = b'"service_tier":"' + tier + b'"'
+    if b'"service_tier":' in data:
+        return _TIER_VALUE.sub(value, data)
+    return data.replace(b"data: {", b"data: {" + value + b",")
 
 
 def parse(data: bytes) -> Any:

@@ -53,3 +53,13 @@ def test_usage_and_errors() -> None:
     assert u.read({"choices": [], "usage": usage_dict(3, 4)}) is True
     assert (u.prompt_tokens, u.completion_tokens) == (3, 4)
     assert u.read({"choices": [{}], "usage": usage_dict(5, 6)}) is False and u.completion_tokens == 6
+
+
+def test_with_service_tier_replaces_the_engines_value_or_puts_it_first() -> None:
+    from tailguard.wire.chunks import with_service_tier
+
+    two = b'data: {"id":"a","service_tier":null,"choices":[]}\n\ndata: {"id":"a", "service_tier": "x"}\n\n'
+    assert with_service_tier(two, b"flex") == (
+        b'data: {"id":"a","service_tier":"flex","choices":[]}\n\ndata: {"id":"a", "service_tier":"flex"}\n\n')
+    assert with_service_tier(b'data: {"id":"a"}\n\ndata: [DONE]\n\n', b"default") == (
+        b'data: {"service_tier":"default","id":"a"}\n\ndata: [DONE]\n\n')

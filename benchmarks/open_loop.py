@@ -1,0 +1,59 @@
+"""A small open-loop client for the gateway benchmarks that need their own load shape (a burst
+plus a steady stream, an overload step): each request is sent at its scheduled instant and
+measured from it, streamed, with its status, first content chunk, end and the Retry-After it was
+given. The bench (`tailguard bench`) is the general tool; this is the few lines these shapes need.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import aiohttp
+
+
+@dataclass
+class Result:
+    cls: str
+    scheduled: float  # seconds after the run's start
+    status: int | None = None
+    ttft: float | None = None  # from the scheduled instant to the first content chunk
+    end: float | None = None  # from the scheduled instant to the last byte
+    error: str | None = None
+    tokens: int = 0
+    retry_after: str | None = None
+    reason: str | None = None  # X-Tailguard-Reject-Reason
+
+
+async def send(session: aiohttp.ClientSession, url: str, cls: str, max_tokens: int, at: float, t0: float,
+               out: list[Result], fresh_connection: bool = False) -> None:
+    """One streamed chat sent at t0 + at (perf_counter seconds); appends its `Result` to `out`."""
+    r = Result(cls, at)
+    out.append(r)
+    await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
+    body = {"model": "m", "messages": [{"role": "user", "content": "Summarize the report." if cls == "batch"
+                                        else "Hello there."}], "max_tokens": max_tokens, "stream": True}
+    headers = {"X-Tailguard-Class": cls}
+    if fresh_connection:
+        headers["Connection"] = "close"
+    start = t0 + at
+    try:
+        async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
+            r.status = resp.status
+            if resp.status != 200:
+                r.retry_after = resp.headers.get("Retry-After")
+                r.reason = resp.headers.get("X-Tailguard-Reject-Reason")
+                r.error = f"{resp.status}: {(await resp.read())[:200]!r}"
+                r.end = time.perf_counter() - start
+                return
+            async for line in resp.content:
+                if line.startswith(b"data: {") and b'"content":"' in line and b'"content":""' not in line:
+                    r.tokens += 1
+                    if r.ttft is None:
+                        r.ttft = time.perf_counter() - start
+                elif b'"error"' in line:
+                    r.error = line[:200].decode("utf-8", "replace")
+        r.end = time.perf_counter() - start
+    except aiohttp.ClientError as e:
+        r.error = repr(e)

@@ -1,0 +1,207 @@
+"""Sustained overload: chats at 5x and 10x what one simulated engine completes, for 60 s each,
+through the gateway as it sheds today (by expected wait and the wait feedback, interactive bound
+10 s) and through the gateway as it was before (git revision `--baseline-rev`, which shed by queue
+length and a 30 s bound), side by side.
+
+For each: the share admitted and served, the admitted chats' TTFT (from the scheduled send), how
+fast and with what a refusal came back (status, `Retry-After`), how many expired in the queue
+after waiting, whether anything hung, and the gateway's resident memory over the run.
+
+Processes on loopback: `tailguard sim` (H100 preset, 8 sequences, time scale 2: the engine runs
+at half speed so the load generator can offer 10x on a shared 2-core machine), one gateway at a
+time in front of it (quick form, `--max-concurrency 8`), and this open-loop generator. Capacity
+is measured first with 8 closed-loop clients straight to the engine.
+
+    .venv/bin/python benchmarks/overload.py [--seconds 60] [--factors 5,10] [--baseline-rev 3239b3d]
+
+Writes benchmarks/results/overload.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from tailguard.cli.experiment import free_port, spawned, stop_process, wait_healthy
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from open_loop import Result, send  # noqa: E402  beside this script
+from sim_des_speed import pct  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+CHAT_TOKENS = 32
+SLOTS = 8
+TIME_SCALE = 2.0
+
+
+async def capacity(url: str, seconds: float) -> float:
+    """Chats per wall second the engine completes with every slot busy (8 closed-loop clients)."""
+    done = 0
+    stop_at = time.perf_counter() + seconds
+    async with aiohttp.ClientSession() as s:
+        async def client() -> None:
+            nonlocal done
+            while time.perf_counter() < stop_at:
+                out: list[Result] = []
+                await send(s, url, "interactive", CHAT_TOKENS, 0.0, time.perf_counter(), out)
+                done += out[0].error is None
+        await asyncio.gather(*(client() for _ in range(SLOTS)))
+    return done / seconds
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+async def offer(url: str, rate: float, seconds: float, pid: int, bound_s: float) -> dict[str, Any]:
+    """`rate` chats/s for `seconds`, open loop; the gateway's RSS sampled every second."""
+    out: list[Result] = []
+    rss: list[int] = []
+    t0 = time.perf_counter() + 0.2
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=bound_s * 4 + 30)) as s:
+        tasks: list[asyncio.Task[None]] = []
+        n = int(rate * seconds)
+        next_rss = 0.0
+        for i in range(n):
+            at = i / rate
+            tasks.append(asyncio.create_task(send(s, url, "interactive", CHAT_TOKENS, at, t0, out)))
+            if at >= next_rss:
+                rss.append(rss_kib(pid))
+                next_rss += 1.0
+            await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
+        await asyncio.gather(*tasks)
+        rss.append(rss_kib(pid))
+    return figures(out, rss, seconds)
+
+
+def figures(out: list[Result], rss: list[int], seconds: float) -> dict[str, Any]:
+    ok = [r for r in out if r.status == 200 and r.error is None and r.end is not None]
+    refused = [r for r in out if r.status in (429, 503) and r.reason != "queue_timeout"]
+    expired = [r for r in out if r.status == 503 and r.reason == "queue_timeout"]
+    ttft = [r.ttft for r in ok if r.ttft is not None]
+    refusal = [r.end for r in refused if r.end is not None]
+    return {
+        "sent": len(out), "served": len(ok), "served_share": len(ok) / len(out),
+        "served_per_s": len(ok) / seconds,
+        "refused_at_once": len(refused), "refused_with_retry_after": sum(1 for r in refused if r.retry_after),
+        "expired_in_queue": len(expired),
+        "other_failures": len(out) - len(ok) - len(refused) - len(expired),
+        "unfinished": sum(1 for r in out if r.end is None and r.error is None),
+        "admitted_ttft_p50_s": pct(ttft, 0.5) if ttft else None,
+        "admitted_ttft_p99_s": pct(ttft, 0.99) if ttft else None,
+        "admitted_ttft_max_s": max(ttft) if ttft else None,
+        "refusal_latency_p50_ms": 1000 * pct(refusal, 0.5) if refusal else None,
+        "refusal_latency_p99_ms": 1000 * pct(refusal, 0.99) if refusal else None,
+        "expired_wait_p50_s": pct([r.end for r in expired if r.end is not None], 0.5) if expired else None,
+        "rss_mib": {"start": rss[0] / 1024, "max": max(rss) / 1024, "end": rss[-1] / 1024},
+    }
+
+
+@contextlib.contextmanager
+def baseline_tree(rev: str) -> Any:
+    """The gateway's source at `rev`, unpacked apart, so the same venv runs it (PYTHONPATH first)."""
+    with tempfile.TemporaryDirectory(prefix="tailguard-baseline-") as tmp:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "src"], check=True, capture_output=True)
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+        yield Path(tmp) / "src"
+
+
+@contextlib.asynccontextmanager
+async def gateway(engine_url: str, logs: Path, label: str, src: Path | None) -> AsyncIterator[tuple[str, int]]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "tailguard", "serve", "--port", str(port), "--backend", engine_url,
+            "--max-concurrency", str(SLOTS)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
+    with open(logs / f"{label}-gateway.log", "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        try:
+            await wait_healthy(url + "/health", proc)
+            yield url, proc.pid
+        finally:
+            stop_process(proc)
+
+
+async def main(args: argparse.Namespace) -> None:
+    logs = RESULTS / "overload-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    factors = [float(f) for f in args.factors.split(",")]
+    sim_port = free_port()
+    sim_url = f"http://127.0.0.1:{sim_port}"
+    sim = ["sim", "--port", str(sim_port), "--preset", "h100-llama8b", "--max-num-seqs", str(SLOTS),
+           "--time-scale", str(TIME_SCALE)]
+    runs: dict[str, Any] = {}
+    with baseline_tree(args.baseline_rev) as old_src:
+        async with spawned(sim, sim_url + "/health", logs / "sim.log"):
+            cap = await capacity(sim_url, args.capacity_seconds)
+            print(f"capacity {cap:.1f} chats/s", flush=True)
+            for factor in factors:
+                for label, src, bound in (("now", None, 10.0), ("before", old_src, 30.0)):
+                    async with gateway(sim_url, logs, label, src) as (url, pid):
+                        key = f"{label}@{factor:g}x"
+                        runs[key] = await offer(url, cap * factor, args.seconds, pid, bound)
+                        print(key, json.dumps(runs[key]), flush=True)
+    write(args, cap, runs)
+
+
+def write(args: argparse.Namespace, cap: float, runs: dict[str, Any]) -> None:
+    doc = {"benchmark": "overload", "command": " ".join(["benchmarks/overload.py", *sys.argv[1:]]),
+           "capacity_per_s": cap, "seconds": args.seconds, "baseline_rev": args.baseline_rev,
+           "time_scale": TIME_SCALE, "runs": runs, "python": platform.python_version()}
+    (RESULTS / "overload.json").write_text(json.dumps(doc, indent=2) + "\n")
+    lines = ["# Sustained overload: shedding by expected wait against the length-bound queue it replaced", "",
+             f"`.venv/bin/python {doc['command']}`", "",
+             f"One simulated engine completing {cap:.1f} chats/s (wall; 8 sequences, time scale {TIME_SCALE:g}); "
+             f"chats of {CHAT_TOKENS} tokens offered open loop for {args.seconds:g} s at each factor. `now`: this "
+             f"gateway (interactive bound 10 s); `before`: revision {args.baseline_rev} (bound 30 s). TTFT from the "
+             "scheduled send, in wall seconds.", "",
+             "| run | sent | served | admitted TTFT P50 | P99 | max | refused at once | with Retry-After | "
+             "refusal P50 / P99 | expired in queue | other | RSS start / max / end |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for key, r in runs.items():
+        m = r["rss_mib"]
+        lines.append(
+            f"| {key} | {r['sent']} | {r['served']} ({100 * r['served_share']:.0f}%) | {_f(r['admitted_ttft_p50_s'])} | "
+            f"{_f(r['admitted_ttft_p99_s'])} | {_f(r['admitted_ttft_max_s'])} | {r['refused_at_once']} | "
+            f"{r['refused_with_retry_after']} | {_f(r['refusal_latency_p50_ms'], 1)} / {_f(r['refusal_latency_p99_ms'], 1)} ms | "
+            f"{r['expired_in_queue']} | {r['other_failures'] + r['unfinished']} | "
+            f"{m['start']:.0f} / {m['max']:.0f} / {m['end']:.0f} MiB |")
+    (RESULTS / "overload.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def _f(v: float | None, digits: int = 2) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=60.0)
+    p.add_argument("--factors", default="5,10")
+    p.add_argument("--capacity-seconds", type=float, default=10.0)
+    p.add_argument("--baseline-rev", default="3239b3d", help="the gateway to compare with (git revision)")
+    return p.parse_args()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))
