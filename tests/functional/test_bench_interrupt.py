@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 import aiohttp
 import orjson
@@ -16,8 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.server import RunningSim, running_sim
+from tests.cli import finish, start
 
-TAILGUARD = str(Path(sys.executable).with_name("tailguard"))
 LONG = "name: long\nclasses:\n  - {name: long, prompt_tokens: 50, max_tokens: 4000}\n"
 
 
@@ -48,21 +48,8 @@ async def until(sim: RunningSim, done: Callable[[dict[str, float]], bool], limit
 
 
 async def bench(sim: RunningSim, out: Path, scale: float, *args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        TAILGUARD, "bench", "--url", sim.url, "--concurrency", "4", "--requests", "100000", "--out", str(out),
-        "--quiet", "--time-scale", str(scale), *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-
-
-async def ended(proc: asyncio.subprocess.Process, limit_s: float = 30.0) -> tuple[int, str]:
-    try:
-        async with asyncio.timeout(limit_s):
-            out, _ = await proc.communicate()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode()
+    return await start("bench", "--url", sim.url, "--concurrency", "4", "--requests", "100000", "--out", str(out),
+                       "--quiet", "--time-scale", str(scale), *args, columns=200)
 
 
 def folder(out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -78,7 +65,7 @@ async def test_sigint_finishes_requests_in_flight_and_writes_an_interrupted_fold
         proc = await bench(sim, tmp_path / "run", scale, "--workload", "chat-only")
         await until(sim, lambda c: ended_total(c) >= 20)
         proc.send_signal(signal.SIGINT)
-        code, out = await ended(proc)
+        code, out = await finish(proc)
         summary, records = folder(tmp_path / "run")
         counts = await until(sim, lambda c: ended_total(c) >= len(records))
     assert code == 128 + signal.SIGINT, out
@@ -90,15 +77,28 @@ async def test_sigint_finishes_requests_in_flight_and_writes_an_interrupted_fold
     assert (counts["length"], counts["stop"], counts["abort"]) == (len(records), 0, 0)
 
 
-async def test_sigterm_cuts_requests_still_running_after_the_grace(tmp_path: Path) -> None:
-    scale = 0.2  # a 4000-token answer takes about 5 wall seconds: far longer than the grace
+@asynccontextmanager
+async def long_answers(tmp_path: Path, grace_s: float) -> AsyncIterator[tuple[RunningSim, asyncio.subprocess.Process]]:
+    """A bench of 4 clients on 4000-token answers, each about 5 wall seconds long (far longer than
+    any grace here), yielded once all 4 run on the simulator; the bench never outlives the block."""
+    scale = 0.2
     (tmp_path / "long.yaml").write_text(LONG)
     async with running_sim(EngineConfig.from_preset("h100-llama8b"), time_scale=scale) as sim:
         proc = await bench(sim, tmp_path / "run", scale, "--workload", str(tmp_path / "long.yaml"),
-                           "--interrupt-grace", "0.2")
-        await until(sim, lambda c: c["running"] == 4)
+                           "--interrupt-grace", str(grace_s))
+        try:
+            await until(sim, lambda c: c["running"] == 4)
+            yield sim, proc
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
+async def test_sigterm_cuts_requests_still_running_after_the_grace(tmp_path: Path) -> None:
+    async with long_answers(tmp_path, grace_s=0.2) as (sim, proc):
         proc.send_signal(signal.SIGTERM)
-        code, out = await ended(proc)
+        code, out = await finish(proc)
         summary, records = folder(tmp_path / "run")
         counts = await until(sim, lambda c: ended_total(c) >= len(records))
     assert code == 128 + signal.SIGTERM, out
@@ -110,16 +110,11 @@ async def test_sigterm_cuts_requests_still_running_after_the_grace(tmp_path: Pat
 
 
 async def test_a_second_signal_ends_the_bench_at_once(tmp_path: Path) -> None:
-    scale = 0.2
-    (tmp_path / "long.yaml").write_text(LONG)
-    async with running_sim(EngineConfig.from_preset("h100-llama8b"), time_scale=scale) as sim:
-        proc = await bench(sim, tmp_path / "run", scale, "--workload", str(tmp_path / "long.yaml"),
-                           "--interrupt-grace", "60")
-        await until(sim, lambda c: c["running"] == 4)
+    async with long_answers(tmp_path, grace_s=60) as (_, proc):
         proc.send_signal(signal.SIGINT)
         assert proc.stdout is not None
         async with asyncio.timeout(10):
             assert b"SIGINT: stopped sending" in await proc.stdout.readline()
         proc.send_signal(signal.SIGINT)
-        code, _ = await ended(proc, limit_s=5.0)  # not the 60 s grace
+        code, _ = await finish(proc, limit_s=5.0)  # not the 60 s grace
     assert code == -signal.SIGINT and not (tmp_path / "run").exists()

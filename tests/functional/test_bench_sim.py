@@ -4,8 +4,6 @@ way the `openai` package reads it, and the CLI writes and compares real output f
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +15,9 @@ from tailguard.bench.stats import summarize
 from tailguard.bench.workload import RequestFactory, load_workload, parse_workload
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.server import running_sim
+from tests.cli import run
 
 SCALE = 0.02  # 50x faster than real time
-TAILGUARD = str(Path(sys.executable).with_name("tailguard"))
 
 
 def engine(**kw: Any) -> EngineConfig:
@@ -78,32 +76,18 @@ async def test_bench_counts_what_the_openai_package_sees() -> None:
     assert rec.prompt_tokens == usage.prompt_tokens == req.prompt_tokens
 
 
-async def run_cli(*args: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(TAILGUARD, *args, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.STDOUT, env={**os.environ, "COLUMNS": "160"})
-    try:
-        async with asyncio.timeout(60):
-            out, _ = await proc.communicate()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode()
-
-
 async def test_cli_runs_compares_and_rerenders(tmp_path: Path) -> None:
     async with running_sim(engine(), time_scale=SCALE) as sim:
-        code, out = await run_cli("bench", "--url", sim.url, "--workload", "chat-only", "--concurrency", "2",
+        code, out = await run("bench", "--url", sim.url, "--workload", "chat-only", "--concurrency", "2",
                                   "--requests", "8", "--out", str(tmp_path / "unsaid"), "--quiet")
         # The simulator lists its time scale: without --time-scale every figure would be wall seconds.
         assert code == 1 and f"pass --time-scale {SCALE:g}" in out and not (tmp_path / "unsaid").exists(), out
-        code, out = await run_cli("bench", "--url", sim.url, "--workload", "chat-only", "--concurrency", "2",
+        code, out = await run("bench", "--url", sim.url, "--workload", "chat-only", "--concurrency", "2",
                                   "--requests", "8", "--warmup", "2", "--out", str(tmp_path / "a"), "--quiet",
                                   "--time-scale", str(SCALE))
         assert code == 0, out
         assert "E2E" in out and "chat" in out and "run" in out
-        code, out = await run_cli("bench", "--url", sim.url, "--workload", "chat-only", "--rate", "40",
+        code, out = await run("bench", "--url", sim.url, "--workload", "chat-only", "--rate", "40",
                                   "--arrival", "gamma", "--burstiness", "0.5", "--duration", "0.5",
                                   "--out", str(tmp_path / "b"), "--quiet", "--seed", "4", "--time-scale", str(SCALE))
         assert code == 0, out
@@ -113,13 +97,13 @@ async def test_cli_runs_compares_and_rerenders(tmp_path: Path) -> None:
     assert a["overall"]["count"] == 8 and a["run"]["warmup_requests_excluded"] == 2 and a["run"]["mode"] == "closed"
     b = orjson.loads((tmp_path / "b" / "run.json").read_bytes())
     assert b["mode"] == "open" and b["arrival"] == "gamma" and b["burstiness"] == 0.5
-    code, out = await run_cli("bench", "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "c"))
+    code, out = await run("bench", "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "c"))
     assert code == 0, out
     assert "Verdict" in out and (tmp_path / "c" / "compare.html").is_file()
     (tmp_path / "a" / "report.html").unlink()
-    code, out = await run_cli("bench", "report", str(tmp_path / "a"))
+    code, out = await run("bench", "report", str(tmp_path / "a"))
     assert code == 0 and (tmp_path / "a" / "report.html").is_file()
-    code, out = await run_cli("bench", "--url", "http://127.0.0.1:9", "--concurrency", "1", "--rate", "3")
+    code, out = await run("bench", "--url", "http://127.0.0.1:9", "--concurrency", "1", "--rate", "3")
     assert code == 1 and "not both" in out
-    code, out = await run_cli("bench", "--url", "http://127.0.0.1:9", "--workload", "nope", "--concurrency", "1")
+    code, out = await run("bench", "--url", "http://127.0.0.1:9", "--workload", "nope", "--concurrency", "1")
     assert code == 1 and "built-ins are" in out

@@ -4,19 +4,13 @@ their options are read from the command itself, so a new verb or option is check
 
 from __future__ import annotations
 
-import asyncio
-import os
-import sys
-from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 import typer
 
 from tailguard import __version__, cli
-
-TAILGUARD = str(Path(sys.executable).with_name("tailguard"))
-
+from tests.cli import run
 
 def verbs() -> Iterator[tuple[list[str], Any]]:
     cli._register()
@@ -27,20 +21,6 @@ def verbs() -> Iterator[tuple[list[str], Any]]:
             yield from walk(sub, [*path, name])
 
     yield from walk(typer.main.get_command(cli.app), [])
-
-
-async def run(*args: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(TAILGUARD, *args, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.STDOUT, env={**os.environ, "COLUMNS": "80"})
-    try:
-        async with asyncio.timeout(60):
-            out, _ = await proc.communicate()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode()
 
 
 @pytest.mark.parametrize("path,command", list(verbs()), ids=lambda v: " ".join(v) if isinstance(v, list) else "")

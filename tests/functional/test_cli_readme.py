@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from typing import Callable
 
 import orjson
 
@@ -37,14 +38,14 @@ def free_port() -> int:
 def shortened(script: str, engine: int, gateway: int) -> str:
     """The same commands with free ports, a 5x faster clock and fewer, shorter runs."""
     speedup = 5.0  # time scale 0.25 -> 0.05: the rate in wall seconds goes up by the same factor
-    subs = [
+    subs: list[tuple[str, str | Callable[[re.Match[str]], str]]] = [
         (r"\b8000\b", str(engine)), (r"\b8080\b", str(gateway)),
         (r"--time-scale (\S+)", lambda m: f"--time-scale {float(m.group(1)) / speedup:g}"),
         (r"--rate (\S+)", lambda m: f"--rate {float(m.group(1)) * speedup:g}"),
         (r"--requests \d+", "--requests 24"), (r"--duration \S+", "--duration 2"), (r"--warmup \S+", "--warmup 0.5s"),
     ]
     for pattern, repl in subs:
-        script, n = re.subn(pattern, repl, script)  # type: ignore[arg-type]
+        script, n = re.subn(pattern, repl, script)
         assert n, f"the README no longer has {pattern!r}: update this test's substitutions"
     return script
 

@@ -3,10 +3,7 @@ is one line and no load; a short run against the simulator is valid; a busy port
 
 from __future__ import annotations
 
-import asyncio
-import os
 import socket
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,27 +12,13 @@ from aiohttp import web
 
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.server import running_sim
+from tests.cli import run
 from tests.functional.gateways import dead_url
 from tests.functional.test_bench_interrupt import ended_total, scrape
 from tests.servers import running
 
-TAILGUARD = str(Path(sys.executable).with_name("tailguard"))
 SCALE = 0.02
 POSTS = web.AppKey("posts", list)
-
-
-async def run(*args: str, limit_s: float = 60.0) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(TAILGUARD, *args, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.STDOUT, env={**os.environ, "COLUMNS": "80"})
-    try:
-        async with asyncio.timeout(limit_s):
-            out, _ = await proc.communicate()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode()
 
 
 def one_line(out: str) -> str:
