@@ -35,7 +35,7 @@ _BASE = """<!doctype html>
  th { background: #f5f5f5; font-weight: 600; } td.l, th.l { text-align: left; }
  tr.sep td { border-bottom: 2px solid #ccc; } tr.overall td { font-weight: 600; }
  .fail { color: #b00; font-weight: 600; } .good { color: #17612a; font-weight: 600; } .bad { color: #b00; font-weight: 600; }
- .muted { color: #888; } img { max-width: 100%; display: block; margin: 6px 0 18px; }
+ .muted { color: #888; } .name { font-weight: 600; } img { max-width: 100%; display: block; margin: 6px 0 18px; }
  .note { color: #555; font-size: 13px; max-width: 980px; }
  ul.verdict { list-style: none; padding-left: 0; } ul.verdict li { margin: 4px 0; }
 </style></head><body>

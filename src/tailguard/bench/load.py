@@ -4,7 +4,8 @@ and records each request's timeline. `run_bench(config)` is the one entrypoint.
 Honesty rules: in open loop every request has a due time fixed in advance, and latencies are
 measured from it, so a slow generator cannot hide queueing; the gap between due and actual send
 (dispatch lag) and the event loop's own lag are recorded, and `stats.validity` marks a run whose
-dispatch lag P99 is above the threshold as invalid. No retries: a failure is a measurement.
+dispatch lag P99 is above the threshold as invalid. One request's own way on the wire is
+`exchange.py`.
 
 Before the clock starts, the target is checked (`target.probe`: one line and no load if it cannot
 be measured) and the connections the first requests need are opened, so the first dispatch
@@ -24,34 +25,23 @@ from pathlib import Path
 from typing import Any, Callable
 
 import aiohttp
-import orjson
 
 from tailguard import __version__
-from tailguard.bench.recorder import ERROR_TEXT_LIMIT as _ERROR_TEXT_LIMIT
-from tailguard.bench.recorder import RequestRecord, StreamRecorder, parse_server_timing
+from tailguard.bench.exchange import Exchange
+from tailguard.bench.exchange import Timeouts as Timeouts  # part of BenchConfig, so importable here too
+from tailguard.bench.recorder import RequestRecord
 from tailguard.bench.workload import (
     ArrivalProcess, PlannedRequest, RequestFactory, Workload, load_workload, schedule,
 )
 from tailguard.bench.target import base_url, probe, time_scale_for
 from tailguard.bench.validity import DEFAULT_MAX_DISPATCH_LAG_S
 from tailguard.errors import ConfigError
-from tailguard.wire.tokens import text_tokens
 
 LOOP_TICK_S = 0.01
 _START_LEAD_S = 0.05
 # Connections opened before an open-loop run; a closed loop opens one per client.
 _WARM_CONNECTIONS_OPEN = 16
 _WARM_CONNECTIONS_MAX = 64
-
-
-@dataclass(frozen=True, slots=True)
-class Timeouts:
-    """Staged client timeouts, in wall seconds: TCP connect, first content token (from send),
-    whole request (from send)."""
-
-    connect_s: float = 10.0
-    first_token_s: float = 120.0
-    total_s: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -199,6 +189,7 @@ class _Run:
         self.headers = {"Content-Type": "application/json"}
         if config.api_key:
             self.headers["Authorization"] = f"Bearer {config.api_key}"
+        self.exchange = Exchange(session, self.url, self.headers, config.timeouts)
         self.records: list[RequestRecord] = []
         self.loop_lag_s: list[float] = []
         self.in_flight = 0
@@ -221,6 +212,7 @@ class _Run:
         gc.collect()
         gc.freeze()
         self.t0 = time.perf_counter() + _START_LEAD_S
+        self.exchange.t0 = self.t0
         ticker = asyncio.create_task(self._tick())
         driver = asyncio.create_task(self._closed_loop() if self.config.concurrency is not None else self._open_loop())
         try:
@@ -332,103 +324,16 @@ class _Run:
     # --- one request ---
 
     async def _one(self, req: PlannedRequest, due_s: float, warmup: bool) -> None:
-        t0 = self.t0
-        perf = time.perf_counter
         rec = RequestRecord(index=req.index, cls=req.cls, warmup=warmup, scheduled_at=due_s,
                             prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens, stream=req.stream)
         self.records.append(rec)
         self.in_flight += 1
-        loop = asyncio.get_running_loop()
-        to = self.config.timeouts
-        sent = perf()
-        rec.sent_at = sent - t0
-        sent_loop = loop.time()
-        # A stream must show a token within first_token_s; a non-stream reply has no first token
-        # before its last byte, so only the total deadline applies to it.
-        first_s = min(to.first_token_s, to.total_s) if req.stream else to.total_s
-        phase = "first_token" if first_s < to.total_s else "total"
-        headers = self.headers if not req.headers else {**self.headers, **dict(req.headers)}
         try:
-            async with asyncio.timeout_at(sent_loop + first_s) as cm:
-                async with self.session.post(self.url + req.path, data=req.body, headers=headers) as resp:
-                    rec.status = resp.status
-                    h = resp.headers
-                    q = h.get("X-Tailguard-Queue-Ms")
-                    if q is not None:
-                        try:
-                            rec.queue_ms = float(q)
-                        except ValueError:
-                            pass
-                    rec.backend = h.get("X-Tailguard-Backend")
-                    rec.server_class = h.get("X-Tailguard-Class")
-                    if (st := h.get("Server-Timing")) is not None:
-                        rec.server_timing_s = parse_server_timing(st)
-                    if resp.status != 200:
-                        text = await resp.read()
-                        rec.error_kind = "http"
-                        rec.error = text[:_ERROR_TEXT_LIMIT].decode("utf-8", "replace")
-                    elif req.stream:
-                        await self._read_stream(resp, rec, cm, sent_loop + to.total_s)
-                        if rec.first_token_at is not None:
-                            phase = "total"
-                    else:
-                        await self._read_whole(resp, rec)
-        except aiohttp.ConnectionTimeoutError:
-            rec.error_kind, rec.timeout_phase = "timeout", "connect"
-        except TimeoutError:
-            rec.error_kind = "timeout"
-            rec.timeout_phase = "total" if rec.first_token_at is not None else phase
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as e:
-            rec.error_kind = "disconnect" if rec.status is not None else "connect"
-            rec.error = repr(e)[:_ERROR_TEXT_LIMIT]
-        except aiohttp.ClientError as e:
-            rec.error_kind = "connect" if rec.status is None else "protocol"
-            rec.error = repr(e)[:_ERROR_TEXT_LIMIT]
-        except (ValueError, TypeError, AttributeError, UnicodeError) as e:
-            # A reply we cannot make sense of is the server's failure, recorded like any other;
-            # one odd response must not end a run of thousands.
-            rec.error_kind = "protocol"
-            rec.error = repr(e)[:_ERROR_TEXT_LIMIT]
-        except asyncio.CancelledError:
-            rec.error_kind = "interrupted"  # cut by an interrupt: the bench's doing, not the server's
-            raise
+            await self.exchange.send(req, rec)
         finally:
-            rec.ended_at = perf() - t0
-            rec.ok = rec.error_kind is None
-            rec.finish_tokens()
             self.in_flight -= 1
             if not rec.ok and rec.error_kind != "interrupted":
                 self.failed += 1
-
-    async def _read_stream(self, resp: aiohttp.ClientResponse, rec: RequestRecord,
-                           cm: asyncio.Timeout, total_deadline: float) -> None:
-        t0 = self.t0
-        perf = time.perf_counter
-        reader = StreamRecorder(rec)
-        async for data in resp.content.iter_any():
-            if reader.feed(data, perf() - t0):
-                cm.reschedule(total_deadline)  # the first token came: now only the total deadline
-        reader.finish(perf() - t0)
-
-    async def _read_whole(self, resp: aiohttp.ClientResponse, rec: RequestRecord) -> None:
-        raw = await resp.read()
-        arrived = time.perf_counter() - self.t0
-        try:
-            obj = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            rec.error_kind, rec.error = "protocol", "response body is not JSON"
-            return
-        rec.first_token_at = arrived  # a non-stream reply's first token is its last byte
-        usage = obj.get("usage") if isinstance(obj, dict) else None
-        if isinstance(usage, dict):
-            if isinstance(usage.get("completion_tokens"), int):
-                rec.usage_output_tokens = usage["completion_tokens"]
-            if isinstance(usage.get("prompt_tokens"), int):
-                rec.usage_prompt_tokens = usage["prompt_tokens"]
-        if rec.usage_output_tokens is None and isinstance(obj, dict):
-            choice = (obj.get("choices") or [{}])[0]
-            text = choice.get("text") or (choice.get("message") or {}).get("content") or ""
-            rec.usage_output_tokens = text_tokens(text) if isinstance(text, str) else 0
 
     # --- bookkeeping ---
 
