@@ -27,9 +27,9 @@ def predicted_tokens_per_s(n: int, cfg: EngineConfig) -> float:
     return m * 256 / per_request
 
 
-def sweep(tmp: Path) -> dict[str, object]:
+def sweep(tmp: Path, values: str = "2..32:2") -> dict[str, object]:
     setting = Setting.parse("max_concurrency")
-    sw = Sweep(setting, parse_values(setting, "2..32:2"), [], seed=5, min_repeats=1, max_repeats=1)
+    sw = Sweep(setting, parse_values(setting, values), [], seed=5, min_repeats=1, max_repeats=1)
     # clients wait as long as it takes: a closed loop measures capacity, not admission
     gateway = {"backends": [{"name": "engine", "url": "http://127.0.0.1:1", "kind": "sim", "max_concurrency": SLOTS}],
                "classes": [{"name": "interactive", "max_queue_wait_s": 3600}]}
@@ -57,4 +57,4 @@ def test_the_knee_is_where_the_cost_model_puts_it(tmp_path: Path) -> None:
 
 
 def test_seeded_and_reproducible(tmp_path: Path) -> None:
-    assert sweep(tmp_path / "a") == sweep(tmp_path / "b")
+    assert sweep(tmp_path / "a", "2..32:x2") == sweep(tmp_path / "b", "2..32:x2")
