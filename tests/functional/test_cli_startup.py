@@ -13,7 +13,7 @@ from aiohttp import web
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.server import running_sim
 from tests.cli import run
-from tests.functional.gateways import dead_url
+from tests.functional.gateways import dead_url, gateway
 from tests.functional.test_bench_interrupt import ended_total, scrape
 from tests.servers import running
 
@@ -64,6 +64,9 @@ async def test_a_target_that_cannot_be_measured_is_one_line_and_no_load(tmp_path
                                                f"pass --time-scale {SCALE:g} to report simulated seconds, or "
                                                "--time-scale 1 for wall seconds")
         assert ended_total(await scrape(sim)) == 0
+    async with gateway(scale=SCALE) as gw:  # the gateway lists its simulator's time scale as its own
+        code, out = await run(*bench, "--url", gw.url)
+        assert code == 1 and one_line(out).startswith(f"error: {gw.url} runs on simulated time (time scale {SCALE:g})")
     app = keyed_app()
     async with running(app) as url:
         code, out = await run(*bench, "--url", url)
