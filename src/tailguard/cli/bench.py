@@ -12,6 +12,8 @@ import typer
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from tailguard.bench.load import BenchConfig
+
 T = TypeVar("T")
 
 
@@ -117,7 +119,7 @@ def bench_run(
         raise typer.Exit(code)
 
 
-async def run_interruptible(config: Any, out: Path, con: "Console", *, progress: bool) -> int:
+async def run_interruptible(config: "BenchConfig", out: Path, con: "Console", *, progress: bool) -> int:
     """Run and write the folder; the first SIGINT or SIGTERM stops the run early (the folder is
     still written, marked interrupted), a second one ends the process at once. Returns the exit
     code: 0, or 128 + the signal's number after an interrupt, as a shell reports a killed command."""
