@@ -26,6 +26,7 @@ from tailguard.gateway.caps import OutputEstimator
 from tailguard.gateway.classes import ClassTable
 from tailguard.gateway.config import BackendConfig, GatewayConfig
 from tailguard.gateway.dispatch import Dispatcher
+from tailguard.gateway.exchange import Context
 from tailguard.gateway.kinds import DETECT_PATHS, detect_kind, get_kind
 from tailguard.gateway.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, GatewayMetrics
 from tailguard.gateway.proxy import Proxy, error_response
@@ -69,8 +70,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     app[DISPATCHER] = dispatcher
     app[UPSTREAM] = upstream
     app[BACKENDS] = backends
-    app[PROXY] = Proxy(cfg, app[CLASSES], backends, dispatcher, upstream, metrics,
-                       OutputEstimator(cfg.scheduler.output_estimate), loop)
+    app[PROXY] = Proxy(cfg, app[CLASSES], Context(
+        dispatcher, upstream, backends, metrics, cfg.timeouts, OutputEstimator(cfg.scheduler.output_estimate), loop,
+        keep_text=cfg.log_prompts))
     app[MODELS] = ModelCache(cfg, upstream.session)
     for b in backends.values():
         metrics.backend_healthy.labels(b.name).set(1)

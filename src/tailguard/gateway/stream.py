@@ -16,9 +16,9 @@ from typing import Any, Callable
 
 import aiohttp
 import orjson
-from aiohttp import web
 
 from tailguard.gateway.resume import Progress
+from tailguard.gateway.sink import Sink
 from tailguard.gateway.tally import Tally
 from tailguard.gateway.upstream import ClientGone, RelayError, Suspended
 from tailguard.wire.chunks import (
@@ -26,8 +26,6 @@ from tailguard.wire.chunks import (
 )
 from tailguard.wire.openai import Endpoint, error_body
 from tailguard.wire.sse import DONE, DONE_EVENT, SSEDecoder, SSEEvent, encode_event, events_of, is_done
-
-_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def _event_json(data: bytes, start: int, end: int) -> object:
@@ -42,14 +40,14 @@ _UPSTREAM_BROKE = (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, 
 
 @dataclass(slots=True)
 class StreamRelay:
-    """Relays one upstream SSE stream to a streaming client."""
+    """Relays one upstream SSE stream to a streaming consumer (`sink`: the HTTP client's
+    response, or a queue inside the process)."""
 
-    request: web.Request
+    sink: Sink
     endpoint: Endpoint
     tally: Tally
     client_usage: bool
     make_headers: Callable[[], dict[str, str]]
-    response: web.StreamResponse | None = None
     upstream_error: bool = False
     ended: bool = False  # the client's response is complete (eof written)
     progress: Progress | None = None  # set for preemptible requests: the text so far is tracked
@@ -86,7 +84,7 @@ class StreamRelay:
         except _UPSTREAM_BROKE as e:
             if prog is not None and prog.suspended and not self.ended:
                 raise Suspended() from None
-            if self.response is None:
+            if not self.sink.started:
                 raise RelayError("disconnect", f"Backend closed the stream early: {e}", retryable=True) from None
             await self.fail(RelayError("disconnect", f"Backend closed the stream early: {e}"))
             return
@@ -149,7 +147,7 @@ class StreamRelay:
                 usage = self._usage_event(raw, obj, prog)
                 if usage:
                     out.append(usage)
-            elif not (self.response is not None and not self.tally.run_started and role_only(obj)):
+            elif not (self.sink.started and not self.tally.run_started and role_only(obj)):
                 out.append(raw)  # (else a resumed run's preamble: the client has had it)
         return b"".join(out), content, last
 
@@ -188,7 +186,7 @@ class StreamRelay:
             tally.content(now, content)
         if self.service_tier is not None and chunk:
             chunk = with_service_tier(chunk, self.service_tier)
-        if self.response is None:
+        if not self.sink.started:
             if chunk:
                 self.held.append(chunk)
             if tally.times.first_content_at is None and not last:
@@ -204,40 +202,19 @@ class StreamRelay:
             await self._write(chunk)
 
     async def _start(self, first: bytes, eof: bool) -> None:
-        resp = _SSEResponse(status=200, headers={**_SSE_HEADERS, **self.make_headers()})
-        self.response = resp
-        try:
-            await resp.prepare(self.request)
-            if eof:
-                self.ended = True
-                await resp.write_eof(first)
-            else:
-                await resp.write(first)
-        except ConnectionError:
-            raise ClientGone() from None
+        self.ended = eof
+        await self.sink.begin(first, self.make_headers(), eof=eof)
 
     async def _write(self, data: bytes) -> None:
-        try:
-            await self.response.write(data)  # type: ignore[union-attr]
-        except ConnectionError:
-            raise ClientGone() from None
+        await self.sink.write(data)
 
     async def _end(self, data: bytes) -> None:
         self.ended = True
-        try:
-            await self.response.write_eof(data)  # type: ignore[union-attr]
-        except ConnectionError:
-            raise ClientGone() from None
+        await self.sink.end(data)
 
     async def fail(self, err: RelayError) -> None:
         """The stream broke after the client got bytes: end it with an OpenAI error event."""
         self.upstream_error = True
         if not self.ended:
             await self._end(b"data: " + error_body(err.api_error()) + b"\n\n")
-
-class _SSEResponse(web.StreamResponse):
-    """Sends its headers together with the first chunk (one write instead of two), as aiohttp's
-    own `web.Response` does; the relay always writes a chunk right after `prepare`."""
-
-    _send_headers_immediately = False
 

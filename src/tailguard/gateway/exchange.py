@@ -1,0 +1,250 @@
+"""One request's upstream life, apart from HTTP: open it on the backend the front named, relay its
+chunks (or assemble a non-stream answer), retry an attempt that failed before any byte went out,
+wait while suspended and send the continuation, and end with one `Ending`.
+
+Its output goes to a `Sink` (`gateway.sink`): the HTTP handler passes the client's response, and
+code inside the process can pass a `ChunkQueue` and read the chunks itself. Every way it ends is
+one `return Ending(...)` (or one of the three handlers in `run`), so a request's outcome is
+decided in one place, not by whichever assignment ran last.
+
+    ending = await Exchange(job, ticket, times, sink, context).run()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from tailguard.errors import APIError, Overloaded
+from tailguard.gateway.assemble import Assembler
+from tailguard.gateway.caps import Capped, OutputEstimator
+from tailguard.gateway.config import BackendConfig, ClassConfig, TimeoutsConfig
+from tailguard.gateway.dispatch import Dispatcher, Ticket
+from tailguard.gateway.metrics import GatewayMetrics, RequestTimes, response_headers
+from tailguard.gateway.resume import continuation_body
+from tailguard.gateway.sink import Sink
+from tailguard.gateway.stream import StreamRelay
+from tailguard.gateway.tally import Tally
+from tailguard.gateway.upstream import ClientGone, RelayError, Suspended, Upstream, UpstreamStatus, upstream_body
+from tailguard.gateway.watchdog import Watchdog
+from tailguard.types import Outcome
+from tailguard.wire.openai import Endpoint, ParsedRequest
+
+_TIMEOUT_TEXT = {
+    "timeout_first_token": "Backend '{backend}' produced no token within the first-token deadline.",
+    "timeout_idle": "Backend '{backend}' stalled longer than the idle deadline between chunks.",
+    "timeout_total": "The request to backend '{backend}' exceeded the total deadline.",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How an exchange ended. With nothing sent yet, `error` (or the backend's own refusal,
+    `passthrough`) is what the consumer answers; once bytes went out, the sink has its end."""
+
+    outcome: Outcome
+    status: int
+    reason: str | None = None
+    error: APIError | None = None
+    passthrough: UpstreamStatus | None = None
+    completion: str | None = None  # the assembled text, for the access log when asked
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """The request as the gateway sends it: parsed, classified and capped."""
+
+    req_id: str
+    endpoint: Endpoint
+    raw: bytes
+    parsed: ParsedRequest
+    capped: Capped
+    cls: ClassConfig
+    tier: str | None = None  # the service tier to report, when the request named one
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What every exchange of one gateway shares."""
+
+    dispatcher: Dispatcher
+    upstream: Upstream
+    backends: dict[str, BackendConfig]  # by name, kinds resolved (app.py updates it on detection)
+    metrics: GatewayMetrics
+    timeouts: TimeoutsConfig
+    estimator: OutputEstimator
+    loop: asyncio.AbstractEventLoop
+    keep_text: bool = False  # keep the assembled text (log_prompts)
+
+
+class Exchange:
+    """Runs one admitted request to its `Ending` (see the module docstring)."""
+
+    def __init__(self, job: Job, ticket: Ticket, times: RequestTimes, sink: Sink, ctx: Context) -> None:
+        self.job, self.ticket, self.times, self.sink, self.ctx = job, ticket, times, sink, ctx
+        assert times.bound_at is not None
+        to = ctx.timeouts
+        self._wd = Watchdog(ctx.loop, total_at=times.bound_at + to.total_s, idle_s=to.idle_s)
+        self._tally = Tally(times, self._wd, ctx.metrics.cls(job.cls.name).itl)  # across attempts and runs
+        self._stream: StreamRelay | None = None
+        self._asm: Assembler | None = None  # kept across the runs of a preemptible request
+        self._resumed: dict[str, Any] | None = None  # the continuation body after a suspension
+        self._retried = False  # the last attempt failed: this one goes on a new connection
+
+    async def run(self) -> Ending:
+        try:
+            return await self._attempts()
+        except Overloaded as err:
+            # Suspended, then expired in the queue (or the gateway shut down).
+            return await self._broken(RelayError(err.code or "queue_timeout", err.message, status=503),
+                                      Outcome.REJECTED, err.code, err)
+        except RelayError as err:
+            outcome = Outcome.TIMEOUT if err.is_timeout else Outcome.UPSTREAM_ERROR
+            return await self._broken(err, outcome, err.kind, err.api_error())
+        except ClientGone:
+            return Ending(Outcome.CLIENT_GONE, 499, "client_gone")
+        finally:
+            self._wd.stop()
+            t = self.times
+            if t.output_tokens == 0 and t.content_chunks:
+                self._meter_unfinished()
+            if t.finished_at is None:
+                t.finished_at = time.perf_counter()
+
+    async def _broken(self, err: RelayError, outcome: Outcome, reason: str | None, api_error: APIError) -> Ending:
+        """The request failed: a stream the consumer already reads ends with an error event;
+        otherwise the consumer answers with the error."""
+        if not self.sink.started:
+            return Ending(outcome, api_error.status, reason, error=api_error)
+        assert self._stream is not None
+        try:
+            await self._stream.fail(err)
+        except ClientGone:
+            return Ending(Outcome.CLIENT_GONE, 200, reason)
+        return Ending(outcome, 200, reason)
+
+    async def _attempts(self) -> Ending:
+        job, ticket, t, ctx = self.job, self.ticket, self.times, self.ctx
+        clock = time.perf_counter
+        while True:
+            backend = ctx.backends[ticket.backend]
+            t.backend = backend.name
+            t.attempts += 1
+            body = self._body(backend)
+            self._wd.start_attempt(clock() + ctx.timeouts.first_token_s)
+            up = None
+            try:
+                up = await ctx.upstream.open(backend, job.endpoint, body, job.req_id, fresh=self._retried)
+                t.upstream_headers_at = clock()
+                if ticket.progress is not None:
+                    ctx.dispatcher.upstream_open(ticket, up.close)
+                return await (self._relay(up, backend) if job.parsed.stream else self._assemble(up))
+            except Suspended:
+                await self._suspended()
+            except RelayError as err:
+                ctx.metrics.upstream_errors.labels(backend.name, err.kind).inc()
+                if not (err.retryable and ctx.dispatcher.failed(ticket, err.kind)):
+                    raise
+                self._retried = True  # nothing reached the consumer: the front sends it again
+            except UpstreamStatus as us:
+                # The backend understood and refused (e.g. context too long): the client's error.
+                ctx.dispatcher.probe(backend.name, True)  # it answered: it is alive
+                return Ending(Outcome.CLIENT_ERROR, us.status, "upstream_4xx", passthrough=us)
+            except asyncio.CancelledError:
+                if not self._deadline(backend, answered=up is not None):
+                    raise  # not ours: the consumer left
+                self._retried = True
+            finally:
+                ticket.on_suspend = None  # closed below: a suspension has nothing to stop
+                if up is not None:
+                    up.close()  # no-op after release(); otherwise aborts the engine's request
+
+    def _body(self, backend: BackendConfig) -> bytes:
+        job = self.job
+        resumed = self._resumed
+        return upstream_body(
+            job.raw, job.capped.body if resumed is None else resumed, client_stream=job.parsed.stream,
+            client_usage=job.parsed.include_usage, body_changed=job.capped.body_changed or resumed is not None,
+            backend=backend, rank=job.cls.rank, count_tokens=self.ticket.progress is not None,
+        )
+
+    def _deadline(self, backend: BackendConfig, answered: bool) -> bool:
+        """A cancellation arrived. False when it is not a deadline of ours (the consumer left);
+        True when it is a server that never even answered and the front sends the request
+        elsewhere; any other deadline raises `RelayError`."""
+        kind = self._wd.take_expiry()
+        if kind is None:
+            return False
+        self.ctx.metrics.upstream_errors.labels(backend.name, kind).inc()
+        if not answered and kind == "timeout_first_token" and self.ctx.dispatcher.failed(
+                self.ticket, "timeout_headers"):
+            return True
+        raise RelayError(kind, _TIMEOUT_TEXT[kind].format(backend=backend.name), status=504)
+
+    async def _relay(self, up: aiohttp.ClientResponse, backend: BackendConfig) -> Ending:
+        job, t = self.job, self.times
+        if self._stream is None:
+            tier = job.tier.encode() if job.tier is not None else None
+            self._stream = StreamRelay(self.sink, job.endpoint, self._tally, job.parsed.include_usage,
+                                       lambda: response_headers(t), progress=self.ticket.progress, service_tier=tier)
+        await self._stream.run(up)
+        self._finish_tokens()
+        up.release()
+        if self._stream.upstream_error:
+            self.ctx.metrics.upstream_errors.labels(backend.name, "stream_error").inc()
+            return Ending(Outcome.UPSTREAM_ERROR, 200, "stream_error")
+        return self._ok()
+
+    async def _assemble(self, up: aiohttp.ClientResponse) -> Ending:
+        if self._asm is None:
+            self._asm = Assembler(self.job.endpoint, self._tally, progress=self.ticket.progress,
+                                  service_tier=self.job.tier)
+        payload = await self._asm.run(up)
+        up.release()
+        self._finish_tokens()
+        await self.sink.answer(payload, response_headers(self.times))
+        return self._ok(self._asm.text() if self.ctx.keep_text else None)
+
+    async def _suspended(self) -> None:
+        """The front preempted this request: wait, with no deadline running and the consumer's
+        response open, until it has a slot again; the loop then sends the continuation. Raises
+        `Overloaded` when it expires in the queue."""
+        t, wd, progress = self.times, self._wd, self.ticket.progress
+        assert progress is not None
+        t.preemptions += 1
+        wd.stop()
+        suspended_at = time.perf_counter()
+        await self.ctx.dispatcher.resume(self.ticket)
+        progress.suspended = False
+        wd.total_at += time.perf_counter() - suspended_at
+        t.attempts -= 1  # a resumed run is not a retry
+        self._resumed = continuation_body(self.job.capped.body, self.job.endpoint, progress)
+        self._retried = False
+
+    def _finish_tokens(self) -> None:
+        t, usage = self.times, self._tally.usage
+        if usage.prompt_tokens is not None:
+            t.prompt_tokens = usage.prompt_tokens
+        t.output_tokens = usage.completion_tokens if usage.completion_tokens is not None else t.content_chunks
+
+    def _meter_unfinished(self) -> None:
+        """What a request that did not finish generated is charged all the same (client gone,
+        timeout, upstream error, expired while suspended): the tokens a preemptible request
+        tracked over its runs, else the engine's count when it sent one, else its content chunks,
+        marked as an estimate in the access log."""
+        t, progress = self.times, self.ticket.progress
+        if progress is not None and progress.tokens:
+            t.output_tokens = progress.tokens  # counted over every run, as the engine reported them
+        elif self._tally.usage.completion_tokens is not None:
+            t.output_tokens = self._tally.usage.completion_tokens
+        else:
+            t.output_tokens = t.content_chunks
+            t.extra["output_tokens_estimated"] = True
+
+    def _ok(self, completion: str | None = None) -> Ending:
+        self.ctx.estimator.observe(self.job.cls.name, self.times.output_tokens)
+        return Ending(Outcome.SUCCESS, 200, completion=completion)

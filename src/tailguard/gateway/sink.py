@@ -1,0 +1,139 @@
+"""Where an exchange's output goes. The HTTP handler's is `ResponseSink` (an aiohttp response);
+`ChunkQueue` hands the same bytes to code inside the process (a batch runner, a hedge, a test),
+which reads them as an async iterator. Both raise `ClientGone` once their consumer has left.
+
+    sink.begin(first, headers, eof=False)   the stream opens with its first bytes
+    sink.write(data) ... sink.end(data)      the rest, and its end in the same send
+    sink.answer(body, headers)               or a whole non-stream JSON answer at once
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from typing import Protocol
+
+from aiohttp import web
+
+from tailguard.gateway.upstream import ClientGone
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class Sink(Protocol):
+    @property
+    def started(self) -> bool:
+        """Bytes have gone out: from here a failure ends the stream instead of being retried."""
+        ...
+
+    async def begin(self, first: bytes, headers: Mapping[str, str], *, eof: bool) -> None: ...
+
+    async def write(self, data: bytes) -> None: ...
+
+    async def end(self, data: bytes) -> None: ...
+
+    async def answer(self, body: bytes, headers: Mapping[str, str]) -> None: ...
+
+
+class _SSEResponse(web.StreamResponse):
+    """Sends its headers together with the first chunk (one write instead of two), as aiohttp's
+    own `web.Response` does; the relay always writes a chunk right after `prepare`."""
+
+    _send_headers_immediately = False
+
+
+class ResponseSink:
+    """The client's HTTP response: an SSE stream, or one JSON body."""
+
+    __slots__ = ("request", "response")
+
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+        self.response: web.StreamResponse | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.response is not None
+
+    async def begin(self, first: bytes, headers: Mapping[str, str], *, eof: bool) -> None:
+        resp = _SSEResponse(status=200, headers={**SSE_HEADERS, **headers})
+        self.response = resp
+        try:
+            await resp.prepare(self.request)
+            if eof:
+                await resp.write_eof(first)
+            else:
+                await resp.write(first)
+        except ConnectionError:
+            raise ClientGone() from None
+
+    async def write(self, data: bytes) -> None:
+        try:
+            await self.response.write(data)  # type: ignore[union-attr]
+        except ConnectionError:
+            raise ClientGone() from None
+
+    async def end(self, data: bytes) -> None:
+        try:
+            await self.response.write_eof(data)  # type: ignore[union-attr]
+        except ConnectionError:
+            raise ClientGone() from None
+
+    async def answer(self, body: bytes, headers: Mapping[str, str]) -> None:
+        resp = web.Response(body=body, content_type="application/json", headers=headers)
+        self.response = resp
+        try:
+            await resp.prepare(self.request)
+            await resp.write_eof()
+        except ConnectionError:
+            raise ClientGone() from None
+
+
+class ChunkQueue:
+    """An exchange's output for a consumer in the same process: `headers` once it began, then
+    `async for chunk in queue` until the end. `close()` is the consumer leaving: the exchange's
+    next write raises `ClientGone`, which ends it (and aborts the engine's request) at once."""
+
+    def __init__(self, maxsize: int = 0) -> None:
+        self.headers: dict[str, str] = {}
+        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize)
+        self._started = False
+        self._closed = False
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    async def _put(self, data: bytes | None) -> None:
+        if self._closed:
+            raise ClientGone()
+        await self._queue.put(data)
+
+    async def begin(self, first: bytes, headers: Mapping[str, str], *, eof: bool) -> None:
+        self._started = True
+        self.headers = dict(headers)
+        await self._put(first)
+        if eof:
+            await self._put(None)
+
+    async def write(self, data: bytes) -> None:
+        await self._put(data)
+
+    async def end(self, data: bytes) -> None:
+        await self._put(data)
+        await self._put(None)
+
+    async def answer(self, body: bytes, headers: Mapping[str, str]) -> None:
+        await self.begin(body, headers, eof=True)
+
+    def close(self) -> None:
+        """The consumer is gone: what is queued is dropped (a bounded queue's writer waiting for
+        room gets it, and its next write raises `ClientGone`)."""
+        self._closed = True
+        while not self._queue.empty():
+            self._queue.get_nowait()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while (data := await self._queue.get()) is not None:
+            if data:
+                yield data
