@@ -30,8 +30,12 @@ class Plan:
     gateway: dict[str, Any]  # base gateway YAML settings, backends included
     preset: str
     max_num_seqs: int
-    time_scale: float
+    time_scale: float | None  # wall seconds per simulated second of the simulator measured, if it is one
     out: Path
+
+    @property
+    def sim_time_scale(self) -> float:
+        return 0.25 if self.time_scale is None else self.time_scale
 
 
 def _folder(sw: "Sweep", value: Any, seed: int, out: Path) -> Path:
@@ -73,7 +77,7 @@ async def _gateway_for(gw: dict[str, Any], sim_extra: dict[str, Any], plan: Plan
     if backend is None:
         extra = () if "enable_prefix_caching" not in sim_extra else (
             ("--enable-prefix-caching",) if sim_extra["enable_prefix_caching"] else ("--no-enable-prefix-caching",))
-        sim = SimSpec(plan.preset, int(sim_extra.get("max_num_seqs", plan.max_num_seqs)), plan.time_scale, extra)
+        sim = SimSpec(plan.preset, int(sim_extra.get("max_num_seqs", plan.max_num_seqs)), plan.sim_time_scale, extra)
         arm = Arm(label, gateway=True, policy=rest.get("scheduler", {}).get("policy", "ranked-sjf"),
                   max_concurrency=mc, config=rest)
         async with target(arm, sim, logs) as url:
@@ -105,7 +109,7 @@ async def run_http(sw: "Sweep", plan: Plan, backend: str | None) -> None:
                 seed = nxt[2]
                 cfg = BenchConfig(url=url, workload=plan.workload, concurrency=plan.concurrency, rate=plan.rate,
                                   requests=plan.requests, seed=seed,
-                                  time_scale=plan.time_scale if backend is None else 1.0)
+                                  time_scale=plan.sim_time_scale if backend is None else plan.time_scale)
                 sw.add(i, await bench_to_dir(cfg, _folder(sw, value, seed, plan.out), console=None, label=label))
 
 
@@ -147,7 +151,8 @@ def sweep(
     tolerance: float = typer.Option(0.1, help="Repeat until the P99's 95% interval is within this fraction of its mean"),
     preset: str = typer.Option("h100-llama8b", help="Simulated engine preset"),
     max_num_seqs: int = typer.Option(8, help="Simulated engine's slots; also the gateway's max_concurrency unless swept"),
-    time_scale: float = typer.Option(0.25, help="--target sim: wall seconds per simulated second"),
+    time_scale: Optional[float] = typer.Option(None, help="Wall seconds per simulated second: --target sim's "
+                                                "(default 0.25), or a --backend that is `tailguard sim`'s"),
     out: Path = typer.Option(Path("sweep-out"), help="Output folder"),
 ) -> None:
     """Move one setting at a time against a per-class P99 SLO; recommend a value and show the knee."""
@@ -173,7 +178,8 @@ def sweep(
         else:
             run_async(run_http(sw, plan, backend))
             how = (f"Against {backend} behind a gateway restarted per value." if backend is not None else
-                   f"Against the HTTP simulator ({preset}, time scale {time_scale}) behind a gateway, both restarted per value.")
+                   f"Against the HTTP simulator ({preset}, time scale {plan.sim_time_scale:g}) behind a gateway, "
+                   "both restarted per value.")
     except ConfigError as e:
         _fail(str(e))
     res = result(sw)
