@@ -49,7 +49,7 @@ class BenchConfig:
     """One run. Give `concurrency` (closed loop) or `rate` (open loop), and `requests` or
     `duration_s`; warm-up requests come on top of `requests` and are excluded from statistics.
 
-        result = await run_bench(BenchConfig(url="http://127.0.0.1:8100", workload="seed-mixed",
+        result = await run_bench(BenchConfig(url="http://127.0.0.1:8000", workload="seed-mixed",
                                              concurrency=16, requests=400))
     """
 

@@ -62,7 +62,7 @@ def _fail(msg: str) -> None:
 
 def bench_run(
     ctx: typer.Context,
-    url: Optional[str] = typer.Option(None, help="Server or gateway base URL, e.g. http://127.0.0.1:8100"),
+    url: Optional[str] = typer.Option(None, help="Server or gateway base URL, e.g. http://127.0.0.1:8000"),
     workload: str = typer.Option("seed-mixed", help="Built-in workload name or a YAML file"),
     out: Path = typer.Option(Path("bench-out"), help="Output folder"),
     concurrency: Optional[int] = typer.Option(None, help="Closed loop: N clients, each sends when its last reply ends"),

@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
 
 
 def sim(
-    port: int = typer.Option(8100, "--port", "-p", min=0, max=65535, help="Port to listen on."),
+    port: int = typer.Option(8000, "--port", "-p", min=0, max=65535, help="Port to listen on (vLLM's default)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     preset: str = typer.Option("h100-llama8b", "--preset", help="Engine preset: h100-llama8b, a100-llama8b, cpu-tiny."),
     time_scale: float = typer.Option(

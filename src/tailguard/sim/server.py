@@ -505,7 +505,7 @@ async def running_sim(
 
 
 async def serve(
-    config: EngineConfig, host: str = "127.0.0.1", port: int = 8100, time_scale: float = 1.0,
+    config: EngineConfig, host: str = "127.0.0.1", port: int = 8000, time_scale: float = 1.0,
     model_name: str = "tailguard-sim", ready: Callable[[RunningSim], None] | None = None,
 ) -> None:
     """Serve until cancelled (the CLI's entrypoint); `ready` is called once the port is bound."""
