@@ -21,7 +21,7 @@ PURE = {
     "gateway.classes", "gateway.caps", "gateway.backends",
     "gateway.config", "gateway.resume", "gateway.kinds", "sim.des",
     "bench.workload", "bench.stats", "bench.dataset", "bench.recorder", "bench.compare", "bench.attribution",
-    "doctor.finding", "doctor.evidence", "doctor.facts", "doctor.rules", "doctor.diagnosis", "sweep.virtual",
+    "doctor.finding", "doctor.evidence", "doctor.facts", "doctor.rules", "doctor.diagnosis", "sweep.virtual", "sweep.search",
     "client.retry", "client.timeouts", "client.chunks", "client.assembly",
 }
 IO_MODULES = ("asyncio", "aiohttp", "prometheus_client", "time", "socket", "uvloop", "httpx", "httpx2", "anyio")

@@ -17,6 +17,7 @@ from statistics import mean, stdev
 from typing import Any
 
 from tailguard.errors import ConfigError
+from tailguard.gateway.config import GatewayConfig
 
 GATEWAY_SETTINGS = ("max_concurrency", "max_tokens_cap", "policy", "aging_s", "preemption")
 ENGINE_SETTINGS = ("max_num_seqs", "prefix_caching")  # only when the engine is the simulator
@@ -78,6 +79,12 @@ def parse_values(setting: Setting, text: str) -> list[Any]:
         raise ConfigError(f"--values {text!r}: a list (1,2,4), a range (2..32) or a doubling range (2..32:x2)") from None
 
 
+def _default_classes() -> list[dict[str, Any]]:
+    """The classes `tailguard serve` runs with when its config names none, as YAML settings."""
+    cfg = GatewayConfig.model_validate({"backends": [{"name": "b", "url": "http://127.0.0.1:1"}]})
+    return [c.model_dump(mode="json") for c in cfg.classes]
+
+
 def apply(setting: Setting, value: Any, gateway: dict[str, Any], engine: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The gateway YAML settings and the engine overrides with `setting` set to `value` (copies)."""
     gw, eng = copy.deepcopy(gateway), dict(engine)
@@ -85,8 +92,7 @@ def apply(setting: Setting, value: Any, gateway: dict[str, Any], engine: dict[st
         for b in gw.setdefault("backends", [{}]):
             b["max_concurrency"] = value
     elif setting.name == "max_tokens_cap":
-        classes = gw.setdefault("classes", [{"name": "interactive", "rank": 0},
-                                            {"name": "batch", "rank": 1, "preemptible": True}])
+        classes = gw.setdefault("classes", _default_classes())
         match = [c for c in classes if c["name"] == setting.cls]
         if not match:
             raise ConfigError(f"no class {setting.cls!r} in the gateway config")
