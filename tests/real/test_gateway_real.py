@@ -435,3 +435,24 @@ async def test_class_maps_to_vllm_priority(vllm_server: EngineProcess) -> None:
         await asyncio.gather(*everything, return_exceptions=True)
     # Sent last, served first: vLLM saw priority 0 for interactive and 1 for batch.
     assert batch_ran == 0
+
+
+async def test_kind_auto_finds_the_real_engine_and_treats_it_so(engine: EngineProcess) -> None:
+    """No kind named: the gateway asks the server, and then translates and protects as for that
+    kind (vLLM gets the class as `priority`; both can have a batch request suspended)."""
+    cfg = config((engine, 4))
+    cfg = cfg.model_copy(update={"backends": [b.model_copy(update={"kind": "auto"}) for b in cfg.backends]})
+    async with gateway(cfg) as url, client(url) as c, asyncio.timeout(STEP_S * 2):
+        name = cfg.backends[0].name
+
+        async def detected() -> bool:
+            return (await gateway_health(url))["backends"][name]["kind"] == engine.kind
+        await wait_for(detected, f"the gateway to detect {engine.kind}", timeout_s=STEP_S)
+        h = (await gateway_health(url))["backends"][name]
+        assert h["reserved_slots"] == 0  # a kind that can continue a generation needs no reservation
+        out = await c.chat.completions.create(model=engine.model, messages=[{"role": "user", "content": "hi"}],
+                                              max_tokens=4, extra_headers={"X-Tailguard-Class": "batch"})
+        assert out.choices[0].message.content is not None
+        async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
+            page = await r.text()
+    assert f'tailguard_backend_kind{{backend="{name}",kind="{engine.kind}"}} 1.0' in page
