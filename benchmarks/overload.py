@@ -143,7 +143,7 @@ async def gateway(engine_url: str, logs: Path, label: str, src: Path | None) -> 
 
 
 async def main(args: argparse.Namespace) -> None:
-    logs = RESULTS / "overload-logs"
+    logs = RESULTS / "logs" / "overload"
     logs.mkdir(parents=True, exist_ok=True)
     factors = [float(f) for f in args.factors.split(",")]
     sim_port = free_port()

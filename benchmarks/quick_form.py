@@ -119,7 +119,7 @@ async def engine_server(eng: Engine, logs: Path) -> AsyncIterator[str]:
 
 async def main(args: argparse.Namespace) -> None:
     eng = (Engine("sim", 8, 2048, 0.25) if args.engine == "sim" else Engine("llamacpp", 4, 1024, 1.0))
-    logs = RESULTS / f"quick_form-{args.engine}-logs"
+    logs = RESULTS / "logs" / f"quick_form-{args.engine}"
     logs.mkdir(parents=True, exist_ok=True)
     runs: dict[str, Any] = {}
     for label in ("straight", "gateway"):
