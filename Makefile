@@ -37,6 +37,7 @@ engines: $(ENGINES_STAMP)
 
 bench-real: $(ENGINES_STAMP)
 	$(PY) benchmarks/seed_real.py
+	$(PY) benchmarks/quick_form.py --engine llamacpp
 
 test-real: $(STAMP)
 	$(PY) -m pytest -q -m real tests/real

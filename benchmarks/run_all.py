@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-# The real-engine benchmark (seed_real) needs `make engines` and runs from `make bench-real`.
+# The real-engine benchmarks (seed_real, quick_form --engine llamacpp) need `make engines` and run
+# from `make bench-real`.
 # Each entry: a script in this folder and its arguments.
 BENCHMARKS: tuple[tuple[str, ...], ...] = (
     ("sim_des_speed",), ("sim_des_vs_http",), ("seed_des",),
@@ -20,6 +21,7 @@ BENCHMARKS: tuple[tuple[str, ...], ...] = (
     ("seed_hol",), ("seed_gateway",),
     ("seed_gateway", "--duration", "40", "--warmup", "4", "--arms", "straight,ranked-sjf", "--prefix-caching"),
     ("gateway_overhead",), ("bench_ceiling",), ("client_retry_storm",), ("seed_doctor",),
+    ("quick_form",), ("overload",),
 )
 
 
