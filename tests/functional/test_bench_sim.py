@@ -100,6 +100,8 @@ async def test_cli_runs_compares_and_rerenders(tmp_path: Path) -> None:
     code, out = await run("bench", "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "c"))
     assert code == 0, out
     assert "Verdict" in out and (tmp_path / "c" / "compare.html").is_file()
+    assert "Throughput, after / before" in out and "requests/s" in out and "output tok/s" in out
+    assert orjson.loads((tmp_path / "c" / "compare.json").read_bytes())["overall"]["throughput"]["requests_per_s"]["ci95"]
     (tmp_path / "a" / "report.html").unlink()
     code, out = await run("bench", "report", str(tmp_path / "a"))
     assert code == 0 and (tmp_path / "a" / "report.html").is_file()
