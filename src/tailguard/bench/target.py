@@ -55,7 +55,7 @@ async def probe(session: aiohttp.ClientSession, url: str, *, api_key: str | None
         raise TargetError(f"{where} did not answer over HTTP: {type(e).__name__}: {e}") from None
     if status != 200:
         raise TargetError(_status_line(where, status, reason, body, api_key))
-    return _target(where, body, model)
+    return read_model_list(where, body, model)
 
 
 def _os_reason(e: aiohttp.ClientConnectorError) -> str:
@@ -75,7 +75,8 @@ def _status_line(where: str, status: int, reason: str, body: bytes, api_key: str
     return f"{head}: {text}" if text else head
 
 
-def _target(where: str, body: bytes, model: str | None) -> Target:
+def read_model_list(where: str, body: bytes, model: str | None) -> Target:
+    """The model to ask for (`model`, or the first listed) and the time scale the list states."""
     try:
         data: Any = orjson.loads(body)
         items = [m for m in data["data"] if isinstance(m, dict)]
