@@ -75,6 +75,7 @@ async def test_sigint_finishes_requests_in_flight_and_writes_an_interrupted_fold
     assert info["cut"] == 0 and info["sent"] == info["done"] == len(records) >= 20
     assert summary["overall"]["count"] == summary["overall"]["ok"] == len(records)
     assert (counts["length"], counts["stop"], counts["abort"]) == (len(records), 0, 0)
+    assert "INTERRUPTED after" in (tmp_path / "run" / "report.html").read_text()
 
 
 @asynccontextmanager
