@@ -258,7 +258,7 @@ class _Run:
         finally:
             stopped.cancel()
         if not driver.done():
-            self._interrupted_after_s = time.perf_counter() - self.t0
+            self._interrupted_after_s = max(0.0, time.perf_counter() - self.t0)  # may come before the clock starts
             self._stopping = True
             if self._sender is not None:
                 self._sender.cancel()
