@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 from tailguard.gateway.config import BackendConfig
-from tests.functional.gateways import classes, gateway, health, sample, scrape, until
+from tests.functional.gateways import classes, engine, gateway, health, sample, scrape, until
 from tests.functional.test_gateway_retries import never_answers, raw_server
 
 CHAT = [{"role": "user", "content": "y" * 40}]
@@ -54,3 +54,22 @@ async def test_a_server_that_answers_none_of_the_probes_is_openai_with_a_reserva
         assert ok.choices[0].message.content == " tok"
         h = await health(gw.url)
         assert h["backends"]["hung"]["kind"] == "openai" and h["backends"]["hung"]["reserved_slots"] == 1
+
+
+async def test_health_shows_the_engines_own_queue_when_the_cap_is_above_its_slots() -> None:
+    """The load page each kind has (vLLM's names, which the simulator exports) is read with every
+    probe: a gateway cap of 4 over an engine of 2 sequences leaves requests waiting in the engine."""
+    async with asyncio.timeout(30), gateway(max_concurrency=4, engine_cfg=engine(max_num_seqs=2), scale=0.05,
+                                            health={"interval_s": 0.05}) as gw, gw.client() as c:
+        streams = [asyncio.create_task(c.chat.completions.create(model="m", messages=CHAT, max_tokens=3000))
+                   for _ in range(4)]
+
+        async def queued_in_engine() -> bool:
+            load = (await health(gw.url))["backends"]["sim0"]["engine"]
+            return load is not None and load == {"running": 2, "waiting": 2}
+        await until(queued_in_engine)
+        m = await scrape(gw.url)
+        for s in streams:
+            s.cancel()
+        await asyncio.gather(*streams, return_exceptions=True)
+    assert sample(m, "tailguard_backend_engine_requests", backend="sim0", state="waiting") == 2

@@ -27,8 +27,9 @@ from tailguard.gateway.classes import ClassTable
 from tailguard.gateway.config import BackendConfig, GatewayConfig
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.exchange import Context
-from tailguard.gateway.kinds import DETECT_PATHS, detect_kind, get_kind
+from tailguard.gateway.kinds import get_kind
 from tailguard.gateway.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, GatewayMetrics
+from tailguard.gateway.probes import Probes
 from tailguard.gateway.proxy import Proxy, error_response
 from tailguard.gateway.upstream import Upstream
 
@@ -77,8 +78,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     for b in backends.values():
         metrics.backend_healthy.labels(b.name).set(1)
         metrics.set_kind(b.name, b.kind)
-    probes = [asyncio.create_task(_probe_loop(app, b.name), name=f"tailguard-health-{b.name}")
-              for b in cfg.backends]
+    app[PROBES] = Probes(cfg, backends, dispatcher, upstream.session, metrics)
+    probes = app[PROBES].start()
     try:
         yield
     finally:
@@ -87,59 +88,6 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await asyncio.gather(*probes, return_exceptions=True)
         dispatcher.close()
         await upstream.close()
-
-
-async def _probe_loop(app: web.Application, name: str) -> None:
-    """Probe one backend for ever: its kind first (when `auto`) and again whenever it comes back,
-    its health every interval. Each probe is bounded by `health.timeout_s`, so a backend that
-    never answers holds up nothing but its own probes."""
-    cfg = app[CONFIG]
-    configured = next(b for b in cfg.backends if b.name == name)
-    dispatcher, session = app[DISPATCHER], app[UPSTREAM].session
-    timeout = aiohttp.ClientTimeout(total=cfg.health.timeout_s)
-    detect = configured.kind == "auto"
-    healthy = True
-    while True:
-        if detect:
-            await _detect(app, configured, session, timeout)
-        backend = app[BACKENDS][name]
-        # An explicit `health.path` wins; else each kind's own (a plain OpenAI server has no /health).
-        path = cfg.health.path if "path" in cfg.health.model_fields_set else get_kind(backend.kind).health_path
-        ok = await _get_ok(session, backend, path, timeout) is not None
-        dispatcher.probe(name, ok)
-        now_healthy = dispatcher.front.slots.is_healthy(name)
-        detect = configured.kind == "auto" and now_healthy and not healthy  # it came back: ask again
-        healthy = now_healthy
-        if not detect:
-            await asyncio.sleep(cfg.health.interval_s)
-
-
-async def _get_ok(
-    session: aiohttp.ClientSession, backend: BackendConfig, path: str, timeout: aiohttp.ClientTimeout,
-) -> bytes | None:
-    """The body of a 2xx answer to GET `path`, or None (any other status, error or timeout)."""
-    headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
-    try:
-        async with session.get(backend.url + path, timeout=timeout, headers=headers) as resp:
-            body = await resp.read()
-            return body if 200 <= resp.status < 300 else None
-    except (aiohttp.ClientError, asyncio.TimeoutError):
-        return None
-
-
-async def _detect(
-    app: web.Application, configured: BackendConfig, session: aiohttp.ClientSession, timeout: aiohttp.ClientTimeout,
-) -> None:
-    """Ask a `kind: auto` backend what it is and switch everything that depends on it (request
-    translation, health path, whether its requests can be suspended, its reservation)."""
-    bodies = await asyncio.gather(*(_get_ok(session, configured, p, timeout) for p in DETECT_PATHS))
-    kind = detect_kind(dict(zip(DETECT_PATHS, bodies)))
-    backends = app[BACKENDS]
-    if backends[configured.name].kind != kind:
-        log.warning("backend %s is %s (detected)", configured.name, kind)
-        backends[configured.name] = configured.model_copy(update={"kind": kind})
-        app[METRICS].set_kind(configured.name, kind)
-    app[DISPATCHER].set_kind(configured.name, get_kind(kind).continues_generation)
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:
@@ -153,8 +101,11 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 async def _health(request: web.Request) -> web.Response:
     slots = request.app[DISPATCHER].front.slots
     kinds = request.app[BACKENDS]
+    load = request.app[PROBES].load
     backends = {s.name: {"healthy": s.healthy, "kind": kinds[s.name].kind, "in_flight": s.in_flight,
-                         "max_concurrency": s.cfg.max_concurrency, "reserved_slots": s.cfg.reserve()}
+                         "max_concurrency": s.cfg.max_concurrency, "reserved_slots": s.cfg.reserve(),
+                         "engine": ({"running": load[s.name].running, "waiting": load[s.name].waiting}
+                                    if s.name in load else None)}
                 for s in slots}
     ok = slots.any_healthy()
     body = {"status": "ok" if ok else "unavailable", "queued": len(request.app[DISPATCHER]), "backends": backends}
@@ -221,6 +172,7 @@ class ModelCache:
 
 MODELS = web.AppKey("models", ModelCache)
 BACKENDS = web.AppKey("backends", dict[str, BackendConfig])
+PROBES = web.AppKey("probes", Probes)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -156,6 +156,10 @@ class GatewayMetrics:
         self.backend_healthy = Gauge(
             "tailguard_backend_healthy", "1 if the last health probes of a backend succeeded.", ["backend"],
             registry=r)
+        self.engine_requests = Gauge(
+            "tailguard_backend_engine_requests", "Requests the engine itself reports running and waiting "
+            "(its own load page, read with each health probe); waiting above 0 means the gateway's cap is "
+            "above the engine's slots.", ["backend", "state"], registry=r)
         self.backend_kind = Gauge(
             "tailguard_backend_kind", "1 for the kind each backend is treated as (named in the config, or "
             "detected when `auto`).", ["backend", "kind"], registry=r)

@@ -1,0 +1,88 @@
+"""What the gateway asks each backend in the background, for ever: what it is (`kind: auto`, at
+start and whenever it comes back), whether it is healthy (every `health.interval_s`), and how
+many requests the engine itself reports running and waiting (its load page, where the kind has
+one). Every request is bounded by `health.timeout_s`, so a backend that never answers holds up
+nothing but its own probes; what is learnt goes to the front (health, kind) and to `/health` and
+`/metrics`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+
+from tailguard.gateway.config import BackendConfig, GatewayConfig
+from tailguard.gateway.dispatch import Dispatcher
+from tailguard.gateway.kinds import DETECT_PATHS, EngineLoad, detect_kind, get_kind
+from tailguard.gateway.metrics import GatewayMetrics
+
+log = logging.getLogger("tailguard.gateway")
+
+
+class Probes:
+    """The probe loops of every backend; `backends` (kinds resolved) is updated in place when a
+    kind is detected, which is what the exchanges read."""
+
+    def __init__(self, cfg: GatewayConfig, backends: dict[str, BackendConfig], dispatcher: Dispatcher,
+                 session: aiohttp.ClientSession, metrics: GatewayMetrics) -> None:
+        self.cfg, self.backends, self.dispatcher, self.session, self.metrics = cfg, backends, dispatcher, session, metrics
+        self.timeout = aiohttp.ClientTimeout(total=cfg.health.timeout_s)
+        self.load: dict[str, EngineLoad] = {}  # the engine's own count, from its last load page
+
+    def start(self) -> list[asyncio.Task[None]]:
+        return [asyncio.create_task(self._loop(b), name=f"tailguard-probe-{b.name}") for b in self.cfg.backends]
+
+    async def _loop(self, configured: BackendConfig) -> None:
+        cfg, name = self.cfg, configured.name
+        auto = configured.kind == "auto"
+        detect, healthy = auto, True
+        while True:
+            if detect:
+                await self._detect(configured)
+            backend = self.backends[name]
+            # An explicit `health.path` wins; else each kind's own (a plain OpenAI server has no /health).
+            path = cfg.health.path if "path" in cfg.health.model_fields_set else get_kind(backend.kind).health_path
+            ok = await self._get(backend, path) is not None
+            self.dispatcher.probe(name, ok)
+            if ok:
+                await self._read_load(backend)
+            now_healthy = self.dispatcher.front.slots.is_healthy(name)
+            detect = auto and now_healthy and not healthy  # it came back: ask again what it is
+            healthy = now_healthy
+            if not detect:
+                await asyncio.sleep(cfg.health.interval_s)
+
+    async def _get(self, backend: BackendConfig, path: str) -> bytes | None:
+        """The body of a 2xx answer to GET `path`, or None (any other status, error or timeout)."""
+        headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
+        try:
+            async with self.session.get(backend.url + path, timeout=self.timeout, headers=headers) as resp:
+                body = await resp.read()
+                return body if 200 <= resp.status < 300 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return None
+
+    async def _detect(self, configured: BackendConfig) -> None:
+        """Ask a `kind: auto` backend what it is and switch everything that depends on it (request
+        translation, health path, whether its requests can be suspended, its reservation)."""
+        bodies = await asyncio.gather(*(self._get(configured, p) for p in DETECT_PATHS))
+        kind = detect_kind(dict(zip(DETECT_PATHS, bodies)))
+        if self.backends[configured.name].kind != kind:
+            log.warning("backend %s is %s (detected)", configured.name, kind)
+            self.backends[configured.name] = configured.model_copy(update={"kind": kind})
+            self.metrics.set_kind(configured.name, kind)
+        self.dispatcher.set_kind(configured.name, get_kind(kind).continues_generation)
+
+    async def _read_load(self, backend: BackendConfig) -> None:
+        """The engine's own running and waiting counts: a waiting count above zero means requests
+        queue inside the engine, first come first served (the gateway's cap is above its slots)."""
+        for source in get_kind(backend.kind).load_sources:
+            page = await self._get(backend, source.path)
+            load = source.parse(page) if page is not None else None
+            if load is not None:
+                self.load[backend.name] = load
+                self.metrics.engine_requests.labels(backend.name, "running").set(load.running)
+                self.metrics.engine_requests.labels(backend.name, "waiting").set(load.waiting)
+                return
