@@ -16,7 +16,7 @@ from tailguard.client import (
     ConnectTimeout, DeadlineExceeded, FirstTokenTimeout, IdleTimeout, RetryPolicy, Timeouts, TotalTimeout,
     async_openai_client,
 )
-from tests.functional.client_calls import KINDS, against, call
+from tests.functional.client_calls import CHAT, KINDS, against, call
 from tests.functional.client_faults import fault_server
 
 D = 0.2  # every deadline in this file
@@ -128,3 +128,25 @@ async def test_a_call_to_another_endpoint_answers_within_first_token() -> None:
             with pytest.raises(TotalTimeout) as info:
                 await client.models.list()
     _fired(info.value, TotalTimeout, time.monotonic() - start)
+
+
+async def test_the_total_deadline_follows_the_speed_the_client_learned() -> None:
+    # Told 1 token/s, a 3-token call may take (0.1 + 3 / 1) x 1 = 3.1 s; after three fast streams
+    # the client knows better and gives the same call (0.1 + 3 / fast) x 1, about 0.1 s.
+    timeouts = Timeouts(first_token=0.1, idle=None, total=None, tokens_per_s=1, slack=1)
+    async with asyncio.timeout(5), fault_server() as f:
+        async with async_openai_client(base_url=f.base("ok"), api_key="k", timeouts=timeouts,
+                                       retry=RetryPolicy(max_attempts=1)) as client:
+            for _ in range(3):
+                stream = await client.chat.completions.create(model="m", messages=CHAT, max_tokens=3, stream=True)
+                async for _chunk in stream:
+                    pass
+            client.base_url = f.base("three_then_keepalive")  # type: ignore[assignment]
+            start = time.monotonic()
+            with pytest.raises(TotalTimeout) as info:
+                stream = await client.chat.completions.create(model="m", messages=CHAT, max_tokens=3, stream=True)
+                async for _chunk in stream:
+                    pass
+    err = info.value
+    assert 0.1 <= err.limit_s < 0.2
+    _fired(err, TotalTimeout, time.monotonic() - start, limit_s=err.limit_s)
