@@ -69,20 +69,21 @@ async def role_then_keepalive(request: web.Request) -> web.StreamResponse:
     return await _keepalive_forever(resp)
 
 
-async def three_then_keepalive(request: web.Request) -> web.StreamResponse:
+async def _three_words(request: web.Request) -> web.StreamResponse:
     resp = await _sse(request)
     await resp.write(ROLE)
     for word in ("one", " two", " three"):
         await resp.write(chunk({"content": word}))
-    return await _keepalive_forever(resp)
+    return resp
+
+
+async def three_then_keepalive(request: web.Request) -> web.StreamResponse:
+    return await _keepalive_forever(await _three_words(request))
 
 
 async def ok(request: web.Request) -> web.StreamResponse:
     """A whole stream of three content chunks and usage."""
-    resp = await _sse(request)
-    await resp.write(ROLE)
-    for word in ("one", " two", " three"):
-        await resp.write(chunk({"content": word}))
+    resp = await _three_words(request)
     await resp.write(chunk({}, finish="stop"))
     await resp.write(b'data: {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m", '
                      b'"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}}\n\n')
