@@ -48,16 +48,18 @@ async def test_client_timeouts_on_streams_still_running_through_the_cli(tmp_path
     async with running_sim(engine(), time_scale=SCALE) as sim, asyncio.timeout(60):
         bench = await asyncio.create_subprocess_exec(
             TAILGUARD, "bench", "--url", sim.url, "--workload", "seed-mixed", "--concurrency", "4",
-            "--requests", "40", "--seed", "3", "--timeout", "0.2", "--time-scale", str(SCALE), "--quiet",
-            "--scrape", sim.url, "--scrape-interval", "0.05", "--out", str(tmp_path))
-        assert await bench.wait() == 0
+            "--requests", "40", "--seed", "3", "--timeout", "0.3", "--time-scale", str(SCALE), "--quiet",
+            "--scrape", sim.url, "--scrape-interval", "0.05", "--out", str(tmp_path),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        said, _ = await asyncio.wait_for(bench.communicate(), 50)  # a summary takes 0.6 s wall, a chat 10 ms
+        assert bench.returncode == 0, said.decode()
     assert (tmp_path / SCRAPE_FILE).is_file()
     doctor = await asyncio.create_subprocess_exec(TAILGUARD, "doctor", str(tmp_path), "--json",
                                                   stdout=asyncio.subprocess.PIPE)
     out, _ = await asyncio.wait_for(doctor.communicate(), 30)
     found = orjson.loads(out)["findings"]
     kinds = [f["kind"] for f in found]
-    assert "client_timeouts" in kinds, kinds
+    assert "client_timeouts" in kinds, found
     assert "still receiving tokens" in found[kinds.index("client_timeouts")]["evidence"]["for"][0]
     assert "Doctor" in (tmp_path / "report.html").read_text()
 
@@ -96,3 +98,8 @@ async def test_a_healthy_run_through_the_gateway_has_no_finding(tmp_path: Path) 
     gw_snaps, eng_snaps = snapshots(tmp_path, None, None)
     assert gw_snaps and eng_snaps  # both pages were told apart and read
     assert sum(gateway_evidence(gw_snaps).outcomes.values()) == 40  # type: ignore[union-attr]
+    engine_ev = engine_evidence(eng_snaps)
+    assert engine_ev is not None and engine_ev.successes == 40
+    # vLLM's phase histograms, in simulated seconds: a 200-token prompt prefills in one step, 128 tokens decode in ~127
+    assert engine_ev.prefill_time_mean_s is not None and 0 < engine_ev.prefill_time_mean_s < 0.05
+    assert engine_ev.queue_time_mean_s is not None and engine_ev.queue_time_mean_s < 0.05

@@ -67,6 +67,8 @@ class SimMetrics:
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(REQUEST_BUCKETS)
         self.queue = Histogram(REQUEST_BUCKETS)
+        self.prefill = Histogram(REQUEST_BUCKETS)  # first scheduled to first token, as vLLM's
+        self.decode = Histogram(REQUEST_BUCKETS)  # first token to last
         self.behind_s = 0.0  # how late the server's loop woke for its last step (simulated seconds)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
@@ -115,6 +117,10 @@ class SimMetrics:
         yield hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", self.e2e)
         yield hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
                    self.queue)
+        yield hist("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
+                   self.prefill)
+        yield hist("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
+                   self.decode)
         yield gauge("tailguard_sim_behind_seconds",
                     "How late (simulated seconds) the simulator's loop woke for its last step; 0 when it keeps up.",
                     self.behind_s)

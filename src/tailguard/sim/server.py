@@ -48,7 +48,7 @@ DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 class _Live:
     """A request between `add` and the end of its response, as the handler and the loop see it."""
 
-    __slots__ = ("ready", "done", "finish_reason", "waiter", "added_at")
+    __slots__ = ("ready", "done", "finish_reason", "waiter", "added_at", "admitted_at", "first_at")
 
     def __init__(self, added_at: float) -> None:
         self.ready = 0  # tokens generated so far
@@ -56,6 +56,8 @@ class _Live:
         self.finish_reason = "length"
         self.waiter: asyncio.Future[None] | None = None
         self.added_at = added_at
+        self.admitted_at: float | None = None  # first scheduled (prefill starts)
+        self.first_at: float | None = None  # first token (decode starts)
 
 
 class SimState:
@@ -156,13 +158,21 @@ def _deliver(state: SimState, step: Step, end: float) -> None:
                 live.done = True
                 live.finish_reason = ev.finish_reason
                 m.e2e.observe(end - live.added_at)
+                if live.first_at is not None:
+                    m.decode.observe(end - live.first_at)
                 _wake(live)
         elif isinstance(ev, FirstToken):
             live = lives.get(ev.req_id)
             if live is not None:
                 m.ttft.observe(end - live.added_at)
+                live.first_at = end
+                if live.admitted_at is not None:
+                    m.prefill.observe(end - live.admitted_at)
         elif isinstance(ev, Admitted) and not ev.resumed:
             m.queue.observe(ev.queue_s)
+            live = lives.get(ev.req_id)
+            if live is not None:
+                live.admitted_at = end - step.duration_s  # the step that scheduled it began then
     # Decoding sequences emit on consecutive steps, so each of their tokens came one step after
     # the previous one: the step's duration is their inter-token latency.
     m.itl.observe(step.duration_s, step.decode_seqs)
