@@ -103,3 +103,16 @@ async def test_a_healthy_run_through_the_gateway_has_no_finding(tmp_path: Path) 
     # vLLM's phase histograms, in simulated seconds: a 200-token prompt prefills in one step, 128 tokens decode in ~127
     assert engine_ev.prefill_time_mean_s is not None and 0 < engine_ev.prefill_time_mean_s < 0.05
     assert engine_ev.queue_time_mean_s is not None and engine_ev.queue_time_mean_s < 0.05
+
+
+async def test_cap_above_engine_from_the_gateways_page_alone(tmp_path: Path) -> None:
+    """Only the gateway is scraped: its health probes read the engine's own queue
+    (`tailguard_backend_engine_requests`), which a cap of 16 over 2 slots keeps full."""
+    async with gateway(max_concurrency=16, engine_cfg=engine(max_num_seqs=2), scale=SCALE,
+                       health={"interval_s": 0.05}) as gw, asyncio.timeout(60):
+        cfg = BenchConfig(url=gw.url, workload="seed-mixed", concurrency=12, requests=40, seed=2, time_scale=SCALE,
+                          max_dispatch_lag_s=0.05)
+        found = await diagnosed(gw.url, cfg, tmp_path, [gw.url])
+    kinds = [f.kind for f in found]
+    assert "cap_above_engine" in kinds, kinds
+    assert "tailguard_backend_engine_requests" in found[kinds.index("cap_above_engine")].evidence_for[0]

@@ -28,8 +28,8 @@ def _delta(snaps: Sequence[Samples], name: str, **match: str) -> float | None:
     return last - (first or 0.0) if len(snaps) > 1 else last
 
 
-def _gauge(snaps: Sequence[Samples], name: str) -> list[float]:
-    return [v for v in (_total(s, name) for s in snaps) if v is not None]
+def _gauge(snaps: Sequence[Samples], name: str, **match: str) -> list[float]:
+    return [v for v in (_total(s, name, **match) for s in snaps) if v is not None]
 
 
 def _mean_of_hist(snaps: Sequence[Samples], name: str) -> float | None:
@@ -69,6 +69,7 @@ class GatewayEvidence:
     outcomes: dict[str, float]  # requests ended during the run, by outcome
     rejected: dict[str, float]  # by reason
     preemptions: float | None
+    engine_waiting_max: float | None  # the engine's own queue, as the gateway's health probes read it
 
 
 def is_engine(s: Samples) -> bool:
@@ -107,4 +108,6 @@ def gateway_evidence(snaps: Sequence[Samples]) -> GatewayEvidence | None:
         outcomes=_label_deltas(snaps, "tailguard_requests_total", "outcome"),
         rejected=_label_deltas(snaps, "tailguard_rejected_total", "reason"),
         preemptions=_delta(snaps, "tailguard_preemptions_total"),
+        engine_waiting_max=max(waiting) if (waiting := _gauge(snaps, "tailguard_backend_engine_requests",
+                                                                 state="waiting")) else None,
     )

@@ -246,7 +246,8 @@ def kv_pressure(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence 
 
 
 def cap_above_engine(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence | None) -> Finding | None:
-    if not f.behind_gateway or engine is None or not (engine.waiting_max or 0) >= 1:
+    seen = [w for w in (engine.waiting_max if engine else None, gw.engine_waiting_max if gw else None) if w is not None]
+    if not f.behind_gateway or max(seen, default=0.0) < 1:
         return None
     # The engine queued requests the gateway had already let through, and that is where a tail waited.
     c = max(f.classes.values(), key=lambda c: c.tail["engine_queue_s"])
@@ -257,11 +258,13 @@ def cap_above_engine(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvid
         symptom=(f"behind the gateway, {c.name}'s slowest 1% still waited {_s(c.tail['engine_queue_s'])} in the engine's "
                  f"own queue (gateway queue {_s(c.tail['gateway_queue_s'])})"),
         cause="the gateway's max_concurrency is above the engine's batch slots, so requests queue in the engine, in its order",
-        next_step=(f"set the backend's `max_concurrency` to the engine's max_num_seqs (it ran at most "
-                   f"{engine.running_max or 0:.0f} at once), so waiting happens in the gateway's queue"),
+        next_step=("set the backend's `max_concurrency` to the engine's max_num_seqs"
+                   + (f" (it ran at most {engine.running_max:.0f} at once)" if engine and engine.running_max else "")
+                   + ", so waiting happens in the gateway's queue"),
         check="tailguard sweep --setting max_concurrency --values 2..32 --backend <engine URL>",
-        evidence_for=(f"the engine's waiting queue: mean {engine.waiting_mean or 0:.2f}, max {engine.waiting_max:.0f} "
-                      f"over {engine.snapshots} snapshots; running max {engine.running_max or 0:.0f}",),
+        evidence_for=(f"the engine's own queue held up to {max(seen):.0f} requests"
+                      + (f" (mean {engine.waiting_mean or 0:.2f} over {engine.snapshots} engine snapshots)" if engine else
+                         " (the gateway's tailguard_backend_engine_requests{state=\"waiting\"})"),),
     )
 
 
