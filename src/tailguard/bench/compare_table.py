@@ -11,7 +11,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from tailguard.bench.table import METRIC_LABELS, fmt_ratio, fmt_s, num, table
+from tailguard.bench.table import METRIC_LABELS, fit, fmt_ratio, fmt_s, num, table
 from tailguard.bench.throughput import N_SLICES
 
 Parts = list[tuple[str, str]]
@@ -68,7 +68,7 @@ def latency_table(cmp: dict[str, Any]) -> Table:
                 first = False
         if t.rows:
             t.rows[-1].end_section = True
-    return t
+    return fit(t)
 
 
 def throughput_table(cmp: dict[str, Any]) -> Table:
@@ -85,7 +85,7 @@ def throughput_table(cmp: dict[str, Any]) -> Table:
             first = False
         if t.rows:
             t.rows[-1].end_section = True
-    return t
+    return fit(t)
 
 
 def verdict_parts(name: str, g: dict[str, Any]) -> Parts:

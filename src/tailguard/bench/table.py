@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from rich import box
 from rich.console import Console, Group
 from rich.progress import BarColumn, Progress as RichProgress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -43,27 +44,40 @@ def _groups(summary: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def table(title: str, columns: tuple[str, ...], left: int = 1) -> Table:
-    """A table whose first `left` columns are left-aligned, the rest right-aligned, every cell folding."""
-    t = Table(title=title, title_justify="left", header_style="bold")
+    """A table whose first `left` columns are left-aligned, the rest right-aligned, every cell folding.
+    No vertical rules and one space between columns: a nine-column table of figures fits 80 columns."""
+    t = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD,
+              collapse_padding=True, pad_edge=False)
     for i, col in enumerate(columns):
         t.add_column(col, justify="left" if i < left else "right", overflow="fold")
     return t
 
 
+def fit(t: Table) -> Table:
+    """Give each column at least the width of its longest figure and header word: rich would
+    otherwise fold `80.7ms` into `80.7m`/`s` to make room it does not need. Call once the rows are in."""
+    for col in t.columns:
+        words = [len(w) for w in str(col.header).split()]
+        lines = [len(line) for c in col.cells for line in (c.plain if isinstance(c, Text) else str(c)).splitlines()]
+        col.min_width = max(words + lines or [1])
+    return t
+
+
 def summary_tables(summary: dict[str, Any]) -> Group:
     counts = table("Requests", ("class", "count", "ok", "errors", "timeouts", "req/s", "out tok/s", "goodput",
-                                "E2E P99/P50"))
+                                "E2E P99/P50 and 95% CI"))
     for name, g in _groups(summary):
         gp = g.get("goodput")
         tr = g["tail_ratio"]["e2e_s"]
         ci = tr.get("ci95")
-        shown_ci = ci and ci[0] is not None and ci[1] is not None
-        ratio = fmt_ratio(tr["p99_over_p50"]) + (f" [{fmt_ratio(ci[0])}-{fmt_ratio(ci[1])}]" if shown_ci else "")
+        ratio = fmt_ratio(tr["p99_over_p50"])
+        if ci and None not in ci:
+            ratio += f"\n{fmt_ratio(ci[0])}-{fmt_ratio(ci[1])}"  # under the ratio: the table fits 80 columns
         counts.add_row(
             Text(name, style="bold" if name == "overall" else ""), str(g["count"]), str(g["ok"]),
             _red_if(g["errors"]), _red_if(g["timeouts"]),
             num(g["throughput"]["requests_per_s"]), num(g["throughput"]["output_tokens_per_s"]),
-            "-" if not gp else f"{gp['fraction'] * 100:.1f}% ({num(gp['requests_per_s'])}/s)", ratio,
+            "-" if not gp else f"{gp['fraction'] * 100:.1f}%", ratio,  # goodput/s: in summary.json
         )
     lat = table("Latency (from the scheduled send time; failures rank as worst)",
                 ("class", "metric", *(label for _, label in _PCT_COLS)), left=2)
@@ -82,7 +96,7 @@ def summary_tables(summary: dict[str, Any]) -> Group:
     lines = [validity_text(summary["validity"])]
     if summary.get("interrupted"):
         lines.append(Text(interrupted_line(summary["interrupted"]), style="bold yellow"))
-    return Group(counts, lat, *lines)
+    return Group(fit(counts), fit(lat), *lines)
 
 
 def validity_text(v: dict[str, Any]) -> Text:

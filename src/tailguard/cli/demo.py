@@ -66,7 +66,7 @@ def demo(
 
 def headline(cmp: dict[str, Any], concurrency: int) -> "Table":
     """The README's compact table: the chat tail, the summaries' cost and the tokens/s kept."""
-    from tailguard.bench.table import fmt_ratio, fmt_s, table
+    from tailguard.bench.table import fit, fmt_ratio, fmt_s, table
 
     t = table(f"seed-mixed, {concurrency} clients, simulated seconds; before: straight to the engine, after: "
               "through tailguard serve", ("", *(col for col, *_ in HEADLINE), "output tokens/s"))
@@ -79,4 +79,4 @@ def headline(cmp: dict[str, Any], concurrency: int) -> "Table":
                          else fmt_s(row[stat][side]))
         kept = f" ({tokens['after'] / tokens['before']:.0%})" if side == "after" and tokens["before"] else ""
         t.add_row(side, *cells, f"{tokens[side]:.0f}{kept}")
-    return t
+    return fit(t)

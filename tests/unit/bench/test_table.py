@@ -1,0 +1,27 @@
+"""A run's tables at 80 columns: every figure shown whole (no ellipsis, no figure folded across
+two lines), nothing wider than the terminal."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from tailguard.bench.stats import summarize
+from tailguard.bench.table import fmt_s, summary_tables
+from tests.unit.bench.test_report import fake_run
+
+
+def test_summary_tables_fit_80_columns_with_every_figure_whole() -> None:
+    run = fake_run(0, slow_chat=True)
+    summary = summarize(run.records, run.meta, n_boot=200)
+    console = Console(width=80, record=True, color_system=None)
+    console.print(summary_tables(summary))
+    text = console.export_text()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
+    words = set(text.split())
+    for name, g in [*summary["classes"].items(), ("overall", summary["overall"])]:
+        assert name in words
+        for metric in ("e2e_s", "ttft_s"):
+            for key in ("p50", "p99", "max", "mean"):
+                assert fmt_s(g[metric][key]) in words, (name, metric, key)
+        lo, hi = g["tail_ratio"]["e2e_s"]["ci95"]
+        assert any(w.startswith(f"{lo:.2f}x-") or w.startswith(f"{lo:.1f}x-") for w in words)
