@@ -73,7 +73,15 @@ async def test_prefix_misses_only_without_the_prefix_cache(tmp_path: Path) -> No
     for caching in (False, True):
         async with running_sim(engine(enable_prefix_caching=caching), time_scale=SCALE) as sim, asyncio.timeout(60):
             cfg = BenchConfig(url=sim.url, workload=SHARED, concurrency=4, requests=40, seed=1, time_scale=SCALE)
-            kinds[caching] = [f.kind for f in await diagnosed(sim.url, cfg, tmp_path / str(caching), [sim.url])]
+            out = tmp_path / str(caching)
+            kinds[caching] = [f.kind for f in await diagnosed(sim.url, cfg, out, [sim.url])]
+            # without the saved pages, --engine-metrics URL fetches one now: counters since the start, the run's
+            (out / SCRAPE_FILE).unlink()
+            _, fetched = await asyncio.to_thread(snapshots, out, None, sim.url)
+            assert len(fetched) == 1
+            ev = engine_evidence(fetched)
+            assert ev is not None and ev.successes == 40
+            assert (ev.prefix_queried_tokens or 0) > 0 if caching else ev.prefix_queried_tokens == 0
     assert "prefix_misses" in kinds[False] and "prefix_misses" not in kinds[True], kinds
 
 
