@@ -118,13 +118,13 @@ async def _main(cfg: GatewayConfig, sim: bool, preset: str | None, time_scale: f
         first = cfg.backends[0].model_copy(update={"url": running.url, "kind": "sim", "name": "sim"})
         cfg = cfg.model_copy(update={"backends": [first]})
         scale = f" --time-scale {time_scale:g}" if time_scale != 1.0 else ""
-        typer.echo(f"simulator listening on {running.url} (max_num_seqs={engine.max_num_seqs}, time scale "
-                   f"{time_scale:g}); to measure it straight: tailguard bench --url {running.url}{scale}", err=True)
-        await _gateway(cfg)
+        await _gateway(cfg, f"simulator listening on {running.url} (max_num_seqs={engine.max_num_seqs}, time "
+                            f"scale {time_scale:g}); to measure it straight: tailguard bench --url {running.url}{scale}")
 
 
-async def _gateway(cfg: GatewayConfig) -> None:
-    """Serve until stopped; an OSError before the gateway listens is its port, said in one line."""
+async def _gateway(cfg: GatewayConfig, first_line: str | None = None) -> None:
+    """Serve until stopped; an OSError before the gateway listens is its port, said in one line.
+    `first_line` is printed once the gateway listens, so a busy port prints nothing else."""
     from tailguard.gateway.app import serve as serve_gateway
 
     listening = False
@@ -132,6 +132,8 @@ async def _gateway(cfg: GatewayConfig) -> None:
     def ready(url: str) -> None:
         nonlocal listening
         listening = True
+        if first_line is not None:
+            typer.echo(first_line, err=True)
         names = ", ".join(f"{b.name}={b.url}" for b in cfg.backends)
         typer.echo(f"tailguard gateway listening on {url} ({cfg.scheduler.policy}; backends: {names})", err=True)
 
