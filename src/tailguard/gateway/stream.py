@@ -60,41 +60,77 @@ class StreamRelay:
 
     async def run(self, up: aiohttp.ClientResponse) -> None:
         """Relay until the upstream ends. Raises `RelayError` (retryable while nothing was
-        sent), `ClientGone`, `Suspended`, or CancelledError; the caller closes `up`."""
+        sent), `ClientGone`, `Suspended`, or CancelledError; the caller closes `up`.
+
+        The zero-parse loop, one pass per read, kept in this one frame: every coroutine frame
+        between the event loop and the read is resumed on every chunk, so neither a helper
+        coroutine nor `iter_any` (`readany` is one await less) stands in the way. The usual
+        read, one content chunk for a stream already open, goes straight to the sink; anything
+        else (the preamble, usage, the end) takes `_emit`."""
         self.tally.start_run()
         self.held.clear()  # a failed attempt's preamble is not this one's
-        prog = self.progress
+        if self.progress is not None:
+            await self._run_tracked(up, self.progress)
+            return
         clock = time.perf_counter  # metrics need sub-ms; uvloop's loop.time() is ms
-        wd = self.tally.watchdog
+        tally, sink, read = self.tally, self.sink, up.content.readany
+        wd = tally.watchdog
         dec = SSEDecoder()
         try:
-            async for data in up.content.iter_any():
-                if prog is not None and prog.suspended and not self.ended:
-                    raise Suspended()
+            while data := await read():
                 now = clock()
                 wd.last_at = now
                 if self.ended:
                     continue  # past [DONE]: drain so the connection can be reused
-                if prog is None:
-                    buf, ends = dec.frame(data)
-                    if ends:
-                        await self._emit(*self._scan(buf, ends), now)
-                else:
+                buf, ends = dec.frame(data)
+                if len(ends) == 1 and sink.started and self.service_tier is None and has_content(buf, 0, ends[0]):
+                    tally.content(now, 1)
+                    await sink.write(buf)
+                elif ends:
+                    await self._emit(*self._scan(buf, ends), now)
+        except _UPSTREAM_BROKE as e:
+            await self._broke(e)
+            return
+        await self._eof(dec)
+
+    async def _run_tracked(self, up: aiohttp.ClientResponse, prog: Progress) -> None:
+        """The loop of a preemptible request: every event parsed (`_track`); between reads it
+        stops with `Suspended` once the dispatcher has preempted the request."""
+        clock = time.perf_counter
+        wd, read = self.tally.watchdog, up.content.readany
+        dec = SSEDecoder()
+        try:
+            while data := await read():
+                if prog.suspended and not self.ended:
+                    raise Suspended()
+                now = clock()
+                wd.last_at = now
+                if not self.ended:
                     await self._emit(*self._track(dec.feed(data), prog), now)
         except _UPSTREAM_BROKE as e:
-            if prog is not None and prog.suspended and not self.ended:
+            if prog.suspended and not self.ended:
                 raise Suspended() from None
-            if not self.sink.started:
-                raise RelayError("disconnect", f"Backend closed the stream early: {e}", retryable=True) from None
-            await self.fail(RelayError("disconnect", f"Backend closed the stream early: {e}"))
+            await self._broke(e)
             return
-        if prog is not None and prog.suspended and not self.ended:
+        if prog.suspended and not self.ended:
             raise Suspended()
-        if not self.ended:  # EOF: a last event without its blank line, then the end in any case
-            tail = dec.flush_raw()
-            chunk, content, _ = self._scan(tail, [len(tail)]) if prog is None else self._track(
-                events_of(tail), prog)
-            await self._emit(chunk, content, True, clock())
+        await self._eof(dec)
+
+    async def _broke(self, e: Exception) -> None:
+        """The upstream broke off: retryable while the client has seen nothing, else the
+        client's stream ends with an error event."""
+        if not self.sink.started:
+            raise RelayError("disconnect", f"Backend closed the stream early: {e}", retryable=True) from None
+        await self.fail(RelayError("disconnect", f"Backend closed the stream early: {e}"))
+
+    async def _eof(self, dec: SSEDecoder) -> None:
+        """The upstream ended: a last event without its blank line counts, then the end."""
+        if self.ended:
+            return
+        tail = dec.flush_raw()
+        prog = self.progress
+        chunk, content, _ = self._scan(tail, [len(tail)]) if prog is None else self._track(events_of(tail), prog)
+        await self._emit(chunk, content, True, time.perf_counter())
 
     def _scan(self, buf: bytes, ends: list[int]) -> tuple[bytes, int, bool]:
         """The zero-parse path: which events carry content, usage or an error, found by their
@@ -102,18 +138,17 @@ class StreamRelay:
         client did not ask for is cut out), the content chunk count, and whether it ended."""
         content = 0
         drop: tuple[int, int] | None = None
-        usage = self.tally.usage
         pos = last_start = 0
         for end in ends:
             if has_content(buf, pos, end):
                 content += 1
             elif has_usage(buf, pos, end):
-                if usage.read(_event_json(buf, pos, end)) and not self.client_usage:
+                if self.tally.usage.read(_event_json(buf, pos, end)) and not self.client_usage:
                     drop = (pos, end)
             elif is_error(buf, pos, end):
                 self.upstream_error = True
             last_start, pos = pos, end
-        last = is_done(buf, last_start, pos)
+        last = content < len(ends) and is_done(buf, last_start, pos)  # [DONE] is not content
         if drop is not None:
             buf = buf[:drop[0]] + buf[drop[1]:]
         return buf, content, last

@@ -25,6 +25,7 @@ import orjson
 CONTENT_KEYS = (b'"content":', b'"text":', b'"reasoning_content":', b'"reasoning":', b'"tool_calls":')
 _USAGE_KEY = b'"usage":'
 _TIER_VALUE = re.compile(rb'"service_tier":\s*(null|"[^"]*")')
+_DATA_OPEN = re.compile(rb"(?:^|(?<=[\r\n]))data: ?\{")  # an event's JSON opening, with or without the space
 _QUOTE, _BRACKET, _CLOSE_BRACKET, _BRACE, _SPACE = 0x22, 0x5B, 0x5D, 0x7B, 0x20
 
 
@@ -103,7 +104,7 @@ def with_service_tier(data: bytes, tier: bytes) -> bytes:
     value = b'"service_tier":"' + tier + b'"'
     if b'"service_tier":' in data:
         return _TIER_VALUE.sub(value, data)
-    return data.replace(b"data: {", b"data: {" + value + b",")
+    return _DATA_OPEN.sub(lambda m: m.group(0) + value + b",", data)
 
 
 def parse(data: bytes) -> Any:

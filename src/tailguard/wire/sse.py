@@ -59,29 +59,31 @@ class SSEDecoder:
         events back to back as they came, and event i is `buf[ends[i-1]:ends[i]]` (from 0 for
         the first), blank line included. `buf` is `data` itself when `data` ends on an event's
         end and nothing was kept from before: an LF stream read event by event is never copied."""
-        buf = self._buf + data if self._buf else data
-        if not self._started and buf:
-            if len(buf) < len(_BOM) and _BOM.startswith(buf):
-                self._buf = buf
-                return b"", []
-            self._started = True
-            if buf.startswith(_BOM):
-                buf = buf[len(_BOM):]
-        ends: list[int] = []
-        pos = 0
-        if b"\r" not in buf:
-            while (i := buf.find(b"\n\n", pos)) >= 0:
-                pos = i + 2
-                ends.append(pos)
+        buf = self._join(data) if self._buf or not self._started else data
+        if buf.find(b"\r") < 0:  # single-byte finds are memchr: the LF-only check costs little
+            n = len(buf)
+            if n > 1 and buf[-1] == 0x0A and buf.find(b"\n") == n - 2:
+                return buf, [n]  # the usual read: one event of one line
+            ends = _lf_ends(buf)
         else:
-            for m in _EVENT_END.finditer(buf):
-                pos = m.end()
-                ends.append(pos)
+            ends = [m.end() for m in _EVENT_END.finditer(buf)]
+        pos = ends[-1] if ends else 0
         if pos == len(buf):
-            self._buf = b""
             return buf, ends
         self._buf = buf[pos:]
         return buf[:pos], ends
+
+    def _join(self, data: bytes) -> bytes:
+        """`data` after what was kept from the last read; at the stream's start, without a BOM."""
+        buf, self._buf = self._buf + data, b""
+        if not self._started and buf:
+            if len(buf) < len(_BOM) and _BOM.startswith(buf):
+                self._buf = buf  # maybe the start of a BOM: wait for more
+                return b""
+            self._started = True
+            if buf.startswith(_BOM):
+                buf = buf[len(_BOM):]
+        return buf
 
     def flush_raw(self) -> bytes:
         """At EOF: what is left of a last event, ended with a blank line (LF) so whoever it is
@@ -101,6 +103,20 @@ class SSEDecoder:
 def events_of(block: bytes) -> list[SSEEvent]:
     """The event in one whole block (what `flush_raw` returns), parsed."""
     return _events(block, [len(block)])
+
+
+def _lf_ends(buf: bytes) -> list[int]:
+    """Where each event ends in an LF-only buffer: after each LF that follows an LF."""
+    ends: list[int] = []
+    last = len(buf) - 1
+    i = buf.find(b"\n")
+    while 0 <= i < last:
+        if buf[i + 1] == 0x0A:
+            ends.append(i + 2)
+            i = buf.find(b"\n", i + 2)
+        else:
+            i = buf.find(b"\n", i + 1)
+    return ends
 
 
 def _events(buf: bytes, ends: list[int]) -> list[SSEEvent]:

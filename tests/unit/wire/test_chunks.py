@@ -63,3 +63,7 @@ def test_with_service_tier_replaces_the_engines_value_or_puts_it_first() -> None
         b'data: {"id":"a","service_tier":"flex","choices":[]}\n\ndata: {"id":"a", "service_tier":"flex"}\n\n')
     assert with_service_tier(b'data: {"id":"a"}\n\ndata: [DONE]\n\n', b"default") == (
         b'data: {"service_tier":"default","id":"a"}\n\ndata: [DONE]\n\n')
+    # Every framing: `data:` without its space, CRLF line ends.
+    for end in (b"\n", b"\r\n", b"\r"):
+        two = (b'data:{"id":"a"}' + end * 2) * 2
+        assert with_service_tier(two, b"flex") == (b'data:{"service_tier":"flex","id":"a"}' + end * 2) * 2
