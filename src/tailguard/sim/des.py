@@ -9,7 +9,8 @@ started again re-enters the engine as its continuation: prompt = original prompt
 generated so far, max_tokens = what is left, with the same `kv_key`, so the engine's prefix cache
 finds what its first run left. The front's backend is this one engine.
 
-`follow_up` turns the run into a closed loop: each request's end may send the next one at once.
+`follow_up` turns the run into a closed loop: each request's end may send the next one, at once
+or later (a client refused with a `Retry-After` waits at least that long before it tries again).
 
 Time runs like the HTTP server's: a step starting at t ends at t + duration; requests arriving
 meanwhile join the engine's waiting queue at their arrival instant and are considered from the
@@ -20,6 +21,7 @@ again at the step's end.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -60,6 +62,7 @@ class Timeline:
     max_tokens: int
     outcome: Outcome | None = None
     reject_reason: str | None = None  # "queue_full" | "wait_bound" | "queue_timeout" | "context_length"
+    retry_after_s: float | None = None  # what a refusal told the client (a follow-up comes no sooner)
     finish_reason: str | None = None
     dispatched_at: float | None = None
     admitted_at: float | None = None
@@ -165,6 +168,7 @@ class _Run:
         self.kv_keys = 0  # the next kv_key to give a preemptible request
         self.follow_up: Callable[[Timeline, float], Arrival | None] | None = None
         self.timelines: list[Timeline] = []
+        self.later: list[tuple[float, int, Arrival]] = []  # follow-ups sent for a later instant (a heap)
         if front is not None:
             front.progress = self._generated
 
@@ -172,7 +176,7 @@ class _Run:
         return self.live[req_id].base_tokens + self.engine.output_tokens(req_id)
 
     def loop(self) -> None:
-        engine, clock, front, by_id, order = self.engine, self.clock, self.front, self.by_id, self.order
+        engine, clock, front, by_id, order, later = self.engine, self.clock, self.front, self.by_id, self.order, self.later
         record = self.record
         n = len(order)
         i = 0
@@ -180,12 +184,14 @@ class _Run:
         while True:
             if engine.idle():
                 next_at = order[i].at if i < n else inf
+                if later and later[0][0] < next_at:
+                    next_at = later[0][0]
                 wake = front.next_wakeup() if front is not None else None
                 if wake is not None and wake <= next_at:
                     clock.advance_to(max(wake, clock.now()))
                     self._tick()
                     continue
-                if i >= n:
+                if next_at == inf:
                     if front is not None and len(front):
                         raise RuntimeError("requests are stuck in the front with the engine idle")
                     return
@@ -193,6 +199,8 @@ class _Run:
                 while i < n and order[i].at <= next_at:  # everyone arriving at this instant
                     self._arrive(order[i])
                     i += 1
+                while later and later[0][0] <= next_at:
+                    self._arrive(heapq.heappop(later)[2])
                 continue
 
             now = clock.now()
@@ -205,6 +213,9 @@ class _Run:
             self.in_step = True
             while True:
                 next_at = order[i].at if i < n else inf
+                from_later = bool(later) and later[0][0] < next_at
+                if from_later:
+                    next_at = later[0][0]
                 if front is not None:
                     wake = front.next_wakeup()
                     if wake is not None and wake < next_at and wake <= end:
@@ -214,8 +225,11 @@ class _Run:
                 if next_at > end:
                     break
                 clock.advance_to(next_at)
-                self._arrive(order[i])
-                i += 1
+                if from_later:
+                    self._arrive(heapq.heappop(later)[2])
+                else:
+                    self._arrive(order[i])
+                    i += 1
             clock.advance_to(end)
             self.in_step = False
 
@@ -268,10 +282,16 @@ class _Run:
             new.token_times = []
         self.by_id[a.id] = new
         self.timelines.append(new)
-        self._arrive(a)
+        if a.at > t:
+            heapq.heappush(self.later, (a.at, len(self.timelines), a))
+        elif tl.outcome is Outcome.REJECTED:
+            raise ValueError(f"the follow-up of refused request {tl.id!r} comes at the same instant: a client "
+                             f"must wait before retrying (it was told Retry-After {tl.retry_after_s} s)")
+        else:
+            self._arrive(a)
 
-    def _end(self, tl: Timeline, outcome: Outcome, reason: str, t: float) -> None:
-        tl.outcome, tl.reject_reason, tl.finished_at = outcome, reason, t
+    def _end(self, tl: Timeline, outcome: Outcome, reason: str, t: float, retry_after_s: float | None = None) -> None:
+        tl.outcome, tl.reject_reason, tl.finished_at, tl.retry_after_s = outcome, reason, t, retry_after_s
         if self.follow_up is not None:
             self._follow(tl, t)
 
@@ -312,8 +332,7 @@ class _Run:
             elif isinstance(d, Reject):
                 self.waiting.pop(d.id, None)
                 self.live.pop(d.id, None)
-                reason = d.reason
-                self._end(self.by_id[d.id], Outcome.REJECTED, reason, t)
+                self._end(self.by_id[d.id], Outcome.REJECTED, d.reason, t, d.retry_after_s)
 
     def _suspend(self, req_id: str, t: float) -> None:
         lv = self.live[req_id]

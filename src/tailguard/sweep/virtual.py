@@ -44,15 +44,13 @@ class VirtualRun:
 
 @dataclass(frozen=True, slots=True)
 class Planned:
-    """One request as the workload draws it, with its gateway class's rank and queue bound."""
+    """One request as the workload draws it, with its gateway class."""
 
     id: str
     at: float
     prompt_tokens: int
     max_tokens: int
     cls: str
-    rank: int
-    wait_bound_s: float
 
 
 def simulate(engine_cfg: EngineConfig, gateway: GatewayConfig | None, planned: list[Planned],
@@ -60,19 +58,23 @@ def simulate(engine_cfg: EngineConfig, gateway: GatewayConfig | None, planned: l
     """The one call into the DES: the gateway's front (queue, slot shares, preemption, as
     `tailguard serve` builds it from `gateway`) in front of the engine, which stands for the
     config's first backend, taken as one that can continue a generation (the simulator can).
-    `follow_up(ended_id, now)` may send the next request of a closed loop."""
+    `follow_up(ended_id, now)` may send the next request of a closed loop; a client whose request
+    was refused sends it when the `Retry-After` it was given has passed."""
     from tailguard.clock import VirtualClock
     from tailguard.front.front import Front
     from tailguard.sim.des import Arrival, Timeline, run
     from tailguard.sim.engine import Engine
 
-    def arrival(p: Planned) -> Arrival:
-        return Arrival(p.id, p.at, p.prompt_tokens, p.max_tokens, cls=p.cls)
+    def arrival(p: Planned, at: float | None = None) -> Arrival:
+        return Arrival(p.id, p.at if at is None else at, p.prompt_tokens, p.max_tokens, cls=p.cls)
 
     def follow(tl: Timeline, now: float) -> Arrival | None:
         assert follow_up is not None
         nxt = follow_up(tl.id, now)
-        return None if nxt is None else arrival(nxt)
+        if nxt is None:
+            return None
+        wait = tl.retry_after_s if tl.outcome is Outcome.REJECTED else None
+        return arrival(nxt, None if wait is None else now + wait)
 
     engine = Engine(engine_cfg)
     front = None
@@ -108,7 +110,7 @@ class _Source:
         rid = f"{wc.name}-{self.sent}"
         self.wl_class[rid] = wc.name
         self.sent += 1
-        return Planned(rid, at, wc.prompt_tokens.sample(self.rng), max_tokens, gc.name, gc.rank, gc.max_queue_wait_s)
+        return Planned(rid, at, wc.prompt_tokens.sample(self.rng), max_tokens, gc.name)
 
 
 def _planned(vr: VirtualRun, src: _Source) -> tuple[list[Planned], Callable[[str, float], Planned | None] | None]:

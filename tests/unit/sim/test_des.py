@@ -205,3 +205,28 @@ def test_follow_up_makes_a_closed_loop() -> None:
     assert [tl.id for tl in tls] == ["r0", "n0", "n1", "n2", "n3", "n4"]
     for prev, nxt in zip(tls, tls[1:]):
         assert nxt.arrived_at == prev.finished_at
+
+
+def test_a_refused_closed_loop_client_waits_its_retry_after_before_trying_again() -> None:
+    cls = [ClassSpec(name="interactive", rank=0, max_queue_len=1)]
+    sent: list[str] = []
+
+    def follow_up(tl: Timeline, t: float) -> Arrival | None:
+        if len(sent) >= 40:
+            return None
+        sent.append(f"n{len(sent)}")
+        wait = tl.retry_after_s if tl.outcome is Outcome.REJECTED else 0.0
+        assert wait is not None
+        return Arrival(sent[-1], t + wait, 20, 50)
+
+    first = [Arrival(f"c{i}", 0.0, 20, 50) for i in range(6)]
+    tls = run(engine(), first, VirtualClock(), front=front("fcfs", 1, cls), follow_up=follow_up)
+    refused = [tl for tl in tls if tl.outcome is Outcome.REJECTED]
+    assert refused and all(tl.retry_after_s is not None and tl.retry_after_s >= 1.0 for tl in refused)
+    assert len(tls) == 46 and sum(tl.outcome is Outcome.SUCCESS for tl in tls) > 6
+
+    def impatient(tl: Timeline, t: float) -> Arrival | None:
+        return Arrival(f"again-{tl.id}", t, 20, 50) if tl.outcome is Outcome.REJECTED else None
+
+    with pytest.raises(ValueError, match="must wait"):
+        run(engine(), first, VirtualClock(), front=front("fcfs", 1, cls), follow_up=impatient)
