@@ -265,3 +265,13 @@ async def test_a_thousand_connections_that_open_and_close_leave_nothing_behind()
         assert sum(total.values()) <= 667  # at most once each for the 667 that sent headers
         status, out = await _post(gw.url, chat(), JSON)
         assert status == 200 and out["usage"]["completion_tokens"] == 2
+
+
+async def test_the_model_list_needs_the_key_too() -> None:
+    async with asyncio.timeout(10), gateway(auth={"api_keys": {"sekret": {}}}) as gw, aiohttp.ClientSession() as s:
+        async with s.get(f"{gw.url}/v1/models") as r:
+            assert r.status == 401 and (await r.json())["error"]["code"] == "missing_api_key"
+        async with s.get(f"{gw.url}/v1/models", headers={"Authorization": "Bearer wrong"}) as r:
+            assert r.status == 401 and (await r.json())["error"]["code"] == "invalid_api_key"
+        async with s.get(f"{gw.url}/v1/models", headers={"Authorization": "Bearer sekret"}) as r:
+            assert r.status == 200 and (await r.json())["data"]

@@ -30,7 +30,7 @@ from tailguard.gateway.exchange import Context
 from tailguard.gateway.kinds import get_kind
 from tailguard.gateway.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, GatewayMetrics
 from tailguard.gateway.probes import Probes
-from tailguard.gateway.proxy import Proxy, error_response
+from tailguard.gateway.proxy import Proxy, bearer, error_response
 from tailguard.gateway.upstream import Upstream
 
 CONFIG = web.AppKey("config", GatewayConfig)
@@ -119,6 +119,9 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 async def _models(request: web.Request) -> web.Response:
+    # Keys guard the model list as they guard generation (vLLM's --api-key does the same), so a
+    # client with a wrong key learns it from its first call, not from its first generation.
+    request.app[CLASSES].authenticate(bearer(request))
     body = await request.app[MODELS].get(asyncio.get_running_loop().time())
     return web.Response(body=body, content_type="application/json")
 

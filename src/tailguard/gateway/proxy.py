@@ -45,7 +45,8 @@ def error_response(err: APIError, extra: dict[str, str] | None = None) -> web.Re
     return web.Response(status=err.status, body=error_body(err), content_type="application/json", headers=headers)
 
 
-def _bearer(request: web.Request) -> str | None:
+def bearer(request: web.Request) -> str | None:
+    """The key of `Authorization: Bearer <key>`, or None."""
     auth = request.headers.get("Authorization")
     if auth is None:
         return None
@@ -94,7 +95,7 @@ class Proxy:
     async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         with self._accounting(request.method, request.path) as (t, ex):
             try:
-                api_key = _bearer(request)
+                api_key = bearer(request)
                 self._classes.authenticate(api_key)  # before the body: a stranger's body is never read
                 raw = await self._read_body(request)
                 sink = ResponseSink(request)
