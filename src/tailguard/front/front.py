@@ -14,6 +14,7 @@ callers drive; see ../shared/style.md 1.6).
     probe(backend, ok, now), set_kind(...)   -> HealthChanged, Start
     tick(now)   (at next_wakeup())           -> Reject(id, "queue_timeout"), Start
     close(now)                               -> Reject(id, "shutting_down") for every queued request
+    reconfigure(params, now)  (live reload)  -> Start of whoever a raised cap or share lets in
 
 A request is QUEUED, RUNNING on a backend, or SUSPENDED (preempted: queued again, holding no
 slot, its client still waiting). It leaves the front exactly once: by `finish`, or by a `Reject`
@@ -25,11 +26,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from tailguard.errors import ConfigError
 from tailguard.front.params import FrontParams
 from tailguard.front.preemption import Candidate, PreemptionPolicy
-from tailguard.front.queue import Pending, make_scheduler
+from tailguard.front.queue import Pending, carry_over, make_scheduler
 from tailguard.front.retry import HEALTH_KINDS, OTHER_BACKEND_KINDS, SAME_BACKEND_KINDS, RetryBudget
 from tailguard.front.router import choose
 from tailguard.front.slots import BackendPool
@@ -266,6 +268,34 @@ class Front:
                 self._out.append(Reject(req_id, "shutting_down", 1.0))
         return self._flush()
 
+    def reconfigure(self, params: FrontParams, now: float) -> Sequence[Decision]:
+        """Swap in new parameters for the same classes and backends (a live reload), keeping
+        every queued, running and suspended request: queued ones keep their place in arrival order
+        and their wait bound (a new policy re-sorts them, with no admission check), running ones
+        keep their slot even where a cap fell below what is in flight (new binds wait until it is
+        met), and a class that is no longer preemptible has its running requests left alone.
+        Adding, removing or renaming a class or a backend needs a restart: `ConfigError`, and
+        nothing changed. A changed retry budget starts counting afresh."""
+        _same_names("classes", [c.name for c in self.params.classes], [c.name for c in params.classes])
+        _same_names("backends", [b.name for b in self.params.backends], [b.name for b in params.backends])
+        self.queue = carry_over(self.queue, params.queue, params.classes)  # an unknown policy fails here
+        if params.retry != self.params.retry:
+            self._budget = RetryBudget(params.retry)
+        self.params = params
+        self._classes = {c.name: c for c in params.classes}
+        self.slots.reconfigure(params.backends, params.classes, params.health)
+        self._policy = PreemptionPolicy.from_params(params.preemption, params.queue.policy)
+        self._max_attempts = params.retry.max_attempts
+        for req_id, r in self._reqs.items():
+            rank = self._classes[r.pending.cls].rank
+            if r.pending.rank != rank:
+                r.pending = replace(r.pending, rank=rank)
+            if r.preemptible and not self.may_suspend(r.pending.cls):
+                r.preemptible = r.suspendable = False
+                self._candidates.pop(req_id, None)
+        self._pump(now, True)
+        return self._flush()
+
     # --- internals --------------------------------------------------------------------------
 
     def _flush(self) -> Sequence[Decision]:
@@ -365,3 +395,13 @@ class Front:
         r.pending = again
         self.queue.requeue(again, now)
         self._out.append(Suspend(p.id, r.backend))
+
+
+def _same_names(what: str, old: list[str], new: list[str]) -> None:
+    if sorted(old) != sorted(new):
+        added = sorted(set(new) - set(old))
+        removed = sorted(set(old) - set(new))
+        change = "; ".join(p for p in (f"added {', '.join(added)}" if added else "",
+                                        f"removed {', '.join(removed)}" if removed else "") if p)
+        raise ConfigError(f"the {what} changed ({change}): that needs a restart of the gateway, "
+                          "a live reload only changes settings of the same classes and backends")

@@ -25,7 +25,7 @@ import heapq
 from collections import deque
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from tailguard.errors import ConfigError
@@ -505,6 +505,24 @@ SCHEDULERS: dict[str, type[BaseScheduler]] = {
     "fcfs": FcfsScheduler,
     "ranked-sjf": RankedSjfScheduler,
 }
+
+
+def carry_over(old: BaseScheduler, cfg: QueueParams, classes: Iterable[ClassSpec]) -> BaseScheduler:
+    """A scheduler for new parameters that keeps everything `old` knows: its queued requests
+    (pushed again in arrival order without admission checks, each with its class's new rank and
+    its own wait bound), the running set its `min_share` guarantees count, the drain rate and the
+    wait feedback. What a live reconfiguration needs: nobody admitted is refused or lost."""
+    new = make_scheduler(cfg, classes)
+    new._finishes.extend(old._finishes)
+    new._backlogged = old._backlogged
+    new._wait_factor = old._wait_factor
+    new._running = dict(old._running)
+    for cls in new._running_by_class:
+        new._running_by_class[cls] = old._running_by_class.get(cls, 0)
+    for entry in sorted(old._entries.values(), key=lambda e: (e.req.arrived_at, e.seq)):
+        req = replace(entry.req, rank=new._queues[entry.req.cls].cfg.rank)
+        new._add(req, new._queue_of(req), entry.predicted)
+    return new
 
 
 def make_scheduler(cfg: QueueParams, classes: Iterable[ClassSpec]) -> BaseScheduler:

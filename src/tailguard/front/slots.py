@@ -51,6 +51,15 @@ class BackendPool:
         self, backends: Sequence[BackendSpec], classes: Iterable[ClassSpec], health: HealthParams | None = None,
     ) -> None:
         cls_list = list(classes)
+        self._set_classes(cls_list)
+        self._states: dict[str, BackendState] = {b.name: BackendState(b, self._classes) for b in backends}
+        self._slots: dict[tuple[str, str], int] = {}
+        for b in backends:
+            self._set_slots(b)
+        self._health = health or HealthParams()
+        self._seq = 0
+
+    def _set_classes(self, cls_list: list[ClassSpec]) -> None:
         self._classes = {c.name: c for c in cls_list}
         # For each class, the classes whose in-flight count its share limits: itself and every
         # class ranked after (or level with) it.
@@ -58,12 +67,6 @@ class BackendPool:
             c.name: tuple(o.name for o in cls_list if o.rank >= c.rank) for c in cls_list
         }
         self._top_rank = min(c.rank for c in cls_list)
-        self._states: dict[str, BackendState] = {b.name: BackendState(b, self._classes) for b in backends}
-        self._slots: dict[tuple[str, str], int] = {}
-        for b in backends:
-            self._set_slots(b)
-        self._health = health or HealthParams()
-        self._seq = 0
 
     def _set_slots(self, b: BackendSpec) -> None:
         reserve = b.reserve()
@@ -72,6 +75,18 @@ class BackendPool:
             if c.rank > self._top_rank:
                 n = min(n, b.max_concurrency - reserve)
             self._slots[(b.name, c.name)] = n
+
+    def reconfigure(self, backends: Sequence[BackendSpec], classes: Iterable[ClassSpec], health: HealthParams) -> None:
+        """New caps, weights, reservations, shares and health thresholds for the same backends and
+        classes (the caller checked the names), keeping every in-flight count and health state.
+        A cap lowered below what is in flight cancels nothing: `has_capacity` refuses new binds
+        until enough have ended. Each backend keeps the `continues` its detected kind set."""
+        self._set_classes(list(classes))
+        self._health = health
+        for b in backends:
+            s = self._states[b.name]
+            s.cfg = replace(b, continues=s.cfg.continues)
+            self._set_slots(s.cfg)
 
     def set_continues(self, backend: str, continues: bool) -> None:
         """The backend's kind became known: whether it can continue a generation decides its

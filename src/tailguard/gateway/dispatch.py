@@ -147,6 +147,11 @@ class Dispatcher:
     def retry_after_s(self) -> float:
         return self.front.retry_after_s()
 
+    def reconfigure(self, params: FrontParams) -> None:
+        """A live reload: the front takes the new parameters (raising `ConfigError`, nothing
+        changed, when they need a restart) and whoever they let in starts now."""
+        self._apply(self.front.reconfigure(params, self._loop.time()))
+
     def close(self) -> None:
         """Refuse new requests and answer every queued one with 503."""
         if self._timer is not None:
