@@ -103,6 +103,9 @@ class Upstream:
             timeout=aiohttp.ClientTimeout(total=None, connect=t.connect_s, sock_connect=t.connect_s),
             auto_decompress=False,
             skip_auto_headers=("User-Agent",),
+            # A gateway keeps no cookies: one client's Set-Cookie must never ride on another's
+            # request, and not filtering a jar saves every request that work.
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
 
     async def close(self) -> None:
