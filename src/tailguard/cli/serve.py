@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
 
@@ -13,6 +13,7 @@ from tailguard.cli import listen_error
 
 if TYPE_CHECKING:
     from tailguard.gateway.config import GatewayConfig
+    from tailguard.gateway.store import ConfigStore
 
 
 def register(app: typer.Typer) -> None:
@@ -39,12 +40,19 @@ def serve(
         0, "--sim-port", min=0, max=65535,
         help="Port of the simulator (with --sim; default: a free one). Its URL is printed at start-up, so a "
         "bench can also be sent straight to it."),
+    state_dir: Optional[Path] = typer.Option(
+        None, "--state-dir",
+        help="Where every applied config is kept, numbered and hashed, for `tailguard config` (default: "
+        ".tailguard/<config name>/ beside --config; without --config, none unless given)."),
 ) -> None:
     """Run the gateway: OpenAI-compatible API that serves short and interactive requests first."""
     from tailguard.errors import ConfigError
 
+    def reread() -> GatewayConfig:
+        return build_config(config, backend or [], max_concurrency, host, port, policy, sim, backend_kind)
+
     try:
-        cfg = build_config(config, backend or [], max_concurrency, host, port, policy, sim, backend_kind)
+        cfg = reread()
         if sim:
             from tailguard.sim.cost import EngineConfig
 
@@ -52,7 +60,11 @@ def serve(
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
-    _run(_main(cfg, sim, sim_preset, sim_time_scale, sim_port))
+    from tailguard.gateway.store import ConfigStore, default_state_dir
+
+    root = state_dir or (default_state_dir(config) if config is not None else None)
+    store = ConfigStore(root) if root is not None else None
+    _run(_main(cfg, sim, sim_preset, sim_time_scale, sim_port, store, reread if config is not None else None))
 
 
 def build_config(
@@ -100,9 +112,10 @@ class CannotListen(Exception):
     """A port to listen on was taken (or not ours to take): said in one line, as `tailguard sim` says it."""
 
 
-async def _main(cfg: GatewayConfig, sim: bool, preset: str | None, time_scale: float, sim_port: int) -> None:
+async def _main(cfg: GatewayConfig, sim: bool, preset: str | None, time_scale: float, sim_port: int,
+                store: ConfigStore | None, reread: Callable[[], GatewayConfig] | None) -> None:
     if not sim:
-        await _gateway(cfg)
+        await _gateway(cfg, None, store, reread)
         return
     from tailguard.sim.cost import EngineConfig
     from tailguard.sim.server import running_sim
@@ -115,14 +128,18 @@ async def _main(cfg: GatewayConfig, sim: bool, preset: str | None, time_scale: f
             running = await stack.enter_async_context(running_sim(engine, time_scale=time_scale, port=sim_port))
         except OSError as e:
             raise CannotListen(listen_error("127.0.0.1", sim_port, e) + " (--sim-port)") from None
-        first = cfg.backends[0].model_copy(update={"url": running.url, "kind": "sim", "name": "sim"})
-        cfg = cfg.model_copy(update={"backends": [first]})
+        def on_sim(c: GatewayConfig) -> GatewayConfig:
+            first = c.backends[0].model_copy(update={"url": running.url, "kind": "sim", "name": "sim"})
+            return c.model_copy(update={"backends": [first]})
+
         scale = f" --time-scale {time_scale:g}" if time_scale != 1.0 else ""
-        await _gateway(cfg, f"simulator listening on {running.url} (max_num_seqs={engine.max_num_seqs}, time "
-                            f"scale {time_scale:g}); to measure it straight: tailguard bench --url {running.url}{scale}")
+        await _gateway(on_sim(cfg), f"simulator listening on {running.url} (max_num_seqs={engine.max_num_seqs}, "
+                                    f"time scale {time_scale:g}); to measure it straight: tailguard bench --url "
+                                    f"{running.url}{scale}", store, (lambda: on_sim(reread())) if reread else None)
 
 
-async def _gateway(cfg: GatewayConfig, first_line: str | None = None) -> None:
+async def _gateway(cfg: GatewayConfig, first_line: str | None, store: ConfigStore | None,
+                   reread: Callable[[], GatewayConfig] | None) -> None:
     """Serve until stopped; an OSError before the gateway listens is its port, said in one line.
     `first_line` is printed once the gateway listens, so a busy port prints nothing else."""
     from tailguard.gateway.app import serve as serve_gateway
@@ -138,7 +155,7 @@ async def _gateway(cfg: GatewayConfig, first_line: str | None = None) -> None:
         typer.echo(f"tailguard gateway listening on {url} ({cfg.scheduler.policy}; backends: {names})", err=True)
 
     try:
-        await serve_gateway(cfg, ready=ready)
+        await serve_gateway(cfg, ready=ready, store=store, reread=reread)
     except OSError as e:
         if listening:
             raise

@@ -31,11 +31,12 @@ from tailguard.gateway.kinds import get_kind
 from tailguard.gateway.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, GatewayMetrics
 from tailguard.gateway.probes import Probes
 from tailguard.gateway.proxy import Proxy, bearer, error_response
+from tailguard.gateway.reload import Live, Reloader
+from tailguard.gateway.store import ConfigStore
 from tailguard.gateway.upstream import Upstream
 
-CONFIG = web.AppKey("config", GatewayConfig)
+LIVE = web.AppKey("live", Live)
 METRICS = web.AppKey("metrics", GatewayMetrics)
-CLASSES = web.AppKey("classes", ClassTable)
 DISPATCHER = web.AppKey("dispatcher", Dispatcher)
 UPSTREAM = web.AppKey("upstream", Upstream)
 PROXY = web.AppKey("proxy", Proxy)
@@ -48,20 +49,21 @@ def create_app(cfg: GatewayConfig) -> web.Application:
     if not cfg.backends:
         raise ValueError("the gateway needs at least one backend")
     app = web.Application(client_max_size=cfg.max_body_bytes, middlewares=[_openai_errors])
-    app[CONFIG] = cfg
+    app[LIVE] = Live.of(cfg)
     app[METRICS] = GatewayMetrics()
-    app[CLASSES] = ClassTable(cfg)
     app.cleanup_ctx.append(_lifecycle)
+    app.on_response_prepare.append(_config_header)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/config", _config)
     return app
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
-    cfg = app[CONFIG]
+    cfg = app[LIVE].cfg
     loop = asyncio.get_running_loop()
     metrics = app[METRICS]
     backends = {b.name: resolved(b) for b in cfg.backends}  # kind `auto` is `openai` until detected
@@ -71,7 +73,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     app[DISPATCHER] = dispatcher
     app[UPSTREAM] = upstream
     app[BACKENDS] = backends
-    app[PROXY] = Proxy(cfg, app[CLASSES], Context(
+    app[PROXY] = Proxy(cfg, ClassTable(cfg), Context(
         dispatcher, upstream, backends, metrics, cfg.timeouts, OutputEstimator(cfg.scheduler.output_estimate), loop,
         keep_text=cfg.log_prompts))
     app[MODELS] = ModelCache(cfg, upstream.session)
@@ -108,7 +110,9 @@ async def _health(request: web.Request) -> web.Response:
                                     if s.name in load else None)}
                 for s in slots}
     ok = slots.any_healthy()
-    body = {"status": "ok" if ok else "unavailable", "queued": len(request.app[DISPATCHER]), "backends": backends}
+    live = request.app[LIVE]
+    body = {"status": "ok" if ok else "unavailable", "queued": len(request.app[DISPATCHER]), "backends": backends,
+            "config": {"hash": live.hash, "n": live.n}}
     return web.Response(status=200 if ok else 503, body=orjson.dumps(body), content_type="application/json")
 
 
@@ -121,9 +125,24 @@ async def _metrics(request: web.Request) -> web.Response:
 async def _models(request: web.Request) -> web.Response:
     # Keys guard the model list as they guard generation (vLLM's --api-key does the same), so a
     # client with a wrong key learns it from its first call, not from its first generation.
-    request.app[CLASSES].authenticate(bearer(request))
+    request.app[PROXY].classes.authenticate(bearer(request))
     body = await request.app[MODELS].get(asyncio.get_running_loop().time())
     return web.Response(body=body, content_type="application/json")
+
+
+async def _config(request: web.Request) -> web.Response:
+    """The running config's settings, secrets as fingerprints, behind the same keys as
+    generation: what `tailguard bench` records so two runs' settings can be compared."""
+    request.app[PROXY].classes.authenticate(bearer(request))
+    live = request.app[LIVE]
+    body = {"hash": live.hash, "n": live.n, "settings": live.cfg.settings()}
+    return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+
+async def _config_header(request: web.Request, response: web.StreamResponse) -> None:
+    """Every response, errors and streams included, names the config its request arrived under
+    (whose class table and caps it got), even when a reload came while it waited for a slot."""
+    response.headers["X-Tailguard-Config"] = request.get(ARRIVED_UNDER) or request.app[LIVE].hash
 
 
 class ModelCache:
@@ -176,6 +195,7 @@ class ModelCache:
 MODELS = web.AppKey("models", ModelCache)
 BACKENDS = web.AppKey("backends", dict[str, BackendConfig])
 PROBES = web.AppKey("probes", Probes)
+ARRIVED_UNDER = web.RequestKey("arrived_under", str)  # the config hash when the request came in
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -183,6 +203,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 @web.middleware
 async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every error the framework raises (404, 405, 413 on other routes) as OpenAI's JSON."""
+    request[ARRIVED_UNDER] = request.app[LIVE].hash
     try:
         return await handler(request)
     except web.HTTPException as e:
@@ -206,8 +227,15 @@ def _bound_port(site: web.TCPSite, configured: int) -> int:
     return int(sockets[0].getsockname()[1]) if sockets else configured
 
 
-async def serve(cfg: GatewayConfig, *, ready: Callable[[str], None] | None = None) -> None:
-    """Run the gateway until SIGINT/SIGTERM (or cancellation). `ready` gets the base URL."""
+async def serve(
+    cfg: GatewayConfig, *, ready: Callable[[str], None] | None = None, store: ConfigStore | None = None,
+    reread: Callable[[], GatewayConfig] | None = None,
+) -> None:
+    """Run the gateway until SIGINT/SIGTERM (or cancellation). `ready` gets the base URL.
+
+    With a `store`, the config is recorded there at start and at each reload, and the state
+    directory names this process (its pid file) for `tailguard config rollback`. SIGHUP reloads
+    (`tailguard.gateway.reload`): what the store was asked for, else `reread()`."""
     if cfg.access_log:
         logger = logging.getLogger(ACCESS_LOGGER)
         if not logger.handlers:
@@ -223,14 +251,20 @@ async def serve(cfg: GatewayConfig, *, ready: Callable[[str], None] | None = Non
     await site.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    reloader = Reloader(app[LIVE], app[DISPATCHER], app[PROXY], app[BACKENDS], store, reread)
+    handlers: dict[signal.Signals, Callable[[], None]] = {
+        signal.SIGINT: stop.set, signal.SIGTERM: stop.set, signal.SIGHUP: reloader.on_signal}
     installed: list[signal.Signals] = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig, on_signal in handlers.items():
         try:
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
             installed.append(sig)
         except (NotImplementedError, RuntimeError):
             pass
     try:
+        if store is not None:
+            app[LIVE].n = store.record(cfg, "start").n
+            store.write_pid()
         url = f"http://{cfg.host}:{_bound_port(site, cfg.port)}"
         if ready is not None:
             ready(url)
@@ -238,4 +272,6 @@ async def serve(cfg: GatewayConfig, *, ready: Callable[[str], None] | None = Non
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
+        if store is not None:
+            store.clear_pid()
         await runner.cleanup()

@@ -6,6 +6,7 @@ unknown keys are errors, so a typo in a config file fails loudly instead of bein
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import asdict
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any, Literal, cast
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tailguard import settings
 from tailguard.errors import ConfigError
 from tailguard.front import params as fp
 
@@ -405,6 +407,21 @@ class GatewayConfig(_Model):
             retry=self.retries.params(),
         )
 
+    def settings(self) -> dict[str, Any]:
+        """Every setting as plain data, each secret (client keys, backend keys) replaced by a
+        fingerprint: what the config's hash covers, what `/config` shows and a bench run records,
+        and what `tailguard config diff` compares. A changed key still shows as changed."""
+        data = self.model_dump(mode="json")
+        data["auth"]["api_keys"] = {_fingerprint(k): v for k, v in data["auth"]["api_keys"].items()}
+        for b in data["backends"]:
+            if b.get("api_key"):
+                b["api_key"] = _fingerprint(b["api_key"])
+        return data
+
+    def digest(self) -> str:
+        """The short hash of `settings()`: the `X-Tailguard-Config` header, `/health`'s `config`."""
+        return settings.digest(self.settings())
+
     @model_validator(mode="after")
     def _cross_checks(self) -> GatewayConfig:
         names = [c.name for c in self.classes]
@@ -440,6 +457,10 @@ class GatewayConfig(_Model):
             backends.append({"name": base if n == 0 else f"{base}-{n}", "url": url, "max_concurrency": max_concurrency,
                              "kind": kind})
         return _validate({"backends": backends}, "--backend")
+
+
+def _fingerprint(secret: str) -> str:
+    return "sha256:" + hashlib.sha256(secret.encode()).hexdigest()[:8]
 
 
 def _no_duplicates(names: list[str], what: str) -> None:

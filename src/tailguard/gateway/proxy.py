@@ -92,6 +92,15 @@ class Proxy:
         self._ids = itertools.count()
         self._id_prefix = f"tg-{os.getpid():x}-{os.urandom(3).hex()}-"
 
+    @property
+    def classes(self) -> ClassTable:
+        return self._classes
+
+    def reconfigure(self, cfg: GatewayConfig, classes: ClassTable) -> None:
+        """A live reload: requests that arrive from now on are read, classified and capped by
+        `cfg`; those in flight keep the class and caps they were given."""
+        self._cfg, self._classes = cfg, classes
+
     async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         with self._accounting(request.method, request.path) as (t, ex):
             try:

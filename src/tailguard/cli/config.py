@@ -1,0 +1,168 @@
+"""`tailguard config list | mark-good | diff | rollback | reload`: the configs a gateway applied
+(kept in its state directory, `tailguard.gateway.store`), the known-good baseline, what changed
+between two, and a running gateway sent back to the baseline (or any stored config) live."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn, Optional
+
+import typer
+
+if TYPE_CHECKING:
+    from tailguard.gateway.config import GatewayConfig
+    from tailguard.gateway.store import ConfigStore
+
+_CONFIG = typer.Option(None, "--config", "-c", help="The gateway's tailguard.yaml (its state is beside it).")
+_STATE = typer.Option(None, "--state-dir", help="The gateway's state directory (as given to `serve --state-dir`).")
+_WAIT_S = 10.0
+
+
+def register(app: typer.Typer) -> None:
+    config = typer.Typer(help="Applied configs, the known-good baseline, diff and live rollback.",
+                         add_completion=False, no_args_is_help=True, rich_markup_mode=None)
+    config.command("list")(list_configs)
+    config.command("mark-good")(mark_good)
+    config.command("diff")(diff)
+    config.command("rollback")(rollback)
+    config.command("reload")(reload)
+    app.add_typer(config, name="config")
+
+
+def _store(config: Path | None, state_dir: Path | None) -> ConfigStore:
+    from tailguard.gateway.store import ConfigStore, default_state_dir
+
+    if state_dir is not None:
+        return ConfigStore(state_dir)
+    if config is None:
+        _fail("give --config FILE (the state is beside it) or --state-dir DIR", 2)
+    return ConfigStore(default_state_dir(config))
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def list_configs(config: Optional[Path] = _CONFIG, state_dir: Optional[Path] = _STATE) -> None:
+    """Every stored config: number, hash, when it was last applied and how; `*` the one applied
+    last, `good` the baseline."""
+    from tailguard.errors import ConfigError
+
+    store = _store(config, state_dir)
+    try:
+        entries, history, good = store.entries(), store.history(), store.good()
+    except ConfigError as e:
+        _fail(str(e))
+    if not entries:
+        _fail(f"no configs stored in {store.root} yet (start `tailguard serve` first)")
+    last = {a.n: a for a in history}
+    current = history[-1].n if history else None
+    for entry in entries:
+        a = last.get(entry.n)
+        marks = ("*" if entry.n == current else " ") + (" good" if good is not None and good.n == entry.n else "")
+        when = f"{a.at}  {a.how:<16}" if a is not None else ""
+        typer.echo(f"{entry.n:4d} {entry.hash}  {when:<43} {marks}".rstrip())
+
+
+def mark_good(n: Optional[int] = typer.Argument(None, help="Config number (default: the one applied last)."),
+              config: Optional[Path] = _CONFIG, state_dir: Optional[Path] = _STATE) -> None:
+    """Mark a stored config as the known-good baseline that `rollback` returns to."""
+    from tailguard.errors import ConfigError
+
+    store = _store(config, state_dir)
+    try:
+        entry = store.mark_good(n if n is not None else store.current().n)
+    except ConfigError as e:
+        _fail(str(e))
+    typer.echo(f"config {entry.n} ({entry.hash}) is the known-good baseline")
+
+
+def diff(a: str = typer.Argument("good", help="A config number, `good`, `current`, or a YAML file."),
+         b: str = typer.Argument("current", help="The same, compared against A."),
+         config: Optional[Path] = _CONFIG, state_dir: Optional[Path] = _STATE) -> None:
+    """What changed from A to B, setting by setting in the YAML's dotted names."""
+    from tailguard.errors import ConfigError
+    from tailguard.settings import diff as changes, flatten
+
+    try:
+        store = _store(config, state_dir) if config is not None or state_dir is not None else None
+        old, new = _resolve(a, store), _resolve(b, store)
+    except ConfigError as e:
+        _fail(str(e))
+    found = changes(flatten(old.settings()), flatten(new.settings()))
+    typer.echo("\n".join(str(c) for c in found) if found else "no setting differs")
+
+
+def _resolve(which: str, store: ConfigStore | None) -> GatewayConfig:
+    from tailguard.errors import ConfigError
+    from tailguard.gateway.config import load_config
+
+    if not which.isdigit() and which not in ("good", "current"):
+        return load_config(which)
+    if store is None:
+        raise ConfigError(f"{which!r} names a stored config: give --config FILE or --state-dir DIR")
+    if which == "current":
+        return store.current().load()
+    if which == "good":
+        good = store.good()
+        if good is None:
+            raise ConfigError(f"no baseline marked in {store.root} (tailguard config mark-good N)")
+        return good.load()
+    return store.get(int(which)).load()
+
+
+def rollback(to: Optional[int] = typer.Option(None, "--to", help="Config number (default: the baseline)."),
+             config: Optional[Path] = _CONFIG, state_dir: Optional[Path] = _STATE) -> None:
+    """Return the running gateway to the known-good baseline (or config N), live: queued and
+    running requests are kept."""
+    from tailguard.errors import ConfigError
+
+    store = _store(config, state_dir)
+    try:
+        if to is None:
+            good = store.good()
+            if good is None:
+                raise ConfigError(f"no baseline marked in {store.root} (tailguard config mark-good N)")
+            to = good.n
+        entry = store.get(to)
+        _signal_and_wait(store, {"n": entry.n, "how": f"rollback to {entry.n}"})
+    except ConfigError as e:
+        _fail(str(e))
+
+
+def reload(config: Optional[Path] = _CONFIG, state_dir: Optional[Path] = _STATE) -> None:
+    """Make the running gateway read its --config file again (as SIGHUP does), and say how it went."""
+    from tailguard.errors import ConfigError
+
+    try:
+        _signal_and_wait(_store(config, state_dir), None)
+    except ConfigError as e:
+        _fail(str(e))
+
+
+def _signal_and_wait(store: ConfigStore, request: dict[str, object] | None) -> None:
+    """Leave the request, SIGHUP the gateway, and wait for its result (at most `_WAIT_S`)."""
+    from tailguard.errors import ConfigError
+
+    pid = store.running_pid()
+    ident = uuid.uuid4().hex
+    store.take_json(store.result_file)  # an old result must not be read as ours
+    if request is not None:
+        store.write_json(store.request_file, {"id": ident, **request})
+    started = time.monotonic()
+    os.kill(pid, signal.SIGHUP)
+    while time.monotonic() - started < _WAIT_S:
+        result = store.take_json(store.result_file)
+        if result is not None and (request is None or result.get("id") == ident):
+            took = time.monotonic() - started
+            if not result.get("ok"):
+                raise ConfigError(f"the gateway kept its config: {result.get('error')}")
+            typer.echo(f"config {result.get('n')} ({result.get('hash')}) applied by pid {pid} in {took:.2f} s")
+            return
+        time.sleep(0.02)
+    raise ConfigError(f"no answer from the gateway (pid {pid}) within {_WAIT_S:g} s")

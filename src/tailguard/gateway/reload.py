@@ -1,0 +1,110 @@
+"""A live reload: a new config applied to the running gateway without losing a request.
+
+The front takes the new queue, slot, preemption and retry parameters in place
+(`Front.reconfigure`: queued, running and suspended requests are kept); the class table (caps,
+classification) and the auth keys are swapped for requests that arrive from then on, while
+requests in flight keep what they started with. Settings read only at start (listening address,
+body limit, logging, timeouts, probes, a backend's address and kind) and other classes or
+backends need a restart: such a config is refused whole, with the settings named, and the
+gateway keeps what it had.
+
+SIGHUP triggers it (`serve` installs the handler): the stored config that `tailguard config
+rollback` (or `reload --to N`) asked for in the state directory, else the `--config` file read again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tailguard.errors import ConfigError
+from tailguard.gateway.classes import ClassTable
+from tailguard.gateway.config import BackendConfig, GatewayConfig
+from tailguard.gateway.dispatch import Dispatcher
+from tailguard.gateway.kinds import get_kind
+from tailguard.gateway.proxy import Proxy
+from tailguard.gateway.store import ConfigStore
+from tailguard.settings import Change, diff, flatten
+
+log = logging.getLogger("tailguard.gateway")
+
+# What a backend may change live: the front's slots. Its address, kind, key and model are read
+# by exchanges and probes that are already running.
+_LIVE_BACKEND = frozenset({"max_concurrency", "weight", "reserved_slots"})
+_RESTART = frozenset({"host", "port", "max_body_bytes", "access_log", "log_prompts"})
+_RESTART_PREFIXES = ("timeouts.", "health.", "scheduler.output_estimate.")
+
+
+def restart_needed(old: GatewayConfig, new: GatewayConfig) -> list[Change]:
+    """The changes from `old` to `new` that a live reload cannot make."""
+    return [c for c in diff(flatten(old.settings()), flatten(new.settings())) if _needs_restart(c.name)]
+
+
+def _needs_restart(name: str) -> bool:
+    if name.startswith("backends["):
+        return name.rsplit(".", 1)[-1] not in _LIVE_BACKEND
+    return name in _RESTART or name.startswith(_RESTART_PREFIXES)
+
+
+@dataclass(slots=True)
+class Live:
+    """The config the gateway runs now: the one object a reload replaces, read by every
+    response (its hash as `X-Tailguard-Config`) and by `/health`."""
+
+    cfg: GatewayConfig
+    hash: str
+    n: int | None = None  # its number in the state directory, when there is one
+
+    @classmethod
+    def of(cls, cfg: GatewayConfig) -> Live:
+        return cls(cfg, cfg.digest())
+
+
+class Reloader:
+    """Applies a config to the running gateway's parts, and answers a SIGHUP."""
+
+    def __init__(
+        self, live: Live, dispatcher: Dispatcher, proxy: Proxy, backends: dict[str, BackendConfig],
+        store: ConfigStore | None, reread: Callable[[], GatewayConfig] | None,
+    ) -> None:
+        self.live, self._dispatcher, self._proxy, self._backends = live, dispatcher, proxy, backends
+        self._store, self._reread = store, reread
+
+    def apply(self, cfg: GatewayConfig) -> None:
+        """Make `cfg` the running config, or raise `ConfigError` and change nothing."""
+        blocked = restart_needed(self.live.cfg, cfg)
+        if blocked:
+            raise ConfigError("these settings need a restart of the gateway: " + "; ".join(str(c) for c in blocked))
+        continues = {n: get_kind(b.kind).continues_generation for n, b in self._backends.items()}
+        self._dispatcher.reconfigure(cfg.front_params(continues))  # the last check that can refuse
+        self._proxy.reconfigure(cfg, ClassTable(cfg))
+        self.live.cfg, self.live.hash = cfg, cfg.digest()
+
+    def on_signal(self) -> None:
+        """SIGHUP: apply what was asked for, record it, and leave the result for the asker."""
+        store = self._store
+        request = store.take_json(store.request_file) if store is not None else None
+        result: dict[str, Any] = {"id": request.get("id") if request else None}
+        try:
+            cfg, how = self._wanted(request)
+            old = self.live.hash
+            self.apply(cfg)
+            if store is not None:
+                self.live.n = store.record(cfg, how).n
+            result.update(ok=True, n=self.live.n, hash=self.live.hash)
+            log.warning("config %s applied (%s; was %s)", self.live.hash, how, old)
+        except ConfigError as e:
+            result.update(ok=False, error=str(e))
+            log.error("config not applied, the gateway keeps %s: %s", self.live.hash, e)
+        if store is not None:
+            store.write_json(store.result_file, result)
+
+    def _wanted(self, request: dict[str, Any] | None) -> tuple[GatewayConfig, str]:
+        if request is not None and self._store is not None:
+            n = int(request["n"])
+            return self._store.get(n).load(), str(request.get("how") or f"apply {n}")
+        if self._reread is None:
+            raise ConfigError("nothing to reload: the gateway was started without --config")
+        return self._reread(), "reload"

@@ -1,0 +1,183 @@
+"""The gateway's state directory: every config it applied, numbered and hashed, the known-good
+baseline, the running gateway's pid, and the reload hand-over between `tailguard config` and it.
+
+    STATE/configs/0003-1f2e3d4c5b6a.yaml   a config as applied (loadable with `load_config`)
+    STATE/history.jsonl                    one line per application: {"n", "hash", "at", "how"}
+    STATE/good                             the number of the known-good baseline
+    STATE/gateway.pid                      the pid of the gateway serving from this directory
+    STATE/reload.request, reload.result    which stored config to apply next, and how that went
+
+Configs are stored by content: applying one equal to a stored config applies that number again
+(the history says when), so a rollback does not grow the list. Files are private to the user
+(0600 in a 0700 directory): a config holds client and backend keys.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+from tailguard.errors import ConfigError
+from tailguard.gateway.config import GatewayConfig, load_config
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A stored config: its number, its hash and its file."""
+
+    n: int
+    hash: str
+    path: Path
+
+    def load(self) -> GatewayConfig:
+        return load_config(self.path)
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """One line of the history: config `n` was applied at `at`, at start or by a reload."""
+
+    n: int
+    hash: str
+    at: str
+    how: str
+
+
+def default_state_dir(config: Path) -> Path:
+    """Beside the config file, `.tailguard/<its stem>/`, so each config file has its own history."""
+    return config.resolve().parent / ".tailguard" / config.stem
+
+
+class ConfigStore:
+    """Reads and writes one state directory (see the module docstring)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._configs = root / "configs"
+        self._history = root / "history.jsonl"
+        self._good = root / "good"
+        self.pid_file = root / "gateway.pid"
+        self.request_file = root / "reload.request"
+        self.result_file = root / "reload.result"
+
+    # --- configs ------------------------------------------------------------------------------
+
+    def entries(self) -> list[Entry]:
+        """Stored configs, by number."""
+        if not self._configs.is_dir():
+            return []
+        out = []
+        for p in self._configs.glob("*.yaml"):
+            n, _, h = p.stem.partition("-")
+            if n.isdigit() and h:
+                out.append(Entry(int(n), h, p))
+        return sorted(out, key=lambda e: e.n)
+
+    def get(self, n: int) -> Entry:
+        for e in self.entries():
+            if e.n == n:
+                return e
+        known = ", ".join(str(e.n) for e in self.entries()) or "none"
+        raise ConfigError(f"no config {n} in {self.root} (stored: {known})")
+
+    def record(self, cfg: GatewayConfig, how: str) -> Entry:
+        """Store `cfg` as applied now (`how`: start, reload, rollback): the entry of an equal
+        config already stored, or a new number."""
+        h = cfg.digest()
+        entry = next((e for e in self.entries() if e.hash == h), None)
+        if entry is None:
+            self._make_dirs()
+            n = max((e.n for e in self.entries()), default=0) + 1
+            entry = Entry(n, h, self._configs / f"{n:04d}-{h}.yaml")
+            # Only what the file set: a dump of every field would mark each as set, and the
+            # gateway reads some defaults by whether they were set (the probe's health path).
+            data = cfg.model_dump(mode="json", exclude_unset=True)
+            _write_private(entry.path, yaml.safe_dump(data, sort_keys=False).encode())
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        line = orjson.dumps({"n": entry.n, "hash": h, "at": now, "how": how}) + b"\n"
+        fd = os.open(self._history, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "ab") as f:
+            f.write(line)
+        return entry
+
+    def history(self) -> list[Applied]:
+        if not self._history.exists():
+            return []
+        out = []
+        for line in self._history.read_bytes().splitlines():
+            d = orjson.loads(line)
+            out.append(Applied(int(d["n"]), str(d["hash"]), str(d["at"]), str(d["how"])))
+        return out
+
+    def current(self) -> Entry:
+        """The config applied last."""
+        hist = self.history()
+        if not hist:
+            raise ConfigError(f"no config has been applied from {self.root} yet (start `tailguard serve` first)")
+        return self.get(hist[-1].n)
+
+    def mark_good(self, n: int) -> Entry:
+        entry = self.get(n)
+        _write_private(self._good, f"{n}\n".encode())
+        return entry
+
+    def good(self) -> Entry | None:
+        """The known-good baseline, if one was marked."""
+        if not self._good.exists():
+            return None
+        return self.get(int(self._good.read_text().strip()))
+
+    # --- the running gateway --------------------------------------------------------------------
+
+    def write_pid(self) -> None:
+        self._make_dirs()
+        _write_private(self.pid_file, f"{os.getpid()}\n".encode())
+
+    def clear_pid(self) -> None:
+        """At exit: only our own pid file (another gateway may have taken the directory since)."""
+        try:
+            if int(self.pid_file.read_text().strip()) == os.getpid():
+                self.pid_file.unlink()
+        except (OSError, ValueError):
+            pass
+
+    def running_pid(self) -> int:
+        """The pid of the gateway serving from this directory; ConfigError when none runs."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+            os.kill(pid, 0)
+        except (OSError, ValueError):
+            raise ConfigError(f"no running gateway uses {self.root} (no live pid in {self.pid_file.name})") from None
+        return pid
+
+    def write_json(self, path: Path, data: dict[str, Any]) -> None:
+        """Atomically (write, then rename), so a reader never sees half a request or result."""
+        self._make_dirs()
+        tmp = path.with_suffix(".tmp")
+        _write_private(tmp, orjson.dumps(data))
+        tmp.replace(path)
+
+    def take_json(self, path: Path) -> dict[str, Any] | None:
+        """Read and remove a hand-over file; None when there is none."""
+        try:
+            data = orjson.loads(path.read_bytes())
+            path.unlink()
+        except FileNotFoundError:
+            return None
+        return data if isinstance(data, dict) else None
+
+    def _make_dirs(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._configs.mkdir(exist_ok=True, mode=0o700)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)

@@ -1,0 +1,76 @@
+"""A config as dotted settings, its digest, and what changed between two; pure, no I/O.
+
+A leaf shared by the gateway (which hashes and stores what it applies), the `tailguard config`
+verbs and bench's readers (`bench compare`, `doctor`), which see only what a run recorded. Names
+are the YAML's own: `scheduler.aging_s`, and a list of named items is indexed by name, so a
+setting keeps its name when the list is reordered: `classes[batch].max_tokens_cap`.
+
+    changes = diff(flatten(old), flatten(new))
+    print("\\n".join(str(c) for c in changes))   # classes[batch].max_tokens_cap: 4096 -> 2048
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# A setting absent on one side (a class added, an optional field left out).
+UNSET = "(unset)"
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Every leaf setting of `data` by its dotted name."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        _put(out, f"{prefix}.{key}" if prefix else str(key), value)
+    return out
+
+
+def _put(out: dict[str, Any], name: str, value: Any) -> None:
+    if isinstance(value, Mapping):
+        if not value:
+            out[name] = {}
+        for key, v in value.items():
+            _put(out, f"{name}.{key}", v)
+    elif isinstance(value, list) and value and all(isinstance(v, Mapping) and "name" in v for v in value):
+        for item in value:
+            _put(out, f"{name}[{item['name']}]", {k: v for k, v in item.items() if k != "name"})
+    else:
+        out[name] = value
+
+
+def digest(data: Mapping[str, Any]) -> str:
+    """A short content hash of `data`: equal settings give equal digests, whatever the key order."""
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One setting that differs: `name: old -> new`."""
+
+    name: str
+    old: Any
+    new: Any
+
+    def __str__(self) -> str:
+        return f"{self.name}: {_text(self.old)} -> {_text(self.new)}"
+
+
+def diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
+    """The settings of two flattened configs that differ, in name order."""
+    names = sorted(set(old) | set(new))
+    return [Change(n, old.get(n, UNSET), new.get(n, UNSET)) for n in names if old.get(n, UNSET) != new.get(n, UNSET)]
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, default=str) if isinstance(value, (list, dict)) else str(value)
