@@ -20,7 +20,7 @@ PURE = {
     "front.params", "front.queue", "front.slots", "front.router", "front.preemption", "front.retry", "front.front",
     "gateway.classes", "gateway.caps", "gateway.backends",
     "gateway.config", "gateway.resume", "gateway.kinds", "sim.des",
-    "bench.workload", "bench.stats", "bench.dataset", "bench.recorder", "bench.compare", "bench.attribution",
+    "bench.workload", "bench.stats", "bench.dataset", "bench.recorder", "bench.compare", "bench.configs", "bench.attribution",
     "doctor.finding", "doctor.evidence", "doctor.facts", "doctor.rules", "doctor.diagnosis", "sweep.virtual", "sweep.search",
     "client.retry", "client.timeouts", "client.chunks", "client.assembly",
 }

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from tailguard.bench.configs import config_changes, run_config
 from tailguard.bench.recorder import RequestRecord
 from tailguard.bench.stats import (
     DEFAULT_BOOTSTRAP, METRICS, describe, json_number, measured, point_ratio, ratio_ci, samples,
@@ -140,6 +141,8 @@ def compare(before: Sequence[RequestRecord], before_meta: dict[str, Any],
         "after": _run_info(after_meta, a),
         "classes": classes,
         "overall": _group(b, a, sides, seed, n_boot, pooled=len(classes) > 1),
+        # Which gateway settings differed: a clean comparison changes one.
+        "config": config_changes(run_config(before, before_meta), run_config(after, after_meta)),
     }
 
 

@@ -128,5 +128,6 @@ def _take_headers(rec: RequestRecord, status: int, h: CIMultiDictProxy[str]) -> 
             pass
     rec.backend = h.get("X-Tailguard-Backend")
     rec.server_class = h.get("X-Tailguard-Class")
+    rec.config = h.get("X-Tailguard-Config")
     if (st := h.get("Server-Timing")) is not None:
         rec.server_timing_s = parse_server_timing(st)

@@ -45,6 +45,7 @@ class RequestRecord:
     backend: str | None = None
     server_class: str | None = None
     server_timing_s: dict[str, float] | None = None  # the gateway's Server-Timing, in seconds
+    config: str | None = None  # the gateway's X-Tailguard-Config: the hash of the config it ran under
     attribution: dict[str, float] | None = None  # where the E2E went (bench.attribution.PARTS)
 
     # Derived values, measured from the schedule (design principle 5).

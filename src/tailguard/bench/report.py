@@ -21,6 +21,7 @@ from rich.console import Console
 from tailguard import __version__
 from tailguard.bench.attribution import attribute_all
 from tailguard.bench.compare import compare
+from tailguard.bench.configs import config_lines
 from tailguard.bench.html import render_compare, render_report
 from tailguard.bench.load import BenchConfig, RunResult, run_bench
 from tailguard.bench.recorder import RequestRecord, read_jsonl, write_jsonl
@@ -105,6 +106,8 @@ def compare_dirs(before: Path, after: Path, out_dir: Path | None = None, *,
     (out / COMPARE_HTML).write_text(render_compare(cmp, rb, ra, __version__), encoding="utf-8")
     if console is not None:
         print_comparison(cmp, console)
+        for line in config_lines(cmp.get("config")):
+            console.print(line, style="bold yellow" if line.startswith("warning") else None, soft_wrap=True)
         console.print(f"wrote {out}/{{{COMPARE_JSON}, {COMPARE_HTML}}}")
     return cmp
 

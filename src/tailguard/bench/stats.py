@@ -312,6 +312,7 @@ def summarize(records: Sequence[RequestRecord], meta: dict[str, Any], *, n_boot:
             "measured_requests": len(rec), "warmup_requests_excluded": len(records) - len(rec),
             "window_s": json_number(window),
             "time_scale": meta.get("time_scale", 1.0),
+            "gateway_config": (meta.get("gateway_config") or {}).get("hash"),
         },
     }
 

@@ -58,6 +58,21 @@ async def probe(session: aiohttp.ClientSession, url: str, *, api_key: str | None
     return read_model_list(where, body, model)
 
 
+async def gateway_config(session: aiohttp.ClientSession, url: str, *, api_key: str | None,
+                         timeout_s: float) -> dict[str, Any] | None:
+    """A tailguard gateway's running config (`GET /config`: its hash, number and settings, secrets
+    as fingerprints), recorded so two runs' settings can be compared; None from anything else."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with asyncio.timeout(timeout_s), session.get(f"{url}/config", headers=headers) as resp:
+            if resp.status != 200:
+                return None
+            data = orjson.loads(await resp.read())
+    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("hash"), str) else None
+
+
 def _os_reason(e: aiohttp.ClientConnectorError) -> str:
     if isinstance(e.os_error, ConnectionRefusedError):
         return "connection refused (nothing listens there: is the server running, on that port?)"

@@ -5,11 +5,12 @@ and rebuilds its report.html with a Doctor section."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 if TYPE_CHECKING:
+    from tailguard.bench.recorder import RequestRecord
     from tailguard.doctor.evidence import Samples
 
 
@@ -61,10 +62,13 @@ def doctor(
     gateway_metrics: Optional[str] = typer.Option(None, help="The gateway's URL (its /metrics, scraped or fetched now)"),
     engine_metrics: Optional[str] = typer.Option(None, help="The engine's URL (its /metrics, scraped or fetched now)"),
     json_out: bool = typer.Option(False, "--json", help='Print {"findings": [...]} for scripts'),
+    against: Optional[Path] = typer.Option(
+        None, "--against", help="An earlier run: say which gateway settings differ from it (warns when more than one)"),
 ) -> None:
     """Explain a measured run: findings with their evidence, the next change to try and the command that checks it."""
     import orjson
 
+    from tailguard.bench.configs import config_lines
     from tailguard.bench.report import DOCTOR_FILE, load_run, rerender
     from tailguard.cli.bench import _fail, console
     from tailguard.doctor.diagnosis import diagnose
@@ -78,13 +82,18 @@ def doctor(
         _fail(str(e))
     gw, eng = snapshots(run_dir, gateway_metrics, engine_metrics)
     found = diagnose(records, meta, engine=engine_evidence(eng), gateway=gateway_evidence(gw))
-    out = findings_json(found)
+    out: dict[str, Any] = dict(findings_json(found))
+    config = _config_since(against, records, meta)
+    if config is not None:
+        out["config"] = config
     (run_dir / DOCTOR_FILE).write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n")
     rerender(run_dir)
     if json_out:
         typer.echo(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
         return
     con = console()
+    for line in config_lines(config):
+        con.print(line, style="bold yellow" if line.startswith("warning") else None, soft_wrap=True)
     if not found:
         con.print("[bold green]no problem found[/]")
     for i, f in enumerate(found, 1):
@@ -97,6 +106,24 @@ def doctor(
         con.print(f"   next: {f.next_step}")
         con.print(f"   check: {f.check}", soft_wrap=True)
     con.print(f"wrote {run_dir / DOCTOR_FILE}; report.html has a Doctor section")
+
+
+def _config_since(against: Path | None, records: list[RequestRecord], meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The gateway settings that differ from the run `against` (or, alone, a config that changed
+    during this run), as `bench.configs.config_changes` says them."""
+    from tailguard.bench.configs import config_changes, run_config, within_run
+    from tailguard.bench.report import load_run
+    from tailguard.cli.bench import _fail
+    from tailguard.errors import ConfigError
+
+    this = run_config(records, meta)
+    if against is None:
+        return within_run(this)
+    try:
+        other_records, other_meta = load_run(against)
+    except ConfigError as e:
+        _fail(str(e))
+    return config_changes(run_config(other_records, other_meta), this, (against.name, "this"))
 
 
 def register(app: typer.Typer) -> None:
