@@ -20,15 +20,16 @@ from openai import AsyncOpenAI
 
 from tailguard.sim.server import running_sim
 from tests.functional.gateways import engine
+from tests.functional.test_gateway_cli import _start as start_serve, _stop as stop_serve
 
 CHAT = [{"role": "user", "content": "hello"}]
 LONG_TOKENS = 3000  # about 5 s of wall time each at the scale below: in flight across both changes
 SCALE = 0.25
 
 
-def gateway_yaml(sim_url: str, max_concurrency: int, batch_cap: int) -> str:
+def gateway_yaml(sim_url: str, max_concurrency: int, batch_cap: int, **extra: object) -> str:
     return yaml.safe_dump({
-        "port": 0, "access_log": False,
+        "port": 0, "access_log": False, **extra,
         "classes": [{"name": "interactive", "rank": 0},
                     {"name": "batch", "rank": 1, "max_tokens_cap": batch_cap, "preemptible": True}],
         "backends": [{"name": "sim", "url": sim_url, "kind": "sim", "max_concurrency": max_concurrency}],
@@ -37,22 +38,11 @@ def gateway_yaml(sim_url: str, max_concurrency: int, batch_cap: int) -> str:
 
 @asynccontextmanager
 async def serving(path: Path) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tailguard", "serve", "--config", str(path),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    proc, url = await start_serve("--config", str(path))
     try:
-        assert proc.stderr is not None
-        while True:
-            line = (await proc.stderr.readline()).decode()
-            assert line, "tailguard serve exited before listening"
-            m = re.search(r"gateway listening on (http://127\.0\.0\.1:\d+)", line)
-            if m:
-                break
-        yield proc, m.group(1)
+        yield proc, url
     finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-        await proc.wait()
+        await stop_serve(proc)
 
 
 async def tailguard(*args: str) -> tuple[int, str]:
@@ -146,9 +136,9 @@ async def test_a_change_that_needs_a_restart_is_refused_whole(tmp_path: Path) ->
             base, _ = await config_of(url)
             async with aiohttp.ClientSession() as s, s.get(f"{url}/no-such-route") as r:
                 assert r.status == 404 and r.headers["X-Tailguard-Config"] == base  # errors name it too
-            path.write_text(gateway_yaml(sim.url, 3, 4096).replace("port: 0", "port: 1"))
+            path.write_text(gateway_yaml(sim.url, 3, 4096, max_body_bytes=2048))
             code, out = await tailguard("config", "reload", "-c", str(path))
-            assert code == 1 and "need a restart" in out and "port: 0 -> 1" in out, out
+            assert code == 1 and "need a restart" in out and "max_body_bytes: 4194304 -> 2048" in out, out
             assert (await config_of(url))[0] == base
             assert (await health(url))["backends"]["sim"]["max_concurrency"] == 2  # type: ignore[index]
             proc.send_signal(signal.SIGHUP)  # the same refusal by the signal alone: the gateway keeps serving

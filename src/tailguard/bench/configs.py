@@ -39,16 +39,16 @@ def run_config(records: Sequence[RequestRecord], meta: dict[str, Any]) -> dict[s
 
 
 def config_changes(before: dict[str, Any] | None, after: dict[str, Any] | None,
-                   labels: tuple[str, str] = ("before", "after")) -> dict[str, Any] | None:
+                   runs: tuple[str, str] = ("the before run", "the after run")) -> dict[str, Any] | None:
     """What differed between two runs' configs (`run_config` of each), with the warnings to show;
     None when neither ran through a tailguard gateway."""
     if before is None and after is None:
         return None
-    warnings = [w for label, c in zip(labels, (before, after)) if (w := _mixed(c, label)) is not None]
+    warnings = [w for run, c in zip(runs, (before, after)) if (w := _mixed(c, run)) is not None]
     out: dict[str, Any] = {"before": before and before["hash"], "after": after and after["hash"], "changes": None,
                            "warnings": warnings}
     if before is None or after is None:
-        warnings.append(f"only the {labels[0] if after is None else labels[1]} run went through a tailguard gateway")
+        warnings.append(f"only {runs[0] if after is None else runs[1]} went through a tailguard gateway")
         return out
     if before["settings"] is not None and after["settings"] is not None:
         changes = [str(c) for c in diff(flatten(before["settings"]), flatten(after["settings"]))]
@@ -64,16 +64,16 @@ def config_changes(before: dict[str, Any] | None, after: dict[str, Any] | None,
 
 def within_run(config: dict[str, Any] | None) -> dict[str, Any] | None:
     """For one run alone: a warning when its config changed while it ran, else None."""
-    w = _mixed(config, "this")
+    w = _mixed(config, "this run")
     if config is None or w is None:
         return None
     return {"before": config["seen"][0], "after": config["seen"][-1], "changes": None, "warnings": [w]}
 
 
-def _mixed(config: dict[str, Any] | None, label: str) -> str | None:
+def _mixed(config: dict[str, Any] | None, run: str) -> str | None:
     if config is None or len(config["seen"]) < 2:
         return None
-    return f"the gateway's config changed during the {label} run ({' -> '.join(config['seen'])}): its figures mix configs"
+    return f"the gateway's config changed during {run} ({' -> '.join(config['seen'])}): its figures mix configs"
 
 
 def config_lines(changes: dict[str, Any] | None) -> list[str]:

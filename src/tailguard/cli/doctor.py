@@ -123,7 +123,7 @@ def _config_since(against: Path | None, records: list[RequestRecord], meta: dict
         other_records, other_meta = load_run(against)
     except ConfigError as e:
         _fail(str(e))
-    return config_changes(run_config(other_records, other_meta), this, (against.name, "this"))
+    return config_changes(run_config(other_records, other_meta), this, (f"the run {against}", "this run"))
 
 
 def register(app: typer.Typer) -> None:

@@ -1,0 +1,75 @@
+"""The state directory: configs stored by content and numbered, the history, the baseline, the
+hand-over files; and which changes a live reload refuses. Files in a temporary directory only."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tailguard.errors import ConfigError
+from tailguard.gateway.config import GatewayConfig
+from tailguard.gateway.reload import restart_needed
+from tailguard.gateway.store import ConfigStore, default_state_dir
+
+
+def cfg(**update: object) -> GatewayConfig:
+    base = GatewayConfig.model_validate({"backends": [{"name": "a", "url": "http://127.0.0.1:9", "api_key": "sk-1"}],
+                                         "auth": {"api_keys": {"client-secret": {"name": "app"}}}})
+    return base.model_copy(update=update)
+
+
+def test_configs_are_numbered_by_content_and_every_application_is_in_the_history(tmp_path: Path) -> None:
+    store = ConfigStore(tmp_path / "state")
+    first = store.record(cfg(), "start")
+    second = store.record(cfg(port=9000), "reload")
+    again = store.record(cfg(), "rollback to 1")
+    assert (first.n, second.n, again) == (1, 2, first)
+    assert [e.n for e in store.entries()] == [1, 2] and first.path.name == f"0001-{first.hash}.yaml"
+    assert [(a.n, a.how) for a in store.history()] == [(1, "start"), (2, "reload"), (1, "rollback to 1")]
+    assert store.current() == first
+    assert store.get(2).load().digest() == second.hash  # a stored file loads back to the same config
+    assert oct(first.path.stat().st_mode & 0o777) == "0o600"  # it holds the keys
+
+
+def test_the_baseline_is_marked_by_number(tmp_path: Path) -> None:
+    store = ConfigStore(tmp_path)
+    assert store.good() is None
+    store.record(cfg(), "start")
+    assert store.mark_good(1) == store.good()
+    with pytest.raises(ConfigError, match=r"no config 7 .*stored: 1"):
+        store.mark_good(7)
+
+
+def test_the_hand_over_files_are_read_once_and_the_pid_must_be_alive(tmp_path: Path) -> None:
+    store = ConfigStore(tmp_path)
+    with pytest.raises(ConfigError, match="no running gateway"):
+        store.running_pid()
+    store.write_pid()
+    assert store.running_pid() == os.getpid()
+    store.write_json(store.request_file, {"id": "x", "n": 1})
+    assert store.take_json(store.request_file) == {"id": "x", "n": 1}
+    assert store.take_json(store.request_file) is None
+    store.clear_pid()
+    assert not store.pid_file.exists()
+
+
+def test_the_default_state_is_beside_the_config_one_per_file(tmp_path: Path) -> None:
+    assert default_state_dir(tmp_path / "prod.yaml") == tmp_path.resolve() / ".tailguard" / "prod"
+
+
+def test_secrets_are_fingerprints_in_the_settings_yet_a_new_key_changes_the_hash() -> None:
+    s = cfg().settings()
+    assert "client-secret" not in str(s) and "sk-1" not in str(s)
+    rotated = cfg(backends=[cfg().backends[0].model_copy(update={"api_key": "sk-2"})])
+    assert rotated.digest() != cfg().digest()
+
+
+def test_a_reload_refuses_what_only_a_start_reads_and_takes_the_rest() -> None:
+    moved = cfg(backends=[cfg().backends[0].model_copy(update={"url": "http://127.0.0.1:10", "max_concurrency": 4})])
+    assert [c.name for c in restart_needed(cfg(), moved)] == ["backends[a].url"]
+    assert [c.name for c in restart_needed(cfg(), cfg(port=1, timeouts=cfg().timeouts.model_copy(update={"connect_s": 1.0})))] == [
+        "port", "timeouts.connect_s"]
+    tuned = cfg(scheduler=cfg().scheduler.model_copy(update={"aging_s": 2.0}), body_timeout_s=5.0)
+    assert restart_needed(cfg(), tuned) == []

@@ -1,0 +1,36 @@
+"""Dotted settings, digests and diffs on plain dicts."""
+
+from __future__ import annotations
+
+from tailguard.settings import Change, diff, digest, flatten
+
+CFG = {"port": 8080, "scheduler": {"policy": "ranked-sjf", "aging_s": 10.0},
+       "classes": [{"name": "interactive", "rank": 0}, {"name": "batch", "rank": 1, "max_tokens_cap": 4096}],
+       "auth": {"api_keys": {}}, "tags": ["a", "b"]}
+
+
+def test_named_lists_are_indexed_by_name_and_other_leaves_kept_whole() -> None:
+    assert flatten(CFG) == {
+        "port": 8080, "scheduler.policy": "ranked-sjf", "scheduler.aging_s": 10.0,
+        "classes[interactive].rank": 0, "classes[batch].rank": 1, "classes[batch].max_tokens_cap": 4096,
+        "auth.api_keys": {}, "tags": ["a", "b"],
+    }
+
+
+def test_a_diff_names_each_setting_in_the_yamls_own_words() -> None:
+    new = {**CFG, "classes": [CFG["classes"][1] | {"max_tokens_cap": 2048}, CFG["classes"][0]],  # type: ignore[index, operator]
+           "scheduler": {"policy": "fcfs", "aging_s": 10.0}}
+    assert [str(c) for c in diff(flatten(CFG), flatten(new))] == [
+        "classes[batch].max_tokens_cap: 4096 -> 2048", "scheduler.policy: ranked-sjf -> fcfs"]
+
+
+def test_added_and_removed_settings_show_as_unset() -> None:
+    assert diff({"a": 1}, {"b": None}) == [Change("a", 1, "(unset)"), Change("b", "(unset)", None)]
+    assert str(Change("x", None, True)) == "x: null -> true"
+    assert diff(flatten(CFG), flatten(CFG)) == []
+
+
+def test_the_digest_ignores_key_order_but_not_values() -> None:
+    reordered = dict(reversed(list(CFG.items())))
+    assert digest(reordered) == digest(CFG) and len(digest(CFG)) == 12
+    assert digest({**CFG, "port": 8081}) != digest(CFG)
