@@ -19,23 +19,24 @@ from tailguard.bench.stats import measured
 from tailguard.settings import diff, flatten
 
 
-def seen(records: Sequence[RequestRecord]) -> list[str]:
-    """The config hashes the measured requests were answered under, in order of first sight."""
-    out: list[str] = []
+def seen(records: Sequence[RequestRecord]) -> dict[str, int]:
+    """How many measured requests each config hash answered, in order of first sight."""
+    out: dict[str, int] = {}
     for r in measured(records):
-        if r.config is not None and r.config not in out:
-            out.append(r.config)
+        if r.config is not None:
+            out[r.config] = out.get(r.config, 0) + 1
     return out
 
 
 def run_config(records: Sequence[RequestRecord], meta: dict[str, Any]) -> dict[str, Any] | None:
-    """The run's gateway config: {hash, n, seen, settings}; None when it met no tailguard gateway."""
+    """The run's gateway config: {hash, n, seen (requests per hash), settings}; None when it met
+    no tailguard gateway."""
     recorded = meta.get("gateway_config") or {}
     hashes = seen(records)
-    head = recorded.get("hash") or (hashes[0] if hashes else None)
+    head = recorded.get("hash") or next(iter(hashes), None)
     if head is None:
         return None
-    return {"hash": head, "n": recorded.get("n"), "seen": hashes or [head], "settings": recorded.get("settings")}
+    return {"hash": head, "n": recorded.get("n"), "seen": hashes, "settings": recorded.get("settings")}
 
 
 def config_changes(before: dict[str, Any] | None, after: dict[str, Any] | None,
@@ -65,15 +66,14 @@ def config_changes(before: dict[str, Any] | None, after: dict[str, Any] | None,
 def within_run(config: dict[str, Any] | None) -> dict[str, Any] | None:
     """For one run alone: a warning when its config changed while it ran, else None."""
     w = _mixed(config, "this run")
-    if config is None or w is None:
-        return None
-    return {"before": config["seen"][0], "after": config["seen"][-1], "changes": None, "warnings": [w]}
+    return None if w is None else {"before": None, "after": None, "changes": None, "warnings": [w]}
 
 
 def _mixed(config: dict[str, Any] | None, run: str) -> str | None:
     if config is None or len(config["seen"]) < 2:
         return None
-    return f"the gateway's config changed during {run} ({' -> '.join(config['seen'])}): its figures mix configs"
+    counts = ", ".join(f"{h}: {n}" for h, n in config["seen"].items())
+    return f"the gateway's config changed during {run}, its figures mix configs (requests answered by each: {counts})"
 
 
 def config_lines(changes: dict[str, Any] | None) -> list[str]:
@@ -81,7 +81,9 @@ def config_lines(changes: dict[str, Any] | None) -> list[str]:
     if changes is None:
         return []
     lines = []
-    if changes["before"] == changes["after"]:
+    if changes["before"] is None and changes["after"] is None:
+        pass  # one run alone: its warning says it
+    elif changes["before"] == changes["after"]:
         lines.append(f"gateway config: {changes['before']} in both runs")
     else:
         lines.append(f"gateway config: {changes['before']} -> {changes['after']}")

@@ -39,11 +39,15 @@ def test_unrecorded_settings_and_a_config_changed_mid_run_are_said() -> None:
     out = config_changes(before, after)
     assert out is not None and out["changes"] is None
     assert out["warnings"] == [
-        "the gateway's config changed during the before run (h1 -> h3): its figures mix configs",
+        "the gateway's config changed during the before run, its figures mix configs (requests answered by "
+        "each: h1: 1, h3: 1)",
         "the gateway configs differ (h1 -> h2) but their settings were not recorded: `tailguard config diff` "
         "on the gateway's state directory names them"]
-    assert within_run(before) == {"before": "h1", "after": "h3", "changes": None, "warnings": [
-        "the gateway's config changed during this run (h1 -> h3): its figures mix configs"]}
+    mixed = within_run(before)
+    assert mixed is not None and mixed["warnings"] == [
+        "the gateway's config changed during this run, its figures mix configs (requests answered by each: h1: 1, "
+        "h3: 1)"]
+    assert config_lines(mixed) == ["warning: " + mixed["warnings"][0]]
     assert within_run(after) is None
 
 
