@@ -23,6 +23,8 @@ import orjson
 # Keys whose non-empty string (or list) value is generated content. JSON escapes quotes inside
 # strings, so `"content":` never matches inside a tool call's arguments or the text itself.
 CONTENT_KEYS = (b'"content":', b'"text":', b'"reasoning_content":', b'"reasoning":', b'"tool_calls":')
+_COMPACT_CONTENT = b'"content":"'
+_COMPACT_LEN = len(_COMPACT_CONTENT)
 _USAGE_KEY = b'"usage":'
 _TIER_VALUE = re.compile(rb'"service_tier":\s*(null|"[^"]*")')
 _DATA_OPEN = re.compile(rb"(?:^|(?<=[\r\n]))data: ?\{")  # an event's JSON opening, with or without the space
@@ -54,6 +56,10 @@ def has_content(data: bytes, start: int = 0, end: int | None = None) -> bool:
     """True if the chunk in data[start:end] carries generated content (see the module docstring)."""
     if end is None:
         end = len(data)
+    # The usual content chunk first, in one find: compact JSON with a non-empty answer string.
+    i = data.find(_COMPACT_CONTENT, start, end)
+    if i >= 0 and i + _COMPACT_LEN < end and data[i + _COMPACT_LEN] != _QUOTE:
+        return True
     for key in CONTENT_KEYS:
         i = data.find(key, start, end)
         while i >= 0:
