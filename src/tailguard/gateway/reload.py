@@ -95,8 +95,8 @@ class Reloader:
                 self.live.n = store.record(cfg, how).n
             result.update(ok=True, n=self.live.n, hash=self.live.hash)
             log.warning("config %s applied (%s; was %s)", self.live.hash, how, old)
-        except ConfigError as e:
-            result.update(ok=False, error=str(e))
+        except (ConfigError, OSError, ValueError, KeyError) as e:  # a bad request file, a full disk
+            result.update(ok=False, error=str(e) or type(e).__name__)
             log.error("config not applied, the gateway keeps %s: %s", self.live.hash, e)
         if store is not None:
             store.write_json(store.result_file, result)

@@ -148,12 +148,18 @@ class ConfigStore:
             pass
 
     def running_pid(self) -> int:
-        """The pid of the gateway serving from this directory; ConfigError when none runs."""
+        """The pid of the gateway serving from this directory; ConfigError when none runs. A pid
+        left by a gateway that died may name another process by now: where /proc shows command
+        lines, one that is not tailguard's is not signalled."""
         try:
             pid = int(self.pid_file.read_text().strip())
             os.kill(pid, 0)
         except (OSError, ValueError):
             raise ConfigError(f"no running gateway uses {self.root} (no live pid in {self.pid_file.name})") from None
+        cmdline = Path(f"/proc/{pid}/cmdline")
+        if cmdline.exists() and b"tailguard" not in cmdline.read_bytes():
+            raise ConfigError(f"no running gateway uses {self.root} (pid {pid} in {self.pid_file.name} is "
+                              "another program now)")
         return pid
 
     def write_json(self, path: Path, data: dict[str, Any]) -> None:

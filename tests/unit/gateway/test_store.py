@@ -42,12 +42,12 @@ def test_the_baseline_is_marked_by_number(tmp_path: Path) -> None:
         store.mark_good(7)
 
 
-def test_the_hand_over_files_are_read_once_and_the_pid_must_be_alive(tmp_path: Path) -> None:
+def test_the_hand_over_files_are_read_once_and_the_pid_file_is_ours(tmp_path: Path) -> None:
     store = ConfigStore(tmp_path)
     with pytest.raises(ConfigError, match="no running gateway"):
         store.running_pid()
     store.write_pid()
-    assert store.running_pid() == os.getpid()
+    assert store.pid_file.read_text() == f"{os.getpid()}\n"
     store.write_json(store.request_file, {"id": "x", "n": 1})
     assert store.take_json(store.request_file) == {"id": "x", "n": 1}
     assert store.take_json(store.request_file) is None
@@ -73,3 +73,11 @@ def test_a_reload_refuses_what_only_a_start_reads_and_takes_the_rest() -> None:
         "port", "timeouts.connect_s"]
     tuned = cfg(scheduler=cfg().scheduler.model_copy(update={"aging_s": 2.0}), body_timeout_s=5.0)
     assert restart_needed(cfg(), tuned) == []
+
+
+def test_a_stale_pid_of_another_program_is_not_signalled(tmp_path: Path) -> None:
+    store = ConfigStore(tmp_path)
+    store.write_pid()
+    store.pid_file.write_text("1\n")  # init: alive, and not a tailguard gateway
+    with pytest.raises(ConfigError, match="another program"):
+        store.running_pid()
