@@ -85,21 +85,32 @@ class Reloader:
     def on_signal(self) -> None:
         """SIGHUP: apply what was asked for, record it, and leave the result for the asker."""
         store = self._store
-        request = store.take_json(store.request_file) if store is not None else None
-        result: dict[str, Any] = {"id": request.get("id") if request else None}
+        old = self.live.hash
+        result: dict[str, Any] = {"id": None}  # the asker's id, so it knows the answer is its own
         try:
+            request = store.take_json(store.request_file) if store is not None else None
+            result["id"] = request.get("id") if request else None
             cfg, how = self._wanted(request)
-            old = self.live.hash
             self.apply(cfg)
-            if store is not None:
-                self.live.n = store.record(cfg, how).n
-            result.update(ok=True, n=self.live.n, hash=self.live.hash)
-            log.warning("config %s applied (%s; was %s)", self.live.hash, how, old)
-        except (ConfigError, OSError, ValueError, KeyError) as e:  # a bad request file, a full disk
-            result.update(ok=False, error=str(e) or type(e).__name__)
-            log.error("config not applied, the gateway keeps %s: %s", self.live.hash, e)
+        except (ConfigError, OSError, ValueError, KeyError) as e:  # a refusal, or an unreadable request
+            log.error("config not applied, the gateway keeps %s: %s", old, e)
+            self._answer({**result, "ok": False, "error": str(e) or type(e).__name__})
+            return
         if store is not None:
-            store.write_json(store.result_file, result)
+            try:
+                self.live.n = store.record(cfg, how).n
+            except OSError as e:  # applied all the same: the history misses it, and says so here
+                self.live.n = None
+                log.error("config %s applied but not stored in %s: %s", self.live.hash, store.root, e)
+        log.warning("config %s applied (%s; was %s)", self.live.hash, how, old)
+        self._answer({**result, "ok": True, "n": self.live.n, "hash": self.live.hash})
+
+    def _answer(self, result: dict[str, Any]) -> None:
+        if self._store is not None:
+            try:
+                self._store.write_json(self._store.result_file, result)
+            except OSError as e:
+                log.error("cannot leave the reload's result in %s: %s", self._store.root, e)
 
     def _wanted(self, request: dict[str, Any] | None) -> tuple[GatewayConfig, str]:
         if request is not None and self._store is not None:
