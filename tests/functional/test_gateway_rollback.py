@@ -145,3 +145,12 @@ async def test_a_change_that_needs_a_restart_is_refused_whole(tmp_path: Path) ->
             assert (await config_of(url))[0] == base
         assert await tailguard("config", "rollback", "-c", str(path)) == (
             1, f"error: no baseline marked in {tmp_path / '.tailguard' / 'gw'} (tailguard config mark-good N)\n")
+
+
+async def test_diff_of_two_files_needs_no_gateway(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(gateway_yaml("http://127.0.0.1:9", 2, 4096))
+    b.write_text(gateway_yaml("http://127.0.0.1:9", 2, 4096, scheduler={"policy": "fcfs"}))
+    async with asyncio.timeout(30):
+        assert await tailguard("config", "diff", str(a), str(b)) == (0, "scheduler.policy: ranked-sjf -> fcfs\n")
+        assert await tailguard("config", "diff", str(a), str(a)) == (0, "no setting differs\n")
