@@ -55,6 +55,8 @@ async def test_runs_record_the_config_and_comparisons_name_what_changed(tmp_path
     assert two["changes"] == ["backends[sim0].max_concurrency: 4 -> 6", "classes[batch].max_tokens_cap: 4096 -> 2048"]
     assert two["warnings"] == ["2 gateway settings differ between the runs: change one per run, or this comparison "
                                "cannot say which one made the difference"]
+    page = (b / "compare.html").read_text()
+    assert "classes[batch].max_tokens_cap: 4096 -&gt; 2048" in page and "2 gateway settings differ" in page
 
     proc = await asyncio.create_subprocess_exec(
         TAILGUARD, "doctor", str(b), "--against", str(a), "--json", stdout=asyncio.subprocess.PIPE)

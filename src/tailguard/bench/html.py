@@ -126,6 +126,12 @@ _COMPARE = """{% extends "base.html" %}
 {% if cmp.before.validity.valid and cmp.after.validity.valid %}
 <div class="banner valid">Both runs valid (dispatch lag P99 {{ "%.2f"|format((cmp.before.validity.dispatch_lag_p99_s or 0) * 1000) }} ms and {{ "%.2f"|format((cmp.after.validity.dispatch_lag_p99_s or 0) * 1000) }} ms).</div>
 {% else %}<div class="banner invalid">At least one run is invalid: its generator fell behind schedule; read the comparison with care.</div>{% endif %}
+{% if cmp.config %}
+<h2>Gateway config</h2>
+<p><code>{{ cmp.config.before or "no gateway" }}</code> &rarr; <code>{{ cmp.config.after or "no gateway" }}</code></p>
+{% if cmp.config.changes %}<ul>{% for c in cmp.config.changes %}<li><code>{{ c }}</code></li>{% endfor %}</ul>{% endif %}
+{% for w in cmp.config.warnings %}<div class="banner invalid">{{ w }}</div>{% endfor %}
+{% endif %}
 
 <h2>Verdict (E2E, per class)</h2>
 <ul class="verdict">
