@@ -124,3 +124,82 @@ async def test_cap_above_engine_from_the_gateways_page_alone(tmp_path: Path) -> 
     kinds = [f.kind for f in found]
     assert "cap_above_engine" in kinds, kinds
     assert "tailguard_backend_engine_requests" in found[kinds.index("cap_above_engine")].evidence_for[0]
+
+
+async def test_a_proxy_that_buffers_sse_is_found_and_a_direct_run_is_not(tmp_path: Path) -> None:
+    """The article's table 10 row "more errors with streaming on: a proxy buffering SSE": a real
+    proxy on loopback that reads each upstream stream whole before answering (what nginx does with
+    `proxy_buffering on` for a small answer), between the bench and the simulator."""
+    import aiohttp
+    from aiohttp import web
+
+    from tests.servers import running
+
+    async with running_sim(engine(), time_scale=SCALE) as sim, aiohttp.ClientSession() as up, \
+            asyncio.timeout(60):
+        async def buffering(request: web.Request) -> web.StreamResponse:
+            async with up.post(sim.url + request.path, data=await request.read(),
+                               headers={"Content-Type": "application/json"}) as r:
+                body = await r.read()  # the whole stream, then all of it at once
+                return web.Response(body=body, status=r.status, content_type=r.content_type)
+
+        async def models(request: web.Request) -> web.Response:
+            async with up.get(sim.url + "/v1/models") as r:
+                return web.Response(body=await r.read(), content_type="application/json")
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", buffering)
+        app.router.add_get("/v1/models", models)
+        workload = parse_workload({"name": "chats", "classes": [{"name": "chat", "prompt_tokens": 64,
+                                                                  "max_tokens": 48}]})
+        async with running(app) as proxy:
+            kinds = {}
+            for label, url in (("proxied", proxy), ("direct", sim.url)):
+                cfg = BenchConfig(url=url, workload=workload, concurrency=2, requests=12, seed=1, time_scale=SCALE)
+                kinds[label] = {f.kind: f for f in await diagnosed(url, cfg, tmp_path / label, [])}
+    assert "buffered_stream" in kinds["proxied"], kinds["proxied"]
+    assert "one burst" in kinds["proxied"]["buffered_stream"].symptom
+    assert "buffered_stream" not in kinds["direct"]
+
+
+async def test_a_server_that_serializes_requests_is_found_by_the_engines_own_queue_time(tmp_path: Path) -> None:
+    """The article's table 10 row "stuck at high concurrency: a thread pool or a lock": a real proxy
+    on loopback that lets one stream through at a time (a lock around each), before the simulator.
+    The client sees long waits for the first token; the engine, scraped, queued nothing."""
+    import aiohttp
+    from aiohttp import web
+
+    from tests.servers import running
+
+    async with running_sim(engine(), time_scale=SCALE) as sim, aiohttp.ClientSession() as up, \
+            asyncio.timeout(60):
+        lock = asyncio.Lock()
+
+        async def one_at_a_time(request: web.Request) -> web.StreamResponse:
+            body = await request.read()
+            async with lock, up.post(sim.url + request.path, data=body,
+                                     headers={"Content-Type": "application/json"}) as r:
+                resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+                await resp.prepare(request)
+                async for chunk in r.content.iter_any():
+                    await resp.write(chunk)
+                await resp.write_eof()
+                return resp
+
+        async def models(request: web.Request) -> web.Response:
+            async with up.get(sim.url + "/v1/models") as r:
+                return web.Response(body=await r.read(), content_type="application/json")
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", one_at_a_time)
+        app.router.add_get("/v1/models", models)
+        workload = parse_workload({"name": "chats", "classes": [{"name": "chat", "prompt_tokens": 64,
+                                                                  "max_tokens": 48}]})
+        async with running(app) as proxy:
+            kinds = {}
+            for label, url in (("locked", proxy), ("direct", sim.url)):
+                cfg = BenchConfig(url=url, workload=workload, concurrency=8, requests=40, seed=1, time_scale=SCALE)
+                kinds[label] = {f.kind: f for f in await diagnosed(url, cfg, tmp_path / label, [sim.url])}
+    assert "hidden_queue" in kinds["locked"], kinds["locked"]
+    assert "engine reports a mean queue time" in kinds["locked"]["hidden_queue"].symptom
+    assert "hidden_queue" not in kinds["direct"]

@@ -14,8 +14,8 @@ from typing import Any, Literal
 # what to fix first comes first; a generator-bound run's numbers are suspect, so it says so last
 # only among equals (it is "high" and outranks every "medium").
 KINDS: tuple[str, ...] = (
-    "head_of_line", "overload", "starvation", "client_timeouts", "cap_above_engine", "kv_pressure",
-    "queueing", "prefill", "prefix_misses", "generator_bound",
+    "head_of_line", "overload", "starvation", "client_timeouts", "cap_above_engine", "hidden_queue", "kv_pressure",
+    "queueing", "prefill", "prefix_misses", "buffered_stream", "generator_bound",
 )
 Severity = Literal["high", "medium", "low"]
 SEVERITIES: tuple[Severity, ...] = ("high", "medium", "low")

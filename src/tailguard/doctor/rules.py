@@ -127,6 +127,36 @@ def queueing(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence | N
     )
 
 
+HIDDEN = 0.1  # the engine accounts for under a tenth of the wait the client saw before its first token
+
+
+def hidden_queue(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence | None) -> Finding | None:
+    """The client saw its requests wait before the first token, but the engine says it queued
+    them hardly at all: the wait is between the two (the article's table 10: stuck at high
+    concurrency, a thread pool or a lock). Needs the engine's queue-time histogram."""
+    if engine is None or engine.queue_time_mean_s is None:
+        return None
+    slow = [c for c in _ttft_slow(f) if share(c.ttft_tail, ("engine_queue_s",), TTFT_PARTS) >= QUEUED]
+    if not slow:
+        return None
+    c = max(slow, key=lambda c: c.ttft_tail["engine_queue_s"])
+    seen = c.ttft_tail["engine_queue_s"]
+    if engine.queue_time_mean_s >= HIDDEN * seen:
+        return None
+    return Finding(
+        "hidden_queue", "high",
+        symptom=(f"{c.name}: its slowest first tokens waited {_s(seen)} before the engine began them, "
+                 f"but the engine reports a mean queue time of {_s(engine.queue_time_mean_s)}"),
+        cause=("something between the client and the engine lets requests through one (or a few) at a time: a "
+               "lock or a small worker pool in the server's HTTP layer or a proxy, or a connection limit"),
+        next_step=("find the serialization: run the same load straight to the engine's port and compare TTFT; "
+                   "check the proxy's or server's worker and connection limits"),
+        check=bench_command(f, url="ENGINE_URL", out="straight") + "  # then: tailguard bench compare <this run> straight",
+        evidence_for=(f"the engine ran at most {engine.running_max or 0:.0f} requests at once",
+                      f"{_pct(share(c.ttft_tail, ('engine_queue_s',), TTFT_PARTS))} of the slowest TTFTs was waiting"),
+    )
+
+
 def prefill(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence | None) -> Finding | None:
     slow = [c for c in _ttft_slow(f) if share(c.ttft_tail, ("prefill_s",), TTFT_PARTS) >= QUEUED]
     if not slow:
@@ -302,10 +332,42 @@ def generator_bound(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvide
     )
 
 
+BURST_MIN_CHUNKS = 8  # a stream this long cannot arrive in one read unless something held it back
+BURST_SPAN = 0.05  # all of its chunks within 5% of its E2E...
+BURST_TTFT = 0.8  # ...and its first token after 80% of it: the stream came in one burst at the end
+
+
+def buffered_stream(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence | None) -> Finding | None:
+    """Streams that arrive whole at their end: something between the client and the engine
+    buffers SSE (the article's table 10: a proxy buffering the stream)."""
+    long = [r for c in f.classes.values() for r in c.records
+            if r.ok and r.stream and len(r.chunk_at) >= BURST_MIN_CHUNKS and r.ttft_s is not None and r.e2e_s > 0]
+    burst = [r for r in long if r.chunk_at[-1] - r.chunk_at[0] < BURST_SPAN * r.e2e_s
+             and r.ttft_s is not None and r.ttft_s > BURST_TTFT * r.e2e_s]
+    if not long or len(burst) < len(long) / 2:
+        return None
+    spans = sorted(r.chunk_at[-1] - r.chunk_at[0] for r in burst)
+    ttfts = sorted(r.ttft_s / r.e2e_s for r in burst if r.ttft_s is not None)
+    return Finding(
+        "buffered_stream", "high",
+        symptom=(f"{len(burst)} of {len(long)} streamed answers of {BURST_MIN_CHUNKS}+ chunks arrived in one burst "
+                 f"at their end: first token at {_pct(ttfts[len(ttfts) // 2])} of the request's time (median), "
+                 f"all chunks within {_s(spans[len(spans) // 2])}"),
+        cause=("something between the client and the engine buffers the SSE stream (a proxy with buffering on, "
+               "such as nginx's proxy_buffering, a CDN, or a compressing middleware), so TTFT is the whole request"),
+        next_step=("turn buffering off on the stream's way (nginx: `proxy_buffering off;`, or honour the "
+                   "`X-Accel-Buffering: no` header the gateway sends); tailguard's own relay never buffers"),
+        check=bench_command(f) + "  # then the same straight to the engine: its chunks should be spread out",
+        evidence_for=(f"{len(burst)} bursts among {len(long)} long streams",),
+    )
+
+
 RULES: dict[str, Rule] = {
     "head_of_line": head_of_line, "overload": overload, "starvation": starvation,
-    "client_timeouts": client_timeouts, "cap_above_engine": cap_above_engine, "kv_pressure": kv_pressure,
-    "queueing": queueing, "prefill": prefill, "prefix_misses": prefix_misses, "generator_bound": generator_bound,
+    "client_timeouts": client_timeouts, "cap_above_engine": cap_above_engine, "hidden_queue": hidden_queue,
+    "kv_pressure": kv_pressure,
+    "queueing": queueing, "prefill": prefill, "prefix_misses": prefix_misses, "buffered_stream": buffered_stream,
+    "generator_bound": generator_bound,
 }
 
 
