@@ -4,6 +4,7 @@ which reads them as an async iterator. Both raise `ClientGone` once their consum
 
     sink.begin(first, headers, eof=False)   the stream opens with its first bytes
     sink.write(data) ... sink.end(data)      the rest, and its end in the same send
+    sink.write_nowait(data) or await drain() the relay's per-chunk form of write
     sink.answer(body, headers)               or a whole non-stream JSON answer at once
 """
 
@@ -30,6 +31,12 @@ class Sink(Protocol):
 
     async def write(self, data: bytes) -> None: ...
 
+    def write_nowait(self, data: bytes) -> bool:
+        """Write without waiting; False when the caller should `await drain()` before the next."""
+        ...
+
+    async def drain(self) -> None: ...
+
     async def end(self, data: bytes) -> None: ...
 
     async def answer(self, body: bytes, headers: Mapping[str, str]) -> None: ...
@@ -42,14 +49,25 @@ class _SSEResponse(web.StreamResponse):
     _send_headers_immediately = False
 
 
-class ResponseSink:
-    """The client's HTTP response: an SSE stream, or one JSON body."""
+# Bytes buffered toward a client before a write waits for them to drain (aiohttp's own limit).
+_HIGH_WATER = 64 * 1024
 
-    __slots__ = ("request", "response")
+
+class ResponseSink:
+    """The client's HTTP response: an SSE stream, or one JSON body.
+
+    Once the stream's headers and first bytes are out, each further write is one chunked frame
+    handed to the transport (`write_nowait`): aiohttp's writer would take two coroutine frames
+    and its bookkeeping per chunk for the same bytes, and a relay writes tens of thousands of
+    chunks a second. The end still goes through aiohttp (`write_eof`), which writes the last
+    frame and the terminator and keeps the connection's state right."""
+
+    __slots__ = ("request", "response", "_transport")
 
     def __init__(self, request: web.Request) -> None:
         self.request = request
         self.response: web.StreamResponse | None = None
+        self._transport: asyncio.Transport | None = None
 
     @property
     def started(self) -> bool:
@@ -66,12 +84,26 @@ class ResponseSink:
                 await resp.write(first)
         except ConnectionError:
             raise ClientGone() from None
+        self._transport = self.request.transport
 
-    async def write(self, data: bytes) -> None:
+    def write_nowait(self, data: bytes) -> bool:
+        """Hand one chunk to the client's transport; False when the client reads slower than we
+        write and the caller should `await drain()`. Raises `ClientGone` once it has left."""
+        t = self._transport
+        if t is None or t.is_closing():
+            raise ClientGone()
+        t.write(b"%x\r\n%b\r\n" % (len(data), data))
+        return t.get_write_buffer_size() < _HIGH_WATER
+
+    async def drain(self) -> None:
         try:
-            await self.response.write(data)  # type: ignore[union-attr]
+            await self.request.writer.drain()
         except ConnectionError:
             raise ClientGone() from None
+
+    async def write(self, data: bytes) -> None:
+        if not self.write_nowait(data):
+            await self.drain()
 
     async def end(self, data: bytes) -> None:
         try:
@@ -99,6 +131,7 @@ class ChunkQueue:
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize)
         self._started = False
         self._closed = False
+        self._waiting: bytes | None = None  # a chunk `write_nowait` found no room for
 
     @property
     def started(self) -> bool:
@@ -119,7 +152,23 @@ class ChunkQueue:
     async def write(self, data: bytes) -> None:
         await self._put(data)
 
+    def write_nowait(self, data: bytes) -> bool:
+        if self._closed:
+            raise ClientGone()
+        try:
+            self._queue.put_nowait(data)
+        except asyncio.QueueFull:
+            self._waiting = data
+            return False
+        return True
+
+    async def drain(self) -> None:
+        if self._waiting is not None:
+            data, self._waiting = self._waiting, None
+            await self._put(data)
+
     async def end(self, data: bytes) -> None:
+        await self.drain()
         await self._put(data)
         await self._put(None)
 

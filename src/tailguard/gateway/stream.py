@@ -85,7 +85,8 @@ class StreamRelay:
                 buf, ends = dec.frame(data)
                 if len(ends) == 1 and sink.started and self.service_tier is None and has_content(buf, 0, ends[0]):
                     tally.content(now, 1)
-                    await sink.write(buf)
+                    if not sink.write_nowait(buf):
+                        await sink.drain()
                 elif ends:
                     await self._emit(*self._scan(buf, ends), now)
         except _UPSTREAM_BROKE as e:
