@@ -103,12 +103,6 @@ class FrontParams:
     health: HealthParams = field(default_factory=HealthParams)
     retry: RetryParams = field(default_factory=RetryParams)
 
-    def class_named(self, name: str) -> ClassSpec:
-        for c in self.classes:
-            if c.name == name:
-                return c
-        raise ValueError(f"unknown class {name!r} (known: {', '.join(c.name for c in self.classes)})")
-
 
 def default_classes() -> list[ClassSpec]:
     """`interactive` first, waiting at most what a chat user waits for a first token; `batch`

@@ -144,9 +144,6 @@ class Dispatcher:
     def set_kind(self, backend: str, continues: bool) -> None:
         self._apply(self.front.set_kind(backend, continues, self._loop.time()))
 
-    def retry_after_s(self) -> float:
-        return self.front.retry_after_s()
-
     def reconfigure(self, params: FrontParams) -> None:
         """A live reload: the front takes the new parameters (raising `ConfigError`, nothing
         changed, when they need a restart) and whoever they let in starts now."""

@@ -126,12 +126,16 @@ def run(
             tl.token_times = []
         timelines.append(tl)
         by_id[a.id] = tl
-    order = sorted(given, key=lambda a: a.at)
-    if order and order[0].at < clock.now():
-        raise ValueError(f"arrival {order[0].id!r} at {order[0].at} is before the clock ({clock.now()})")
+    # Every arrival, given or sent later by `follow_up`, in one heap; the index keeps the given
+    # order among arrivals at the same instant.
+    pending = [(a.at, i, a) for i, a in enumerate(given)]
+    heapq.heapify(pending)
+    if pending and pending[0][0] < clock.now():
+        first = pending[0][2]
+        raise ValueError(f"arrival {first.id!r} at {first.at} is before the clock ({clock.now()})")
     if front is not None and len(front.params.backends) != 1:
         raise ValueError("the discrete-event run drives a front with exactly one backend (its engine)")
-    r = _Run(engine, clock, front, by_id, order, record_tokens)
+    r = _Run(engine, clock, front, by_id, pending, record_tokens)
     r.follow_up, r.timelines = follow_up, timelines
     r.loop()
     return timelines
@@ -153,13 +157,13 @@ class _Run:
 
     def __init__(
         self, engine: Engine, clock: VirtualClock, front: Front | None,
-        by_id: dict[str, Timeline], order: list[Arrival], record: bool,
+        by_id: dict[str, Timeline], pending: list[tuple[float, int, Arrival]], record: bool,
     ) -> None:
         self.engine = engine
         self.clock = clock
         self.front = front
         self.by_id = by_id
-        self.order = order
+        self.pending = pending  # arrivals to come: a heap of (at, sequence, arrival)
         self.record = record
         self.waiting: dict[str, Arrival] = {}  # in the front, waiting for a Start
         self.max_model_len = engine.config.max_model_len
@@ -168,7 +172,6 @@ class _Run:
         self.kv_keys = 0  # the next kv_key to give a preemptible request
         self.follow_up: Callable[[Timeline, float], Arrival | None] | None = None
         self.timelines: list[Timeline] = []
-        self.later: list[tuple[float, int, Arrival]] = []  # follow-ups sent for a later instant (a heap)
         if front is not None:
             front.progress = self._generated
 
@@ -176,16 +179,13 @@ class _Run:
         return self.live[req_id].base_tokens + self.engine.output_tokens(req_id)
 
     def loop(self) -> None:
-        engine, clock, front, by_id, order, later = self.engine, self.clock, self.front, self.by_id, self.order, self.later
+        engine, clock, front, by_id, pending = self.engine, self.clock, self.front, self.by_id, self.pending
         record = self.record
-        n = len(order)
-        i = 0
         inf = math.inf
+        pop = heapq.heappop
         while True:
             if engine.idle():
-                next_at = order[i].at if i < n else inf
-                if later and later[0][0] < next_at:
-                    next_at = later[0][0]
+                next_at = pending[0][0] if pending else inf
                 wake = front.next_wakeup() if front is not None else None
                 if wake is not None and wake <= next_at:
                     clock.advance_to(max(wake, clock.now()))
@@ -196,11 +196,8 @@ class _Run:
                         raise RuntimeError("requests are stuck in the front with the engine idle")
                     return
                 clock.advance_to(next_at)
-                while i < n and order[i].at <= next_at:  # everyone arriving at this instant
-                    self._arrive(order[i])
-                    i += 1
-                while later and later[0][0] <= next_at:
-                    self._arrive(heapq.heappop(later)[2])
+                while pending and pending[0][0] <= next_at:  # everyone arriving at this instant
+                    self._arrive(pop(pending)[2])
                 continue
 
             now = clock.now()
@@ -212,10 +209,7 @@ class _Run:
             # outcome is fixed already, so preemptions wait for its end (at most one step late).
             self.in_step = True
             while True:
-                next_at = order[i].at if i < n else inf
-                from_later = bool(later) and later[0][0] < next_at
-                if from_later:
-                    next_at = later[0][0]
+                next_at = pending[0][0] if pending else inf
                 if front is not None:
                     wake = front.next_wakeup()
                     if wake is not None and wake < next_at and wake <= end:
@@ -225,11 +219,7 @@ class _Run:
                 if next_at > end:
                     break
                 clock.advance_to(next_at)
-                if from_later:
-                    self._arrive(heapq.heappop(later)[2])
-                else:
-                    self._arrive(order[i])
-                    i += 1
+                self._arrive(pop(pending)[2])
             clock.advance_to(end)
             self.in_step = False
 
@@ -283,7 +273,7 @@ class _Run:
         self.by_id[a.id] = new
         self.timelines.append(new)
         if a.at > t:
-            heapq.heappush(self.later, (a.at, len(self.timelines), a))
+            heapq.heappush(self.pending, (a.at, len(self.by_id), a))  # after every given index
         elif tl.outcome is Outcome.REJECTED:
             raise ValueError(f"the follow-up of refused request {tl.id!r} comes at the same instant: a client "
                              f"must wait before retrying (it was told Retry-After {tl.retry_after_s} s)")
