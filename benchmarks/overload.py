@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from typing import Any
 
 import aiohttp
 
-from tailguard.cli.experiment import free_port, spawned, stop_process, wait_healthy
+from tailguard.cli.experiment import free_port, spawned
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from open_loop import Result, send  # noqa: E402  beside this script
@@ -126,20 +125,13 @@ def baseline_tree(rev: str) -> Any:
 
 @contextlib.asynccontextmanager
 async def gateway(engine_url: str, logs: Path, label: str, src: Path | None) -> AsyncIterator[tuple[str, int]]:
+    """The quick-form gateway in front of `engine_url`: this tree's, or (`src`) another revision's."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    argv = [sys.executable, "-m", "tailguard", "serve", "--port", str(port), "--backend", engine_url,
-            "--max-concurrency", str(SLOTS)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    if src is not None:
-        env["PYTHONPATH"] = str(src)
-    with open(logs / f"{label}-gateway.log", "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-        try:
-            await wait_healthy(url + "/health", proc)
-            yield url, proc.pid
-        finally:
-            stop_process(proc)
+    args = ["serve", "--port", str(port), "--backend", engine_url, "--max-concurrency", str(SLOTS)]
+    env = {"PYTHONPATH": str(src)} if src is not None else None
+    async with spawned(args, url + "/health", logs / f"{label}-gateway.log", env) as proc:
+        yield url, proc.pid
 
 
 async def main(args: argparse.Namespace) -> None:

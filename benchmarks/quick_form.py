@@ -38,6 +38,7 @@ from tailguard.cli.experiment import free_port, spawned, stop_process, wait_heal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from open_loop import Result, send  # noqa: E402  beside this script
+from seed_real import bench_gguf, manifest  # noqa: E402
 from sim_des_speed import pct  # noqa: E402  one nearest-rank percentile for all
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -102,11 +103,9 @@ async def engine_server(eng: Engine, logs: Path) -> AsyncIterator[str]:
         async with spawned(args, url + "/health", logs / "sim.log"):
             yield url
         return
-    manifest = json.loads((Path.home() / ".cache" / "tailguard" / "engines.json").read_text())
-    gguf = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "engines" / "make_gguf.py"),
-                           "--n-embd", "256", "--n-layer", "4", "--n-head", "4", "--n-ff", "704"],
-                          check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
-    argv = [manifest["llama_server"], "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-np", str(eng.slots),
+    # The seed experiment's llama-server model (benchmarks/seed_real.py), with longer answers allowed.
+    argv = [manifest()["llama_server"], "-m", bench_gguf(), "--host", "127.0.0.1", "--port", str(port),
+            "-np", str(eng.slots),
             "-c", str(eng.slots * 4096), "-t", "1", "--no-webui", "-a", "tiny", "-n", "4096"]
     with open(logs / "llama-server.log", "wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Mapping, Sequence
 
 import aiohttp
 import yaml
@@ -59,12 +59,15 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def spawned(args: Sequence[str], health_url: str, log_path: Path) -> AsyncIterator[subprocess.Popen[bytes]]:
-    """Run `python -m tailguard <args>` until the block ends; its output goes to `log_path`."""
+async def spawned(
+    args: Sequence[str], health_url: str, log_path: Path, env: Mapping[str, str] | None = None,
+) -> AsyncIterator[subprocess.Popen[bytes]]:
+    """Run `python -m tailguard <args>` until the block ends; its output goes to `log_path`.
+    `env` adds variables (e.g. a `PYTHONPATH` that runs another revision's source)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "tailguard", *args], stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
         try:
             await wait_healthy(health_url, proc)
             yield proc
