@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
+from aiohttp import web
 
 from tailguard.bench.load import BenchConfig, Timeouts, run_bench
 from tailguard.bench.report import write_outputs
@@ -24,6 +28,7 @@ from tailguard.doctor.finding import Finding
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.server import running_sim
 from tests.functional.gateways import gateway
+from tests.servers import running
 
 SCALE = 0.05
 TAILGUARD = str(Path(sys.executable).with_name("tailguard"))
@@ -126,80 +131,75 @@ async def test_cap_above_engine_from_the_gateways_page_alone(tmp_path: Path) -> 
     assert "tailguard_backend_engine_requests" in found[kinds.index("cap_above_engine")].evidence_for[0]
 
 
-async def test_a_proxy_that_buffers_sse_is_found_and_a_direct_run_is_not(tmp_path: Path) -> None:
-    """The article's table 10 row "more errors with streaming on: a proxy buffering SSE": a real
-    proxy on loopback that reads each upstream stream whole before answering (what nginx does with
-    `proxy_buffering on` for a small answer), between the bench and the simulator."""
-    import aiohttp
-    from aiohttp import web
+CHATS = parse_workload({"name": "chats", "classes": [{"name": "chat", "prompt_tokens": 64, "max_tokens": 48}]})
+Chat = Callable[[aiohttp.ClientSession, str, web.Request], Awaitable[web.StreamResponse]]
 
-    from tests.servers import running
 
-    async with running_sim(engine(), time_scale=SCALE) as sim, aiohttp.ClientSession() as up, \
-            asyncio.timeout(60):
-        async def buffering(request: web.Request) -> web.StreamResponse:
-            async with up.post(sim.url + request.path, data=await request.read(),
-                               headers={"Content-Type": "application/json"}) as r:
-                body = await r.read()  # the whole stream, then all of it at once
-                return web.Response(body=body, status=r.status, content_type=r.content_type)
+@asynccontextmanager
+async def in_front(sim_url: str, chat: Chat) -> AsyncIterator[str]:
+    """A real proxy on loopback before the simulator: `chat(upstream session, sim URL, request)`
+    answers the chat route its own way; the model list is passed on as it is."""
+    async with aiohttp.ClientSession() as up:
+        async def chat_route(request: web.Request) -> web.StreamResponse:
+            return await chat(up, sim_url, request)
 
         async def models(request: web.Request) -> web.Response:
-            async with up.get(sim.url + "/v1/models") as r:
+            async with up.get(sim_url + "/v1/models") as r:
                 return web.Response(body=await r.read(), content_type="application/json")
 
         app = web.Application()
-        app.router.add_post("/v1/chat/completions", buffering)
+        app.router.add_post("/v1/chat/completions", chat_route)
         app.router.add_get("/v1/models", models)
-        workload = parse_workload({"name": "chats", "classes": [{"name": "chat", "prompt_tokens": 64,
-                                                                  "max_tokens": 48}]})
-        async with running(app) as proxy:
-            kinds = {}
-            for label, url in (("proxied", proxy), ("direct", sim.url)):
-                cfg = BenchConfig(url=url, workload=workload, concurrency=2, requests=12, seed=1, time_scale=SCALE)
-                kinds[label] = {f.kind: f for f in await diagnosed(url, cfg, tmp_path / label, [])}
+        async with running(app) as url:
+            yield url
+
+
+async def buffering(up: aiohttp.ClientSession, sim_url: str, request: web.Request) -> web.StreamResponse:
+    """The whole upstream stream read first, then all of it at once."""
+    async with up.post(sim_url + request.path, data=await request.read(),
+                       headers={"Content-Type": "application/json"}) as r:
+        return web.Response(body=await r.read(), status=r.status, content_type=r.content_type)
+
+
+def one_at_a_time(lock: asyncio.Lock) -> Chat:
+    """Streams relayed as they come, but only one at a time (a lock around each)."""
+    async def chat(up: aiohttp.ClientSession, sim_url: str, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        async with lock, up.post(sim_url + request.path, data=body, headers={"Content-Type": "application/json"}) as r:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            async for chunk in r.content.iter_any():
+                await resp.write(chunk)
+            await resp.write_eof()
+            return resp
+    return chat
+
+
+async def test_a_proxy_that_buffers_sse_is_found_and_a_direct_run_is_not(tmp_path: Path) -> None:
+    """The article's table 10 row "more errors with streaming on: a proxy buffering SSE": a proxy
+    that reads each upstream stream whole before answering (what nginx does with
+    `proxy_buffering on` for a small answer), between the bench and the simulator."""
+    async with running_sim(engine(), time_scale=SCALE) as sim, asyncio.timeout(60), \
+            in_front(sim.url, buffering) as proxy:
+        kinds = {}
+        for label, url in (("proxied", proxy), ("direct", sim.url)):
+            cfg = BenchConfig(url=url, workload=CHATS, concurrency=2, requests=12, seed=1, time_scale=SCALE)
+            kinds[label] = {f.kind: f for f in await diagnosed(url, cfg, tmp_path / label, [])}
     assert "buffered_stream" in kinds["proxied"], kinds["proxied"]
     assert "one burst" in kinds["proxied"]["buffered_stream"].symptom
     assert "buffered_stream" not in kinds["direct"]
 
 
 async def test_a_server_that_serializes_requests_is_found_by_the_engines_own_queue_time(tmp_path: Path) -> None:
-    """The article's table 10 row "stuck at high concurrency: a thread pool or a lock": a real proxy
-    on loopback that lets one stream through at a time (a lock around each), before the simulator.
-    The client sees long waits for the first token; the engine, scraped, queued nothing."""
-    import aiohttp
-    from aiohttp import web
-
-    from tests.servers import running
-
-    async with running_sim(engine(), time_scale=SCALE) as sim, aiohttp.ClientSession() as up, \
-            asyncio.timeout(60):
-        lock = asyncio.Lock()
-
-        async def one_at_a_time(request: web.Request) -> web.StreamResponse:
-            body = await request.read()
-            async with lock, up.post(sim.url + request.path, data=body,
-                                     headers={"Content-Type": "application/json"}) as r:
-                resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-                await resp.prepare(request)
-                async for chunk in r.content.iter_any():
-                    await resp.write(chunk)
-                await resp.write_eof()
-                return resp
-
-        async def models(request: web.Request) -> web.Response:
-            async with up.get(sim.url + "/v1/models") as r:
-                return web.Response(body=await r.read(), content_type="application/json")
-
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", one_at_a_time)
-        app.router.add_get("/v1/models", models)
-        workload = parse_workload({"name": "chats", "classes": [{"name": "chat", "prompt_tokens": 64,
-                                                                  "max_tokens": 48}]})
-        async with running(app) as proxy:
-            kinds = {}
-            for label, url in (("locked", proxy), ("direct", sim.url)):
-                cfg = BenchConfig(url=url, workload=workload, concurrency=8, requests=40, seed=1, time_scale=SCALE)
-                kinds[label] = {f.kind: f for f in await diagnosed(url, cfg, tmp_path / label, [sim.url])}
+    """The article's table 10 row "stuck at high concurrency: a thread pool or a lock": a proxy
+    that lets one stream through at a time, before the simulator. The client sees long waits for
+    the first token; the engine, scraped, queued nothing."""
+    async with running_sim(engine(), time_scale=SCALE) as sim, asyncio.timeout(60), \
+            in_front(sim.url, one_at_a_time(asyncio.Lock())) as proxy:
+        kinds = {}
+        for label, url in (("locked", proxy), ("direct", sim.url)):
+            cfg = BenchConfig(url=url, workload=CHATS, concurrency=8, requests=40, seed=1, time_scale=SCALE)
+            kinds[label] = {f.kind: f for f in await diagnosed(url, cfg, tmp_path / label, [sim.url])}
     assert "hidden_queue" in kinds["locked"], kinds["locked"]
     assert "engine reports a mean queue time" in kinds["locked"]["hidden_queue"].symptom
     assert "hidden_queue" not in kinds["direct"]
