@@ -17,7 +17,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "tailguard"
 PURE = {
     "types", "errors", "settings", "wire.sse", "wire.openai", "wire.tokens", "wire.chunks",
     "sim.cost", "sim.kv", "sim.engine",
-    "front.params", "front.queue", "front.slots", "front.router", "front.preemption", "front.retry", "front.front",
+    "front.params", "front.admission", "front.queue", "front.slots", "front.router", "front.preemption", "front.retry", "front.front",
     "gateway.classes", "gateway.caps", "gateway.backends",
     "gateway.config", "gateway.resume", "gateway.kinds", "sim.des",
     "bench.workload", "bench.stats", "bench.dataset", "bench.recorder", "bench.compare", "bench.configs", "bench.attribution",

@@ -140,7 +140,7 @@ class Front:
         return self._policy is not None and self._classes[cls].preemptible
 
     def retry_after_s(self) -> float:
-        return self.queue.retry_after_s()
+        return self.queue.admission.retry_after_s()
 
     def next_wakeup(self) -> float | None:
         """When `tick` next has something to do (a queued request's bound), or None."""

@@ -29,7 +29,8 @@ class ClassSpec:
 
 @dataclass(frozen=True, slots=True)
 class QueueParams:
-    """Who goes next (`tailguard.front.queue`) and when a refused client may retry."""
+    """Who goes next (`tailguard.front.queue`) and when a refused client may retry
+    (`tailguard.front.admission`)."""
 
     policy: str = "ranked-sjf"
     aging_s: float = 10.0

@@ -11,24 +11,24 @@ Policies, by name in `SCHEDULERS`:
   higher ranks, so a stream of interactive work cannot starve batch work for ever.
 
 Both keep per-class queues bounded (`max_queue_len`), refuse a request whose expected wait exceeds
-its bound, and drop requests that waited past it. The expected wait is the work ahead over the
-measured drain rate, scaled by how far real waits have run over such predictions lately (a
-feedback in the spirit of CoDel: under sustained overload the admitted queue stays short enough
-that what is admitted is served within its bound, and the excess is refused at once). Push, pop, remove and expire are O(log n) (heaps
-with lazy deletion, compacted when dead entries outnumber live ones, so memory stays bounded).
+its bound, and drop requests that waited past it. How many requests are ahead is the policy's
+to say; what that means in seconds, and the Retry-After, is `tailguard.front.admission`'s: each
+scheduler owns one, asks it at every arrival and tells it of every departure and completion.
+Push, pop, remove and expire are O(log n) (heaps with lazy deletion, compacted when dead entries
+outnumber live ones, so memory stays bounded).
 """
 
 from __future__ import annotations
 
 import abc
 import heapq
-from collections import deque
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from tailguard.errors import ConfigError
+from tailguard.front.admission import Admission
 from tailguard.front.params import ClassSpec, QueueParams
 from tailguard.types import Outcome
 
@@ -58,17 +58,6 @@ class Reject:
 _SIZE_BUCKETS = 64
 
 
-# A request is admitted while its expected wait is within this share of its bound: the estimate
-# is a mean, and without a margin about half of those admitted near the bound would pass it.
-_ADMIT_SHARE = 0.8
-
-# Wait feedback: each dispatched (or expired) request compares its real wait with the raw wait
-# predicted when it was admitted (backlog / drain rate); the EWMA of (real + slack) /
-# (predicted + slack) scales later predictions, within these bounds. The slack keeps near-zero waits from giving wild ratios.
-_WAIT_SLACK_S = 0.1
-_WAIT_FACTOR_BOUNDS = (0.5, 8.0)
-
-
 class _Entry:
     __slots__ = ("req", "seq", "alive", "predicted")
 
@@ -95,9 +84,9 @@ class _ClassQueue:
 
 
 class BaseScheduler(abc.ABC):
-    """Bookkeeping shared by the policies: per-class queues, deadlines, drain rate, wait
-    feedback, Retry-After. FCFS semantics for the admission estimate; subclasses define `pop`
-    and may refine `_ahead`.
+    """Bookkeeping shared by the policies: per-class queues, deadlines, the running set, and
+    the `admission` estimate they feed. FCFS semantics for what is ahead of a request;
+    subclasses define `pop` and may refine `_ahead`.
     """
 
     _uses_sjf = False
@@ -112,17 +101,11 @@ class BaseScheduler(abc.ABC):
         self._seq = 0
         self._heap_refs = 0  # items in all heaps, live or dead: the compaction trigger
         self._refs_per_entry = 3 if self._uses_sjf else 2
-        # Drain rate: completions over the time they took, counted over the latest ones that
-        # came while requests were queued the whole time (otherwise the gaps measure demand, not
-        # capacity). A window, not an EWMA of gaps: a batching engine ends requests in bursts,
-        # and a mean of gaps swings with the phase of the burst it was last fed.
-        self._finishes: deque[float] = deque(maxlen=max(8, round(4 / cfg.drain_ewma_weight)))
-        self._backlogged = False
+        self.admission = Admission(cfg)  # expected waits, drain rate, Retry-After
         # Dispatched and not yet finished, per class (pop adds, on_finish removes): what min_share
         # guarantees are measured against.
         self._running: dict[str, str] = {}
         self._running_by_class: dict[str, int] = {name: 0 for name in self._queues}
-        self._wait_factor = 1.0  # real waits over predicted ones, lately (see _WAIT_SLACK_S)
 
     # --- the policy's interface -----------------------------------------------------------
 
@@ -134,25 +117,13 @@ class BaseScheduler(abc.ABC):
         if req.id in self._entries:
             raise ValueError(f"request id {req.id!r} is already queued")
         if q.live >= q.cfg.max_queue_len:
-            return Reject("queue_full", self._clamp(self._queue_full_wait_s(q)))
-        raw_s = self._raw_wait_s(req, q)
-        if raw_s is not None:
-            expected_s = raw_s * self._wait_factor
-            budget_s = req.wait_bound_at - now
-            if expected_s > budget_s * _ADMIT_SHARE:
-                # Retry once enough of the backlog has drained for the bound to be met.
-                return Reject("wait_bound", self._clamp(expected_s - max(budget_s, 0.0)))
-        self._add(req, q, raw_s)
+            return Reject("queue_full", self.admission.queue_full_s(self._ahead_of_class(q)))
+        predicted_s = self.admission.predict_s(self._ahead(req, q))
+        retry_s = self.admission.refusal_s(predicted_s, req.wait_bound_at - now)
+        if retry_s is not None:
+            return Reject("wait_bound", retry_s)
+        self._add(req, q, predicted_s)
         return None
-
-    def _raw_wait_s(self, req: Pending, q: _ClassQueue) -> float | None:
-        """How long `req` would wait if queued now, before the feedback: the requests expected to
-        leave before it over the drain rate. None before a rate is known."""
-        rate = self.drain_rate()
-        if rate is None:
-            return None
-        ahead = self._ahead(req, q)
-        return ahead / rate if ahead else 0.0
 
     def remove(self, req_id: str, now: float) -> bool:
         entry = self._entries.get(req_id)
@@ -170,7 +141,7 @@ class BaseScheduler(abc.ABC):
                 break
             self._pop(heap)
             if entry.alive:
-                self._learn_wait(entry, now)
+                self.admission.learn(entry.predicted, now - entry.req.arrived_at)
                 self._kill(entry)
                 out.append(entry.req)
         return out
@@ -186,10 +157,7 @@ class BaseScheduler(abc.ABC):
         cls = self._running.pop(req_id, None)
         if cls is not None:
             self._running_by_class[cls] -= 1
-        if not self._backlogged:
-            self._finishes.clear()  # idle since the last one: that gap says nothing of capacity
-        self._finishes.append(now)
-        self._backlogged = len(self._entries) > 0
+        self.admission.completed(now, len(self._entries))
 
     # --- public extras for drivers and metrics ----------------------------------------------
 
@@ -203,14 +171,6 @@ class BaseScheduler(abc.ABC):
         """Requests of class `cls` waiting now (the `tailguard_queue_length` gauge)."""
         q = self._queues.get(cls)
         return q.live if q is not None else 0
-
-    def drain_rate(self) -> float | None:
-        """Measured completions per second while backlogged; None until measured."""
-        f = self._finishes
-        if len(f) < 2:
-            return None
-        span = f[-1] - f[0]
-        return math.inf if span <= 0 else (len(f) - 1) / span
 
     def head(self, now: float) -> Pending | None:
         """The request `pop` would choose if every backend had room: the one a preemption would
@@ -240,12 +200,6 @@ class BaseScheduler(abc.ABC):
             return False
         return self._running_by_class[cls] - 1 < math.floor(share * len(self._running) + 1e-9)
 
-    def retry_after_s(self) -> float:
-        """A Retry-After for rejections made outside the scheduler (e.g. no healthy backend):
-        the expected time until the next completion, within the configured bounds."""
-        rate = self.drain_rate()
-        return self._clamp(1.0 / rate if rate else self._cfg.retry_after_min_s)
-
     # --- internals -------------------------------------------------------------------------
 
     def _queue_of(self, req: Pending) -> _ClassQueue:
@@ -255,15 +209,6 @@ class BaseScheduler(abc.ABC):
         if q.cfg.rank != req.rank:
             raise ValueError(f"request {req.id!r} has rank {req.rank}, but class {req.cls!r} has rank {q.cfg.rank}")
         return q
-
-    def _clamp(self, seconds: float) -> float:
-        return min(self._cfg.retry_after_max_s, max(self._cfg.retry_after_min_s, seconds))
-
-    def _queue_full_wait_s(self, q: _ClassQueue) -> float:
-        rate = self.drain_rate()
-        if rate is None:
-            return self._cfg.retry_after_min_s
-        return (self._ahead_of_class(q) + 1) / rate
 
     @abc.abstractmethod
     def pop(self, now: float, admissible: Callable[[Pending], bool] | None = None) -> Pending | None:
@@ -294,21 +239,12 @@ class BaseScheduler(abc.ABC):
 
     def _dispatched(self, entry: _Entry, now: float) -> Pending:
         """`entry` leaves the queue for a backend slot."""
-        self._learn_wait(entry, now)
+        self.admission.learn(entry.predicted, now - entry.req.arrived_at)
         self._kill(entry)
         req = entry.req
         self._running[req.id] = req.cls
         self._running_by_class[req.cls] += 1
         return req
-
-    def _learn_wait(self, entry: _Entry, now: float) -> None:
-        """Feed the real wait of a request that leaves the queue back into the predictions."""
-        if entry.predicted is None:
-            return
-        sample = (now - entry.req.arrived_at + _WAIT_SLACK_S) / (entry.predicted + _WAIT_SLACK_S)
-        f = self._wait_factor + self._cfg.drain_ewma_weight * (sample - self._wait_factor)
-        lo, hi = _WAIT_FACTOR_BOUNDS
-        self._wait_factor = min(hi, max(lo, f))
 
     def _on_add(self, req: Pending) -> None:
         pass
@@ -323,7 +259,7 @@ class BaseScheduler(abc.ABC):
         self._queues[req.cls].live -= 1
         self._on_kill(req)
         if not self._entries:
-            self._backlogged = False
+            self.admission.emptied()
         if self._heap_refs > self._refs_per_entry * len(self._entries) * 2 + 256:
             self._compact()
 
@@ -510,12 +446,10 @@ SCHEDULERS: dict[str, type[BaseScheduler]] = {
 def carry_over(old: BaseScheduler, cfg: QueueParams, classes: Iterable[ClassSpec]) -> BaseScheduler:
     """A scheduler for new parameters that keeps everything `old` knows: its queued requests
     (pushed again in arrival order without admission checks, each with its class's new rank and
-    its own wait bound), the running set its `min_share` guarantees count, the drain rate and the
-    wait feedback. What a live reconfiguration needs: nobody admitted is refused or lost."""
+    its own wait bound), the running set its `min_share` guarantees count, and its admission
+    measurements. What a live reconfiguration needs: nobody admitted is refused or lost."""
     new = make_scheduler(cfg, classes)
-    new._finishes.extend(old._finishes)
-    new._backlogged = old._backlogged
-    new._wait_factor = old._wait_factor
+    new.admission = old.admission.carry_over(cfg)
     new._running = dict(old._running)
     for cls in new._running_by_class:
         new._running_by_class[cls] = old._running_by_class.get(cls, 0)

@@ -19,6 +19,7 @@ from tailguard.front.queue import (
     Pending,
     RankedSjfScheduler,
     Reject,
+    carry_over,
     make_scheduler,
 )
 from tailguard.types import Outcome
@@ -291,7 +292,7 @@ def test_min_share_respects_admissibility() -> None:
 def test_queue_full_rejects_with_retry_after_from_drain_rate() -> None:
     s = sjf()
     now = set_drain_rate(s, 0.5)  # 2 completions/s
-    assert s.drain_rate() == pytest.approx(2.0)
+    assert s.admission.drain_rate() == pytest.approx(2.0)
     for i in range(4):
         assert s.push(req(f"i{i}", "interactive", 40, now), now) is None
     rej = s.push(req("i4", "interactive", 40, now), now)
@@ -342,14 +343,43 @@ def test_drain_rate_ignores_intervals_with_an_empty_queue() -> None:
     s = sjf()
     s.on_finish("a", Outcome.SUCCESS, 0.0)
     s.on_finish("b", Outcome.SUCCESS, 100.0)  # idle gateway: says nothing about capacity
-    assert s.drain_rate() is None
+    assert s.admission.drain_rate() is None
     s.push(req("q", "batch", 10, 100.0), 100.0)
     s.on_finish("c", Outcome.SUCCESS, 101.0)
     s.on_finish("d", Outcome.SUCCESS, 102.0)
-    assert s.drain_rate() == pytest.approx(1.0)
+    assert s.admission.drain_rate() == pytest.approx(1.0)
     s.on_finish("e", Outcome.SUCCESS, 104.0)  # a window: two completions after the first, in 3 s
-    assert s.drain_rate() == pytest.approx(2 / 3)
-    assert s.retry_after_s() == pytest.approx(1.5)
+    assert s.admission.drain_rate() == pytest.approx(2 / 3)
+    assert s.admission.retry_after_s() == pytest.approx(1.5)
+
+
+def test_a_queue_that_ran_empty_restarts_the_drain_window() -> None:
+    s = sjf()
+    now = set_drain_rate(s, 1.0)  # ends by removing the filler: nothing is queued
+    assert s.admission.drain_rate() == pytest.approx(1.0)
+    s.on_finish("x3", Outcome.SUCCESS, now + 50.0)
+    assert s.admission.drain_rate() is None
+
+
+def test_carry_over_keeps_queued_requests_and_what_admission_learned() -> None:
+    classes = [ClassSpec(name="interactive", rank=0, max_queue_len=100, max_queue_wait_s=10.0)]
+    cfg = QueueParams(drain_ewma_weight=1.0)
+    s = RankedSjfScheduler(cfg, classes)
+    s.push(Pending("filler", "interactive", 0, 1, 0.0, 10.0), 0.0)
+    s.on_finish("x", Outcome.SUCCESS, 0.0)
+    s.on_finish("y", Outcome.SUCCESS, 1.0)  # one completion a second
+    s.remove("filler", 1.0)
+    # Predicted to wait 0 s, it waits 1 s: the wait factor goes to its cap, 8.
+    s.push(Pending("a", "interactive", 0, 100, 1.0, 11.0), 1.0)
+    assert s.pop(2.0) is not None
+    s.push(Pending("b", "interactive", 0, 100, 2.0, 12.0), 2.0)
+    new = carry_over(s, replace(cfg, policy="fcfs"), classes)
+    assert isinstance(new, FcfsScheduler) and len(new) == 1
+    assert new.admission.drain_rate() == pytest.approx(1.0)
+    # One ahead: 1 s * 8 = 8 s, within 0.8 of the 10 s bound; two ahead: 16 s is not.
+    assert new.push(Pending("c", "interactive", 0, 100, 2.0, 12.0), 2.0) is None
+    assert new.push(Pending("d", "interactive", 0, 100, 2.0, 12.0), 2.0) == Reject("wait_bound", 6.0)
+    assert drain(new, 3.0) == ["b", "c"]
 
 
 def test_expire_removes_requests_past_their_bound_in_order() -> None:
