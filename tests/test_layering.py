@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "tailguard"
 
 PURE = {
     "types", "errors", "settings", "wire.sse", "wire.openai", "wire.tokens", "wire.chunks",
-    "sim.cost", "sim.kv", "sim.engine",
+    "sim.cost", "sim.kv", "sim.engine", "sim.request", "sim.answer",
     "front.params", "front.admission", "front.queue", "front.slots", "front.router", "front.preemption", "front.retry", "front.front",
     "gateway.classes", "gateway.caps", "gateway.backends",
     "gateway.config", "gateway.resume", "gateway.kinds", "sim.des",
