@@ -85,9 +85,30 @@ class Sample:
     ok: bool
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def cpu_seconds(pids: list[int]) -> tuple[float, float]:
+    """User and kernel CPU seconds of the processes, summed (utime, stime)."""
+    user = kernel = 0
+    for pid in pids:
+        fields = _stat(pid)
+        user, kernel = user + int(fields[11]), kernel + int(fields[12])
+    return user / CLK_TCK, kernel / CLK_TCK
+
+
+def with_children(pid: int) -> list[int]:
+    """A process and its children (nginx's master and its worker)."""
+    kids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if int(_stat(int(d.name))[1]) == pid:
+                    kids.append(int(d.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return [pid, *kids]
 
 
 async def one(session: aiohttp.ClientSession, url: str, arm: str, due: float, out: list[Sample]) -> None:
@@ -159,17 +180,23 @@ def summarize(samples: list[Sample], arms: list[str], rate: float, seconds: floa
     return res
 
 
-async def measured(sessions: dict[str, aiohttp.ClientSession], urls: dict[str, str], gw_pid: int, rate: float,
-                   seconds: float, seed: int) -> dict[str, Any]:
-    """One phase, run again (up to ATTEMPTS times) while the generator could not keep its schedule."""
+async def measured(sessions: dict[str, aiohttp.ClientSession], urls: dict[str, str], pids: dict[str, list[int]],
+                   rate: float, seconds: float, seed: int) -> dict[str, Any]:
+    """One phase, run again (up to ATTEMPTS times) while the generator could not keep its schedule.
+    `pids`: the processes of each proxy arm, whose CPU time per request is reported."""
     res: dict[str, Any] = {}
     for attempt in range(1, ATTEMPTS + 1):
-        c0 = cpu_seconds(gw_pid)
+        before = {arm: cpu_seconds(p) for arm, p in pids.items()}
         res = summarize(await phase(sessions, urls, rate, seconds, seed=seed), list(urls), rate, seconds)
-        cpu = cpu_seconds(gw_pid) - c0
-        n = res["arms"]["gateway"]["requests"]
-        res["gateway_cpu_ms_per_request"] = cpu / n * 1e3 if n else float("nan")
-        res["gateway_cpu_share"] = cpu / seconds
+        res["cpu"] = {}
+        for arm, p in pids.items():
+            (u0, k0), (u1, k1) = before[arm], cpu_seconds(p)
+            n = res["arms"][arm]["requests"] or float("nan")
+            res["cpu"][arm] = {"ms_per_request": (u1 - u0 + k1 - k0) / n * 1e3, "user_ms_per_request":
+                               (u1 - u0) / n * 1e3, "kernel_ms_per_request": (k1 - k0) / n * 1e3,
+                               "share_of_a_core": (u1 - u0 + k1 - k0) / seconds}
+        res["gateway_cpu_ms_per_request"] = res["cpu"]["gateway"]["ms_per_request"]
+        res["gateway_cpu_share"] = res["cpu"]["gateway"]["share_of_a_core"]
         res["attempts"] = attempt
         if res["valid"]:
             break
@@ -213,17 +240,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await wait_healthy(f"{gw_url}/health", gw)
         if nginx:
             await wait_healthy(f"http://127.0.0.1:{nginx_port}/health", procs[2])
+        pids = {"gateway": [gw.pid], **({"nginx": with_children(procs[2].pid)} if nginx else {})}
         sessions = {arm: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0))
                     for arm in urls}
         try:
             await phase(sessions, urls, args.rate, 2.0, seed=1)  # warm-up: connections, caches
-            moderate = await measured(sessions, urls, gw.pid, args.rate, args.seconds, seed=2)
+            moderate = await measured(sessions, urls, pids, args.rate, args.seconds, seed=2)
             print(_line(moderate), flush=True)
             sweep: list[dict[str, Any]] = []
             best: float | None = None
             stop_reason = "every rate was swept"
             for rate in args.sweep:
-                res = await measured(sessions, urls, gw.pid, rate, args.sweep_seconds, seed=int(rate))
+                res = await measured(sessions, urls, pids, rate, args.sweep_seconds, seed=int(rate))
                 res["within_limit"] = within_limit(res)
                 sweep.append(res)
                 print(_line(res), flush=True)
@@ -277,7 +305,8 @@ def _line(r: dict[str, Any]) -> str:
     for arm, a in r["added_ms"].items():
         parts.append(f"{arm} added ttft {a['ttft_p50']:+.2f}/{a['ttft_p99']:+.2f} e2e {a['e2e_p50']:+.2f}/"
                      f"{a['e2e_p99']:+.2f} ms")
-    parts.append(f"gateway cpu {r['gateway_cpu_ms_per_request']:.3f} ms/req; lag p99 {r['generator_lag_p99_ms']:.1f} ms")
+    parts.append("cpu " + ", ".join(f"{arm} {c['ms_per_request']:.3f}" for arm, c in r["cpu"].items())
+                 + f" ms/req; lag p99 {r['generator_lag_p99_ms']:.1f} ms")
     return " | ".join(parts)
 
 
@@ -310,9 +339,10 @@ def markdown(res: dict[str, Any]) -> str:
         vals = [f"{m['arms'][a][f'{metric}_ms'][q]:.2f}" for a in arms]
         added = [_f(m["added_ms"][a][f"{metric}_{q}"]) for a in arms[1:]]
         lines.append(f"| {label} (ms) | " + " | ".join(vals + added) + " |")
+    lines += ["", f"CPU time per request ({TOKENS} chunks relayed each): "
+              + "; ".join(f"{arm} {c['ms_per_request']:.3f} ms ({c['user_ms_per_request']:.3f} user + "
+                          f"{c['kernel_ms_per_request']:.3f} kernel)" for arm, c in m["cpu"].items()) + "."]
     lines += [
-        "",
-        f"Gateway CPU time: {m['gateway_cpu_ms_per_request']:.3f} ms per request ({TOKENS} chunks relayed each). "
         f"Generator lag P99 {m['generator_lag_p99_ms']:.1f} ms "
         f"({'valid' if m['valid'] else 'NOT valid: the machine was saturated'}).",
         "",

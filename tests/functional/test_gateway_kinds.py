@@ -8,7 +8,7 @@ from typing import Any
 
 from tailguard.gateway.config import BackendConfig
 from tests.functional.gateways import classes, engine, gateway, health, sample, scrape, until
-from tests.functional.test_gateway_retries import never_answers, raw_server
+from tests.functional.raw_servers import never_answers, raw_server
 
 CHAT = [{"role": "user", "content": "y" * 40}]
 BATCH = {"X-Tailguard-Class": "batch"}

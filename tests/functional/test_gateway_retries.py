@@ -6,15 +6,13 @@ keep-alive), one that resets every connection, one that accepts and never answer
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from contextlib import asynccontextmanager
-from typing import AsyncIterator
 
 import openai
 import pytest
 
 from tailguard.gateway.config import BackendConfig
 from tests.functional.gateways import gateway, sample, scrape
+from tests.functional.raw_servers import Handler, never_answers, raw_server, read_request
 
 CHAT = [{"role": "user", "content": "hello"}]
 _EVENTS = (
@@ -29,50 +27,6 @@ _EVENTS = (
 _RESPONSE = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
              + f"{len(_EVENTS):x}\r\n".encode() + _EVENTS + b"\r\n0\r\n\r\n")
 
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-@asynccontextmanager
-async def raw_server(handle: Handler) -> AsyncIterator[str]:
-    """A TCP server on loopback speaking just enough HTTP/1.1 by hand to misbehave exactly."""
-    tasks: set[asyncio.Task[None]] = set()
-
-    async def tracked(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        tasks.add(task)
-        try:
-            await handle(r, w)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        except asyncio.CancelledError:
-            pass  # torn down below; ending normally keeps asyncio's stream callback quiet
-        finally:
-            w.close()
-            tasks.discard(task)
-
-    server = await asyncio.start_server(tracked, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.close()
-        for t in list(tasks):
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await server.wait_closed()
-
-
-async def read_request(r: asyncio.StreamReader) -> None:
-    head = await r.readuntil(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n"):
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value)
-    await r.readexactly(length)
-
-
 async def drops_reused_connections(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
     """Answers the first request of a connection and keeps it open (HTTP/1.1 keep-alive, no
     `Connection: close`); the next request on it finds the connection closed, unanswered."""
@@ -85,11 +39,6 @@ async def drops_reused_connections(r: asyncio.StreamReader, w: asyncio.StreamWri
 async def resets(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
     await read_request(r)
     w.transport.abort()  # RST, no answer
-
-
-async def never_answers(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-    await read_request(r)
-    await asyncio.sleep(3600)
 
 
 def backend(name: str, url: str) -> BackendConfig:

@@ -7,9 +7,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import orjson
 
+from tailguard.gateway.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.resume import Progress
 from tailguard.gateway.tally import Tally
 from tailguard.gateway.upstream import RelayError, Suspended
@@ -80,7 +80,7 @@ class Assembler:
     progress: Progress | None = None  # set for preemptible requests
     service_tier: str | None = None  # the tier to report, when the request named one
 
-    async def run(self, up: aiohttp.ClientResponse) -> bytes:
+    async def run(self, up: H1Response) -> bytes:
         """Assemble until the upstream ends. A preemptible request's assembler outlives a
         suspension (`Suspended`) and keeps accumulating over the resumed run."""
         loop_time = time.perf_counter  # metrics need sub-ms; uvloop's loop.time() is ms
@@ -89,7 +89,7 @@ class Assembler:
         self.tally.start_run()
         done = False
         try:
-            async for data in up.content.iter_any():
+            while data := await up.readany():
                 if prog is not None and prog.suspended:
                     raise Suspended()
                 now = loop_time()
@@ -100,7 +100,7 @@ class Assembler:
             for ev in dec.flush():
                 done = done or ev.data == DONE
                 self._absorb(ev.data, loop_time())
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionError) as e:
+        except UpstreamBroke as e:
             if prog is not None and prog.suspended:
                 raise Suspended() from None
             raise RelayError("disconnect", f"Backend closed the stream early: {e}",

@@ -17,13 +17,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from tailguard.errors import APIError, Overloaded
 from tailguard.gateway.assemble import Assembler
 from tailguard.gateway.caps import Capped, OutputEstimator
 from tailguard.gateway.config import BackendConfig, ClassConfig, TimeoutsConfig
 from tailguard.gateway.dispatch import Dispatcher, Ticket
+from tailguard.gateway.h1 import H1Response
 from tailguard.gateway.metrics import GatewayMetrics, RequestTimes, response_headers
 from tailguard.gateway.resume import continuation_body
 from tailguard.gateway.sink import Sink
@@ -185,7 +184,7 @@ class Exchange:
             return True
         raise RelayError(kind, _TIMEOUT_TEXT[kind].format(backend=backend.name), status=504)
 
-    async def _relay(self, up: aiohttp.ClientResponse, backend: BackendConfig) -> Ending:
+    async def _relay(self, up: H1Response, backend: BackendConfig) -> Ending:
         job, t = self.job, self.times
         if self._stream is None:
             tier = job.tier.encode() if job.tier is not None else None
@@ -199,7 +198,7 @@ class Exchange:
             return Ending(Outcome.UPSTREAM_ERROR, 200, "stream_error")
         return self._ok()
 
-    async def _assemble(self, up: aiohttp.ClientResponse) -> Ending:
+    async def _assemble(self, up: H1Response) -> Ending:
         if self._asm is None:
             self._asm = Assembler(self.job.endpoint, self._tally, progress=self.ticket.progress,
                                   service_tier=self.job.tier)

@@ -1,8 +1,8 @@
 """The client side of a streamed request: relays one upstream SSE stream to the client chunk
 by chunk, and ends it with an OpenAI error event when it breaks after the client got bytes.
 
-The fast path never parses JSON per chunk: content chunks are recognised by their bytes
-(`wire.chunks`) and only the usage chunk is parsed. Bytes that precede the first content chunk
+The fast path never parses JSON per chunk, and runs in the upstream connection's callback:
+content chunks are recognised by their bytes (`wire.chunks`) and only the usage chunk is parsed. Bytes that precede the first content chunk
 (the role-only delta) are held back until it arrives, so the response headers can carry the
 TTFT and a failure before any content can still be retried on another backend. A preemptible
 request takes the tracked path instead, which parses every event to keep the text so far.
@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import aiohttp
 import orjson
 
+from tailguard.gateway.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.resume import Progress
 from tailguard.gateway.sink import Sink
 from tailguard.gateway.tally import Tally
@@ -33,9 +33,6 @@ def _event_json(data: bytes, start: int, end: int) -> object:
     block = data[start:end]
     k = block.find(b"data:")
     return None if k < 0 else parse(block[k + 5:].strip())
-
-
-_UPSTREAM_BROKE = (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionError)
 
 
 @dataclass(slots=True)
@@ -57,48 +54,80 @@ class StreamRelay:
     # Bytes before the first content chunk (the role-only delta), sent with it.
     held: list[bytes] = field(default_factory=list)
     service_tier: bytes | None = None  # the tier to report, when the request named one
+    # The callback relay's state (`_chunk`): this run's decoder, the events it handed back, and
+    # whether the client's buffer is full.
+    _dec: SSEDecoder = field(default_factory=SSEDecoder)
+    _pending: tuple[bytes, list[int], float] | None = None
+    _blocked: bool = False
 
-    async def run(self, up: aiohttp.ClientResponse) -> None:
+    async def run(self, up: H1Response) -> None:
         """Relay until the upstream ends. Raises `RelayError` (retryable while nothing was
         sent), `ClientGone`, `Suspended`, or CancelledError; the caller closes `up`.
 
-        The zero-parse loop, one pass per read, kept in this one frame: every coroutine frame
-        between the event loop and the read is resumed on every chunk, so neither a helper
-        coroutine nor `iter_any` (`readany` is one await less) stands in the way. The usual
-        read, one content chunk for a stream already open, goes straight to the sink; anything
-        else (the preamble, usage, the end) takes `_emit`."""
+        Once the client's stream is open, the usual piece of the body (one content chunk) is
+        relayed by `_chunk` from the connection's own callback (`H1Response.push`): no task is
+        woken per chunk. Anything else (the preamble, usage, the end, a client that reads slower
+        than the backend writes) comes back here and takes `_emit`."""
         self.tally.start_run()
         self.held.clear()  # a failed attempt's preamble is not this one's
         if self.progress is not None:
             await self._run_tracked(up, self.progress)
             return
-        clock = time.perf_counter  # metrics need sub-ms; uvloop's loop.time() is ms
-        tally, sink, read = self.tally, self.sink, up.content.readany
-        wd = tally.watchdog
-        dec = SSEDecoder()
+        self._dec = dec = SSEDecoder()
+        sink, wd = self.sink, self.tally.watchdog
         try:
-            while data := await read():
-                now = clock()
+            while True:
+                if sink.started and not self.ended and self.service_tier is None:
+                    ended = await up.push(self._chunk)
+                    if self._pending is not None:
+                        buf, ends, now = self._pending
+                        self._pending = None
+                        await self._emit(*self._scan(buf, ends), now)
+                    elif self._blocked:
+                        self._blocked = False
+                        await sink.drain()
+                    if ended:
+                        break
+                    continue
+                data = await up.readany()
+                if not data:
+                    break
+                now = time.perf_counter()
                 wd.last_at = now
                 if self.ended:
                     continue  # past [DONE]: drain so the connection can be reused
                 buf, ends = dec.frame(data)
-                if len(ends) == 1 and sink.started and self.service_tier is None and has_content(buf, 0, ends[0]):
-                    tally.content(now, 1)
-                    if not sink.write_nowait(buf):
-                        await sink.drain()
-                elif ends:
+                if ends:
                     await self._emit(*self._scan(buf, ends), now)
-        except _UPSTREAM_BROKE as e:
+        except UpstreamBroke as e:
             await self._broke(e)
             return
         await self._eof(dec)
 
-    async def _run_tracked(self, up: aiohttp.ClientResponse, prog: Progress) -> None:
+    def _chunk(self, data: bytes) -> bool:
+        """One piece of the body, in the connection's callback: a lone content chunk goes
+        straight to the sink. False hands the rest back to `run` (`_pending`: events that need
+        `_emit`; `_blocked`: the client must drain first)."""
+        now = time.perf_counter()  # metrics need sub-ms; uvloop's loop.time() is ms
+        tally = self.tally
+        tally.watchdog.last_at = now
+        buf, ends = self._dec.frame(data)
+        if not ends:
+            return True  # part of an event: the decoder keeps it
+        if len(ends) == 1 and has_content(buf, 0, ends[0]):
+            tally.content(now, 1)
+            if self.sink.write_nowait(buf):
+                return True
+            self._blocked = True
+            return False
+        self._pending = (buf, ends, now)
+        return False
+
+    async def _run_tracked(self, up: H1Response, prog: Progress) -> None:
         """The loop of a preemptible request: every event parsed (`_track`); between reads it
         stops with `Suspended` once the dispatcher has preempted the request."""
         clock = time.perf_counter
-        wd, read = self.tally.watchdog, up.content.readany
+        wd, read = self.tally.watchdog, up.readany
         dec = SSEDecoder()
         try:
             while data := await read():
@@ -108,7 +137,7 @@ class StreamRelay:
                 wd.last_at = now
                 if not self.ended:
                     await self._emit(*self._track(dec.feed(data), prog), now)
-        except _UPSTREAM_BROKE as e:
+        except UpstreamBroke as e:
             if prog.suspended and not self.ended:
                 raise Suspended() from None
             await self._broke(e)

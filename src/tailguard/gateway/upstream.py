@@ -11,15 +11,19 @@ opened, and the exceptions that say how an attempt ended.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiohttp
+import httptools
 import orjson
 
 from tailguard.errors import APIError
 from tailguard.gateway.backends import prepare_body
 from tailguard.gateway.config import BackendConfig, TimeoutsConfig
+from tailguard.gateway.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.kinds import get_kind
+from tailguard.gateway.pool import Pool, origin_of
 from tailguard.wire.openai import Endpoint
 
 UPSTREAM_PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -87,69 +91,77 @@ def upstream_body(
 
 
 class Upstream:
-    """The shared upstream client: one pooled `ClientSession` for every backend and request, and
-    one that never pools, for retries: a retry after a reset must not be handed another pooled
-    connection the server has closed just the same."""
+    """The shared upstream client. Requests go over `gateway.h1` connections from one keep-alive
+    `Pool` (a retry asks for a fresh connection: after a reset, another pooled one the server
+    closed just the same would fail again). `session`, an aiohttp client, serves the gateway's
+    own small requests (probes, the model list)."""
 
-    def __init__(self, timeouts: TimeoutsConfig) -> None:
+    def __init__(self, timeouts: TimeoutsConfig, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.timeouts = timeouts
-        self.session = self._session(aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30.0))
-        self._fresh = self._session(aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=True))
-
-    def _session(self, connector: aiohttp.TCPConnector) -> aiohttp.ClientSession:
-        t = self.timeouts
-        return aiohttp.ClientSession(
-            connector=connector,
-            timeout=aiohttp.ClientTimeout(total=None, connect=t.connect_s, sock_connect=t.connect_s),
+        self.pool = Pool(loop or asyncio.get_running_loop(), connect_s=timeouts.connect_s, keepalive_s=30.0)
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30.0),
+            timeout=aiohttp.ClientTimeout(total=None, connect=timeouts.connect_s, sock_connect=timeouts.connect_s),
             auto_decompress=False,
             skip_auto_headers=("User-Agent",),
-            # A gateway keeps no cookies: one client's Set-Cookie must never ride on another's
-            # request, and not filtering a jar saves every request that work.
+            # A gateway keeps no cookies: one backend's Set-Cookie must never ride on another request.
             cookie_jar=aiohttp.DummyCookieJar(),
         )
 
     async def close(self) -> None:
+        self.pool.close()
         await self.session.close()
-        await self._fresh.close()
 
     async def open(
         self, backend: BackendConfig, endpoint: Endpoint, body: bytes, req_id: str, *, fresh: bool = False,
-    ) -> aiohttp.ClientResponse:
+    ) -> H1Response:
         """Send the request (`fresh`: on a new connection); returns a 2xx streaming response.
         Raises `RelayError` (connect failures, resets, 5xx) or `UpstreamStatus` (4xx, passed
         back to the client)."""
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "X-Request-Id": req_id}
-        headers.update(get_kind(backend.kind).upstream_headers)  # e.g. llama-server: no stale keep-alive reuse
+        origin = origin_of(backend.url)
+        kind_headers = get_kind(backend.kind).upstream_headers  # e.g. llama-server: no stale keep-alive reuse
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "X-Request-Id": req_id,
+                   **kind_headers}
         if backend.api_key:
             headers["Authorization"] = f"Bearer {backend.api_key}"
         try:
-            session = self._fresh if fresh else self.session
-            resp = await session.post(backend.url + UPSTREAM_PATHS[endpoint], data=body, headers=headers)
-        except (aiohttp.ConnectionTimeoutError, aiohttp.ServerTimeoutError) as e:
-            raise RelayError("timeout_connect", f"Connecting to backend '{backend.name}' timed out: {e}",
-                             status=504, retryable=True) from None
-        except aiohttp.ClientConnectorError as e:
+            conn = await self.pool.connection(origin, fresh=fresh)
+        except TimeoutError:
+            raise RelayError("timeout_connect", f"Connecting to backend '{backend.name}' timed out "
+                             f"after {self.timeouts.connect_s:g} s", status=504, retryable=True) from None
+        except OSError as e:
             # Refused or unreachable: that backend is down (the front tries another).
             raise RelayError("connect", f"Backend '{backend.name}' is unreachable: {e}", retryable=True) from None
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+        keep = kind_headers.get("Connection", "").lower() != "close"
+        try:
+            resp = await conn.request(origin.head("POST", UPSTREAM_PATHS[endpoint], headers, len(body)), body, keep=keep)
+        except UpstreamBroke as e:
             # Reset or closed before an answer: typically a pooled keep-alive connection the
             # backend had just closed (the front tries it again on a fresh connection).
             raise RelayError("reset", f"Backend '{backend.name}' closed the connection: {e}",
                              retryable=True) from None
-        except aiohttp.ClientError as e:
-            raise RelayError("connect", f"Backend '{backend.name}' is unreachable: {e}", retryable=True) from None
+        except httptools.HttpParserError as e:
+            raise RelayError("protocol", f"Backend '{backend.name}' sent a malformed response: {e}",
+                             retryable=True) from None
+        except BaseException:
+            conn.abort()  # cancelled (a deadline, the client gone) while waiting for the answer
+            raise
         if resp.status >= 400:
-            try:
-                payload = await resp.content.read(_MAX_ERROR_BODY)
-            except aiohttp.ClientError:
-                payload = b""
-            finally:
-                resp.close()
-            if resp.status >= 500 or resp.status == 429:
-                raise RelayError(
-                    "status", f"Backend '{backend.name}' answered {resp.status}: {payload[:500].decode('utf-8', 'replace')}",
-                    status=502, retryable=True,
-                )
-            raise UpstreamStatus(resp.status, payload, resp.headers.get("Content-Type", "application/json"))
+            await self._refused(backend, resp)
         return resp
 
+    async def _refused(self, backend: BackendConfig, resp: H1Response) -> None:
+        """An error status: a 5xx or 429 is that backend's failure (retried elsewhere), a 4xx is
+        the client's, passed back as it came."""
+        try:
+            payload = await resp.read(_MAX_ERROR_BODY)
+        except UpstreamBroke:
+            payload = b""
+        finally:
+            resp.release()
+        if resp.status >= 500 or resp.status == 429:
+            raise RelayError(
+                "status", f"Backend '{backend.name}' answered {resp.status}: {payload[:500].decode('utf-8', 'replace')}",
+                status=502, retryable=True,
+            )
+        raise UpstreamStatus(resp.status, payload, resp.headers.get("content-type", "application/json"))

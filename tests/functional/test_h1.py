@@ -1,0 +1,242 @@
+"""The gateway's HTTP/1.1 upstream client (`gateway.h1`, `gateway.pool`) against real sockets on
+loopback: each server below writes exactly the bytes a backend might, well-formed or not."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+
+import httptools
+import pytest
+
+from tailguard.gateway.h1 import H1Response, UpstreamBroke
+from tailguard.gateway.pool import Origin, Pool, origin_of
+from tests.functional.raw_servers import Handler, raw_server, read_request
+
+pytestmark = pytest.mark.timeout(20)
+
+def answers(raw: bytes, *, then_close: bool = False) -> Handler:
+    """A server that reads one request and writes `raw` (then closes, with `then_close`)."""
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(raw)
+        await w.drain()
+        if then_close:
+            w.close()
+    return handler
+
+
+def _chunked(*parts: bytes) -> bytes:
+    return b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+
+
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+EVENTS = [b'data: {"n":%d}\n\n' % i for i in range(5)]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[Origin]]]:
+    """Start raw servers for one test; all are stopped after it."""
+    async with AsyncExitStack() as stack:
+        async def start(handler: Handler) -> Origin:
+            return origin_of(await stack.enter_async_context(raw_server(handler)))
+
+        yield start
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[Pool]:
+    p = Pool(asyncio.get_running_loop(), connect_s=2.0)
+    yield p
+    p.close()
+
+
+async def _post(pool: Pool, origin: Origin, *, fresh: bool = False, keep: bool = True) -> H1Response:
+    conn = await pool.connection(origin, fresh=fresh)
+    head = origin.head("POST", "/v1/chat/completions", {"Content-Type": "application/json"}, 2)
+    return await conn.request(head, b"{}", keep=keep)
+
+
+async def _body(resp: H1Response) -> bytes:
+    out = b""
+    while data := await resp.readany():
+        out += data
+    return out
+
+
+def test_origin_parses_the_url_once() -> None:
+    o = origin_of("https://api.example.test/base/")
+    assert (o.scheme, o.host, o.port, o.base_path, o.host_header) == ("https", "api.example.test", 443, "/base",
+                                                                      "api.example.test")
+    assert origin_of("http://127.0.0.1:8000").host_header == "127.0.0.1:8000"
+    head = o.head("POST", "/v1/x", {"A": "b"}, 7).decode()
+    assert head == "POST /base/v1/x HTTP/1.1\r\nHost: api.example.test\r\nA: b\r\nContent-Length: 7\r\n\r\n"
+    with pytest.raises(ValueError):
+        origin_of("ftp://host")
+
+
+async def test_a_chunked_stream_is_pushed_then_the_connection_is_reused(serve, pool) -> None:
+    seen: list[bytes] = []
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                seen.append(await read_request(r))
+            except asyncio.IncompleteReadError:
+                return
+            w.write(SSE_HEAD)
+            for ev in EVENTS:
+                w.write(b"%x\r\n%b\r\n" % (len(ev), ev))
+                await w.drain()
+                await asyncio.sleep(0.005)
+            w.write(b"0\r\n\r\n")
+
+    origin = await serve(handler)
+    resp = await _post(pool, origin)
+    assert resp.status == 200 and resp.headers["content-type"] == "text/event-stream"
+    got: list[bytes] = []
+    assert await resp.push(lambda data: got.append(data) or True) is True
+    assert b"".join(got) == b"".join(EVENTS)
+    conn = resp.conn
+    resp.release()
+    resp.close()  # after release: must not close the pooled connection
+    again = await _post(pool, origin)
+    assert again.conn is conn  # the same keep-alive connection
+    assert await _body(again) == b"".join(EVENTS)
+    again.release()
+    assert seen[0].startswith(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:")
+
+
+async def test_push_stops_when_asked_and_the_rest_is_read_after(serve, pool) -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(SSE_HEAD + _chunked(*EVENTS))  # all at once: several chunks in one read
+        await w.drain()
+
+    resp = await _post(pool, await serve(handler))
+    got: list[bytes] = []
+
+    def two(data: bytes) -> bool:
+        got.append(data)
+        return len(got) < 2
+
+    await resp.push(two)
+    assert got == EVENTS[:2]
+    assert await _body(resp) == b"".join(EVENTS[2:])
+    resp.release()
+
+
+async def test_content_length_and_close_delimited_bodies(serve, pool) -> None:
+    resp = await _post(pool, await serve(answers(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")))
+    assert await _body(resp) == b"hello"
+    resp.release()
+    until_close = answers(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" + EVENTS[0], then_close=True)
+    resp = await _post(pool, await serve(until_close))
+    assert await _body(resp) == EVENTS[0]  # the close ends it, as HTTP/1.1 says
+    resp.release()
+    assert resp.conn.closed
+
+
+async def test_a_100_continue_is_skipped(serve, pool) -> None:
+    raw = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok"
+    resp = await _post(pool, await serve(answers(raw)))
+    assert resp.status == 201 and await _body(resp) == b"ok"
+
+
+async def test_a_close_before_the_answer_and_in_the_body(serve, pool) -> None:
+    async def no_answer(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.close()
+
+    async def cut(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(SSE_HEAD + b"%x\r\n%b\r\n" % (len(EVENTS[0]), EVENTS[0]))
+        await w.drain()
+        w.transport.abort()  # a reset in the middle of the body
+
+    with pytest.raises(UpstreamBroke) as e:
+        await _post(pool, await serve(no_answer))
+    assert not e.value.answered
+    resp = await _post(pool, await serve(cut))
+    with pytest.raises(UpstreamBroke) as e:
+        await _body(resp)
+    assert e.value.answered
+
+
+async def test_a_malformed_answer(serve, pool) -> None:
+    garbage = answers(b"SPDY/9 banana\r\n\r\n")
+    bad_chunk = answers(SSE_HEAD + b"zz\r\nnot hex\r\n")
+    with pytest.raises(httptools.HttpParserError):
+        await _post(pool, await serve(garbage))
+    resp = await _post(pool, await serve(bad_chunk))
+    with pytest.raises(UpstreamBroke, match="Malformed"):
+        await _body(resp)
+
+
+async def test_close_wakes_a_waiting_reader(serve, pool) -> None:
+    async def slow(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(SSE_HEAD)
+        await w.drain()
+        await asyncio.sleep(30)
+
+    resp = await _post(pool, await serve(slow))
+    reader = asyncio.ensure_future(resp.readany())
+    await asyncio.sleep(0.01)
+    resp.close()  # as a suspension does
+    with pytest.raises(UpstreamBroke):
+        await reader
+    assert resp.conn.closed
+
+
+async def test_a_reader_that_falls_behind_pauses_the_socket(serve, pool) -> None:
+    big = b"x" * 65536
+
+    async def flood(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(SSE_HEAD)
+        for _ in range(32):  # 2 MiB
+            w.write(b"%x\r\n%b\r\n" % (len(big), big))
+            await w.drain()
+        w.write(b"0\r\n\r\n")
+        await w.drain()
+
+    resp = await _post(pool, await serve(flood))
+    await asyncio.sleep(0.2)
+    assert resp.conn._paused  # nobody read: the socket stopped being read past the high water
+    assert len(await _body(resp)) == 32 * len(big)
+
+
+async def test_the_pool_drops_stale_and_closed_connections(serve, pool) -> None:
+    async def once(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await w.drain()
+        await asyncio.sleep(0.05)
+        w.close()  # the backend's idle timeout
+
+    origin = await serve(once)
+    resp = await _post(pool, origin)
+    await _body(resp)
+    first = resp.conn
+    resp.release()
+    await asyncio.sleep(0.2)
+    resp = await _post(pool, origin)
+    assert resp.conn is not first  # the closed one left the pool
+    await _body(resp)
+    resp.release()
+    pool.keepalive_s = 0.0
+    second = resp.conn
+    resp = await _post(pool, origin)
+    assert resp.conn is not second and second.closed  # idle past keep-alive: closed, not reused
+    await _body(resp)
+    resp = await _post(pool, origin, keep=False)
+    await _body(resp)
+    resp.release()
+    assert resp.conn.closed  # asked for `Connection: close`: never pooled
+
+
+async def test_connect_failures(pool) -> None:
+    with pytest.raises(OSError):
+        await pool.connection(origin_of("http://127.0.0.1:9"))  # discard port: refused
