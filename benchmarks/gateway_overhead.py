@@ -15,7 +15,11 @@ Also reported: the gateway's CPU time per request (from /proc), which bounds its
 on one core independently of the load generator. A phase whose generator sent 1% of requests
 more than 5 ms late ran on a saturated machine; it is run again, and the sweep stops there.
 
+With `--baseline-rev REV`, the gateway as it was at git revision REV runs as one more arm, from
+its own tree on the same venv: before and after side by side, on the same engine at the same moment.
+
     .venv/bin/python benchmarks/gateway_overhead.py [--rate 30] [--seconds 30] [--sweep-seconds 10] [--no-nginx]
+        [--baseline-rev REV]
 
 Writes benchmarks/results/gateway_overhead.{json,md}.
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -42,6 +47,9 @@ import numpy as np
 import orjson
 
 from tailguard.cli.experiment import free_port, wait_healthy
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from revisions import baseline_tree  # noqa: E402  beside this script
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TOKENS = 64
@@ -210,7 +218,7 @@ def within_limit(res: dict[str, Any]) -> bool:
     return bool(a["ttft_p99"] <= LIMIT_MS and a["e2e_p99"] <= LIMIT_MS and res["arms"]["gateway"]["errors"] == 0)
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
+async def run(args: argparse.Namespace, baseline_src: Path | None) -> dict[str, Any]:
     load_before = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="tg-overhead-"))
     sim_port, gw_port, nginx_port = free_port(), free_port(), free_port()
@@ -221,7 +229,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     nginx = shutil.which("nginx") if args.nginx else None
     py = sys.executable
-    logs = [open(tmp / f"{n}.log", "wb") for n in ("sim", "gateway", "nginx")]
+    logs = [open(tmp / f"{n}.log", "wb") for n in ("sim", "gateway", "nginx", "baseline")]
     procs: list[subprocess.Popen[bytes]] = []
     procs.append(subprocess.Popen(
         [py, "-m", "tailguard", "sim", "--port", str(sim_port), "--preset", args.preset, "--max-num-seqs", "4096",
@@ -230,17 +238,29 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                           stdout=subprocess.DEVNULL, stderr=logs[1])
     procs.append(gw)
     urls = {"straight": f"{sim_url}/v1/chat/completions", "gateway": f"{gw_url}/v1/chat/completions"}
+    pids = {"gateway": [gw.pid]}
+    if baseline_src is not None:
+        # The same config on its own port, run from the other revision's tree.
+        base_port = free_port()
+        (tmp / "baseline.yaml").write_text((tmp / "tailguard.yaml").read_text().replace(f"port: {gw_port}",
+                                                                                       f"port: {base_port}", 1))
+        base = subprocess.Popen([py, "-m", "tailguard", "serve", "--config", str(tmp / "baseline.yaml")],
+                                stdout=subprocess.DEVNULL, stderr=logs[3],
+                                env={**os.environ, "PYTHONPATH": str(baseline_src)})
+        procs.append(base)
+        urls["baseline"] = f"http://127.0.0.1:{base_port}/v1/chat/completions"
+        pids["baseline"] = [base.pid]
     if nginx:
         (tmp / "nginx.conf").write_text(NGINX_CONF.format(tmp=tmp, sim_port=sim_port, port=nginx_port))
-        procs.append(subprocess.Popen([nginx, "-c", str(tmp / "nginx.conf"), "-p", str(tmp)],
-                                      stdout=subprocess.DEVNULL, stderr=logs[2]))
+        ngx = subprocess.Popen([nginx, "-c", str(tmp / "nginx.conf"), "-p", str(tmp)],
+                               stdout=subprocess.DEVNULL, stderr=logs[2])
+        procs.append(ngx)
         urls["nginx"] = f"http://127.0.0.1:{nginx_port}/v1/chat/completions"
     try:
-        await wait_healthy(f"{sim_url}/health", procs[0])
-        await wait_healthy(f"{gw_url}/health", gw)
+        for url, proc in zip(urls.values(), procs):
+            await wait_healthy(url.replace("/v1/chat/completions", "/health"), proc)
         if nginx:
-            await wait_healthy(f"http://127.0.0.1:{nginx_port}/health", procs[2])
-        pids = {"gateway": [gw.pid], **({"nginx": with_children(procs[2].pid)} if nginx else {})}
+            pids["nginx"] = with_children(ngx.pid)
         sessions = {arm: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0))
                     for arm in urls}
         try:
@@ -286,6 +306,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "arms": list(urls), "assignment": "rotating per request, one simulator", "arrivals": "open-loop Poisson",
             "gateway": "tailguard serve, ranked-sjf, max_concurrency 4096 (never binds), access log to a file",
             "nginx": "nginx 1 worker, proxy_buffering off, upstream keepalive, access log to a file" if nginx else None,
+            "baseline": f"the gateway at git revision {args.baseline_rev}, same config" if baseline_src else None,
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
             "processes": "simulator, proxies and load generator share the machine's cores",
             "load_average_1m": {"start": load_before, "end": os.getloadavg()[0]},
@@ -395,13 +416,16 @@ def main() -> None:
     p.add_argument("--sweep-seconds", type=float, default=10.0)
     p.add_argument("--preset", default="h100-llama8b")
     p.add_argument("--no-nginx", dest="nginx", action="store_false", help="skip the nginx reference arm")
+    p.add_argument("--baseline-rev", help="also run the gateway at this git revision as an arm (before/after)")
     args = p.parse_args()
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover
-        res = asyncio.run(run(args))
-    else:
-        res = uvloop.run(run(args))
+    with contextlib.ExitStack() as stack:
+        src = stack.enter_context(baseline_tree(args.baseline_rev)) if args.baseline_rev else None
+        try:
+            import uvloop
+        except ImportError:  # pragma: no cover
+            res = asyncio.run(run(args, src))
+        else:
+            res = uvloop.run(run(args, src))
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "gateway_overhead.json").write_text(json.dumps(res, indent=2) + "\n")
     (RESULTS / "gateway_overhead.md").write_text(markdown(res))

@@ -24,9 +24,7 @@ import asyncio
 import contextlib
 import json
 import platform
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -38,6 +36,7 @@ from tailguard.cli.experiment import free_port, spawned
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from open_loop import Result, send  # noqa: E402  beside this script
+from revisions import baseline_tree  # noqa: E402
 from sim_des_speed import pct  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,15 +111,6 @@ def figures(out: list[Result], rss: list[int], seconds: float) -> dict[str, Any]
         "expired_wait_p50_s": pct([r.end for r in expired if r.end is not None], 0.5) if expired else None,
         "rss_mib": {"start": rss[0] / 1024, "max": max(rss) / 1024, "end": rss[-1] / 1024},
     }
-
-
-@contextlib.contextmanager
-def baseline_tree(rev: str) -> Any:
-    """The gateway's source at `rev`, unpacked apart, so the same venv runs it (PYTHONPATH first)."""
-    with tempfile.TemporaryDirectory(prefix="tailguard-baseline-") as tmp:
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "src"], check=True, capture_output=True)
-        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
-        yield Path(tmp) / "src"
 
 
 @contextlib.asynccontextmanager

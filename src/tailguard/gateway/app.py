@@ -28,6 +28,7 @@ from tailguard.gateway.config import BackendConfig, GatewayConfig
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.exchange import Context
 from tailguard.gateway.kinds import get_kind
+from tailguard.gateway.log_buffer import BufferedLineHandler
 from tailguard.gateway.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, GatewayMetrics
 from tailguard.gateway.probes import Probes
 from tailguard.gateway.proxy import Proxy, bearer, error_response
@@ -239,7 +240,7 @@ async def serve(
     if cfg.access_log:
         logger = logging.getLogger(ACCESS_LOGGER)
         if not logger.handlers:
-            handler = logging.StreamHandler(sys.stderr)
+            handler = BufferedLineHandler(sys.stderr)
             handler.setFormatter(logging.Formatter("%(message)s"))
             logger.addHandler(handler)
             logger.propagate = False
@@ -275,3 +276,5 @@ async def serve(
         if store is not None:
             store.clear_pid()
         await runner.cleanup()
+        for h in logging.getLogger(ACCESS_LOGGER).handlers:
+            h.flush()  # the lines of the last requests
