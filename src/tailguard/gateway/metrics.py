@@ -18,6 +18,7 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 
+from tailguard.gateway.log_buffer import BufferedLineHandler
 from tailguard.types import Outcome
 
 ACCESS_LOGGER = "tailguard.access"
@@ -281,7 +282,11 @@ def access_log(
         rec["prompt"] = prompt
     if completion is not None:
         rec["completion"] = completion
+    line = orjson.dumps(rec).decode()
+    handlers = _access_log.handlers
+    if len(handlers) == 1 and type(handlers[0]) is BufferedLineHandler and not _access_log.filters:
+        handlers[0].add(line)  # the default handler (see `BufferedLineHandler.add`)
+        return
     # The record made and handled directly: `Logger.info` would first walk the stack for the
     # caller's file and line (`findCaller`), which an access line never shows.
-    _access_log.handle(_access_log.makeRecord(ACCESS_LOGGER, logging.INFO, "", 0, orjson.dumps(rec).decode(),
-                                              (), None))
+    _access_log.handle(_access_log.makeRecord(ACCESS_LOGGER, logging.INFO, "", 0, line, (), None))
