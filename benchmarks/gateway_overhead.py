@@ -21,7 +21,8 @@ its own tree on the same venv: before and after side by side, on the same engine
     .venv/bin/python benchmarks/gateway_overhead.py [--rate 30] [--seconds 30] [--sweep-seconds 10] [--no-nginx]
         [--baseline-rev REV]
 
-Writes benchmarks/results/gateway_overhead.{json,md}.
+Writes benchmarks/results/gateway_overhead.{json,md} (with a baseline arm:
+gateway_overhead_vs_baseline.{json,md}).
 """
 
 from __future__ import annotations
@@ -427,8 +428,9 @@ def main() -> None:
         else:
             res = uvloop.run(run(args, src))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "gateway_overhead.json").write_text(json.dumps(res, indent=2) + "\n")
-    (RESULTS / "gateway_overhead.md").write_text(markdown(res))
+    stem = "gateway_overhead" if args.baseline_rev is None else "gateway_overhead_vs_baseline"
+    (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=2) + "\n")
+    (RESULTS / f"{stem}.md").write_text(markdown(res))
     print(markdown(res))
 
 

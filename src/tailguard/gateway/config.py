@@ -388,7 +388,8 @@ class GatewayConfig(_Model):
         description="Longest wait for a request's body once its headers are in; a slower client gets a 408. "
         "Nothing is queued before its body is in, so a slow client costs a connection, never a slot.",
     )
-    access_log: bool = Field(default=True, description="Write one JSON line per request to stderr.")
+    access_log: bool = Field(default=True, description="Write one JSON line per request to stderr (written "
+                                                       "together every 0.2 s).")
     log_prompts: bool = Field(
         default=False, description="Include prompt and completion text in the access log (off: metadata only)."
     )
