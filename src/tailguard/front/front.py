@@ -327,12 +327,10 @@ class Front:
             return True
 
         while len(queue):
-            while len(queue):
-                p = queue.pop(now, admissible)
-                if p is None:
-                    break
+            p = queue.pop(now, admissible)
+            if p is not None:
                 self._bind(self._reqs[p.id], chosen.pop(p.id), now)
-            if not len(queue) or not preempt or self._policy is None or not self._preempt_for_head(now):
+            elif not preempt or self._policy is None or not self._preempt_for_head(now):
                 return
 
     def _bind(self, r: _Req, backend: str, now: float) -> None:

@@ -158,7 +158,10 @@ class BackendPool:
         return self._states[backend].healthy
 
     def any_healthy(self) -> bool:
-        return any(s.healthy for s in self._states.values())
+        for s in self._states.values():  # asked at every arrival: a loop is cheaper than any(genexpr)
+            if s.healthy:
+                return True
+        return False
 
     def mark_failure(self, backend: str) -> bool:
         """A probe or connection failed. True when this failure turned the backend unhealthy."""

@@ -266,8 +266,9 @@ def access_log(
     if not _access_log.isEnabledFor(logging.INFO):
         return
     end = t.finished_at if t.finished_at is not None else t.arrived_at
+    # `outcome` goes in as it is: orjson writes an enum member as its value, without the lookup.
     rec: dict[str, Any] = {
-        "id": req_id, "method": method, "path": path, "status": status, "outcome": outcome.value,
+        "id": req_id, "method": method, "path": path, "status": status, "outcome": outcome,
         "class": t.cls, "backend": t.backend, "attempts": t.attempts,
         "queue_ms": None if t.bound_at is None else round((t.bound_at - t.arrived_at) * 1000.0, 3),
         "ttft_ms": None if t.first_content_at is None else round((t.first_content_at - t.arrived_at) * 1000.0, 3),

@@ -17,7 +17,7 @@ class Watchdog:
     the clock of the request's timings (uvloop's `loop.time()` only has millisecond resolution).
     """
 
-    __slots__ = ("_loop", "_task", "_base", "_handle", "total_at", "first_token_at", "idle_s",
+    __slots__ = ("_loop", "_task", "_base", "_handle", "_armed_at", "total_at", "first_token_at", "idle_s",
                  "last_at", "first_seen", "expired")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, total_at: float, idle_s: float) -> None:
@@ -27,6 +27,7 @@ class Watchdog:
         self._task = task
         self._base = task.cancelling()
         self._handle: asyncio.TimerHandle | None = None
+        self._armed_at = 0.0  # when the timer fires, while `_handle` is set
         self.total_at = total_at
         self.first_token_at = total_at
         self.idle_s = idle_s
@@ -35,19 +36,24 @@ class Watchdog:
         self.expired: str | None = None
 
     def start_attempt(self, first_token_at: float) -> None:
+        """Armed no later than `idle_s` from now as well: no idle deadline can come sooner, so a
+        first chunk within `idle_s` (the usual case) leaves the timer as it is."""
         self.first_token_at = first_token_at
         self.first_seen = False
-        self._arm(min(first_token_at, self.total_at))
+        self._arm(min(first_token_at, self.total_at, time.perf_counter() + self.idle_s))
 
     def first_content(self, now: float) -> None:
         """From here on the idle deadline applies instead of the first-token one."""
         self.first_seen = True
         self.last_at = now
-        self._arm(min(now + self.idle_s, self.total_at))
+        due = min(now + self.idle_s, self.total_at)
+        if self._handle is None or self._armed_at > due:
+            self._arm(due)
 
     def _arm(self, at: float) -> None:
         if self._handle is not None:
             self._handle.cancel()
+        self._armed_at = at
         self._handle = self._loop.call_later(max(0.0, at - time.perf_counter()), self._fire)
 
     def _fire(self) -> None:
