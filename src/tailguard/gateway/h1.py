@@ -52,24 +52,6 @@ class H1Response:
 
     # -- the protocol's side -------------------------------------------------------------------
 
-    def _body(self, data: bytes) -> None:
-        push = self._push
-        if push is not None:
-            try:
-                if push(data):
-                    return
-            except Exception as e:  # the consumer's failure (its client left): raised by push()
-                self._error = e
-            self._push = None
-            self.conn.pause()
-            self._wake()
-            return
-        self._chunks.append(data)
-        self._size += len(data)
-        if self._size > _HIGH_WATER:
-            self.conn.pause()
-        self._wake()
-
     def _end(self, error: BaseException | None = None) -> None:
         if error is None:
             self._ended = True
@@ -234,9 +216,28 @@ class H1Connection(asyncio.Protocol):
             self._head.set_result(resp)
 
     def on_body(self, body: bytes) -> None:
+        """A piece of the body: to the response's push consumer, or into its buffer for
+        `readany`. The response's side, written here rather than as a method of the response so
+        that a relayed chunk costs one Python call before the consumer's (`H1Response.push`)."""
         resp = self._resp
-        if resp is not None:
-            resp._body(body)
+        if resp is None:
+            return
+        push = resp._push
+        if push is not None:
+            try:
+                if push(body):
+                    return
+            except Exception as e:  # the consumer's failure (its client left): raised by push()
+                resp._error = e
+            resp._push = None
+            self.pause()
+            resp._wake()
+            return
+        resp._chunks.append(body)
+        resp._size += len(body)
+        if resp._size > _HIGH_WATER:
+            self.pause()
+        resp._wake()
 
     def on_message_complete(self) -> None:
         resp = self._resp
