@@ -90,3 +90,24 @@ async def test_a_backend_that_resets_or_hangs_costs_nothing_another_can_serve(fa
     kind = "reset" if fault is resets else "timeout_first_token"
     assert sample(m, "tailguard_upstream_errors_total", backend="bad", kind=kind) >= 1
     assert sample(m, "tailguard_requests_total", **{"class": "interactive", "outcome": "success"}) == 6
+
+
+async def redirects(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    await read_request(r)
+    w.write(b"HTTP/1.1 301 Moved Permanently\r\nLocation: https://elsewhere.test/v1/chat/completions\r\n"
+            b"Content-Length: 0\r\n\r\n")
+    await w.drain()
+
+
+async def test_a_redirecting_backend_is_a_failed_attempt_never_a_relayed_body() -> None:
+    """A backend URL that answers 3xx (http:// in front of an https-only server, a missing
+    prefix) fails like a 5xx: the request goes to a backend that answers, and alone it gets a
+    502 that names where the redirect pointed."""
+    async with asyncio.timeout(30), raw_server(redirects) as url:
+        async with gateway(extra_backends=[backend("moved", url)]) as gw, gw.client() as c:
+            r = await c.chat.completions.with_raw_response.create(model="m", messages=CHAT, max_tokens=2)
+            assert r.headers["x-tailguard-backend"] == "sim0"
+        async with gateway(sims=0, extra_backends=[backend("moved", url)]) as gw, gw.client() as c:
+            with pytest.raises(openai.APIStatusError) as e:
+                await c.chat.completions.create(model="m", messages=CHAT, max_tokens=2)
+    assert e.value.status_code == 502 and "elsewhere.test" in e.value.message

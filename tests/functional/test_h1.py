@@ -240,3 +240,9 @@ async def test_the_pool_drops_stale_and_closed_connections(serve, pool) -> None:
 async def test_connect_failures(pool) -> None:
     with pytest.raises(OSError):
         await pool.connection(origin_of("http://127.0.0.1:9"))  # discard port: refused
+
+
+async def test_a_runaway_head_is_refused(serve, pool) -> None:
+    huge = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"y" * 1000) for i in range(100))  # about 100 KiB
+    with pytest.raises(httptools.HttpParserError):
+        await _post(pool, await serve(answers(b"HTTP/1.1 200 OK\r\n" + huge + b"\r\n")))

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import httptools
 
 _HIGH_WATER = 64 * 1024
+_MAX_HEAD = 64 * 1024  # aiohttp's client allows 8 KiB a line; a whole head past this is refused
 
 
 class UpstreamBroke(Exception):
@@ -148,6 +149,7 @@ class H1Connection(asyncio.Protocol):
         self._complete = False
         self._delimited = False  # the body has a length or is chunked (else: until the close)
         self._keep = False  # the connection may carry another request after this response
+        self._head_size = 0  # bytes of this response's header lines so far
         self._paused = False
 
     async def request(self, head: bytes, body: bytes, *, keep: bool = True) -> H1Response:
@@ -158,6 +160,7 @@ class H1Connection(asyncio.Protocol):
         self._resp = H1Response(self)
         self._complete = self._delimited = False
         self._keep = keep
+        self._head_size = 0
         self._head = self.loop.create_future()
         self.transport.write(head + body)
         try:
@@ -198,6 +201,9 @@ class H1Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         resp = self._resp
         if resp is not None:
+            self._head_size += len(name) + len(value)
+            if self._head_size > _MAX_HEAD:  # a runaway backend must not grow the gateway's memory
+                raise ValueError(f"response headers over {_MAX_HEAD} bytes")
             key = name.decode("latin-1").lower()
             resp.headers[key] = value.decode("latin-1")
             if key in ("content-length", "transfer-encoding"):

@@ -146,19 +146,23 @@ class Upstream:
         except BaseException:
             conn.abort()  # cancelled (a deadline, the client gone) while waiting for the answer
             raise
-        if resp.status >= 400:
+        if resp.status >= 300:
             await self._refused(backend, resp)
         return resp
 
     async def _refused(self, backend: BackendConfig, resp: H1Response) -> None:
-        """An error status: a 5xx or 429 is that backend's failure (retried elsewhere), a 4xx is
-        the client's, passed back as it came."""
+        """An error status: a redirect, 5xx or 429 is that backend's failure (retried elsewhere),
+        a 4xx is the client's, passed back as it came."""
         try:
             payload = await resp.read(_MAX_ERROR_BODY)
         except UpstreamBroke:
             payload = b""
         finally:
             resp.release()
+        if resp.status < 400:  # a redirect: the backend's URL is not where the API is
+            raise RelayError("status", f"Backend '{backend.name}' answered {resp.status} (redirect to "
+                             f"{resp.headers.get('location', '?')}); set its url to where the API is",
+                             status=502, retryable=True)
         if resp.status >= 500 or resp.status == 429:
             raise RelayError(
                 "status", f"Backend '{backend.name}' answered {resp.status}: {payload[:500].decode('utf-8', 'replace')}",
