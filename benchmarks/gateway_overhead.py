@@ -348,7 +348,8 @@ def markdown(res: dict[str, Any]) -> str:
         f"over the arms), streamed {TOKENS}-token chat answers, open-loop Poisson arrivals, {setup['preset']} at "
         f"time scale 1. Everything shares {setup['machine']['cpus']} CPU cores (1-minute load average "
         f"{setup['load_average_1m']['start']:.1f} at the start, {setup['load_average_1m']['end']:.1f} at the end; "
-        "other work on the machine adds noise). Rates are totals over all arms.",
+        "other work on the machine adds noise). Rates are totals over all arms."
+        + (f" The `baseline` arm is {setup['baseline']}." if setup.get("baseline") else ""),
         "",
         f"## At a moderate rate ({m['rate_per_s']:.0f} requests/s, {m['seconds']:.0f} s, "
         + ", ".join(f"{m['arms'][a]['requests']} {a}" for a in arms) + ")",
