@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 
 import aiohttp
 import openai
@@ -15,6 +16,7 @@ from tailguard.gateway.config import BackendConfig
 from tailguard.sim.server import running_sim
 from tailguard.wire.sse import DONE, SSEDecoder
 from tests.functional.gateways import engine, gateway, health, sample, scrape
+from tests.functional.raw_servers import raw_server, read_request
 
 CHAT = [{"role": "user", "content": "x" * 400}]  # 104 prompt tokens by the bytes/4 estimate
 
@@ -166,3 +168,58 @@ async def test_vllm_backends_get_the_class_rank_as_priority() -> None:
                         await c.chat.completions.create(model="m", messages=CHAT, max_tokens=2,
                                                         extra_headers={"X-Tailguard-Class": "batch"})
                     assert "Priority scheduling is not enabled" in info.value.message
+
+
+_TOK = b'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" tok"},"finish_reason":null}]}\n\n'
+
+
+async def _floods(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    """A backend that answers 40,000 content chunks as fast as the socket takes them (6 MB),
+    and the gateway's probes with an empty model list."""
+    if not (await read_request(r)).startswith(b"POST"):
+        w.write(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{"data":[]}')
+        return
+    w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+    frame = b"%x\r\n%b\r\n" % (len(_TOK), _TOK)
+    for _ in range(40):
+        w.write(frame * 1000)
+        await w.drain()
+    w.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(b"data: [DONE]\n\n"), b"data: [DONE]\n\n"))
+    await w.drain()
+
+
+async def test_a_client_that_stops_reading_slows_the_backend_and_loses_nothing() -> None:
+    """The push relay's flow control: a backend sends faster than its client, which has a small
+    receive window and stops reading for a while, can take. Past the kernel's buffers the
+    gateway's own buffer toward the client passes its mark, so the relay stops pushing, pauses
+    reading the backend, waits for the client to drain and pushes again (4 times in a checked
+    run); every chunk still arrives, in order, once."""
+    body = orjson.dumps({"model": "m", "messages": CHAT, "max_tokens": 40000, "stream": True})
+    async with asyncio.timeout(60), raw_server(_floods) as url, \
+            gateway(sims=0, extra_backends=[BackendConfig(name="flood", url=url, kind="openai")]) as gw:
+        port = int(gw.url.rsplit(":", 1)[1])
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 24)
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Connection: close\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body))
+        await reader.readuntil(b"\r\n\r\n")
+        await asyncio.sleep(1.0)  # not reading: the gateway must wait for this client, not buffer
+        raw = await reader.read()
+        writer.close()
+    events = SSEDecoder().feed(_unchunk(raw))
+    assert [ev.raw for ev in events[:-1]] == [_TOK] * 40000 and events[-1].data == DONE
+
+
+def _unchunk(raw: bytes) -> bytes:
+    """The body of an HTTP/1.1 chunked response."""
+    out, pos = bytearray(), 0
+    while True:
+        end = raw.index(b"\r\n", pos)
+        size = int(raw[pos:end], 16)
+        if size == 0:
+            return bytes(out)
+        out += raw[end + 2:end + 2 + size]
+        pos = end + 4 + size
