@@ -17,12 +17,14 @@ more than 5 ms late ran on a saturated machine; it is run again, and the sweep s
 
 With `--baseline-rev REV`, the gateway as it was at git revision REV runs as one more arm, from
 its own tree on the same venv: before and after side by side, on the same engine at the same moment.
+With `--baseline-python PATH`, that arm runs on another interpreter (a venv with tailguard
+installed), e.g. to compare Python versions; with both, REV on that interpreter.
 
     .venv/bin/python benchmarks/gateway_overhead.py [--rate 30] [--seconds 30] [--sweep-seconds 10] [--no-nginx]
-        [--baseline-rev REV]
+        [--baseline-rev REV] [--baseline-python PATH]
 
 Writes benchmarks/results/gateway_overhead.{json,md} (with a baseline arm:
-gateway_overhead_vs_baseline.{json,md}).
+gateway_overhead_vs_baseline.{json,md}, or gateway_overhead_vs_python.{json,md} for an interpreter).
 """
 
 from __future__ import annotations
@@ -240,14 +242,14 @@ async def run(args: argparse.Namespace, baseline_src: Path | None) -> dict[str, 
     procs.append(gw)
     urls = {"straight": f"{sim_url}/v1/chat/completions", "gateway": f"{gw_url}/v1/chat/completions"}
     pids = {"gateway": [gw.pid]}
-    if baseline_src is not None:
+    if baseline_src is not None or args.baseline_python:
         # The same config on its own port, run from the other revision's tree.
         base_port = free_port()
         (tmp / "baseline.yaml").write_text((tmp / "tailguard.yaml").read_text().replace(f"port: {gw_port}",
                                                                                        f"port: {base_port}", 1))
-        base = subprocess.Popen([py, "-m", "tailguard", "serve", "--config", str(tmp / "baseline.yaml")],
-                                stdout=subprocess.DEVNULL, stderr=logs[3],
-                                env={**os.environ, "PYTHONPATH": str(baseline_src)})
+        env = {**os.environ, **({"PYTHONPATH": str(baseline_src)} if baseline_src is not None else {})}
+        base = subprocess.Popen([args.baseline_python or py, "-m", "tailguard", "serve", "--config",
+                                 str(tmp / "baseline.yaml")], stdout=subprocess.DEVNULL, stderr=logs[3], env=env)
         procs.append(base)
         urls["baseline"] = f"http://127.0.0.1:{base_port}/v1/chat/completions"
         pids["baseline"] = [base.pid]
@@ -307,7 +309,7 @@ async def run(args: argparse.Namespace, baseline_src: Path | None) -> dict[str, 
             "arms": list(urls), "assignment": "rotating per request, one simulator", "arrivals": "open-loop Poisson",
             "gateway": "tailguard serve, ranked-sjf, max_concurrency 4096 (never binds), access log to a file",
             "nginx": "nginx 1 worker, proxy_buffering off, upstream keepalive, access log to a file" if nginx else None,
-            "baseline": f"the gateway at git revision {args.baseline_rev}, same config" if baseline_src else None,
+            "baseline": _baseline_text(args),
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
             "processes": "simulator, proxies and load generator share the machine's cores",
             "load_average_1m": {"start": load_before, "end": os.getloadavg()[0]},
@@ -320,6 +322,21 @@ async def run(args: argparse.Namespace, baseline_src: Path | None) -> dict[str, 
         # Where the gateway alone would saturate one core: its CPU time per request, inverted.
         "cpu_bound_rate_per_core_per_s": min(cpu) if cpu else None,
     }
+
+
+def _baseline_text(args: argparse.Namespace) -> str | None:
+    """What the baseline arm runs, for the report; None without one."""
+    if not (args.baseline_rev or args.baseline_python):
+        return None
+    rev = f"git revision {args.baseline_rev}" if args.baseline_rev else "this tree"
+    py = f" on {_python_version(args.baseline_python)}" if args.baseline_python else ""
+    return f"the gateway at {rev}{py}, same config"
+
+
+def _python_version(python: str) -> str:
+    out = subprocess.run([python, "-c", "import platform; print(platform.python_version())"],
+                         capture_output=True, text=True, check=True)
+    return f"Python {out.stdout.strip()}"
 
 
 def _line(r: dict[str, Any]) -> str:
@@ -419,6 +436,7 @@ def main() -> None:
     p.add_argument("--preset", default="h100-llama8b")
     p.add_argument("--no-nginx", dest="nginx", action="store_false", help="skip the nginx reference arm")
     p.add_argument("--baseline-rev", help="also run the gateway at this git revision as an arm (before/after)")
+    p.add_argument("--baseline-python", help="run the baseline arm on this interpreter (a venv's python)")
     args = p.parse_args()
     with contextlib.ExitStack() as stack:
         src = stack.enter_context(baseline_tree(args.baseline_rev)) if args.baseline_rev else None
@@ -429,7 +447,8 @@ def main() -> None:
         else:
             res = uvloop.run(run(args, src))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = "gateway_overhead" if args.baseline_rev is None else "gateway_overhead_vs_baseline"
+    stem = ("gateway_overhead_vs_baseline" if args.baseline_rev else
+            "gateway_overhead_vs_python" if args.baseline_python else "gateway_overhead")
     (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=2) + "\n")
     (RESULTS / f"{stem}.md").write_text(markdown(res))
     print(markdown(res))
