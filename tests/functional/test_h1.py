@@ -208,29 +208,49 @@ async def test_a_reader_that_falls_behind_pauses_the_socket(serve, pool) -> None
     assert len(await _body(resp)) == 32 * len(big)
 
 
-async def test_the_pool_drops_stale_and_closed_connections(serve, pool) -> None:
-    async def once(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+OK_2 = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+def answers_then(later: bytes | None) -> Handler:
+    """Answers one request, then, while the connection idles, writes `later` (None: closes it,
+    as a backend's idle timeout does)."""
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await read_request(r)
-        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        w.write(OK_2)
         await w.drain()
         await asyncio.sleep(0.05)
-        w.close()  # the backend's idle timeout
+        if later is None:
+            return  # closed on the way out
+        w.write(later)
+        await w.drain()
+        await asyncio.sleep(5)
+    return handler
 
-    origin = await serve(once)
+
+@pytest.mark.parametrize("later", [None, b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\n\r\n"],
+                         ids=["closed", "408"])
+async def test_a_connection_the_backend_closes_or_writes_to_while_idle_leaves_the_pool(
+        serve, pool, later: bytes | None) -> None:
+    origin = await serve(answers_then(later))
     resp = await _post(pool, origin)
     await _body(resp)
     first = resp.conn
     resp.release()
     await asyncio.sleep(0.2)
+    assert first.closed
+    again = await _post(pool, origin)
+    assert again.conn is not first and again.status == 200
+
+
+async def test_the_pool_closes_idle_and_asked_to_close_connections(serve, pool) -> None:
+    origin = await serve(answers_then(None))
+    pool.keepalive_s = 0.0
     resp = await _post(pool, origin)
-    assert resp.conn is not first  # the closed one left the pool
     await _body(resp)
     resp.release()
-    pool.keepalive_s = 0.0
-    second = resp.conn
-    resp = await _post(pool, origin)
-    assert resp.conn is not second and second.closed  # idle past keep-alive: closed, not reused
-    await _body(resp)
+    second = await _post(pool, origin)
+    assert second.conn is not resp.conn and resp.conn.closed  # idle past keep-alive: closed, not reused
+    await _body(second)
     resp = await _post(pool, origin, keep=False)
     await _body(resp)
     resp.release()
@@ -246,3 +266,13 @@ async def test_a_runaway_head_is_refused(serve, pool) -> None:
     huge = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"y" * 1000) for i in range(100))  # about 100 KiB
     with pytest.raises(httptools.HttpParserError):
         await _post(pool, await serve(answers(b"HTTP/1.1 200 OK\r\n" + huge + b"\r\n")))
+
+
+async def test_a_second_answer_in_the_same_read_changes_nothing_and_is_not_reused(serve, pool) -> None:
+    stray = b"HTTP/1.1 408 Request Timeout\r\nX-Stray: 1\r\nContent-Length: 4\r\n\r\nnope"
+    origin = await serve(answers(OK_2 + stray))
+    resp = await _post(pool, origin)
+    assert await _body(resp) == b"ok"
+    assert resp.status == 200 and "x-stray" not in resp.headers
+    resp.release()
+    assert resp.conn.closed

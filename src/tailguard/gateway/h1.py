@@ -157,6 +157,8 @@ class H1Connection(asyncio.Protocol):
         the response's headers are in. Raises `UpstreamBroke` when the connection ends first,
         `httptools.HttpParserError` on a malformed answer."""
         assert self.transport is not None and self._resp is None
+        if self.closed:
+            raise UpstreamBroke("Connection closed", answered=False)
         self._resp = H1Response(self)
         self._complete = self._delimited = False
         self._keep = keep
@@ -174,6 +176,13 @@ class H1Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if self._resp is None or self._complete:
+            # Bytes on an idle connection, or after the answer ended (a server's 408 before it
+            # closes one, say), answer nothing: the connection is not trusted with another request.
+            if self._resp is None:
+                self.abort()
+            self._keep = False
+            return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as e:
@@ -198,9 +207,13 @@ class H1Connection(asyncio.Protocol):
 
     # -- llhttp's callbacks -------------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self._complete:  # a second message after the answer, in the same read: never reused
+            self._keep = False
+
     def on_header(self, name: bytes, value: bytes) -> None:
         resp = self._resp
-        if resp is not None:
+        if resp is not None and not self._complete:
             self._head_size += len(name) + len(value)
             if self._head_size > _MAX_HEAD:  # a runaway backend must not grow the gateway's memory
                 raise ValueError(f"response headers over {_MAX_HEAD} bytes")
@@ -211,7 +224,7 @@ class H1Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         resp = self._resp
-        if resp is None:
+        if resp is None or self._complete:
             return
         resp.status = self._parser.get_status_code()
         if resp.status < 200:  # 100 Continue and the like: the real answer follows
@@ -226,7 +239,7 @@ class H1Connection(asyncio.Protocol):
         `readany`. The response's side, written here rather than as a method of the response so
         that a relayed chunk costs one Python call before the consumer's (`H1Response.push`)."""
         resp = self._resp
-        if resp is None:
+        if resp is None or self._complete:
             return
         push = resp._push
         if push is not None:
@@ -247,7 +260,7 @@ class H1Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         resp = self._resp
-        if resp is not None and resp.status:
+        if resp is not None and resp.status and not self._complete:
             self._complete = True
             self._keep = self._keep and self._parser.should_keep_alive()
             resp._end()
