@@ -243,7 +243,7 @@ async def run(args: argparse.Namespace, baseline_src: Path | None) -> dict[str, 
     urls = {"straight": f"{sim_url}/v1/chat/completions", "gateway": f"{gw_url}/v1/chat/completions"}
     pids = {"gateway": [gw.pid]}
     if baseline_src is not None or args.baseline_python:
-        # The same config on its own port, run from the other revision's tree.
+        # The same config on its own port, from the other revision's tree or interpreter.
         base_port = free_port()
         (tmp / "baseline.yaml").write_text((tmp / "tailguard.yaml").read_text().replace(f"port: {gw_port}",
                                                                                        f"port: {base_port}", 1))

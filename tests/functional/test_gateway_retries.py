@@ -94,7 +94,7 @@ async def test_a_backend_that_resets_or_hangs_costs_nothing_another_can_serve(fa
 
 async def redirects(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
     await read_request(r)
-    w.write(b"HTTP/1.1 301 Moved Permanently\r\nLocation: https://elsewhere.test/v1/chat/completions\r\n"
+    w.write(b"HTTP/1.1 301 Moved Permanently\r\nLocation: https://127.0.0.1:9/v1/chat/completions\r\n"
             b"Content-Length: 0\r\n\r\n")
     await w.drain()
 
@@ -110,4 +110,4 @@ async def test_a_redirecting_backend_is_a_failed_attempt_never_a_relayed_body() 
         async with gateway(sims=0, extra_backends=[backend("moved", url)]) as gw, gw.client() as c:
             with pytest.raises(openai.APIStatusError) as e:
                 await c.chat.completions.create(model="m", messages=CHAT, max_tokens=2)
-    assert e.value.status_code == 502 and "elsewhere.test" in e.value.message
+    assert e.value.status_code == 502 and "https://127.0.0.1:9/v1/chat/completions" in e.value.message

@@ -186,12 +186,9 @@ class H1Connection(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as e:
-            answered = self._resp is not None and bool(self._resp.status)
+            answered = bool(self._resp.status)  # past the head: the body is what broke
             self._fail(UpstreamBroke(f"Malformed response body: {e}", answered=True) if answered else e)
             self.abort()
-
-    def eof_received(self) -> bool | None:
-        return None  # close the transport: connection_lost follows
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

@@ -3,7 +3,7 @@
 than `keepalive_s` is closed instead, and one the backend closed while idle leaves at once.
 
     conn = await pool.connection(origin, fresh=False)
-    resp = await conn.request(origin.head(path, headers, len(body)), body)
+    resp = await conn.request(origin.head("POST", path, headers, len(body)), body)
 """
 
 from __future__ import annotations

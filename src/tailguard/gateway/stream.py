@@ -2,9 +2,10 @@
 by chunk, and ends it with an OpenAI error event when it breaks after the client got bytes.
 
 The fast path never parses JSON per chunk, and runs in the upstream connection's callback:
-content chunks are recognised by their bytes (`wire.chunks`) and only the usage chunk is parsed. Bytes that precede the first content chunk
-(the role-only delta) are held back until it arrives, so the response headers can carry the
-TTFT and a failure before any content can still be retried on another backend. A preemptible
+content chunks are recognised by their bytes (`wire.chunks`) and only the usage chunk is parsed.
+Bytes that precede the first content chunk (the role-only delta) are held back until it arrives,
+so the response headers can carry the TTFT and a failure before any content can still be retried
+on another backend. A preemptible
 request takes the tracked path instead, which parses every event to keep the text so far.
 """
 
@@ -56,7 +57,7 @@ class StreamRelay:
     service_tier: bytes | None = None  # the tier to report, when the request named one
     # The callback relay's state (`_chunk`): this run's decoder, the events it handed back, and
     # whether the client's buffer is full.
-    _dec: SSEDecoder = field(default_factory=SSEDecoder)
+    _dec: SSEDecoder = field(init=False)  # made by each run
     _pending: tuple[bytes, list[int], float] | None = None
     _blocked: bool = False
 

@@ -96,9 +96,9 @@ class Upstream:
     closed just the same would fail again). `session`, an aiohttp client, serves the gateway's
     own small requests (probes, the model list)."""
 
-    def __init__(self, timeouts: TimeoutsConfig, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(self, timeouts: TimeoutsConfig) -> None:
         self.timeouts = timeouts
-        self.pool = Pool(loop or asyncio.get_running_loop(), connect_s=timeouts.connect_s, keepalive_s=30.0)
+        self.pool = Pool(asyncio.get_running_loop(), connect_s=timeouts.connect_s, keepalive_s=30.0)
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30.0),
             timeout=aiohttp.ClientTimeout(total=None, connect=timeouts.connect_s, sock_connect=timeouts.connect_s),
@@ -116,8 +116,8 @@ class Upstream:
         self, backend: BackendConfig, endpoint: Endpoint, body: bytes, req_id: str, *, fresh: bool = False,
     ) -> H1Response:
         """Send the request (`fresh`: on a new connection); returns a 2xx streaming response.
-        Raises `RelayError` (connect failures, resets, 5xx) or `UpstreamStatus` (4xx, passed
-        back to the client)."""
+        Raises `RelayError` (connect failures, resets, redirects, 5xx) or `UpstreamStatus` (4xx,
+        passed back to the client)."""
         origin = origin_of(backend.url)
         kind_headers = get_kind(backend.kind).upstream_headers  # e.g. llama-server: no stale keep-alive reuse
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "X-Request-Id": req_id,
