@@ -30,7 +30,7 @@ from typing import Iterable
 
 from tailguard.clock import VirtualClock
 from tailguard.front.front import Decision, Front, Reject, Start, Suspend
-from tailguard.sim.engine import Admitted, Engine, FirstToken, Preempted, RequestFinished, SimRequest
+from tailguard.sim.engine import Admitted, Engine, FirstToken, Preempted, RequestFinished, SimRequest, Step
 from tailguard.types import Outcome
 
 
@@ -179,70 +179,86 @@ class _Run:
         return self.live[req_id].base_tokens + self.engine.output_tokens(req_id)
 
     def loop(self) -> None:
-        engine, clock, front, by_id, pending = self.engine, self.clock, self.front, self.by_id, self.pending
-        record = self.record
-        inf = math.inf
-        pop = heapq.heappop
+        """Run until nothing is pending: idle turns jump to the next arrival or front wake-up,
+        busy turns run one engine step with what arrives during it, then the step's outcome."""
+        engine = self.engine
         while True:
             if engine.idle():
-                next_at = pending[0][0] if pending else inf
-                wake = front.next_wakeup() if front is not None else None
-                if wake is not None and wake <= next_at:
-                    clock.advance_to(max(wake, clock.now()))
-                    self._tick()
-                    continue
-                if next_at == inf:
-                    if front is not None and len(front):
-                        raise RuntimeError("requests are stuck in the front with the engine idle")
+                if not self._idle_turn():
                     return
-                clock.advance_to(next_at)
-                while pending and pending[0][0] <= next_at:  # everyone arriving at this instant
-                    self._arrive(pop(pending)[2])
                 continue
-
-            now = clock.now()
+            now = self.clock.now()
             step = engine.step(now)
             end = now + step.duration_s
             if step.duration_s == 0.0 and not step.events:
                 raise RuntimeError("the engine made no progress while busy")
-            # Arrivals (and front-queue expiries) during the step, in time order. The step's
-            # outcome is fixed already, so preemptions wait for its end (at most one step late).
-            self.in_step = True
-            while True:
-                next_at = pending[0][0] if pending else inf
-                if front is not None:
-                    wake = front.next_wakeup()
-                    if wake is not None and wake < next_at and wake <= end:
-                        clock.advance_to(max(wake, clock.now()))
-                        self._tick()
-                        continue
-                if next_at > end:
-                    break
-                clock.advance_to(next_at)
-                self._arrive(pop(pending)[2])
-            clock.advance_to(end)
-            self.in_step = False
+            self._during_step(end)
+            self._step_ended(step, now, end)
 
-            if record:
-                for rid in step.emitted:
-                    times = by_id[rid].token_times
-                    assert times is not None
-                    times.append(end)
-            for ev in step.events:
-                tl = by_id[ev.req_id]
-                if isinstance(ev, RequestFinished):
-                    self._finished(tl, ev, end)
-                elif isinstance(ev, FirstToken):
-                    if tl.first_token_at is None:
-                        tl.first_token_at = end
-                elif isinstance(ev, Admitted):
-                    if not ev.resumed and tl.admitted_at is None:
-                        tl.admitted_at = now
-                        tl.cached_tokens = ev.cached_tokens
-                elif isinstance(ev, Preempted):
-                    tl.preemptions += 1
+    def _idle_turn(self) -> bool:
+        """The engine is idle: go to the next arrivals (all at that instant) or the front's next
+        wake-up, whichever is first. False when there is nothing left."""
+        pending, front, clock = self.pending, self.front, self.clock
+        next_at = pending[0][0] if pending else math.inf
+        wake = front.next_wakeup() if front is not None else None
+        if wake is not None and wake <= next_at:
+            clock.advance_to(max(wake, clock.now()))
+            self._tick()
+            return True
+        if next_at == math.inf:
             if front is not None and len(front):
-                self._apply(front.tick(end))  # what the step's end made possible, preemption included
+                raise RuntimeError("requests are stuck in the front with the engine idle")
+            return False
+        clock.advance_to(next_at)
+        while pending and pending[0][0] <= next_at:  # everyone arriving at this instant
+            self._arrive(heapq.heappop(pending)[2])
+        return True
+
+    def _during_step(self, end: float) -> None:
+        """Arrivals (and front-queue expiries) during a step that ends at `end`, in time order.
+        The step's outcome is fixed already, so preemptions wait for its end (at most one step
+        late)."""
+        pending, front, clock = self.pending, self.front, self.clock
+        self.in_step = True
+        while True:
+            next_at = pending[0][0] if pending else math.inf
+            if front is not None:
+                wake = front.next_wakeup()
+                if wake is not None and wake < next_at and wake <= end:
+                    clock.advance_to(max(wake, clock.now()))
+                    self._tick()
+                    continue
+            if next_at > end:
+                break
+            clock.advance_to(next_at)
+            self._arrive(heapq.heappop(pending)[2])
+        clock.advance_to(end)
+        self.in_step = False
+
+    def _step_ended(self, step: Step, now: float, end: float) -> None:
+        """A step that began at `now` ended at `end`: its tokens' times, its events on each
+        request's timeline, and what the front can start now (preemption included)."""
+        by_id, front = self.by_id, self.front
+        if self.record:
+            for rid in step.emitted:
+                times = by_id[rid].token_times
+                assert times is not None
+                times.append(end)
+        for ev in step.events:
+            tl = by_id[ev.req_id]
+            if isinstance(ev, RequestFinished):
+                self._finished(tl, ev, end)
+            elif isinstance(ev, FirstToken):
+                if tl.first_token_at is None:
+                    tl.first_token_at = end
+            elif isinstance(ev, Admitted):
+                if not ev.resumed and tl.admitted_at is None:
+                    tl.admitted_at = now
+                    tl.cached_tokens = ev.cached_tokens
+            elif isinstance(ev, Preempted):
+                tl.preemptions += 1
+        if front is not None and len(front):
+            self._apply(front.tick(end))
 
     # --- helpers ---------------------------------------------------------------------------
 
