@@ -112,6 +112,8 @@ async def test_no_healthy_backend_is_a_503_with_retry_after() -> None:
         await until(down)
         with pytest.raises(openai.InternalServerError) as info:
             await c.chat.completions.create(model="m", messages=CHAT, max_tokens=3)
+        probe_error = (await health(gw.url))["backends"]["dead"]["probe_error"]
+    assert probe_error.startswith("ClientConnectorError")  # /health says why the backend is out
     resp = info.value.response
     assert resp.status_code == 503
     assert resp.headers["x-tailguard-reject-reason"] == "no_healthy_backend"

@@ -12,7 +12,7 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -84,17 +84,20 @@ async def gateway_health(url: str) -> dict[str, Any]:
 
 
 async def wait_for(check: Callable[[], Any], what: str, timeout_s: float = 15.0,
-                   senders: Sequence[asyncio.Task[Any]] = ()) -> None:
+                   senders: Sequence[asyncio.Task[Any]] = (),
+                   explain: Callable[[], Awaitable[str]] | None = None) -> None:
     """Poll an async condition until true; fail with `what` when the bound passes. A condition that
     waits on requests in flight names their tasks as `senders`: when one of them fails, its error
-    is raised at once, instead of the condition timing out without saying why."""
+    is raised at once, instead of the condition timing out without saying why. `explain` adds
+    what the parts involved say about themselves to a timeout (a CI log is all there is)."""
     deadline = time.monotonic() + timeout_s
     while not await check():
         for task in senders:
             if task.done() and task.exception() is not None:
                 raise AssertionError(f"a request failed while waiting for {what}") from task.exception()
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+            detail = f"\n{await explain()}" if explain is not None else ""
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}{detail}")
         await asyncio.sleep(0.05)
 
 
@@ -392,7 +395,9 @@ async def test_class_maps_to_vllm_priority(vllm_server: EngineProcess) -> None:
     # Every request is long enough to hold its seat until cancelled, so which requests run is read
     # from the engine's state and from which streams ever start, never from when chunks arrive (vLLM's
     # API server on a busy CPU delivers in bursts that can reorder first chunks across requests).
-    cfg = config((vllm_server, 16))
+    # What is tested is vLLM's queue order, not health: a probe that a starved CI machine answers
+    # late must not take the only backend out (and leave the requests in the gateway's queue).
+    cfg = config((vllm_server, 16), health={"interval_s": 0.5, "timeout_s": 10.0, "unhealthy_after": 1000})
     long = vllm_server.long_request_tokens
     async with gateway(cfg) as url, asyncio.timeout(STEP_S * 6), \
             AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=STEP_S * 4) as c:
@@ -403,32 +408,39 @@ async def test_class_maps_to_vllm_priority(vllm_server: EngineProcess) -> None:
                         and await engine_metric(vllm_server, "vllm:num_requests_waiting") == waiting)
             return check
 
+        async def explain() -> str:
+            running = await engine_metric(vllm_server, "vllm:num_requests_running")
+            waiting = await engine_metric(vllm_server, "vllm:num_requests_waiting")
+            return (f"vLLM running {running:g}, waiting {waiting:g}; gateway /health: {await gateway_health(url)}\n"
+                    f"vLLM's log:\n{vllm_server.log_tail(20)}")
+
         def send(cls: str, n: int) -> tuple[list[asyncio.Task[None]], list[asyncio.Event]]:
             events = [asyncio.Event() for _ in range(n)]
             return [asyncio.create_task(hold_stream(c, cls, long, e)) for e in events], events
 
         # vLLM may still be ending requests that earlier tests abandoned.
-        await wait_for(await engine_is(0, 0), "vLLM to be idle", timeout_s=STEP_S)
+        await wait_for(await engine_is(0, 0), "vLLM to be idle", timeout_s=STEP_S, explain=explain)
         fill, _ = send("batch", 8)  # take every seat
-        await wait_for(await engine_is(8, 0), "vLLM to run 8 batch requests", timeout_s=STEP_S * 2, senders=fill)
+        await wait_for(await engine_is(8, 0), "vLLM to run 8 batch requests", timeout_s=STEP_S * 2, senders=fill,
+                       explain=explain)
         queued_batch, batch_started = send("batch", 4)
         await wait_for(await engine_is(8, 4), "4 batch requests to wait inside vLLM", timeout_s=STEP_S,
-                       senders=fill + queued_batch)
+                       senders=fill + queued_batch, explain=explain)
         queued_interactive, interactive_started = send("interactive", 4)
         everything = fill + queued_batch + queued_interactive
         await wait_for(await engine_is(8, 8), "4 interactive requests to wait inside vLLM", timeout_s=STEP_S,
-                       senders=everything)
+                       senders=everything, explain=explain)
         # Four seats free: vLLM fills them from its queue, and they stay taken.
         for f in fill[:4]:
             f.cancel()
         await wait_for(await engine_is(8, 4), "vLLM to take 4 queued requests", timeout_s=STEP_S,
-                       senders=fill[4:] + queued_batch + queued_interactive)
+                       senders=fill[4:] + queued_batch + queued_interactive, explain=explain)
 
         async def interactive_running() -> bool:
             return all(e.is_set() for e in interactive_started)
 
         await wait_for(interactive_running, "the 4 interactive requests to start", timeout_s=STEP_S,
-                       senders=fill[4:] + queued_batch + queued_interactive)
+                       senders=fill[4:] + queued_batch + queued_interactive, explain=explain)
         batch_ran = sum(e.is_set() for e in batch_started)
         for t in everything:
             t.cancel()

@@ -104,11 +104,13 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 async def _health(request: web.Request) -> web.Response:
     slots = request.app[DISPATCHER].front.slots
     kinds = request.app[BACKENDS]
-    load = request.app[PROBES].load
+    probes = request.app[PROBES]
+    load = probes.load
     backends = {s.name: {"healthy": s.healthy, "kind": kinds[s.name].kind, "in_flight": s.in_flight,
                          "max_concurrency": s.cfg.max_concurrency, "reserved_slots": s.cfg.reserve(),
                          "engine": ({"running": load[s.name].running, "waiting": load[s.name].waiting}
-                                    if s.name in load else None)}
+                                    if s.name in load else None),
+                         "probe_error": probes.last_error.get(s.name)}
                 for s in slots}
     ok = slots.any_healthy()
     live = request.app[LIVE]

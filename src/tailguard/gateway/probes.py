@@ -30,6 +30,9 @@ class Probes:
         self.cfg, self.backends, self.dispatcher, self.session, self.metrics = cfg, backends, dispatcher, session, metrics
         self.timeout = aiohttp.ClientTimeout(total=cfg.health.timeout_s)
         self.load: dict[str, EngineLoad] = {}  # the engine's own count, from its last load page
+        # Why the last health probe of each backend failed (None once one succeeds): logged when it
+        # turns a backend unhealthy and shown in `/health`, so "unhealthy" always says why.
+        self.last_error: dict[str, str | None] = {}
 
     def start(self) -> list[asyncio.Task[None]]:
         return [asyncio.create_task(self._loop(b), name=f"tailguard-probe-{b.name}") for b in self.cfg.backends]
@@ -44,11 +47,15 @@ class Probes:
             backend = self.backends[name]
             # An explicit `health.path` wins; else each kind's own (a plain OpenAI server has no /health).
             path = cfg.health.path if "path" in cfg.health.model_fields_set else get_kind(backend.kind).health_path
-            ok = await self._get(backend, path) is not None
+            error = await self._check(backend, path)
+            ok = error is None
+            self.last_error[name] = error
             self.dispatcher.probe(name, ok)
             if ok:
                 await self._read_load(backend)
             now_healthy = self.dispatcher.front.slots.is_healthy(name)
+            if healthy and not now_healthy:
+                log.warning("backend %s: health probe GET %s failed: %s", name, path, error)
             detect = auto and now_healthy and not healthy  # it came back: ask again what it is
             healthy = now_healthy
             if not detect:
@@ -56,13 +63,25 @@ class Probes:
 
     async def _get(self, backend: BackendConfig, path: str) -> bytes | None:
         """The body of a 2xx answer to GET `path`, or None (any other status, error or timeout)."""
+        body = await self._fetch(backend, path)
+        return body if isinstance(body, bytes) else None
+
+    async def _check(self, backend: BackendConfig, path: str) -> str | None:
+        """None when GET `path` answers 2xx, else why not."""
+        body = await self._fetch(backend, path)
+        return None if isinstance(body, bytes) else body
+
+    async def _fetch(self, backend: BackendConfig, path: str) -> bytes | str:
+        """The body of a 2xx answer to GET `path`, or a str saying why there is none."""
         headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
         try:
             async with self.session.get(backend.url + path, timeout=self.timeout, headers=headers) as resp:
                 body = await resp.read()
-                return body if 200 <= resp.status < 300 else None
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            return None
+                return body if 200 <= resp.status < 300 else f"status {resp.status}"
+        except asyncio.TimeoutError:
+            return f"no answer within {self.cfg.health.timeout_s:g} s"
+        except aiohttp.ClientError as e:
+            return f"{type(e).__name__}: {e}"
 
     async def _detect(self, configured: BackendConfig) -> None:
         """Ask a `kind: auto` backend what it is and switch everything that depends on it (request
