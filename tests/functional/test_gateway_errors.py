@@ -14,6 +14,7 @@ import pytest
 
 from tailguard.gateway.config import BackendConfig
 from tests.functional.gateways import dead_url, engine, gateway, health, sample, scrape, sim_running, until
+from tests.functional.raw_servers import raw_server, read_request
 
 CHAT = [{"role": "user", "content": "hello"}]
 
@@ -118,6 +119,51 @@ async def test_no_healthy_backend_is_a_503_with_retry_after() -> None:
     assert resp.status_code == 503
     assert resp.headers["x-tailguard-reject-reason"] == "no_healthy_backend"
     assert int(resp.headers["retry-after"]) >= 1
+
+
+_SLOW_TOK = b'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" tok"},"finish_reason":null}]}\n\n'
+
+
+async def _streams_but_never_answers_probes(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    """An engine too loaded to answer its health page: every GET hangs, a POST streams 30
+    content chunks 40 ms apart."""
+    if not (await read_request(r)).startswith(b"POST"):
+        await asyncio.sleep(3600)
+    w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+    for _ in range(30):
+        w.write(b"%x\r\n%b\r\n" % (len(_SLOW_TOK), _SLOW_TOK))
+        await w.drain()
+        await asyncio.sleep(0.04)
+    w.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(b"data: [DONE]\n\n"), b"data: [DONE]\n\n"))
+    await w.drain()
+
+
+async def test_probes_that_time_out_while_the_backend_streams_do_not_take_it_out() -> None:
+    """Every probe times out, but while the backend streams to a request in flight it stays in;
+    once it has nothing in flight, the same silence takes it out, and /health says why."""
+    hc = {"unhealthy_after": 2, "interval_s": 0.05, "timeout_s": 0.15}
+    async with asyncio.timeout(30), raw_server(_streams_but_never_answers_probes) as url, \
+            gateway(sims=0, extra_backends=[BackendConfig(name="busy", url=url, kind="openai")], health=hc) as gw, \
+            gw.client() as c:
+        statuses: list[str] = []
+
+        async def watch() -> None:
+            while True:
+                statuses.append((await health(gw.url))["status"])
+                await asyncio.sleep(0.05)
+
+        watcher = asyncio.create_task(watch())
+        stream = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=30, stream=True)
+        texts = [ch.choices[0].delta.content async for ch in stream]
+        watcher.cancel()
+
+        async def down() -> bool:
+            return bool((await health(gw.url))["status"] == "unavailable")
+        await until(down)
+        probe_error = (await health(gw.url))["backends"]["busy"]["probe_error"]
+    assert texts == [" tok"] * 30
+    assert len(statuses) >= 10 and set(statuses) == {"ok"}  # about 1.2 s of streaming, polled
+    assert probe_error == "no answer within 0.15 s"
 
 
 async def test_first_token_deadline_is_a_504_and_aborts_the_engine_request() -> None:

@@ -11,7 +11,7 @@ callers drive; see ../shared/style.md 1.6).
     suspendable(id, now)  (upstream open)    -> Suspend(id, backend) of a victim, Start of the waiter
     failed(id, kind, now) (nothing sent yet) -> Start(id, backend) again (a retry), or nothing
     finish(id, outcome, now)  (exactly once) -> Start of whoever gets the slot
-    probe(backend, ok, now), set_kind(...)   -> HealthChanged, Start
+    probe(backend, ok, now, busy=), set_kind -> HealthChanged, Start
     tick(now)   (at next_wakeup())           -> Reject(id, "queue_timeout"), Start
     close(now)                               -> Reject(id, "shutting_down") for every queued request
     reconfigure(params, now)  (live reload)  -> Start of whoever a raised cap or share lets in
@@ -232,13 +232,18 @@ class Front:
         self._pump(now, True)
         return self._flush()
 
-    def probe(self, backend: str, ok: bool, now: float) -> Sequence[Decision]:
-        """A health probe of `backend` succeeded or failed."""
+    def probe(self, backend: str, ok: bool, now: float, *, busy: bool = False) -> Sequence[Decision]:
+        """A health probe of `backend` succeeded or failed. `busy`: it failed by not answering
+        in time while the backend was delivering bytes to requests in flight. An engine too
+        loaded to answer its health page promptly is not a dead one, and taking the only
+        backend out would strand everything queued behind it; so that probe counts neither
+        way (a wedged server is still found by its requests' own connect and first-token
+        failures)."""
         if ok:
             if self.slots.mark_success(backend):
                 self._out.append(HealthChanged(backend, True))
                 self._pump(now, True)
-        elif self.slots.mark_failure(backend):
+        elif not busy and self.slots.mark_failure(backend):
             self._out.append(HealthChanged(backend, False))
         return self._flush()
 

@@ -21,6 +21,7 @@ from tailguard.front.front import Decision, Front, HealthChanged, Reject, Start,
 from tailguard.front.params import FrontParams
 from tailguard.gateway.metrics import GatewayMetrics
 from tailguard.gateway.resume import Progress
+from tailguard.gateway.watchdog import Watchdog
 from tailguard.types import Outcome
 
 log = logging.getLogger("tailguard.gateway")
@@ -53,6 +54,9 @@ class Ticket:
     preemptions: int = 0
     on_suspend: Callable[[], None] | None = None
     ended: bool = False
+    # Its exchange's deadlines, whose `last_at` is when its backend last sent it bytes (set by
+    # the exchange; read only when a health probe of that backend times out).
+    watchdog: Watchdog | None = None
 
 
 def overloaded(reason: str, retry_after_s: float, message: str | None = None) -> Overloaded:
@@ -138,8 +142,17 @@ class Dispatcher:
             ticket.waiter.cancel()
         self._apply(self.front.finish(ticket.id, outcome, self._loop.time()))
 
-    def probe(self, backend: str, ok: bool) -> None:
-        self._apply(self.front.probe(backend, ok, self._loop.time()))
+    def probe(self, backend: str, ok: bool, *, busy: bool = False) -> None:
+        self._apply(self.front.probe(backend, ok, self._loop.time(), busy=busy))
+
+    def delivered_since(self, backend: str, since: float) -> bool:
+        """Whether `backend` sent bytes to any request in flight since `since` (perf_counter
+        seconds): evidence that it is alive, asked when its health probe timed out."""
+        for t in self._tickets.values():
+            wd = t.watchdog
+            if wd is not None and t.backend == backend and wd.last_at >= since:
+                return True
+        return False
 
     def set_kind(self, backend: str, continues: bool) -> None:
         self._apply(self.front.set_kind(backend, continues, self._loop.time()))

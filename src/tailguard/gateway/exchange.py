@@ -88,6 +88,7 @@ class Exchange:
         assert times.bound_at is not None
         to = ctx.timeouts
         self._wd = Watchdog(ctx.loop, total_at=times.bound_at + to.total_s, idle_s=to.idle_s)
+        ticket.watchdog = self._wd
         self._tally = Tally(times, self._wd, ctx.metrics.cls(job.cls.name).itl)  # across attempts and runs
         self._stream: StreamRelay | None = None
         self._asm: Assembler | None = None  # kept across the runs of a preemptible request

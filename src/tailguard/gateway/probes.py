@@ -3,13 +3,16 @@ start and whenever it comes back), whether it is healthy (every `health.interval
 many requests the engine itself reports running and waiting (its load page, where the kind has
 one). Every request is bounded by `health.timeout_s`, so a backend that never answers holds up
 nothing but its own probes; what is learnt goes to the front (health, kind) and to `/health` and
-`/metrics`.
+`/metrics`. A probe that times out while the backend is streaming to requests in flight is
+reported as `busy`, which the front does not count against it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from dataclasses import dataclass
 
 import aiohttp
 
@@ -19,6 +22,14 @@ from tailguard.gateway.kinds import DETECT_PATHS, EngineLoad, detect_kind, get_k
 from tailguard.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("tailguard.gateway")
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """Why a probe got no 2xx answer; `timed_out`: none at all within `health.timeout_s`."""
+
+    reason: str
+    timed_out: bool = False
 
 
 class Probes:
@@ -47,15 +58,18 @@ class Probes:
             backend = self.backends[name]
             # An explicit `health.path` wins; else each kind's own (a plain OpenAI server has no /health).
             path = cfg.health.path if "path" in cfg.health.model_fields_set else get_kind(backend.kind).health_path
-            error = await self._check(backend, path)
-            ok = error is None
-            self.last_error[name] = error
-            self.dispatcher.probe(name, ok)
-            if ok:
+            sent_at = time.perf_counter()
+            answer = await self._fetch(backend, path)
+            failed = answer if isinstance(answer, _Failed) else None
+            self.last_error[name] = failed.reason if failed is not None else None
+            # No answer in time, but the engine streamed to requests in flight meanwhile: busy.
+            busy = failed is not None and failed.timed_out and self.dispatcher.delivered_since(name, sent_at)
+            self.dispatcher.probe(name, failed is None, busy=busy)
+            if failed is None:
                 await self._read_load(backend)
             now_healthy = self.dispatcher.front.slots.is_healthy(name)
-            if healthy and not now_healthy:
-                log.warning("backend %s: health probe GET %s failed: %s", name, path, error)
+            if healthy and not now_healthy and failed is not None:
+                log.warning("backend %s: health probe GET %s failed: %s", name, path, failed.reason)
             detect = auto and now_healthy and not healthy  # it came back: ask again what it is
             healthy = now_healthy
             if not detect:
@@ -66,22 +80,17 @@ class Probes:
         body = await self._fetch(backend, path)
         return body if isinstance(body, bytes) else None
 
-    async def _check(self, backend: BackendConfig, path: str) -> str | None:
-        """None when GET `path` answers 2xx, else why not."""
-        body = await self._fetch(backend, path)
-        return None if isinstance(body, bytes) else body
-
-    async def _fetch(self, backend: BackendConfig, path: str) -> bytes | str:
-        """The body of a 2xx answer to GET `path`, or a str saying why there is none."""
+    async def _fetch(self, backend: BackendConfig, path: str) -> bytes | _Failed:
+        """The body of a 2xx answer to GET `path`, or why there is none."""
         headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
         try:
             async with self.session.get(backend.url + path, timeout=self.timeout, headers=headers) as resp:
                 body = await resp.read()
-                return body if 200 <= resp.status < 300 else f"status {resp.status}"
+                return body if 200 <= resp.status < 300 else _Failed(f"status {resp.status}")
         except asyncio.TimeoutError:
-            return f"no answer within {self.cfg.health.timeout_s:g} s"
+            return _Failed(f"no answer within {self.cfg.health.timeout_s:g} s", timed_out=True)
         except aiohttp.ClientError as e:
-            return f"{type(e).__name__}: {e}"
+            return _Failed(f"{type(e).__name__}: {e}")
 
     async def _detect(self, configured: BackendConfig) -> None:
         """Ask a `kind: auto` backend what it is and switch everything that depends on it (request

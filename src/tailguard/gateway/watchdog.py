@@ -31,7 +31,7 @@ class Watchdog:
         self.total_at = total_at
         self.first_token_at = total_at
         self.idle_s = idle_s
-        self.last_at = time.perf_counter()
+        self.last_at = 0.0  # when the current attempt's backend last sent bytes (0: not yet)
         self.first_seen = False
         self.expired: str | None = None
 
@@ -40,6 +40,7 @@ class Watchdog:
         first chunk within `idle_s` (the usual case) leaves the timer as it is."""
         self.first_token_at = first_token_at
         self.first_seen = False
+        self.last_at = 0.0
         self._arm(min(first_token_at, self.total_at, time.perf_counter() + self.idle_s))
 
     def first_content(self, now: float) -> None:

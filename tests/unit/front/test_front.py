@@ -202,6 +202,20 @@ def test_sustained_overload_is_refused_at_once_and_what_is_admitted_waits_within
     assert max(waits) <= 5.0
 
 
+def test_a_busy_backend_s_late_probes_count_neither_way() -> None:
+    # Probes that time out while the backend streams to requests in flight: loaded, not dead.
+    f = make(unhealthy_after=2)
+    for t in (0.0, 0.1, 0.2):
+        assert list(f.probe("a", False, t, busy=True)) == []
+    assert f.slots.is_healthy("a")
+    f.probe("a", False, 0.3)  # one real failure, then a busy one: still one in a row
+    f.probe("a", False, 0.4, busy=True)
+    assert f.slots.is_healthy("a")
+    assert list(f.probe("a", False, 0.5)) == [HealthChanged("a", False)]
+    assert list(f.probe("a", False, 0.6, busy=True)) == []  # nor does it bring one back
+    assert not f.slots.is_healthy("a")
+
+
 def test_no_healthy_backend_and_shutdown_refuse_on_arrival() -> None:
     f = make(unhealthy_after=1)
     assert list(f.probe("a", False, 0.0)) == [HealthChanged("a", False)]
