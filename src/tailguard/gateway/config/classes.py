@@ -1,0 +1,119 @@
+"""The `classes` section of the gateway's config: `ClassConfig` (one request class: rank, caps,
+queue budgets, shares, preemptible) and `default_classes()`. Apart from the other sections because
+a class is what the gateway's scheduling is about and it has the most settings and checks."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from tailguard.front import params as fp
+from tailguard.gateway.config.base import _CLS, _Model
+
+CapMode = Literal["clamp", "reject"]
+
+_CLASS_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+class ClassConfig(_Model):
+    """A named request class: its rank, caps and queue budgets."""
+
+    name: str = Field(description="Class name, used in `X-Tailguard-Class`, metrics labels and logs.")
+    rank: int = Field(
+        default=_CLS.rank,
+        description="Priority between classes: a lower rank is served first (strict priority, except while a "
+        "later-ranked class is below its `min_share`).",
+    )
+    default_max_tokens: int | None = Field(
+        default=None, ge=1,
+        description="`max_tokens` set on requests that carry none. When unset, `max_tokens_cap` (if any) "
+        "is used instead, so a cap cannot be bypassed by leaving `max_tokens` out.",
+    )
+    max_tokens_cap: int | None = Field(
+        default=None, ge=1,
+        description="Largest `max_tokens` (or `max_completion_tokens`) a request of this class may ask for.",
+    )
+    cap_mode: CapMode = Field(
+        default="clamp",
+        description="What happens to a request over `max_tokens_cap`: `clamp` lowers it to the cap, "
+        "`reject` answers 400.",
+    )
+    max_prompt_tokens: int | None = Field(
+        default=None, ge=1,
+        description="Largest estimated prompt (UTF-8 bytes / 4, or exact token ids) accepted; larger is a 400.",
+    )
+    max_queue_len: int = Field(
+        default=_CLS.max_queue_len, ge=1,
+        description="Requests of this class that may wait in the gateway at once; more are rejected "
+        "with 503 `queue_full`. Bounds the gateway's memory.",
+    )
+    max_queue_wait_s: float = Field(
+        default=_CLS.max_queue_wait_s, gt=0,
+        description="Longest a request may wait in the gateway's queue. A request expected to wait longer "
+        "is rejected on arrival (503 `wait_bound`); one that does wait this long leaves with the same answer.",
+    )
+    max_share: float = Field(
+        default=_CLS.max_share, gt=0, le=1,
+        description="Fraction of each backend's `max_concurrency` that this class and every class ranked "
+        "after it may occupy together (rounded down, at least one slot); the rest is kept for "
+        "higher-ranked classes.",
+    )
+    min_share: float = Field(
+        default=_CLS.min_share, ge=0, lt=1,
+        description="Guaranteed fraction of the slots in use (rounded down) for this class while it has "
+        "requests queued: when a slot frees and the class holds fewer, its next request goes before those "
+        "of higher ranks, so a flood of higher-ranked work cannot starve it. 0 = no guarantee (strict "
+        "priority). Used by `ranked-sjf`; at most `max_share`.",
+    )
+    preemptible: bool = Field(
+        default=_CLS.preemptible,
+        description="A running request of this class may be suspended to free its slot for a queued request "
+        "of a lower rank, and resumed later where it stopped (the client's connection stays open). Only on "
+        "backends whose kind can continue a generation (`vllm`, `llamacpp`, `sim`).",
+    )
+
+    def spec(self) -> fp.ClassSpec:
+        return fp.ClassSpec(name=self.name, rank=self.rank, max_queue_len=self.max_queue_len,
+                            max_queue_wait_s=self.max_queue_wait_s, max_share=self.max_share,
+                            min_share=self.min_share, preemptible=self.preemptible)
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str) -> str:
+        if not _CLASS_NAME.match(v):
+            raise ValueError(f"class name {v!r} may only hold letters, digits, '_', '.' and '-'")
+        return v
+
+    @model_validator(mode="after")
+    def _min_within_max_share(self) -> ClassConfig:
+        if self.min_share > self.max_share:
+            raise ValueError(f"min_share ({self.min_share}) is above max_share ({self.max_share})")
+        return self
+
+    @model_validator(mode="after")
+    def _default_within_cap(self) -> ClassConfig:
+        if (
+            self.default_max_tokens is not None
+            and self.max_tokens_cap is not None
+            and self.default_max_tokens > self.max_tokens_cap
+        ):
+            raise ValueError(
+                f"default_max_tokens ({self.default_max_tokens}) is above max_tokens_cap ({self.max_tokens_cap})"
+            )
+        return self
+
+
+def default_classes() -> list[ClassConfig]:
+    """`interactive` first; `batch` capped and preemptible, with every slot open to it.
+
+    Without preemption a burst of long batch jobs fills every slot and a chat waits for one of
+    them to finish (seconds): the tail this gateway exists to remove. Reserving slots for chats
+    trades that against batch throughput and latency, and no share meets both on the seed mix
+    (docs/configuration.md). Suspending a batch job for a waiting chat and resuming it later costs
+    one re-prefill instead, so batch may use the whole engine (benchmarks/results/seed_des.md).
+    """
+    caps: dict[str, dict[str, Any]] = {"batch": {"max_tokens_cap": 4096}}
+    return [ClassConfig(**asdict(c), **caps.get(c.name, {})) for c in fp.default_classes()]

@@ -1,0 +1,146 @@
+"""The top of the gateway's config: `GatewayConfig`, the whole `tailguard.yaml`, made of the
+sections of its sibling modules plus the listener and request-body settings. It holds what
+needs every section at once: the checks across sections (class names referenced elsewhere,
+duplicate names), `front_params()`, the settings with secrets fingerprinted and their digest,
+and `quick()` (the config behind `tailguard serve --backend URL`)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from tailguard import settings
+from tailguard.errors import ConfigError
+from tailguard.front import params as fp
+from tailguard.gateway.config.auth import AuthConfig, _fingerprint
+from tailguard.gateway.config.backends import BackendConfig
+from tailguard.gateway.config.base import _Model
+from tailguard.gateway.config.classes import ClassConfig, default_classes
+from tailguard.gateway.config.problems import validate
+from tailguard.gateway.config.scheduler import SchedulerConfig
+from tailguard.gateway.config.upstream import HealthConfig, RetryConfig, TimeoutsConfig
+
+ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]
+
+
+class GatewayConfig(_Model):
+    """The whole `tailguard.yaml` of `tailguard serve`."""
+
+    host: str = Field(default="127.0.0.1", description="Address to listen on.")
+    port: int = Field(default=8080, ge=0, le=65535, description="Port to listen on (0 picks a free one).")
+    classes: list[ClassConfig] = Field(
+        default_factory=default_classes, min_length=1,
+        description="Request classes. Defaults: `interactive` (rank 0) and `batch` (rank 1, capped).",
+    )
+    default_class: str = Field(
+        default="interactive", description="Class of a request that nothing else classifies."
+    )
+    service_tier_map: dict[ServiceTier, str] = Field(
+        default_factory=dict,
+        description="Overrides of the OpenAI `service_tier` -> class mapping. Built in: `priority` and "
+        "`scale` -> `interactive` (else the lowest rank), `default` -> `interactive` (else `default_class`), "
+        "`flex` -> `batch` (else the highest rank), `auto` -> no opinion.",
+    )
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig, description="Queueing policy.")
+    backends: list[BackendConfig] = Field(
+        default_factory=list, description="Upstream servers (`tailguard serve` needs at least one)."
+    )
+    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig, description="Upstream deadlines per phase.")
+    health: HealthConfig = Field(default_factory=HealthConfig, description="Backend health probes.")
+    auth: AuthConfig = Field(default_factory=AuthConfig, description="Client API keys.")
+    max_body_bytes: int = Field(
+        default=4 * 1024 * 1024, ge=1024,
+        description="Largest request body accepted; larger is a 413 (at once when its Content-Length says so).",
+    )
+    body_timeout_s: float = Field(
+        default=30.0, gt=0,
+        description="Longest wait for a request's body once its headers are in; a slower client gets a 408. "
+        "Nothing is queued before its body is in, so a slow client costs a connection, never a slot.",
+    )
+    access_log: bool = Field(default=True, description="Write one JSON line per request to stderr (written "
+                                                       "together every 0.2 s).")
+    log_prompts: bool = Field(
+        default=False, description="Include prompt and completion text in the access log (off: metadata only)."
+    )
+    retries: RetryConfig = Field(default_factory=RetryConfig, description="Retries that lose nothing.")
+
+    def front_params(self, continues: dict[str, bool] | None = None) -> fp.FrontParams:
+        """The front's parameters; `continues` maps a backend to whether its kind can continue a
+        generation (backends of kind `auto` are added as not continuing until detected)."""
+        known = continues or {}
+        h = self.health
+        return fp.FrontParams(
+            classes=[c.spec() for c in self.classes],
+            backends=[b.spec(known.get(b.name, False)) for b in self.backends],
+            queue=self.scheduler.queue_params(), preemption=self.scheduler.preemption_params(),
+            health=fp.HealthParams(unhealthy_after=h.unhealthy_after, healthy_after=h.healthy_after),
+            retry=self.retries.params(),
+        )
+
+    def settings(self) -> dict[str, Any]:
+        """Every setting as plain data, each secret (client keys, backend keys) replaced by a
+        fingerprint: what the config's hash covers, what `/config` shows and a bench run records,
+        and what `tailguard config diff` compares. A changed key still shows as changed."""
+        data = self.model_dump(mode="json")
+        data["auth"]["api_keys"] = {_fingerprint(k): v for k, v in data["auth"]["api_keys"].items()}
+        for b in data["backends"]:
+            if b.get("api_key"):
+                b["api_key"] = _fingerprint(b["api_key"])
+        return data
+
+    def digest(self) -> str:
+        """The short hash of `settings()`: the `X-Tailguard-Config` header, `/health`'s `config`."""
+        return settings.digest(self.settings())
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> GatewayConfig:
+        names = [c.name for c in self.classes]
+        _no_duplicates(names, "class")
+        known = set(names)
+        listing = ", ".join(names)
+        if self.default_class not in known:
+            raise ValueError(f"default_class {self.default_class!r} is not a configured class (known: {listing})")
+        for tier, target in self.service_tier_map.items():
+            if target not in known:
+                raise ValueError(f"service_tier_map.{tier} names unknown class {target!r} (known: {listing})")
+        for key_cfg in self.auth.api_keys.values():
+            if key_cfg.default_class is not None and key_cfg.default_class not in known:
+                label = key_cfg.name or "an api key"
+                raise ValueError(
+                    f"auth: {label} has default_class {key_cfg.default_class!r}, not a configured class (known: {listing})"
+                )
+        _no_duplicates([b.name for b in self.backends], "backend")
+        return self
+
+    @classmethod
+    def quick(cls, backend_urls: list[str], max_concurrency: int = 8, kind: str = "auto") -> GatewayConfig:
+        """The config behind `tailguard serve --backend URL ... [--backend-kind KIND]`: default
+        classes, one backend per URL, all of one kind."""
+        if not backend_urls:
+            raise ConfigError("at least one --backend URL is needed")
+        seen: dict[str, int] = {}
+        backends: list[dict[str, Any]] = []
+        for url in backend_urls:
+            base = _host_port(url)
+            n = seen.get(base, 0)
+            seen[base] = n + 1
+            backends.append({"name": base if n == 0 else f"{base}-{n}", "url": url, "max_concurrency": max_concurrency,
+                             "kind": kind})
+        return validate(GatewayConfig, {"backends": backends}, "--backend")
+
+
+def _no_duplicates(names: list[str], what: str) -> None:
+    seen: set[str] = set()
+    for n in names:
+        if n in seen:
+            raise ValueError(f"{what} name {n!r} appears more than once")
+        seen.add(n)
+
+
+def _host_port(url: str) -> str:
+    rest = url.split("://", 1)[-1]
+    host = rest.split("/", 1)[0]
+    cleaned = re.sub(r"[^A-Za-z0-9_.:-]", "_", host)
+    return cleaned or "backend"
