@@ -125,15 +125,15 @@ _SLOW_TOK = b'data: {"id":"x","object":"chat.completion.chunk","created":1,"mode
 
 
 async def _streams_but_never_answers_probes(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-    """An engine too loaded to answer its health page: every GET hangs, a POST streams 30
-    content chunks 40 ms apart."""
+    """An engine too loaded to answer its health page: every GET hangs, a POST streams 40
+    content chunks 30 ms apart."""
     if not (await read_request(r)).startswith(b"POST"):
         await asyncio.sleep(3600)
     w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-    for _ in range(30):
+    for _ in range(40):
         w.write(b"%x\r\n%b\r\n" % (len(_SLOW_TOK), _SLOW_TOK))
         await w.drain()
-        await asyncio.sleep(0.04)
+        await asyncio.sleep(0.03)
     w.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(b"data: [DONE]\n\n"), b"data: [DONE]\n\n"))
     await w.drain()
 
@@ -141,7 +141,7 @@ async def _streams_but_never_answers_probes(r: asyncio.StreamReader, w: asyncio.
 async def test_probes_that_time_out_while_the_backend_streams_do_not_take_it_out() -> None:
     """Every probe times out, but while the backend streams to a request in flight it stays in;
     once it has nothing in flight, the same silence takes it out, and /health says why."""
-    hc = {"unhealthy_after": 2, "interval_s": 0.05, "timeout_s": 0.15}
+    hc = {"unhealthy_after": 2, "interval_s": 0.05, "timeout_s": 0.3}
     async with asyncio.timeout(30), raw_server(_streams_but_never_answers_probes) as url, \
             gateway(sims=0, extra_backends=[BackendConfig(name="busy", url=url, kind="openai")], health=hc) as gw, \
             gw.client() as c:
@@ -153,7 +153,7 @@ async def test_probes_that_time_out_while_the_backend_streams_do_not_take_it_out
                 await asyncio.sleep(0.05)
 
         watcher = asyncio.create_task(watch())
-        stream = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=30, stream=True)
+        stream = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=40, stream=True)
         texts = [ch.choices[0].delta.content async for ch in stream]
         watcher.cancel()
 
@@ -161,9 +161,9 @@ async def test_probes_that_time_out_while_the_backend_streams_do_not_take_it_out
             return bool((await health(gw.url))["status"] == "unavailable")
         await until(down)
         probe_error = (await health(gw.url))["backends"]["busy"]["probe_error"]
-    assert texts == [" tok"] * 30
+    assert texts == [" tok"] * 40
     assert len(statuses) >= 10 and set(statuses) == {"ok"}  # about 1.2 s of streaming, polled
-    assert probe_error == "no answer within 0.15 s"
+    assert probe_error == "no answer within 0.3 s"
 
 
 async def test_first_token_deadline_is_a_504_and_aborts_the_engine_request() -> None:
