@@ -9,6 +9,17 @@ from contextlib import asynccontextmanager
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
+# The head of a streamed answer, and one content event as an OpenAI-compatible server sends it.
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+TOK_EVENT = (b'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
+             b'"delta":{"content":" tok"},"finish_reason":null}]}\n\n')
+DONE_END = b"%x\r\n%b\r\n0\r\n\r\n" % (len(b"data: [DONE]\n\n"), b"data: [DONE]\n\n")  # [DONE], then the body's end
+
+
+def chunk(data: bytes) -> bytes:
+    """`data` as one frame of a chunked body."""
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
 
 @asynccontextmanager
 async def raw_server(handle: Handler) -> AsyncIterator[str]:

@@ -14,7 +14,7 @@ import pytest
 
 from tailguard.gateway.config import BackendConfig
 from tests.functional.gateways import dead_url, engine, gateway, health, sample, scrape, sim_running, until
-from tests.functional.raw_servers import raw_server, read_request
+from tests.functional.raw_servers import DONE_END, SSE_HEAD, TOK_EVENT, chunk, raw_server, read_request
 
 CHAT = [{"role": "user", "content": "hello"}]
 
@@ -121,20 +121,17 @@ async def test_no_healthy_backend_is_a_503_with_retry_after() -> None:
     assert int(resp.headers["retry-after"]) >= 1
 
 
-_SLOW_TOK = b'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" tok"},"finish_reason":null}]}\n\n'
-
-
 async def _streams_but_never_answers_probes(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
     """An engine too loaded to answer its health page: every GET hangs, a POST streams 40
     content chunks 30 ms apart."""
     if not (await read_request(r)).startswith(b"POST"):
         await asyncio.sleep(3600)
-    w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+    w.write(SSE_HEAD)
     for _ in range(40):
-        w.write(b"%x\r\n%b\r\n" % (len(_SLOW_TOK), _SLOW_TOK))
+        w.write(chunk(TOK_EVENT))
         await w.drain()
         await asyncio.sleep(0.03)
-    w.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(b"data: [DONE]\n\n"), b"data: [DONE]\n\n"))
+    w.write(DONE_END)
     await w.drain()
 
 

@@ -16,7 +16,7 @@ from tailguard.gateway.config import BackendConfig
 from tailguard.sim.server import running_sim
 from tailguard.wire.sse import DONE, SSEDecoder
 from tests.functional.gateways import engine, gateway, health, sample, scrape
-from tests.functional.raw_servers import raw_server, read_request
+from tests.functional.raw_servers import DONE_END, SSE_HEAD, TOK_EVENT, chunk, raw_server, read_request
 
 CHAT = [{"role": "user", "content": "x" * 400}]  # 104 prompt tokens by the bytes/4 estimate
 
@@ -170,21 +170,18 @@ async def test_vllm_backends_get_the_class_rank_as_priority() -> None:
                     assert "Priority scheduling is not enabled" in info.value.message
 
 
-_TOK = b'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" tok"},"finish_reason":null}]}\n\n'
-
-
 async def _floods(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
     """A backend that answers 40,000 content chunks as fast as the socket takes them (6 MB),
     and the gateway's probes with an empty model list."""
     if not (await read_request(r)).startswith(b"POST"):
         w.write(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{"data":[]}')
         return
-    w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-    frame = b"%x\r\n%b\r\n" % (len(_TOK), _TOK)
+    w.write(SSE_HEAD)
+    frame = chunk(TOK_EVENT)
     for _ in range(40):
         w.write(frame * 1000)
         await w.drain()
-    w.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(b"data: [DONE]\n\n"), b"data: [DONE]\n\n"))
+    w.write(DONE_END)
     await w.drain()
 
 
@@ -210,7 +207,7 @@ async def test_a_client_that_stops_reading_slows_the_backend_and_loses_nothing()
         raw = await reader.read()
         writer.close()
     events = SSEDecoder().feed(_unchunk(raw))
-    assert [ev.raw for ev in events[:-1]] == [_TOK] * 40000 and events[-1].data == DONE
+    assert [ev.raw for ev in events[:-1]] == [TOK_EVENT] * 40000 and events[-1].data == DONE
 
 
 def _unchunk(raw: bytes) -> bytes:

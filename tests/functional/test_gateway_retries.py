@@ -12,7 +12,7 @@ import pytest
 
 from tailguard.gateway.config import BackendConfig
 from tests.functional.gateways import gateway, sample, scrape
-from tests.functional.raw_servers import Handler, never_answers, raw_server, read_request
+from tests.functional.raw_servers import SSE_HEAD, Handler, chunk, never_answers, raw_server, read_request
 
 CHAT = [{"role": "user", "content": "hello"}]
 _EVENTS = (
@@ -24,8 +24,7 @@ _EVENTS = (
     b'"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}\n\n'
     b"data: [DONE]\n\n"
 )
-_RESPONSE = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-             + f"{len(_EVENTS):x}\r\n".encode() + _EVENTS + b"\r\n0\r\n\r\n")
+_RESPONSE = SSE_HEAD + chunk(_EVENTS) + b"0\r\n\r\n"
 
 async def drops_reused_connections(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
     """Answers the first request of a connection and keeps it open (HTTP/1.1 keep-alive, no

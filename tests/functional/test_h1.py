@@ -12,7 +12,7 @@ import pytest
 
 from tailguard.gateway.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.pool import Origin, Pool, origin_of
-from tests.functional.raw_servers import Handler, raw_server, read_request
+from tests.functional.raw_servers import SSE_HEAD, Handler, chunk, raw_server, read_request
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -28,10 +28,9 @@ def answers(raw: bytes, *, then_close: bool = False) -> Handler:
 
 
 def _chunked(*parts: bytes) -> bytes:
-    return b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+    return b"".join(map(chunk, parts)) + b"0\r\n\r\n"
 
 
-SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 EVENTS = [b'data: {"n":%d}\n\n' % i for i in range(5)]
 
 
@@ -87,7 +86,7 @@ async def test_a_chunked_stream_is_pushed_then_the_connection_is_reused(serve, p
                 return
             w.write(SSE_HEAD)
             for ev in EVENTS:
-                w.write(b"%x\r\n%b\r\n" % (len(ev), ev))
+                w.write(chunk(ev))
                 await w.drain()
                 await asyncio.sleep(0.005)
             w.write(b"0\r\n\r\n")
@@ -151,7 +150,7 @@ async def test_a_close_before_the_answer_and_in_the_body(serve, pool) -> None:
 
     async def cut(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await read_request(r)
-        w.write(SSE_HEAD + b"%x\r\n%b\r\n" % (len(EVENTS[0]), EVENTS[0]))
+        w.write(SSE_HEAD + chunk(EVENTS[0]))
         await w.drain()
         w.transport.abort()  # a reset in the middle of the body
 
@@ -197,7 +196,7 @@ async def test_a_reader_that_falls_behind_pauses_the_socket(serve, pool) -> None
         await read_request(r)
         w.write(SSE_HEAD)
         for _ in range(32):  # 2 MiB
-            w.write(b"%x\r\n%b\r\n" % (len(big), big))
+            w.write(chunk(big))
             await w.drain()
         w.write(b"0\r\n\r\n")
         await w.drain()
