@@ -8,9 +8,10 @@ start their own.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pytest
 
 from tailguard.cli.experiment import free_port
 from tests.real.processes import EngineProcess
+from tests.real.stalls import LoopLag, machine_pressure
 
 CACHE = Path(os.environ.get("TAILGUARD_CACHE", Path.home() / ".cache" / "tailguard"))
 MANIFEST = CACHE / "engines.json"
@@ -42,6 +44,48 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if here in Path(str(item.path)).parents and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(REAL_TIMEOUT_S))
+
+
+LOOP_LAG = pytest.StashKey[LoopLag]()
+STARTED = pytest.StashKey[list[EngineProcess]]()
+
+
+@pytest.fixture(autouse=True)
+async def loop_lag(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """Watch how late the test's event loop (which the in-process gateway shares) wakes up, for
+    the failure report: a deadline that fired because the process stalled looks like a bug."""
+    lag = LoopLag()
+    request.node.stash[LOOP_LAG] = lag
+    task = asyncio.create_task(lag.watch())
+    try:
+        yield
+    finally:
+        task.cancel()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None],
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failing real test's report carries what CI alone can tell: the tail of each engine's log,
+    how far the event loop lagged, and how starved the machine was."""
+    report = yield
+    if call.when == "call" and report.failed:
+        for proc in engines_of(item):
+            report.sections.append((f"{proc.name} log (last 40 lines)", proc.log_tail(40)))
+        lag = item.stash.get(LOOP_LAG, None)
+        if lag is not None:
+            report.sections.append(("event loop", lag.describe()))
+        report.sections.append(("machine", machine_pressure()))
+    return report
+
+
+def engines_of(item: pytest.Item) -> list[EngineProcess]:
+    """The engines a test used: its engine fixtures and the ones it started itself."""
+    found = [v for v in getattr(item, "funcargs", {}).values() if isinstance(v, EngineProcess)]
+    started: list[EngineProcess] = item.stash.get(STARTED, [])
+    found += started
+    return list({id(p): p for p in found}.values())
 
 
 def load_engines() -> Engines | str:
@@ -114,9 +158,11 @@ def llama_server(engines: Engines, engine_logs: Path) -> Iterator[EngineProcess]
 
 
 @pytest.fixture
-def start_llama(engines: Engines, engine_logs: Path) -> Iterator[Callable[..., EngineProcess]]:
+def start_llama(engines: Engines, engine_logs: Path,
+                request: pytest.FixtureRequest) -> Iterator[Callable[..., EngineProcess]]:
     """Start extra llama-servers for one test (e.g. to kill one); all are stopped after it."""
     started: list[EngineProcess] = []
+    request.node.stash[STARTED] = started
 
     def start(name: str = "llama-extra", slots: int = LLAMA_SLOTS, threads: int = 1, slow: bool = False,
               metrics: bool = True) -> EngineProcess:
