@@ -75,7 +75,7 @@ def pytest_runtest_makereport(
             report.sections.append((f"{proc.name} log (last 40 lines)", proc.log_tail(40)))
         lag = item.stash.get(LOOP_LAG, None)
         if lag is not None:
-            report.sections.append(("event loop", lag.describe()))
+            report.sections.append(("event loop and CPU time", lag.describe()))
         report.sections.append(("machine", machine_pressure()))
     return report
 
