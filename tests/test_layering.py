@@ -19,7 +19,7 @@ PURE = {
     "sim.cost", "sim.kv", "sim.engine", "sim.request", "sim.answer",
     "front.params", "front.admission", "front.queue", "front.slots", "front.router", "front.preemption", "front.retry", "front.front",
     "gateway.classes", "gateway.caps", "gateway.backends",
-    "gateway.config", "gateway.resume", "gateway.kinds", "sim.des",
+    "gateway.config", "gateway.live", "gateway.resume", "gateway.kinds", "sim.des",
     "gateway.config.base", "gateway.config.classes", "gateway.config.backends", "gateway.config.scheduler",
     "gateway.config.upstream", "gateway.config.auth", "gateway.config.gateway", "gateway.config.problems",
     "gateway.config.loading",

@@ -31,6 +31,7 @@ def _chunked(*parts: bytes) -> bytes:
     return b"".join(map(chunk, parts)) + b"0\r\n\r\n"
 
 
+CONNECT_S = 2.0
 EVENTS = [b'data: {"n":%d}\n\n' % i for i in range(5)]
 
 
@@ -46,13 +47,13 @@ async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[Origin]]]:
 
 @pytest.fixture
 async def pool() -> AsyncIterator[Pool]:
-    p = Pool(asyncio.get_running_loop(), connect_s=2.0)
+    p = Pool(asyncio.get_running_loop())
     yield p
     p.close()
 
 
 async def _post(pool: Pool, origin: Origin, *, fresh: bool = False, keep: bool = True) -> H1Response:
-    conn = await pool.connection(origin, fresh=fresh)
+    conn = await pool.connection(origin, CONNECT_S, fresh=fresh)
     head = origin.head("POST", "/v1/chat/completions", {"Content-Type": "application/json"}, 2)
     return await conn.request(head, b"{}", keep=keep)
 
@@ -258,7 +259,7 @@ async def test_the_pool_closes_idle_and_asked_to_close_connections(serve, pool) 
 
 async def test_connect_failures(pool) -> None:
     with pytest.raises(OSError):
-        await pool.connection(origin_of("http://127.0.0.1:9"))  # discard port: refused
+        await pool.connection(origin_of("http://127.0.0.1:9"), CONNECT_S)  # discard port: refused
 
 
 async def test_a_runaway_head_is_refused(serve, pool) -> None:

@@ -32,7 +32,8 @@ from tailguard.gateway.log_buffer import BufferedLineHandler
 from tailguard.gateway.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, GatewayMetrics
 from tailguard.gateway.probes import Probes
 from tailguard.gateway.proxy import Proxy, bearer, error_response
-from tailguard.gateway.reload import Live, Reloader
+from tailguard.gateway.live import Live
+from tailguard.gateway.reload import Reloader
 from tailguard.gateway.store import ConfigStore
 from tailguard.gateway.upstream import Upstream
 
@@ -70,18 +71,18 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     backends = {b.name: resolved(b) for b in cfg.backends}  # kind `auto` is `openai` until detected
     dispatcher = Dispatcher(
         cfg.front_params({n: get_kind(b.kind).continues_generation for n, b in backends.items()}), metrics, loop)
-    upstream = Upstream(cfg.timeouts)
+    upstream = Upstream()
     app[DISPATCHER] = dispatcher
     app[UPSTREAM] = upstream
     app[BACKENDS] = backends
     app[PROXY] = Proxy(cfg, ClassTable(cfg), Context(
-        dispatcher, upstream, backends, metrics, cfg.timeouts, OutputEstimator(cfg.scheduler.output_estimate), loop,
+        dispatcher, upstream, backends, metrics, app[LIVE], OutputEstimator(cfg.scheduler.output_estimate), loop,
         keep_text=cfg.log_prompts))
-    app[MODELS] = ModelCache(cfg, upstream.session)
+    app[MODELS] = ModelCache(app[LIVE], upstream.session)
     for b in backends.values():
         metrics.backend_healthy.labels(b.name).set(1)
         metrics.set_kind(b.name, b.kind)
-    app[PROBES] = Probes(cfg, backends, dispatcher, upstream.session, metrics)
+    app[PROBES] = Probes(app[LIVE], backends, dispatcher, upstream.session, metrics)
     probes = app[PROBES].start()
     try:
         yield
@@ -151,8 +152,8 @@ async def _config_header(request: web.Request, response: web.StreamResponse) -> 
 class ModelCache:
     """The union of the backends' `/v1/models`, refreshed at most once per health interval."""
 
-    def __init__(self, cfg: GatewayConfig, session: aiohttp.ClientSession) -> None:
-        self._cfg = cfg
+    def __init__(self, live: Live, session: aiohttp.ClientSession) -> None:
+        self._live = live
         self._session = session
         self._body: bytes | None = None
         self._expires_at = 0.0
@@ -164,11 +165,11 @@ class ModelCache:
         async with self._lock:
             if self._body is None or now >= self._expires_at:
                 self._body = await self._fetch()
-                self._expires_at = now + self._cfg.health.interval_s
+                self._expires_at = now + self._live.cfg.health.interval_s
         return self._body
 
     async def _fetch(self) -> bytes:
-        results = await asyncio.gather(*(self._one(b.name) for b in self._cfg.backends))
+        results = await asyncio.gather(*(self._one(b) for b in self._live.cfg.backends))
         seen: dict[str, dict[str, object]] = {}
         for models in results:
             for m in models:
@@ -177,15 +178,14 @@ class ModelCache:
                     seen[mid] = m
         return orjson.dumps({"object": "list", "data": list(seen.values())})
 
-    async def _one(self, name: str) -> list[dict[str, object]]:
-        backend = next(b for b in self._cfg.backends if b.name == name)
+    async def _one(self, backend: BackendConfig) -> list[dict[str, object]]:
         if backend.model is not None:
             # Requests to this backend are rewritten to its model, so that is what it serves.
             return [{"id": backend.model, "object": "model", "owned_by": backend.name}]
         headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
         try:
             async with self._session.get(backend.url + "/v1/models", headers=headers,
-                                         timeout=aiohttp.ClientTimeout(total=self._cfg.health.timeout_s)) as resp:
+                                         timeout=aiohttp.ClientTimeout(total=self._live.cfg.health.timeout_s)) as resp:
                 if resp.status != 200:
                     return []
                 data = orjson.loads(await resp.read())

@@ -20,9 +20,10 @@ from typing import Any
 from tailguard.errors import APIError, Overloaded
 from tailguard.gateway.assemble import Assembler
 from tailguard.gateway.caps import Capped, OutputEstimator
-from tailguard.gateway.config import BackendConfig, ClassConfig, TimeoutsConfig
+from tailguard.gateway.config import BackendConfig, ClassConfig
 from tailguard.gateway.dispatch import Dispatcher, Ticket
 from tailguard.gateway.h1 import H1Response
+from tailguard.gateway.live import Live
 from tailguard.gateway.metrics import GatewayMetrics, RequestTimes, response_headers
 from tailguard.gateway.resume import continuation_body
 from tailguard.gateway.sink import Sink
@@ -74,7 +75,7 @@ class Context:
     upstream: Upstream
     backends: dict[str, BackendConfig]  # by name, kinds resolved (app.py updates it on detection)
     metrics: GatewayMetrics
-    timeouts: TimeoutsConfig
+    live: Live  # deadlines are read from it as each request starts (a reload changes them)
     estimator: OutputEstimator
     loop: asyncio.AbstractEventLoop
     keep_text: bool = False  # keep the assembled text (log_prompts)
@@ -86,7 +87,7 @@ class Exchange:
     def __init__(self, job: Job, ticket: Ticket, times: RequestTimes, sink: Sink, ctx: Context) -> None:
         self.job, self.ticket, self.times, self.sink, self.ctx = job, ticket, times, sink, ctx
         assert times.bound_at is not None
-        to = ctx.timeouts
+        self._to = to = ctx.live.cfg.timeouts  # kept for every attempt: a reload meanwhile changes nothing here
         self._wd = Watchdog(ctx.loop, total_at=times.bound_at + to.total_s, idle_s=to.idle_s)
         ticket.watchdog = self._wd
         self._tally = Tally(times, self._wd, ctx.metrics.cls(job.cls.name).itl)  # across attempts and runs
@@ -135,10 +136,11 @@ class Exchange:
             t.backend = backend.name
             t.attempts += 1
             body = self._body(backend)
-            self._wd.start_attempt(clock() + ctx.timeouts.first_token_s)
+            self._wd.start_attempt(clock() + self._to.first_token_s)
             up = None
             try:
-                up = await ctx.upstream.open(backend, job.endpoint, body, job.req_id, fresh=self._retried)
+                up = await ctx.upstream.open(backend, job.endpoint, body, job.req_id, self._to.connect_s,
+                                             fresh=self._retried)
                 t.upstream_headers_at = clock()
                 if ticket.progress is not None:
                     ctx.dispatcher.upstream_open(ticket, up.close)

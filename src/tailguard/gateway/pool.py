@@ -2,7 +2,7 @@
 (it is the least likely to have been closed by the backend's idle timeout), one idle longer
 than `keepalive_s` is closed instead, and one the backend closed while idle leaves at once.
 
-    conn = await pool.connection(origin, fresh=False)
+    conn = await pool.connection(origin, connect_s=5.0, fresh=False)
     resp = await conn.request(origin.head("POST", path, headers, len(body)), body)
 """
 
@@ -52,17 +52,16 @@ def origin_of(url: str) -> Origin:
 class Pool:
     """Idle connections per origin (see the module docstring)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, *, connect_s: float, keepalive_s: float = 30.0) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, keepalive_s: float = 30.0) -> None:
         self.loop = loop
-        self.connect_s = connect_s
         self.keepalive_s = keepalive_s
         self._idle: dict[Origin, list[H1Connection]] = {}
         self._origin: dict[H1Connection, Origin] = {}
         self._tls: ssl.SSLContext | None = None
 
-    async def connection(self, origin: Origin, *, fresh: bool = False) -> H1Connection:
+    async def connection(self, origin: Origin, connect_s: float, *, fresh: bool = False) -> H1Connection:
         """An idle connection to `origin` (unless `fresh`), or a new one. Raises OSError
-        (refused, unreachable) or TimeoutError (no connection within `connect_s`)."""
+        (refused, unreachable) or TimeoutError (no new connection within `connect_s`)."""
         if not fresh:
             idle = self._idle.get(origin)
             stale_before = self.loop.time() - self.keepalive_s
@@ -71,15 +70,15 @@ class Pool:
                 if conn.idle_since >= stale_before and not conn.closed:
                     return conn
                 conn.abort()
-        return await self._connect(origin)
+        return await self._connect(origin, connect_s)
 
-    async def _connect(self, origin: Origin) -> H1Connection:
+    async def _connect(self, origin: Origin, connect_s: float) -> H1Connection:
         tls = None
         if origin.scheme == "https":
             if self._tls is None:
                 self._tls = ssl.create_default_context()
             tls = self._tls
-        async with asyncio.timeout(self.connect_s):
+        async with asyncio.timeout(connect_s):
             _, conn = await self.loop.create_connection(
                 lambda: H1Connection(self.loop, self._idle_again, self._lost), origin.host, origin.port, ssl=tls)
         self._origin[conn] = origin

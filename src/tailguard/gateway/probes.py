@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from tailguard.gateway.config import BackendConfig, GatewayConfig
+from tailguard.gateway.config import BackendConfig
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.kinds import DETECT_PATHS, EngineLoad, detect_kind, get_kind
+from tailguard.gateway.live import Live
 from tailguard.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("tailguard.gateway")
@@ -34,30 +35,30 @@ class _Failed:
 
 class Probes:
     """The probe loops of every backend; `backends` (kinds resolved) is updated in place when a
-    kind is detected, which is what the exchanges read."""
+    kind is detected, which is what the exchanges read. Each probe reads the `health` section of
+    the live config as it is sent, so a reload changes path, timeout and interval from the next one."""
 
-    def __init__(self, cfg: GatewayConfig, backends: dict[str, BackendConfig], dispatcher: Dispatcher,
+    def __init__(self, live: Live, backends: dict[str, BackendConfig], dispatcher: Dispatcher,
                  session: aiohttp.ClientSession, metrics: GatewayMetrics) -> None:
-        self.cfg, self.backends, self.dispatcher, self.session, self.metrics = cfg, backends, dispatcher, session, metrics
-        self.timeout = aiohttp.ClientTimeout(total=cfg.health.timeout_s)
+        self.live, self.backends, self.dispatcher, self.session, self.metrics = live, backends, dispatcher, session, metrics
         self.load: dict[str, EngineLoad] = {}  # the engine's own count, from its last load page
         # Why the last health probe of each backend failed (None once one succeeds): logged when it
         # turns a backend unhealthy and shown in `/health`, so "unhealthy" always says why.
         self.last_error: dict[str, str | None] = {}
 
     def start(self) -> list[asyncio.Task[None]]:
-        return [asyncio.create_task(self._loop(b), name=f"tailguard-probe-{b.name}") for b in self.cfg.backends]
+        return [asyncio.create_task(self._loop(b), name=f"tailguard-probe-{b.name}") for b in self.live.cfg.backends]
 
     async def _loop(self, configured: BackendConfig) -> None:
-        cfg, name = self.cfg, configured.name
+        name = configured.name
         auto = configured.kind == "auto"
         detect, healthy = auto, True
         while True:
             if detect:
                 await self._detect(configured)
-            backend = self.backends[name]
+            backend, health = self.backends[name], self.live.cfg.health
             # An explicit `health.path` wins; else each kind's own (a plain OpenAI server has no /health).
-            path = cfg.health.path if "path" in cfg.health.model_fields_set else get_kind(backend.kind).health_path
+            path = health.path if "path" in health.model_fields_set else get_kind(backend.kind).health_path
             sent_at = time.perf_counter()
             answer = await self._fetch(backend, path)
             failed = answer if isinstance(answer, _Failed) else None
@@ -73,7 +74,7 @@ class Probes:
             detect = auto and now_healthy and not healthy  # it came back: ask again what it is
             healthy = now_healthy
             if not detect:
-                await asyncio.sleep(cfg.health.interval_s)
+                await asyncio.sleep(health.interval_s)
 
     async def _get(self, backend: BackendConfig, path: str) -> bytes | None:
         """The body of a 2xx answer to GET `path`, or None (any other status, error or timeout)."""
@@ -83,12 +84,14 @@ class Probes:
     async def _fetch(self, backend: BackendConfig, path: str) -> bytes | _Failed:
         """The body of a 2xx answer to GET `path`, or why there is none."""
         headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
+        timeout_s = self.live.cfg.health.timeout_s
         try:
-            async with self.session.get(backend.url + path, timeout=self.timeout, headers=headers) as resp:
+            async with self.session.get(backend.url + path, timeout=aiohttp.ClientTimeout(total=timeout_s),
+                                        headers=headers) as resp:
                 body = await resp.read()
                 return body if 200 <= resp.status < 300 else _Failed(f"status {resp.status}")
         except asyncio.TimeoutError:
-            return _Failed(f"no answer within {self.cfg.health.timeout_s:g} s", timed_out=True)
+            return _Failed(f"no answer within {timeout_s:g} s", timed_out=True)
         except aiohttp.ClientError as e:
             return _Failed(f"{type(e).__name__}: {e}")
 

@@ -1,12 +1,13 @@
 """A live reload: a new config applied to the running gateway without losing a request.
 
-The front takes the new queue, slot, preemption and retry parameters in place
+The front takes the new queue, slot, preemption, retry and health-count parameters in place
 (`Front.reconfigure`: queued, running and suspended requests are kept); the class table (caps,
-classification) and the auth keys are swapped for requests that arrive from then on, while
-requests in flight keep what they started with. Settings read only at start (listening address,
-body limit, logging, timeouts, probes, a backend's address and kind) and other classes or
-backends need a restart: such a config is refused whole, with the settings named, and the
-gateway keeps what it had.
+classification) and the auth keys are swapped for requests that arrive from then on, and the
+deadlines and probe settings reach new requests and probes through `Live` (`gateway.live`),
+while requests in flight keep what they started with. Settings read only at start (listening
+address, body limit, logging, the output estimator, a backend's address and kind) and other
+classes or backends need a restart: such a config is refused whole, with the settings named, and
+the gateway keeps what it had.
 
 SIGHUP triggers it (`serve` installs the handler): the stored config that `tailguard config
 rollback` (or `reload --to N`) asked for in the state directory, else the `--config` file read again.
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from tailguard.errors import ConfigError
@@ -24,6 +24,7 @@ from tailguard.gateway.classes import ClassTable
 from tailguard.gateway.config import BackendConfig, GatewayConfig
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.kinds import get_kind
+from tailguard.gateway.live import Live
 from tailguard.gateway.proxy import Proxy
 from tailguard.gateway.store import ConfigStore
 from tailguard.settings import Change, diff, flatten
@@ -34,7 +35,7 @@ log = logging.getLogger("tailguard.gateway")
 # by exchanges and probes that are already running.
 _LIVE_BACKEND = frozenset({"max_concurrency", "weight", "reserved_slots"})
 _RESTART = frozenset({"host", "port", "max_body_bytes", "access_log", "log_prompts"})
-_RESTART_PREFIXES = ("timeouts.", "health.", "scheduler.output_estimate.")
+_RESTART_PREFIXES = ("scheduler.output_estimate.",)
 
 
 def restart_needed(old: GatewayConfig, new: GatewayConfig) -> list[Change]:
@@ -46,20 +47,6 @@ def _needs_restart(name: str) -> bool:
     if name.startswith("backends["):
         return name.rsplit(".", 1)[-1] not in _LIVE_BACKEND
     return name in _RESTART or name.startswith(_RESTART_PREFIXES)
-
-
-@dataclass(slots=True)
-class Live:
-    """The config the gateway runs now: the one object a reload replaces, read by every
-    response (its hash as `X-Tailguard-Config`) and by `/health`."""
-
-    cfg: GatewayConfig
-    hash: str
-    n: int | None = None  # its number in the state directory, when there is one
-
-    @classmethod
-    def of(cls, cfg: GatewayConfig) -> Live:
-        return cls(cfg, cfg.digest())
 
 
 class Reloader:

@@ -20,7 +20,7 @@ import orjson
 
 from tailguard.errors import APIError
 from tailguard.gateway.backends import prepare_body
-from tailguard.gateway.config import BackendConfig, TimeoutsConfig
+from tailguard.gateway.config import BackendConfig
 from tailguard.gateway.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.kinds import get_kind
 from tailguard.gateway.pool import Pool, origin_of
@@ -96,12 +96,11 @@ class Upstream:
     closed just the same would fail again). `session`, an aiohttp client, serves the gateway's
     own small requests (probes, the model list)."""
 
-    def __init__(self, timeouts: TimeoutsConfig) -> None:
-        self.timeouts = timeouts
-        self.pool = Pool(asyncio.get_running_loop(), connect_s=timeouts.connect_s, keepalive_s=30.0)
+    def __init__(self) -> None:
+        self.pool = Pool(asyncio.get_running_loop(), keepalive_s=30.0)
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30.0),
-            timeout=aiohttp.ClientTimeout(total=None, connect=timeouts.connect_s, sock_connect=timeouts.connect_s),
+            timeout=aiohttp.ClientTimeout(total=None),  # each of its requests sets its own bound
             auto_decompress=False,
             skip_auto_headers=("User-Agent",),
             # A gateway keeps no cookies: one backend's Set-Cookie must never ride on another request.
@@ -113,9 +112,11 @@ class Upstream:
         await self.session.close()
 
     async def open(
-        self, backend: BackendConfig, endpoint: Endpoint, body: bytes, req_id: str, *, fresh: bool = False,
+        self, backend: BackendConfig, endpoint: Endpoint, body: bytes, req_id: str, connect_s: float, *,
+        fresh: bool = False,
     ) -> H1Response:
-        """Send the request (`fresh`: on a new connection); returns a 2xx streaming response.
+        """Send the request (`fresh`: on a new connection, opened within `connect_s`); returns a
+        2xx streaming response.
         Raises `RelayError` (connect failures, resets, redirects, 5xx) or `UpstreamStatus` (4xx,
         passed back to the client)."""
         origin = origin_of(backend.url)
@@ -125,10 +126,10 @@ class Upstream:
         if backend.api_key:
             headers["Authorization"] = f"Bearer {backend.api_key}"
         try:
-            conn = await self.pool.connection(origin, fresh=fresh)
+            conn = await self.pool.connection(origin, connect_s, fresh=fresh)
         except TimeoutError:
             raise RelayError("timeout_connect", f"Connecting to backend '{backend.name}' timed out "
-                             f"after {self.timeouts.connect_s:g} s", status=504, retryable=True) from None
+                             f"after {connect_s:g} s", status=504, retryable=True) from None
         except OSError as e:
             # Refused or unreachable: that backend is down (the front tries another).
             raise RelayError("connect", f"Backend '{backend.name}' is unreachable: {e}", retryable=True) from None

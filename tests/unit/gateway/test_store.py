@@ -69,10 +69,11 @@ def test_secrets_are_fingerprints_in_the_settings_yet_a_new_key_changes_the_hash
 def test_a_reload_refuses_what_only_a_start_reads_and_takes_the_rest() -> None:
     moved = cfg(backends=[cfg().backends[0].model_copy(update={"url": "http://127.0.0.1:10", "max_concurrency": 4})])
     assert [c.name for c in restart_needed(cfg(), moved)] == ["backends[a].url"]
-    assert [c.name for c in restart_needed(cfg(), cfg(port=1, timeouts=cfg().timeouts.model_copy(update={"connect_s": 1.0})))] == [
-        "port", "timeouts.connect_s"]
-    tuned = cfg(scheduler=cfg().scheduler.model_copy(update={"aging_s": 2.0}), body_timeout_s=5.0)
-    assert restart_needed(cfg(), tuned) == []
+    assert [c.name for c in restart_needed(cfg(), cfg(port=1))] == ["port"]
+    tuned = cfg(scheduler=cfg().scheduler.model_copy(update={"aging_s": 2.0}), body_timeout_s=5.0,
+                timeouts=cfg().timeouts.model_copy(update={"connect_s": 1.0, "first_token_s": 9.0}),
+                health=cfg().health.model_copy(update={"path": "/ready", "interval_s": 0.5, "unhealthy_after": 2}))
+    assert restart_needed(cfg(), tuned) == []  # deadlines and probes reach new requests and probes
 
 
 def test_a_stale_pid_of_another_program_is_not_signalled(tmp_path: Path) -> None:
