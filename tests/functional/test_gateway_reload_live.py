@@ -1,21 +1,27 @@
-"""A live reload reaches the deadlines and the health probes: a real `tailguard serve --config`
-in front of a real simulator, the file rewritten and SIGHUP sent as an operator does. What starts
-after the reload runs by the new settings, and a request in flight keeps the ones it started with."""
+"""A live reload reaches the deadlines, the health probes and a backend's address: a real
+`tailguard serve --config` in front of a real simulator, the file rewritten and SIGHUP sent as an
+operator does. What starts after the reload runs by the new settings, and a request in flight
+keeps the ones it started with."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
+import yaml
+from aiohttp import web
 from openai import AsyncOpenAI
 
 from tailguard.sim.server import running_sim
 from tests.functional.gateways import engine, until
 from tests.functional.test_gateway_rollback import CHAT, SCALE, gateway_yaml, health, serving
+from tests.servers import running
 
 TOKENS = 2000  # about 3 s of wall time at SCALE: in flight across both reloads
 PROBES = {"interval_s": 0.1}
@@ -65,3 +71,55 @@ async def test_a_reload_changes_deadlines_and_probes_for_what_starts_next(tmp_pa
 
             done = await started_before  # dispatched under the first config: its deadline was 600 s
             assert done.usage is not None and done.usage.completion_tokens == TOKENS
+
+
+# A plain OpenAI-compatible server: no /health, no /version, so the gateway detects it as `openai`.
+PLAIN_ANSWER = (b'data: {"id":"p1","object":"chat.completion.chunk","created":1,"model":"plain","choices":[{"index":0,'
+                b'"delta":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
+
+
+@asynccontextmanager
+async def plain_server(keys: list[str | None]) -> AsyncIterator[str]:
+    """Serves `/v1/models` and a one-chunk chat stream; `keys` gets each chat's Authorization."""
+    async def chat(request: web.Request) -> web.Response:
+        keys.append(request.headers.get("Authorization"))
+        await request.read()
+        return web.Response(body=PLAIN_ANSWER, content_type="text/event-stream")
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "plain", "object": "model"}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
+    async with running(app) as url:
+        yield url
+
+
+async def test_a_reload_moves_a_backend_to_another_server(tmp_path: Path) -> None:
+    path = tmp_path / "gw.yaml"
+    keys: list[str | None] = []
+    async with asyncio.timeout(60), running_sim(engine(), time_scale=SCALE, model_name="sim-a") as sim, \
+            plain_server(keys) as plain:
+        doc = yaml.safe_load(gateway_yaml(sim.url, 4, 4096, health=PROBES))
+        doc["backends"][0]["kind"] = "auto"
+        path.write_text(yaml.safe_dump(doc))
+        async with serving(path) as (proc, url), AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as c:
+            async def kind_is(kind: str) -> bool:
+                return bool((await health(url))["backends"]["sim"]["kind"] == kind)  # type: ignore[index]
+
+            async def running_one() -> bool:
+                return bool((await health(url))["backends"]["sim"]["in_flight"] == 1)  # type: ignore[index]
+
+            await until(lambda: kind_is("sim"), step_s=0.02)
+            started_before = asyncio.create_task(c.chat.completions.create(model="m", messages=CHAT, max_tokens=TOKENS))
+            await until(running_one, step_s=0.02)
+
+            doc["backends"][0].update(url=plain, api_key="sk-new")
+            await reload(proc, url, path, yaml.safe_dump(doc))
+            moved = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=3)
+            assert moved.model == "plain" and keys == ["Bearer sk-new"]  # the new address, with the new key
+            await until(lambda: kind_is("openai"), step_s=0.02)  # asked again what it is
+
+            done = await started_before  # sent before the move: it ends on the simulator
+            assert done.model == "sim-a" and done.usage is not None and done.usage.completion_tokens == TOKENS

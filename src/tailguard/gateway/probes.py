@@ -52,10 +52,12 @@ class Probes:
     async def _loop(self, configured: BackendConfig) -> None:
         name = configured.name
         auto = configured.kind == "auto"
-        detect, healthy = auto, True
+        detect, healthy, asked = auto, True, configured.url
         while True:
+            if auto and self.backends[name].url != asked:  # a reload moved it: another server, maybe
+                detect, asked = True, self.backends[name].url
             if detect:
-                await self._detect(configured)
+                await self._detect(name)
             backend, health = self.backends[name], self.live.cfg.health
             # An explicit `health.path` wins; else each kind's own (a plain OpenAI server has no /health).
             path = health.path if "path" in health.model_fields_set else get_kind(backend.kind).health_path
@@ -95,16 +97,17 @@ class Probes:
         except aiohttp.ClientError as e:
             return _Failed(f"{type(e).__name__}: {e}")
 
-    async def _detect(self, configured: BackendConfig) -> None:
+    async def _detect(self, name: str) -> None:
         """Ask a `kind: auto` backend what it is and switch everything that depends on it (request
         translation, health path, whether its requests can be suspended, its reservation)."""
-        bodies = await asyncio.gather(*(self._get(configured, p) for p in DETECT_PATHS))
+        bodies = await asyncio.gather(*(self._get(self.backends[name], p) for p in DETECT_PATHS))
         kind = detect_kind(dict(zip(DETECT_PATHS, bodies)))
-        if self.backends[configured.name].kind != kind:
-            log.warning("backend %s is %s (detected)", configured.name, kind)
-            self.backends[configured.name] = configured.model_copy(update={"kind": kind})
-            self.metrics.set_kind(configured.name, kind)
-        self.dispatcher.set_kind(configured.name, get_kind(kind).continues_generation)
+        current = self.backends[name]  # as it is now: a reload may have changed it meanwhile
+        if current.kind != kind:
+            log.warning("backend %s is %s (detected)", name, kind)
+            self.backends[name] = current.model_copy(update={"kind": kind})
+            self.metrics.set_kind(name, kind)
+        self.dispatcher.set_kind(name, get_kind(kind).continues_generation)
 
     async def _read_load(self, backend: BackendConfig) -> None:
         """The engine's own running and waiting counts: a waiting count above zero means requests

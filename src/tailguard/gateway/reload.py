@@ -2,11 +2,12 @@
 
 The front takes the new queue, slot, preemption, retry and health-count parameters in place
 (`Front.reconfigure`: queued, running and suspended requests are kept); the class table (caps,
-classification) and the auth keys are swapped for requests that arrive from then on, and the
-deadlines and probe settings reach new requests and probes through `Live` (`gateway.live`),
-while requests in flight keep what they started with. Settings read only at start (listening
-address, body limit, logging, the output estimator, a backend's address and kind) and other
-classes or backends need a restart: such a config is refused whole, with the settings named, and
+classification) and the auth keys are swapped for requests that arrive from then on, the
+deadlines and probe settings reach new requests and probes through `Live` (`gateway.live`), and
+a backend's new address, key or model reaches its next attempt and probe (a `kind: auto` one is
+asked again what it is), while requests in flight keep what they started with. Settings read only at start (listening
+address, body limit, logging, the output estimator, a backend's kind) and other classes or
+backends need a restart: such a config is refused whole, with the settings named, and
 the gateway keeps what it had.
 
 SIGHUP triggers it (`serve` installs the handler): the stored config that `tailguard config
@@ -31,9 +32,10 @@ from tailguard.settings import Change, diff, flatten
 
 log = logging.getLogger("tailguard.gateway")
 
-# What a backend may change live: the front's slots. Its address, kind, key and model are read
-# by exchanges and probes that are already running.
-_LIVE_BACKEND = frozenset({"max_concurrency", "weight", "reserved_slots"})
+# What a backend may change live: the front's slots, and where and how requests reach it (read
+# by each new attempt and probe; one in flight keeps its connection). Its kind decides what the
+# front may do with its requests, and is what a restart is for.
+_LIVE_BACKEND = frozenset({"max_concurrency", "weight", "reserved_slots", "url", "api_key", "model"})
 _RESTART = frozenset({"host", "port", "max_body_bytes", "access_log", "log_prompts"})
 _RESTART_PREFIXES = ("scheduler.output_estimate.",)
 
@@ -67,6 +69,8 @@ class Reloader:
         continues = {n: get_kind(b.kind).continues_generation for n, b in self._backends.items()}
         self._dispatcher.reconfigure(cfg.front_params(continues))  # the last check that can refuse
         self._proxy.reconfigure(cfg, ClassTable(cfg))
+        for b in cfg.backends:  # the kind stays the one detected (`auto`) or configured (unchanged)
+            self._backends[b.name] = b.model_copy(update={"kind": self._backends[b.name].kind})
         self.live.cfg, self.live.hash = cfg, cfg.digest()
 
     def on_signal(self) -> None:

@@ -67,8 +67,11 @@ def test_secrets_are_fingerprints_in_the_settings_yet_a_new_key_changes_the_hash
 
 
 def test_a_reload_refuses_what_only_a_start_reads_and_takes_the_rest() -> None:
-    moved = cfg(backends=[cfg().backends[0].model_copy(update={"url": "http://127.0.0.1:10", "max_concurrency": 4})])
-    assert [c.name for c in restart_needed(cfg(), moved)] == ["backends[a].url"]
+    moved = cfg(backends=[cfg().backends[0].model_copy(update={"url": "http://127.0.0.1:10", "max_concurrency": 4,
+                                                                "api_key": "sk-2", "model": "m2"})])
+    assert restart_needed(cfg(), moved) == []  # the next attempt and probe go to the new address
+    retyped = cfg(backends=[cfg().backends[0].model_copy(update={"kind": "vllm"})])
+    assert [c.name for c in restart_needed(cfg(), retyped)] == ["backends[a].kind"]
     assert [c.name for c in restart_needed(cfg(), cfg(port=1))] == ["port"]
     tuned = cfg(scheduler=cfg().scheduler.model_copy(update={"aging_s": 2.0}), body_timeout_s=5.0,
                 timeouts=cfg().timeouts.model_copy(update={"connect_s": 1.0, "first_token_s": 9.0}),
