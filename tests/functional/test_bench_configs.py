@@ -11,8 +11,7 @@ import orjson
 
 from tailguard.bench.load import BenchConfig, run_bench
 from tailguard.bench.report import compare_dirs, load_run, write_outputs
-from tailguard.gateway.app import BACKENDS, DISPATCHER, LIVE, PROXY
-from tailguard.gateway.reload import Reloader
+from tailguard.gateway.app import LIVE, reloader_of
 from tests.functional.gateways import engine, gateway
 
 SCALE = 0.02
@@ -31,7 +30,7 @@ async def test_runs_record_the_config_and_comparisons_name_what_changed(tmp_path
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     async with gateway(max_concurrency=4, engine_cfg=engine(), scale=SCALE) as gw, asyncio.timeout(90):
         app = gw.app
-        reloader = Reloader(app[LIVE], app[DISPATCHER], app[PROXY], app[BACKENDS], None, None)
+        reloader = reloader_of(app)
         base = app[LIVE].cfg
         wider = base.model_copy(update={"backends": [base.backends[0].model_copy(update={"max_concurrency": 6})]})
         batch = wider.classes[1].model_copy(update={"max_tokens_cap": 2048})

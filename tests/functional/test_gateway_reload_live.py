@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 import yaml
@@ -123,3 +124,39 @@ async def test_a_reload_moves_a_backend_to_another_server(tmp_path: Path) -> Non
 
             done = await started_before  # sent before the move: it ends on the simulator
             assert done.model == "sim-a" and done.usage is not None and done.usage.completion_tokens == TOKENS
+
+
+async def test_a_reload_adds_a_backend_and_drains_the_one_it_removes(tmp_path: Path) -> None:
+    path = tmp_path / "gw.yaml"
+    async with asyncio.timeout(60), running_sim(engine(), time_scale=SCALE, model_name="sim-a") as a, \
+            running_sim(engine(), time_scale=SCALE, model_name="sim-b") as b:
+        doc = yaml.safe_load(gateway_yaml(a.url, 1, 4096, health=PROBES))  # backend "sim", one slot
+        path.write_text(yaml.safe_dump(doc))
+        async with serving(path) as (proc, url), AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as c:
+            def chat(tokens: int) -> Any:
+                return asyncio.create_task(c.chat.completions.create(model="m", messages=CHAT, max_tokens=tokens))
+
+            async def queued_one() -> bool:
+                return bool((await health(url))["queued"] == 1)
+
+            held = chat(TOKENS)  # takes the only slot
+            waiting = chat(3)
+            await until(queued_one, step_s=0.02)
+
+            doc["backends"] = [{"name": "b", "url": b.url, "kind": "sim", "max_concurrency": 2}]
+            await reload(proc, url, path, yaml.safe_dump(doc))
+            assert (await waiting).model == "sim-b"  # the queued request went to the new backend at once
+            during = (await health(url))["backends"]
+            assert during["sim"]["retiring"] is True and during["sim"]["in_flight"] == 1  # type: ignore[index]
+            assert during["b"]["retiring"] is False and during["b"]["healthy"] is True  # type: ignore[index]
+            assert (await chat(3)).model == "sim-b"  # the removed backend takes nothing new
+
+            done = await held  # sent before the reload: it ends where it ran
+            assert done.model == "sim-a" and done.usage is not None and done.usage.completion_tokens == TOKENS
+
+            async def retired() -> bool:
+                return "sim" not in (await health(url))["backends"]  # type: ignore[operator]
+            await until(retired, step_s=0.02)
+            async with aiohttp.ClientSession() as s, s.get(f"{url}/metrics") as r:
+                page = await r.text()
+            assert 'tailguard_backend_healthy{backend="b"} 1.0' in page and 'backend_healthy{backend="sim"}' not in page

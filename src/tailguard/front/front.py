@@ -14,7 +14,9 @@ callers drive; see ../shared/style.md 1.6).
     probe(backend, ok, now, busy=), set_kind -> HealthChanged, Start
     tick(now)   (at next_wakeup())           -> Reject(id, "queue_timeout"), Start
     close(now)                               -> Reject(id, "shutting_down") for every queued request
-    reconfigure(params, now)  (live reload)  -> Start of whoever a raised cap or share lets in
+    reconfigure(params, now)  (live reload)  -> Start of whoever a raised cap, share or new backend
+                                                lets in; Retired of a removed backend with nothing in flight
+    (a removed backend's last request ends)  -> Retired(backend): it has left the front
 
 A request is QUEUED, RUNNING on a backend, or SUSPENDED (preempted: queued again, holding no
 slot, its client still waiting). It leaves the front exactly once: by `finish`, or by a `Reject`
@@ -72,7 +74,15 @@ class HealthChanged:
     healthy: bool
 
 
-Decision = Start | Suspend | Reject | HealthChanged
+@dataclass(frozen=True, slots=True)
+class Retired:
+    """A backend a reload removed has no request left and has left the front: the driver may
+    forget it (its probes, metrics, connections)."""
+
+    backend: str
+
+
+Decision = Start | Suspend | Reject | HealthChanged | Retired
 NOTHING: Sequence[Decision] = ()
 
 
@@ -204,7 +214,7 @@ class Front:
                     r.fresh_retried = True
                 else:
                     self.slots.acquire(target, r.pending.cls)
-                    self.slots.release(old, r.pending.cls)
+                    self._release(old, r.pending.cls)
                     r.backend = target
                 r.attempts += 1
                 r.tried.append(target)
@@ -221,7 +231,7 @@ class Front:
             raise ValueError(f"request {req_id!r} is not in the front (ended twice, or rejected)")
         p = r.pending
         if r.state is State.RUNNING:
-            self.slots.release(r.backend, p.cls)
+            self._release(r.backend, p.cls)
             self._candidates.pop(req_id, None)
             if outcome is Outcome.SUCCESS and self.slots.mark_success(r.backend):
                 self._out.append(HealthChanged(r.backend, True))
@@ -274,21 +284,22 @@ class Front:
         return self._flush()
 
     def reconfigure(self, params: FrontParams, now: float) -> Sequence[Decision]:
-        """Swap in new parameters for the same classes and backends (a live reload), keeping
-        every queued, running and suspended request: queued ones keep their place in arrival order
-        and their wait bound (a new policy re-sorts them, with no admission check), running ones
-        keep their slot even where a cap fell below what is in flight (new binds wait until it is
-        met), and a class that is no longer preemptible has its running requests left alone.
-        Adding, removing or renaming a class or a backend needs a restart: `ConfigError`, and
-        nothing changed. A changed retry budget starts counting afresh."""
+        """Swap in new parameters for the same classes (a live reload), keeping every queued,
+        running and suspended request: queued ones keep their place in arrival order and their
+        wait bound (a new policy re-sorts them, with no admission check), running ones keep their
+        slot even where a cap fell below what is in flight (new binds wait until it is met), and
+        a class that is no longer preemptible has its running requests left alone. A new backend
+        takes requests at once; a removed one takes no new request and its running ones end
+        where they are (`Retired` when the last has). Adding, removing or renaming a class needs
+        a restart: `ConfigError`, and nothing changed. A changed retry budget starts afresh."""
         _same_names("classes", [c.name for c in self.params.classes], [c.name for c in params.classes])
-        _same_names("backends", [b.name for b in self.params.backends], [b.name for b in params.backends])
         self.queue = carry_over(self.queue, params.queue, params.classes)  # an unknown policy fails here
         if params.retry != self.params.retry:
             self._budget = RetryBudget(params.retry)
         self.params = params
         self._classes = {c.name: c for c in params.classes}
-        self.slots.reconfigure(params.backends, params.classes, params.health)
+        gone = self.slots.reconfigure(params.backends, params.classes, params.health)
+        self._out.extend(Retired(name) for name in gone)
         self._policy = PreemptionPolicy.from_params(params.preemption, params.queue.policy)
         self._max_attempts = params.retry.max_attempts
         for req_id, r in self._reqs.items():
@@ -310,8 +321,12 @@ class Front:
         self._out = []
         return out
 
+    def _release(self, backend: str, cls: str) -> None:
+        if self.slots.release(backend, cls):
+            self._out.append(Retired(backend))
+
     def _retry_target(self, r: _Req, kind: str, now: float) -> str | None:
-        if kind in SAME_BACKEND_KINDS and not r.fresh_retried and self.slots.is_healthy(r.backend):
+        if kind in SAME_BACKEND_KINDS and not r.fresh_retried and self.slots.takes_new(r.backend):
             return r.backend
         return choose(self.slots, r.pending, now, exclude=r.tried)
 
@@ -389,7 +404,7 @@ class Front:
 
     def _suspend(self, r: _Req, now: float) -> None:
         p = r.pending
-        self.slots.release(r.backend, p.cls)
+        self._release(r.backend, p.cls)
         del self._candidates[p.id]
         r.state, r.suspendable = State.SUSPENDED, False
         r.preemptions += 1
@@ -407,4 +422,4 @@ def _same_names(what: str, old: list[str], new: list[str]) -> None:
         change = "; ".join(p for p in (f"added {', '.join(added)}" if added else "",
                                         f"removed {', '.join(removed)}" if removed else "") if p)
         raise ConfigError(f"the {what} changed ({change}): that needs a restart of the gateway, "
-                          "a live reload only changes settings of the same classes and backends")
+                          f"a live reload only changes settings of the same {what}")

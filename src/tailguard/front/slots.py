@@ -8,6 +8,10 @@ after it, at most `floor(max_concurrency * max_share)` slots of a backend (at le
 remainder stays free for higher-ranked classes. A backend whose kind cannot continue a
 generation also keeps `BackendSpec.reserve()` slots for the top rank: nothing can be suspended
 there, so without a reservation a burst of long jobs would make a chat wait for one to end.
+
+A live reload may add backends and remove them. A removed backend is retiring: it takes no new
+request, and its requests in flight end where they run (Envoy drains a removed host alike); it
+leaves the ledger when the last of them releases its slot.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from tailguard.front.params import BackendSpec, ClassSpec, HealthParams
 class BackendState:
     """One backend's live counters. Mutated only through `BackendPool`."""
 
-    __slots__ = ("cfg", "name", "in_flight", "by_class", "healthy", "failures", "successes", "last_acquired")
+    __slots__ = ("cfg", "name", "in_flight", "by_class", "healthy", "failures", "successes", "last_acquired",
+                 "retiring")
 
     def __init__(self, cfg: BackendSpec, class_names: Iterable[str]) -> None:
         self.cfg = cfg
@@ -35,6 +40,7 @@ class BackendState:
         self.failures = 0
         self.successes = 0
         self.last_acquired = -1  # sequence number of the latest acquire: the router's tie-break
+        self.retiring = False  # removed by a reload: no new binds, gone once nothing is in flight
 
 
 class BackendPool:
@@ -76,23 +82,46 @@ class BackendPool:
                 n = min(n, b.max_concurrency - reserve)
             self._slots[(b.name, c.name)] = n
 
-    def reconfigure(self, backends: Sequence[BackendSpec], classes: Iterable[ClassSpec], health: HealthParams) -> None:
-        """New caps, weights, reservations, shares and health thresholds for the same backends and
-        classes (the caller checked the names), keeping every in-flight count and health state.
-        A cap lowered below what is in flight cancels nothing: `has_capacity` refuses new binds
-        until enough have ended. Each backend keeps the `continues` its detected kind set."""
+    def reconfigure(
+        self, backends: Sequence[BackendSpec], classes: Iterable[ClassSpec], health: HealthParams,
+    ) -> list[str]:
+        """New caps, weights, reservations, shares and health thresholds (for the same classes:
+        the caller checked the names), keeping every in-flight count and health state. A cap
+        lowered below what is in flight cancels nothing: `has_capacity` refuses new binds until
+        enough have ended. Each backend kept keeps the `continues` its detected kind set. A new
+        backend starts healthy, as at start; one no longer named retires (see the module
+        docstring), and one named again before it left is kept, as configured now. Returns the
+        removed backends that left at once, having nothing in flight."""
         self._set_classes(list(classes))
         self._health = health
         for b in backends:
-            s = self._states[b.name]
-            s.cfg = replace(b, continues=s.cfg.continues)
+            s = self._states.get(b.name)
+            if s is None:
+                s = self._states[b.name] = BackendState(b, self._classes)
+            elif s.retiring:
+                s.cfg, s.retiring = b, False
+            else:
+                s.cfg = replace(b, continues=s.cfg.continues)
             self._set_slots(s.cfg)
+        named = {b.name for b in backends}
+        for s in list(self._states.values()):
+            if s.name not in named:
+                s.retiring = True
+        gone = [s.name for s in self._states.values() if s.retiring and not s.in_flight]
+        for name in gone:
+            self._drop(name)
+        return gone
+
+    def _drop(self, name: str) -> None:
+        del self._states[name]
+        for cls in self._classes:
+            self._slots.pop((name, cls), None)
 
     def set_continues(self, backend: str, continues: bool) -> None:
         """The backend's kind became known: whether it can continue a generation decides its
         reservation (and whether the front may suspend requests on it)."""
-        s = self._states[backend]
-        if s.cfg.continues != continues:
+        s = self._states.get(backend)  # None: removed meanwhile
+        if s is not None and s.cfg.continues != continues:
             s.cfg = replace(s.cfg, continues=continues)
             self._set_slots(s.cfg)
 
@@ -116,7 +145,7 @@ class BackendPool:
     def has_capacity(self, backend: str, cls: str) -> bool:
         """A free slot on `backend` that `cls` may take (health is the router's concern)."""
         s = self._states[backend]
-        if s.in_flight >= s.cfg.max_concurrency:
+        if s.in_flight >= s.cfg.max_concurrency or s.retiring:
             return False
         held = 0
         for name in self._share_group[cls]:
@@ -127,7 +156,7 @@ class BackendPool:
         """Would a request of `cls` have a slot on `backend` once one request of `freed_cls` left
         it? (The check a preemption makes before suspending anything.)"""
         s = self._states[backend]
-        if s.by_class[freed_cls] <= 0 or s.in_flight - 1 >= s.cfg.max_concurrency:
+        if s.by_class[freed_cls] <= 0 or s.in_flight - 1 >= s.cfg.max_concurrency or s.retiring:
             return False
         group = self._share_group[cls]
         held = sum(s.by_class[name] for name in group) - (1 if freed_cls in group else 0)
@@ -143,29 +172,44 @@ class BackendPool:
         self._seq += 1
         s.last_acquired = self._seq
 
-    def release(self, backend: str, cls: str) -> None:
+    def release(self, backend: str, cls: str) -> bool:
+        """Free one slot of `cls`. True when that was a retiring backend's last request, which
+        takes the backend out of the ledger."""
         s = self._states[backend]
         if s.by_class[cls] <= 0:
             raise RuntimeError(f"release without acquire: backend {backend!r}, class {cls!r}")
         s.in_flight -= 1
         s.by_class[cls] -= 1
+        if s.retiring and not s.in_flight:
+            self._drop(backend)
+            return True
+        return False
 
     def in_flight(self, backend: str, cls: str | None = None) -> int:
         s = self._states[backend]
         return s.in_flight if cls is None else s.by_class[cls]
 
     def is_healthy(self, backend: str) -> bool:
-        return self._states[backend].healthy
+        s = self._states.get(backend)
+        return s is not None and s.healthy
+
+    def takes_new(self, backend: str) -> bool:
+        """Healthy and not retiring: a backend a request may be sent to anew."""
+        s = self._states.get(backend)
+        return s is not None and s.healthy and not s.retiring
 
     def any_healthy(self) -> bool:
         for s in self._states.values():  # asked at every arrival: a loop is cheaper than any(genexpr)
-            if s.healthy:
+            if s.healthy and not s.retiring:
                 return True
         return False
 
     def mark_failure(self, backend: str) -> bool:
-        """A probe or connection failed. True when this failure turned the backend unhealthy."""
-        s = self._states[backend]
+        """A probe or connection failed. True when this failure turned the backend unhealthy
+        (never for one that has left the ledger: a late probe of a removed backend)."""
+        s = self._states.get(backend)
+        if s is None:
+            return False
         s.successes = 0
         s.failures += 1
         if s.healthy and s.failures >= self._health.unhealthy_after:
@@ -175,7 +219,9 @@ class BackendPool:
 
     def mark_success(self, backend: str) -> bool:
         """A probe succeeded. True when this success turned the backend healthy again."""
-        s = self._states[backend]
+        s = self._states.get(backend)
+        if s is None:
+            return False
         s.failures = 0
         if s.healthy:
             return False

@@ -33,7 +33,7 @@ from tailguard.gateway.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, Gatew
 from tailguard.gateway.probes import Probes
 from tailguard.gateway.proxy import Proxy, bearer, error_response
 from tailguard.gateway.live import Live
-from tailguard.gateway.reload import Reloader
+from tailguard.gateway.reload import Parts, Reloader
 from tailguard.gateway.store import ConfigStore
 from tailguard.gateway.upstream import Upstream
 
@@ -83,13 +83,11 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         metrics.backend_healthy.labels(b.name).set(1)
         metrics.set_kind(b.name, b.kind)
     app[PROBES] = Probes(app[LIVE], backends, dispatcher, upstream.session, metrics)
-    probes = app[PROBES].start()
+    app[PROBES].start()
     try:
         yield
     finally:
-        for task in probes:
-            task.cancel()
-        await asyncio.gather(*probes, return_exceptions=True)
+        await app[PROBES].stop()
         dispatcher.close()
         await upstream.close()
 
@@ -107,7 +105,7 @@ async def _health(request: web.Request) -> web.Response:
     kinds = request.app[BACKENDS]
     probes = request.app[PROBES]
     load = probes.load
-    backends = {s.name: {"healthy": s.healthy, "kind": kinds[s.name].kind, "in_flight": s.in_flight,
+    backends = {s.name: {"healthy": s.healthy, "retiring": s.retiring, "kind": kinds[s.name].kind, "in_flight": s.in_flight,
                          "max_concurrency": s.cfg.max_concurrency, "reserved_slots": s.cfg.reserve(),
                          "engine": ({"running": load[s.name].running, "waiting": load[s.name].waiting}
                                     if s.name in load else None),
@@ -230,6 +228,13 @@ def _bound_port(site: web.TCPSite, configured: int) -> int:
     return int(sockets[0].getsockname()[1]) if sockets else configured
 
 
+def reloader_of(app: web.Application, store: ConfigStore | None = None,
+                reread: Callable[[], GatewayConfig] | None = None) -> Reloader:
+    """The reloader of a started app (its parts exist once its lifecycle has begun)."""
+    parts = Parts(app[DISPATCHER], app[PROXY], app[BACKENDS], app[PROBES], app[METRICS])
+    return Reloader(app[LIVE], parts, store, reread)
+
+
 async def serve(
     cfg: GatewayConfig, *, ready: Callable[[str], None] | None = None, store: ConfigStore | None = None,
     reread: Callable[[], GatewayConfig] | None = None,
@@ -254,7 +259,7 @@ async def serve(
     await site.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    reloader = Reloader(app[LIVE], app[DISPATCHER], app[PROXY], app[BACKENDS], store, reread)
+    reloader = reloader_of(app, store, reread)
     handlers: dict[signal.Signals, Callable[[], None]] = {
         signal.SIGINT: stop.set, signal.SIGTERM: stop.set, signal.SIGHUP: reloader.on_signal}
     installed: list[signal.Signals] = []

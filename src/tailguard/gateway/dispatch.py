@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tailguard.errors import Overloaded
-from tailguard.front.front import Decision, Front, HealthChanged, Reject, Start, Suspend
+from tailguard.front.front import Decision, Front, HealthChanged, Reject, Retired, Start, Suspend
 from tailguard.front.params import FrontParams
 from tailguard.gateway.metrics import GatewayMetrics
 from tailguard.gateway.resume import Progress
@@ -196,6 +196,9 @@ class Dispatcher:
             elif isinstance(d, HealthChanged):
                 self._metrics.backend_healthy.labels(d.backend).set(1 if d.healthy else 0)
                 log.warning("backend %s is %s", d.backend, "healthy again" if d.healthy else "unhealthy")
+            elif isinstance(d, Retired):
+                self._metrics.forget_backend(d.backend)
+                log.warning("backend %s removed: its last request has ended", d.backend)
         self._arm()
 
     def _start(self, d: Start) -> None:

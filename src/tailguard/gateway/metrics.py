@@ -188,6 +188,18 @@ class GatewayMetrics:
         self._kinds[backend] = kind
         self.backend_kind.labels(backend, kind).set(1)
 
+    def forget_backend(self, backend: str) -> None:
+        """A removed backend has left: its gauges go (its counters stay, as history)."""
+        self._inflight.pop(backend, None)
+        kind = self._kinds.pop(backend, None)
+        for gauge, labels in ((self.backend_healthy, (backend,)), (self.inflight, (backend,)),
+                              (self.engine_requests, (backend, "running")), (self.engine_requests, (backend, "waiting")),
+                              (self.backend_kind, (backend, kind or ""))):
+            try:
+                gauge.remove(*labels)
+            except KeyError:  # never set
+                pass
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import aiohttp
@@ -45,9 +46,36 @@ class Probes:
         # Why the last health probe of each backend failed (None once one succeeds): logged when it
         # turns a backend unhealthy and shown in `/health`, so "unhealthy" always says why.
         self.last_error: dict[str, str | None] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._stopping: set[asyncio.Task[None]] = set()  # loops of removed backends, until they end
 
-    def start(self) -> list[asyncio.Task[None]]:
-        return [asyncio.create_task(self._loop(b), name=f"tailguard-probe-{b.name}") for b in self.live.cfg.backends]
+    def start(self) -> None:
+        """One probe loop per configured backend."""
+        for b in self.live.cfg.backends:
+            self._start(b)
+
+    def follow(self, added: Iterable[BackendConfig], removed: Iterable[str]) -> None:
+        """A reload added and removed backends: probe the new ones, and stop probing the removed
+        ones at once (they take no new request, so their health no longer decides anything)."""
+        for name in removed:
+            task = self._tasks.pop(name, None)
+            if task is not None:
+                task.cancel()
+                self._stopping.add(task)
+                task.add_done_callback(self._stopping.discard)
+            self.load.pop(name, None)
+            self.last_error.pop(name, None)
+        for b in added:
+            self._start(b)
+
+    async def stop(self) -> None:
+        tasks = [*self._tasks.values(), *self._stopping]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _start(self, b: BackendConfig) -> None:
+        self._tasks[b.name] = asyncio.create_task(self._loop(b), name=f"tailguard-probe-{b.name}")
 
     async def _loop(self, configured: BackendConfig) -> None:
         name = configured.name

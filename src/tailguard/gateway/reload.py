@@ -5,10 +5,12 @@ The front takes the new queue, slot, preemption, retry and health-count paramete
 classification) and the auth keys are swapped for requests that arrive from then on, the
 deadlines and probe settings reach new requests and probes through `Live` (`gateway.live`), and
 a backend's new address, key or model reaches its next attempt and probe (a `kind: auto` one is
-asked again what it is), while requests in flight keep what they started with. Settings read only at start (listening
-address, body limit, logging, the output estimator, a backend's kind) and other classes or
-backends need a restart: such a config is refused whole, with the settings named, and
-the gateway keeps what it had.
+asked again what it is), while requests in flight keep what they started with. A new backend
+is probed and takes requests at once; a removed one takes no new request, is no longer probed,
+and leaves (its metrics with it) when its last request has ended. Settings read only at start
+(listening address, body limit, logging, the output estimator, a kept backend's kind) and
+adding, removing or renaming a class need a restart: such a config is refused whole, with the
+settings named, and the gateway keeps what it had.
 
 SIGHUP triggers it (`serve` installs the handler): the stored config that `tailguard config
 rollback` (or `reload --to N`) asked for in the state directory, else the `--config` file read again.
@@ -18,14 +20,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from tailguard.errors import ConfigError
+from tailguard.gateway.backends import resolved
 from tailguard.gateway.classes import ClassTable
 from tailguard.gateway.config import BackendConfig, GatewayConfig
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.kinds import get_kind
 from tailguard.gateway.live import Live
+from tailguard.gateway.metrics import GatewayMetrics
+from tailguard.gateway.probes import Probes
 from tailguard.gateway.proxy import Proxy
 from tailguard.gateway.store import ConfigStore
 from tailguard.settings import Change, diff, flatten
@@ -41,36 +47,56 @@ _RESTART_PREFIXES = ("scheduler.output_estimate.",)
 
 
 def restart_needed(old: GatewayConfig, new: GatewayConfig) -> list[Change]:
-    """The changes from `old` to `new` that a live reload cannot make."""
-    return [c for c in diff(flatten(old.settings()), flatten(new.settings())) if _needs_restart(c.name)]
+    """The changes from `old` to `new` that a live reload cannot make. A backend added or
+    removed is not one of them: only a setting of a backend that both configs name can be."""
+    both = {b.name for b in old.backends} & {b.name for b in new.backends}
+    return [c for c in diff(flatten(old.settings()), flatten(new.settings())) if _needs_restart(c.name, both)]
 
 
-def _needs_restart(name: str) -> bool:
+def _needs_restart(name: str, kept_backends: set[str]) -> bool:
     if name.startswith("backends["):
-        return name.rsplit(".", 1)[-1] not in _LIVE_BACKEND
+        backend, _, field = name[len("backends["):].rpartition("].")
+        return backend in kept_backends and field not in _LIVE_BACKEND
     return name in _RESTART or name.startswith(_RESTART_PREFIXES)
+
+
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """The running gateway's parts that a reload changes."""
+
+    dispatcher: Dispatcher
+    proxy: Proxy
+    backends: dict[str, BackendConfig]  # by name, kinds resolved: what exchanges and probes read
+    probes: Probes
+    metrics: GatewayMetrics
 
 
 class Reloader:
     """Applies a config to the running gateway's parts, and answers a SIGHUP."""
 
-    def __init__(
-        self, live: Live, dispatcher: Dispatcher, proxy: Proxy, backends: dict[str, BackendConfig],
-        store: ConfigStore | None, reread: Callable[[], GatewayConfig] | None,
-    ) -> None:
-        self.live, self._dispatcher, self._proxy, self._backends = live, dispatcher, proxy, backends
-        self._store, self._reread = store, reread
+    def __init__(self, live: Live, parts: Parts, store: ConfigStore | None,
+                 reread: Callable[[], GatewayConfig] | None) -> None:
+        self.live, self._parts, self._store, self._reread = live, parts, store, reread
 
     def apply(self, cfg: GatewayConfig) -> None:
         """Make `cfg` the running config, or raise `ConfigError` and change nothing."""
         blocked = restart_needed(self.live.cfg, cfg)
         if blocked:
             raise ConfigError("these settings need a restart of the gateway: " + "; ".join(str(c) for c in blocked))
-        continues = {n: get_kind(b.kind).continues_generation for n, b in self._backends.items()}
-        self._dispatcher.reconfigure(cfg.front_params(continues))  # the last check that can refuse
-        self._proxy.reconfigure(cfg, ClassTable(cfg))
-        for b in cfg.backends:  # the kind stays the one detected (`auto`) or configured (unchanged)
-            self._backends[b.name] = b.model_copy(update={"kind": self._backends[b.name].kind})
+        p, kept = self._parts, {b.name for b in self.live.cfg.backends}
+        # A kept backend keeps the kind detected (`auto`) or configured (unchanged); a new one
+        # starts as at start.
+        entries = {b.name: b.model_copy(update={"kind": p.backends[b.name].kind}) if b.name in kept else resolved(b)
+                   for b in cfg.backends}
+        continues = {n: get_kind(b.kind).continues_generation for n, b in entries.items()}
+        p.dispatcher.reconfigure(cfg.front_params(continues))  # the last check that can refuse
+        p.proxy.reconfigure(cfg, ClassTable(cfg))
+        p.backends.update(entries)  # a removed one stays: its requests in flight still read it
+        added = [b for b in cfg.backends if b.name not in kept]
+        for b in added:
+            p.metrics.backend_healthy.labels(b.name).set(1)
+            p.metrics.set_kind(b.name, entries[b.name].kind)
+        p.probes.follow(added, kept - entries.keys())
         self.live.cfg, self.live.hash = cfg, cfg.digest()
 
     def on_signal(self) -> None:

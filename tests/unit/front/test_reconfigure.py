@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from tailguard.errors import ConfigError
-from tailguard.front.front import Front, Start, State, Suspend
+from tailguard.front.front import Front, Retired, Start, State, Suspend
 from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, PreemptionParams, QueueParams
 from tailguard.types import Outcome
 
@@ -111,10 +111,9 @@ def test_a_reservation_takes_effect_for_new_binds() -> None:
 @pytest.mark.parametrize("change", [
     lambda p: replace(p, classes=p.classes[:1]),
     lambda p: replace(p, classes=(*p.classes, ClassSpec(name="bulk", rank=2))),
-    lambda p: replace(p, backends=[BackendSpec("b")]),
     lambda p: replace(p, queue=QueueParams(policy="lifo")),
 ])
-def test_other_classes_backends_or_an_unknown_policy_change_nothing(
+def test_other_classes_or_an_unknown_policy_change_nothing(
         change: Callable[[FrontParams], FrontParams]) -> None:
     before = params(cap=1)
     f = Front(before)
@@ -130,3 +129,63 @@ def test_the_refusal_says_what_changed_and_that_a_restart_is_needed() -> None:
     f = Front(params())
     with pytest.raises(ConfigError, match=r"classes changed \(removed batch\).*restart"):
         f.reconfigure(params(classes=CLASSES[:1]), 0.0)
+
+
+# --- backends added and removed ------------------------------------------------------------------
+
+def fleet(*caps: tuple[str, int]) -> FrontParams:
+    return replace(params(), backends=[BackendSpec(name, max_concurrency=cap, continues=True) for name, cap in caps])
+
+
+def test_a_new_backend_takes_the_queued_requests_at_once() -> None:
+    f = Front(fleet(("a", 1)))
+    for i in range(3):
+        chat(f, f"c{i}", 0.1 * i)
+    assert list(f.reconfigure(fleet(("a", 1), ("b", 2)), 1.0)) == [Start("c1", "b"), Start("c2", "b")]
+    assert f.slots.names == ("a", "b") and f.slots["b"].healthy  # a new backend starts healthy, as at start
+
+
+def test_a_removed_backend_takes_nothing_new_and_retires_when_its_last_request_ends() -> None:
+    f = Front(fleet(("a", 2), ("b", 2)))
+    assert chat(f, "c0", 0.0) == [Start("c0", "a")] and chat(f, "c1", 0.1) == [Start("c1", "b")]
+    assert list(f.reconfigure(fleet(("b", 2)), 0.2)) == []  # c0 still runs on a
+    assert f.slots["a"].retiring and f.state("c0") is State.RUNNING
+    assert chat(f, "c2", 0.3) == [Start("c2", "b")]  # a has a free slot, but takes nothing new
+    assert chat(f, "c3", 0.4) == [] and f.state("c3") is State.QUEUED
+    assert list(f.finish("c0", Outcome.SUCCESS, 0.5)) == [Retired("a")]
+    assert f.slots.names == ("b",)
+    assert list(f.finish("c1", Outcome.SUCCESS, 0.6)) == [Start("c3", "b")]
+    assert list(f.probe("a", False, 0.7)) == [] and list(f.probe("a", True, 0.8)) == []  # a late probe of it
+
+
+def test_a_removed_backend_with_nothing_in_flight_leaves_at_once() -> None:
+    f = Front(fleet(("a", 2), ("b", 2)))
+    assert list(f.reconfigure(fleet(("b", 2)), 0.0)) == [Retired("a")]
+    assert f.slots.names == ("b",)
+
+
+def test_a_backend_named_again_before_it_left_is_kept() -> None:
+    f = Front(fleet(("a", 1), ("b", 1)))
+    chat(f, "c0", 0.0)
+    f.reconfigure(fleet(("b", 1)), 0.1)
+    assert list(f.reconfigure(fleet(("a", 2), ("b", 1)), 0.2)) == []
+    assert not f.slots["a"].retiring and f.slots["a"].in_flight == 1 and f.slots["a"].cfg.max_concurrency == 2
+    assert list(f.finish("c0", Outcome.SUCCESS, 0.3)) == []  # no Retired: it is configured again
+
+
+def test_a_failed_attempt_on_a_retiring_backend_is_retried_elsewhere() -> None:
+    f = Front(fleet(("a", 1), ("b", 1)))
+    chat(f, "c0", 0.0)  # on a
+    f.reconfigure(fleet(("b", 1)), 0.1)
+    # A reset is retried on the same backend, except one that is leaving: it goes to b.
+    assert list(f.failed("c0", "reset", 0.2)) == [Retired("a"), Start("c0", "b")]
+
+
+def test_only_retiring_backends_left_refuse_new_requests() -> None:
+    f = Front(fleet(("a", 1), ("b", 1)))
+    chat(f, "c0", 0.0)
+    f.reconfigure(fleet(("b", 1)), 0.1)
+    f.probe("b", False, 0.2)
+    f.probe("b", False, 0.3)
+    f.probe("b", False, 0.4)  # b is unhealthy; a is healthy, but leaving
+    assert [d.reason for d in f.arrive("c1", "interactive", 50, 0.5)] == ["no_healthy_backend"]  # type: ignore[union-attr]
