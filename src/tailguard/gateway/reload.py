@@ -93,8 +93,8 @@ class Reloader:
         p.proxy.reconfigure(cfg, ClassTable(cfg))
         p.backends.update(entries)  # a removed one stays: its requests in flight still read it
         added = [b for b in cfg.backends if b.name not in kept]
-        for b in added:
-            p.metrics.backend_healthy.labels(b.name).set(1)
+        for b in added:  # healthy as at start, or as it was when named again before it left
+            p.metrics.backend_healthy.labels(b.name).set(1 if p.dispatcher.front.slots.is_healthy(b.name) else 0)
             p.metrics.set_kind(b.name, entries[b.name].kind)
         p.probes.follow(added, kept - entries.keys())
         self.live.cfg, self.live.hash = cfg, cfg.digest()
