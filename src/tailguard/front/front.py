@@ -214,12 +214,13 @@ class Front:
                     r.fresh_retried = True
                 else:
                     self.slots.acquire(target, r.pending.cls)
-                    self._release(old, r.pending.cls)
                     r.backend = target
                 r.attempts += 1
                 r.tried.append(target)
                 r.bound_at = now
                 self._out.append(Start(req_id, target))
+                if target != old:  # after the Start: a retiring `old` may leave with this release
+                    self._release(old, r.pending.cls)
                 self._pump(now, True)
         return self._flush()
 

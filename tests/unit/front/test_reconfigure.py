@@ -178,7 +178,7 @@ def test_a_failed_attempt_on_a_retiring_backend_is_retried_elsewhere() -> None:
     chat(f, "c0", 0.0)  # on a
     f.reconfigure(fleet(("b", 1)), 0.1)
     # A reset is retried on the same backend, except one that is leaving: it goes to b.
-    assert list(f.failed("c0", "reset", 0.2)) == [Retired("a"), Start("c0", "b")]
+    assert list(f.failed("c0", "reset", 0.2)) == [Start("c0", "b"), Retired("a")]
 
 
 def test_only_retiring_backends_left_refuse_new_requests() -> None:

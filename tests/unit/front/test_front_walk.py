@@ -1,0 +1,124 @@
+"""The front under long seeded walks of random events, live reloads that add and remove backends
+among them, driven as the gateway drives it; after every event the driver's view and the front's
+ledger must agree.
+
+What each walk checks: a `Start` only ever names a configured backend (never one a reload
+removed), every running request holds exactly one slot where the front says it runs, a removed
+backend leaves the ledger (`Retired`, once) exactly when its last request has ended, and every
+request leaves once. The examples elsewhere pin each rule down; the walks look for the
+sequences nobody wrote down (a retry, a suspension and a reload in one step's decisions)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import pytest
+
+from tailguard.front.front import Front, HealthChanged, Reject, Retired, Start, Suspend
+from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, PreemptionParams
+from tailguard.types import Outcome
+
+CLASSES = (ClassSpec(name="interactive", rank=0, max_queue_wait_s=2.0),
+           ClassSpec(name="batch", rank=1, max_queue_wait_s=30.0, preemptible=True))
+NAMES = ("a", "b", "c")
+KINDS = ("reset", "disconnect", "connect", "timeout_connect", "status", "timeout_headers", "protocol")
+OUTCOMES = (Outcome.SUCCESS, Outcome.UPSTREAM_ERROR, Outcome.TIMEOUT, Outcome.CLIENT_GONE)
+STEPS = 400
+
+
+def fleet(rng: random.Random) -> FrontParams:
+    names = rng.sample(NAMES, rng.randint(1, len(NAMES)))
+    return FrontParams(classes=CLASSES,
+                       backends=[BackendSpec(n, max_concurrency=rng.randint(1, 3), continues=rng.random() < 0.7)
+                                 for n in names],
+                       preemption=PreemptionParams(enabled=True))
+
+
+@dataclass
+class Driver:
+    """What the gateway knows of each request from the decisions alone."""
+
+    front: Front
+    configured: set[str]
+    running: dict[str, str] = field(default_factory=dict)  # id -> backend
+    waiting: set[str] = field(default_factory=set)  # queued or suspended
+    retired: list[str] = field(default_factory=list)
+
+    def apply(self, decisions: object) -> None:
+        for d in decisions:  # type: ignore[attr-defined]
+            if isinstance(d, Start):
+                assert d.backend in self.configured, f"{d} names a backend the config no longer has"
+                self.waiting.discard(d.id)
+                self.running[d.id] = d.backend
+            elif isinstance(d, Suspend):
+                assert self.running.pop(d.id) == d.backend
+                self.waiting.add(d.id)
+            elif isinstance(d, Reject):
+                self.waiting.discard(d.id)
+                assert d.id not in self.running, f"{d} rejects a running request"
+            elif isinstance(d, Retired):
+                assert d.backend not in self.configured and d.backend not in self.running.values(), d
+                self.retired.append(d.backend)
+            else:
+                assert isinstance(d, HealthChanged)
+
+    def check(self) -> None:
+        slots = self.front.slots
+        draining = set(self.running.values()) - self.configured
+        assert set(slots.names) == self.configured | draining
+        for name in slots.names:
+            held = sum(1 for b in self.running.values() if b == name)
+            assert slots[name].in_flight == held and all(n >= 0 for n in slots[name].by_class.values())
+            assert slots[name].retiring == (name not in self.configured)
+        assert len(self.front) == len(self.waiting)
+
+
+def step(rng: random.Random, drv: Driver, n: int, now: float) -> None:
+    f, roll = drv.front, rng.random()
+    if roll < 0.35:
+        cls = rng.choice(("interactive", "batch"))
+        drv.waiting.add(f"r{n}")
+        drv.apply(f.arrive(f"r{n}", cls, rng.randint(10, 4000), now, resumable=cls == "batch", max_tokens=500))
+        if f"r{n}" not in f:
+            drv.waiting.discard(f"r{n}")  # refused on arrival
+    elif roll < 0.55 and (drv.running or drv.waiting):
+        req_id = rng.choice(sorted(drv.running.keys() | drv.waiting))
+        drv.running.pop(req_id, None)
+        drv.waiting.discard(req_id)
+        drv.apply(f.finish(req_id, rng.choice(OUTCOMES), now))
+    elif roll < 0.65 and drv.running:
+        req_id = rng.choice(sorted(drv.running))
+        decisions = list(f.failed(req_id, rng.choice(KINDS), now))
+        drv.apply(decisions)
+        if not any(isinstance(d, Start) and d.id == req_id for d in decisions):
+            drv.running.pop(req_id)  # not retried: the driver ends it
+            drv.apply(f.finish(req_id, Outcome.UPSTREAM_ERROR, now))
+    elif roll < 0.72 and drv.running:
+        drv.apply(f.suspendable(rng.choice(sorted(drv.running)), now))
+    elif roll < 0.82:
+        drv.apply(f.probe(rng.choice(NAMES), rng.random() < 0.6, now, busy=rng.random() < 0.2))
+    elif roll < 0.9:
+        params = fleet(rng)
+        drv.configured = {b.name for b in params.backends}
+        drv.apply(f.reconfigure(params, now))
+    else:
+        drv.apply(f.tick(now))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_walks_with_reloads_keep_the_ledger_true(seed: int) -> None:
+    rng = random.Random(seed)
+    params = fleet(rng)
+    drv = Driver(Front(params), {b.name for b in params.backends})
+    now = 0.0
+    for n in range(STEPS):
+        now += rng.expovariate(10.0)
+        step(rng, drv, n, now)
+        drv.check()
+    for req_id in sorted(drv.running.keys() | drv.waiting):  # every request still in leaves once
+        drv.running.pop(req_id, None)
+        drv.waiting.discard(req_id)
+        drv.apply(drv.front.finish(req_id, Outcome.SUCCESS, now))
+        drv.check()
+    assert not drv.front.slots.names or all(not drv.front.slots[n].retiring for n in drv.front.slots.names)
