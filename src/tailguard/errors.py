@@ -6,7 +6,8 @@
     └── APIError             answered to an HTTP client as an OpenAI-style error body
         ├── BadRequest       400: malformed, missing or wrongly typed fields
         ├── PayloadTooLarge  413: body over the configured limit
-        └── Overloaded       429/503 with Retry-After: rejected by admission
+        └── Overloaded       503 with Retry-After: rejected by admission
+            └── RateLimited  429 with Retry-After: over its caller's requests or tokens per minute
 
 `wire.openai.error_body` is the one place an `APIError` becomes bytes on the wire.
 """
@@ -69,3 +70,10 @@ class PayloadTooLarge(APIError):
 class Overloaded(APIError):
     status = 503
     type = "server_overloaded"
+
+
+class RateLimited(Overloaded):
+    """OpenAI's shape for a rate limit: 429, type `requests` or `tokens`, code `rate_limit_exceeded`."""
+
+    status = 429
+    type = "requests"

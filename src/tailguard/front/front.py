@@ -7,10 +7,10 @@ virtual time, and tested without a socket (h11's shape: the protocol is a state 
 callers drive; see ../shared/style.md 1.6).
 
     events in                                   decisions out
-    arrive(id, cls, size, now)               -> Start(id, backend) | Reject(id, reason, retry_after_s)
+    arrive(id, cls, size, now, caller=)      -> Start(id, backend) | Reject(id, reason, retry_after_s)
     suspendable(id, now)  (upstream open)    -> Suspend(id, backend) of a victim, Start of the waiter
     failed(id, kind, now) (nothing sent yet) -> Start(id, backend) again (a retry), or nothing
-    finish(id, outcome, now)  (exactly once) -> Start of whoever gets the slot
+    finish(id, outcome, now, tokens=)  (once) -> Start of whoever gets the slot (tokens: the caller's use)
     probe(backend, ok, now, busy=), set_kind -> HealthChanged, Start
     tick(now)   (at next_wakeup())           -> Reject(id, "queue_timeout"), Start
     close(now)                               -> Reject(id, "shutting_down") for every queued request
@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from tailguard.errors import ConfigError
+from tailguard.front.limits import CallerLimits
 from tailguard.front.params import FrontParams
 from tailguard.front.preemption import Candidate, PreemptionPolicy
 from tailguard.front.queue import Pending, carry_over, make_scheduler
@@ -65,6 +66,7 @@ class Reject:
 
     id: str
     reason: str  # queue_full | wait_bound | queue_timeout | no_healthy_backend | shutting_down
+    #              | rate_limit_requests | rate_limit_tokens (its caller's limits)
     retry_after_s: float
 
 
@@ -94,10 +96,11 @@ class State(enum.Enum):
 
 class _Req:
     __slots__ = ("pending", "state", "backend", "bound_at", "preemptible", "max_tokens", "suspendable",
-                 "preemptions", "attempts", "tried", "fresh_retried")
+                 "preemptions", "attempts", "tried", "fresh_retried", "caller")
 
-    def __init__(self, pending: Pending, preemptible: bool, max_tokens: int | None) -> None:
+    def __init__(self, pending: Pending, preemptible: bool, max_tokens: int | None, caller: str | None) -> None:
         self.pending = pending
+        self.caller = caller
         self.state = State.QUEUED
         self.backend = ""
         self.bound_at = 0.0
@@ -111,7 +114,8 @@ class _Req:
 
 
 class Front:
-    """Queue, slot ledger, routing, health, preemption, retries and shedding in one object.
+    """Queue, slot ledger, routing, health, preemption, retries, shedding and callers' limits
+    in one object.
 
     `progress(id)` is how the front learns a running preemptible request's generated tokens
     when it weighs a preemption (the driver knows them: the relay counts chunks, the simulated
@@ -126,6 +130,7 @@ class Front:
         self._policy = PreemptionPolicy.from_params(params.preemption, params.queue.policy)
         self._budget = RetryBudget(params.retry)
         self._max_attempts = params.retry.max_attempts
+        self.limits = CallerLimits(params.callers)
         self.progress: Callable[[str], int] = progress or (lambda _id: 0)
         self._reqs: dict[str, _Req] = {}
         self._candidates: dict[str, _Req] = {}  # running preemptible requests
@@ -160,12 +165,13 @@ class Front:
 
     def arrive(
         self, req_id: str, cls: str, est_tokens: int, now: float, *,
-        resumable: bool = False, max_tokens: int | None = None, preempt: bool = True,
+        resumable: bool = False, max_tokens: int | None = None, preempt: bool = True, caller: str | None = None,
     ) -> Sequence[Decision]:
         """A request of class `cls` and estimated size `est_tokens` (prompt + output) arrives.
         `resumable`: its output can be continued from its text (see `gateway.resume`);
         `max_tokens`: its output budget. `preempt=False` defers any preemption it would cause
-        to the next event (the simulator's engine cannot abort mid-step)."""
+        to the next event (the simulator's engine cannot abort mid-step). `caller`: whose
+        request it is (an API key's name), refused while over its limits (`front.limits`)."""
         spec = self._classes.get(cls)
         if spec is None:
             raise ValueError(f"unknown class {cls!r} (known: {', '.join(self._classes)})")
@@ -175,12 +181,17 @@ class Front:
             return (Reject(req_id, "shutting_down", 1.0),)
         if not self.slots.any_healthy():
             return (Reject(req_id, "no_healthy_backend", self.retry_after_s()),)
+        limited = self.limits.refusal(caller, now) if caller is not None else None
+        if limited is not None:
+            return (Reject(req_id, limited.reason, limited.retry_after_s),)
         pending = Pending(req_id, cls, spec.rank, est_tokens, now, now + spec.max_queue_wait_s)
         refused = self.queue.push(pending, now)
         if refused is not None:
             return (Reject(req_id, refused.reason, refused.retry_after_s),)
         self._budget.on_request(now)
-        self._reqs[req_id] = _Req(pending, resumable and self.may_suspend(cls), max_tokens)
+        if caller is not None:
+            self.limits.take_request(caller, now)
+        self._reqs[req_id] = _Req(pending, resumable and self.may_suspend(cls), max_tokens, caller)
         self._pump(now, preempt)
         return self._flush()
 
@@ -224,12 +235,15 @@ class Front:
                 self._pump(now, True)
         return self._flush()
 
-    def finish(self, req_id: str, outcome: Outcome, now: float) -> Sequence[Decision]:
+    def finish(self, req_id: str, outcome: Outcome, now: float, *, tokens: int = 0) -> Sequence[Decision]:
         """The request ended with `outcome` (success, error, timeout, client gone): the one
-        call that ends a request the front has not rejected itself."""
+        call that ends a request the front has not rejected itself. `tokens`: what it used
+        (prompt and generated), charged to its caller."""
         r = self._reqs.pop(req_id, None)
         if r is None:
             raise ValueError(f"request {req_id!r} is not in the front (ended twice, or rejected)")
+        if tokens and r.caller is not None:
+            self.limits.charge(r.caller, tokens, now)
         p = r.pending
         if r.state is State.RUNNING:
             self._release(r.backend, p.cls)
@@ -297,6 +311,7 @@ class Front:
         self.queue = carry_over(self.queue, params.queue, params.classes)  # an unknown policy fails here
         if params.retry != self.params.retry:
             self._budget = RetryBudget(params.retry)
+        self.limits.reconfigure(params.callers)
         self.params = params
         self._classes = {c.name: c for c in params.classes}
         gone = self.slots.reconfigure(params.backends, params.classes, params.health)

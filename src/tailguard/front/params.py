@@ -94,6 +94,16 @@ class RetryParams:
 
 
 @dataclass(frozen=True, slots=True)
+class CallerSpec:
+    """One caller's limits (an API key's name): requests and tokens (prompt and generated) per
+    minute; None is no limit."""
+
+    name: str
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class FrontParams:
     """Everything a `Front` is built from."""
 
@@ -103,6 +113,7 @@ class FrontParams:
     preemption: PreemptionParams = field(default_factory=PreemptionParams)
     health: HealthParams = field(default_factory=HealthParams)
     retry: RetryParams = field(default_factory=RetryParams)
+    callers: Sequence[CallerSpec] = ()
 
 
 def default_classes() -> list[ClassSpec]:

@@ -40,6 +40,7 @@ class ClassTable:
             key: (self._by_name[k.default_class] if k.default_class is not None else None)
             for key, k in cfg.auth.api_keys.items()
         }
+        self._callers: dict[str, str] = {key: k.caller(key) for key, k in cfg.auth.api_keys.items()}
         self.auth_required: bool = bool(cfg.auth.api_keys)
         self._known = ", ".join(c.name for c in self.ordered)
 
@@ -93,6 +94,10 @@ class ClassTable:
             )
         if api_key not in self._key_defaults:
             raise Unauthorized("Incorrect API key provided.", code="invalid_api_key")
+
+    def caller(self, api_key: str | None) -> str | None:
+        """Whose request it is: its key's name (metering, limits); None when keys are off."""
+        return self._callers.get(api_key) if api_key is not None else None
 
     def classify(self, headers: Mapping[str, str], body: Mapping[str, Any], api_key: str | None) -> ClassConfig:
         """The request's class; raises `BadRequest` for an unknown header class or service tier."""

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable
 
-from tailguard.errors import Overloaded
+from tailguard.errors import Overloaded, RateLimited
 from tailguard.front.front import Decision, Front, HealthChanged, Reject, Retired, Start, Suspend
 from tailguard.front.params import FrontParams
 from tailguard.gateway.metrics import GatewayMetrics
@@ -31,7 +31,12 @@ _REJECT_TEXT = {
     "wait_bound": "The gateway would not start this request within its class's queue bound; retry later.",
     "no_healthy_backend": "No healthy backend is available.",
     "shutting_down": "The gateway is shutting down.",
+    "rate_limit_requests": "Rate limit reached for this API key on requests per minute; retry after the time "
+                           "Retry-After gives.",
+    "rate_limit_tokens": "Rate limit reached for this API key on tokens per minute; retry after the time "
+                         "Retry-After gives.",
 }
+_RATE_TYPES = {"rate_limit_requests": "requests", "rate_limit_tokens": "tokens"}
 
 
 @dataclass(slots=True)
@@ -60,11 +65,12 @@ class Ticket:
 
 
 def overloaded(reason: str, retry_after_s: float, message: str | None = None) -> Overloaded:
-    return Overloaded(
-        message or _REJECT_TEXT.get(reason, f"The gateway is overloaded ({reason}); retry later."),
-        code=reason, retry_after_s=retry_after_s,
-        headers={"X-Tailguard-Reject-Reason": reason},
-    )
+    text = message or _REJECT_TEXT.get(reason, f"The gateway is overloaded ({reason}); retry later.")
+    headers = {"X-Tailguard-Reject-Reason": reason}
+    rate = _RATE_TYPES.get(reason)
+    if rate is not None:  # the caller's own limit: OpenAI's 429, which its SDK retries after the wait
+        return RateLimited(text, type=rate, code="rate_limit_exceeded", retry_after_s=retry_after_s, headers=headers)
+    return Overloaded(text, code=reason, retry_after_s=retry_after_s, headers=headers)
 
 
 class Dispatcher:
@@ -91,15 +97,16 @@ class Dispatcher:
 
     async def admit(
         self, req_id: str, cls: str, est_tokens: int, *,
-        progress: Progress | None = None, max_tokens: int | None = None,
+        progress: Progress | None = None, max_tokens: int | None = None, caller: str | None = None,
     ) -> Ticket:
         """Queue the request and wait for its slot. Raises `Overloaded` when it is refused or
-        expires. With `progress` (its text is tracked) it may be suspended while it runs."""
+        expires (`RateLimited` over its caller's limits). With `progress` (its text is tracked)
+        it may be suspended while it runs."""
         now = self._loop.time()
         ticket = Ticket(req_id, cls, now, self._loop.create_future(), progress)
         self._tickets[req_id] = ticket
         self._apply(self.front.arrive(req_id, cls, est_tokens, now, resumable=progress is not None,
-                                      max_tokens=max_tokens))
+                                      max_tokens=max_tokens, caller=caller))
         try:
             # A future that is already done (idle gateway) returns here without yielding.
             await ticket.waiter
@@ -131,8 +138,8 @@ class Dispatcher:
         self._apply(decisions)
         return any(isinstance(d, Start) and d.id == ticket.id for d in decisions)
 
-    def release(self, ticket: Ticket, outcome: Outcome) -> None:
-        """The request ended: tell the front, once."""
+    def release(self, ticket: Ticket, outcome: Outcome, tokens: int = 0) -> None:
+        """The request ended having used `tokens` (prompt and generated): tell the front, once."""
         if ticket.ended:
             return
         ticket.ended = True
@@ -140,7 +147,7 @@ class Dispatcher:
         del self._tickets[ticket.id]
         if not ticket.waiter.done():
             ticket.waiter.cancel()
-        self._apply(self.front.finish(ticket.id, outcome, self._loop.time()))
+        self._apply(self.front.finish(ticket.id, outcome, self._loop.time(), tokens=tokens))
 
     def probe(self, backend: str, ok: bool, *, busy: bool = False) -> None:
         self._apply(self.front.probe(backend, ok, self._loop.time(), busy=busy))

@@ -165,6 +165,12 @@ class GatewayMetrics:
         self.backend_kind = Gauge(
             "tailguard_backend_kind", "1 for the kind each backend is treated as (named in the config, or "
             "detected when `auto`).", ["backend", "kind"], registry=r)
+        # Metering by caller (an API key's name), only when keys are configured: a bounded label.
+        self.caller_requests = Counter(
+            "tailguard_caller_requests", "Requests by caller and terminal outcome.", ["caller", "outcome"], registry=r)
+        self.caller_tokens = Counter(
+            "tailguard_caller_tokens", "Tokens by caller: prompt and output (from upstream usage, else the "
+            "estimate and content chunks).", ["caller", "kind"], registry=r)
         self._classes: dict[str, ClassMetrics] = {}
         self._inflight: dict[str, Any] = {}
         self._kinds: dict[str, str] = {}
@@ -211,6 +217,7 @@ class RequestTimes:
     arrived_at: float
     cls: str = "-"
     backend: str = "-"
+    caller: str | None = None  # its API key's name, when keys are configured
     bound_at: float | None = None
     upstream_headers_at: float | None = None
     first_content_at: float | None = None
@@ -267,6 +274,12 @@ def record_finish(m: GatewayMetrics, t: RequestTimes, outcome: Outcome) -> None:
         c.prompt_tokens.inc(t.prompt_tokens)
     if t.output_tokens:
         c.output_tokens.inc(t.output_tokens)
+    if t.caller is not None:
+        m.caller_requests.labels(t.caller, outcome.value).inc()
+        if t.prompt_tokens:
+            m.caller_tokens.labels(t.caller, "prompt").inc(t.prompt_tokens)
+        if t.output_tokens:
+            m.caller_tokens.labels(t.caller, "output").inc(t.output_tokens)
 
 
 def access_log(
@@ -289,6 +302,8 @@ def access_log(
     }
     if reason is not None:
         rec["reason"] = reason
+    if t.caller is not None:
+        rec["caller"] = t.caller
     if t.extra:
         rec.update(t.extra)
     if prompt is not None:

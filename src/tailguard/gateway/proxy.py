@@ -163,12 +163,12 @@ class Proxy:
         if self._cfg.log_prompts:
             ex.prompt = parsed.prompt_text()
         cls = self._classes.classify(headers, parsed.body, api_key)
-        t.cls = cls.name
+        t.cls, t.caller = cls.name, self._classes.caller(api_key)
         t.prompt_tokens = parsed.prompt_tokens
         capped = apply_caps(parsed, cls, self._estimator.estimate(cls.name))
         progress = Progress() if self._dispatcher.may_suspend(cls.name) and resumable(capped.body, endpoint) else None
         ticket = await self._dispatcher.admit(ex.req_id, cls.name, capped.est_tokens, progress=progress,
-                                              max_tokens=capped.max_tokens)
+                                              max_tokens=capped.max_tokens, caller=t.caller)
         try:
             t.bound_at = time.perf_counter()
             self._metrics.cls(cls.name).queue_wait.observe(t.bound_at - t.arrived_at)
@@ -178,7 +178,7 @@ class Proxy:
             ex.ended(ending)
             return ending
         finally:
-            self._dispatcher.release(ticket, ex.outcome)
+            self._dispatcher.release(ticket, ex.outcome, t.prompt_tokens + t.output_tokens)
 
     async def _read_body(self, request: web.Request) -> bytes:
         """The whole body, within `max_body_bytes` and `body_timeout_s`. A body too large is

@@ -46,6 +46,7 @@ class Arrival:
     cls: str = "interactive"
     priority: int = 0
     block_hashes: tuple[int, ...] = ()  # prefix-cache keys of the prompt's leading blocks (sim.kv)
+    caller: str | None = None  # whose request (the front's limits per caller), as an API key names it
 @dataclass(slots=True)
 class Timeline:
     """What happened to one request, in simulated seconds.
@@ -272,7 +273,7 @@ class _Run:
             if lv is not None:
                 tl.output_tokens += lv.base_tokens
         if self.front is not None:
-            self._apply(self.front.finish(ev.req_id, Outcome.SUCCESS, end))
+            self._apply(self.front.finish(ev.req_id, Outcome.SUCCESS, end, tokens=tl.prompt_tokens + tl.output_tokens))
         if self.follow_up is not None:
             self._follow(tl, end)
 
@@ -312,7 +313,7 @@ class _Run:
             return
         self.waiting[a.id] = a
         self._apply(front.arrive(a.id, a.cls, a.prompt_tokens + a.max_tokens, t, resumable=True,
-                                 max_tokens=a.max_tokens, preempt=not self.in_step))
+                                 max_tokens=a.max_tokens, preempt=not self.in_step, caller=a.caller))
 
     def _tick(self) -> None:
         assert self.front is not None

@@ -225,6 +225,8 @@ def error_headers(err: APIError) -> dict[str, str]:
     headers = dict(err.headers)
     if err.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, int(err.retry_after_s + 0.999)))
+        # HTTP's Retry-After is whole seconds; the openai SDKs read this one first, to the ms.
+        headers["retry-after-ms"] = str(max(1, round(err.retry_after_s * 1000)))
     return headers
 
 

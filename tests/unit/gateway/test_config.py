@@ -106,6 +106,9 @@ scheduler: {policy: fcfs, aging_s: 3}
     ("classes:\n  - {name: interactive, min_share: 1}\n", "classes[0] (interactive).min_share: Input should be less than 1"),
     ("classes:\n  - {name: interactive, min_share: -0.1}\n", "min_share: Input should be greater than or equal to 0"),
     ("scheduler: {sjf_size_ratio: 0.5}\n", "scheduler.sjf_size_ratio: Input should be greater than or equal to 1"),
+    ("auth: {api_keys: {k1: {name: ops, rpm_limit: 10}, k2: {name: ops, rpm_limit: 20}}}\n",
+     "keys named 'ops' share their limits, so they must give the same rpm_limit and tpm_limit"),
+    ("auth: {api_keys: {k: {tpm_limit: 0}}}\n", "tpm_limit: Input should be greater than or equal to 1"),
 ])
 def test_invalid_files_name_the_field_and_the_problem(tmp_path: Path, text: str, expected: str) -> None:
     path = write(tmp_path, text)
@@ -159,3 +162,12 @@ def test_docs_describe_every_field() -> None:
     models = [v for v in vars(mod).values() if isinstance(v, type) and issubclass(v, BaseModel) and v.__module__.startswith(mod.__name__)]
     missing = [f"{m.__name__}.{n}" for m in models for n in m.model_fields if f"`{n}`" not in docs and f".{n}`" not in docs]
     assert not missing, f"docs/configuration.md does not mention {missing}"
+
+
+def test_keys_are_callers_by_name_and_limits_go_to_the_front_once_per_caller() -> None:
+    cfg = GatewayConfig.model_validate({"auth": {"api_keys": {
+        "sk-1": {"name": "reports", "tpm_limit": 1000}, "sk-2": {"name": "reports", "tpm_limit": 1000},
+        "sk-3": {"rpm_limit": 5}, "sk-4": {"name": "free"}}}})
+    callers = {c.name: (c.requests_per_minute, c.tokens_per_minute) for c in cfg.front_params().callers}
+    fingerprint = cfg.auth.api_keys["sk-3"].caller("sk-3")
+    assert callers == {"reports": (None, 1000), fingerprint: (5, None)} and fingerprint.startswith("sha256:")

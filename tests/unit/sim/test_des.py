@@ -4,7 +4,7 @@ import pytest
 
 from tailguard.clock import VirtualClock
 from tailguard.front.front import Front
-from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, PreemptionParams, QueueParams
+from tailguard.front.params import BackendSpec, CallerSpec, ClassSpec, FrontParams, PreemptionParams, QueueParams
 from tailguard.sim.cost import CostModel, EngineConfig
 from tailguard.sim.des import Arrival, Timeline, run
 from tailguard.sim.engine import Engine
@@ -230,3 +230,15 @@ def test_a_refused_closed_loop_client_waits_its_retry_after_before_trying_again(
 
     with pytest.raises(ValueError, match="must wait"):
         run(engine(), first, VirtualClock(), front=front("fcfs", 1, cls), follow_up=impatient)
+
+
+def test_callers_limits_hold_on_virtual_time() -> None:
+    """The front's limits per caller, driven by the discrete-event run as by the gateway."""
+    f = Front(FrontParams(classes=classes(), backends=[BackendSpec("engine", max_concurrency=4, continues=True)],
+                          callers=[CallerSpec("capped", requests_per_minute=2)]))
+    arrivals = [Arrival(f"c{i}", 0.1 * i, 20, 5, caller="capped") for i in range(4)]
+    arrivals += [Arrival(f"f{i}", 0.1 * i, 20, 5, caller="free") for i in range(4)]
+    tls = {tl.id: tl for tl in run(engine(), arrivals, VirtualClock(), front=f)}
+    assert [tls[f"c{i}"].reject_reason for i in range(4)] == [None, None, "rate_limit_requests", "rate_limit_requests"]
+    assert tls["c2"].retry_after_s == pytest.approx(29.8)  # one request every 30 s, and a little refilled
+    assert all(tls[f"f{i}"].outcome is Outcome.SUCCESS for i in range(4))

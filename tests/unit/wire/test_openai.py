@@ -82,7 +82,8 @@ def test_error_body_shape_and_retry_after() -> None:
     err = Overloaded("full", code="queue_full", retry_after_s=2.2, headers={"X-Tailguard-Reject-Reason": "queue_full"})
     body = orjson.loads(error_body(err))
     assert set(body["error"]) == {"message", "type", "param", "code"}
-    assert error_headers(err) == {"X-Tailguard-Reject-Reason": "queue_full", "Retry-After": "3"}
+    # HTTP's whole seconds, rounded up, and the exact wait for the openai SDKs (they read it first).
+    assert error_headers(err) == {"X-Tailguard-Reject-Reason": "queue_full", "Retry-After": "3", "retry-after-ms": "2200"}
 
 
 def test_synthetic_text_has_exact_estimate() -> None:

@@ -6,18 +6,36 @@ from __future__ import annotations
 
 import hashlib
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from tailguard.front.params import CallerSpec
 from tailguard.gateway.config.base import _Model
 
 
 class ApiKeyConfig(_Model):
     """What one client API key may do."""
 
-    name: str | None = Field(default=None, description="Label for logs (the key itself is never logged).")
+    name: str | None = Field(
+        default=None,
+        description="The caller this key belongs to: its label in logs and metrics, and what its limits are "
+        "counted by (keys with one name share them). Unset: the key's fingerprint (the key itself is never logged).",
+    )
     default_class: str | None = Field(
         default=None, description="Class for this key's requests when neither header nor `service_tier` names one."
     )
+    rpm_limit: int | None = Field(
+        default=None, ge=1,
+        description="Requests per minute the caller may send (a bucket refilled continuously, so a burst of "
+        "this many is allowed); over it, 429 `rate_limit_exceeded` with Retry-After (LiteLLM's `rpm_limit`).",
+    )
+    tpm_limit: int | None = Field(
+        default=None, ge=1,
+        description="Tokens per minute, prompt and generated, counted as each request ends: a caller over it is "
+        "refused with 429 until its use falls back under (LiteLLM's `tpm_limit`).",
+    )
+
+    def caller(self, key: str) -> str:
+        return self.name if self.name is not None else _fingerprint(key)
 
 
 class AuthConfig(_Model):
@@ -28,6 +46,22 @@ class AuthConfig(_Model):
         description="Accepted keys (`Authorization: Bearer <key>`), each with optional settings. "
         "When non-empty, a request without a listed key gets 401.",
     )
+
+    @model_validator(mode="after")
+    def _one_limit_per_caller(self) -> AuthConfig:
+        seen: dict[str, tuple[int | None, int | None]] = {}
+        for key, k in self.api_keys.items():
+            limits = (k.rpm_limit, k.tpm_limit)
+            if seen.setdefault(k.caller(key), limits) != limits:
+                raise ValueError(f"keys named {k.caller(key)!r} share their limits, so they must give the same "
+                                 "rpm_limit and tpm_limit")
+        return self
+
+    def callers(self) -> list[CallerSpec]:
+        """Each caller with limits, once."""
+        found = {k.caller(key): CallerSpec(k.caller(key), k.rpm_limit, k.tpm_limit)
+                 for key, k in self.api_keys.items() if k.rpm_limit or k.tpm_limit}
+        return list(found.values())
 
 
 def _fingerprint(secret: str) -> str:

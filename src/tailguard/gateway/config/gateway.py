@@ -77,6 +77,7 @@ class GatewayConfig(_Model):
             queue=self.scheduler.queue_params(), preemption=self.scheduler.preemption_params(),
             health=fp.HealthParams(unhealthy_after=h.unhealthy_after, healthy_after=h.healthy_after),
             retry=self.retries.params(),
+            callers=self.auth.callers(),
         )
 
     def settings(self) -> dict[str, Any]:
