@@ -46,6 +46,9 @@ async def test_a_caller_over_its_rpm_gets_openais_429_and_the_sdk_waits_it_out()
     assert sample(metrics, "tailguard_caller_requests_total", caller="app", outcome="rejected") >= 1
     assert sample(metrics, "tailguard_caller_requests_total", caller="web", outcome="success") == 1
     assert sample(metrics, "tailguard_caller_tokens_total", caller="web", kind="output") == 1
+    # Each request that ran costs its prompt; the refused one cost nothing.
+    prompt = sample(metrics, "tailguard_caller_tokens_total", caller="web", kind="prompt")
+    assert prompt > 0 and sample(metrics, "tailguard_caller_tokens_total", caller="app", kind="prompt") == prompt * (RPM + 1)
     assert sample(metrics, "tailguard_rejected_total", **{"class": "interactive", "reason": "rate_limit_requests"}) >= 1
 
 

@@ -234,6 +234,11 @@ class RequestTimes:
     def queue_s(self) -> float | None:
         return None if self.bound_at is None else self.bound_at - self.arrived_at
 
+    def used_tokens(self) -> int:
+        """What the request cost its caller: its prompt and generated tokens once an engine
+        answered it, else nothing (refused, left while queued, or no engine ever answered)."""
+        return self.prompt_tokens + self.output_tokens if self.upstream_headers_at is not None else 0
+
 
 def _ms(v: float) -> str:
     return f"{v * 1000.0:.3f}"
@@ -276,10 +281,11 @@ def record_finish(m: GatewayMetrics, t: RequestTimes, outcome: Outcome) -> None:
         c.output_tokens.inc(t.output_tokens)
     if t.caller is not None:
         m.caller_requests.labels(t.caller, outcome.value).inc()
-        if t.prompt_tokens:
+        used = t.used_tokens()
+        if used:
             m.caller_tokens.labels(t.caller, "prompt").inc(t.prompt_tokens)
-        if t.output_tokens:
-            m.caller_tokens.labels(t.caller, "output").inc(t.output_tokens)
+            if t.output_tokens:
+                m.caller_tokens.labels(t.caller, "output").inc(t.output_tokens)
 
 
 def access_log(

@@ -178,7 +178,7 @@ class Proxy:
             ex.ended(ending)
             return ending
         finally:
-            self._dispatcher.release(ticket, ex.outcome, t.prompt_tokens + t.output_tokens)
+            self._dispatcher.release(ticket, ex.outcome, t.used_tokens())
 
     async def _read_body(self, request: web.Request) -> bytes:
         """The whole body, within `max_body_bytes` and `body_timeout_s`. A body too large is
