@@ -25,6 +25,7 @@ from tests.functional.test_gateway_rollback import CHAT, SCALE, gateway_yaml, he
 from tests.servers import running
 
 TOKENS = 2000  # about 3 s of wall time at SCALE: in flight across both reloads
+DRAINED_TOKENS = 4000  # about 6 s: still running on the removed backend while the test looks
 PROBES = {"interval_s": 0.1}
 
 
@@ -139,7 +140,7 @@ async def test_a_reload_adds_a_backend_and_drains_the_one_it_removes(tmp_path: P
             async def queued_one() -> bool:
                 return bool((await health(url))["queued"] == 1)
 
-            held = chat(TOKENS)  # takes the only slot
+            held = chat(DRAINED_TOKENS)  # takes the only slot
             waiting = chat(3)
             await until(queued_one, step_s=0.02)
 
@@ -152,7 +153,7 @@ async def test_a_reload_adds_a_backend_and_drains_the_one_it_removes(tmp_path: P
             assert (await chat(3)).model == "sim-b"  # the removed backend takes nothing new
 
             done = await held  # sent before the reload: it ends where it ran
-            assert done.model == "sim-a" and done.usage is not None and done.usage.completion_tokens == TOKENS
+            assert done.model == "sim-a" and done.usage is not None and done.usage.completion_tokens == DRAINED_TOKENS
 
             async def retired() -> bool:
                 return "sim" not in (await health(url))["backends"]  # type: ignore[operator]
