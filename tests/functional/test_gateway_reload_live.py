@@ -27,6 +27,7 @@ from tests.servers import running
 TOKENS = 2000  # about 3 s of wall time at SCALE: in flight across both reloads
 DRAINED_TOKENS = 4000  # about 6 s: still running on the removed backend while the test looks
 PROBES = {"interval_s": 0.1}
+SLOW_PROBES = {"interval_s": 600.0}  # after the first probe, none for the test's length unless a reload wakes them
 
 
 async def reload(proc: asyncio.subprocess.Process, url: str, path: Path, text: str) -> None:
@@ -47,7 +48,7 @@ async def reload(proc: asyncio.subprocess.Process, url: str, path: Path, text: s
 async def test_a_reload_changes_deadlines_and_probes_for_what_starts_next(tmp_path: Path) -> None:
     path = tmp_path / "gw.yaml"
     async with asyncio.timeout(60), running_sim(engine(), time_scale=SCALE) as sim:
-        path.write_text(gateway_yaml(sim.url, 4, 4096, health=PROBES))
+        path.write_text(gateway_yaml(sim.url, 4, 4096, health=SLOW_PROBES))
         async with serving(path) as (proc, url), AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as c:
             def long() -> Any:
                 return c.chat.completions.create(model="m", messages=CHAT, max_tokens=TOKENS)
@@ -58,13 +59,14 @@ async def test_a_reload_changes_deadlines_and_probes_for_what_starts_next(tmp_pa
                 return bool((await health(url))["backends"]["sim"]["in_flight"] == 1)  # type: ignore[index]
             await until(running, step_s=0.02)
 
-            await reload(proc, url, path, gateway_yaml(sim.url, 4, 4096, health=PROBES, timeouts={"total_s": 0.5}))
+            await reload(proc, url, path, gateway_yaml(sim.url, 4, 4096, health=SLOW_PROBES, timeouts={"total_s": 0.5}))
             with pytest.raises(openai.InternalServerError) as cut:
                 await long()
             assert cut.value.status_code == 504 and "total deadline" in str(cut.value)
 
+            # The loop is sleeping out 600 s: the reload wakes it, and the new path takes the backend out.
             await reload(proc, url, path, gateway_yaml(sim.url, 4, 4096, timeouts={"total_s": 0.5},
-                                                       health={**PROBES, "path": "/no-such-page", "unhealthy_after": 1}))
+                                                       health={**SLOW_PROBES, "path": "/no-such-page", "unhealthy_after": 1}))
 
             async def taken_out() -> bool:
                 return (await health(url))["backends"]["sim"]["healthy"] is False  # type: ignore[index]

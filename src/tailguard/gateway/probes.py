@@ -37,7 +37,8 @@ class _Failed:
 class Probes:
     """The probe loops of every backend; `backends` (kinds resolved) is updated in place when a
     kind is detected, which is what the exchanges read. Each probe reads the `health` section of
-    the live config as it is sent, so a reload changes path, timeout and interval from the next one."""
+    the live config as it is sent, and a reload that changes it wakes every loop (`retime`), so
+    the new path, timeout and interval apply at once, not after the interval being slept out."""
 
     def __init__(self, live: Live, backends: dict[str, BackendConfig], dispatcher: Dispatcher,
                  session: aiohttp.ClientSession, metrics: GatewayMetrics) -> None:
@@ -48,6 +49,7 @@ class Probes:
         self.last_error: dict[str, str | None] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._stopping: set[asyncio.Task[None]] = set()  # loops of removed backends, until they end
+        self._wake = asyncio.Event()  # set (and replaced) by `retime`: every loop probes again now
 
     def start(self) -> None:
         """One probe loop per configured backend."""
@@ -67,6 +69,11 @@ class Probes:
             self.last_error.pop(name, None)
         for b in added:
             self._start(b)
+
+    def retime(self) -> None:
+        """The health settings changed: every loop stops waiting and probes by them now."""
+        self._wake.set()
+        self._wake = asyncio.Event()
 
     async def stop(self) -> None:
         tasks = [*self._tasks.values(), *self._stopping]
@@ -104,7 +111,14 @@ class Probes:
             detect = auto and now_healthy and not healthy  # it came back: ask again what it is
             healthy = now_healthy
             if not detect:
-                await asyncio.sleep(health.interval_s)
+                await self._pause(health.interval_s)
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep `seconds`, or until `retime`."""
+        try:
+            await asyncio.wait_for(self._wake.wait(), seconds)
+        except TimeoutError:
+            pass
 
     async def _get(self, backend: BackendConfig, path: str) -> bytes | None:
         """The body of a 2xx answer to GET `path`, or None (any other status, error or timeout)."""

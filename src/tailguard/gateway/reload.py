@@ -97,7 +97,10 @@ class Reloader:
             p.metrics.backend_healthy.labels(b.name).set(1 if p.dispatcher.front.slots.is_healthy(b.name) else 0)
             p.metrics.set_kind(b.name, entries[b.name].kind)
         p.probes.follow(added, kept - entries.keys())
+        health_changed = cfg.health != self.live.cfg.health
         self.live.cfg, self.live.hash = cfg, cfg.digest()
+        if health_changed:
+            p.probes.retime()
 
     def on_signal(self) -> None:
         """SIGHUP: apply what was asked for, record it, and leave the result for the asker."""
