@@ -44,6 +44,7 @@ async def test_a_caller_over_its_rpm_gets_openais_429_with_the_wait_to_the_milli
     # Each request that ran costs its prompt; the refused one cost nothing.
     prompt = sample(metrics, "tailguard_caller_tokens_total", caller="web", kind="prompt")
     assert prompt > 0 and sample(metrics, "tailguard_caller_tokens_total", caller="app", kind="prompt") == prompt * RPM
+    assert sample(metrics, "tailguard_prompt_tokens_total", **{"class": "interactive"}) == prompt * (RPM + 1)
     assert sample(metrics, "tailguard_rejected_total", **{"class": "interactive", "reason": "rate_limit_requests"}) == 1
 
 

@@ -234,10 +234,16 @@ class RequestTimes:
     def queue_s(self) -> float | None:
         return None if self.bound_at is None else self.bound_at - self.arrived_at
 
+    @property
+    def answered(self) -> bool:
+        """An engine took the request (sent its response head): from then on its tokens count."""
+        return self.upstream_headers_at is not None
+
     def used_tokens(self) -> int:
-        """What the request cost its caller: its prompt and generated tokens once an engine
-        answered it, else nothing (refused, left while queued, or no engine ever answered)."""
-        return self.prompt_tokens + self.output_tokens if self.upstream_headers_at is not None else 0
+        """What the request cost: its prompt and generated tokens once an engine answered it,
+        else nothing (refused, left while queued, or no engine ever answered). What its caller
+        is charged, and what the token counters count."""
+        return self.prompt_tokens + self.output_tokens if self.answered else 0
 
 
 def _ms(v: float) -> str:
@@ -275,17 +281,17 @@ def record_finish(m: GatewayMetrics, t: RequestTimes, outcome: Outcome) -> None:
         c.e2e.observe(t.finished_at - t.arrived_at)
     if t.first_content_at is not None:
         c.ttft.observe(t.first_content_at - t.arrived_at)
-    if t.prompt_tokens:
+    answered = t.answered
+    if answered and t.prompt_tokens:
         c.prompt_tokens.inc(t.prompt_tokens)
     if t.output_tokens:
         c.output_tokens.inc(t.output_tokens)
     if t.caller is not None:
         m.caller_requests.labels(t.caller, outcome.value).inc()
-        used = t.used_tokens()
-        if used:
+        if answered and t.prompt_tokens:
             m.caller_tokens.labels(t.caller, "prompt").inc(t.prompt_tokens)
-            if t.output_tokens:
-                m.caller_tokens.labels(t.caller, "output").inc(t.output_tokens)
+        if t.output_tokens:
+            m.caller_tokens.labels(t.caller, "output").inc(t.output_tokens)
 
 
 def access_log(
