@@ -7,6 +7,7 @@ setting keeps its name when the list is reordered: `classes[batch].max_tokens_ca
 
     changes = diff(flatten(old), flatten(new))
     print("\\n".join(str(c) for c in changes))   # classes[batch].max_tokens_cap: 4096 -> 2048
+    print("\\n".join(described(flatten(old), flatten(new))))   # the same, a whole item added or removed in one line
 """
 
 from __future__ import annotations
@@ -64,6 +65,31 @@ def diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
     """The settings of two flattened configs that differ, in name order."""
     names = sorted(set(old) | set(new))
     return [Change(n, old.get(n, UNSET), new.get(n, UNSET)) for n in names if old.get(n, UNSET) != new.get(n, UNSET)]
+
+
+def described(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """`diff` as lines to read, with a named item added or removed whole (a backend, a class) as
+    one line: `backends[b]: added (url http://10.0.0.2:8000, max_concurrency 4)` (its settings
+    that are set), or `backends[a]: removed`. An item on both sides shows setting by setting."""
+    lines: list[str] = []
+    done: set[str] = set()
+    for c in diff(old, new):
+        item = c.name.partition("].")[0] + "]" if "]." in c.name else None
+        if item is None or (_holds(old, item) and _holds(new, item)):
+            lines.append(str(c))
+        elif item not in done:
+            done.add(item)
+            if _holds(new, item):
+                shown = [f"{n[len(item) + 1:]} {_text(v)}" for n, v in new.items() if n.startswith(item + ".") and v is not None]
+                lines.append(f"{item}: added ({', '.join(shown)})")
+            else:
+                lines.append(f"{item}: removed")
+    return lines
+
+
+def _holds(flat: Mapping[str, Any], item: str) -> bool:
+    prefix = item + "."
+    return any(n.startswith(prefix) for n in flat)
 
 
 def _text(value: Any) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tailguard.settings import Change, diff, digest, flatten
+from tailguard.settings import Change, described, diff, digest, flatten
 
 CFG = {"port": 8080, "scheduler": {"policy": "ranked-sjf", "aging_s": 10.0},
        "classes": [{"name": "interactive", "rank": 0}, {"name": "batch", "rank": 1, "max_tokens_cap": 4096}],
@@ -34,3 +34,12 @@ def test_the_digest_ignores_key_order_but_not_values() -> None:
     reordered = dict(reversed(list(CFG.items())))
     assert digest(reordered) == digest(CFG) and len(digest(CFG)) == 12
     assert digest({**CFG, "port": 8081}) != digest(CFG)
+
+
+def test_an_item_added_or_removed_whole_reads_as_one_line() -> None:
+    old = flatten({"backends": [{"name": "a", "url": "http://h:1", "model": None}], "port": 1})
+    new = flatten({"backends": [{"name": "a", "url": "http://h:2", "model": None},
+                                {"name": "b", "url": "http://h:3", "max_concurrency": 4, "model": None}], "port": 2})
+    assert described(old, new) == ["backends[a].url: http://h:1 -> http://h:2",
+                                   "backends[b]: added (url http://h:3, max_concurrency 4)", "port: 1 -> 2"]
+    assert described(new, old) == ["backends[a].url: http://h:2 -> http://h:1", "backends[b]: removed", "port: 2 -> 1"]

@@ -16,7 +16,7 @@ from typing import Any
 
 from tailguard.bench.recorder import RequestRecord
 from tailguard.bench.stats import measured
-from tailguard.settings import diff, flatten
+from tailguard.settings import described, flatten
 
 
 def seen(records: Sequence[RequestRecord]) -> dict[str, int]:
@@ -52,7 +52,7 @@ def config_changes(before: dict[str, Any] | None, after: dict[str, Any] | None,
         warnings.append(f"only {runs[0] if after is None else runs[1]} went through a tailguard gateway")
         return out
     if before["settings"] is not None and after["settings"] is not None:
-        changes = [str(c) for c in diff(flatten(before["settings"]), flatten(after["settings"]))]
+        changes = described(flatten(before["settings"]), flatten(after["settings"]))
         out["changes"] = changes
         if len(changes) > 1:
             warnings.append(f"{len(changes)} gateway settings differ between the runs: change one per run, or "

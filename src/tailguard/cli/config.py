@@ -87,15 +87,15 @@ def diff(a: str = typer.Argument("good", help="A config number, `good`, `current
          config: Optional[Path] = _CONFIG, state_dir: Optional[Path] = _STATE) -> None:
     """What changed from A to B, setting by setting in the YAML's dotted names."""
     from tailguard.errors import ConfigError
-    from tailguard.settings import diff as changes, flatten
+    from tailguard.settings import described, flatten
 
     try:
         store = _store(config, state_dir) if config is not None or state_dir is not None else None
         old, new = _resolve(a, store), _resolve(b, store)
     except ConfigError as e:
         _fail(str(e))
-    found = changes(flatten(old.settings()), flatten(new.settings()))
-    typer.echo("\n".join(str(c) for c in found) if found else "no setting differs")
+    found = described(flatten(old.settings()), flatten(new.settings()))
+    typer.echo("\n".join(found) if found else "no setting differs")
 
 
 def _resolve(which: str, store: ConfigStore | None) -> GatewayConfig:
