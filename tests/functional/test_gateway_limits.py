@@ -12,10 +12,16 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from tests.functional.gateways import gateway, sample, scrape
+from tests.functional.gateways import gateway, sample, scrape, until
 
 CHAT = [{"role": "user", "content": "hi"}]
 RPM = 4  # a burst of 4, then one every 15 s: far slower than any machine sends the burst
+
+
+async def metered(url: str, caller: str, kind: str = "output") -> float:
+    """A caller's metered tokens. A request is metered (and charged) as its handler ends, a moment
+    after its client has read the last byte: tests wait for it rather than race it."""
+    return sample(await scrape(url), "tailguard_caller_tokens_total", caller=caller, kind=kind)
 
 
 async def test_a_caller_over_its_rpm_gets_openais_429_with_the_wait_to_the_millisecond() -> None:
@@ -23,8 +29,12 @@ async def test_a_caller_over_its_rpm_gets_openais_429_with_the_wait_to_the_milli
     async with asyncio.timeout(30), gateway(auth={"api_keys": keys}) as gw, \
             AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="sk-app", max_retries=0) as app, \
             AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="sk-web", max_retries=0) as web:
+        left = []
         for _ in range(RPM):
-            await app.chat.completions.create(model="m", messages=CHAT, max_tokens=1)
+            raw = await app.chat.completions.with_raw_response.create(model="m", messages=CHAT, max_tokens=1)
+            assert raw.headers["x-ratelimit-limit-requests"] == str(RPM)
+            left.append(int(raw.headers["x-ratelimit-remaining-requests"]))
+        assert left == [3, 2, 1, 0]  # OpenAI's x-ratelimit-* headers, as a client's own throttle reads them
 
         with pytest.raises(openai.RateLimitError) as over:
             await app.chat.completions.create(model="m", messages=CHAT, max_tokens=1)
@@ -34,8 +44,13 @@ async def test_a_caller_over_its_rpm_gets_openais_429_with_the_wait_to_the_milli
         assert headers["x-tailguard-reject-reason"] == "rate_limit_requests"
         wait_ms = int(headers["retry-after-ms"])  # what the openai SDK's own retry waits
         assert 10_000 < wait_ms <= 15_000 and int(headers["retry-after"]) == -(-wait_ms // 1000)
+        assert headers["x-ratelimit-remaining-requests"] == "0" and headers["x-ratelimit-reset-requests"].endswith("s")
 
         assert (await web.chat.completions.create(model="m", messages=CHAT, max_tokens=1)).choices  # not held up
+
+        async def web_metered() -> bool:
+            return await metered(gw.url, "web") == 1
+        await until(web_metered, step_s=0.01)
         metrics = await scrape(gw.url)
     assert sample(metrics, "tailguard_caller_requests_total", caller="app", outcome="success") == RPM
     assert sample(metrics, "tailguard_caller_requests_total", caller="app", outcome="rejected") == 1
@@ -56,6 +71,10 @@ async def test_a_caller_in_token_debt_waits_until_it_is_paid_back() -> None:
         async with s.post(f"{gw.url}/v1/chat/completions", json=body, headers=head) as r:
             assert r.status == 200  # nothing used yet: it may start, and is charged when it ends
             usage = (await r.json())["usage"]
+
+        async def charged() -> bool:
+            return await metered(gw.url, "reports") > 0
+        await until(charged, step_s=0.01)
         async with s.post(f"{gw.url}/v1/chat/completions", json=body, headers=head) as r:
             answer = await r.json()
             assert r.status == 429 and answer["error"]["type"] == "tokens", answer

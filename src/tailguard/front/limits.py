@@ -27,6 +27,15 @@ class Refusal:
     retry_after_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """Where one of a caller's limits stands: what OpenAI's `x-ratelimit-*` headers say."""
+
+    limit: int
+    remaining: int  # whole requests or tokens the bucket holds now (0 in debt)
+    reset_s: float  # until the bucket is full again
+
+
 class _Bucket:
     """Capacity `per_minute`, refilled continuously; full when first used."""
 
@@ -49,6 +58,10 @@ class _Bucket:
         """Seconds until the bucket holds `need` (0 when it does now)."""
         short = need - self.refill(now)
         return short / self.rate if short > 0 else 0.0
+
+    def standing(self, now: float) -> Standing:
+        level = self.refill(now)
+        return Standing(int(self.capacity), max(0, int(level)), (self.capacity - level) / self.rate)
 
     def resize(self, per_minute: int) -> None:
         self.capacity, self.rate = float(per_minute), per_minute / 60.0
@@ -126,3 +139,11 @@ class CallerLimits:
         if c is not None and c.tokens is not None and tokens > 0:
             c.tokens.refill(now)
             c.tokens.level -= tokens
+
+    def standing(self, caller: str | None, now: float) -> tuple[Standing | None, Standing | None]:
+        """Where the caller's request and token limits stand (None: no such limit)."""
+        c = self._callers.get(caller) if caller is not None else None
+        if c is None:
+            return None, None
+        return (c.requests.standing(now) if c.requests is not None else None,
+                c.tokens.standing(now) if c.tokens is not None else None)

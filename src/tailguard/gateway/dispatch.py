@@ -23,6 +23,7 @@ from tailguard.gateway.metrics import GatewayMetrics
 from tailguard.gateway.resume import Progress
 from tailguard.gateway.watchdog import Watchdog
 from tailguard.types import Outcome
+from tailguard.wire.openai import ratelimit_headers
 
 log = logging.getLogger("tailguard.gateway")
 
@@ -122,6 +123,14 @@ class Dispatcher:
 
     def may_suspend(self, cls: str) -> bool:
         return self.front.may_suspend(cls)
+
+    def rate_headers(self, caller: str) -> dict[str, str] | None:
+        """OpenAI's `x-ratelimit-*` headers for where `caller`'s limits stand now, or None."""
+        headers: dict[str, str] = {}
+        for kind, s in zip(("requests", "tokens"), self.front.limits.standing(caller, self._loop.time())):
+            if s is not None:
+                headers.update(ratelimit_headers(kind, s.limit, s.remaining, s.reset_s))
+        return headers or None
 
     def upstream_open(self, ticket: Ticket, on_suspend: Callable[[], None]) -> None:
         """The relay has an upstream open: a preemptible request can be suspended from now on."""

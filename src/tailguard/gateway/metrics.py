@@ -218,6 +218,7 @@ class RequestTimes:
     cls: str = "-"
     backend: str = "-"
     caller: str | None = None  # its API key's name, when keys are configured
+    rate_headers: dict[str, str] | None = None  # where the caller's limits stand (x-ratelimit-*)
     bound_at: float | None = None
     upstream_headers_at: float | None = None
     first_content_at: float | None = None
@@ -270,6 +271,8 @@ def response_headers(t: RequestTimes) -> dict[str, str]:
     st = server_timing(t)
     if st:
         h["Server-Timing"] = st
+    if t.rate_headers is not None:
+        h.update(t.rate_headers)
     return h
 
 

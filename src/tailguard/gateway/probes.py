@@ -50,6 +50,7 @@ class Probes:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._stopping: set[asyncio.Task[None]] = set()  # loops of removed backends, until they end
         self._wake = asyncio.Event()  # set (and replaced) by `retime`: every loop probes again now
+        self._generation = 0  # of the health settings; `retime` counts it up
 
     def start(self) -> None:
         """One probe loop per configured backend."""
@@ -71,7 +72,9 @@ class Probes:
             self._start(b)
 
     def retime(self) -> None:
-        """The health settings changed: every loop stops waiting and probes by them now."""
+        """The health settings changed: every loop stops waiting and probes by them now (one
+        that is probing at this moment probes again at once, rather than sleeping first)."""
+        self._generation += 1
         self._wake.set()
         self._wake = asyncio.Event()
 
@@ -93,7 +96,7 @@ class Probes:
                 detect, asked = True, self.backends[name].url
             if detect:
                 await self._detect(name)
-            backend, health = self.backends[name], self.live.cfg.health
+            backend, health, generation = self.backends[name], self.live.cfg.health, self._generation
             # An explicit `health.path` wins; else each kind's own (a plain OpenAI server has no /health).
             path = health.path if "path" in health.model_fields_set else get_kind(backend.kind).health_path
             sent_at = time.perf_counter()
@@ -111,10 +114,12 @@ class Probes:
             detect = auto and now_healthy and not healthy  # it came back: ask again what it is
             healthy = now_healthy
             if not detect:
-                await self._pause(health.interval_s)
+                await self._pause(health.interval_s, generation)
 
-    async def _pause(self, seconds: float) -> None:
-        """Sleep `seconds`, or until `retime`."""
+    async def _pause(self, seconds: float, generation: int) -> None:
+        """Sleep `seconds`, or until `retime`; not at all if it came since `generation`."""
+        if generation != self._generation:
+            return
         try:
             await asyncio.wait_for(self._wake.wait(), seconds)
         except TimeoutError:

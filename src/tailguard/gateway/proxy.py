@@ -167,8 +167,12 @@ class Proxy:
         t.prompt_tokens = parsed.prompt_tokens
         capped = apply_caps(parsed, cls, self._estimator.estimate(cls.name))
         progress = Progress() if self._dispatcher.may_suspend(cls.name) and resumable(capped.body, endpoint) else None
-        ticket = await self._dispatcher.admit(ex.req_id, cls.name, capped.est_tokens, progress=progress,
-                                              max_tokens=capped.max_tokens, caller=t.caller)
+        try:
+            ticket = await self._dispatcher.admit(ex.req_id, cls.name, capped.est_tokens, progress=progress,
+                                                  max_tokens=capped.max_tokens, caller=t.caller)
+        finally:  # let in or refused, the answer says where the caller's limits stand
+            if t.caller is not None:
+                t.rate_headers = self._dispatcher.rate_headers(t.caller)
         try:
             t.bound_at = time.perf_counter()
             self._metrics.cls(cls.name).queue_wait.observe(t.bound_at - t.arrived_at)

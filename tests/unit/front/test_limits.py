@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tailguard.front.front import Front, Reject, Start
-from tailguard.front.limits import CallerLimits, Refusal
+from tailguard.front.limits import CallerLimits, Refusal, Standing
 from tailguard.front.params import BackendSpec, CallerSpec, ClassSpec, FrontParams
 from tailguard.types import Outcome
 
@@ -63,3 +63,12 @@ def test_the_front_refuses_a_caller_over_its_limits_before_it_is_queued() -> Non
     assert list(f.arrive("other", "interactive", 50, 0.0, caller="web")) == []  # another caller is not held up
     f.finish("r1", Outcome.SUCCESS, 1.0, tokens=1200)  # two minutes' worth of tokens
     assert [d.reason for d in f.arrive("r4", "interactive", 50, 40.0, caller="app")] == ["rate_limit_tokens"]  # type: ignore[union-attr]
+
+
+def test_where_a_callers_limits_stand() -> None:
+    limits = CallerLimits([CallerSpec("app", requests_per_minute=60, tokens_per_minute=600)])
+    limits.take_request("app", 0.0)
+    limits.charge("app", 900, 0.0)
+    requests, tokens = limits.standing("app", 0.0)
+    assert requests == Standing(60, 59, pytest.approx(1.0)) and tokens == Standing(600, 0, pytest.approx(90.0))
+    assert limits.standing("nobody", 0.0) == (None, None)

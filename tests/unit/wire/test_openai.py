@@ -3,7 +3,7 @@ import pytest
 
 from tailguard.errors import BadRequest, Overloaded
 from tailguard.wire.openai import (
-    error_body, error_headers, is_json_media_type, parse_request, validate_engine_fields,
+    error_body, error_headers, is_json_media_type, parse_request, ratelimit_headers, validate_engine_fields,
 )
 from tailguard.wire.tokens import CHAT_MESSAGE_OVERHEAD_TOKENS, synthetic_text, text_tokens
 
@@ -90,3 +90,10 @@ def test_synthetic_text_has_exact_estimate() -> None:
     for n in (1, 7, 32, 2048):
         assert text_tokens(synthetic_text(n)) == n
     assert text_tokens("é") == 1 and text_tokens("ééé") == 2
+
+
+def test_ratelimit_headers_are_openais() -> None:
+    assert ratelimit_headers("tokens", 600, 12, 90.0) == {
+        "x-ratelimit-limit-tokens": "600", "x-ratelimit-remaining-tokens": "12", "x-ratelimit-reset-tokens": "1m30s"}
+    resets = [ratelimit_headers("requests", 1, 0, s)["x-ratelimit-reset-requests"] for s in (0.02, 1.0, 17.5, 360.0)]
+    assert resets == ["20ms", "1s", "17.5s", "6m0s"]
