@@ -69,12 +69,12 @@ def diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
 
 def described(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """`diff` as lines to read, with a named item added or removed whole (a backend, a class) as
-    one line: `backends[b]: added (url http://10.0.0.2:8000, max_concurrency 4)` (its settings
+    one line: `backends[b]: added (url http://127.0.0.1:8001, max_concurrency 4)` (its settings
     that are set), or `backends[a]: removed`. An item on both sides shows setting by setting."""
     lines: list[str] = []
     done: set[str] = set()
     for c in diff(old, new):
-        item = c.name.partition("].")[0] + "]" if "]." in c.name else None
+        item = item_of(c.name)
         if item is None or (_holds(old, item) and _holds(new, item)):
             lines.append(str(c))
         elif item not in done:
@@ -85,6 +85,13 @@ def described(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
             else:
                 lines.append(f"{item}: removed")
     return lines
+
+
+def item_of(name: str) -> str | None:
+    """The named list item a setting belongs to, as `flatten` names it: `backends[b].url` ->
+    `backends[b]`; None for a setting outside such a list."""
+    item, sep, _ = name.partition("].")
+    return item + "]" if sep else None
 
 
 def _holds(flat: Mapping[str, Any], item: str) -> bool:

@@ -48,9 +48,11 @@ class _Bucket:
         self.at: float | None = None
 
     def refill(self, now: float) -> float:
-        if self.at is not None and now > self.at:
+        """The level at `now` (time never runs back: an earlier `now` changes nothing)."""
+        if self.at is None:
+            self.at = now
+        elif now > self.at:
             self.level = min(self.capacity, self.level + (now - self.at) * self.rate)
-        if self.at is None or now > self.at:
             self.at = now
         return self.level
 
@@ -92,10 +94,11 @@ def _resized(bucket: _Bucket | None, per_minute: int | None) -> _Bucket | None:
 
 class CallerLimits:
     """The buckets of every caller that has limits (see the module docstring). A caller with
-    none, or with no name (no keys configured), is never refused."""
+    none is never refused; a request with no caller (no keys configured) is never asked about."""
 
     def __init__(self, specs: Iterable[CallerSpec] = ()) -> None:
-        self._callers = {s.name: _Caller(s) for s in specs if s.requests_per_minute or s.tokens_per_minute}
+        self._callers: dict[str, _Caller] = {}
+        self.reconfigure(specs)
 
     def reconfigure(self, specs: Iterable[CallerSpec]) -> None:
         """A live reload: new limits apply from now, and a caller keeps what it has used."""
@@ -111,9 +114,9 @@ class CallerLimits:
             callers[s.name] = c
         self._callers = callers
 
-    def refusal(self, caller: str | None, now: float) -> Refusal | None:
+    def refusal(self, caller: str, now: float) -> Refusal | None:
         """Why `caller` may not send a request now, or None."""
-        c = self._callers.get(caller) if caller is not None else None
+        c = self._callers.get(caller)
         if c is None:
             return None
         if c.requests is not None:
@@ -127,22 +130,22 @@ class CallerLimits:
                 return Refusal("rate_limit_tokens", wait)
         return None
 
-    def take_request(self, caller: str | None, now: float) -> None:
-        c = self._callers.get(caller) if caller is not None else None
+    def take_request(self, caller: str, now: float) -> None:
+        c = self._callers.get(caller)
         if c is not None and c.requests is not None:
             c.requests.refill(now)
             c.requests.level -= 1.0
 
-    def charge(self, caller: str | None, tokens: int, now: float) -> None:
+    def charge(self, caller: str, tokens: int, now: float) -> None:
         """A request of `caller` ended having used `tokens` (prompt and generated)."""
-        c = self._callers.get(caller) if caller is not None else None
+        c = self._callers.get(caller)
         if c is not None and c.tokens is not None and tokens > 0:
             c.tokens.refill(now)
             c.tokens.level -= tokens
 
-    def standing(self, caller: str | None, now: float) -> tuple[Standing | None, Standing | None]:
+    def standing(self, caller: str, now: float) -> tuple[Standing | None, Standing | None]:
         """Where the caller's request and token limits stand (None: no such limit)."""
-        c = self._callers.get(caller) if caller is not None else None
+        c = self._callers.get(caller)
         if c is None:
             return None, None
         return (c.requests.standing(now) if c.requests is not None else None,

@@ -104,7 +104,7 @@ class BackendPool:
                 s.cfg = replace(b, continues=s.cfg.continues)
             self._set_slots(s.cfg)
         named = {b.name for b in backends}
-        for s in list(self._states.values()):
+        for s in self._states.values():
             if s.name not in named:
                 s.retiring = True
         gone = [s.name for s in self._states.values() if s.retiring and not s.in_flight]

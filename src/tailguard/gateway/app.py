@@ -80,8 +80,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         keep_text=cfg.log_prompts))
     app[MODELS] = ModelCache(app[LIVE], upstream.session)
     for b in backends.values():
-        metrics.backend_healthy.labels(b.name).set(1)
-        metrics.set_kind(b.name, b.kind)
+        metrics.add_backend(b.name, b.kind)
     app[PROBES] = Probes(app[LIVE], backends, dispatcher, upstream.session, metrics)
     app[PROBES].start()
     try:

@@ -194,6 +194,11 @@ class GatewayMetrics:
         self._kinds[backend] = kind
         self.backend_kind.labels(backend, kind).set(1)
 
+    def add_backend(self, backend: str, kind: str, healthy: bool = True) -> None:
+        """A backend the gateway serves from now on (at start, or added by a reload)."""
+        self.backend_healthy.labels(backend).set(1 if healthy else 0)
+        self.set_kind(backend, kind)
+
     def forget_backend(self, backend: str) -> None:
         """A removed backend has left: its gauges go (its counters stay, as history)."""
         self._inflight.pop(backend, None)
@@ -284,15 +289,15 @@ def record_finish(m: GatewayMetrics, t: RequestTimes, outcome: Outcome) -> None:
         c.e2e.observe(t.finished_at - t.arrived_at)
     if t.first_content_at is not None:
         c.ttft.observe(t.first_content_at - t.arrived_at)
-    answered = t.answered
-    if answered and t.prompt_tokens:
-        c.prompt_tokens.inc(t.prompt_tokens)
+    prompt = t.prompt_tokens if t.answered else 0  # no engine took it: its prompt cost nothing
+    if prompt:
+        c.prompt_tokens.inc(prompt)
     if t.output_tokens:
         c.output_tokens.inc(t.output_tokens)
     if t.caller is not None:
         m.caller_requests.labels(t.caller, outcome.value).inc()
-        if answered and t.prompt_tokens:
-            m.caller_tokens.labels(t.caller, "prompt").inc(t.prompt_tokens)
+        if prompt:
+            m.caller_tokens.labels(t.caller, "prompt").inc(prompt)
         if t.output_tokens:
             m.caller_tokens.labels(t.caller, "output").inc(t.output_tokens)
 

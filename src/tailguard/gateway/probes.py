@@ -50,7 +50,6 @@ class Probes:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._stopping: set[asyncio.Task[None]] = set()  # loops of removed backends, until they end
         self._wake = asyncio.Event()  # set (and replaced) by `retime`: every loop probes again now
-        self._generation = 0  # of the health settings; `retime` counts it up
 
     def start(self) -> None:
         """One probe loop per configured backend."""
@@ -74,7 +73,6 @@ class Probes:
     def retime(self) -> None:
         """The health settings changed: every loop stops waiting and probes by them now (one
         that is probing at this moment probes again at once, rather than sleeping first)."""
-        self._generation += 1
         self._wake.set()
         self._wake = asyncio.Event()
 
@@ -96,7 +94,8 @@ class Probes:
                 detect, asked = True, self.backends[name].url
             if detect:
                 await self._detect(name)
-            backend, health, generation = self.backends[name], self.live.cfg.health, self._generation
+            # The event of the settings read here: set already when a reload came while probing.
+            backend, health, wake = self.backends[name], self.live.cfg.health, self._wake
             # An explicit `health.path` wins; else each kind's own (a plain OpenAI server has no /health).
             path = health.path if "path" in health.model_fields_set else get_kind(backend.kind).health_path
             sent_at = time.perf_counter()
@@ -114,16 +113,7 @@ class Probes:
             detect = auto and now_healthy and not healthy  # it came back: ask again what it is
             healthy = now_healthy
             if not detect:
-                await self._pause(health.interval_s, generation)
-
-    async def _pause(self, seconds: float, generation: int) -> None:
-        """Sleep `seconds`, or until `retime`; not at all if it came since `generation`."""
-        if generation != self._generation:
-            return
-        try:
-            await asyncio.wait_for(self._wake.wait(), seconds)
-        except TimeoutError:
-            pass
+                await _pause(health.interval_s, wake)
 
     async def _get(self, backend: BackendConfig, path: str) -> bytes | None:
         """The body of a 2xx answer to GET `path`, or None (any other status, error or timeout)."""
@@ -167,3 +157,11 @@ class Probes:
                 self.metrics.engine_requests.labels(backend.name, "running").set(load.running)
                 self.metrics.engine_requests.labels(backend.name, "waiting").set(load.waiting)
                 return
+
+
+async def _pause(seconds: float, wake: asyncio.Event) -> None:
+    """Sleep `seconds`, or until `wake` is set (at once if it is already)."""
+    try:
+        await asyncio.wait_for(wake.wait(), seconds)
+    except TimeoutError:
+        pass

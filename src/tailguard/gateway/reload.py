@@ -34,7 +34,7 @@ from tailguard.gateway.metrics import GatewayMetrics
 from tailguard.gateway.probes import Probes
 from tailguard.gateway.proxy import Proxy
 from tailguard.gateway.store import ConfigStore
-from tailguard.settings import Change, diff, flatten
+from tailguard.settings import Change, diff, flatten, item_of
 
 log = logging.getLogger("tailguard.gateway")
 
@@ -54,9 +54,10 @@ def restart_needed(old: GatewayConfig, new: GatewayConfig) -> list[Change]:
 
 
 def _needs_restart(name: str, kept_backends: set[str]) -> bool:
-    if name.startswith("backends["):
-        backend, _, field = name[len("backends["):].rpartition("].")
-        return backend in kept_backends and field not in _LIVE_BACKEND
+    item = item_of(name)
+    if item is not None and item.startswith("backends["):
+        field = name[len(item) + 1:]
+        return item[len("backends["):-1] in kept_backends and field not in _LIVE_BACKEND
     return name in _RESTART or name.startswith(_RESTART_PREFIXES)
 
 
@@ -94,8 +95,7 @@ class Reloader:
         p.backends.update(entries)  # a removed one stays: its requests in flight still read it
         added = [b for b in cfg.backends if b.name not in kept]
         for b in added:  # healthy as at start, or as it was when named again before it left
-            p.metrics.backend_healthy.labels(b.name).set(1 if p.dispatcher.front.slots.is_healthy(b.name) else 0)
-            p.metrics.set_kind(b.name, entries[b.name].kind)
+            p.metrics.add_backend(b.name, entries[b.name].kind, p.dispatcher.front.slots.is_healthy(b.name))
         p.probes.follow(added, kept - entries.keys())
         health_changed = cfg.health != self.live.cfg.health
         self.live.cfg, self.live.hash = cfg, cfg.digest()
