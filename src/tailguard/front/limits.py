@@ -19,11 +19,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tailguard.front.params import CallerSpec
+from tailguard.types import RejectReason
 
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    reason: str  # rate_limit_requests | rate_limit_tokens
+    reason: RejectReason  # RATE_LIMIT_REQUESTS | RATE_LIMIT_TOKENS
     retry_after_s: float
 
 
@@ -122,12 +123,12 @@ class CallerLimits:
         if c.requests is not None:
             wait = c.requests.wait_s(1.0, now)
             if wait > 0:
-                return Refusal("rate_limit_requests", wait)
+                return Refusal(RejectReason.RATE_LIMIT_REQUESTS, wait)
         if c.tokens is not None:
             # In debt: wait until it is paid back and a little is free again.
             wait = c.tokens.wait_s(min(1.0, c.tokens.capacity), now)
             if wait > 0:
-                return Refusal("rate_limit_tokens", wait)
+                return Refusal(RejectReason.RATE_LIMIT_TOKENS, wait)
         return None
 
     def take_request(self, caller: str, now: float) -> None:

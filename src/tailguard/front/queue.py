@@ -30,7 +30,7 @@ from typing import Any, Callable
 from tailguard.errors import ConfigError
 from tailguard.front.admission import Admission
 from tailguard.front.params import ClassSpec, QueueParams
-from tailguard.types import Outcome
+from tailguard.types import Outcome, RejectReason
 
 
 @dataclass(slots=True, frozen=True)
@@ -49,7 +49,7 @@ class Pending:
 class Reject:
     """Why `push` refused a request, and when the client may try again."""
 
-    reason: str  # "queue_full" | "wait_bound" | ...
+    reason: RejectReason  # QUEUE_FULL | WAIT_BOUND
     retry_after_s: float
 
 
@@ -117,11 +117,11 @@ class BaseScheduler(abc.ABC):
         if req.id in self._entries:
             raise ValueError(f"request id {req.id!r} is already queued")
         if q.live >= q.cfg.max_queue_len:
-            return Reject("queue_full", self.admission.queue_full_s(self._ahead_of_class(q)))
+            return Reject(RejectReason.QUEUE_FULL, self.admission.queue_full_s(self._ahead_of_class(q)))
         predicted_s = self.admission.predict_s(self._ahead(req, q))
         retry_s = self.admission.refusal_s(predicted_s, req.wait_bound_at - now)
         if retry_s is not None:
-            return Reject("wait_bound", retry_s)
+            return Reject(RejectReason.WAIT_BOUND, retry_s)
         self._add(req, q, predicted_s)
         return None
 

@@ -1,29 +1,60 @@
 """Whether and where a failed attempt is tried again, and the budget that bounds retries; pure.
 
-Only an attempt that failed before any byte reached its client is retried (the driver says so),
+Only an attempt that failed before any byte reached its consumer is retried (`delivered` False),
 so a client never sees two answers spliced and nothing runs twice: the failed attempt's upstream
 is closed before the retry is sent. Where it goes depends on how it failed:
 
 - `reset`, `disconnect`: the connection broke before an answer (typically a pooled keep-alive
   connection the server had just closed). The server itself may be fine, so the same backend is
   tried once more on a fresh connection, even when it is the only one; then another.
-- `connect`, `timeout_connect`, `status` (a 5xx or 429 before streaming), `timeout_headers` (the
-  first-token deadline passed with not even response headers: a hung server): that backend
-  refused or is down; another backend is tried, never the same.
-- anything else (deadlines once the request was accepted upstream, protocol errors): not
+- `connect`, `timeout_connect`, `status` (a 5xx or 429 before streaming), and a first-token
+  deadline that passed with not even response headers (`answered` False: a hung server): that
+  backend refused or is down; another backend is tried, never the same.
+- anything else (deadlines once the engine answered, protocol errors, an error event): not
   retried, since the engine may have done the work.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 
 from tailguard.front.params import RetryParams
+from tailguard.types import FailureKind
 
-SAME_BACKEND_KINDS = frozenset({"reset", "disconnect"})
-OTHER_BACKEND_KINDS = frozenset({"reset", "disconnect", "connect", "timeout_connect", "status", "timeout_headers"})
+_SAME_BACKEND = frozenset({FailureKind.RESET, FailureKind.DISCONNECT})
+_OTHER_BACKEND = _SAME_BACKEND | {FailureKind.CONNECT, FailureKind.TIMEOUT_CONNECT, FailureKind.STATUS}
 # Failures that count against a backend's health (as a failed probe does).
-HEALTH_KINDS = frozenset({"connect", "timeout_connect", "timeout_headers"})
+_HEALTH = frozenset({FailureKind.CONNECT, FailureKind.TIMEOUT_CONNECT})
+
+
+class Retry(enum.Enum):
+    """Where a failed attempt may go again."""
+
+    NO = "no"
+    SAME_OR_OTHER = "same_or_other"  # the same backend once on a fresh connection, else another
+    OTHER = "other"
+
+
+def _hung(kind: FailureKind, answered: bool) -> bool:
+    """The first-token deadline passed without even a response head: the server is hung."""
+    return kind is FailureKind.TIMEOUT_FIRST_TOKEN and not answered
+
+
+def retry_of(kind: FailureKind, delivered: bool, answered: bool) -> Retry:
+    """Whether (and where) an attempt that failed as `kind` may be sent again."""
+    if delivered:
+        return Retry.NO
+    if kind in _SAME_BACKEND:
+        return Retry.SAME_OR_OTHER
+    if kind in _OTHER_BACKEND or _hung(kind, answered):
+        return Retry.OTHER
+    return Retry.NO
+
+
+def hurts_health(kind: FailureKind, answered: bool) -> bool:
+    """Whether the failure counts against its backend's health, as a failed probe does."""
+    return kind in _HEALTH or _hung(kind, answered)
 
 
 class RetryBudget:

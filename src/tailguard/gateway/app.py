@@ -100,17 +100,17 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _health(request: web.Request) -> web.Response:
-    slots = request.app[DISPATCHER].front.slots
+    front = request.app[DISPATCHER].front
     kinds = request.app[BACKENDS]
     probes = request.app[PROBES]
     load = probes.load
     backends = {s.name: {"healthy": s.healthy, "retiring": s.retiring, "kind": kinds[s.name].kind, "in_flight": s.in_flight,
-                         "max_concurrency": s.cfg.max_concurrency, "reserved_slots": s.cfg.reserve(),
+                         "max_concurrency": s.max_concurrency, "reserved_slots": s.reserved_slots,
                          "engine": ({"running": load[s.name].running, "waiting": load[s.name].waiting}
                                     if s.name in load else None),
                          "probe_error": probes.last_error.get(s.name)}
-                for s in slots}
-    ok = slots.any_healthy()
+                for s in front.backends()}
+    ok = front.any_healthy()
     live = request.app[LIVE]
     body = {"status": "ok" if ok else "unavailable", "queued": len(request.app[DISPATCHER]), "backends": backends,
             "config": {"hash": live.hash, "n": live.n}}

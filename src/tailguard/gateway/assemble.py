@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from tailguard.types import FailureKind
 from tailguard.gateway.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.resume import Progress
 from tailguard.gateway.tally import Tally
@@ -103,12 +104,11 @@ class Assembler:
         except UpstreamBroke as e:
             if prog is not None and prog.suspended:
                 raise Suspended() from None
-            raise RelayError("disconnect", f"Backend closed the stream early: {e}",
-                             retryable=self.tally.times.first_content_at is None) from None
+            raise RelayError(FailureKind.DISCONNECT, f"Backend closed the stream early: {e}") from None
         if prog is not None and prog.suspended and not done:
             raise Suspended()
         if self.error is not None:
-            raise RelayError("stream_error", str(self.error.get("message", "upstream error")), retryable=False)
+            raise RelayError(FailureKind.STREAM_ERROR, str(self.error.get("message", "upstream error")))
         if prog is not None:
             usage = self.tally.usage
             usage.prompt_tokens, usage.completion_tokens = prog.client_usage(usage.prompt_tokens, usage.completion_tokens)
@@ -120,8 +120,7 @@ class Assembler:
         try:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
-            raise RelayError("protocol", "Backend sent a chunk that is not JSON.",
-                             retryable=self.tally.times.first_content_at is None) from None
+            raise RelayError(FailureKind.PROTOCOL, "Backend sent a chunk that is not JSON.") from None
         if not isinstance(obj, dict):
             return
         if "error" in obj and isinstance(obj["error"], dict):

@@ -12,32 +12,38 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable
 
 from tailguard.errors import Overloaded, RateLimited
-from tailguard.front.front import Decision, Front, HealthChanged, Reject, Retired, Start, Suspend
+from tailguard.front.events import (
+    Arrive, Close, Decision, Event, Failed, Finished, Generated, HealthChanged, KindLearned, Opened, Probed, Reconfigure,
+    Reject, Retired, Start, Suspend, Tick,
+)
+from tailguard.front.front import Front
 from tailguard.front.params import FrontParams
 from tailguard.gateway.metrics import GatewayMetrics
 from tailguard.gateway.resume import Progress
 from tailguard.gateway.watchdog import Watchdog
-from tailguard.types import Outcome
+from tailguard.types import FailureKind, Outcome, RejectReason
 from tailguard.wire.openai import ratelimit_headers
 
 log = logging.getLogger("tailguard.gateway")
 
 _REJECT_TEXT = {
-    "queue_full": "The gateway's queue for this class is full; retry later.",
-    "wait_bound": "The gateway would not start this request within its class's queue bound; retry later.",
-    "no_healthy_backend": "No healthy backend is available.",
-    "shutting_down": "The gateway is shutting down.",
-    "rate_limit_requests": "Rate limit reached for this API key on requests per minute; retry after the time "
-                           "Retry-After gives.",
-    "rate_limit_tokens": "Rate limit reached for this API key on tokens per minute; retry after the time "
-                         "Retry-After gives.",
+    RejectReason.QUEUE_FULL: "The gateway's queue for this class is full; retry later.",
+    RejectReason.WAIT_BOUND: "The gateway would not start this request within its class's queue bound; retry later.",
+    RejectReason.QUEUE_TIMEOUT: "The request waited in the queue past its class bound.",
+    RejectReason.NO_HEALTHY_BACKEND: "No healthy backend is available.",
+    RejectReason.SHUTTING_DOWN: "The gateway is shutting down.",
+    RejectReason.RATE_LIMIT_REQUESTS: "Rate limit reached for this API key on requests per minute; retry after the "
+                                      "time Retry-After gives.",
+    RejectReason.RATE_LIMIT_TOKENS: "Rate limit reached for this API key on tokens per minute; retry after the time "
+                                    "Retry-After gives.",
 }
-_RATE_TYPES = {"rate_limit_requests": "requests", "rate_limit_tokens": "tokens"}
+_RATE_TYPES = {RejectReason.RATE_LIMIT_REQUESTS: "requests", RejectReason.RATE_LIMIT_TOKENS: "tokens"}
 
 
 @dataclass(slots=True)
@@ -65,9 +71,9 @@ class Ticket:
     watchdog: Watchdog | None = None
 
 
-def overloaded(reason: str, retry_after_s: float, message: str | None = None) -> Overloaded:
-    text = message or _REJECT_TEXT.get(reason, f"The gateway is overloaded ({reason}); retry later.")
-    headers = {"X-Tailguard-Reject-Reason": reason}
+def overloaded(reason: RejectReason, retry_after_s: float, message: str | None = None) -> Overloaded:
+    text = message or _REJECT_TEXT[reason]
+    headers = {"X-Tailguard-Reject-Reason": reason.value}
     rate = _RATE_TYPES.get(reason)
     if rate is not None:  # the caller's own limit: OpenAI's 429, which its SDK retries after the wait
         return RateLimited(text, type=rate, code="rate_limit_exceeded", retry_after_s=retry_after_s, headers=headers)
@@ -85,7 +91,9 @@ class Dispatcher:
     """
 
     def __init__(self, params: FrontParams, metrics: GatewayMetrics, loop: asyncio.AbstractEventLoop) -> None:
-        self.front = Front(params, progress=self._generated)
+        self.front = Front(params)
+        # Each backend's health as the front's `HealthChanged` decisions said: what probes follow.
+        self.healthy: dict[str, bool] = {b.name: b.healthy for b in self.front.backends()}
         self._metrics = metrics
         self._loop = loop
         self._tickets: dict[str, Ticket] = {}
@@ -106,8 +114,9 @@ class Dispatcher:
         now = self._loop.time()
         ticket = Ticket(req_id, cls, now, self._loop.create_future(), progress)
         self._tickets[req_id] = ticket
-        self._apply(self.front.arrive(req_id, cls, est_tokens, now, resumable=progress is not None,
-                                      max_tokens=max_tokens, caller=caller))
+        if progress is not None:
+            progress.on_tokens = partial(self.generated, ticket)
+        self._handle(Arrive(req_id, cls, est_tokens, progress is not None, max_tokens, caller))
         try:
             # A future that is already done (idle gateway) returns here without yielding.
             await ticket.waiter
@@ -127,7 +136,7 @@ class Dispatcher:
     def rate_headers(self, caller: str) -> dict[str, str] | None:
         """OpenAI's `x-ratelimit-*` headers for where `caller`'s limits stand now, or None."""
         headers: dict[str, str] = {}
-        for kind, s in zip(("requests", "tokens"), self.front.limits.standing(caller, self._loop.time())):
+        for kind, s in zip(("requests", "tokens"), self.front.standing(caller, self._loop.time())):
             if s is not None:
                 headers.update(ratelimit_headers(kind, s.limit, s.remaining, s.reset_s))
         return headers or None
@@ -137,15 +146,19 @@ class Dispatcher:
         if ticket.progress is None or ticket.ended:
             return
         ticket.on_suspend = on_suspend
-        self._apply(self.front.suspendable(ticket.id, self._loop.time()))
+        self._handle(Opened(ticket.id))
 
-    def failed(self, ticket: Ticket, kind: str) -> bool:
-        """An attempt failed before any byte reached the client. True when the front sends it
-        again (`ticket.backend` then names where); False: the caller ends the request."""
+    def failed(self, ticket: Ticket, kind: FailureKind, *, delivered: bool, answered: bool) -> bool:
+        """An attempt failed. True when the front sends it again (`ticket.backend` then names
+        where); False: the caller ends the request."""
         ticket.on_suspend = None
-        decisions = self.front.failed(ticket.id, kind, self._loop.time())
-        self._apply(decisions)
+        decisions = self._handle(Failed(ticket.id, kind, delivered, answered))
         return any(isinstance(d, Start) and d.id == ticket.id for d in decisions)
+
+    def generated(self, ticket: Ticket, tokens: int) -> None:
+        """A running preemptible request's generated tokens so far (what a preemption weighs)."""
+        if not ticket.ended and ticket.progress is not None and not ticket.progress.suspended:
+            self._handle(Generated(ticket.id, tokens))
 
     def release(self, ticket: Ticket, outcome: Outcome, tokens: int = 0) -> None:
         """The request ended having used `tokens` (prompt and generated): tell the front, once."""
@@ -156,10 +169,10 @@ class Dispatcher:
         del self._tickets[ticket.id]
         if not ticket.waiter.done():
             ticket.waiter.cancel()
-        self._apply(self.front.finish(ticket.id, outcome, self._loop.time(), tokens=tokens))
+        self._handle(Finished(ticket.id, outcome, tokens))
 
     def probe(self, backend: str, ok: bool, *, busy: bool = False) -> None:
-        self._apply(self.front.probe(backend, ok, self._loop.time(), busy=busy))
+        self._handle(Probed(backend, ok, busy))
 
     def delivered_since(self, backend: str, since: float) -> bool:
         """Whether `backend` sent bytes to any request in flight since `since` (perf_counter
@@ -171,35 +184,38 @@ class Dispatcher:
         return False
 
     def set_kind(self, backend: str, continues: bool) -> None:
-        self._apply(self.front.set_kind(backend, continues, self._loop.time()))
+        self._handle(KindLearned(backend, continues))
 
     def reconfigure(self, params: FrontParams) -> None:
         """A live reload: the front takes the new parameters (raising `ConfigError`, nothing
         changed, when they need a restart) and whoever they let in starts now."""
-        self._apply(self.front.reconfigure(params, self._loop.time()))
+        self._handle(Reconfigure(params))
+        for b in self.front.backends():
+            self.healthy.setdefault(b.name, b.healthy)
 
     def close(self) -> None:
         """Refuse new requests and answer every queued one with 503."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = self._timer_at = None
-        self._apply(self.front.close(self._loop.time()))
+        self._handle(Close())
 
     def export_gauges(self) -> None:
         """Queue lengths and in-flight counts, read from the front when /metrics is scraped
         (cheaper than moving gauges on every request)."""
         m, front = self._metrics, self.front
         for spec in front.params.classes:
-            m.queue_length.labels(spec.name).set(front.queue.queue_len(spec.name))
-        for state in front.slots:
-            m.inflight_of(state.name).set(state.in_flight)
-
-    def _generated(self, req_id: str) -> int:
-        """Tokens a running preemptible request has generated (the front weighs a preemption)."""
-        progress = self._tickets[req_id].progress
-        return progress.tokens if progress is not None else 0
+            m.queue_length.labels(spec.name).set(front.queue_len(spec.name))
+        for b in front.backends():
+            m.inflight_of(b.name).set(b.in_flight)
 
     # --- decisions ----------------------------------------------------------------------------
+
+    def _handle(self, event: Event) -> Sequence[Decision]:
+        """The one way an event reaches the front: told now, its decisions carried out."""
+        decisions = self.front.handle(event, self._loop.time())
+        self._apply(decisions)
+        return decisions
 
     def _apply(self, decisions: Sequence[Decision]) -> None:
         for d in decisions:
@@ -210,9 +226,11 @@ class Dispatcher:
             elif isinstance(d, Reject):
                 self._reject(d)
             elif isinstance(d, HealthChanged):
+                self.healthy[d.backend] = d.healthy
                 self._metrics.backend_healthy.labels(d.backend).set(1 if d.healthy else 0)
                 log.warning("backend %s is %s", d.backend, "healthy again" if d.healthy else "unhealthy")
             elif isinstance(d, Retired):
+                self.healthy.pop(d.backend, None)
                 self._metrics.forget_backend(d.backend)
                 log.warning("backend %s removed: its last request has ended", d.backend)
         self._arm()
@@ -237,7 +255,7 @@ class Dispatcher:
         t = self._tickets.pop(d.id)
         t.ended = True
         message = None
-        if d.reason == "queue_timeout":
+        if d.reason is RejectReason.QUEUE_TIMEOUT:
             message = (f"The request waited {self._loop.time() - t.arrived_at:.3f} s in the queue, "
                        "past its class bound.")
         if not t.waiter.done():
@@ -259,4 +277,4 @@ class Dispatcher:
 
     def _on_timer(self) -> None:
         self._timer = self._timer_at = None
-        self._apply(self.front.tick(self._loop.time()))
+        self._handle(Tick())

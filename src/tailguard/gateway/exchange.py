@@ -31,13 +31,13 @@ from tailguard.gateway.stream import StreamRelay
 from tailguard.gateway.tally import Tally
 from tailguard.gateway.upstream import ClientGone, RelayError, Suspended, Upstream, UpstreamStatus, upstream_body
 from tailguard.gateway.watchdog import Watchdog
-from tailguard.types import Outcome
+from tailguard.types import FailureKind, Outcome
 from tailguard.wire.openai import Endpoint, ParsedRequest
 
 _TIMEOUT_TEXT = {
-    "timeout_first_token": "Backend '{backend}' produced no token within the first-token deadline.",
-    "timeout_idle": "Backend '{backend}' stalled longer than the idle deadline between chunks.",
-    "timeout_total": "The request to backend '{backend}' exceeded the total deadline.",
+    FailureKind.TIMEOUT_FIRST_TOKEN: "Backend '{backend}' produced no token within the first-token deadline.",
+    FailureKind.TIMEOUT_IDLE: "Backend '{backend}' stalled longer than the idle deadline between chunks.",
+    FailureKind.TIMEOUT_TOTAL: "The request to backend '{backend}' exceeded the total deadline.",
 }
 
 
@@ -101,11 +101,10 @@ class Exchange:
             return await self._attempts()
         except Overloaded as err:
             # Suspended, then expired in the queue (or the gateway shut down).
-            return await self._broken(RelayError(err.code or "queue_timeout", err.message, status=503),
-                                      Outcome.REJECTED, err.code, err)
+            return await self._broken(Outcome.REJECTED, err.code, err)
         except RelayError as err:
             outcome = Outcome.TIMEOUT if err.is_timeout else Outcome.UPSTREAM_ERROR
-            return await self._broken(err, outcome, err.kind, err.api_error())
+            return await self._broken(outcome, err.kind, err.api_error())
         except ClientGone:
             return Ending(Outcome.CLIENT_GONE, 499, "client_gone")
         finally:
@@ -116,14 +115,14 @@ class Exchange:
             if t.finished_at is None:
                 t.finished_at = time.perf_counter()
 
-    async def _broken(self, err: RelayError, outcome: Outcome, reason: str | None, api_error: APIError) -> Ending:
+    async def _broken(self, outcome: Outcome, reason: str | None, error: APIError) -> Ending:
         """The request failed: a stream the consumer already reads ends with an error event;
         otherwise the consumer answers with the error."""
         if not self.sink.started:
-            return Ending(outcome, api_error.status, reason, error=api_error)
+            return Ending(outcome, error.status, reason, error=error)
         assert self._stream is not None
         try:
-            await self._stream.fail(err)
+            await self._stream.fail(error)
         except ClientGone:
             return Ending(Outcome.CLIENT_GONE, 200, reason)
         return Ending(outcome, 200, reason)
@@ -149,12 +148,12 @@ class Exchange:
                 await self._suspended()
             except RelayError as err:
                 ctx.metrics.upstream_errors.labels(backend.name, err.kind).inc()
-                if not (err.retryable and ctx.dispatcher.failed(ticket, err.kind)):
+                if not ctx.dispatcher.failed(ticket, err.kind, delivered=self._delivered(), answered=up is not None):
                     raise
-                self._retried = True  # nothing reached the consumer: the front sends it again
+                self._retried = True  # the front sends it again
             except UpstreamStatus as us:
-                # The backend understood and refused (e.g. context too long): the client's error.
-                ctx.dispatcher.probe(backend.name, True)  # it answered: it is alive
+                # The backend understood and refused (e.g. context too long): the client's error,
+                # which also tells the front the backend is alive.
                 return Ending(Outcome.CLIENT_ERROR, us.status, "upstream_4xx", passthrough=us)
             except asyncio.CancelledError:
                 if not self._deadline(backend, answered=up is not None):
@@ -176,16 +175,20 @@ class Exchange:
 
     def _deadline(self, backend: BackendConfig, answered: bool) -> bool:
         """A cancellation arrived. False when it is not a deadline of ours (the consumer left);
-        True when it is a server that never even answered and the front sends the request
-        elsewhere; any other deadline raises `RelayError`."""
+        True when the front sends the request again (a server that never even answered); else
+        the deadline raises `RelayError`."""
         kind = self._wd.take_expiry()
         if kind is None:
             return False
         self.ctx.metrics.upstream_errors.labels(backend.name, kind).inc()
-        if not answered and kind == "timeout_first_token" and self.ctx.dispatcher.failed(
-                self.ticket, "timeout_headers"):
+        if self.ctx.dispatcher.failed(self.ticket, kind, delivered=self._delivered(), answered=answered):
             return True
         raise RelayError(kind, _TIMEOUT_TEXT[kind].format(backend=backend.name), status=504)
+
+    def _delivered(self) -> bool:
+        """Some of the answer was taken: sent to the consumer, or joined into a non-stream body
+        (a retry would then splice two answers)."""
+        return self.sink.started or self.times.first_content_at is not None
 
     async def _relay(self, up: H1Response, backend: BackendConfig) -> Ending:
         job, t = self.job, self.times

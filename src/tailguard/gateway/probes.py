@@ -107,7 +107,7 @@ class Probes:
             self.dispatcher.probe(name, failed is None, busy=busy)
             if failed is None:
                 await self._read_load(backend)
-            now_healthy = self.dispatcher.front.slots.is_healthy(name)
+            now_healthy = self.dispatcher.healthy.get(name, False)
             if healthy and not now_healthy and failed is not None:
                 log.warning("backend %s: health probe GET %s failed: %s", name, path, failed.reason)
             detect = auto and now_healthy and not healthy  # it came back: ask again what it is

@@ -95,7 +95,7 @@ class Reloader:
         p.backends.update(entries)  # a removed one stays: its requests in flight still read it
         added = [b for b in cfg.backends if b.name not in kept]
         for b in added:  # healthy as at start, or as it was when named again before it left
-            p.metrics.add_backend(b.name, entries[b.name].kind, p.dispatcher.front.slots.is_healthy(b.name))
+            p.metrics.add_backend(b.name, entries[b.name].kind, p.dispatcher.healthy.get(b.name, True))
         p.probes.follow(added, kept - entries.keys())
         health_changed = cfg.health != self.live.cfg.health
         self.live.cfg, self.live.hash = cfg, cfg.digest()

@@ -11,6 +11,7 @@ total. Only a request whose text is fully known can be continued like this (`res
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,9 @@ class Progress:
     added_prompt_tokens: int = 0  # estimated tokens the current run's continuation added to the prompt
     runs: int = 1
     suspended: bool = False
+    # Told every new count: the dispatcher passes it to the front as `Generated`, what a
+    # preemption weighs (the front never asks its driver).
+    on_tokens: Callable[[int], None] | None = None
 
     def text(self) -> str:
         return "".join(self.parts)
@@ -70,6 +74,8 @@ class Progress:
         server lags, so counting chunks would fall short); else a chunk counts as one token."""
         self.parts.append(text)
         self.tokens = self.base_tokens + run_tokens if run_tokens is not None else self.tokens + 1
+        if self.on_tokens is not None:
+            self.on_tokens(self.tokens)
 
     def client_usage(self, prompt_tokens: int | None, completion_tokens: int | None) -> tuple[int | None, int | None]:
         """The upstream usage of the current run as the client should see it: the original

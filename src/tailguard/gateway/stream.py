@@ -17,6 +17,8 @@ from typing import Any, Callable
 
 import orjson
 
+from tailguard.errors import APIError
+from tailguard.types import FailureKind
 from tailguard.gateway.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.resume import Progress
 from tailguard.gateway.sink import Sink
@@ -62,8 +64,8 @@ class StreamRelay:
     _blocked: bool = False
 
     async def run(self, up: H1Response) -> None:
-        """Relay until the upstream ends. Raises `RelayError` (retryable while nothing was
-        sent), `ClientGone`, `Suspended`, or CancelledError; the caller closes `up`.
+        """Relay until the upstream ends. Raises `RelayError` (only while nothing was sent),
+        `ClientGone`, `Suspended`, or CancelledError; the caller closes `up`.
 
         Once the client's stream is open, the usual piece of the body (one content chunk) is
         relayed by `_chunk` from the connection's own callback (`H1Response.push`): no task is
@@ -148,11 +150,11 @@ class StreamRelay:
         await self._eof(dec)
 
     async def _broke(self, e: Exception) -> None:
-        """The upstream broke off: retryable while the client has seen nothing, else the
-        client's stream ends with an error event."""
+        """The upstream broke off: an attempt's failure while the client has seen nothing (the
+        front may send it again), else the client's stream ends with an error event."""
         if not self.sink.started:
-            raise RelayError("disconnect", f"Backend closed the stream early: {e}", retryable=True) from None
-        await self.fail(RelayError("disconnect", f"Backend closed the stream early: {e}"))
+            raise RelayError(FailureKind.DISCONNECT, f"Backend closed the stream early: {e}") from None
+        await self.fail(RelayError(FailureKind.DISCONNECT, f"Backend closed the stream early: {e}").api_error())
 
     async def _eof(self, dec: SSEDecoder) -> None:
         """The upstream ended: a last event without its blank line counts, then the end."""
@@ -278,9 +280,9 @@ class StreamRelay:
         self.ended = True
         await self.sink.end(data)
 
-    async def fail(self, err: RelayError) -> None:
+    async def fail(self, err: APIError) -> None:
         """The stream broke after the client got bytes: end it with an OpenAI error event."""
         self.upstream_error = True
         if not self.ended:
-            await self._end(b"data: " + error_body(err.api_error()) + b"\n\n")
+            await self._end(b"data: " + error_body(err) + b"\n\n")
 

@@ -1,9 +1,7 @@
 """One upstream attempt's connection: the pooled client session, the body sent, the request
 opened, and the exceptions that say how an attempt ended.
 
-    RelayError                 an attempt failed; `retryable` while the client has seen nothing
-    └── kinds: connect | reset | status | disconnect | timeout_connect | timeout_first_token
-               | timeout_idle | timeout_total | protocol | stream_error
+    RelayError                 an attempt failed, as a `FailureKind`; the front decides whether it goes again
     UpstreamStatus             the backend refused (4xx): passed back to the client as it is
     ClientGone                 writing to the client failed
     Suspended                  the dispatcher preempted the request; the client's response stays open
@@ -18,6 +16,7 @@ import aiohttp
 import httptools
 import orjson
 
+from tailguard.types import FailureKind
 from tailguard.errors import APIError
 from tailguard.gateway.backends import prepare_body
 from tailguard.gateway.config import BackendConfig
@@ -32,18 +31,17 @@ _MAX_ERROR_BODY = 64 * 1024
 
 
 class RelayError(Exception):
-    """An upstream attempt failed. `retryable` means no byte has reached the client yet."""
+    """An upstream attempt failed as `kind`; whether it goes again is the front's to decide."""
 
-    def __init__(self, kind: str, message: str, *, status: int = 502, retryable: bool = False) -> None:
+    def __init__(self, kind: FailureKind, message: str, *, status: int = 502) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.status = status
-        self.retryable = retryable
 
     @property
     def is_timeout(self) -> bool:
-        return self.kind.startswith("timeout")
+        return self.kind.is_timeout
 
     def api_error(self) -> APIError:
         return APIError(self.message, status=self.status, type="upstream_error", code=self.kind)
@@ -128,22 +126,20 @@ class Upstream:
         try:
             conn = await self.pool.connection(origin, connect_s, fresh=fresh)
         except TimeoutError:
-            raise RelayError("timeout_connect", f"Connecting to backend '{backend.name}' timed out "
-                             f"after {connect_s:g} s", status=504, retryable=True) from None
+            raise RelayError(FailureKind.TIMEOUT_CONNECT, f"Connecting to backend '{backend.name}' timed out "
+                             f"after {connect_s:g} s", status=504) from None
         except OSError as e:
             # Refused or unreachable: that backend is down (the front tries another).
-            raise RelayError("connect", f"Backend '{backend.name}' is unreachable: {e}", retryable=True) from None
+            raise RelayError(FailureKind.CONNECT, f"Backend '{backend.name}' is unreachable: {e}") from None
         keep = kind_headers.get("Connection", "").lower() != "close"
         try:
             resp = await conn.request(origin.head("POST", UPSTREAM_PATHS[endpoint], headers, len(body)), body, keep=keep)
         except UpstreamBroke as e:
             # Reset or closed before an answer: typically a pooled keep-alive connection the
             # backend had just closed (the front tries it again on a fresh connection).
-            raise RelayError("reset", f"Backend '{backend.name}' closed the connection: {e}",
-                             retryable=True) from None
+            raise RelayError(FailureKind.RESET, f"Backend '{backend.name}' closed the connection: {e}") from None
         except httptools.HttpParserError as e:
-            raise RelayError("protocol", f"Backend '{backend.name}' sent a malformed response: {e}",
-                             retryable=True) from None
+            raise RelayError(FailureKind.PROTOCOL, f"Backend '{backend.name}' sent a malformed response: {e}") from None
         except BaseException:
             conn.abort()  # cancelled (a deadline, the client gone) while waiting for the answer
             raise
@@ -161,12 +157,11 @@ class Upstream:
         finally:
             resp.release()
         if resp.status < 400:  # a redirect: the backend's URL is not where the API is
-            raise RelayError("status", f"Backend '{backend.name}' answered {resp.status} (redirect to "
+            raise RelayError(FailureKind.STATUS, f"Backend '{backend.name}' answered {resp.status} (redirect to "
                              f"{resp.headers.get('location', '?')}); set its url to where the API is",
-                             status=502, retryable=True)
+                             status=502)
         if resp.status >= 500 or resp.status == 429:
             raise RelayError(
-                "status", f"Backend '{backend.name}' answered {resp.status}: {payload[:500].decode('utf-8', 'replace')}",
-                status=502, retryable=True,
-            )
+                FailureKind.STATUS, f"Backend '{backend.name}' answered {resp.status}: {payload[:500].decode('utf-8', 'replace')}",
+                status=502)
         raise UpstreamStatus(resp.status, payload, resp.headers.get("content-type", "application/json"))

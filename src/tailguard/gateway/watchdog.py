@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+from tailguard.types import FailureKind
+
 
 class Watchdog:
     """Phase deadlines for one request with one timer, re-armed lazily.
@@ -33,7 +35,7 @@ class Watchdog:
         self.idle_s = idle_s
         self.last_at = 0.0  # when the current attempt's backend last sent bytes (0: not yet)
         self.first_seen = False
-        self.expired: str | None = None
+        self.expired: FailureKind | None = None
 
     def start_attempt(self, first_token_at: float) -> None:
         """Armed no later than `idle_s` from now as well: no idle deadline can come sooner, so a
@@ -61,22 +63,22 @@ class Watchdog:
         self._handle = None
         now = time.perf_counter()
         if now >= self.total_at:
-            kind = "timeout_total"
+            kind = FailureKind.TIMEOUT_TOTAL
         elif not self.first_seen:
             if now < self.first_token_at:
                 self._arm(min(self.first_token_at, self.total_at))
                 return
-            kind = "timeout_first_token"
+            kind = FailureKind.TIMEOUT_FIRST_TOKEN
         else:
             due = self.last_at + self.idle_s
             if now < due:
                 self._arm(min(due, self.total_at))
                 return
-            kind = "timeout_idle"
+            kind = FailureKind.TIMEOUT_IDLE
         self.expired = kind
         self._task.cancel()
 
-    def take_expiry(self) -> str | None:
+    def take_expiry(self) -> FailureKind | None:
         """After a CancelledError: the deadline that caused it, or None if it came from outside
         (the client left), in which case the caller must re-raise."""
         if self.expired is None:

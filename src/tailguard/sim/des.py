@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from tailguard.clock import VirtualClock
-from tailguard.front.front import Decision, Front, Reject, Start, Suspend
+from tailguard.front.events import Arrive, Decision, Finished, Generated, Opened, Reject, Start, Suspend, Tick
+from tailguard.front.front import Front
 from tailguard.sim.engine import Admitted, Engine, FirstToken, Preempted, RequestFinished, SimRequest, Step
 from tailguard.types import Outcome
 
@@ -173,11 +174,17 @@ class _Run:
         self.kv_keys = 0  # the next kv_key to give a preemptible request
         self.follow_up: Callable[[Timeline, float], Arrival | None] | None = None
         self.timelines: list[Timeline] = []
-        if front is not None:
-            front.progress = self._generated
 
-    def _generated(self, req_id: str) -> int:
-        return self.live[req_id].base_tokens + self.engine.output_tokens(req_id)
+    def _tell_progress(self, now: float) -> None:
+        """What the front weighs in a preemption: the tokens each running preemptible request
+        has generated. Told at a step's end, only while requests wait (a preemption is weighed
+        then only; decisions during a step never preempt), so the front's counts are current at
+        every moment it may preempt."""
+        front, engine, waiting = self.front, self.engine, self.waiting
+        assert front is not None
+        for rid, lv in self.live.items():
+            if rid not in waiting:
+                front.handle(Generated(rid, lv.base_tokens + engine.output_tokens(rid)), now)
 
     def loop(self) -> None:
         """Run until nothing is pending: idle turns jump to the next arrival or front wake-up,
@@ -259,7 +266,8 @@ class _Run:
             elif isinstance(ev, Preempted):
                 tl.preemptions += 1
         if front is not None and len(front):
-            self._apply(front.tick(end))
+            self._tell_progress(end)
+            self._apply(front.handle(Tick(), end))
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -273,7 +281,7 @@ class _Run:
             if lv is not None:
                 tl.output_tokens += lv.base_tokens
         if self.front is not None:
-            self._apply(self.front.finish(ev.req_id, Outcome.SUCCESS, end, tokens=tl.prompt_tokens + tl.output_tokens))
+            self._apply(self.front.handle(Finished(ev.req_id, Outcome.SUCCESS, tl.prompt_tokens + tl.output_tokens), end))
         if self.follow_up is not None:
             self._follow(tl, end)
 
@@ -312,12 +320,12 @@ class _Run:
             self._dispatch(a, t)
             return
         self.waiting[a.id] = a
-        self._apply(front.arrive(a.id, a.cls, a.prompt_tokens + a.max_tokens, t, resumable=True,
-                                 max_tokens=a.max_tokens, preempt=not self.in_step, caller=a.caller))
+        self._apply(front.handle(Arrive(a.id, a.cls, a.prompt_tokens + a.max_tokens, resumable=True,
+                                        max_tokens=a.max_tokens, caller=a.caller), t, preempt=not self.in_step))
 
     def _tick(self) -> None:
         assert self.front is not None
-        self._apply(self.front.tick(self.clock.now(), preempt=not self.in_step))
+        self._apply(self.front.handle(Tick(), self.clock.now(), preempt=not self.in_step))
 
     def _apply(self, decisions: Sequence[Decision]) -> None:
         """Carry out the front's decisions (and those they lead to) on the engine model."""
@@ -333,7 +341,7 @@ class _Run:
                 a = self.waiting.pop(d.id)
                 self._dispatch(a, t)
                 if d.id in self.live:
-                    todo.extend(front.suspendable(d.id, t, preempt=not self.in_step))
+                    todo.extend(front.handle(Opened(d.id), t, preempt=not self.in_step))
             elif isinstance(d, Suspend):
                 self._suspend(d.id, t)
             elif isinstance(d, Reject):

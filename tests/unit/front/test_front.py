@@ -5,32 +5,35 @@ from __future__ import annotations
 
 import pytest
 
-from tailguard.front.front import Front, HealthChanged, Reject, Start, State, Suspend
+from tailguard.front.events import (
+    Arrive, Close, Failed, Finished, Generated, HealthChanged, KindLearned, Opened, Probed, Reject, Start, Suspend, Tick,
+    WrongEvent,
+)
+from tailguard.front.front import Front, State
 from tailguard.front.params import (
     BackendSpec, ClassSpec, FrontParams, HealthParams, PreemptionParams, QueueParams, RetryParams,
 )
-from tailguard.types import Outcome
+from tailguard.types import FailureKind, Outcome
 
 CLASSES = [ClassSpec(name="interactive", rank=0, max_queue_wait_s=5.0),
            ClassSpec(name="batch", rank=1, max_queue_wait_s=600.0, preemptible=True)]
 
 
 def make(*backends: BackendSpec, retry: RetryParams = RetryParams(), unhealthy_after: int = 3,
-         progress: dict[str, int] | None = None, preemption: bool = True) -> Front:
-    tokens = progress if progress is not None else {}
+         preemption: bool = True) -> Front:
     return Front(FrontParams(
         classes=CLASSES, backends=list(backends) or [BackendSpec("a", max_concurrency=1, continues=True)],
         queue=QueueParams(), preemption=PreemptionParams(enabled=preemption), retry=retry,
         health=HealthParams(unhealthy_after=unhealthy_after),
-    ), progress=lambda req_id: tokens.get(req_id, 0))
+    ))
 
 
 def batch(f: Front, req_id: str, now: float, max_tokens: int = 1000) -> list[object]:
-    return list(f.arrive(req_id, "batch", 100 + max_tokens, now, resumable=True, max_tokens=max_tokens))
+    return list(f.handle(Arrive(req_id, "batch", 100 + max_tokens, resumable=True, max_tokens=max_tokens), now))
 
 
 def chat(f: Front, req_id: str, now: float) -> list[object]:
-    return list(f.arrive(req_id, "interactive", 50, now, max_tokens=20))
+    return list(f.handle(Arrive(req_id, "interactive", 50, max_tokens=20), now))
 
 
 def test_a_free_slot_is_bound_at_once_and_a_finish_hands_it_on() -> None:
@@ -38,37 +41,37 @@ def test_a_free_slot_is_bound_at_once_and_a_finish_hands_it_on() -> None:
     assert chat(f, "c1", 0.0) == [Start("c1", "a")]
     assert chat(f, "c2", 0.1) == []
     assert f.state("c2") is State.QUEUED and len(f) == 1
-    assert list(f.finish("c1", Outcome.SUCCESS, 0.5)) == [Start("c2", "a")]
-    assert list(f.finish("c2", Outcome.SUCCESS, 0.9)) == []
+    assert list(f.handle(Finished("c1", Outcome.SUCCESS), 0.5)) == [Start("c2", "a")]
+    assert list(f.handle(Finished("c2", Outcome.SUCCESS), 0.9)) == []
     assert "c2" not in f and len(f) == 0
 
 
 def test_a_chat_suspends_a_running_batch_job_which_resumes_after_it() -> None:
-    done = {"b1": 300}
-    f = make(progress=done)
+    f = make()
     assert batch(f, "b1", 0.0) == [Start("b1", "a")]
-    assert list(f.suspendable("b1", 0.1)) == []  # nobody waits yet
+    assert list(f.handle(Generated("b1", 300), 0.05)) == []  # what a preemption weighs; decides nothing
+    assert list(f.handle(Opened("b1"), 0.1)) == []  # nobody waits yet
     assert chat(f, "c1", 1.0) == [Suspend("b1", "a"), Start("c1", "a")]
     assert f.state("b1") is State.SUSPENDED
-    assert list(f.finish("c1", Outcome.SUCCESS, 1.2)) == [Start("b1", "a", resumed=True)]
-    assert list(f.finish("b1", Outcome.SUCCESS, 3.0)) == []
+    assert list(f.handle(Finished("c1", Outcome.SUCCESS), 1.2)) == [Start("b1", "a", resumed=True)]
+    assert list(f.handle(Finished("b1", Outcome.SUCCESS), 3.0)) == []
 
 
 def test_no_suspension_before_the_upstream_is_open_then_at_once() -> None:
     f = make()
     batch(f, "b1", 0.0)
     assert chat(f, "c1", 0.01) == []  # b1's relay has no upstream yet: nothing to stop
-    assert list(f.suspendable("b1", 0.02)) == [Suspend("b1", "a"), Start("c1", "a")]
+    assert list(f.handle(Opened("b1"), 0.02)) == [Suspend("b1", "a"), Start("c1", "a")]
 
 
 def test_without_preemption_or_for_a_non_resumable_body_the_chat_waits() -> None:
     f = make(preemption=False)
     batch(f, "b1", 0.0)
-    f.suspendable("b1", 0.0)
+    f.handle(Opened("b1"), 0.0)
     assert chat(f, "c1", 0.1) == []
     g = make()
-    assert list(g.arrive("b1", "batch", 500, 0.0, resumable=False)) == [Start("b1", "a")]
-    g.suspendable("b1", 0.0)
+    assert list(g.handle(Arrive("b1", "batch", 500, resumable=False), 0.0)) == [Start("b1", "a")]
+    g.handle(Opened("b1"), 0.0)
     assert chat(g, "c1", 0.1) == []
 
 
@@ -78,8 +81,8 @@ def test_a_kind_that_cannot_continue_keeps_a_slot_for_chats_instead() -> None:
         batch(f, f"b{i}", 0.0)
     assert f.state("b3") is State.QUEUED  # the fourth slot is the chats'
     assert chat(f, "c1", 0.1) == [Start("c1", "a")]
-    assert list(f.set_kind("a", True, 0.2)) == []  # detected later: no reservation, but the slot is taken
-    assert list(f.finish("c1", Outcome.SUCCESS, 0.3)) == [Start("b3", "a")]
+    assert list(f.handle(KindLearned("a", True), 0.2)) == []  # detected later: no reservation, but the slot is taken
+    assert list(f.handle(Finished("c1", Outcome.SUCCESS), 0.3)) == [Start("b3", "a")]
 
 
 def test_a_reset_is_retried_on_the_same_backend_once_then_elsewhere() -> None:
@@ -88,11 +91,11 @@ def test_a_reset_is_retried_on_the_same_backend_once_then_elsewhere() -> None:
     assert isinstance(start, Start)
     first = start.backend
     other = "b" if first == "a" else "a"
-    assert list(f.failed("c1", "reset", 0.1)) == [Start("c1", first)]  # a fresh connection
-    assert list(f.failed("c1", "reset", 0.2)) == [Start("c1", other)]
-    assert list(f.failed("c1", "reset", 0.3)) == []  # max_attempts (3) used up: the driver ends it
-    f.finish("c1", Outcome.UPSTREAM_ERROR, 0.3)
-    assert all(s.in_flight == 0 for s in f.slots)
+    assert list(f.handle(Failed("c1", FailureKind.RESET), 0.1)) == [Start("c1", first)]  # a fresh connection
+    assert list(f.handle(Failed("c1", FailureKind.RESET), 0.2)) == [Start("c1", other)]
+    assert list(f.handle(Failed("c1", FailureKind.RESET), 0.3)) == []  # max_attempts (3) used up: the driver ends it
+    f.handle(Finished("c1", Outcome.UPSTREAM_ERROR), 0.3)
+    assert all(b.in_flight == 0 for b in f.backends())
 
 
 def test_a_refused_connection_goes_elsewhere_and_counts_against_health() -> None:
@@ -102,18 +105,18 @@ def test_a_refused_connection_goes_elsewhere_and_counts_against_health() -> None
     assert isinstance(start, Start)
     bad = start.backend
     good = "b" if bad == "a" else "a"
-    assert list(f.failed("c1", "connect", 0.1)) == [HealthChanged(bad, False), Start("c1", good)]
+    assert list(f.handle(Failed("c1", FailureKind.CONNECT), 0.1)) == [HealthChanged(bad, False), Start("c1", good)]
     assert chat(f, "c2", 0.2) == []  # the only healthy backend is busy; the dead one is skipped
-    assert list(f.probe(bad, True, 0.3)) == [HealthChanged(bad, True), Start("c2", bad)]
+    assert list(f.handle(Probed(bad, True), 0.3)) == [HealthChanged(bad, True), Start("c2", bad)]
 
 
 def test_with_one_backend_a_refusal_is_not_retried_and_deadlines_never_are() -> None:
     f = make()
     chat(f, "c1", 0.0)
-    assert list(f.failed("c1", "connect", 0.1)) == []
-    f.finish("c1", Outcome.UPSTREAM_ERROR, 0.1)
+    assert list(f.handle(Failed("c1", FailureKind.CONNECT), 0.1)) == []
+    f.handle(Finished("c1", Outcome.UPSTREAM_ERROR), 0.1)
     chat(f, "c2", 0.2)
-    assert list(f.failed("c2", "timeout_first_token", 0.3)) == []
+    assert list(f.handle(Failed("c2", FailureKind.TIMEOUT_FIRST_TOKEN), 0.3)) == []
 
 
 def test_the_retry_budget_bounds_retries_to_a_share_of_requests() -> None:
@@ -122,7 +125,7 @@ def test_the_retry_budget_bounds_retries_to_a_share_of_requests() -> None:
     retried = 0
     for i in range(50):
         chat(f, f"c{i}", 0.01 * i)
-        if f.failed(f"c{i}", "reset", 0.01 * i):
+        if f.handle(Failed(f"c{i}", FailureKind.RESET), 0.01 * i):
             retried += 1
     assert retried == 5  # 10% of 50
 
@@ -130,22 +133,22 @@ def test_the_retry_budget_bounds_retries_to_a_share_of_requests() -> None:
 def test_a_client_gone_while_queued_or_suspended_leaves_no_trace() -> None:
     f = make()
     batch(f, "b1", 0.0)
-    f.suspendable("b1", 0.0)
+    f.handle(Opened("b1"), 0.0)
     chat(f, "c1", 0.1)  # b1 suspended
     chat(f, "c2", 0.2)  # queued behind c1
-    assert list(f.finish("c2", Outcome.CLIENT_GONE, 0.3)) == []
-    assert list(f.finish("b1", Outcome.CLIENT_GONE, 0.4)) == []
-    assert list(f.finish("c1", Outcome.SUCCESS, 0.5)) == []  # nobody left to start
-    assert len(f) == 0 and f.slots.in_flight("a") == 0
+    assert list(f.handle(Finished("c2", Outcome.CLIENT_GONE), 0.3)) == []
+    assert list(f.handle(Finished("b1", Outcome.CLIENT_GONE), 0.4)) == []
+    assert list(f.handle(Finished("c1", Outcome.SUCCESS), 0.5)) == []  # nobody left to start
+    assert len(f) == 0 and f.backend("a").in_flight == 0
 
 
 def test_a_request_ends_once() -> None:
     f = make()
     chat(f, "c1", 0.0)
-    f.finish("c1", Outcome.SUCCESS, 0.1)
-    with pytest.raises(ValueError, match="ended twice"):
-        f.finish("c1", Outcome.SUCCESS, 0.2)
-    with pytest.raises(ValueError, match="already"):
+    f.handle(Finished("c1", Outcome.SUCCESS), 0.1)
+    with pytest.raises(WrongEvent, match="ended twice"):
+        f.handle(Finished("c1", Outcome.SUCCESS), 0.2)
+    with pytest.raises(WrongEvent, match="already"):
         chat(f, "c2", 0.3)
         chat(f, "c2", 0.3)
 
@@ -155,12 +158,12 @@ def test_a_queued_request_expires_at_its_bound_and_rejected_ones_are_gone() -> N
     chat(f, "c1", 0.0)
     chat(f, "c2", 1.0)
     assert f.next_wakeup() == 6.0  # 1.0 + interactive's 5 s
-    assert list(f.tick(5.9)) == []
-    [rej] = f.tick(6.0)
+    assert list(f.handle(Tick(), 5.9)) == []
+    [rej] = f.handle(Tick(), 6.0)
     assert isinstance(rej, Reject) and (rej.id, rej.reason) == ("c2", "queue_timeout") and rej.retry_after_s >= 1.0
     assert "c2" not in f
-    with pytest.raises(ValueError):
-        f.finish("c2", Outcome.CLIENT_GONE, 6.1)
+    with pytest.raises(WrongEvent):
+        f.handle(Finished("c2", Outcome.CLIENT_GONE), 6.1)
 
 
 def test_sustained_overload_is_refused_at_once_and_what_is_admitted_waits_within_its_bound() -> None:
@@ -185,11 +188,11 @@ def test_sustained_overload_is_refused_at_once_and_what_is_admitted_waits_within
         running.sort()
         while running and running[0][0] <= t:
             end, rid = running.pop(0)
-            apply(f.finish(rid, Outcome.SUCCESS, end), end)
-        apply(f.tick(t), t)
+            apply(f.handle(Finished(rid, Outcome.SUCCESS), end), end)
+        apply(f.handle(Tick(), t), t)
         rid = f"c{n}"
         arrived[rid] = t
-        out = f.arrive(rid, "interactive", 50, t)
+        out = f.handle(Arrive(rid, "interactive", 50), t)
         if out and isinstance(out[0], Reject):
             assert out[0].reason in ("wait_bound", "queue_full") and out[0].retry_after_s >= 1.0
             refused += 1
@@ -206,25 +209,25 @@ def test_a_busy_backend_s_late_probes_count_neither_way() -> None:
     # Probes that time out while the backend streams to requests in flight: loaded, not dead.
     f = make(unhealthy_after=2)
     for t in (0.0, 0.1, 0.2):
-        assert list(f.probe("a", False, t, busy=True)) == []
-    assert f.slots.is_healthy("a")
-    f.probe("a", False, 0.3)  # one real failure, then a busy one: still one in a row
-    f.probe("a", False, 0.4, busy=True)
-    assert f.slots.is_healthy("a")
-    assert list(f.probe("a", False, 0.5)) == [HealthChanged("a", False)]
-    assert list(f.probe("a", False, 0.6, busy=True)) == []  # nor does it bring one back
-    assert not f.slots.is_healthy("a")
+        assert list(f.handle(Probed("a", False, busy=True), t)) == []
+    assert f.is_healthy("a")
+    f.handle(Probed("a", False), 0.3)  # one real failure, then a busy one: still one in a row
+    f.handle(Probed("a", False, busy=True), 0.4)
+    assert f.is_healthy("a")
+    assert list(f.handle(Probed("a", False), 0.5)) == [HealthChanged("a", False)]
+    assert list(f.handle(Probed("a", False, busy=True), 0.6)) == []  # nor does it bring one back
+    assert not f.is_healthy("a")
 
 
 def test_no_healthy_backend_and_shutdown_refuse_on_arrival() -> None:
     f = make(unhealthy_after=1)
-    assert list(f.probe("a", False, 0.0)) == [HealthChanged("a", False)]
+    assert list(f.handle(Probed("a", False), 0.0)) == [HealthChanged("a", False)]
     [rej] = chat(f, "c1", 0.1)
     assert isinstance(rej, Reject) and rej.reason == "no_healthy_backend"
-    f.probe("a", True, 0.2)
+    f.handle(Probed("a", True), 0.2)
     chat(f, "c2", 0.3)
     chat(f, "c3", 0.3)
-    assert [(d.id, d.reason) for d in f.close(0.4) if isinstance(d, Reject)] == [("c3", "shutting_down")]
+    assert [(d.id, d.reason) for d in f.handle(Close(), 0.4) if isinstance(d, Reject)] == [("c3", "shutting_down")]
     [rej] = chat(f, "c4", 0.5)
     assert isinstance(rej, Reject) and rej.reason == "shutting_down"
-    f.finish("c2", Outcome.SUCCESS, 0.6)  # a running request still ends normally
+    f.handle(Finished("c2", Outcome.SUCCESS), 0.6)  # a running request still ends normally

@@ -15,14 +15,17 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tailguard.front.front import Front, HealthChanged, Reject, Retired, Start, Suspend
+from tailguard.front.events import (
+    Arrive, Failed, Finished, HealthChanged, Opened, Probed, Reconfigure, Reject, Retired, Start, Suspend, Tick,
+)
+from tailguard.front.front import Front
 from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, PreemptionParams
-from tailguard.types import Outcome
+from tailguard.types import FailureKind, Outcome
 
 CLASSES = (ClassSpec(name="interactive", rank=0, max_queue_wait_s=2.0),
            ClassSpec(name="batch", rank=1, max_queue_wait_s=30.0, preemptible=True))
 NAMES = ("a", "b", "c")
-KINDS = ("reset", "disconnect", "connect", "timeout_connect", "status", "timeout_headers", "protocol")
+KINDS = tuple(FailureKind)
 OUTCOMES = (Outcome.SUCCESS, Outcome.UPSTREAM_ERROR, Outcome.TIMEOUT, Outcome.CLIENT_GONE)
 STEPS = 400
 
@@ -64,13 +67,14 @@ class Driver:
                 assert isinstance(d, HealthChanged)
 
     def check(self) -> None:
-        slots = self.front.slots
+        backends = {b.name: b for b in self.front.backends()}
         draining = set(self.running.values()) - self.configured
-        assert set(slots.names) == self.configured | draining
-        for name in slots.names:
-            held = sum(1 for b in self.running.values() if b == name)
-            assert slots[name].in_flight == held and all(n >= 0 for n in slots[name].by_class.values())
-            assert slots[name].retiring == (name not in self.configured)
+        assert set(backends) == self.configured | draining
+        for name, b in backends.items():
+            held = sum(1 for r in self.running.values() if r == name)
+            assert b.in_flight == held
+            assert all(n >= 0 for n in self.front._slots[name].by_class.values())  # the ledger's own books
+            assert b.retiring == (name not in self.configured)
         assert len(self.front) == len(self.waiting)
 
 
@@ -79,31 +83,31 @@ def step(rng: random.Random, drv: Driver, n: int, now: float) -> None:
     if roll < 0.35:
         cls = rng.choice(("interactive", "batch"))
         drv.waiting.add(f"r{n}")
-        drv.apply(f.arrive(f"r{n}", cls, rng.randint(10, 4000), now, resumable=cls == "batch", max_tokens=500))
+        drv.apply(f.handle(Arrive(f"r{n}", cls, rng.randint(10, 4000), resumable=cls == "batch", max_tokens=500), now))
         if f"r{n}" not in f:
             drv.waiting.discard(f"r{n}")  # refused on arrival
     elif roll < 0.55 and (drv.running or drv.waiting):
         req_id = rng.choice(sorted(drv.running.keys() | drv.waiting))
         drv.running.pop(req_id, None)
         drv.waiting.discard(req_id)
-        drv.apply(f.finish(req_id, rng.choice(OUTCOMES), now))
+        drv.apply(f.handle(Finished(req_id, rng.choice(OUTCOMES)), now))
     elif roll < 0.65 and drv.running:
         req_id = rng.choice(sorted(drv.running))
-        decisions = list(f.failed(req_id, rng.choice(KINDS), now))
+        decisions = list(f.handle(Failed(req_id, rng.choice(KINDS), answered=rng.random() < 0.5), now))
         drv.apply(decisions)
         if not any(isinstance(d, Start) and d.id == req_id for d in decisions):
             drv.running.pop(req_id)  # not retried: the driver ends it
-            drv.apply(f.finish(req_id, Outcome.UPSTREAM_ERROR, now))
+            drv.apply(f.handle(Finished(req_id, Outcome.UPSTREAM_ERROR), now))
     elif roll < 0.72 and drv.running:
-        drv.apply(f.suspendable(rng.choice(sorted(drv.running)), now))
+        drv.apply(f.handle(Opened(rng.choice(sorted(drv.running))), now))
     elif roll < 0.82:
-        drv.apply(f.probe(rng.choice(NAMES), rng.random() < 0.6, now, busy=rng.random() < 0.2))
+        drv.apply(f.handle(Probed(rng.choice(NAMES), rng.random() < 0.6, busy=rng.random() < 0.2), now))
     elif roll < 0.9:
         params = fleet(rng)
         drv.configured = {b.name for b in params.backends}
-        drv.apply(f.reconfigure(params, now))
+        drv.apply(f.handle(Reconfigure(params), now))
     else:
-        drv.apply(f.tick(now))
+        drv.apply(f.handle(Tick(), now))
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -119,6 +123,6 @@ def test_random_walks_with_reloads_keep_the_ledger_true(seed: int) -> None:
     for req_id in sorted(drv.running.keys() | drv.waiting):  # every request still in leaves once
         drv.running.pop(req_id, None)
         drv.waiting.discard(req_id)
-        drv.apply(drv.front.finish(req_id, Outcome.SUCCESS, now))
+        drv.apply(drv.front.handle(Finished(req_id, Outcome.SUCCESS), now))
         drv.check()
-    assert not drv.front.slots.names or all(not drv.front.slots[n].retiring for n in drv.front.slots.names)
+    assert all(not b.retiring for b in drv.front.backends())

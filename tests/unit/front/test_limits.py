@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tailguard.front.front import Front, Reject, Start
+from tailguard.front.events import Arrive, Finished, Reject, Start
+from tailguard.front.front import Front
 from tailguard.front.limits import CallerLimits, Refusal, Standing
 from tailguard.front.params import BackendSpec, CallerSpec, ClassSpec, FrontParams
 from tailguard.types import Outcome
@@ -56,13 +57,13 @@ def test_a_reload_keeps_what_a_caller_used_under_its_new_limits() -> None:
 def test_the_front_refuses_a_caller_over_its_limits_before_it_is_queued() -> None:
     f = Front(FrontParams(classes=[ClassSpec(name="interactive", rank=0)], backends=[BackendSpec("a", max_concurrency=1)],
                           callers=[CallerSpec("app", requests_per_minute=2, tokens_per_minute=600)]))
-    assert list(f.arrive("r1", "interactive", 50, 0.0, caller="app")) == [Start("r1", "a")]
-    assert list(f.arrive("r2", "interactive", 50, 0.0, caller="app")) == []  # queued behind r1
-    refused = list(f.arrive("r3", "interactive", 50, 0.0, caller="app"))
+    assert list(f.handle(Arrive("r1", "interactive", 50, caller="app"), 0.0)) == [Start("r1", "a")]
+    assert list(f.handle(Arrive("r2", "interactive", 50, caller="app"), 0.0)) == []  # queued behind r1
+    refused = list(f.handle(Arrive("r3", "interactive", 50, caller="app"), 0.0))
     assert refused == [Reject("r3", "rate_limit_requests", pytest.approx(30.0))] and "r3" not in f
-    assert list(f.arrive("other", "interactive", 50, 0.0, caller="web")) == []  # another caller is not held up
-    f.finish("r1", Outcome.SUCCESS, 1.0, tokens=1200)  # two minutes' worth of tokens
-    assert [d.reason for d in f.arrive("r4", "interactive", 50, 40.0, caller="app")] == ["rate_limit_tokens"]  # type: ignore[union-attr]
+    assert list(f.handle(Arrive("other", "interactive", 50, caller="web"), 0.0)) == []  # another caller is not held up
+    f.handle(Finished("r1", Outcome.SUCCESS, tokens=1200), 1.0)  # two minutes' worth of tokens
+    assert [d.reason for d in f.handle(Arrive("r4", "interactive", 50, caller="app"), 40.0)] == ["rate_limit_tokens"]  # type: ignore[union-attr]
 
 
 def test_where_a_callers_limits_stand() -> None:

@@ -1,0 +1,181 @@
+"""What goes into the front and what comes out of it: typed events and decisions; pure.
+
+A driver tells the front what happened as one of the events below, through the front's one
+chokepoint (`Front.handle(event, now)`), and carries out the decisions it gets back. Events and
+decisions are plain frozen values, so a driver's whole conversation with the front can be
+written down and replayed (`tailguard serve --record`, `tailguard replay`), and a wrong event is a
+`WrongEvent` that names the event and the state it met, never a silent no-op (h11's shape:
+`../shared/style.md` 1.6).
+
+    events in                                       decisions out
+    Arrive(id, cls, est_tokens, ...)             -> Start | Reject (refused on arrival)
+    Opened(id)    (its upstream is open)         -> Suspend of a victim, Start of the waiter
+    Generated(id, tokens)  (preemptible only)    -> nothing: what a preemption weighs
+    Failed(id, kind, delivered=, answered=)      -> Start again (a retry), HealthChanged, or nothing
+    Finished(id, outcome, tokens=)  (once)       -> Start of whoever gets the slot, HealthChanged
+    Probed(backend, ok, busy=), KindLearned      -> HealthChanged, Start
+    Tick()  (at `next_wakeup()`)                 -> Reject(QUEUE_TIMEOUT), Start
+    Close()                                      -> Reject(SHUTTING_DOWN) for every queued request
+    Reconfigure(params)  (a live reload)         -> Start, Retired
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tailguard.errors import TailguardError
+from tailguard.front.params import FrontParams
+from tailguard.types import FailureKind, Outcome, RejectReason
+
+# --- events ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Arrive:
+    """A request of class `cls` and job size `est_tokens` (prompt + output estimate) arrives.
+    `resumable`: its output can be continued from its text, so it may be suspended if its class
+    is preemptible; `max_tokens`: its output budget (what a preemption weighs); `caller`: whose
+    request it is (an API key's name), refused while over its limits (`front.limits`)."""
+
+    id: str
+    cls: str
+    est_tokens: int
+    resumable: bool = False
+    max_tokens: int | None = None
+    caller: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """A running request's upstream is open: a `Suspend` of it can take effect at once."""
+
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Generated:
+    """A running preemptible request has generated `tokens` so far, over all its runs. The front
+    keeps the latest count to weigh which request to suspend; it decides nothing on it."""
+
+    id: str
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """An attempt failed as `kind`. `delivered`: some of its answer already reached the consumer
+    (it can never be retried); `answered`: the engine sent its response head (it accepted the
+    request, so a deadline after that is not a hung server). The front decides from these whether
+    it goes again (a `Start`) or the driver ends it with `Finished`."""
+
+    id: str
+    kind: FailureKind
+    delivered: bool = False
+    answered: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The request ended with `outcome`, having used `tokens` (prompt and generated, charged to
+    its caller): the one event that ends a request the front did not reject itself."""
+
+    id: str
+    outcome: Outcome
+    tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Probed:
+    """A health probe of `backend` succeeded or failed. `busy`: it failed by not answering in
+    time while the backend was sending bytes to requests in flight (counted neither way)."""
+
+    backend: str
+    ok: bool
+    busy: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class KindLearned:
+    """The backend's kind is known: whether it can continue a generation (its requests may then
+    be suspended, and it keeps no reserved slots)."""
+
+    backend: str
+    continues: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passed (the driver's timer at `next_wakeup()`): queue bounds are checked."""
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Shutting down: refuse new requests, drop every queued or suspended one."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reconfigure:
+    """A live reload: new parameters for the same classes, every request kept."""
+
+    params: FrontParams
+
+
+Event = Arrive | Opened | Generated | Failed | Finished | Probed | KindLearned | Tick | Close | Reconfigure
+
+# --- decisions ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Send request `id` to `backend`: its first run, a retry, or (`resumed`) its continuation."""
+
+    id: str
+    backend: str
+    resumed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Suspend:
+    """Stop request `id` on `backend` now (close its upstream so the engine frees its slot and
+    KV); it waits in the queue for its continuation, its client connection kept open."""
+
+    id: str
+    backend: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Request `id` is refused (on arrival) or dropped (expired, shut down); it has left the
+    front. `retry_after_s` is what to tell the client."""
+
+    id: str
+    reason: RejectReason
+    retry_after_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class HealthChanged:
+    backend: str
+    healthy: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Retired:
+    """A backend a reload removed has no request left and has left the front: the driver may
+    forget it (its probes, metrics, connections)."""
+
+    backend: str
+
+
+Decision = Start | Suspend | Reject | HealthChanged | Retired
+
+
+class WrongEvent(TailguardError):
+    """An event the front's state does not allow (a request ended twice, a failure of a request
+    that is not running, an unknown class): a driver bug, named with the event and the state it
+    met. The front is left as it was before the event."""
+
+    def __init__(self, event: Event, state: str) -> None:
+        super().__init__(f"{event!r}: {state}")
+        self.event = event
+        self.state = state
