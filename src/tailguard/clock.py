@@ -56,3 +56,10 @@ class VirtualClock:
         if t < self._now:
             raise ValueError(f"cannot move a VirtualClock back from {self._now} to {t}")
         self._now = t
+
+
+# The gateway's one clock, in seconds: the front is told it, and every instant of a request's
+# record, `Server-Timing`, the access log, the watchdog's deadlines and the probes read it, so
+# any two instants of the gateway can be subtracted. Monotonic with sub-microsecond resolution;
+# not the event loop's `loop.time()`, which uvloop keeps in whole milliseconds.
+monotonic: Callable[[], float] = time.perf_counter

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from tailguard.clock import monotonic
 from tailguard.types import FailureKind
 from tailguard.gateway.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.resume import Progress
@@ -84,7 +84,6 @@ class Assembler:
     async def run(self, up: H1Response) -> bytes:
         """Assemble until the upstream ends. A preemptible request's assembler outlives a
         suspension (`Suspended`) and keeps accumulating over the resumed run."""
-        loop_time = time.perf_counter  # metrics need sub-ms; uvloop's loop.time() is ms
         dec = SSEDecoder()
         prog = self.progress
         self.tally.start_run()
@@ -93,14 +92,14 @@ class Assembler:
             while data := await up.readany():
                 if prog is not None and prog.suspended:
                     raise Suspended()
-                now = loop_time()
+                now = monotonic()
                 self.tally.watchdog.last_at = now
                 for ev in dec.feed(data):
                     done = done or ev.data == DONE
                     self._absorb(ev.data, now)
             for ev in dec.flush():
                 done = done or ev.data == DONE
-                self._absorb(ev.data, loop_time())
+                self._absorb(ev.data, monotonic())
         except UpstreamBroke as e:
             if prog is not None and prog.suspended:
                 raise Suspended() from None

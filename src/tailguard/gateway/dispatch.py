@@ -4,19 +4,20 @@ carried out here (resolve a waiting handler, suspend a running one, refuse one, 
 
 There is no dispatcher task: each event calls the front synchronously and applies what it
 decides, so an idle gateway binds a request in the same loop iteration it arrives. One timer,
-armed at the front's `next_wakeup`, delivers `tick` for queue deadlines. The front is told loop
-time (`loop.time()`), never reads a clock itself.
+armed at the front's `next_wakeup`, delivers `Tick` for queue deadlines. The front is told the
+gateway's one clock (`tailguard.clock.monotonic`), never reads a clock itself. What the decisions
+say of a request (its backend, attempts, preemptions, when it was bound) is written into its
+record (`gateway.request.Request`) here, as they are applied.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Sequence
 from functools import partial
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Callable
 
+from tailguard.clock import monotonic
 from tailguard.errors import Overloaded, RateLimited
 from tailguard.front.events import (
     Arrive, Close, Decision, Event, Failed, Finished, Generated, HealthChanged, KindLearned, Opened, Probed, Reconfigure,
@@ -25,8 +26,8 @@ from tailguard.front.events import (
 from tailguard.front.front import Front
 from tailguard.front.params import FrontParams
 from tailguard.gateway.metrics import GatewayMetrics
+from tailguard.gateway.request import Request
 from tailguard.gateway.resume import Progress
-from tailguard.gateway.watchdog import Watchdog
 from tailguard.types import FailureKind, Outcome, RejectReason
 from tailguard.wire.openai import ratelimit_headers
 
@@ -46,31 +47,6 @@ _REJECT_TEXT = {
 _RATE_TYPES = {RejectReason.RATE_LIMIT_REQUESTS: "requests", RejectReason.RATE_LIMIT_TOKENS: "tokens"}
 
 
-@dataclass(slots=True)
-class Ticket:
-    """One request's handle in the driver, from admission to its end.
-
-    `backend` and `bound_at` name its current slot; a preemptible request's ticket lives across
-    suspensions (`waiter` is then the future its handler waits on to be resumed) and its relay
-    sets `on_suspend` while an upstream is open. `ended` once the request left the front (ended
-    by `release`, or rejected by the front itself), so it is never ended twice.
-    """
-
-    id: str
-    cls: str
-    arrived_at: float
-    waiter: asyncio.Future[None]
-    progress: Progress | None = None
-    backend: str = ""
-    bound_at: float = 0.0
-    preemptions: int = 0
-    on_suspend: Callable[[], None] | None = None
-    ended: bool = False
-    # Its exchange's deadlines, whose `last_at` is when its backend last sent it bytes (set by
-    # the exchange; read only when a health probe of that backend times out).
-    watchdog: Watchdog | None = None
-
-
 def overloaded(reason: RejectReason, retry_after_s: float, message: str | None = None) -> Overloaded:
     text = message or _REJECT_TEXT[reason]
     headers = {"X-Tailguard-Reject-Reason": reason.value}
@@ -83,11 +59,11 @@ def overloaded(reason: RejectReason, retry_after_s: float, message: str | None =
 class Dispatcher:
     """Carries events into the front and its decisions out.
 
-        ticket = await dispatcher.admit(req_id, cls, est_tokens)   # raises Overloaded; cancel = client left
+        await dispatcher.admit(rec, est_tokens)   # raises Overloaded; cancel = client left
         try:
-            ...relay to ticket.backend...
+            ...relay to rec.backend...
         finally:
-            dispatcher.release(ticket, outcome)
+            dispatcher.release(rec, outcome)
     """
 
     def __init__(self, params: FrontParams, metrics: GatewayMetrics, loop: asyncio.AbstractEventLoop) -> None:
@@ -96,7 +72,7 @@ class Dispatcher:
         self.healthy: dict[str, bool] = {b.name: b.healthy for b in self.front.backends()}
         self._metrics = metrics
         self._loop = loop
-        self._tickets: dict[str, Ticket] = {}
+        self._tickets: dict[str, Request] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
 
@@ -104,30 +80,28 @@ class Dispatcher:
         """Requests waiting for a slot."""
         return len(self.front)
 
-    async def admit(
-        self, req_id: str, cls: str, est_tokens: int, *,
-        progress: Progress | None = None, max_tokens: int | None = None, caller: str | None = None,
-    ) -> Ticket:
-        """Queue the request and wait for its slot. Raises `Overloaded` when it is refused or
-        expires (`RateLimited` over its caller's limits). With `progress` (its text is tracked)
-        it may be suspended while it runs."""
-        now = self._loop.time()
-        ticket = Ticket(req_id, cls, now, self._loop.create_future(), progress)
-        self._tickets[req_id] = ticket
+    async def admit(self, ticket: Request, est_tokens: int, *, progress: Progress | None = None,
+                    max_tokens: int | None = None) -> None:
+        """Queue the request (its class and caller are on its record) and wait for its slot.
+        Raises `Overloaded` when it is refused or expires (`RateLimited` over its caller's
+        limits). With `progress` (its text is tracked) it may be suspended while it runs."""
+        ticket.waiter = waiter = self._loop.create_future()
+        ticket.progress = progress
+        self._tickets[ticket.id] = ticket
         if progress is not None:
             progress.on_tokens = partial(self.generated, ticket)
-        self._handle(Arrive(req_id, cls, est_tokens, progress is not None, max_tokens, caller))
+        self._handle(Arrive(ticket.id, ticket.cls, est_tokens, progress is not None, max_tokens, ticket.caller))
         try:
             # A future that is already done (idle gateway) returns here without yielding.
-            await ticket.waiter
+            await waiter
         except asyncio.CancelledError:
             self.release(ticket, Outcome.CLIENT_GONE)  # left while queued (or as it was bound)
             raise
-        return ticket
 
-    async def resume(self, ticket: Ticket) -> None:
-        """Wait until the suspended `ticket` has a slot again (`ticket.backend` is then its new
+    async def resume(self, ticket: Request) -> None:
+        """Wait until the suspended request has a slot again (`ticket.backend` is then its new
         one). Raises `Overloaded` if it expired in the queue or the gateway shuts down."""
+        assert ticket.waiter is not None
         await ticket.waiter
 
     def may_suspend(self, cls: str) -> bool:
@@ -136,38 +110,38 @@ class Dispatcher:
     def rate_headers(self, caller: str) -> dict[str, str] | None:
         """OpenAI's `x-ratelimit-*` headers for where `caller`'s limits stand now, or None."""
         headers: dict[str, str] = {}
-        for kind, s in zip(("requests", "tokens"), self.front.standing(caller, self._loop.time())):
+        for kind, s in zip(("requests", "tokens"), self.front.standing(caller, monotonic())):
             if s is not None:
                 headers.update(ratelimit_headers(kind, s.limit, s.remaining, s.reset_s))
         return headers or None
 
-    def upstream_open(self, ticket: Ticket, on_suspend: Callable[[], None]) -> None:
+    def upstream_open(self, ticket: Request, on_suspend: Callable[[], None]) -> None:
         """The relay has an upstream open: a preemptible request can be suspended from now on."""
         if ticket.progress is None or ticket.ended:
             return
         ticket.on_suspend = on_suspend
         self._handle(Opened(ticket.id))
 
-    def failed(self, ticket: Ticket, kind: FailureKind, *, delivered: bool, answered: bool) -> bool:
+    def failed(self, ticket: Request, kind: FailureKind, *, delivered: bool, answered: bool) -> bool:
         """An attempt failed. True when the front sends it again (`ticket.backend` then names
         where); False: the caller ends the request."""
         ticket.on_suspend = None
         decisions = self._handle(Failed(ticket.id, kind, delivered, answered))
         return any(isinstance(d, Start) and d.id == ticket.id for d in decisions)
 
-    def generated(self, ticket: Ticket, tokens: int) -> None:
+    def generated(self, ticket: Request, tokens: int) -> None:
         """A running preemptible request's generated tokens so far (what a preemption weighs)."""
         if not ticket.ended and ticket.progress is not None and not ticket.progress.suspended:
             self._handle(Generated(ticket.id, tokens))
 
-    def release(self, ticket: Ticket, outcome: Outcome, tokens: int = 0) -> None:
+    def release(self, ticket: Request, outcome: Outcome, tokens: int = 0) -> None:
         """The request ended having used `tokens` (prompt and generated): tell the front, once."""
         if ticket.ended:
             return
         ticket.ended = True
         ticket.on_suspend = None
         del self._tickets[ticket.id]
-        if not ticket.waiter.done():
+        if ticket.waiter is not None and not ticket.waiter.done():
             ticket.waiter.cancel()
         self._handle(Finished(ticket.id, outcome, tokens))
 
@@ -175,8 +149,8 @@ class Dispatcher:
         self._handle(Probed(backend, ok, busy))
 
     def delivered_since(self, backend: str, since: float) -> bool:
-        """Whether `backend` sent bytes to any request in flight since `since` (perf_counter
-        seconds): evidence that it is alive, asked when its health probe timed out."""
+        """Whether `backend` sent bytes to any request in flight since `since`: evidence that
+        it is alive, asked when its health probe timed out."""
         for t in self._tickets.values():
             wd = t.watchdog
             if wd is not None and t.backend == backend and wd.last_at >= since:
@@ -213,7 +187,7 @@ class Dispatcher:
 
     def _handle(self, event: Event) -> Sequence[Decision]:
         """The one way an event reaches the front: told now, its decisions carried out."""
-        decisions = self.front.handle(event, self._loop.time())
+        decisions = self.front.handle(event, monotonic())
         self._apply(decisions)
         return decisions
 
@@ -237,18 +211,16 @@ class Dispatcher:
 
     def _start(self, d: Start) -> None:
         t = self._tickets[d.id]
-        t.backend, t.bound_at = d.backend, self._loop.time()
-        if not t.waiter.done():
+        t.started(d.backend, d.resumed, monotonic())
+        if t.waiter is not None and not t.waiter.done():
             t.waiter.set_result(None)
 
-    def _suspend(self, t: Ticket) -> None:
-        hook, t.on_suspend = t.on_suspend, None
-        assert hook is not None and t.progress is not None
-        t.preemptions += 1
+    def _suspend(self, t: Request) -> None:
+        assert t.on_suspend is not None and t.progress is not None
         self._metrics.preemptions.labels(t.cls).inc()
         t.waiter = self._loop.create_future()
         t.progress.suspended = True
-        hook()
+        t.suspended()
 
     def _reject(self, d: Reject) -> None:
         self._metrics.rejected.labels(self._tickets[d.id].cls, d.reason).inc()
@@ -256,9 +228,9 @@ class Dispatcher:
         t.ended = True
         message = None
         if d.reason is RejectReason.QUEUE_TIMEOUT:
-            message = (f"The request waited {self._loop.time() - t.arrived_at:.3f} s in the queue, "
+            message = (f"The request waited {monotonic() - t.arrived_at:.3f} s in the queue, "
                        "past its class bound.")
-        if not t.waiter.done():
+        if t.waiter is not None and not t.waiter.done():
             t.waiter.set_exception(overloaded(d.reason, d.retry_after_s, message))
 
     def _arm(self) -> None:
@@ -273,7 +245,7 @@ class Dispatcher:
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at = at
-        self._timer = self._loop.call_at(at, self._on_timer)
+        self._timer = self._loop.call_later(max(0.0, at - monotonic()), self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = self._timer_at = None

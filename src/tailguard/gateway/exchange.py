@@ -7,24 +7,25 @@ code inside the process can pass a `ChunkQueue` and read the chunks itself. Ever
 one `return Ending(...)` (or one of the three handlers in `run`), so a request's outcome is
 decided in one place, not by whichever assignment ran last.
 
-    ending = await Exchange(job, ticket, times, sink, context).run()
+    ending = await Exchange(job, rec, sink, context).run()
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 from typing import Any
 
+from tailguard.clock import monotonic
 from tailguard.errors import APIError, Overloaded
 from tailguard.gateway.assemble import Assembler
 from tailguard.gateway.caps import Capped, OutputEstimator
 from tailguard.gateway.config import BackendConfig, ClassConfig
-from tailguard.gateway.dispatch import Dispatcher, Ticket
+from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.h1 import H1Response
 from tailguard.gateway.live import Live
-from tailguard.gateway.metrics import GatewayMetrics, RequestTimes, response_headers
+from tailguard.gateway.metrics import GatewayMetrics, response_headers
+from tailguard.gateway.request import Request
 from tailguard.gateway.resume import continuation_body
 from tailguard.gateway.sink import Sink
 from tailguard.gateway.stream import StreamRelay
@@ -84,13 +85,13 @@ class Context:
 class Exchange:
     """Runs one admitted request to its `Ending` (see the module docstring)."""
 
-    def __init__(self, job: Job, ticket: Ticket, times: RequestTimes, sink: Sink, ctx: Context) -> None:
-        self.job, self.ticket, self.times, self.sink, self.ctx = job, ticket, times, sink, ctx
-        assert times.bound_at is not None
+    def __init__(self, job: Job, rec: Request, sink: Sink, ctx: Context) -> None:
+        self.job, self.rec, self.sink, self.ctx = job, rec, sink, ctx
+        assert rec.bound_at is not None
         self._to = to = ctx.live.cfg.timeouts  # kept for every attempt: a reload meanwhile changes nothing here
-        self._wd = Watchdog(ctx.loop, total_at=times.bound_at + to.total_s, idle_s=to.idle_s)
-        ticket.watchdog = self._wd
-        self._tally = Tally(times, self._wd, ctx.metrics.cls(job.cls.name).itl)  # across attempts and runs
+        self._wd = Watchdog(ctx.loop, total_at=rec.bound_at + to.total_s, idle_s=to.idle_s)
+        rec.watchdog = self._wd
+        self._tally = Tally(rec, self._wd, ctx.metrics.cls(job.cls.name).itl)  # across attempts and runs
         self._stream: StreamRelay | None = None
         self._asm: Assembler | None = None  # kept across the runs of a preemptible request
         self._resumed: dict[str, Any] | None = None  # the continuation body after a suspension
@@ -109,11 +110,10 @@ class Exchange:
             return Ending(Outcome.CLIENT_GONE, 499, "client_gone")
         finally:
             self._wd.stop()
-            t = self.times
-            if t.output_tokens == 0 and t.content_chunks:
+            rec = self.rec
+            if rec.output_tokens == 0 and rec.content_chunks:
                 self._meter_unfinished()
-            if t.finished_at is None:
-                t.finished_at = time.perf_counter()
+            rec.finish()
 
     async def _broken(self, outcome: Outcome, reason: str | None, error: APIError) -> Ending:
         """The request failed: a stream the consumer already reads ends with an error event;
@@ -128,27 +128,24 @@ class Exchange:
         return Ending(outcome, 200, reason)
 
     async def _attempts(self) -> Ending:
-        job, ticket, t, ctx = self.job, self.ticket, self.times, self.ctx
-        clock = time.perf_counter
+        job, rec, ctx = self.job, self.rec, self.ctx
         while True:
-            backend = ctx.backends[ticket.backend]
-            t.backend = backend.name
-            t.attempts += 1
+            backend = ctx.backends[rec.backend]
             body = self._body(backend)
-            self._wd.start_attempt(clock() + self._to.first_token_s)
+            self._wd.start_attempt(monotonic() + self._to.first_token_s)
             up = None
             try:
                 up = await ctx.upstream.open(backend, job.endpoint, body, job.req_id, self._to.connect_s,
                                              fresh=self._retried)
-                t.upstream_headers_at = clock()
-                if ticket.progress is not None:
-                    ctx.dispatcher.upstream_open(ticket, up.close)
+                rec.upstream_headers_at = monotonic()
+                if rec.progress is not None:
+                    ctx.dispatcher.upstream_open(rec, up.close)
                 return await (self._relay(up, backend) if job.parsed.stream else self._assemble(up))
             except Suspended:
                 await self._suspended()
             except RelayError as err:
                 ctx.metrics.upstream_errors.labels(backend.name, err.kind).inc()
-                if not ctx.dispatcher.failed(ticket, err.kind, delivered=self._delivered(), answered=up is not None):
+                if not ctx.dispatcher.failed(rec, err.kind, delivered=self._delivered(), answered=up is not None):
                     raise
                 self._retried = True  # the front sends it again
             except UpstreamStatus as us:
@@ -160,7 +157,7 @@ class Exchange:
                     raise  # not ours: the consumer left
                 self._retried = True
             finally:
-                ticket.on_suspend = None  # closed below: a suspension has nothing to stop
+                rec.on_suspend = None  # closed below: a suspension has nothing to stop
                 if up is not None:
                     up.close()  # no-op after release(); otherwise aborts the engine's request
 
@@ -170,7 +167,7 @@ class Exchange:
         return upstream_body(
             job.raw, job.capped.body if resumed is None else resumed, client_stream=job.parsed.stream,
             client_usage=job.parsed.include_usage, body_changed=job.capped.body_changed or resumed is not None,
-            backend=backend, rank=job.cls.rank, count_tokens=self.ticket.progress is not None,
+            backend=backend, rank=job.cls.rank, count_tokens=self.rec.progress is not None,
         )
 
     def _deadline(self, backend: BackendConfig, answered: bool) -> bool:
@@ -181,21 +178,21 @@ class Exchange:
         if kind is None:
             return False
         self.ctx.metrics.upstream_errors.labels(backend.name, kind).inc()
-        if self.ctx.dispatcher.failed(self.ticket, kind, delivered=self._delivered(), answered=answered):
+        if self.ctx.dispatcher.failed(self.rec, kind, delivered=self._delivered(), answered=answered):
             return True
         raise RelayError(kind, _TIMEOUT_TEXT[kind].format(backend=backend.name), status=504)
 
     def _delivered(self) -> bool:
         """Some of the answer was taken: sent to the consumer, or joined into a non-stream body
         (a retry would then splice two answers)."""
-        return self.sink.started or self.times.first_content_at is not None
+        return self.sink.started or self.rec.first_content_at is not None
 
     async def _relay(self, up: H1Response, backend: BackendConfig) -> Ending:
-        job, t = self.job, self.times
+        job, rec = self.job, self.rec
         if self._stream is None:
             tier = job.tier.encode() if job.tier is not None else None
             self._stream = StreamRelay(self.sink, job.endpoint, self._tally, job.parsed.include_usage,
-                                       lambda: response_headers(t), progress=self.ticket.progress, service_tier=tier)
+                                       lambda: response_headers(rec), progress=rec.progress, service_tier=tier)
         await self._stream.run(up)
         self._finish_tokens()
         up.release()
@@ -206,50 +203,48 @@ class Exchange:
 
     async def _assemble(self, up: H1Response) -> Ending:
         if self._asm is None:
-            self._asm = Assembler(self.job.endpoint, self._tally, progress=self.ticket.progress,
+            self._asm = Assembler(self.job.endpoint, self._tally, progress=self.rec.progress,
                                   service_tier=self.job.tier)
         payload = await self._asm.run(up)
         up.release()
         self._finish_tokens()
-        await self.sink.answer(payload, response_headers(self.times))
+        await self.sink.answer(payload, response_headers(self.rec))
         return self._ok(self._asm.text() if self.ctx.keep_text else None)
 
     async def _suspended(self) -> None:
         """The front preempted this request: wait, with no deadline running and the consumer's
         response open, until it has a slot again; the loop then sends the continuation. Raises
         `Overloaded` when it expires in the queue."""
-        t, wd, progress = self.times, self._wd, self.ticket.progress
+        wd, progress = self._wd, self.rec.progress
         assert progress is not None
-        t.preemptions += 1
         wd.stop()
-        suspended_at = time.perf_counter()
-        await self.ctx.dispatcher.resume(self.ticket)
+        suspended_at = monotonic()
+        await self.ctx.dispatcher.resume(self.rec)
         progress.suspended = False
-        wd.total_at += time.perf_counter() - suspended_at
-        t.attempts -= 1  # a resumed run is not a retry
+        wd.total_at += monotonic() - suspended_at
         self._resumed = continuation_body(self.job.capped.body, self.job.endpoint, progress)
         self._retried = False
 
     def _finish_tokens(self) -> None:
-        t, usage = self.times, self._tally.usage
+        rec, usage = self.rec, self._tally.usage
         if usage.prompt_tokens is not None:
-            t.prompt_tokens = usage.prompt_tokens
-        t.output_tokens = usage.completion_tokens if usage.completion_tokens is not None else t.content_chunks
+            rec.prompt_tokens = usage.prompt_tokens
+        rec.output_tokens = usage.completion_tokens if usage.completion_tokens is not None else rec.content_chunks
 
     def _meter_unfinished(self) -> None:
         """What a request that did not finish generated is charged all the same (client gone,
         timeout, upstream error, expired while suspended): the tokens a preemptible request
         tracked over its runs, else the engine's count when it sent one, else its content chunks,
         marked as an estimate in the access log."""
-        t, progress = self.times, self.ticket.progress
+        rec, progress = self.rec, self.rec.progress
         if progress is not None and progress.tokens:
-            t.output_tokens = progress.tokens  # counted over every run, as the engine reported them
+            rec.output_tokens = progress.tokens  # counted over every run, as the engine reported them
         elif self._tally.usage.completion_tokens is not None:
-            t.output_tokens = self._tally.usage.completion_tokens
+            rec.output_tokens = self._tally.usage.completion_tokens
         else:
-            t.output_tokens = t.content_chunks
-            t.extra["output_tokens_estimated"] = True
+            rec.output_tokens = rec.content_chunks
+            rec.output_estimated = True
 
     def _ok(self, completion: str | None = None) -> Ending:
-        self.ctx.estimator.observe(self.job.cls.name, self.times.output_tokens)
+        self.ctx.estimator.observe(self.job.cls.name, self.rec.output_tokens)
         return Ending(Outcome.SUCCESS, 200, completion=completion)

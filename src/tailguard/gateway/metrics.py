@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_left
-from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import orjson
@@ -19,6 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 
 from tailguard.gateway.log_buffer import BufferedLineHandler
+from tailguard.gateway.request import Request
 from tailguard.types import Outcome
 
 ACCESS_LOGGER = "tailguard.access"
@@ -215,48 +215,11 @@ class GatewayMetrics:
         return generate_latest(self.registry)
 
 
-@dataclass(slots=True)
-class RequestTimes:
-    """Instants (loop time, seconds) and counts of one request, filled in as it moves along."""
-
-    arrived_at: float
-    cls: str = "-"
-    backend: str = "-"
-    caller: str | None = None  # its API key's name, when keys are configured
-    rate_headers: dict[str, str] | None = None  # where the caller's limits stand (x-ratelimit-*)
-    bound_at: float | None = None
-    upstream_headers_at: float | None = None
-    first_content_at: float | None = None
-    last_content_at: float | None = None
-    finished_at: float | None = None
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    content_chunks: int = 0
-    attempts: int = 0
-    preemptions: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def queue_s(self) -> float | None:
-        return None if self.bound_at is None else self.bound_at - self.arrived_at
-
-    @property
-    def answered(self) -> bool:
-        """An engine took the request (sent its response head): from then on its tokens count."""
-        return self.upstream_headers_at is not None
-
-    def used_tokens(self) -> int:
-        """What the request cost: its prompt and generated tokens once an engine answered it,
-        else nothing (refused, left while queued, or no engine ever answered). What its caller
-        is charged, and what the token counters count."""
-        return self.prompt_tokens + self.output_tokens if self.answered else 0
-
-
 def _ms(v: float) -> str:
     return f"{v * 1000.0:.3f}"
 
 
-def server_timing(t: RequestTimes) -> str:
+def server_timing(t: Request) -> str:
     """`Server-Timing` value: queue, connect (bind to upstream headers) and ttft, in ms."""
     parts: list[str] = []
     if t.bound_at is not None:
@@ -268,7 +231,7 @@ def server_timing(t: RequestTimes) -> str:
     return ", ".join(parts)
 
 
-def response_headers(t: RequestTimes) -> dict[str, str]:
+def response_headers(t: Request) -> dict[str, str]:
     """The `X-Tailguard-*` and `Server-Timing` headers for a response that has been bound."""
     h = {"X-Tailguard-Class": t.cls, "X-Tailguard-Backend": t.backend}
     if t.bound_at is not None:
@@ -281,8 +244,9 @@ def response_headers(t: RequestTimes) -> dict[str, str]:
     return h
 
 
-def record_finish(m: GatewayMetrics, t: RequestTimes, outcome: Outcome) -> None:
+def record_finish(m: GatewayMetrics, t: Request) -> None:
     """Everything observed once when a request ends (its one outcome, tokens, TTFT, E2E)."""
+    outcome = t.outcome
     c = m.cls(t.cls)
     c.requests(outcome).inc()
     if t.finished_at is not None:
@@ -302,34 +266,32 @@ def record_finish(m: GatewayMetrics, t: RequestTimes, outcome: Outcome) -> None:
             m.caller_tokens.labels(t.caller, "output").inc(t.output_tokens)
 
 
-def access_log(
-    t: RequestTimes, *, req_id: str, method: str, path: str, status: int, outcome: Outcome,
-    reason: str | None = None, prompt: str | None = None, completion: str | None = None,
-) -> None:
-    """One JSON line per request on logger `tailguard.access`; text only when passed in
-    (the app passes it only with `log_prompts: true`)."""
+def access_log(t: Request, *, method: str, path: str, logged_text: bool = False) -> None:
+    """One JSON line per request on logger `tailguard.access`; its prompt and completion text
+    only with `logged_text` (the app passes it only with `log_prompts: true`)."""
     if not _access_log.isEnabledFor(logging.INFO):
         return
     end = t.finished_at if t.finished_at is not None else t.arrived_at
     # `outcome` goes in as it is: orjson writes an enum member as its value, without the lookup.
     rec: dict[str, Any] = {
-        "id": req_id, "method": method, "path": path, "status": status, "outcome": outcome,
+        "id": t.id, "method": method, "path": path, "status": t.status, "outcome": t.outcome,
         "class": t.cls, "backend": t.backend, "attempts": t.attempts,
         "queue_ms": None if t.bound_at is None else round((t.bound_at - t.arrived_at) * 1000.0, 3),
         "ttft_ms": None if t.first_content_at is None else round((t.first_content_at - t.arrived_at) * 1000.0, 3),
         "e2e_ms": round((end - t.arrived_at) * 1000.0, 3),
         "prompt_tokens": t.prompt_tokens, "output_tokens": t.output_tokens, "preemptions": t.preemptions,
     }
-    if reason is not None:
-        rec["reason"] = reason
+    if t.reason is not None:
+        rec["reason"] = t.reason
     if t.caller is not None:
         rec["caller"] = t.caller
-    if t.extra:
-        rec.update(t.extra)
-    if prompt is not None:
-        rec["prompt"] = prompt
-    if completion is not None:
-        rec["completion"] = completion
+    if t.output_estimated:
+        rec["output_tokens_estimated"] = True
+    if logged_text:
+        if t.prompt_text is not None:
+            rec["prompt"] = t.prompt_text
+        if t.completion is not None:
+            rec["completion"] = t.completion
     line = orjson.dumps(rec).decode()
     handlers = _access_log.handlers
     if len(handlers) == 1 and type(handlers[0]) is BufferedLineHandler and not _access_log.filters:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import aiohttp
 
+from tailguard.clock import monotonic
 from tailguard.gateway.config import BackendConfig
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.kinds import DETECT_PATHS, EngineLoad, detect_kind, get_kind
@@ -98,7 +98,7 @@ class Probes:
             backend, health, wake = self.backends[name], self.live.cfg.health, self._wake
             # An explicit `health.path` wins; else each kind's own (a plain OpenAI server has no /health).
             path = health.path if "path" in health.model_fields_set else get_kind(backend.kind).health_path
-            sent_at = time.perf_counter()
+            sent_at = monotonic()
             answer = await self._fetch(backend, path)
             failed = answer if isinstance(answer, _Failed) else None
             self.last_error[name] = failed.reason if failed is not None else None

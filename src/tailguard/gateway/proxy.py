@@ -12,18 +12,19 @@ import asyncio
 import itertools
 import logging
 import os
-import time
 from collections.abc import Mapping
 
 from aiohttp import web
 from aiohttp.hdrs import CONTENT_ENCODING, CONTENT_TYPE
 
-from tailguard.errors import APIError, BadRequest, Overloaded, PayloadTooLarge
+from tailguard.clock import monotonic
+from tailguard.errors import APIError, BadRequest, PayloadTooLarge
 from tailguard.gateway.caps import apply_caps
 from tailguard.gateway.classes import ClassTable
 from tailguard.gateway.config import GatewayConfig
 from tailguard.gateway.exchange import Context, Ending, Exchange, Job
-from tailguard.gateway.metrics import RequestTimes, access_log, record_finish, response_headers
+from tailguard.gateway.metrics import access_log, record_finish, response_headers
+from tailguard.gateway.request import NO_CLASS, Request
 from tailguard.gateway.resume import Progress, resumable
 from tailguard.gateway.sink import ResponseSink, Sink
 from tailguard.gateway.upstream import UPSTREAM_PATHS
@@ -31,8 +32,6 @@ from tailguard.types import Outcome
 from tailguard.wire.openai import (
     Endpoint, ParsedRequest, error_body, error_headers, is_json_media_type, parse_request,
 )
-
-NO_CLASS = "none"  # metrics label of a request rejected before it had a class
 
 log = logging.getLogger("tailguard.gateway")
 
@@ -52,28 +51,6 @@ def bearer(request: web.Request) -> str | None:
     scheme, _, token = auth.partition(" ")
     token = token.strip()
     return token if scheme.lower() == "bearer" and token else None
-
-
-class _Exit:
-    """How the request ended: set once along the way, read once when it is counted and logged."""
-
-    __slots__ = ("req_id", "outcome", "status", "reason", "prompt", "completion")
-
-    def __init__(self, req_id: str) -> None:
-        self.req_id = req_id
-        self.outcome = Outcome.CLIENT_GONE  # if nothing else is recorded, the task was cancelled
-        self.status = 499
-        self.reason: str | None = None
-        self.prompt: str | None = None
-        self.completion: str | None = None
-
-    def ended(self, ending: Ending) -> None:
-        self.outcome, self.status, self.reason, self.completion = (
-            ending.outcome, ending.status, ending.reason, ending.completion)
-
-    def refused(self, err: APIError) -> None:
-        self.outcome = Outcome.REJECTED if isinstance(err, Overloaded) else Outcome.CLIENT_ERROR
-        self.status, self.reason = err.status, err.code
 
 
 class Proxy:
@@ -101,15 +78,15 @@ class Proxy:
         self._cfg, self._classes = cfg, classes
 
     async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-        t, ex = self._arrived()
+        t = self._arrived()
         try:
             api_key = bearer(request)
             self._classes.authenticate(api_key)  # before the body: a stranger's body is never read
             raw = await self._read_body(request)
             sink = ResponseSink(request)
-            return self._reply(await self._serve(raw, endpoint, request.headers, api_key, sink, t, ex), sink, t)
+            return self._reply(await self._serve(raw, endpoint, request.headers, api_key, sink, t), sink, t)
         except APIError as err:
-            ex.refused(err)
+            t.refused(err)
             resp = error_response(err, response_headers(t) if t.cls != NO_CLASS else None)
             if not request.content.is_eof():
                 # Refused before its body was read (or the body is broken): aiohttp drains what
@@ -118,71 +95,65 @@ class Proxy:
             return resp
         except Exception:
             log.exception("internal error handling %s %s", request.method, request.path)
-            ex.outcome, ex.status, ex.reason = Outcome.UPSTREAM_ERROR, 500, "internal_error"
+            t.end(Outcome.UPSTREAM_ERROR, 500, "internal_error")
             return error_response(APIError("Internal gateway error.", status=500, code="internal_error"))
         finally:
-            self._account(t, ex, request.method, request.path)
+            self._account(t, request.method, request.path)
 
     async def run(
         self, body: bytes, endpoint: Endpoint, sink: Sink, headers: Mapping[str, str] | None = None,
     ) -> Ending:
         """A request from inside the process (a batch runner, a hedge): the same way as an HTTP
         one (classified, capped, queued, counted and logged once), its output into `sink`."""
-        t, ex = self._arrived()
+        t = self._arrived()
         try:
-            return await self._serve(body, endpoint, headers or {}, None, sink, t, ex)
+            return await self._serve(body, endpoint, headers or {}, None, sink, t)
         except APIError as err:
-            ex.refused(err)
-            return Ending(ex.outcome, err.status, err.code, error=err)
+            t.refused(err)
+            return Ending(t.outcome, err.status, err.code, error=err)
         finally:
-            self._account(t, ex, "POST", UPSTREAM_PATHS[endpoint])
+            self._account(t, "POST", UPSTREAM_PATHS[endpoint])
 
-    def _arrived(self) -> tuple[RequestTimes, _Exit]:
-        """A request's times and its one exit, which `_account` counts and logs once."""
-        # Timings use perf_counter (sub-ms); the front gets loop time, as every driver of it does.
-        return RequestTimes(arrived_at=time.perf_counter(), cls=NO_CLASS), _Exit(f"{self._id_prefix}{next(self._ids):x}")
+    def _arrived(self) -> Request:
+        """A request's record, which `_account` counts and logs once."""
+        return Request(f"{self._id_prefix}{next(self._ids):x}", monotonic())
 
-    def _account(self, t: RequestTimes, ex: _Exit, method: str, path: str) -> None:
+    def _account(self, t: Request, method: str, path: str) -> None:
         """The request left (the `finally` of every way in): counted and logged once. A plain
         call rather than a context manager, whose generator machinery costs more per request."""
-        if t.finished_at is None:
-            t.finished_at = time.perf_counter()
-        record_finish(self._metrics, t, ex.outcome)
+        t.finish()
+        record_finish(self._metrics, t)
         if self._cfg.access_log:
-            logged = self._cfg.log_prompts
-            access_log(t, req_id=ex.req_id, method=method, path=path, status=ex.status, outcome=ex.outcome,
-                       reason=ex.reason, prompt=ex.prompt if logged else None,
-                       completion=ex.completion if logged else None)
+            access_log(t, method=method, path=path, logged_text=self._cfg.log_prompts)
 
     async def _serve(
         self, raw: bytes, endpoint: Endpoint, headers: Mapping[str, str], api_key: str | None, sink: Sink,
-        t: RequestTimes, ex: _Exit,
+        t: Request,
     ) -> Ending:
         """Parse, classify, cap, wait for a slot, run the exchange; the slot is released once."""
         parsed = parse_request(raw, endpoint)
         if self._cfg.log_prompts:
-            ex.prompt = parsed.prompt_text()
+            t.prompt_text = parsed.prompt_text()
         cls = self._classes.classify(headers, parsed.body, api_key)
         t.cls, t.caller = cls.name, self._classes.caller(api_key)
         t.prompt_tokens = parsed.prompt_tokens
         capped = apply_caps(parsed, cls, self._estimator.estimate(cls.name))
         progress = Progress() if self._dispatcher.may_suspend(cls.name) and resumable(capped.body, endpoint) else None
         try:
-            ticket = await self._dispatcher.admit(ex.req_id, cls.name, capped.est_tokens, progress=progress,
-                                                  max_tokens=capped.max_tokens, caller=t.caller)
+            await self._dispatcher.admit(t, capped.est_tokens, progress=progress, max_tokens=capped.max_tokens)
         finally:  # let in or refused, the answer says where the caller's limits stand
             if t.caller is not None:
                 t.rate_headers = self._dispatcher.rate_headers(t.caller)
         try:
-            t.bound_at = time.perf_counter()
+            assert t.bound_at is not None
             self._metrics.cls(cls.name).queue_wait.observe(t.bound_at - t.arrived_at)
             tier = self._classes.served_tier(parsed.body.get("service_tier"), cls)
-            job = Job(ex.req_id, endpoint, raw, parsed, capped, cls, tier)
-            ending = await Exchange(job, ticket, t, sink, self._ctx).run()
-            ex.ended(ending)
+            job = Job(t.id, endpoint, raw, parsed, capped, cls, tier)
+            ending = await Exchange(job, t, sink, self._ctx).run()
+            t.end(ending.outcome, ending.status, ending.reason, ending.completion)
             return ending
         finally:
-            self._dispatcher.release(ticket, ex.outcome, t.used_tokens())
+            self._dispatcher.release(t, t.outcome, t.used_tokens())
 
     async def _read_body(self, request: web.Request) -> bytes:
         """The whole body, within `max_body_bytes` and `body_timeout_s`. A body too large is
@@ -216,7 +187,7 @@ class Proxy:
         return PayloadTooLarge(f"Request body is larger than the limit of {self._cfg.max_body_bytes} bytes.",
                                code="body_too_large")
 
-    def _reply(self, ending: Ending, sink: ResponseSink, t: RequestTimes) -> web.StreamResponse:
+    def _reply(self, ending: Ending, sink: ResponseSink, t: Request) -> web.StreamResponse:
         """The HTTP answer for how the exchange ended: what it sent, or the error to send."""
         if ending.passthrough is not None:
             us = ending.passthrough

@@ -11,12 +11,12 @@ request takes the tracked path instead, which parses every event to keep the tex
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import orjson
 
+from tailguard.clock import monotonic
 from tailguard.errors import APIError
 from tailguard.types import FailureKind
 from tailguard.gateway.h1 import H1Response, UpstreamBroke
@@ -95,7 +95,7 @@ class StreamRelay:
                 data = await up.readany()
                 if not data:
                     break
-                now = time.perf_counter()
+                now = monotonic()
                 wd.last_at = now
                 if self.ended:
                     continue  # past [DONE]: drain so the connection can be reused
@@ -111,7 +111,7 @@ class StreamRelay:
         """One piece of the body, in the connection's callback: a lone content chunk goes
         straight to the sink. False hands the rest back to `run` (`_pending`: events that need
         `_emit`; `_blocked`: the client must drain first)."""
-        now = time.perf_counter()  # metrics need sub-ms; uvloop's loop.time() is ms
+        now = monotonic()
         tally = self.tally
         tally.watchdog.last_at = now
         buf, ends = self._dec.frame(data)
@@ -129,7 +129,7 @@ class StreamRelay:
     async def _run_tracked(self, up: H1Response, prog: Progress) -> None:
         """The loop of a preemptible request: every event parsed (`_track`); between reads it
         stops with `Suspended` once the dispatcher has preempted the request."""
-        clock = time.perf_counter
+        clock = monotonic
         wd, read = self.tally.watchdog, up.readany
         dec = SSEDecoder()
         try:
@@ -163,7 +163,7 @@ class StreamRelay:
         tail = dec.flush_raw()
         prog = self.progress
         chunk, content, _ = self._scan(tail, [len(tail)]) if prog is None else self._track(events_of(tail), prog)
-        await self._emit(chunk, content, True, time.perf_counter())
+        await self._emit(chunk, content, True, monotonic())
 
     def _scan(self, buf: bytes, ends: list[int]) -> tuple[bytes, int, bool]:
         """The zero-parse path: which events carry content, usage or an error, found by their

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tailguard.gateway.metrics import ChunkHistogram, RequestTimes
+from tailguard.gateway.metrics import ChunkHistogram
+from tailguard.gateway.request import Request
 from tailguard.gateway.watchdog import Watchdog
 from tailguard.wire.chunks import Usage
 
@@ -19,7 +20,7 @@ class Tally:
     (its gap since the last chunk before the suspension is an ITL sample), but it is for the
     watchdog, whose first-token deadline applies again to each run (`start_run`)."""
 
-    times: RequestTimes
+    times: Request  # the request's record: the chunk facts are written here only
     watchdog: Watchdog
     itl: ChunkHistogram
     usage: Usage = field(default_factory=Usage)

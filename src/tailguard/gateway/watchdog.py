@@ -4,8 +4,8 @@ timer that cancels the request's task when one passes."""
 from __future__ import annotations
 
 import asyncio
-import time
 
+from tailguard.clock import monotonic
 from tailguard.types import FailureKind
 
 
@@ -15,8 +15,8 @@ class Watchdog:
     Chunks only store `last_at`; the timer, when it fires, re-arms itself at the next deadline
     if nothing expired. That costs one callback per idle period instead of a timer per chunk.
     On expiry it cancels the request's task (like `asyncio.timeout`), and `take_expiry()` tells
-    that cancellation apart from a client disconnect. Instants are `time.perf_counter()` seconds,
-    the clock of the request's timings (uvloop's `loop.time()` only has millisecond resolution).
+    that cancellation apart from a client disconnect. Instants are on the gateway's one clock
+    (`tailguard.clock.monotonic`), the clock of the request's record.
     """
 
     __slots__ = ("_loop", "_task", "_base", "_handle", "_armed_at", "total_at", "first_token_at", "idle_s",
@@ -43,7 +43,7 @@ class Watchdog:
         self.first_token_at = first_token_at
         self.first_seen = False
         self.last_at = 0.0
-        self._arm(min(first_token_at, self.total_at, time.perf_counter() + self.idle_s))
+        self._arm(min(first_token_at, self.total_at, monotonic() + self.idle_s))
 
     def first_content(self, now: float) -> None:
         """From here on the idle deadline applies instead of the first-token one."""
@@ -57,11 +57,11 @@ class Watchdog:
         if self._handle is not None:
             self._handle.cancel()
         self._armed_at = at
-        self._handle = self._loop.call_later(max(0.0, at - time.perf_counter()), self._fire)
+        self._handle = self._loop.call_later(max(0.0, at - monotonic()), self._fire)
 
     def _fire(self) -> None:
         self._handle = None
-        now = time.perf_counter()
+        now = monotonic()
         if now >= self.total_at:
             kind = FailureKind.TIMEOUT_TOTAL
         elif not self.first_seen:

@@ -1,0 +1,115 @@
+"""One request's record in the gateway: every fact the gateway knows of it, each kept once, on
+the one clock (`tailguard.clock.monotonic`).
+
+The record is made when the request arrives and lives until its one end. Who writes what:
+
+    the proxy          class, caller, prompt estimate, the caller's rate headers, how it ended
+    the dispatcher     backend, attempts, preemptions, bound_at: derived from the front's
+                       decisions as it applies them (`started`, `suspended`), never copied
+    the exchange       upstream_headers_at, output tokens; its `Tally` the chunk facts
+                       (first/last content, content chunks), the hot path's only writes
+    the end            finished_at (the exchange, else the proxy)
+
+Metrics, `Server-Timing`, the access log and a recording read it (`gateway.metrics`); the
+driver's own handle of the request (the future its handler waits on, the hook that stops its
+upstream when it is suspended, its deadlines) lives here too, so one request is one object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tailguard.clock import monotonic
+from tailguard.errors import APIError, Overloaded
+from tailguard.gateway.resume import Progress
+from tailguard.gateway.watchdog import Watchdog
+from tailguard.types import Outcome
+
+NO_CLASS = "none"  # metrics label of a request refused before it had a class
+
+
+@dataclass(slots=True)
+class Request:
+    """What the gateway knows of one request (see the module docstring for who writes what)."""
+
+    id: str
+    arrived_at: float
+    cls: str = NO_CLASS
+    caller: str | None = None  # its API key's name, when keys are configured
+    rate_headers: dict[str, str] | None = None  # where the caller's limits stand (x-ratelimit-*)
+    # From the front's decisions.
+    backend: str = "-"
+    attempts: int = 0
+    preemptions: int = 0
+    bound_at: float | None = None  # its first Start
+    # Upstream and chunks.
+    upstream_headers_at: float | None = None
+    first_content_at: float | None = None
+    last_content_at: float | None = None
+    finished_at: float | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    output_estimated: bool = False  # counted from content chunks: the engine never said
+    content_chunks: int = 0
+    # How it ended: if nothing else is recorded, its task was cancelled (the client left).
+    outcome: Outcome = Outcome.CLIENT_GONE
+    status: int = 499
+    reason: str | None = None
+    prompt_text: str | None = None  # kept only with `log_prompts`
+    completion: str | None = None
+    # The driver's handle, from admission to its end.
+    waiter: asyncio.Future[None] | None = None
+    progress: Progress | None = None  # its text is tracked: it may be suspended
+    on_suspend: Callable[[], None] | None = None  # set by its relay while an upstream is open
+    ended: bool = False  # it left the front (finished, or rejected by the front itself)
+    watchdog: Watchdog | None = None  # its deadlines; `last_at` is when its backend last sent bytes
+
+    # --- written by the dispatcher, from the front's decisions --------------------------------
+
+    def started(self, backend: str, resumed: bool, now: float) -> None:
+        """A `Start`: its first run, a retry (another attempt), or its continuation."""
+        self.backend = backend
+        if not resumed:
+            self.attempts += 1
+        if self.bound_at is None:
+            self.bound_at = now
+
+    def suspended(self) -> None:
+        """A `Suspend`: its upstream is closed, and it waits in the queue again."""
+        self.preemptions += 1
+        hook, self.on_suspend = self.on_suspend, None
+        if hook is not None:
+            hook()
+
+    # --- how it ended ---------------------------------------------------------------------
+
+    def end(self, outcome: Outcome, status: int, reason: str | None, completion: str | None = None) -> None:
+        self.outcome, self.status, self.reason, self.completion = outcome, status, reason, completion
+
+    def refused(self, err: APIError) -> None:
+        outcome = Outcome.REJECTED if isinstance(err, Overloaded) else Outcome.CLIENT_ERROR
+        self.end(outcome, err.status, err.code)
+
+    def finish(self) -> None:
+        """Its last instant, once (the exchange sets it when the answer ends, else the proxy)."""
+        if self.finished_at is None:
+            self.finished_at = monotonic()
+
+    # --- read ------------------------------------------------------------------------------
+
+    @property
+    def queue_s(self) -> float | None:
+        return None if self.bound_at is None else self.bound_at - self.arrived_at
+
+    @property
+    def answered(self) -> bool:
+        """An engine took the request (sent its response head): from then on its tokens count."""
+        return self.upstream_headers_at is not None
+
+    def used_tokens(self) -> int:
+        """What the request cost: its prompt and generated tokens once an engine answered it,
+        else nothing (refused, left while queued, or no engine ever answered). What its caller
+        is charged, and what the token counters count."""
+        return self.prompt_tokens + self.output_tokens if self.answered else 0
