@@ -1,12 +1,8 @@
 """One upstream attempt's connection: the pooled client session, the body sent, the request
-opened, and the exceptions that say how an attempt ended.
-
-    RelayError                 an attempt failed; `retryable` while the client has seen nothing
-    └── kinds: connect | reset | status | disconnect | timeout_connect | timeout_first_token
-               | timeout_idle | timeout_total | protocol | stream_error
-    UpstreamStatus             the backend refused (4xx): passed back to the client as it is
-    ClientGone                 writing to the client failed
-    Suspended                  the dispatcher preempted the request; the client's response stays open
+opened, and the exceptions that say how an attempt ended: `RelayError` (its `kind`: connect |
+reset | status | disconnect | timeout_connect | timeout_first_token | timeout_idle |
+timeout_total | protocol | stream_error), `UpstreamStatus`, `ClientGone`, `Suspended`. They are
+`GatewayError`s; the whole tree is drawn in `tailguard/errors.py`.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ import aiohttp
 import httptools
 import orjson
 
-from tailguard.errors import APIError
+from tailguard.errors import APIError, GatewayError
 from tailguard.gateway.backends import prepare_body
 from tailguard.gateway.config import BackendConfig
 from tailguard.gateway.h1 import H1Response, UpstreamBroke
@@ -31,7 +27,7 @@ UPSTREAM_PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completi
 _MAX_ERROR_BODY = 64 * 1024
 
 
-class RelayError(Exception):
+class RelayError(GatewayError):
     """An upstream attempt failed. `retryable` means no byte has reached the client yet."""
 
     def __init__(self, kind: str, message: str, *, status: int = 502, retryable: bool = False) -> None:
@@ -49,7 +45,7 @@ class RelayError(Exception):
         return APIError(self.message, status=self.status, type="upstream_error", code=self.kind)
 
 
-class UpstreamStatus(Exception):
+class UpstreamStatus(GatewayError):
     """The upstream answered with an error status before streaming (e.g. a 400 for a context
     overflow); the client gets the same status and body."""
 
@@ -60,11 +56,11 @@ class UpstreamStatus(Exception):
         self.content_type = content_type
 
 
-class ClientGone(Exception):
+class ClientGone(GatewayError):
     """Writing to the client failed: it disconnected."""
 
 
-class Suspended(Exception):
+class Suspended(GatewayError):
     """The dispatcher preempted this request: its upstream was closed, and the client's response
     stays open until the request is resumed."""
 
