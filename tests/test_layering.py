@@ -15,7 +15,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "tailguard"
 
 PURE = {
-    "types", "errors", "settings", "wire.sse", "wire.openai", "wire.tokens", "wire.chunks",
+    "types", "errors", "settings", "wire.sse", "wire.openai", "wire.tokens", "wire.chunks", "wire.join",
     "sim.cost", "sim.kv", "sim.engine", "sim.request", "sim.answer",
     "front.params", "front.admission", "front.queue", "front.slots", "front.router", "front.preemption", "front.retry", "front.front",
     "gateway.classes", "gateway.caps", "gateway.backends",

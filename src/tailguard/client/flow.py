@@ -205,7 +205,7 @@ class Progress:
         for name in ("content-length", "transfer-encoding", "content-encoding"):
             headers.pop(name, None)
         headers["content-type"] = "application/json"
-        return httpx2.Response(200, headers=headers, content=self.assembler.body(), extensions=response.extensions)
+        return httpx2.Response(200, headers=headers, content=self.assembler.finish(), extensions=response.extensions)
 
 
 def release_read_timeout(request: httpx2.Request) -> None:
