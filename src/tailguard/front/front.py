@@ -35,7 +35,7 @@ from tailguard.front.limits import CallerLimits
 from tailguard.front.params import FrontParams
 from tailguard.front.preemption import Candidate, PreemptionPolicy
 from tailguard.front.queue import Pending, carry_over, make_scheduler
-from tailguard.front.retry import HEALTH_KINDS, OTHER_BACKEND_KINDS, SAME_BACKEND_KINDS, RetryBudget
+from tailguard.front.retry import HEALTH_KINDS, OTHER_BACKEND_KINDS, SAME_BACKEND_KINDS, retry_budget
 from tailguard.front.router import choose
 from tailguard.front.slots import BackendPool
 from tailguard.types import Outcome
@@ -128,7 +128,7 @@ class Front:
         self.queue = make_scheduler(params.queue, params.classes)
         self.slots = BackendPool(params.backends, params.classes, params.health)
         self._policy = PreemptionPolicy.from_params(params.preemption, params.queue.policy)
-        self._budget = RetryBudget(params.retry)
+        self._budget = retry_budget(params.retry)
         self._max_attempts = params.retry.max_attempts
         self.limits = CallerLimits(params.callers)
         self.progress: Callable[[str], int] = progress or (lambda _id: 0)
@@ -188,7 +188,7 @@ class Front:
         refused = self.queue.push(pending, now)
         if refused is not None:
             return (Reject(req_id, refused.reason, refused.retry_after_s),)
-        self._budget.on_request(now)
+        self._budget.record_call(now)
         if caller is not None:
             self.limits.take_request(caller, now)
         self._reqs[req_id] = _Req(pending, resumable and self.may_suspend(cls), max_tokens, caller)
@@ -220,7 +220,7 @@ class Front:
             self._out.append(HealthChanged(old, False))
         if r.attempts < self._max_attempts and kind in OTHER_BACKEND_KINDS:
             target = self._retry_target(r, kind, now)
-            if target is not None and self._budget.try_spend(now):
+            if target is not None and self._budget.try_withdraw(now):
                 if target == old:
                     r.fresh_retried = True
                 else:
@@ -310,7 +310,7 @@ class Front:
         _same_names("classes", [c.name for c in self.params.classes], [c.name for c in params.classes])
         self.queue = carry_over(self.queue, params.queue, params.classes)  # an unknown policy fails here
         if params.retry != self.params.retry:
-            self._budget = RetryBudget(params.retry)
+            self._budget = retry_budget(params.retry)
         self.limits.reconfigure(params.callers)
         self.params = params
         self._classes = {c.name: c for c in params.classes}
