@@ -15,7 +15,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "tailguard"
 
 PURE = {
-    "types", "errors", "settings", "wire.sse", "wire.openai", "wire.tokens", "wire.chunks",
+    "types", "errors", "settings", "retry_budget", "wire.sse", "wire.openai", "wire.tokens", "wire.chunks", "wire.join",
     "sim.cost", "sim.kv", "sim.engine", "sim.request", "sim.answer",
     "front.params", "front.admission", "front.queue", "front.slots", "front.router", "front.preemption", "front.retry", "front.front",
     "gateway.classes", "gateway.caps", "gateway.backends",
@@ -41,6 +41,9 @@ FORBIDDEN_PARTS = {
     "doctor": ("tailguard.gateway", "tailguard.sim", "tailguard.client", "tailguard.cli", "tailguard.sweep"),
     # sweep drives the simulator on virtual time and measures with bench's statistics; processes live in cli/
     "sweep": ("tailguard.client", "tailguard.cli"),
+    # a leaf both the front and the light client import: it imports no part
+    "retry_budget": ("tailguard.front", "tailguard.gateway", "tailguard.sim", "tailguard.bench", "tailguard.client",
+                     "tailguard.cli", "tailguard.wire", "tailguard.doctor", "tailguard.sweep"),
 }
 # No part crosses into another's: the gateway and the simulator share the front instead.
 ALLOWED_CROSSINGS: set[tuple[str, str]] = set()
@@ -155,6 +158,6 @@ def test_client_pulls_in_only_the_stdlib_httpx2_and_openai() -> None:
     foreign = sorted({m.split(".")[0] for m in loaded} - allowed)
     assert not [f for f in foreign if not f.startswith(("_sysconfigdata", "_distutils_hack"))], foreign
     parts = sorted(m for m in loaded if m.startswith("tailguard.")
-                   and not m.startswith(("tailguard.client", "tailguard.wire.sse", "tailguard.wire")))
+                   and not m.startswith(("tailguard.client", "tailguard.wire", "tailguard.retry_budget")))
     assert not parts, f"tailguard.client pulls in other parts: {parts}"
     assert "tailguard.wire.openai" not in loaded and "tailguard.wire.chunks" not in loaded  # orjson

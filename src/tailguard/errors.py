@@ -1,15 +1,29 @@
-"""The root of every tailguard exception, and the HTTP-facing error.
+"""The root of every tailguard exception, and the whole tree below it (the client's are apart).
 
     TailguardError
-    ├── ConfigError          a config or workload file is invalid (message says where)
-    ├── TargetError          the bench's target cannot be measured: unreachable, refused, 401, 404
-    └── APIError             answered to an HTTP client as an OpenAI-style error body
-        ├── BadRequest       400: malformed, missing or wrongly typed fields
-        ├── PayloadTooLarge  413: body over the configured limit
-        └── Overloaded       503 with Retry-After: rejected by admission
-            └── RateLimited  429 with Retry-After: over its caller's requests or tokens per minute
+    ├── ConfigError            a config or workload file is invalid (message says where)
+    ├── TargetError            the bench's target cannot be measured: unreachable, refused, 401, 404
+    ├── APIError               answered to an HTTP client as an OpenAI-style error body
+    │   ├── BadRequest         400: malformed, missing or wrongly typed fields
+    │   ├── Unauthorized       401: an API key the gateway does not know (gateway/classes.py)
+    │   ├── PayloadTooLarge    413: body over the configured limit
+    │   └── Overloaded         503 with Retry-After: rejected by admission
+    │       └── RateLimited    429 with Retry-After: over its caller's requests or tokens per minute
+    └── GatewayError           how one request's way through the gateway stopped short; caught
+        │                      inside the gateway, where each becomes a retry, a resume or an answer
+        ├── RelayError         an upstream attempt failed: `kind` says how, `retryable` while the
+        │                      client has seen nothing (gateway/upstream.py)
+        ├── UpstreamStatus     the backend refused before streaming (a 4xx): its status and body go
+        │                      back to the client as they are (gateway/upstream.py)
+        ├── UpstreamBroke      the backend's connection ended before its response did (gateway/h1.py)
+        ├── ClientGone         writing to the client failed: it disconnected (gateway/upstream.py)
+        └── Suspended          the front preempted the request; the client's response stays open
+                               until it resumes (gateway/upstream.py)
 
 `wire.openai.error_body` is the one place an `APIError` becomes bytes on the wire.
+
+`tailguard.client` raises openai's exceptions (its tree is in `client/exceptions.py`): an
+application embedding it catches what it already catches for the openai SDK.
 """
 
 from __future__ import annotations
@@ -77,3 +91,7 @@ class RateLimited(Overloaded):
 
     status = 429
     type = "requests"
+
+
+class GatewayError(TailguardError):
+    """Root of the gateway's own exceptions: how a request's way through the gateway stopped short."""

@@ -15,10 +15,11 @@ from tailguard.client.exceptions import (
     Unavailable,
 )
 from tailguard.client.flow import ClientState
-from tailguard.client.retry import RetryBudget, RetryPolicy, parse_retry_after
+from tailguard.client.retry import RetryPolicy, parse_retry_after
 from tailguard.client.sdk import async_openai_client, client_state, openai_client
 from tailguard.client.sync_transport import RetryTransport
 from tailguard.client.timeouts import Timeouts
+from tailguard.retry_budget import RetryBudget
 
 __all__ = [
     "AsyncRetryTransport", "ClientState", "ConnectTimeout", "DeadlineExceeded", "FirstTokenTimeout",

@@ -20,8 +20,9 @@ import httpx2
 from tailguard.client.assembly import Assembler, streaming_body
 from tailguard.client.chunks import StreamScan, request_fields
 from tailguard.client.exceptions import DEADLINE_ERRORS, DeadlineExceeded, RateLimited, Rejected, Unavailable
-from tailguard.client.retry import RETRY_STATUSES, GiveUp, GiveUpReason, Retry, RetryBudget, RetryPolicy, parse_retry_after
+from tailguard.client.retry import RETRY_STATUSES, GiveUp, GiveUpReason, Retry, RetryPolicy, parse_retry_after
 from tailguard.client.timeouts import Deadlines, Expired, Speed, Timeouts
+from tailguard.retry_budget import RetryBudget
 
 # The connection pool openai's own client uses: a pool smaller than the callers would make
 # calls wait for a connection, which is no deadline of ours.
@@ -205,7 +206,7 @@ class Progress:
         for name in ("content-length", "transfer-encoding", "content-encoding"):
             headers.pop(name, None)
         headers["content-type"] = "application/json"
-        return httpx2.Response(200, headers=headers, content=self.assembler.body(), extensions=response.extensions)
+        return httpx2.Response(200, headers=headers, content=self.assembler.finish(), extensions=response.extensions)
 
 
 def release_read_timeout(request: httpx2.Request) -> None:

@@ -1,10 +1,10 @@
-"""When to try a call again and how long to wait first: backoff with full jitter, Retry-After,
-and a retry budget shared by a client's calls. Pure: no I/O, told the time.
+"""When to try a call again and how long to wait first: backoff with full jitter and
+Retry-After. Pure: no I/O, told the time. The retry budget a client's calls share is
+`tailguard.retry_budget`'s, the gateway's too.
 
-The shapes come from the clients that had to stop retry storms: full jitter from AWS's backoff
+The shape comes from the clients that had to stop retry storms: full jitter from AWS's backoff
 study (every client draws its wait from [0, cap], so a fleet's retries spread over the window
-instead of arriving in waves), the budget from Finagle's `RetryBudget` and gRPC's retry
-throttling (retries may be at most a share of recent requests, plus a small floor per second).
+instead of arriving in waves).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import email.utils
 import math
 import random
-from collections import deque
 from dataclasses import dataclass
 from typing import Literal, Mapping
 
@@ -99,47 +98,3 @@ def parse_retry_after(headers: Mapping[str, str], now_epoch: float) -> float | N
     if when.tzinfo is None:  # RFC 9110 dates are GMT; a naive one is read as such
         return None
     return max(0.0, when.timestamp() - now_epoch)
-
-
-class RetryBudget:
-    """Retries one client may send: at most `ratio` of the calls it started in the last `ttl_s`
-    seconds, plus `min_per_s` per second (Finagle's defaults are 20% and 10/s over 10 s; an LLM
-    client sends far fewer requests, so the floor here is 1/s).
-
-    While a backend is down every call fails, the budget runs dry, and calls fail at once instead
-    of multiplying the load on the backend by `max_attempts`; a transient error costs little.
-
-        budget = RetryBudget()
-        budget.record_call(now)          # each call's first try deposits
-        if budget.try_withdraw(now): ... # each retry withdraws, or is refused
-    """
-
-    __slots__ = ("ratio", "min_per_s", "ttl_s", "_calls", "_retries")
-
-    def __init__(self, ratio: float = 0.2, min_per_s: float = 1.0, ttl_s: float = 10.0) -> None:
-        if ratio < 0 or min_per_s < 0 or ttl_s <= 0:
-            raise ValueError("ratio and min_per_s must not be negative, ttl_s must be positive")
-        self.ratio = ratio
-        self.min_per_s = min_per_s
-        self.ttl_s = ttl_s
-        self._calls: deque[float] = deque()
-        self._retries: deque[float] = deque()
-
-    def record_call(self, now: float) -> None:
-        self._calls.append(now)
-
-    def try_withdraw(self, now: float) -> bool:
-        """Take one retry from the budget if it has one."""
-        self._expire(now)
-        allowed = self.min_per_s * self.ttl_s + self.ratio * len(self._calls)
-        if len(self._retries) + 1 > allowed:
-            return False
-        self._retries.append(now)
-        return True
-
-    def _expire(self, now: float) -> None:
-        horizon = now - self.ttl_s
-        for q in (self._calls, self._retries):
-            while q and q[0] <= horizon:
-                q.popleft()
-

@@ -15,9 +15,10 @@ import openai
 
 from tailguard.client.async_transport import AsyncRetryTransport
 from tailguard.client.flow import ClientState
-from tailguard.client.retry import RetryBudget, RetryPolicy
+from tailguard.client.retry import RetryPolicy
 from tailguard.client.sync_transport import RetryTransport
 from tailguard.client.timeouts import Timeouts
+from tailguard.retry_budget import RetryBudget
 
 
 def client_state(base_url: str | Sequence[str], timeouts: Timeouts | None = None,

@@ -34,7 +34,7 @@ from tailguard.front.limits import CallerLimits, Standing
 from tailguard.front.params import FrontParams
 from tailguard.front.preemption import Candidate, PreemptionPolicy
 from tailguard.front.queue import Pending, carry_over, make_scheduler
-from tailguard.front.retry import Retry, RetryBudget, hurts_health, retry_of
+from tailguard.front.retry import Retry, hurts_health, retry_budget, retry_of
 from tailguard.front.router import choose
 from tailguard.front.slots import BackendPool
 from tailguard.types import Outcome, RejectReason
@@ -90,7 +90,7 @@ class Front:
         self._queue = make_scheduler(params.queue, params.classes)
         self._slots = BackendPool(params.backends, params.classes, params.health)
         self._policy = PreemptionPolicy.from_params(params.preemption, params.queue.policy)
-        self._budget = RetryBudget(params.retry)
+        self._budget = retry_budget(params.retry)
         self._max_attempts = params.retry.max_attempts
         self._limits = CallerLimits(params.callers)
         self._reqs: dict[str, _Req] = {}
@@ -183,7 +183,7 @@ class Front:
         if queued is not None:
             self._out.append(Reject(req_id, queued.reason, queued.retry_after_s))
             return
-        self._budget.on_request(now)
+        self._budget.record_call(now)
         if caller is not None:
             self._limits.take_request(caller, now)
         self._reqs[req_id] = _Req(pending, ev.resumable and self.may_suspend(ev.cls), ev.max_tokens, caller)
@@ -225,7 +225,7 @@ class Front:
         if r.attempts >= self._max_attempts or where is Retry.NO:
             return
         target = self._retry_target(r, where, now)
-        if target is None or not self._budget.try_spend(now):
+        if target is None or not self._budget.try_withdraw(now):
             return
         if target == old:
             r.fresh_retried = True
@@ -310,7 +310,7 @@ class Front:
         _same_names("classes", [c.name for c in self._params.classes], [c.name for c in params.classes])
         self._queue = carry_over(self._queue, params.queue, params.classes)  # an unknown policy fails here
         if params.retry != self._params.retry:
-            self._budget = RetryBudget(params.retry)
+            self._budget = retry_budget(params.retry)
         self._limits.reconfigure(params.callers)
         self._params = params
         self._classes = {c.name: c for c in params.classes}

@@ -1,4 +1,5 @@
-"""Whether and where a failed attempt is tried again, and the budget that bounds retries; pure.
+"""Whether and where a failed attempt is tried again, and the budget that bounds retries
+(`tailguard.retry_budget`, the client's too); pure.
 
 Only an attempt that failed before any byte reached its consumer is retried (`delivered` False),
 so a client never sees two answers spliced and nothing runs twice: the failed attempt's upstream
@@ -17,9 +18,9 @@ is closed before the retry is sent. Where it goes depends on how it failed:
 from __future__ import annotations
 
 import enum
-import math
 
 from tailguard.front.params import RetryParams
+from tailguard.retry_budget import RetryBudget
 from tailguard.types import FailureKind
 
 _SAME_BACKEND = frozenset({FailureKind.RESET, FailureKind.DISCONNECT})
@@ -57,46 +58,7 @@ def hurts_health(kind: FailureKind, answered: bool) -> bool:
     return kind in _HEALTH or _hung(kind, answered)
 
 
-class RetryBudget:
-    """Retries at most `budget_ratio` of recent requests plus `min_retries_per_s` per second.
-
-    Counted in one-second buckets over `window_s`, so both checks are O(1). Like Envoy's
-    `retry_budget` and Finagle's `RetryBudget`: while a backend fails every request, the gateway
-    sends it at most (1 + ratio) times the offered load instead of `max_attempts` times.
-
-        budget = RetryBudget(RetryParams())
-        budget.on_request(now)            # every accepted request
-        if budget.try_spend(now): ...     # one retry
-    """
-
-    __slots__ = ("_ratio", "_floor", "_n", "_requests", "_retries", "_epoch")
-
-    def __init__(self, params: RetryParams) -> None:
-        self._ratio = params.budget_ratio
-        self._n = max(1, math.ceil(params.window_s))
-        self._floor = params.min_retries_per_s * self._n
-        self._requests = [0] * self._n
-        self._retries = [0] * self._n
-        self._epoch = 0  # the whole second the newest bucket stands for
-
-    def _roll(self, now: float) -> int:
-        sec = math.floor(now)
-        if sec > self._epoch:
-            gap = sec - self._epoch
-            for k in range(1, min(gap, self._n) + 1):
-                i = (self._epoch + k) % self._n
-                self._requests[i] = 0
-                self._retries[i] = 0
-            self._epoch = sec
-        return sec % self._n
-
-    def on_request(self, now: float) -> None:
-        self._requests[self._roll(now)] += 1
-
-    def try_spend(self, now: float) -> bool:
-        """Take one retry from the budget; False (and nothing taken) when it is spent."""
-        i = self._roll(now)
-        if sum(self._retries) + 1 > self._ratio * sum(self._requests) + self._floor:
-            return False
-        self._retries[i] += 1
-        return True
+def retry_budget(params: RetryParams) -> RetryBudget:
+    """The budget `params` describe: retries at most `budget_ratio` of the requests of the last
+    `window_s` plus `min_retries_per_s` (the budget itself is shared with the client)."""
+    return RetryBudget(params.budget_ratio, params.min_retries_per_s, params.window_s)

@@ -23,11 +23,13 @@ from collections.abc import Callable
 
 import httptools
 
+from tailguard.errors import GatewayError
+
 _HIGH_WATER = 64 * 1024
 _MAX_HEAD = 64 * 1024  # aiohttp's client allows 8 KiB a line; a whole head past this is refused
 
 
-class UpstreamBroke(Exception):
+class UpstreamBroke(GatewayError):
     """The connection ended before the response did. `answered`: the status line had come."""
 
     def __init__(self, message: str, *, answered: bool) -> None:

@@ -1,10 +1,7 @@
 """One upstream attempt's connection: the pooled client session, the body sent, the request
-opened, and the exceptions that say how an attempt ended.
-
-    RelayError                 an attempt failed, as a `FailureKind`; the front decides whether it goes again
-    UpstreamStatus             the backend refused (4xx): passed back to the client as it is
-    ClientGone                 writing to the client failed
-    Suspended                  the dispatcher preempted the request; the client's response stays open
+opened, and the exceptions that say how an attempt ended: `RelayError` (its `kind`, a
+`FailureKind`; the front decides whether it goes again), `UpstreamStatus`, `ClientGone`,
+`Suspended`. They are `GatewayError`s; the whole tree is drawn in `tailguard/errors.py`.
 """
 
 from __future__ import annotations
@@ -16,13 +13,13 @@ import aiohttp
 import httptools
 import orjson
 
-from tailguard.types import FailureKind
-from tailguard.errors import APIError
+from tailguard.errors import APIError, GatewayError
 from tailguard.gateway.backends import prepare_body
 from tailguard.gateway.config import BackendConfig
 from tailguard.gateway.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.kinds import get_kind
 from tailguard.gateway.pool import Pool, origin_of
+from tailguard.types import FailureKind
 from tailguard.wire.openai import Endpoint
 
 UPSTREAM_PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -30,7 +27,7 @@ UPSTREAM_PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completi
 _MAX_ERROR_BODY = 64 * 1024
 
 
-class RelayError(Exception):
+class RelayError(GatewayError):
     """An upstream attempt failed as `kind`; whether it goes again is the front's to decide."""
 
     def __init__(self, kind: FailureKind, message: str, *, status: int = 502) -> None:
@@ -47,7 +44,7 @@ class RelayError(Exception):
         return APIError(self.message, status=self.status, type="upstream_error", code=self.kind)
 
 
-class UpstreamStatus(Exception):
+class UpstreamStatus(GatewayError):
     """The upstream answered with an error status before streaming (e.g. a 400 for a context
     overflow); the client gets the same status and body."""
 
@@ -58,11 +55,11 @@ class UpstreamStatus(Exception):
         self.content_type = content_type
 
 
-class ClientGone(Exception):
+class ClientGone(GatewayError):
     """Writing to the client failed: it disconnected."""
 
 
-class Suspended(Exception):
+class Suspended(GatewayError):
     """The dispatcher preempted this request: its upstream was closed, and the client's response
     stays open until the request is resumed."""
 

@@ -57,7 +57,7 @@ def test_assembled_chat_answer() -> None:
               {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6}})
     for i in range(0, len(raw), 7):  # fed in pieces, as a socket delivers it
         asm.feed(raw[i:i + 7])
-    body = json.loads(asm.body())
+    body = json.loads(asm.finish())
     assert body["id"] == "c9" and body["object"] == "chat.completion" and body["model"] == "m"
     msg = body["choices"][0]["message"]
     assert msg["content"] == "Hello" and msg["role"] == "assistant"
@@ -71,6 +71,26 @@ def test_assembled_completions_answer() -> None:
     asm.feed(sse({"id": "x", "choices": [{"index": 0, "text": "a"}]},
                  {"choices": [{"index": 1, "text": "b"}]},
                  {"choices": [{"index": 0, "text": "c", "finish_reason": "length"}]}))
-    body = json.loads(asm.body())
+    body = json.loads(asm.finish())
     assert body["object"] == "text_completion"
-    assert [(c["text"], c["finish_reason"]) for c in body["choices"]] == [("ac", "length"), ("b", None)]
+    # A choice the stream never said the end of stopped, as the gateway answers (it was None here).
+    assert [(c["text"], c["finish_reason"]) for c in body["choices"]] == [("ac", "length"), ("b", "stop")]
+
+
+def test_assembled_answer_keeps_reasoning_logprobs_and_the_finish_reason() -> None:
+    # What the client dropped before it joined with the gateway's joiner (`wire.join`).
+    token = {"token": "Hi", "logprob": -0.1, "bytes": [72, 105], "top_logprobs": []}
+    asm = Assembler(chat=True)
+    asm.feed(sse({"id": "c1", "system_fingerprint": "fp", **delta(role="assistant", content="")},
+                 delta(reasoning="think"), delta(reasoning_content="think"),
+                 {"choices": [{"index": 0, "delta": {"content": "Hi"}, "logprobs": {"content": [token]},
+                               "finish_reason": None}]},
+                 {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
+                 ).removesuffix(b"\ndata: [DONE]\n\n"))  # the last chunk cut off by EOF before its blank line
+    body = json.loads(asm.finish())
+    [choice] = body["choices"]
+    assert choice["message"] == {"role": "assistant", "content": "Hi", "reasoning_content": "think",
+                                 "reasoning": "think"}
+    assert choice["logprobs"] == {"content": [token]}
+    assert choice["finish_reason"] == "length"
+    assert body["system_fingerprint"] == "fp"

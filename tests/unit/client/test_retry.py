@@ -8,7 +8,8 @@ from email.utils import formatdate
 
 import pytest
 
-from tailguard.client.retry import GiveUp, Retry, RetryBudget, RetryPolicy, parse_retry_after
+from tailguard.client import RetryBudget
+from tailguard.client.retry import GiveUp, Retry, RetryPolicy, parse_retry_after
 
 
 def test_full_jitter_draws_from_a_doubling_window_up_to_the_cap() -> None:
