@@ -197,8 +197,8 @@ class Exchange:
         self._finish_tokens()
         up.release()
         if self._stream.upstream_error:
-            self.ctx.metrics.upstream_errors.labels(backend.name, "stream_error").inc()
-            return Ending(Outcome.UPSTREAM_ERROR, 200, "stream_error")
+            self.ctx.metrics.upstream_errors.labels(backend.name, FailureKind.STREAM_ERROR).inc()
+            return Ending(Outcome.UPSTREAM_ERROR, 200, FailureKind.STREAM_ERROR)
         return self._ok()
 
     async def _assemble(self, up: H1Response) -> Ending:
