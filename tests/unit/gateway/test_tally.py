@@ -93,7 +93,8 @@ def test_usage_counts_come_from_the_last_chunk_that_has_them() -> None:
     assert u.read(running) is False and (u.prompt_tokens, u.completion_tokens) == (7, 1)
     final = {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 12, "total_tokens": 19}}
     assert u.read(final) is True and (u.prompt_tokens, u.completion_tokens) == (7, 12)
-    for junk in (None, [], "usage", {"usage": None, "choices": [{}]}, {"usage": {"completion_tokens": "9"}}):
-        assert u.read(junk) is False
+    junk: list[object] = [None, [], "usage", {"usage": None, "choices": [{}]}, {"usage": {"completion_tokens": "9"}}]
+    for obj in junk:
+        assert u.read(obj) is False
     assert (u.prompt_tokens, u.completion_tokens) == (7, 12)
     assert Usage().read({"choices": []}) is True  # usage-only in shape, with nothing to count
