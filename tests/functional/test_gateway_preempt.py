@@ -67,6 +67,9 @@ async def test_stream_preempted_by_a_chat_resumes_with_every_token_and_true_usag
         assert usage.prompt_tokens == 4 + 10  # one message of 40 bytes, as the simulator counts it
         m = await scrape(gw.url)
         assert sample(m, "tailguard_preemptions_total", **{"class": "batch"}) == 1
+        # Metered as the client was told: every token of both runs, its own prompt only.
+        assert sample(m, "tailguard_output_tokens_total", **{"class": "batch"}) == max_tokens
+        assert sample(m, "tailguard_prompt_tokens_total", **{"class": "batch"}) == 4 + 10
         assert sample(m, "tailguard_requests_total", **{"class": "batch", "outcome": "success"}) == 1
         # The simulator aborted the batch request's first run when the gateway closed it.
         assert await _finished(gw, "abort") == 1

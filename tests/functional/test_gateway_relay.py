@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import tracemalloc
 
 import aiohttp
 import openai
@@ -170,44 +171,103 @@ async def test_vllm_backends_get_the_class_rank_as_priority() -> None:
                     assert "Priority scheduling is not enabled" in info.value.message
 
 
-async def _floods(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-    """A backend that answers 40,000 content chunks as fast as the socket takes them (6 MB),
-    and the gateway's probes with an empty model list."""
-    if not (await read_request(r)).startswith(b"POST"):
-        w.write(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{"data":[]}')
-        return
-    w.write(SSE_HEAD)
-    frame = chunk(TOK_EVENT)
-    for _ in range(40):
-        w.write(frame * 1000)
+# The flood: 40,000 content events of about 550 bytes, 22 MB in all: several times what the
+# kernel's socket buffers between backend, gateway and client hold on loopback (each autotunes to
+# a few MB), so a gateway that reads the backend regardless of its client cannot hide the answer
+# in the kernel and must hold most of it in its own memory.
+FLOOD_EVENTS = 40_000
+FLOOD_EVENT = TOK_EVENT.replace(b'"content":" tok"', b'"content":"' + b" tok" * 100 + b'"')
+FLOOD_BLOCK = 100  # events per write: the backend's progress is counted in these
+
+
+class _Flood:
+    """A backend that answers FLOOD_EVENTS content events as fast as its socket takes them, and
+    the gateway's probes with an empty model list. It counts the bytes its socket has taken, so
+    a test sees when its writes block (the gateway stopped reading it) and whether it finished."""
+
+    def __init__(self) -> None:
+        self.sent = 0  # body bytes the socket took (written and drained)
+        self.size = len(chunk(FLOOD_EVENT)) * FLOOD_EVENTS
+        self.finished = asyncio.Event()
+
+    async def __call__(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        if not (await read_request(r)).startswith(b"POST"):
+            w.write(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{"data":[]}')
+            return
+        # A small send buffer (autotuning would grow it to 4 MB): the backend's writes block soon
+        # after the gateway stops reading it, instead of the kernel taking MBs more on its behalf.
+        w.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)
+        w.write(SSE_HEAD)
+        block = chunk(FLOOD_EVENT) * FLOOD_BLOCK
+        for _ in range(FLOOD_EVENTS // FLOOD_BLOCK):
+            w.write(block)
+            await w.drain()
+            self.sent += len(block)
+        w.write(DONE_END)
         await w.drain()
-    w.write(DONE_END)
-    await w.drain()
+        self.finished.set()
+
+    async def stalled(self, quiet_s: float = 0.3, step_s: float = 0.02) -> None:
+        """Returns once the socket has taken nothing for `quiet_s` (its writes block), or the
+        backend wrote everything; the caller bounds the wait."""
+        last, quiet_since = -1, 0.0
+        loop = asyncio.get_running_loop()
+        while not self.finished.is_set():
+            if self.sent != last:
+                last, quiet_since = self.sent, loop.time()
+            elif loop.time() - quiet_since >= quiet_s:
+                return
+            await asyncio.sleep(step_s)
 
 
 async def test_a_client_that_stops_reading_slows_the_backend_and_loses_nothing() -> None:
-    """The push relay's flow control: a backend sends faster than its client, which has a small
-    receive window and stops reading for a while, can take. Past the kernel's buffers the
-    gateway's own buffer toward the client passes its mark, so the relay stops pushing, pauses
-    reading the backend, waits for the client to drain and pushes again (4 times in a checked
-    run); every chunk still arrives, in order, once."""
-    body = orjson.dumps({"model": "m", "messages": CHAT, "max_tokens": 40000, "stream": True})
-    async with asyncio.timeout(60), raw_server(_floods) as url, \
+    """The relay's flow control: a backend writes a 22 MB answer faster than its client, which
+    stops reading after the response head, can take. The gateway must not buffer the answer: the
+    first chunk reaches the client while the backend is still writing; once the kernel's buffers
+    are full the relay stops pushing and pauses reading the backend, whose writes then block
+    before it has written the whole answer, and the gateway's memory stays far below the
+    answer's size. Then the client reads, and every chunk arrives, in order, once.
+
+    The client socket is read only by explicit `sock_recv` calls: an asyncio stream reader
+    would keep reading into its own buffer while the test "does not read", so the gateway
+    would never see a slow client at all."""
+    body = orjson.dumps({"model": "m", "messages": CHAT, "max_tokens": FLOOD_EVENTS, "stream": True})
+    flood = _Flood()
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(60), raw_server(flood) as url, \
             gateway(sims=0, extra_backends=[BackendConfig(name="flood", url=url, kind="openai")]) as gw:
         port = int(gw.url.rsplit(":", 1)[1])
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.setblocking(False)
-        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
-        reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 24)
-        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Connection: close\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body))
-        await reader.readuntil(b"\r\n\r\n")
-        await asyncio.sleep(1.0)  # not reading: the gateway must wait for this client, not buffer
-        raw = await reader.read()
-        writer.close()
-    events = SSEDecoder().feed(_unchunk(raw))
-    assert [ev.raw for ev in events[:-1]] == [TOK_EVENT] * 40000 and events[-1].data == DONE
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, ("127.0.0.1", port))
+            tracing = tracemalloc.is_tracing()  # (left on if the run traces already)
+            tracemalloc.start()
+            try:
+                base = tracemalloc.get_traced_memory()[0]
+                await loop.sock_sendall(sock, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                                        b"Content-Type: application/json\r\nConnection: close\r\n"
+                                        b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+                raw = bytearray()
+                while b"\r\n\r\n" not in raw:  # the head, which the gateway sends with the first chunk
+                    raw += await loop.sock_recv(sock, 1 << 16)
+                assert not flood.finished.is_set(), "the first chunk came only after the backend had finished"
+                await flood.stalled()  # the client reads nothing meanwhile
+                held_mb = (tracemalloc.get_traced_memory()[0] - base) / 1e6
+            finally:
+                if not tracing:
+                    tracemalloc.stop()
+            size_mb = flood.size / 1e6
+            assert not flood.finished.is_set(), (
+                f"the backend wrote the whole answer ({size_mb:.0f} MB) while the client read nothing: "
+                f"the gateway buffered it (its memory grew {held_mb:.1f} MB)")
+            assert held_mb < size_mb / 8, (f"the gateway holds {held_mb:.1f} MB of a {size_mb:.0f} MB answer "
+                                           f"(the backend got {flood.sent / 1e6:.1f} MB out)")
+            while data := await loop.sock_recv(sock, 1 << 20):
+                raw += data
+    assert flood.finished.is_set()  # once the client read, the backend could finish
+    events = SSEDecoder().feed(_unchunk(bytes(raw.split(b"\r\n\r\n", 1)[1])))
+    assert len(events) == FLOOD_EVENTS + 1
+    assert all(ev.raw == FLOOD_EVENT for ev in events[:-1]) and events[-1].data == DONE
 
 
 def _unchunk(raw: bytes) -> bytes:

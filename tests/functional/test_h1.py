@@ -16,6 +16,23 @@ from tests.functional.raw_servers import SSE_HEAD, Handler, chunk, raw_server, r
 
 pytestmark = pytest.mark.timeout(20)
 
+
+async def _until(cond: Callable[[], bool], what: str, timeout_s: float = 2.0) -> None:
+    """Wait until `cond()` holds, polling; fails naming `what` if it does not within `timeout_s`.
+    Tests wait for the state they check instead of sleeping a guessed time."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            while not cond():
+                await asyncio.sleep(0.002)
+    except TimeoutError:
+        raise AssertionError(f"{what}: not within {timeout_s} s") from None
+
+
+async def _hang() -> None:
+    """A server that keeps its connection open until the test's servers are torn down."""
+    await asyncio.Event().wait()
+
+
 def answers(raw: bytes, *, then_close: bool = False) -> Handler:
     """A server that reads one request and writes `raw` (then closes, with `then_close`)."""
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
@@ -78,6 +95,10 @@ def test_origin_parses_the_url_once() -> None:
 
 async def test_a_chunked_stream_is_pushed_then_the_connection_is_reused(serve, pool) -> None:
     seen: list[bytes] = []
+    # The server writes the next event only once the reader has had the last one (lockstep),
+    # so the body arrives in several reads and push is called back once per event.
+    taken = asyncio.Event()
+    got: list[bytes] = []
 
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         while True:
@@ -89,21 +110,29 @@ async def test_a_chunked_stream_is_pushed_then_the_connection_is_reused(serve, p
             for ev in EVENTS:
                 w.write(chunk(ev))
                 await w.drain()
-                await asyncio.sleep(0.005)
+                await taken.wait()
+                taken.clear()
             w.write(b"0\r\n\r\n")
+
+    def took(data: bytes) -> bool:
+        got.append(data)
+        taken.set()
+        return True
 
     origin = await serve(handler)
     resp = await _post(pool, origin)
     assert resp.status == 200 and resp.headers["content-type"] == "text/event-stream"
-    got: list[bytes] = []
-    assert await resp.push(lambda data: got.append(data) or True) is True
-    assert b"".join(got) == b"".join(EVENTS)
+    assert await resp.push(took) is True
+    assert b"".join(got) == b"".join(EVENTS) and len(got) >= len(EVENTS)  # one call (at least) per read
     conn = resp.conn
     resp.release()
     resp.close()  # after release: must not close the pooled connection
     again = await _post(pool, origin)
     assert again.conn is conn  # the same keep-alive connection
-    assert await _body(again) == b"".join(EVENTS)
+    got.clear()
+    while data := await again.readany():  # pulled this time
+        took(data)
+    assert b"".join(got) == b"".join(EVENTS)
     again.release()
     assert seen[0].startswith(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:")
 
@@ -179,11 +208,11 @@ async def test_close_wakes_a_waiting_reader(serve, pool) -> None:
         await read_request(r)
         w.write(SSE_HEAD)
         await w.drain()
-        await asyncio.sleep(30)
+        await _hang()
 
     resp = await _post(pool, await serve(slow))
     reader = asyncio.ensure_future(resp.readany())
-    await asyncio.sleep(0.01)
+    await _until(lambda: resp._waiter is not None, "the reader waits for the body")
     resp.close()  # as a suspension does
     with pytest.raises(UpstreamBroke):
         await reader
@@ -203,27 +232,27 @@ async def test_a_reader_that_falls_behind_pauses_the_socket(serve, pool) -> None
         await w.drain()
 
     resp = await _post(pool, await serve(flood))
-    await asyncio.sleep(0.2)
-    assert resp.conn._paused  # nobody read: the socket stopped being read past the high water
+    # nobody reads: the socket stops being read past the high water
+    await _until(lambda: resp.conn._paused, "the connection pauses reading")
     assert len(await _body(resp)) == 32 * len(big)
 
 
 OK_2 = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
 
-def answers_then(later: bytes | None) -> Handler:
-    """Answers one request, then, while the connection idles, writes `later` (None: closes it,
-    as a backend's idle timeout does)."""
+def answers_then(later: bytes | None, idle: asyncio.Event) -> Handler:
+    """Answers one request, then, once the test says the connection idles in the pool (`idle`),
+    writes `later` (None: closes it, as a backend's idle timeout does)."""
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await read_request(r)
         w.write(OK_2)
         await w.drain()
-        await asyncio.sleep(0.05)
+        await idle.wait()
         if later is None:
             return  # closed on the way out
         w.write(later)
         await w.drain()
-        await asyncio.sleep(5)
+        await _hang()
     return handler
 
 
@@ -231,19 +260,20 @@ def answers_then(later: bytes | None) -> Handler:
                          ids=["closed", "408"])
 async def test_a_connection_the_backend_closes_or_writes_to_while_idle_leaves_the_pool(
         serve, pool, later: bytes | None) -> None:
-    origin = await serve(answers_then(later))
+    idle = asyncio.Event()
+    origin = await serve(answers_then(later, idle))
     resp = await _post(pool, origin)
     await _body(resp)
     first = resp.conn
     resp.release()
-    await asyncio.sleep(0.2)
-    assert first.closed
+    idle.set()
+    await _until(lambda: first.closed, "the idle connection closes")
     again = await _post(pool, origin)
     assert again.conn is not first and again.status == 200
 
 
 async def test_the_pool_closes_idle_and_asked_to_close_connections(serve, pool) -> None:
-    origin = await serve(answers_then(None))
+    origin = await serve(answers_then(None, asyncio.Event()))  # never closed by the server: only the pool
     pool.keepalive_s = 0.0
     resp = await _post(pool, origin)
     await _body(resp)

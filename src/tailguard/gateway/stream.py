@@ -233,12 +233,17 @@ class StreamRelay:
 
     def _usage_event(self, raw: bytes, obj: dict[str, Any], prog: Progress) -> bytes:
         """The usage chunk as the client gets it: dropped if it did not ask for it, rewritten
-        once (the one JSON rewrite of a resumed request) to count every run."""
+        once (the one JSON rewrite of a resumed request) to count every run. The tally keeps
+        the same counts, as the assembler's does: the request is metered from them."""
         usage = self.tally.usage
-        if usage.read(obj) and not self.client_usage:
+        usage_only = usage.read(obj)
+        if prog.runs > 1:
+            usage.prompt_tokens, usage.completion_tokens = prog.client_usage(usage.prompt_tokens,
+                                                                             usage.completion_tokens)
+        if usage_only and not self.client_usage:
             return b""
         if prog.runs > 1:
-            pt, ct = prog.client_usage(usage.prompt_tokens, usage.completion_tokens)
+            pt, ct = usage.prompt_tokens, usage.completion_tokens
             if pt is not None and ct is not None:
                 obj["usage"] = {**obj["usage"], "prompt_tokens": pt, "completion_tokens": ct,
                                 "total_tokens": pt + ct}

@@ -80,12 +80,14 @@ class Watchdog:
 
     def take_expiry(self) -> FailureKind | None:
         """After a CancelledError: the deadline that caused it, or None if it came from outside
-        (the client left), in which case the caller must re-raise."""
-        if self.expired is None:
+        (the client left), in which case the caller must re-raise. Taken once: after a retried
+        deadline, a later cancellation is judged on its own."""
+        kind, self.expired = self.expired, None
+        if kind is None:
             return None
         if self._task.uncancel() > self._base:
             return None  # also cancelled from outside: that one wins
-        return self.expired
+        return kind
 
     def stop(self) -> None:
         if self._handle is not None:
