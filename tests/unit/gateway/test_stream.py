@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 
@@ -22,7 +21,10 @@ import orjson
 import pytest
 
 from tailguard.gateway.h1 import H1Connection, H1Response
-from tailguard.gateway.metrics import ChunkHistogram, RequestTimes
+from tailguard.clock import monotonic
+from tailguard.types import FailureKind
+from tailguard.gateway.metrics import ChunkHistogram
+from tailguard.gateway.request import Request
 from tailguard.gateway.resume import Progress, continuation_body
 from tailguard.gateway.sink import ChunkQueue
 from tailguard.gateway.stream import StreamRelay
@@ -56,9 +58,9 @@ def usage(prompt: int, completion: int, cid: str = "a") -> bytes:
     return encode_event(chat_chunk(cid, "m", 1, usage=usage_dict(prompt, completion), empty_choices=True))
 
 
-def _times() -> RequestTimes:
+def _times() -> Request:
     """A request's record as the exchange makes it (the one place to adapt if it moves)."""
-    return RequestTimes(arrived_at=0.0, bound_at=0.0)
+    return Request("r", arrived_at=0.0, bound_at=0.0)
 
 
 async def _until(cond: Callable[[], bool], what: str, timeout_s: float = 1.0) -> None:
@@ -122,8 +124,8 @@ async def backends() -> AsyncIterator[Backends]:
 @pytest.fixture
 async def watchdog() -> AsyncIterator[Watchdog]:
     """A real watchdog whose deadlines are an hour away: never fired here."""
-    wd = Watchdog(asyncio.get_running_loop(), total_at=time.perf_counter() + 3600, idle_s=3600)
-    wd.start_attempt(first_token_at=time.perf_counter() + 3600)
+    wd = Watchdog(asyncio.get_running_loop(), total_at=monotonic() + 3600, idle_s=3600)
+    wd.start_attempt(first_token_at=monotonic() + 3600)
     yield wd
     wd.stop()
 
@@ -353,9 +355,9 @@ async def test_an_upstream_error_event_is_relayed_and_marked(backends: Backends,
     assert b"".join(await _output(sink)) == role() + tok("x") + error + DONE_EVENT
 
 
-async def test_a_backend_that_breaks_before_content_is_retryable(backends: Backends, watchdog: Watchdog) -> None:
+async def test_a_backend_that_breaks_before_content_fails_the_attempt(backends: Backends, watchdog: Watchdog) -> None:
     """The backend closes its connection after the role chunk: the client has seen nothing, so
-    the attempt fails as retryable and the sink is untouched."""
+    the attempt fails (the front may send it again) and the sink is untouched."""
     backend = await backends()
     sink = ChunkQueue()
     relay = _relay(watchdog, sink)
@@ -367,7 +369,7 @@ async def test_a_backend_that_breaks_before_content_is_retryable(backends: Backe
     backend.peer.close()
     with pytest.raises(RelayError) as e:
         await _finished(task)
-    assert e.value.retryable and e.value.kind == "disconnect"
+    assert e.value.kind is FailureKind.DISCONNECT
     assert not sink.started and relay.held == [role()]
 
 

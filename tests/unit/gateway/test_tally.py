@@ -6,12 +6,13 @@ TTFT, ITL and the output-token fallback are only as right as these numbers."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 
 import pytest
 
-from tailguard.gateway.metrics import ChunkHistogram, RequestTimes
+from tailguard.clock import monotonic
+from tailguard.gateway.metrics import ChunkHistogram
+from tailguard.gateway.request import Request
 from tailguard.gateway.tally import Tally
 from tailguard.gateway.watchdog import Watchdog
 from tailguard.wire.chunks import Usage
@@ -19,17 +20,17 @@ from tailguard.wire.chunks import Usage
 BOUNDS = (0.001, 0.3, 1.0)  # ITL buckets: "none", up to 0.3 s, up to 1 s, more
 
 
-def _times() -> RequestTimes:
+def _times() -> Request:
     """A request's record as the exchange makes it (the one place to adapt if it moves)."""
-    return RequestTimes(arrived_at=0.0)
+    return Request("r", arrived_at=0.0)
 
 
 @pytest.fixture
 async def tally() -> AsyncIterator[Tally]:
     """A tally over a real watchdog whose deadlines are an hour away: it never fires here, but
     it must be told when a run's first content arrives."""
-    wd = Watchdog(asyncio.get_running_loop(), total_at=time.perf_counter() + 3600, idle_s=3600)
-    wd.start_attempt(first_token_at=time.perf_counter() + 3600)
+    wd = Watchdog(asyncio.get_running_loop(), total_at=monotonic() + 3600, idle_s=3600)
+    wd.start_attempt(first_token_at=monotonic() + 3600)
     yield Tally(_times(), wd, ChunkHistogram(BOUNDS))
     wd.stop()
 
@@ -73,7 +74,7 @@ async def test_a_resumed_run_is_a_first_token_for_the_watchdog_only(tally: Tally
     tally.content(10.0)
     tally.content(10.1)
     wd = tally.watchdog
-    wd.start_attempt(first_token_at=time.perf_counter() + 3600)  # the continuation's attempt
+    wd.start_attempt(first_token_at=monotonic() + 3600)  # the continuation's attempt
     tally.start_run()
     assert not wd.first_seen
     tally.content(14.1)

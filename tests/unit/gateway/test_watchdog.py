@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import selectors
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import pytest
@@ -26,7 +25,7 @@ START = 1000.0  # virtual seconds at a test's start
 
 
 class _Clock:
-    """The test's time, in seconds: the loop's `time()` and the watchdog's `perf_counter()`."""
+    """The test's time, in seconds: the loop's `time()` and the watchdog's `monotonic()`."""
 
     def __init__(self) -> None:
         self.now = START
@@ -67,10 +66,10 @@ class _VirtualLoop(asyncio.SelectorEventLoop):
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Clock]:
-    """The one clock of a test. The watchdog reads `time.perf_counter()`: it reads this instead
+    """The one clock of a test. The watchdog reads the gateway's one clock, `monotonic()`: it reads this instead
     (the one place to change if the watchdog is given a clock of its own)."""
     c = _Clock()
-    monkeypatch.setattr(watchdog_module, "time", SimpleNamespace(perf_counter=c))
+    monkeypatch.setattr(watchdog_module, "monotonic", c)
     yield c
 
 
