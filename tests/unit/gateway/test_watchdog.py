@@ -11,57 +11,15 @@ was cancelled.
 from __future__ import annotations
 
 import asyncio
-import selectors
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Iterator
 
 import pytest
 
 from tailguard.gateway import watchdog as watchdog_module
 from tailguard.gateway.watchdog import Watchdog
+from tests.unit.gateway.virtual_loop import VirtualClock as _Clock, run
 
-T = TypeVar("T")
 START = 1000.0  # virtual seconds at a test's start
-
-
-class _Clock:
-    """The test's time, in seconds: the loop's `time()` and the watchdog's `monotonic()`."""
-
-    def __init__(self) -> None:
-        self.now = START
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class _JumpingSelector:
-    """A real selector (sockets, the loop's self-pipe) that, where the loop would block until its
-    next timer, moves the clock there instead."""
-
-    def __init__(self, clock: _Clock) -> None:
-        self._inner = selectors.DefaultSelector()
-        self._clock = clock
-
-    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        ready = self._inner.select(0)
-        if ready or timeout == 0:
-            return ready
-        if timeout is None:  # no timer at all: the awaited thing can never happen
-            raise RuntimeError("the test awaits something no timer or socket will ever bring")
-        self._clock.now += timeout
-        return []
-
-    def __getattr__(self, name: str) -> Any:  # register, unregister, modify, get_map, close ...
-        return getattr(self._inner, name)
-
-
-class _VirtualLoop(asyncio.SelectorEventLoop):
-    def __init__(self, clock: _Clock) -> None:
-        super().__init__(_JumpingSelector(clock))  # type: ignore[arg-type]
-        self._clock = clock
-
-    def time(self) -> float:
-        return self._clock.now
 
 
 @pytest.fixture
@@ -71,20 +29,6 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Clock]:
     c = _Clock()
     monkeypatch.setattr(watchdog_module, "monotonic", c)
     yield c
-
-
-def run(clock: _Clock, main: Callable[[asyncio.AbstractEventLoop], Coroutine[Any, Any, T]]) -> T:
-    """Run `main(loop)` as a task on a fresh virtual-time loop, bounded by 10,000 virtual seconds."""
-    loop = _VirtualLoop(clock)
-
-    async def bounded() -> T:
-        async with asyncio.timeout(10_000):
-            return await main(loop)
-
-    try:
-        return loop.run_until_complete(bounded())
-    finally:
-        loop.close()
 
 
 async def _expiry(wd: Watchdog, clock: _Clock, work: Awaitable[None]) -> tuple[str | None, float]:
