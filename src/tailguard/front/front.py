@@ -259,7 +259,7 @@ class Front:
         else:
             self._queue.remove(ev.id, now)
         if r.state is not State.QUEUED:  # it was dispatched once: a completion for the drain rate
-            self._queue.on_finish(ev.id, ev.outcome, now)
+            self._queue.on_finish(p.cls if r.state is State.RUNNING else None, ev.outcome, now)
         self._pump(now, True)
 
     def _probed(self, ev: Probed, now: float, preempt: bool) -> None:

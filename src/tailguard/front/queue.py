@@ -102,10 +102,11 @@ class BaseScheduler(abc.ABC):
         self._heap_refs = 0  # items in all heaps, live or dead: the compaction trigger
         self._refs_per_entry = 3 if self._uses_sjf else 2
         self.admission = Admission(cfg)  # expected waits, drain rate, Retry-After
-        # Dispatched and not yet finished, per class (pop adds, on_finish removes): what min_share
-        # guarantees are measured against.
-        self._running: dict[str, str] = {}
+        # How many are dispatched and not yet finished, per class (pop adds, on_finish and requeue
+        # take away): what min_share guarantees are measured against. Counts only: which requests
+        # run is the front's request table's to know.
         self._running_by_class: dict[str, int] = {name: 0 for name in self._queues}
+        self._running_total = 0
 
     # --- the policy's interface -----------------------------------------------------------
 
@@ -153,10 +154,11 @@ class BaseScheduler(abc.ABC):
         # An infinite bound never expires: no wakeup, rather than a timer at infinity.
         return heap[0][0] if heap and heap[0][0] != math.inf else None
 
-    def on_finish(self, req_id: str, outcome: Outcome, now: float) -> None:
-        cls = self._running.pop(req_id, None)
-        if cls is not None:
-            self._running_by_class[cls] -= 1
+    def on_finish(self, running_cls: str | None, outcome: Outcome, now: float) -> None:
+        """A dispatched request ended: a completion for the drain rate. `running_cls`: its class
+        if it held a slot (None: it ended while suspended, already out of the running counts)."""
+        if running_cls is not None:
+            self._not_running(running_cls)
         self.admission.completed(now, len(self._entries))
 
     # --- public extras for drivers and metrics ----------------------------------------------
@@ -164,7 +166,7 @@ class BaseScheduler(abc.ABC):
     def running(self, cls: str | None = None) -> int:
         """Requests popped and not yet finished (of class `cls`, or all)."""
         if cls is None:
-            return len(self._running)
+            return self._running_total
         return self._running_by_class.get(cls, 0)
 
     def queue_len(self, cls: str) -> int:
@@ -185,9 +187,7 @@ class BaseScheduler(abc.ABC):
         """A running request was suspended: it leaves the running set and waits again, with no
         admission check (it was admitted once; refusing it now would cut a response in half).
         Its `arrived_at` is kept, so aging and arrival order count from its first arrival."""
-        cls = self._running.pop(req.id, None)
-        if cls is not None:
-            self._running_by_class[cls] -= 1
+        self._not_running(req.cls)
         if req.id in self._entries:
             raise ValueError(f"request id {req.id!r} is already queued")
         self._add(req, self._queue_of(req), None)
@@ -198,7 +198,7 @@ class BaseScheduler(abc.ABC):
         share = self._queues[cls].cfg.min_share
         if share <= 0:
             return False
-        return self._running_by_class[cls] - 1 < math.floor(share * len(self._running) + 1e-9)
+        return self._running_by_class[cls] - 1 < math.floor(share * self._running_total + 1e-9)
 
     # --- internals -------------------------------------------------------------------------
 
@@ -242,9 +242,13 @@ class BaseScheduler(abc.ABC):
         self.admission.learn(entry.predicted, now - entry.req.arrived_at)
         self._kill(entry)
         req = entry.req
-        self._running[req.id] = req.cls
         self._running_by_class[req.cls] += 1
+        self._running_total += 1
         return req
+
+    def _not_running(self, cls: str) -> None:
+        self._running_by_class[cls] -= 1
+        self._running_total -= 1
 
     def _on_add(self, req: Pending) -> None:
         pass
@@ -361,7 +365,7 @@ class RankedSjfScheduler(BaseScheduler):
     def pop(self, now: float, admissible: Callable[[Pending], bool] | None = None) -> Pending | None:
         aged_before = now - self._cfg.aging_s
         if self._guaranteed:
-            slots = len(self._running) + 1
+            slots = self._running_total + 1
             for q in self._guaranteed:
                 if q.live and self._running_by_class[q.cfg.name] < math.floor(q.cfg.min_share * slots + 1e-9):
                     entry = self._pick([q], aged_before, admissible)
@@ -450,9 +454,9 @@ def carry_over(old: BaseScheduler, cfg: QueueParams, classes: Iterable[ClassSpec
     measurements. What a live reconfiguration needs: nobody admitted is refused or lost."""
     new = make_scheduler(cfg, classes)
     new.admission = old.admission.carry_over(cfg)
-    new._running = dict(old._running)
     for cls in new._running_by_class:
         new._running_by_class[cls] = old._running_by_class.get(cls, 0)
+    new._running_total = old._running_total
     for entry in sorted(old._entries.values(), key=lambda e: (e.req.arrived_at, e.seq)):
         req = replace(entry.req, rank=new._queues[entry.req.cls].cfg.rank)
         new._add(req, new._queue_of(req), entry.predicted)

@@ -50,8 +50,8 @@ def drain(s: BaseScheduler, now: float) -> list[str]:
 def set_drain_rate(s: BaseScheduler, interval_s: float, start: float = 0.0) -> float:
     """Two completions `interval_s` apart while a request is queued: the rate becomes 1/interval."""
     s.push(req("filler", "batch", 1, start), start)
-    s.on_finish("x1", Outcome.SUCCESS, start)
-    s.on_finish("x2", Outcome.SUCCESS, start + interval_s)
+    s.on_finish(None, Outcome.SUCCESS, start)
+    s.on_finish(None, Outcome.SUCCESS, start + interval_s)
     assert s.remove("filler", start + interval_s)
     return start + interval_s
 
@@ -230,23 +230,23 @@ def test_min_share_gives_batch_the_freed_slot_until_it_holds_its_guarantee() -> 
         s.push(Pending(f"i{i}", "interactive", 0, 40, 1.5, 31.5), 1.5)
     # A chat ends: 3 running + 1 = 4 slots; batch holds 0 < floor(0.5 * 4) = 2, so batch goes
     # first although chats are queued.
-    s.on_finish("i0", Outcome.SUCCESS, 2.0)
+    s.on_finish("interactive", Outcome.SUCCESS, 2.0)
     p = s.pop(2.0)
     assert p is not None and p.id == "b0"
-    s.on_finish("i1", Outcome.SUCCESS, 2.5)
+    s.on_finish("interactive", Outcome.SUCCESS, 2.5)
     p = s.pop(2.5)
     assert p is not None and p.id == "b1"
     # Batch holds 2 = its guarantee: strict priority again, chats first.
-    s.on_finish("i2", Outcome.SUCCESS, 3.0)
+    s.on_finish("interactive", Outcome.SUCCESS, 3.0)
     p = s.pop(3.0)
     assert p is not None and p.id == "i4"
     assert (s.running("interactive"), s.running("batch")) == (2, 2)
     # A batch request ends: below the guarantee again, the next batch request goes.
-    s.on_finish("b0", Outcome.SUCCESS, 4.0)
+    s.on_finish("batch", Outcome.SUCCESS, 4.0)
     p = s.pop(4.0)
     assert p is not None and p.id == "b2"
-    # Finishing an id that was never dispatched changes no count.
-    s.on_finish("nobody", Outcome.SUCCESS, 4.5)
+    # A request that ended while suspended (out of the running counts already) changes no count.
+    s.on_finish(None, Outcome.SUCCESS, 4.5)
     assert s.running() == 4
 
 
@@ -266,7 +266,8 @@ def test_without_min_share_a_stream_of_chats_starves_batch() -> None:
         for i in range(4, 40):
             t = round(t + 0.1, 1)
             s.push(Pending(f"c{i}", "interactive", 0, 40, t, t + 30.0), t)
-            s.on_finish(running.pop(0), Outcome.SUCCESS, t)
+            running.pop(0)
+            s.on_finish("interactive", Outcome.SUCCESS, t)
             p = s.pop(t)
             assert p is not None
             if p.cls == "batch":
@@ -280,7 +281,7 @@ def test_min_share_respects_admissibility() -> None:
     s = RankedSjfScheduler(QueueParams(), GUARANTEED)
     s.push(Pending("i0", "interactive", 0, 40, 0.0, 30.0), 0.0)
     s.push(Pending("b0", "batch", 1, 2080, 0.0, 600.0), 0.0)
-    s.on_finish("x", Outcome.SUCCESS, 0.0)
+    s.on_finish(None, Outcome.SUCCESS, 0.0)
     # Batch is below its guarantee but no backend may take it: the chat goes.
     p = s.pop(1.0, admissible=lambda p: p.cls != "batch")
     assert p is not None and p.id == "i0"
@@ -314,8 +315,8 @@ def test_wait_bound_rejects_a_request_that_would_wait_too_long() -> None:
     classes = [ClassSpec(name="interactive", rank=0, max_queue_len=100, max_queue_wait_s=10.0)]
     s = RankedSjfScheduler(QueueParams(), classes)
     s.push(Pending("filler", "interactive", 0, 1, 0.0, 10.0), 0.0)
-    s.on_finish("x", Outcome.SUCCESS, 0.0)
-    s.on_finish("y", Outcome.SUCCESS, 4.0)  # one completion every 4 s
+    s.on_finish(None, Outcome.SUCCESS, 0.0)
+    s.on_finish(None, Outcome.SUCCESS, 4.0)  # one completion every 4 s
     s.remove("filler", 4.0)
     now = 4.0
     # Two requests of equal size queued: a third expects 2 ahead / 0.25 per s = 8 s <= 10 s.
@@ -332,8 +333,8 @@ def test_first_request_is_never_refused_for_its_bound() -> None:
     classes = [ClassSpec(name="interactive", rank=0, max_queue_len=100, max_queue_wait_s=0.1)]
     s = RankedSjfScheduler(QueueParams(), classes)
     s.push(Pending("f", "interactive", 0, 1, 0.0, 0.1), 0.0)
-    s.on_finish("x", Outcome.SUCCESS, 0.0)
-    s.on_finish("y", Outcome.SUCCESS, 100.0)  # very slow drain
+    s.on_finish(None, Outcome.SUCCESS, 0.0)
+    s.on_finish(None, Outcome.SUCCESS, 100.0)  # very slow drain
     s.remove("f", 100.0)
     # Nothing ahead: it may go as soon as a slot is free, whatever the drain rate.
     assert s.push(Pending("g", "interactive", 0, 1, 100.0, 100.1), 100.0) is None
@@ -341,14 +342,14 @@ def test_first_request_is_never_refused_for_its_bound() -> None:
 
 def test_drain_rate_ignores_intervals_with_an_empty_queue() -> None:
     s = sjf()
-    s.on_finish("a", Outcome.SUCCESS, 0.0)
-    s.on_finish("b", Outcome.SUCCESS, 100.0)  # idle gateway: says nothing about capacity
+    s.on_finish(None, Outcome.SUCCESS, 0.0)
+    s.on_finish(None, Outcome.SUCCESS, 100.0)  # idle gateway: says nothing about capacity
     assert s.admission.drain_rate() is None
     s.push(req("q", "batch", 10, 100.0), 100.0)
-    s.on_finish("c", Outcome.SUCCESS, 101.0)
-    s.on_finish("d", Outcome.SUCCESS, 102.0)
+    s.on_finish(None, Outcome.SUCCESS, 101.0)
+    s.on_finish(None, Outcome.SUCCESS, 102.0)
     assert s.admission.drain_rate() == pytest.approx(1.0)
-    s.on_finish("e", Outcome.SUCCESS, 104.0)  # a window: two completions after the first, in 3 s
+    s.on_finish(None, Outcome.SUCCESS, 104.0)  # a window: two completions after the first, in 3 s
     assert s.admission.drain_rate() == pytest.approx(2 / 3)
     assert s.admission.retry_after_s() == pytest.approx(1.5)
 
@@ -357,7 +358,7 @@ def test_a_queue_that_ran_empty_restarts_the_drain_window() -> None:
     s = sjf()
     now = set_drain_rate(s, 1.0)  # ends by removing the filler: nothing is queued
     assert s.admission.drain_rate() == pytest.approx(1.0)
-    s.on_finish("x3", Outcome.SUCCESS, now + 50.0)
+    s.on_finish(None, Outcome.SUCCESS, now + 50.0)
     assert s.admission.drain_rate() is None
 
 
@@ -366,8 +367,8 @@ def test_carry_over_keeps_queued_requests_and_what_admission_learned() -> None:
     cfg = QueueParams(drain_ewma_weight=1.0)
     s = RankedSjfScheduler(cfg, classes)
     s.push(Pending("filler", "interactive", 0, 1, 0.0, 10.0), 0.0)
-    s.on_finish("x", Outcome.SUCCESS, 0.0)
-    s.on_finish("y", Outcome.SUCCESS, 1.0)  # one completion a second
+    s.on_finish(None, Outcome.SUCCESS, 0.0)
+    s.on_finish(None, Outcome.SUCCESS, 1.0)  # one completion a second
     s.remove("filler", 1.0)
     # Predicted to wait 0 s, it waits 1 s: the wait factor goes to its cap, 8.
     s.push(Pending("a", "interactive", 0, 100, 1.0, 11.0), 1.0)
