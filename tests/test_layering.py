@@ -18,7 +18,7 @@ PURE = {
     "types", "errors", "settings", "retry_budget", "wire.sse", "wire.openai", "wire.tokens", "wire.chunks", "wire.join",
     "sim.cost", "sim.kv", "sim.engine", "sim.request", "sim.answer",
     "front.params", "front.admission", "front.queue", "front.slots", "front.router", "front.preemption", "front.retry", "front.events", "front.front",
-    "gateway.classes", "gateway.caps", "gateway.backends",
+    "front.intake", "gateway.classes", "gateway.backends",
     "gateway.config", "gateway.live", "gateway.resume", "gateway.kinds", "sim.des",
     "gateway.config.base", "gateway.config.classes", "gateway.config.backends", "gateway.config.scheduler",
     "gateway.config.upstream", "gateway.config.auth", "gateway.config.gateway", "gateway.config.problems",

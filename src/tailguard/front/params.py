@@ -8,13 +8,18 @@ and its field defaults are read from here, so every default lives in one place.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
+
+CapMode = Literal["clamp", "reject"]
+ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]  # OpenAI's
 
 
 @dataclass(frozen=True, slots=True)
 class ClassSpec:
-    """A request class as the front sees it: its rank, queue bounds and slot shares."""
+    """A request class as the front sees it: its rank, queue bounds and slot shares, and what
+    its requests may ask for (`tailguard.front.intake`)."""
 
     name: str
     rank: int = 0  # lower is served first
@@ -25,6 +30,10 @@ class ClassSpec:
     max_share: float = 1.0  # of each backend's slots, together with every class ranked after it
     min_share: float = 0.0  # guaranteed fraction of the slots in use while it has requests queued
     preemptible: bool = False  # a running request may be suspended and continued later
+    default_max_tokens: int | None = None  # set on a request that asks for no limit (else the cap)
+    max_tokens_cap: int | None = None  # the largest output limit a request may ask for
+    cap_mode: CapMode = "clamp"  # over the cap: lowered to it, or refused with a 400
+    max_prompt_tokens: int | None = None  # a larger (estimated) prompt is refused with a 400
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,12 +125,44 @@ class FrontParams:
     callers: Sequence[CallerSpec] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class KeySpec:
+    """What a client API key says about its requests: whose they are (`caller`) and their class
+    when neither header nor `service_tier` names one (`default_class`)."""
+
+    caller: str
+    default_class: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IntakeParams:
+    """How a request becomes a job (`tailguard.front.intake`): the classes with their caps, the
+    class of a request nothing else classifies, the overrides of OpenAI's `service_tier` -> class
+    mapping, and the client API keys."""
+
+    classes: Sequence[ClassSpec]
+    default_class: str = "interactive"
+    service_tier_map: Mapping[ServiceTier, str] = field(default_factory=dict)
+    keys: Mapping[str, KeySpec] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class OutputEstimateParams:
+    """The job size of a request with no output limit: a running average of its class's real
+    output lengths (`tailguard.front.intake.OutputEstimator`)."""
+
+    initial_tokens: int = 256  # assumed before any request of the class has finished
+    ewma_weight: float = 0.05  # of each finished request's output length
+
+
 def default_classes() -> list[ClassSpec]:
     """`interactive` first, waiting at most what a chat user waits for a first token; `batch`
-    preemptible, with every slot open to it and ten minutes of patience (docs/tuning.md)."""
+    preemptible, with every slot open to it, ten minutes of patience (docs/tuning.md) and its
+    output capped at 4096 tokens."""
     return [
         ClassSpec(name="interactive", rank=0, max_queue_len=1000, max_queue_wait_s=INTERACTIVE_WAIT_S),
-        ClassSpec(name="batch", rank=1, max_queue_len=10000, max_queue_wait_s=600.0, preemptible=True),
+        ClassSpec(name="batch", rank=1, max_queue_len=10000, max_queue_wait_s=600.0, preemptible=True,
+                  max_tokens_cap=4096),
     ]
 
 

@@ -21,8 +21,8 @@ import orjson
 from aiohttp import web
 
 from tailguard.errors import APIError
+from tailguard.front.intake import OutputEstimator, bearer_key
 from tailguard.gateway.backends import resolved
-from tailguard.gateway.caps import OutputEstimator
 from tailguard.gateway.classes import ClassTable
 from tailguard.gateway.config import BackendConfig, GatewayConfig
 from tailguard.gateway.dispatch import Dispatcher
@@ -31,7 +31,7 @@ from tailguard.gateway.kinds import get_kind
 from tailguard.gateway.log_buffer import BufferedLineHandler
 from tailguard.gateway.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, GatewayMetrics
 from tailguard.gateway.probes import Probes
-from tailguard.gateway.proxy import Proxy, bearer, error_response
+from tailguard.gateway.proxy import Proxy, error_response
 from tailguard.gateway.live import Live
 from tailguard.gateway.reload import Parts, Reloader
 from tailguard.gateway.store import ConfigStore
@@ -75,9 +75,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     app[DISPATCHER] = dispatcher
     app[UPSTREAM] = upstream
     app[BACKENDS] = backends
+    estimator = OutputEstimator(cfg.scheduler.output_estimate.params())
     app[PROXY] = Proxy(cfg, ClassTable(cfg), Context(
-        dispatcher, upstream, backends, metrics, app[LIVE], OutputEstimator(cfg.scheduler.output_estimate), loop,
-        keep_text=cfg.log_prompts))
+        dispatcher, upstream, backends, metrics, app[LIVE], estimator, loop, keep_text=cfg.log_prompts))
     app[MODELS] = ModelCache(app[LIVE], upstream.session)
     for b in backends.values():
         metrics.add_backend(b.name, b.kind)
@@ -126,7 +126,7 @@ async def _metrics(request: web.Request) -> web.Response:
 async def _models(request: web.Request) -> web.Response:
     # Keys guard the model list as they guard generation (vLLM's --api-key does the same), so a
     # client with a wrong key learns it from its first call, not from its first generation.
-    request.app[PROXY].classes.authenticate(bearer(request))
+    request.app[PROXY].classes.authenticate(bearer_key(request.headers))
     body = await request.app[MODELS].get(asyncio.get_running_loop().time())
     return web.Response(body=body, content_type="application/json")
 
@@ -134,7 +134,7 @@ async def _models(request: web.Request) -> web.Response:
 async def _config(request: web.Request) -> web.Response:
     """The running config's settings, secrets as fingerprints, behind the same keys as
     generation: what `tailguard bench` records so two runs' settings can be compared."""
-    request.app[PROXY].classes.authenticate(bearer(request))
+    request.app[PROXY].classes.authenticate(bearer_key(request.headers))
     live = request.app[LIVE]
     body = {"hash": live.hash, "n": live.n, "settings": live.cfg.settings()}
     return web.Response(body=orjson.dumps(body), content_type="application/json")

@@ -19,8 +19,9 @@ from typing import Any
 from tailguard.clock import monotonic
 from tailguard.errors import APIError, Overloaded
 from tailguard.gateway.assemble import Assembler
-from tailguard.gateway.caps import Capped, OutputEstimator
-from tailguard.gateway.config import BackendConfig, ClassConfig
+from tailguard.front.intake import Accepted, OutputEstimator
+from tailguard.front.params import ClassSpec
+from tailguard.gateway.config import BackendConfig
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.h1 import H1Response
 from tailguard.gateway.live import Live
@@ -63,8 +64,8 @@ class Job:
     endpoint: Endpoint
     raw: bytes
     parsed: ParsedRequest
-    capped: Capped
-    cls: ClassConfig
+    capped: Accepted
+    cls: ClassSpec
     tier: str | None = None  # the service tier to report, when the request named one
 
 

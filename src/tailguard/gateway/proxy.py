@@ -19,13 +19,13 @@ from aiohttp.hdrs import CONTENT_ENCODING, CONTENT_TYPE
 
 from tailguard.clock import monotonic
 from tailguard.errors import APIError, BadRequest, PayloadTooLarge
-from tailguard.gateway.caps import apply_caps
+from tailguard.front.intake import NO_CLASS, Asked, bearer_key
 from tailguard.gateway.classes import ClassTable
 from tailguard.gateway.config import GatewayConfig
 from tailguard.gateway.exchange import Context, Ending, Exchange, Job
 from tailguard.gateway.metrics import access_log, record_finish, response_headers
-from tailguard.gateway.request import NO_CLASS, Request
-from tailguard.gateway.resume import Progress, resumable
+from tailguard.gateway.request import Request
+from tailguard.gateway.resume import Progress
 from tailguard.gateway.sink import ResponseSink, Sink
 from tailguard.gateway.upstream import UPSTREAM_PATHS
 from tailguard.types import Outcome
@@ -41,16 +41,6 @@ def error_response(err: APIError, extra: dict[str, str] | None = None) -> web.Re
     if extra:
         headers.update(extra)
     return web.Response(status=err.status, body=error_body(err), content_type="application/json", headers=headers)
-
-
-def bearer(request: web.Request) -> str | None:
-    """The key of `Authorization: Bearer <key>`, or None."""
-    auth = request.headers.get("Authorization")
-    if auth is None:
-        return None
-    scheme, _, token = auth.partition(" ")
-    token = token.strip()
-    return token if scheme.lower() == "bearer" and token else None
 
 
 class Proxy:
@@ -80,7 +70,7 @@ class Proxy:
     async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         t = self._arrived()
         try:
-            api_key = bearer(request)
+            api_key = bearer_key(request.headers)
             self._classes.authenticate(api_key)  # before the body: a stranger's body is never read
             raw = await self._read_body(request)
             sink = ResponseSink(request)
@@ -134,13 +124,15 @@ class Proxy:
         parsed = parse_request(raw, endpoint)
         if self._cfg.log_prompts:
             t.prompt_text = parsed.prompt_text()
-        cls = self._classes.classify(headers, parsed.body, api_key)
-        t.cls, t.caller = cls.name, self._classes.caller(api_key)
+        intake = self._classes.intake
+        asked = Asked.of(parsed, headers, api_key)
+        cls = intake.classify(asked)
+        t.cls, t.caller = cls.name, intake.caller(api_key)
         t.prompt_tokens = parsed.prompt_tokens
-        capped = apply_caps(parsed, cls, self._estimator.estimate(cls.name))
-        progress = Progress() if self._dispatcher.may_suspend(cls.name) and resumable(capped.body, endpoint) else None
+        accepted = intake.accept(asked, cls, self._estimator.estimate(cls.name))
+        progress = Progress() if accepted.resumable and self._dispatcher.may_suspend(cls.name) else None
         try:
-            await self._dispatcher.admit(t, capped.est_tokens, progress=progress, max_tokens=capped.max_tokens)
+            await self._dispatcher.admit(t, accepted.est_tokens, progress=progress, max_tokens=accepted.max_tokens)
         finally:  # let in or refused, the answer says where the caller's limits stand
             if t.caller is not None:
                 t.rate_headers = self._dispatcher.rate_headers(t.caller)
@@ -148,7 +140,7 @@ class Proxy:
             assert t.bound_at is not None
             self._metrics.cls(cls.name).queue_wait.observe(t.bound_at - t.arrived_at)
             tier = self._classes.served_tier(parsed.body.get("service_tier"), cls)
-            job = Job(t.id, endpoint, raw, parsed, capped, cls, tier)
+            job = Job(t.id, endpoint, raw, parsed, accepted, cls, tier)
             ending = await Exchange(job, t, sink, self._ctx).run()
             t.end(ending.outcome, ending.status, ending.reason, ending.completion)
             return ending

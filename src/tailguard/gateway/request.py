@@ -23,11 +23,10 @@ from dataclasses import dataclass
 
 from tailguard.clock import monotonic
 from tailguard.errors import APIError, Overloaded
+from tailguard.front.intake import NO_CLASS
 from tailguard.gateway.resume import Progress
 from tailguard.gateway.watchdog import Watchdog
 from tailguard.types import Outcome
-
-NO_CLASS = "none"  # metrics label of a request refused before it had a class
 
 
 @dataclass(slots=True)

@@ -6,7 +6,8 @@ so far appended: for chat, as a trailing assistant message the model continues
 (`continue_final_message`, `add_generation_prompt: false`: vLLM's parameters; llama-server
 continues a trailing assistant message by itself), for completions, after the prompt. Its
 `max_tokens` shrinks by the tokens already generated, so the client gets what it asked for in
-total. Only a request whose text is fully known can be continued like this (`resumable`).
+total. Only a request whose text is fully known can be continued like this (the intake decides
+which: `tailguard.front.intake.resumable`).
 """
 
 from __future__ import annotations
@@ -17,33 +18,6 @@ from typing import Any
 
 from tailguard.wire.openai import Endpoint
 from tailguard.wire.tokens import CHAT_MESSAGE_OVERHEAD_TOKENS, text_tokens
-
-# Fields whose output the continuation could not reproduce: structured output restarts its
-# grammar, tool calls are not plain text, several choices or echoed prompts are not one text.
-_NOT_RESUMABLE = ("tools", "functions", "tool_choice", "response_format", "guided_json", "guided_regex",
-                  "guided_choice", "guided_grammar", "structured_outputs", "logprobs", "top_logprobs", "echo",
-                  "best_of", "suffix")
-
-
-def resumable(body: dict[str, Any], endpoint: Endpoint) -> bool:
-    """True if the generation of `body` can be suspended and continued from its text."""
-    for key in _NOT_RESUMABLE:
-        v = body.get(key)
-        if v is not None and v is not False:
-            return False
-    n = body.get("n")
-    if n is not None and n != 1:
-        return False
-    if endpoint == "completions":
-        return isinstance(body.get("prompt"), str)
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        return False
-    if body.get("continue_final_message"):
-        last = messages[-1]
-        # The client continues its own assistant message: we can extend it only if it is text.
-        return isinstance(last, dict) and last.get("role") == "assistant" and isinstance(last.get("content"), str)
-    return True
 
 
 @dataclass(slots=True)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from tailguard.gateway.resume import Progress, continuation_body, resumable
+from tailguard.front.intake import resumable
+from tailguard.gateway.resume import Progress, continuation_body
 
 
 def test_chat_continuation_appends_the_text_and_shrinks_the_budget() -> None:
@@ -35,13 +36,3 @@ def test_nothing_generated_yet_restarts_the_same_body() -> None:
     prog = Progress()
     assert continuation_body(body, "completions", prog) is body
     assert prog.runs == 2 and prog.client_usage(1, 10) == (1, 10)
-
-
-def test_only_plain_text_generations_are_resumable() -> None:
-    msgs = [{"role": "user", "content": "q"}]
-    assert resumable({"messages": msgs}, "chat")
-    assert not resumable({"messages": msgs, "tools": [{"type": "function"}]}, "chat")
-    assert not resumable({"messages": msgs, "n": 2}, "chat")
-    assert not resumable({"messages": msgs, "response_format": {"type": "json_object"}}, "chat")
-    assert not resumable({"prompt": [1, 2, 3]}, "completions")
-    assert not resumable({"prompt": "p", "echo": True}, "completions")

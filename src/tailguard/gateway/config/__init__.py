@@ -9,10 +9,11 @@ auth.py, gateway.py (`GatewayConfig`, the whole file), problems.py (validation e
 loading.py (`load_config`). Every public name is importable from here.
 """
 
+from tailguard.front.params import CapMode, ServiceTier
 from tailguard.gateway.config.auth import ApiKeyConfig, AuthConfig
 from tailguard.gateway.config.backends import BackendConfig, BackendKind
-from tailguard.gateway.config.classes import CapMode, ClassConfig, default_classes
-from tailguard.gateway.config.gateway import GatewayConfig, ServiceTier
+from tailguard.gateway.config.classes import ClassConfig, default_classes
+from tailguard.gateway.config.gateway import GatewayConfig
 from tailguard.gateway.config.loading import load_config
 from tailguard.gateway.config.scheduler import OutputEstimateConfig, SchedulerConfig, SchedulerPolicy
 from tailguard.gateway.config.upstream import HealthConfig, RetryConfig, TimeoutsConfig

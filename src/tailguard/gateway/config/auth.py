@@ -8,7 +8,7 @@ import hashlib
 
 from pydantic import Field, model_validator
 
-from tailguard.front.params import CallerSpec
+from tailguard.front.params import CallerSpec, KeySpec
 from tailguard.gateway.config.base import _Model
 
 
@@ -37,6 +37,9 @@ class ApiKeyConfig(_Model):
     def caller(self, key: str) -> str:
         return self.name if self.name is not None else _fingerprint(key)
 
+    def spec(self, key: str) -> KeySpec:
+        return KeySpec(caller=self.caller(key), default_class=self.default_class)
+
 
 class AuthConfig(_Model):
     """Client authentication. With no keys configured, the gateway accepts every request."""
@@ -56,6 +59,10 @@ class AuthConfig(_Model):
                 raise ValueError(f"keys named {k.caller(key)!r} share their limits, so they must give the same "
                                  "rpm_limit and tpm_limit")
         return self
+
+    def keys(self) -> dict[str, KeySpec]:
+        """Each key with whose it is and its default class (`tailguard.front.intake`)."""
+        return {key: k.spec(key) for key, k in self.api_keys.items()}
 
     def callers(self) -> list[CallerSpec]:
         """Each caller with limits, once."""

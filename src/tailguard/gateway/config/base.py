@@ -10,6 +10,8 @@ from tailguard.front import params as fp
 
 # The front's defaults (tailguard.front.params), so each default number lives in one place.
 _CLS = fp.ClassSpec(name="")
+_INTAKE = fp.IntakeParams(classes=())
+_OUTPUT = fp.OutputEstimateParams()
 _QUEUE = fp.QueueParams()
 _PREEMPT = fp.PreemptionParams()
 _BACKEND = fp.BackendSpec(name="")

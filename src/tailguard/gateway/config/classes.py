@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict
-from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from tailguard.front import params as fp
+from tailguard.front.params import CapMode
 from tailguard.gateway.config.base import _CLS, _Model
-
-CapMode = Literal["clamp", "reject"]
 
 _CLASS_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -28,21 +26,21 @@ class ClassConfig(_Model):
         "later-ranked class is below its `min_share`).",
     )
     default_max_tokens: int | None = Field(
-        default=None, ge=1,
+        default=_CLS.default_max_tokens, ge=1,
         description="`max_tokens` set on requests that carry none. When unset, `max_tokens_cap` (if any) "
         "is used instead, so a cap cannot be bypassed by leaving `max_tokens` out.",
     )
     max_tokens_cap: int | None = Field(
-        default=None, ge=1,
+        default=_CLS.max_tokens_cap, ge=1,
         description="Largest `max_tokens` (or `max_completion_tokens`) a request of this class may ask for.",
     )
     cap_mode: CapMode = Field(
-        default="clamp",
+        default=_CLS.cap_mode,
         description="What happens to a request over `max_tokens_cap`: `clamp` lowers it to the cap, "
         "`reject` answers 400.",
     )
     max_prompt_tokens: int | None = Field(
-        default=None, ge=1,
+        default=_CLS.max_prompt_tokens, ge=1,
         description="Largest estimated prompt (UTF-8 bytes / 4, or exact token ids) accepted; larger is a 400.",
     )
     max_queue_len: int = Field(
@@ -76,9 +74,7 @@ class ClassConfig(_Model):
     )
 
     def spec(self) -> fp.ClassSpec:
-        return fp.ClassSpec(name=self.name, rank=self.rank, max_queue_len=self.max_queue_len,
-                            max_queue_wait_s=self.max_queue_wait_s, max_share=self.max_share,
-                            min_share=self.min_share, preemptible=self.preemptible)
+        return fp.ClassSpec(**self.model_dump())  # the same fields: a class is the front's to interpret
 
     @field_validator("name")
     @classmethod
@@ -115,5 +111,4 @@ def default_classes() -> list[ClassConfig]:
     (docs/configuration.md). Suspending a batch job for a waiting chat and resuming it later costs
     one re-prefill instead, so batch may use the whole engine (benchmarks/results/seed_des.md).
     """
-    caps: dict[str, dict[str, Any]] = {"batch": {"max_tokens_cap": 4096}}
-    return [ClassConfig(**asdict(c), **caps.get(c.name, {})) for c in fp.default_classes()]
+    return [ClassConfig(**asdict(c)) for c in fp.default_classes()]

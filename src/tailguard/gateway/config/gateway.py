@@ -1,29 +1,27 @@
 """The top of the gateway's config: `GatewayConfig`, the whole `tailguard.yaml`, made of the
 sections of its sibling modules plus the listener and request-body settings. It holds what
 needs every section at once: the checks across sections (class names referenced elsewhere,
-duplicate names), `front_params()`, the settings with secrets fingerprinted and their digest,
-and `quick()` (the config behind `tailguard serve --backend URL`)."""
+duplicate names), `front_params()` and `intake_params()`, the settings with secrets
+fingerprinted and their digest, and `quick()` (the config behind `tailguard serve --backend URL`)."""
 
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, model_validator
 
 from tailguard import settings
 from tailguard.errors import ConfigError
 from tailguard.front import params as fp
+from tailguard.front.params import ServiceTier
 from tailguard.gateway.config.auth import AuthConfig, _fingerprint
 from tailguard.gateway.config.backends import BackendConfig
-from tailguard.gateway.config.base import _Model
+from tailguard.gateway.config.base import _INTAKE, _Model
 from tailguard.gateway.config.classes import ClassConfig, default_classes
 from tailguard.gateway.config.problems import validate
 from tailguard.gateway.config.scheduler import SchedulerConfig
 from tailguard.gateway.config.upstream import HealthConfig, RetryConfig, TimeoutsConfig
-
-ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]
-
 
 class GatewayConfig(_Model):
     """The whole `tailguard.yaml` of `tailguard serve`."""
@@ -35,7 +33,7 @@ class GatewayConfig(_Model):
         description="Request classes. Defaults: `interactive` (rank 0) and `batch` (rank 1, capped).",
     )
     default_class: str = Field(
-        default="interactive", description="Class of a request that nothing else classifies."
+        default=_INTAKE.default_class, description="Class of a request that nothing else classifies."
     )
     service_tier_map: dict[ServiceTier, str] = Field(
         default_factory=dict,
@@ -79,6 +77,11 @@ class GatewayConfig(_Model):
             retry=self.retries.params(),
             callers=self.auth.callers(),
         )
+
+    def intake_params(self) -> fp.IntakeParams:
+        """The intake's parameters: how a request is classified and capped (`tailguard.front.intake`)."""
+        return fp.IntakeParams(classes=[c.spec() for c in self.classes], default_class=self.default_class,
+                               service_tier_map=self.service_tier_map, keys=self.auth.keys())
 
     def settings(self) -> dict[str, Any]:
         """Every setting as plain data, each secret (client keys, backend keys) replaced by a

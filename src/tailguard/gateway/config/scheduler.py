@@ -10,7 +10,7 @@ from typing import Literal, cast
 from pydantic import Field, model_validator
 
 from tailguard.front import params as fp
-from tailguard.gateway.config.base import _PREEMPT, _QUEUE, _Model
+from tailguard.gateway.config.base import _OUTPUT, _PREEMPT, _QUEUE, _Model
 
 SchedulerPolicy = Literal["ranked-sjf", "fcfs"]
 
@@ -19,13 +19,16 @@ class OutputEstimateConfig(_Model):
     """How big a request without `max_tokens` is assumed to be, for shortest-job-first."""
 
     initial_tokens: int = Field(
-        default=256, ge=1,
+        default=_OUTPUT.initial_tokens, ge=1,
         description="Output tokens assumed for a class before any of its requests has finished.",
     )
     ewma_weight: float = Field(
-        default=0.05, gt=0, le=1,
+        default=_OUTPUT.ewma_weight, gt=0, le=1,
         description="Weight of each finished request's real output length in the class's running average.",
     )
+
+    def params(self) -> fp.OutputEstimateParams:
+        return fp.OutputEstimateParams(initial_tokens=self.initial_tokens, ewma_weight=self.ewma_weight)
 
 
 class SchedulerConfig(_Model):

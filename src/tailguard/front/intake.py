@@ -1,0 +1,270 @@
+"""The way into the front, for every driver: a request's class, whose it is, what it may ask for
+(its output limit defaulted, clamped or refused; its prompt bounded), its job size for
+shortest-job-first, and whether its generation can be suspended and continued; pure, no I/O.
+
+The gateway (`gateway/proxy.py`) reads a request off HTTP, the discrete-event runs
+(`sweep/virtual.py`, `benchmarks/seed_des.py`) draw one from a workload; both hand it here as an
+`Asked`, so a simulated gateway refuses, caps and sizes exactly as the configured one does.
+
+    intake = Intake(cfg.intake_params())
+    asked = Asked.of(parsed, headers, api_key)
+    cls = intake.classify(asked)                  # BadRequest: a class or service tier it does not know
+    caller = intake.caller(asked.api_key)
+    accepted = intake.accept(asked, cls, estimator.estimate(cls.name))  # BadRequest: over a bound
+    ...                                           # the request ended well, with its real output:
+    estimator.observe(cls.name, output_tokens)
+
+Classes, in order of precedence: the `X-Tailguard-Class` header, then OpenAI's `service_tier`,
+then the caller's API key default, then `default_class`. A name the client states explicitly and
+the gateway does not know is a 400 (a silent fallback would hide a client bug behind slow answers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, get_args
+
+from tailguard.errors import BadRequest
+from tailguard.front.params import ClassSpec, IntakeParams, OutputEstimateParams, ServiceTier
+from tailguard.wire.openai import Endpoint, ParsedRequest
+
+CLASS_HEADER = "X-Tailguard-Class"
+SERVICE_TIERS: tuple[str, ...] = get_args(ServiceTier)
+NO_CLASS = "none"  # the class of a request refused before it had one (a metrics label)
+
+# Fields whose output a continuation could not reproduce: structured output restarts its
+# grammar, tool calls are not plain text, several choices or echoed prompts are not one text.
+_NOT_RESUMABLE = ("tools", "functions", "tool_choice", "response_format", "guided_json", "guided_regex",
+                  "guided_choice", "guided_grammar", "structured_outputs", "logprobs", "top_logprobs", "echo",
+                  "best_of", "suffix")
+
+
+def header(headers: Mapping[str, str], name: str) -> str | None:
+    """`name`'s value; a plain dict (unlike aiohttp's headers) is searched in lower case too."""
+    value = headers.get(name)
+    return headers.get(name.lower()) if value is None else value
+
+
+def bearer_key(headers: Mapping[str, str]) -> str | None:
+    """The key of `Authorization: Bearer <key>`, or None."""
+    auth = header(headers, "Authorization")
+    if auth is None:
+        return None
+    scheme, _, token = auth.partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """What a request asks for, as its driver read it. `body` is its validated JSON body
+    (`wire.openai`): the `service_tier`, the token limits and what makes it resumable are read
+    from it, and a capped copy of it goes upstream. `max_tokens` is its output limit as
+    `wire.openai` reads it (for chat, `max_completion_tokens` when given)."""
+
+    endpoint: Endpoint
+    body: dict[str, Any]
+    prompt_tokens: int
+    max_tokens: int | None
+    n: int = 1  # choices: each is a generation of its own
+    class_header: str | None = None  # `X-Tailguard-Class` as sent
+    api_key: str | None = None
+
+    @classmethod
+    def of(cls, parsed: ParsedRequest, headers: Mapping[str, str], api_key: str | None) -> Asked:
+        return cls(parsed.endpoint, parsed.body, parsed.prompt_tokens, parsed.max_tokens, parsed.n,
+                   header(headers, CLASS_HEADER), api_key)
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """The request as it goes upstream and into the front.
+
+    `body` is the body to send: the client's own dict when `body_changed` is False (so the
+    driver forwards the raw bytes it already has), or a shallow copy with the token limit set.
+    """
+
+    max_tokens: int | None  # the limit sent upstream (None: the engine's own default)
+    est_tokens: int  # prompt tokens + n x max_tokens (or the class's output estimate): SJF job size
+    body_changed: bool
+    body: dict[str, Any]
+    resumable: bool  # its generation can be suspended and continued from its text
+
+
+class Intake:
+    """The configured classes and keys, and the rules a request passes on its way in (see the
+    module docstring)."""
+
+    def __init__(self, params: IntakeParams) -> None:
+        self.params = params
+        self._by_name: dict[str, ClassSpec] = {c.name: c for c in params.classes}
+        # Stable order: by rank, then as configured, so "the lowest rank" is well defined.
+        ordered = sorted(params.classes, key=lambda c: c.rank)
+        self._known = ", ".join(c.name for c in ordered)
+        self._default = self._by_name[params.default_class]
+        self._tiers = self._tier_map(ordered)
+        self._key_defaults: dict[str, ClassSpec | None] = {
+            key: (self._by_name[k.default_class] if k.default_class is not None else None)
+            for key, k in params.keys.items()
+        }
+
+    def _tier_map(self, ordered: Sequence[ClassSpec]) -> dict[str, ClassSpec | None]:
+        first, last = ordered[0], ordered[-1]
+        interactive = self._by_name.get("interactive")
+        tiers: dict[str, ClassSpec | None] = {
+            "priority": interactive or first,
+            "scale": interactive or first,
+            "default": interactive or self._default,
+            "flex": self._by_name.get("batch") or last,
+            "auto": None,
+        }
+        for tier, name in self.params.service_tier_map.items():
+            tiers[tier] = self._by_name[name]
+        return tiers
+
+    def tier_class(self, tier: str) -> ClassSpec | None:
+        """The class `service_tier` `tier` puts a request in; None for `auto` or an unknown tier."""
+        return self._tiers.get(tier)
+
+    def caller(self, api_key: str | None) -> str | None:
+        """Whose request it is: its key's name (metering, limits); None without a known key."""
+        k = self.params.keys.get(api_key) if api_key is not None else None
+        return k.caller if k is not None else None
+
+    def classify(self, asked: Asked) -> ClassSpec:
+        """The request's class; raises `BadRequest` for an unknown header class or service tier."""
+        if asked.class_header is not None:
+            return self._named(asked.class_header.strip())
+        tier = asked.body.get("service_tier")
+        if tier is not None:
+            if not isinstance(tier, str) or tier not in self._tiers:
+                raise BadRequest(
+                    f"'service_tier' must be one of {', '.join(SERVICE_TIERS)}; got {tier!r}.",
+                    param="service_tier", code="invalid_value",
+                )
+            by_tier = self._tiers[tier]
+            if by_tier is not None:
+                return by_tier
+        if asked.api_key is not None:
+            by_key = self._key_defaults.get(asked.api_key)
+            if by_key is not None:
+                return by_key
+        return self._default
+
+    def _named(self, name: str) -> ClassSpec:
+        cls = self._by_name.get(name)
+        if cls is None:
+            shown = name if len(name) <= 64 else name[:64] + "..."  # a header may hold 8 KB: named, not echoed
+            raise BadRequest(
+                f"Unknown request class {shown!r} in header {CLASS_HEADER}; known classes: {self._known}.",
+                param=CLASS_HEADER, code="unknown_class",
+            )
+        return cls
+
+    def accept(self, asked: Asked, cls: ClassSpec, output_estimate_tokens: int) -> Accepted:
+        """Apply `cls`'s prompt bound and output cap, and size the job (`output_estimate_tokens`
+        per choice when it has no limit); raises `BadRequest` (400) on a violation."""
+        _bound_prompt(asked, cls)
+        asked_limit, field = _asked_limit(asked)
+        cap = cls.max_tokens_cap
+        if asked_limit is None:
+            # Without a limit the engine may generate up to the context length; the class default (or
+            # its cap) keeps such a request inside the class's budget.
+            fill = cls.default_max_tokens if cls.default_max_tokens is not None else cap
+            if fill is None:
+                return _accepted(asked, None, asked.body, output_estimate_tokens)
+            return _accepted(asked, fill, {**asked.body, "max_tokens": fill}, fill)
+        if cap is None or asked_limit <= cap:
+            return _accepted(asked, asked_limit, asked.body, asked_limit)
+        if cls.cap_mode == "reject":
+            raise BadRequest(
+                f"'{field}' is {asked_limit}, above the cap of {cap} for class '{cls.name}'.",
+                param=field, code="max_tokens_over_cap",
+            )
+        clamped = dict(asked.body)
+        for name in ("max_tokens", "max_completion_tokens") if asked.endpoint == "chat" else ("max_tokens",):
+            v = asked.body.get(name)
+            if v is not None and v > cap:
+                clamped[name] = cap
+        return _accepted(asked, cap, clamped, cap)
+
+
+def _bound_prompt(asked: Asked, cls: ClassSpec) -> None:
+    if cls.max_prompt_tokens is not None and asked.prompt_tokens > cls.max_prompt_tokens:
+        raise BadRequest(
+            f"The prompt is about {asked.prompt_tokens} tokens, above the limit of {cls.max_prompt_tokens} "
+            f"for class '{cls.name}'.",
+            param="messages" if asked.endpoint == "chat" else "prompt", code="prompt_too_long",
+        )
+
+
+def _asked_limit(asked: Asked) -> tuple[int | None, str]:
+    """The output limit the request asks for and the field that says it. A chat body may carry
+    both limits (both validated) and engines differ in which wins: the larger one is what the cap
+    and the job size must assume."""
+    limit, body = asked.max_tokens, asked.body
+    if asked.endpoint != "chat" or limit is None:
+        return limit, "max_tokens"
+    if body.get("max_completion_tokens") is None:
+        return limit, "max_tokens"
+    other = body.get("max_tokens")
+    if other is not None and other > limit:
+        return other, "max_tokens"
+    return limit, "max_completion_tokens"
+
+
+def _accepted(asked: Asked, max_tokens: int | None, body: dict[str, Any], per_choice_tokens: int) -> Accepted:
+    """The job is the prompt plus `per_choice_tokens` for each choice (each is a generation)."""
+    return Accepted(max_tokens, asked.prompt_tokens + asked.n * per_choice_tokens, body is not asked.body, body,
+                    resumable(body, asked.endpoint))
+
+
+def resumable(body: Mapping[str, Any], endpoint: Endpoint) -> bool:
+    """True if the generation of `body` can be suspended and continued from its text."""
+    for key in _NOT_RESUMABLE:
+        v = body.get(key)
+        if v is not None and v is not False:
+            return False
+    n = body.get("n")
+    if n is not None and n != 1:
+        return False
+    if endpoint == "completions":
+        return isinstance(body.get("prompt"), str)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return False
+    if body.get("continue_final_message"):
+        last = messages[-1]
+        # The client continues its own assistant message: we can extend it only if it is text.
+        return isinstance(last, dict) and last.get("role") == "assistant" and isinstance(last.get("content"), str)
+    return True
+
+
+class OutputEstimator:
+    """Per-class running average of real output length: the job size of requests without a limit.
+    One per driver (a gateway, a simulated run), kept across reloads.
+
+        est = OutputEstimator(cfg.scheduler.output_estimate.params())
+        accepted = intake.accept(asked, cls, est.estimate(cls.name))
+        ...                                   # when the request has ended well, with its real output:
+        est.observe(cls.name, output_tokens)
+    """
+
+    def __init__(self, params: OutputEstimateParams) -> None:
+        self._initial = float(params.initial_tokens)
+        self._weight = params.ewma_weight
+        self._mean: dict[str, float] = {}
+
+    def estimate(self, cls: str) -> int:
+        return max(1, round(self._mean.get(cls, self._initial)))
+
+    def observe(self, cls: str, output_tokens: int) -> None:
+        """Feed one finished request's output length (only requests that ran to their end)."""
+        if output_tokens < 0:
+            raise ValueError(f"output_tokens must be >= 0, got {output_tokens}")
+        prev = self._mean.get(cls)
+        if prev is None:
+            self._mean[cls] = float(output_tokens)
+        else:
+            self._mean[cls] = prev + self._weight * (output_tokens - prev)

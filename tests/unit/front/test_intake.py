@@ -1,0 +1,221 @@
+"""The intake: a request's class (header, service_tier, API key, default), its caps (default,
+clamp or reject the output limit; bound the prompt), its job size and whether it is resumable."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import orjson
+import pytest
+
+from tailguard.errors import BadRequest
+from tailguard.front.intake import Accepted, Asked, Intake, OutputEstimator, bearer_key, header, resumable
+from tailguard.front.params import ClassSpec, IntakeParams, KeySpec, OutputEstimateParams, default_classes
+from tailguard.wire.openai import parse_request
+
+
+def chat(**extra: object) -> Asked:
+    body = {"model": "m", "messages": [{"role": "user", "content": "x" * 40}], **extra}
+    return Asked.of(parse_request(orjson.dumps(body), "chat"), {}, None)  # 4 + 10 = 14 prompt tokens
+
+
+def completion(**extra: object) -> Asked:
+    return Asked.of(parse_request(orjson.dumps({"model": "m", "prompt": "y" * 400, **extra}), "completions"), {}, None)
+
+
+def accept(asked: Asked, cls: ClassSpec, output_estimate_tokens: int = 0) -> Accepted:
+    return Intake(IntakeParams(classes=[cls], default_class=cls.name)).accept(asked, cls, output_estimate_tokens)
+
+
+def intake(classes: list[ClassSpec] | None = None, **kw: Any) -> Intake:
+    return Intake(IntakeParams(classes=classes or default_classes(), **kw))
+
+
+def classify(i: Intake, header_class: str | None = None, api_key: str | None = None, **body: object) -> str:
+    return i.classify(replace(chat(**body), class_header=header_class, api_key=api_key)).name
+
+
+# --- caps and job size -----------------------------------------------------------------------------
+
+def test_request_within_cap_is_untouched() -> None:
+    p = chat(max_tokens=32)
+    c = accept(p, ClassSpec(name="batch", max_tokens_cap=4096), output_estimate_tokens=999)
+    assert (c.max_tokens, c.est_tokens, c.body_changed) == (32, 14 + 32, False)
+    assert c.body is p.body
+
+
+def test_clamp_lowers_max_tokens_to_the_cap() -> None:
+    p = completion(max_tokens=8000)
+    c = accept(p, ClassSpec(name="batch", max_tokens_cap=4096))
+    assert (c.max_tokens, c.est_tokens, c.body_changed) == (4096, 100 + 4096, True)
+    assert c.body["max_tokens"] == 4096 and p.body["max_tokens"] == 8000  # the original is left alone
+
+
+def test_clamp_caps_max_completion_tokens_and_a_larger_max_tokens_too() -> None:
+    p = chat(max_completion_tokens=5000, max_tokens=6000)
+    c = accept(p, ClassSpec(name="batch", max_tokens_cap=100))
+    assert c.max_tokens == 100 and c.body["max_completion_tokens"] == 100 and c.body["max_tokens"] == 100
+
+
+def test_a_small_max_completion_tokens_does_not_hide_a_large_max_tokens() -> None:
+    # Engines differ in which of the two wins, so the larger one is capped and sizes the job.
+    p = chat(max_completion_tokens=10, max_tokens=6000)
+    c = accept(p, ClassSpec(name="batch", max_tokens_cap=100))
+    assert c.max_tokens == 100 and c.body["max_tokens"] == 100 and c.body["max_completion_tokens"] == 10
+    assert accept(p, ClassSpec(name="batch")).est_tokens == 14 + 6000
+    with pytest.raises(BadRequest) as info:
+        accept(p, ClassSpec(name="batch", max_tokens_cap=100, cap_mode="reject"))
+    assert info.value.param == "max_tokens"
+
+
+def test_each_of_n_choices_counts_in_the_job_size() -> None:
+    # n choices are n generations: sized as one, n=128 would pass every single-choice request in SJF.
+    c = accept(chat(max_tokens=32, n=4), ClassSpec(name="batch", max_tokens_cap=4096))
+    assert (c.max_tokens, c.est_tokens) == (32, 14 + 4 * 32)
+    c = accept(chat(n=3), ClassSpec(name="interactive"), output_estimate_tokens=50)
+    assert c.est_tokens == 14 + 3 * 50
+
+
+def test_reject_mode_is_a_400_naming_the_field() -> None:
+    cls = ClassSpec(name="batch", max_tokens_cap=100, cap_mode="reject")
+    with pytest.raises(BadRequest) as info:
+        accept(chat(max_completion_tokens=101), cls)
+    e = info.value
+    assert e.status == 400 and e.param == "max_completion_tokens" and e.code == "max_tokens_over_cap"
+    assert "101" in e.message and "cap of 100" in e.message and "'batch'" in e.message
+    assert accept(chat(max_tokens=100), cls).max_tokens == 100
+
+
+def test_missing_max_tokens_gets_the_class_default() -> None:
+    c = accept(chat(), ClassSpec(name="i", default_max_tokens=256, max_tokens_cap=1000))
+    assert (c.max_tokens, c.est_tokens, c.body_changed, c.body["max_tokens"]) == (256, 14 + 256, True, 256)
+
+
+def test_missing_max_tokens_without_default_gets_the_cap() -> None:
+    c = accept(completion(), ClassSpec(name="batch", max_tokens_cap=4096))
+    assert (c.max_tokens, c.body["max_tokens"]) == (4096, 4096)
+
+
+def test_missing_max_tokens_without_limits_uses_the_output_estimate() -> None:
+    p = chat()
+    c = accept(p, ClassSpec(name="i"), output_estimate_tokens=300)
+    assert (c.max_tokens, c.est_tokens, c.body_changed) == (None, 14 + 300, False)
+    assert "max_tokens" not in c.body
+
+
+def test_prompt_over_the_class_limit_is_a_400() -> None:
+    with pytest.raises(BadRequest) as info:
+        accept(completion(), ClassSpec(name="i", max_prompt_tokens=99))
+    assert info.value.param == "prompt" and info.value.code == "prompt_too_long"
+    assert "100 tokens" in info.value.message and "limit of 99" in info.value.message
+    with pytest.raises(BadRequest) as info:
+        accept(chat(), ClassSpec(name="i", max_prompt_tokens=13))
+    assert info.value.param == "messages"
+    assert accept(chat(), ClassSpec(name="i", max_prompt_tokens=14)).est_tokens == 14 + 0
+
+
+def test_output_estimator_tracks_each_class() -> None:
+    est = OutputEstimator(OutputEstimateParams(initial_tokens=256, ewma_weight=0.5))
+    assert est.estimate("chat") == 256
+    est.observe("chat", 100)  # first observation replaces the prior
+    assert est.estimate("chat") == 100
+    est.observe("chat", 200)
+    assert est.estimate("chat") == 150
+    assert est.estimate("summary") == 256
+    with pytest.raises(ValueError):
+        est.observe("chat", -1)
+
+
+# --- resumable ---------------------------------------------------------------------------------------
+
+def test_only_plain_text_generations_are_resumable() -> None:
+    msgs = [{"role": "user", "content": "q"}]
+    assert resumable({"messages": msgs}, "chat")
+    assert not resumable({"messages": msgs, "tools": [{"type": "function"}]}, "chat")
+    assert not resumable({"messages": msgs, "n": 2}, "chat")
+    assert not resumable({"messages": msgs, "response_format": {"type": "json_object"}}, "chat")
+    assert not resumable({"prompt": [1, 2, 3]}, "completions")
+    assert not resumable({"prompt": "p", "echo": True}, "completions")
+
+
+def test_the_capped_body_is_what_is_judged_resumable() -> None:
+    assert accept(chat(max_tokens=9), ClassSpec(name="batch", max_tokens_cap=4)).resumable
+    assert not accept(chat(max_tokens=9, logprobs=True), ClassSpec(name="batch", max_tokens_cap=4)).resumable
+
+
+# --- classes -----------------------------------------------------------------------------------------
+
+def test_default_is_the_default_class() -> None:
+    assert classify(intake()) == "interactive"
+    assert classify(intake(default_class="batch")) == "batch"
+
+
+def test_header_wins_over_everything() -> None:
+    i = intake(keys={"k": KeySpec("reports", default_class="interactive")})
+    assert classify(i, "batch", "k", service_tier="priority") == "batch"
+    assert classify(i, " batch ") == "batch"
+
+
+def test_the_class_header_is_found_in_any_mapping_of_headers() -> None:
+    # Plain dicts are case-sensitive; aiohttp's headers are not. Both spellings are found.
+    assert header({"x-tailguard-class": "batch"}, "X-Tailguard-Class") == "batch"
+    assert Asked.of(parse_request(b'{"prompt": "p"}', "completions"), {"X-Tailguard-Class": "b"}, None).class_header == "b"
+    assert bearer_key({"Authorization": "Bearer  k1 "}) == "k1" and bearer_key({"authorization": "bearer k"}) == "k"
+    assert bearer_key({"Authorization": "Basic k"}) is None and bearer_key({"Authorization": "Bearer "}) is None
+    assert bearer_key({}) is None
+
+
+def test_unknown_header_class_is_a_400_listing_the_known_ones() -> None:
+    with pytest.raises(BadRequest) as info:
+        classify(intake(), "gold")
+    err = info.value
+    assert err.status == 400 and err.code == "unknown_class" and err.param == "X-Tailguard-Class"
+    assert "'gold'" in err.message and "known classes: interactive, batch" in err.message
+
+
+def test_a_long_unknown_header_class_is_named_not_echoed() -> None:
+    with pytest.raises(BadRequest) as info:
+        classify(intake(), "g" * 8000)
+    assert "'" + "g" * 64 + "...'" in info.value.message and len(info.value.message) < 200
+
+
+@pytest.mark.parametrize("tier,expected", [
+    ("priority", "interactive"), ("default", "interactive"), ("scale", "interactive"), ("flex", "batch"),
+])
+def test_service_tier_maps_to_the_default_classes(tier: str, expected: str) -> None:
+    assert classify(intake(default_class="batch"), service_tier=tier) == expected
+
+
+def test_service_tier_auto_falls_through_to_key_then_default() -> None:
+    i = intake(keys={"k": KeySpec("reports", default_class="batch"), "j": KeySpec("j")})
+    assert classify(i, None, "k", service_tier="auto") == "batch"
+    assert classify(i, None, "j", service_tier="auto") == "interactive"
+    assert classify(i, None, None, service_tier="auto") == "interactive"
+
+
+def test_unknown_service_tier_is_a_400() -> None:
+    with pytest.raises(BadRequest) as info:
+        classify(intake(), service_tier="turbo")
+    assert info.value.param == "service_tier" and "auto, default, flex, scale, priority" in info.value.message
+
+
+def test_service_tier_with_custom_class_names_uses_ranks() -> None:
+    i = intake([ClassSpec("chat", rank=0), ClassSpec("mid", rank=1), ClassSpec("bulk", rank=5)], default_class="mid")
+    assert classify(i, service_tier="priority") == "chat"
+    assert classify(i, service_tier="flex") == "bulk"
+    assert classify(i, service_tier="default") == "mid"
+
+
+def test_service_tier_map_overrides() -> None:
+    i = intake([ClassSpec("chat", rank=0), ClassSpec("bulk", rank=1), ClassSpec("cheap", rank=2)],
+               default_class="chat", service_tier_map={"flex": "bulk"})
+    assert classify(i, service_tier="flex") == "bulk"
+    assert i.tier_class("auto") is None and i.tier_class("turbo") is None
+
+
+def test_api_key_default_comes_before_default_class_and_names_the_caller() -> None:
+    i = intake(keys={"reports": KeySpec("reporting", default_class="batch")})
+    assert classify(i, None, "reports") == "batch"
+    assert classify(i, None, "someone-else") == "interactive"
+    assert (i.caller("reports"), i.caller("someone-else"), i.caller(None)) == ("reporting", None, None)
