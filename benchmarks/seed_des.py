@@ -7,8 +7,8 @@ summaries: short prompt, max_tokens 2048, class batch). Open loop: Poisson arriv
 its next request when the last ends (the bench's `--concurrency`). Engine: the `h100-llama8b`
 preset with `max_num_seqs` 8. In front: the gateway's `RankedSjfScheduler` with the default
 classes (batch preemptible, max_share 1) and its preemption policy, at most 8 requests in the
-engine, exactly as `tailguard serve` runs it (the same policy objects: scheduler, preemption
-policy, backend pool and its slot shares). Also the gateway with its `fcfs` policy, to separate
+engine, exactly as `tailguard serve` runs it (the same policy objects: the intake that classifies,
+caps and sizes each request, scheduler, preemption policy, backend pool and its slot shares). Also the gateway with its `fcfs` policy, to separate
 "holding requests back" from "choosing who goes next", and ranked-sjf without preemption and with
 other batch shares (`ranked-sjf:nopreempt@0.75/0`: max_share 0.75, no guarantee), to show the
 trade-off the shares set.
@@ -39,33 +39,32 @@ import numpy as np
 from tailguard.bench.workload import load_workload
 from tailguard.clock import VirtualClock
 from tailguard.front.front import Front
+from tailguard.front.intake import CLASS_HEADER, NO_CLASS
 from tailguard.gateway.config import BackendConfig, GatewayConfig, SchedulerConfig
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.des import Arrival, Timeline, run
 from tailguard.sim.engine import Engine
+from tailguard.sweep.virtual import IntakeGate, Planned, planned
 from tailguard.types import Outcome
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ENGINE_NAME = "engine"
 
 
-def seed_arrivals(n: int, rate_per_s: float, gw: GatewayConfig, seed: int) -> list[Arrival]:
-    """`seed-mixed` as timed requests: each class's prompt and max_tokens drawn as the bench does."""
+def seed_requests(n: int, rate_per_s: float, seed: int) -> list[Planned]:
+    """`seed-mixed` as timed requests, as the bench sends them: each class's prompt and max_tokens
+    drawn as the bench does."""
     workload, _ = load_workload("seed-mixed")
     rng = random.Random(seed)
     weights = [c.weight for c in workload.classes]
-    classes = {c.name: c for c in gw.classes}
-    out: list[Arrival] = []
+    out: list[Planned] = []
     t = 0.0
     for i in range(n):
         t += rng.expovariate(rate_per_s)
         wc = rng.choices(workload.classes, weights)[0]
-        gw_cls = classes[wc.headers["X-Tailguard-Class"]]
         assert wc.max_tokens is not None
-        out.append(Arrival(
-            f"{wc.name}-{i}", t, wc.prompt_tokens.sample(rng), wc.max_tokens.sample(rng),
-            cls=gw_cls.name,
-        ))
+        prompt_tokens = wc.prompt_tokens.sample(rng)
+        out.append(planned(f"{wc.name}-{i}", t, workload.endpoint, wc, prompt_tokens, wc.max_tokens.sample(rng)))
     return out
 
 
@@ -74,15 +73,14 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                                     enable_prefix_caching=getattr(args, "prefix_caching", None) or None)
 
 
-def measure_capacity(args: argparse.Namespace, gw: GatewayConfig) -> float:
+def measure_capacity(args: argparse.Namespace) -> float:
     """Requests/s the engine completes for this mix when it is never idle: everything arrives at
     once, and the rate is read between the 10th and 90th percentile of completions (no ramp-up or
     drain-out)."""
-    burst = [
-        Arrival(a.id, 0.0, a.prompt_tokens, a.max_tokens, cls=a.cls)
-        for a in seed_arrivals(args.capacity_requests, 1.0, gw, args.seed + 1)
-    ]
-    done = sorted(tl.finished_at for tl in run(Engine(engine_config(args)), burst, VirtualClock())
+    cfg = engine_config(args)
+    gate = IntakeGate(cfg, None)
+    burst = [gate.arrival(p, 0.0) for p in seed_requests(args.capacity_requests, 1.0, args.seed + 1)]
+    done = sorted(tl.finished_at for tl in run(Engine(cfg), burst, VirtualClock(), gate=gate)
                   if tl.finished_at is not None)
     lo, hi = int(0.1 * len(done)), int(0.9 * len(done))
     return (hi - lo) / (done[hi] - done[lo])
@@ -90,6 +88,16 @@ def measure_capacity(args: argparse.Namespace, gw: GatewayConfig) -> float:
 
 def pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
+
+
+# The class each workload class names in `X-Tailguard-Class`.
+NAMED_CLASS = {c.name: c.headers[CLASS_HEADER] for c in load_workload("seed-mixed")[0].classes}
+
+
+def class_of(tl: Timeline) -> str:
+    """The class `tl` is counted in: the gateway's, or straight to the engine (nothing classifies
+    it there) the one its request names (its id is `<workload class>-<n>`)."""
+    return tl.cls if tl.cls != NO_CLASS else NAMED_CLASS[tl.id.rpartition("-")[0]]
 
 
 def summarize(timelines: list[Timeline], wall_s: float) -> dict[str, Any]:
@@ -101,8 +109,10 @@ def summarize(timelines: list[Timeline], wall_s: float) -> dict[str, Any]:
     out["requests_per_s"] = len(ok_all) / (last - first)
     out["makespan_s"] = last - first
     out["suspensions_per_s"] = sum(tl.suspensions for tl in timelines) / (last - first)
-    for cls in sorted({tl.cls for tl in timelines}):
-        mine = [tl for tl in timelines if tl.cls == cls]
+    by_class: dict[str, list[Timeline]] = {}
+    for tl in timelines:
+        by_class.setdefault(class_of(tl), []).append(tl)
+    for cls, mine in sorted(by_class.items()):
         ok = [tl for tl in mine if tl.outcome is Outcome.SUCCESS]
         rejected: dict[str, int] = {}
         for tl in mine:
@@ -153,12 +163,14 @@ def make_front(label: str, args: argparse.Namespace, patient: bool = False) -> t
     return Front(gw.front_params({ENGINE_NAME: True})), gw
 
 
-def run_one(label: str, arrivals: list[Arrival], args: argparse.Namespace) -> dict[str, Any]:
+def run_one(label: str, requests: list[Planned], args: argparse.Namespace) -> dict[str, Any]:
     """Open loop: `straight`, or a gateway policy with optional batch shares (`parse_label`)."""
     front, gw = make_front(label, args)
-    engine = Engine(engine_config(args))
+    cfg = engine_config(args)
+    engine = Engine(cfg)
+    gate = IntakeGate(cfg, gw if front is not None else None)
     t0 = time.perf_counter()
-    timelines = run(engine, arrivals, VirtualClock(), front)
+    timelines = run(engine, [gate.arrival(p) for p in requests], VirtualClock(), front, gate=gate)
     res = summarize(timelines, time.perf_counter() - t0)
     res["engine_steps"] = engine.steps_total
     res["batch_shares"] = batch_shares(gw) if front is not None else None
@@ -171,22 +183,22 @@ def run_closed(label: str, args: argparse.Namespace) -> dict[str, Any]:
     requests sent after `args.closed_warmup_s` (the clients start in step) and finished by
     `args.closed_s`."""
     front, gw = make_front(label, args, patient=True)
-    engine = Engine(engine_config(args))
+    cfg = engine_config(args)
+    engine = Engine(cfg)
+    gate = IntakeGate(cfg, gw if front is not None else None)
     workload, _ = load_workload("seed-mixed")
     rng = random.Random(args.seed)
     weights = [c.weight for c in workload.classes]
-    classes = {c.name: c for c in gw.classes}
     sent = 0
 
     def make(t: float) -> Arrival:
         nonlocal sent
         wc = rng.choices(workload.classes, weights)[0]
-        cls = classes[wc.headers["X-Tailguard-Class"]]
         assert wc.max_tokens is not None
-        a = Arrival(f"{wc.name}-{sent}", t, wc.prompt_tokens.sample(rng), wc.max_tokens.sample(rng),
-                    cls=cls.name)
+        prompt_tokens = wc.prompt_tokens.sample(rng)
+        p = planned(f"{wc.name}-{sent}", t, workload.endpoint, wc, prompt_tokens, wc.max_tokens.sample(rng))
         sent += 1
-        return a
+        return gate.arrival(p)
 
     def follow_up(tl: Timeline, t: float) -> Arrival | None:
         if tl.outcome is not Outcome.SUCCESS:
@@ -195,7 +207,7 @@ def run_closed(label: str, args: argparse.Namespace) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     first = [make(0.0) for _ in range(args.clients)]
-    timelines = run(engine, first, VirtualClock(), front, follow_up=follow_up)
+    timelines = run(engine, first, VirtualClock(), front, follow_up=follow_up, gate=gate)
     counted = [tl for tl in timelines if tl.arrived_at >= args.closed_warmup_s
                and tl.finished_at is not None and tl.finished_at <= args.closed_s]
     res = summarize(counted, time.perf_counter() - t0)
@@ -411,12 +423,12 @@ def main() -> None:
     labels = [r for r in args.runs.split(",") if r]
 
     gw = gateway_config()
-    capacity = measure_capacity(args, gw)
+    capacity = measure_capacity(args)
     rate = args.load * capacity
-    arrivals = seed_arrivals(args.requests, rate, gw, args.seed)
+    requests = seed_requests(args.requests, rate, args.seed)
     runs: dict[str, Any] = {}
     for label in labels:
-        runs[label] = run_one(label, arrivals, args)
+        runs[label] = run_one(label, requests, args)
         print(f"open {label}: done in {runs[label]['wall_s']} s", flush=True)
     closed: dict[str, Any] = {}
     if args.clients > 0:

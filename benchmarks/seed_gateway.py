@@ -128,7 +128,7 @@ def main() -> None:
     capacity = None
     if args.load > 0:
         cap_args = argparse.Namespace(preset=sim.preset, max_num_seqs=sim.max_num_seqs, capacity_requests=4000, seed=1)
-        capacity = measure_capacity(cap_args, gateway_config())
+        capacity = measure_capacity(cap_args)
         rate_wall = args.load * capacity / args.time_scale
         open_load = {"workload": "seed-mixed", "rate": rate_wall, "arrival": "poisson", "duration_s": args.duration,
                      "warmup_s": args.warmup, "seed": args.seed}

@@ -354,15 +354,7 @@ class RequestFactory:
             prompt_tokens = c.prompt_tokens.sample(rng)
             max_tokens = c.max_tokens.sample(rng) if c.max_tokens is not None else DEFAULT_MAX_TOKENS
             body, prompt_tokens = self._synthetic_body(c, endpoint, prompt_tokens)
-        body["max_tokens"] = max_tokens
-        if self._model is not None:
-            body["model"] = self._model
-        body["stream"] = c.stream
-        if c.stream:
-            body["stream_options"] = {"include_usage": True}
-        if c.ignore_eos:
-            body["ignore_eos"] = True
-        body.update(c.body)
+        body.update(request_fields(c, max_tokens, self._model))
         return PlannedRequest(index, cls, ENDPOINT_PATHS[endpoint], orjson.dumps(body),
                               tuple(c.headers.items()), prompt_tokens, max_tokens, c.stream)
 
@@ -396,6 +388,22 @@ class RequestFactory:
         body = dict(p.body)
         body.pop("max_completion_tokens", None)
         return body, p.endpoint, p.prompt_tokens, max_tokens
+
+
+def request_fields(c: RequestClass, max_tokens: int, model: str | None = None) -> dict[str, Any]:
+    """What a request of class `c` carries besides its prompt: its output limit, the model, the
+    stream settings, then the class's own body fields (which may override any of them). The
+    discrete-event runs build the same fields, so a simulated gateway reads what the real one would."""
+    fields: dict[str, Any] = {"max_tokens": max_tokens}
+    if model is not None:
+        fields["model"] = model
+    fields["stream"] = c.stream
+    if c.stream:
+        fields["stream_options"] = {"include_usage": True}
+    if c.ignore_eos:
+        fields["ignore_eos"] = True
+    fields.update(c.body)
+    return fields
 
 
 class _WeightedChoice:

@@ -9,6 +9,10 @@ started again re-enters the engine as its continuation: prompt = original prompt
 generated so far, max_tokens = what is left, with the same `kv_key`, so the engine's prefix cache
 finds what its first run left. The front's backend is this one engine.
 
+A `Gate` (the gateway's intake, as `sweep/virtual.py` applies it) may stand before the front: it
+classifies, caps or refuses each request, and sizes its job, at the instant the request arrives,
+and learns from each one that ends well, as the gateway's intake and output estimate do.
+
 `follow_up` turns the run into a closed loop: each request's end may send the next one, at once
 or later (a client refused with a `Retry-After` waits at least that long before it tries again).
 
@@ -26,7 +30,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Protocol
 
 from tailguard.clock import VirtualClock
 from tailguard.front.events import Arrive, Decision, Finished, Generated, Opened, Reject, Start, Suspend, Tick
@@ -38,7 +42,10 @@ from tailguard.types import Outcome
 @dataclass(slots=True, frozen=True)
 class Arrival:
     """A timed request. `cls` matters only with a front (whose class table gives its rank and
-    queue bound); `priority` is vLLM's (lower first, with the engine's "priority" policy)."""
+    queue bound); `priority` is vLLM's (lower first, with the engine's "priority" policy).
+    `est_tokens`, `resumable` and `refused` are what the gateway's intake decided
+    (`tailguard.front.intake`): its job size, whether it may be suspended and continued, and the
+    code of the 400 it was refused with."""
 
     id: str
     at: float
@@ -48,6 +55,25 @@ class Arrival:
     priority: int = 0
     block_hashes: tuple[int, ...] = ()  # prefix-cache keys of the prompt's leading blocks (sim.kv)
     caller: str | None = None  # whose request (the front's limits per caller), as an API key names it
+    est_tokens: int | None = None  # the front's job size; None: prompt + max_tokens
+    resumable: bool = True
+    refused: str | None = None
+
+    @property
+    def job_tokens(self) -> int:
+        return self.prompt_tokens + self.max_tokens if self.est_tokens is None else self.est_tokens
+
+
+class Gate(Protocol):
+    """What stands before the front: the gateway's intake as a run's driver applies it."""
+
+    def admit(self, a: Arrival) -> Arrival:
+        """`a` as the front gets it, decided as it arrives (class, limits, size; or `refused`)."""
+        ...
+
+    def finished(self, tl: Timeline) -> None:
+        """`tl`'s request ended well (its output tokens are known)."""
+        ...
 @dataclass(slots=True)
 class Timeline:
     """What happened to one request, in simulated seconds.
@@ -63,7 +89,7 @@ class Timeline:
     prompt_tokens: int
     max_tokens: int
     outcome: Outcome | None = None
-    reject_reason: str | None = None  # "queue_full" | "wait_bound" | "queue_timeout" | "context_length"
+    reject_reason: str | None = None  # "queue_full" | "wait_bound" | "queue_timeout" | "context_length" | a 400's code
     retry_after_s: float | None = None  # what a refusal told the client (a follow-up comes no sooner)
     finish_reason: str | None = None
     dispatched_at: float | None = None
@@ -108,6 +134,7 @@ def run(
     *,
     record_tokens: bool = False,
     follow_up: Callable[[Timeline, float], Arrival | None] | None = None,
+    gate: Gate | None = None,
 ) -> list[Timeline]:
     """Run every arrival to its end; Timelines come back in the order the arrivals were given
     (then those of follow-ups, in the order they were sent).
@@ -115,7 +142,7 @@ def run(
     Without `front`, each request enters the engine at its arrival. With it, the front decides
     when each goes in (and may suspend and reject); it must have exactly one backend, this
     engine. `follow_up(timeline, now)` is called when a request ends and may return the next
-    arrival (at `now`).
+    arrival (at `now`). `gate` decides what each arrival asks of the front, as it arrives.
     """
     given = list(arrivals)
     timelines: list[Timeline] = []
@@ -138,7 +165,7 @@ def run(
     if front is not None and len(front.params.backends) != 1:
         raise ValueError("the discrete-event run drives a front with exactly one backend (its engine)")
     r = _Run(engine, clock, front, by_id, pending, record_tokens)
-    r.follow_up, r.timelines = follow_up, timelines
+    r.follow_up, r.timelines, r.gate = follow_up, timelines, gate
     r.loop()
     return timelines
 
@@ -173,6 +200,7 @@ class _Run:
         self.live: dict[str, _Live] = {}  # preemptible requests dispatched and not finished
         self.kv_keys = 0  # the next kv_key to give a preemptible request
         self.follow_up: Callable[[Timeline, float], Arrival | None] | None = None
+        self.gate: Gate | None = None
         self.timelines: list[Timeline] = []
 
     def _tell_progress(self, now: float) -> None:
@@ -282,6 +310,8 @@ class _Run:
                 tl.output_tokens += lv.base_tokens
         if self.front is not None:
             self._apply(self.front.handle(Finished(ev.req_id, Outcome.SUCCESS, tl.prompt_tokens + tl.output_tokens), end))
+        if self.gate is not None:
+            self.gate.finished(tl)
         if self.follow_up is not None:
             self._follow(tl, end)
 
@@ -297,8 +327,10 @@ class _Run:
             new.token_times = []
         self.by_id[a.id] = new
         self.timelines.append(new)
-        if a.at > t:
-            heapq.heappush(self.pending, (a.at, len(self.by_id), a))  # after every given index
+        if a.at > t or tl.outcome is Outcome.CLIENT_ERROR:
+            # after every given index; one refused at once comes through the heap, so a client
+            # refused over and over (a class the gateway does not know) loops instead of recursing
+            heapq.heappush(self.pending, (a.at, len(self.by_id), a))
         elif tl.outcome is Outcome.REJECTED:
             raise ValueError(f"the follow-up of refused request {tl.id!r} comes at the same instant: a client "
                              f"must wait before retrying (it was told Retry-After {tl.retry_after_s} s)")
@@ -312,15 +344,22 @@ class _Run:
 
     def _arrive(self, a: Arrival) -> None:
         t = a.at
+        tl = self.by_id[a.id]
+        if self.gate is not None:
+            a = self.gate.admit(a)
+            tl.cls, tl.max_tokens = a.cls, a.max_tokens
+        if a.refused is not None:
+            self._end(tl, Outcome.CLIENT_ERROR, a.refused, t)
+            return
         if a.prompt_tokens + a.max_tokens > self.max_model_len or a.prompt_tokens < 1 or a.max_tokens < 1:
-            self._end(self.by_id[a.id], Outcome.CLIENT_ERROR, "context_length", t)
+            self._end(tl, Outcome.CLIENT_ERROR, "context_length", t)
             return
         front = self.front
         if front is None:
             self._dispatch(a, t)
             return
         self.waiting[a.id] = a
-        self._apply(front.handle(Arrive(a.id, a.cls, a.prompt_tokens + a.max_tokens, resumable=True,
+        self._apply(front.handle(Arrive(a.id, a.cls, a.job_tokens, resumable=a.resumable,
                                         max_tokens=a.max_tokens, caller=a.caller), t, preempt=not self.in_step))
 
     def _tick(self) -> None:
@@ -360,7 +399,7 @@ class _Run:
         tl = self.by_id[a.id]
         kv_key = None
         front = self.front
-        if front is not None and front.may_suspend(a.cls):
+        if front is not None and a.resumable and front.may_suspend(a.cls):
             lv = self.live.get(a.id)
             if lv is None:
                 lv = self.live[a.id] = _Live(a, self.kv_keys)

@@ -3,25 +3,31 @@ straight to the engine or behind the gateway's own policies, returned as the ben
 every statistic, attribution and doctor rule reads it exactly as it reads an HTTP run.
 
 `simulate` is the one call into the DES (and the only place that builds the gateway's policies
-for it): when the DES drives the gateway's front, only that function changes.
+for it); `IntakeGate` lets each request in as the gateway's intake would, so a run models the
+gateway its config describes: the same classes, refusals, caps and job sizes.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from tailguard.bench.recorder import RequestRecord
-from tailguard.bench.workload import Workload
+from tailguard.bench.workload import DEFAULT_MAX_TOKENS, RequestClass, Workload, request_fields
 from tailguard.doctor.evidence import EngineEvidence
+from tailguard.errors import BadRequest
+from tailguard.front.intake import NO_CLASS, Asked, Intake, OutputEstimator, bearer_key
+from tailguard.front.params import OutputEstimateParams
 from tailguard.gateway.config import GatewayConfig
 from tailguard.sim.cost import EngineConfig
+from tailguard.sim.request import output_budget
 from tailguard.types import Outcome
+from tailguard.wire.openai import Endpoint, validate_body
 
 if TYPE_CHECKING:
-    from tailguard.sim.des import Timeline
+    from tailguard.sim.des import Arrival, Timeline
     from tailguard.sim.engine import Engine
 
 DES_URL = "des://engine"
@@ -44,29 +50,82 @@ class VirtualRun:
 
 @dataclass(frozen=True, slots=True)
 class Planned:
-    """One request as the workload draws it, with its gateway class."""
+    """One request as the workload draws it: what the bench sends (`body` holds all of it but the
+    prompt's text, which is empty: only its size, `prompt_tokens`, matters here)."""
 
     id: str
     at: float
+    endpoint: Endpoint
+    body: dict[str, Any]
+    headers: Mapping[str, str]
     prompt_tokens: int
-    max_tokens: int
-    cls: str
+    max_tokens: int  # as drawn (what the bench records it asked for)
+
+
+def planned(rid: str, at: float, endpoint: Endpoint, wc: RequestClass, prompt_tokens: int, max_tokens: int) -> Planned:
+    """The request the bench sends for a draw of workload class `wc`, but for its prompt's text."""
+    prompt: dict[str, Any] = {"messages": [{"role": "user", "content": ""}]} if endpoint == "chat" else {"prompt": ""}
+    return Planned(rid, at, endpoint, {**prompt, **request_fields(wc, max_tokens)}, wc.headers, prompt_tokens,
+                   max_tokens)
+
+
+class IntakeGate:
+    """What stands before the DES's front (`sim.des.Gate`): each planned request read as the
+    gateway of `gateway` reads it (body validated, then its intake: class, caller, caps, job size
+    with the output estimate of that instant, resumable) and as the simulator would take it (its
+    output budget, its refusals). Without a gateway, only the simulator's part. Each request that
+    ends well feeds the output estimate, as in `tailguard serve`.
+
+        gate = IntakeGate(engine_cfg, gateway)
+        timelines = run(engine, [gate.arrival(p) for p in planned], clock, front, gate=gate)
+    """
+
+    def __init__(self, engine: EngineConfig, gateway: GatewayConfig | None) -> None:
+        self.engine = engine
+        self.intake = Intake(gateway.intake_params()) if gateway is not None else None
+        self.estimator = OutputEstimator(
+            gateway.scheduler.output_estimate.params() if gateway is not None else OutputEstimateParams())
+        self._planned: dict[str, Planned] = {}
+
+    def arrival(self, p: Planned, at: float | None = None) -> Arrival:
+        """`p` as the DES's arrival: what it asks of the front is decided when it comes (`admit`)."""
+        from tailguard.sim.des import Arrival
+
+        self._planned[p.id] = p
+        return Arrival(p.id, p.at if at is None else at, p.prompt_tokens, p.max_tokens, cls=NO_CLASS)
+
+    def admit(self, a: Arrival) -> Arrival:
+        p = self._planned.pop(a.id)
+        try:
+            sent = replace(validate_body(p.body, p.endpoint), prompt_tokens=p.prompt_tokens)
+            if self.intake is not None:
+                asked = Asked.of(sent, p.headers, bearer_key(p.headers))
+                cls = self.intake.classify(asked)
+                a = replace(a, cls=cls.name, caller=self.intake.caller(asked.api_key))
+                accepted = self.intake.accept(asked, cls, self.estimator.estimate(cls.name))
+                a = replace(a, est_tokens=accepted.est_tokens, resumable=accepted.resumable)
+                sent = replace(sent, body=accepted.body, max_tokens=accepted.max_tokens)
+            return replace(a, max_tokens=output_budget(self.engine, sent))
+        except BadRequest as e:  # refused by the gateway or, later, by the engine: a 400 either way
+            return replace(a, refused=e.code)
+
+    def finished(self, tl: Timeline) -> None:
+        self.estimator.observe(tl.cls, tl.output_tokens)
 
 
 def simulate(engine_cfg: EngineConfig, gateway: GatewayConfig | None, planned: list[Planned],
              follow_up: Callable[[str, float], Planned | None] | None) -> tuple[list[Timeline], Engine]:
-    """The one call into the DES: the gateway's front (queue, slot shares, preemption, as
-    `tailguard serve` builds it from `gateway`) in front of the engine, which stands for the
-    config's first backend, taken as one that can continue a generation (the simulator can).
-    `follow_up(ended_id, now)` may send the next request of a closed loop; a client whose request
-    was refused sends it when the `Retry-After` it was given has passed."""
+    """The one call into the DES: the gateway's intake and front (queue, slot shares,
+    preemption, as `tailguard serve` builds them from `gateway`) in front of the engine, which
+    stands for the config's first backend, taken as one that can continue a generation (the
+    simulator can). `follow_up(ended_id, now)` may send the next request of a closed loop; a
+    client whose request was refused sends it when the `Retry-After` it was given has passed."""
     from tailguard.clock import VirtualClock
     from tailguard.front.front import Front
-    from tailguard.sim.des import Arrival, Timeline, run
+    from tailguard.sim.des import Timeline, run
     from tailguard.sim.engine import Engine
 
-    def arrival(p: Planned, at: float | None = None) -> Arrival:
-        return Arrival(p.id, p.at if at is None else at, p.prompt_tokens, p.max_tokens, cls=p.cls)
+    gate = IntakeGate(engine_cfg, gateway)
 
     def follow(tl: Timeline, now: float) -> Arrival | None:
         assert follow_up is not None
@@ -74,43 +133,36 @@ def simulate(engine_cfg: EngineConfig, gateway: GatewayConfig | None, planned: l
         if nxt is None:
             return None
         wait = tl.retry_after_s if tl.outcome is Outcome.REJECTED else None
-        return arrival(nxt, None if wait is None else now + wait)
+        return gate.arrival(nxt, None if wait is None else now + wait)
 
     engine = Engine(engine_cfg)
     front = None
     if gateway is not None:
         first = gateway.backends[0]
         front = Front(gateway.model_copy(update={"backends": [first]}).front_params({first.name: True}))
-    timelines = run(engine, [arrival(p) for p in planned], VirtualClock(), front, record_tokens=True,
-                    follow_up=follow if follow_up is not None else None)
+    timelines = run(engine, [gate.arrival(p) for p in planned], VirtualClock(), front, record_tokens=True,
+                    follow_up=follow if follow_up is not None else None, gate=gate)
     return timelines, engine
 
 
 class _Source:
-    """The workload's requests as DES arrivals: class picked by weight, sizes drawn, the gateway
-    class (header `X-Tailguard-Class`) giving rank, queue bound and `max_tokens_cap`."""
+    """The workload's requests as the bench would send them: class picked by weight, sizes drawn."""
 
     def __init__(self, vr: VirtualRun) -> None:
         self.vr = vr
         self.rng = random.Random(vr.seed)
         self.wl = vr.workload.classes
         self.weights = [c.weight for c in self.wl]
-        gw = vr.gateway or GatewayConfig.model_validate({"backends": [{"name": "e", "url": "http://127.0.0.1:1"}]})
-        self.gw_classes = {c.name: c for c in gw.classes}
-        self.default = gw.default_class
         self.wl_class: dict[str, str] = {}
         self.sent = 0
 
     def next(self, at: float) -> Planned:
         wc = self.rng.choices(self.wl, self.weights)[0]
-        gc = self.gw_classes.get(wc.headers.get("X-Tailguard-Class", self.default), self.gw_classes[self.default])
-        max_tokens = wc.max_tokens.sample(self.rng) if wc.max_tokens is not None else 256
-        if self.vr.gateway is not None and gc.max_tokens_cap is not None:
-            max_tokens = min(max_tokens, gc.max_tokens_cap)
+        max_tokens = wc.max_tokens.sample(self.rng) if wc.max_tokens is not None else DEFAULT_MAX_TOKENS
         rid = f"{wc.name}-{self.sent}"
         self.wl_class[rid] = wc.name
         self.sent += 1
-        return Planned(rid, at, wc.prompt_tokens.sample(self.rng), max_tokens, gc.name)
+        return planned(rid, at, self.vr.workload.endpoint, wc, wc.prompt_tokens.sample(self.rng), max_tokens)
 
 
 def _planned(vr: VirtualRun, src: _Source) -> tuple[list[Planned], Callable[[str, float], Planned | None] | None]:
@@ -140,7 +192,8 @@ def record_of(i: int, tl: Timeline, cls: str, behind_gateway: bool) -> RequestRe
         error_kind=None if ok else "http", error=None if ok else tl.reject_reason,
         first_token_at=tl.first_token_at, chunk_at=list(tl.token_times or []), output_tokens=tl.output_tokens,
         usage_output_tokens=tl.output_tokens, prompt_tokens=tl.prompt_tokens, max_tokens=tl.max_tokens,
-        queue_ms=queue_ms, backend="engine" if behind_gateway else None, server_class=tl.cls,
+        queue_ms=queue_ms, backend="engine" if behind_gateway else None,
+        server_class=tl.cls if behind_gateway and tl.cls != NO_CLASS else None,  # its X-Tailguard-Class
     )
 
 
