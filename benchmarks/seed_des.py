@@ -8,8 +8,9 @@ its next request when the last ends (the bench's `--concurrency`). Engine: the `
 preset with `max_num_seqs` 8. In front: the gateway's `RankedSjfScheduler` with the default
 classes (batch preemptible, max_share 1) and its preemption policy, at most 8 requests in the
 engine, exactly as `tailguard serve` runs it (the same policy objects: the intake that classifies,
-caps and sizes each request, scheduler, preemption policy, backend pool and its slot shares). Also the gateway with its `fcfs` policy, to separate
-"holding requests back" from "choosing who goes next", and ranked-sjf without preemption and with
+caps and sizes each request, scheduler, preemption policy, backend pool and its slot shares).
+Also the gateway with its `fcfs` policy, to separate "holding requests back" from "choosing who
+goes next", and ranked-sjf without preemption and with
 other batch shares (`ranked-sjf:nopreempt@0.75/0`: max_share 0.75, no guarantee), to show the
 trade-off the shares set.
 
@@ -44,7 +45,7 @@ from tailguard.gateway.config import BackendConfig, GatewayConfig, SchedulerConf
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.des import Arrival, Timeline, run
 from tailguard.sim.engine import Engine
-from tailguard.sweep.virtual import IntakeGate, Planned, planned
+from tailguard.sweep.virtual import IntakeGate, Planned, plan
 from tailguard.types import Outcome
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -64,7 +65,7 @@ def seed_requests(n: int, rate_per_s: float, seed: int) -> list[Planned]:
         wc = rng.choices(workload.classes, weights)[0]
         assert wc.max_tokens is not None
         prompt_tokens = wc.prompt_tokens.sample(rng)
-        out.append(planned(f"{wc.name}-{i}", t, workload.endpoint, wc, prompt_tokens, wc.max_tokens.sample(rng)))
+        out.append(plan(f"{wc.name}-{i}", t, workload.endpoint, wc, prompt_tokens, wc.max_tokens.sample(rng)))
     return out
 
 
@@ -196,7 +197,7 @@ def run_closed(label: str, args: argparse.Namespace) -> dict[str, Any]:
         wc = rng.choices(workload.classes, weights)[0]
         assert wc.max_tokens is not None
         prompt_tokens = wc.prompt_tokens.sample(rng)
-        p = planned(f"{wc.name}-{sent}", t, workload.endpoint, wc, prompt_tokens, wc.max_tokens.sample(rng))
+        p = plan(f"{wc.name}-{sent}", t, workload.endpoint, wc, prompt_tokens, wc.max_tokens.sample(rng))
         sent += 1
         return gate.arrival(p)
 

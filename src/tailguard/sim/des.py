@@ -35,6 +35,7 @@ from typing import Iterable, Protocol
 from tailguard.clock import VirtualClock
 from tailguard.front.events import Arrive, Decision, Finished, Generated, Opened, Reject, Start, Suspend, Tick
 from tailguard.front.front import Front
+from tailguard.front.intake import Accepted
 from tailguard.sim.engine import Admitted, Engine, FirstToken, Preempted, RequestFinished, SimRequest, Step
 from tailguard.types import Outcome
 
@@ -42,10 +43,10 @@ from tailguard.types import Outcome
 @dataclass(slots=True, frozen=True)
 class Arrival:
     """A timed request. `cls` matters only with a front (whose class table gives its rank and
-    queue bound); `priority` is vLLM's (lower first, with the engine's "priority" policy).
-    `est_tokens`, `resumable` and `refused` are what the gateway's intake decided
-    (`tailguard.front.intake`): its job size, whether it may be suspended and continued, and the
-    code of the 400 it was refused with."""
+    queue bound); `priority` is vLLM's (lower first, with the engine's "priority" policy);
+    `max_tokens` is what the engine may generate for it. `accepted` is what the gateway's intake
+    made of it (`tailguard.front.intake`: the front's job size, the limit it was sent with, whether
+    it can be continued); `refused` the code of the 400 it got instead."""
 
     id: str
     at: float
@@ -55,13 +56,20 @@ class Arrival:
     priority: int = 0
     block_hashes: tuple[int, ...] = ()  # prefix-cache keys of the prompt's leading blocks (sim.kv)
     caller: str | None = None  # whose request (the front's limits per caller), as an API key names it
-    est_tokens: int | None = None  # the front's job size; None: prompt + max_tokens
-    resumable: bool = True
+    accepted: Accepted | None = None
     refused: str | None = None
 
     @property
-    def job_tokens(self) -> int:
-        return self.prompt_tokens + self.max_tokens if self.est_tokens is None else self.est_tokens
+    def resumable(self) -> bool:
+        return self.accepted is None or self.accepted.resumable
+
+    def arrive(self) -> Arrive:
+        """What the front is told: the request as the intake accepted it or, made by hand, sized
+        by its own `max_tokens` (a plain text generation)."""
+        acc = self.accepted
+        if acc is None:
+            return Arrive(self.id, self.cls, self.prompt_tokens + self.max_tokens, True, self.max_tokens, self.caller)
+        return Arrive(self.id, self.cls, acc.est_tokens, acc.resumable, acc.max_tokens, self.caller)
 
 
 class Gate(Protocol):
@@ -359,8 +367,7 @@ class _Run:
             self._dispatch(a, t)
             return
         self.waiting[a.id] = a
-        self._apply(front.handle(Arrive(a.id, a.cls, a.job_tokens, resumable=a.resumable,
-                                        max_tokens=a.max_tokens, caller=a.caller), t, preempt=not self.in_step))
+        self._apply(front.handle(a.arrive(), t, preempt=not self.in_step))
 
     def _tick(self) -> None:
         assert self.front is not None

@@ -62,7 +62,7 @@ class Planned:
     max_tokens: int  # as drawn (what the bench records it asked for)
 
 
-def planned(rid: str, at: float, endpoint: Endpoint, wc: RequestClass, prompt_tokens: int, max_tokens: int) -> Planned:
+def plan(rid: str, at: float, endpoint: Endpoint, wc: RequestClass, prompt_tokens: int, max_tokens: int) -> Planned:
     """The request the bench sends for a draw of workload class `wc`, but for its prompt's text."""
     prompt: dict[str, Any] = {"messages": [{"role": "user", "content": ""}]} if endpoint == "chat" else {"prompt": ""}
     return Planned(rid, at, endpoint, {**prompt, **request_fields(wc, max_tokens)}, wc.headers, prompt_tokens,
@@ -103,11 +103,11 @@ class IntakeGate:
                 cls = self.intake.classify(asked)
                 a = replace(a, cls=cls.name, caller=self.intake.caller(asked.api_key))
                 accepted = self.intake.accept(asked, cls, self.estimator.estimate(cls.name))
-                a = replace(a, est_tokens=accepted.est_tokens, resumable=accepted.resumable)
+                a = replace(a, accepted=accepted)
                 sent = replace(sent, body=accepted.body, max_tokens=accepted.max_tokens)
             return replace(a, max_tokens=output_budget(self.engine, sent))
         except BadRequest as e:  # refused by the gateway or, later, by the engine: a 400 either way
-            return replace(a, refused=e.code)
+            return replace(a, refused=e.code or e.type)
 
     def finished(self, tl: Timeline) -> None:
         self.estimator.observe(tl.cls, tl.output_tokens)
@@ -162,7 +162,7 @@ class _Source:
         rid = f"{wc.name}-{self.sent}"
         self.wl_class[rid] = wc.name
         self.sent += 1
-        return planned(rid, at, self.vr.workload.endpoint, wc, wc.prompt_tokens.sample(self.rng), max_tokens)
+        return plan(rid, at, self.vr.workload.endpoint, wc, wc.prompt_tokens.sample(self.rng), max_tokens)
 
 
 def _planned(vr: VirtualRun, src: _Source) -> tuple[list[Planned], Callable[[str, float], Planned | None] | None]:

@@ -160,7 +160,8 @@ def test_header_wins_over_everything() -> None:
 def test_the_class_header_is_found_in_any_mapping_of_headers() -> None:
     # Plain dicts are case-sensitive; aiohttp's headers are not. Both spellings are found.
     assert header({"x-tailguard-class": "batch"}, "X-Tailguard-Class") == "batch"
-    assert Asked.of(parse_request(b'{"prompt": "p"}', "completions"), {"X-Tailguard-Class": "b"}, None).class_header == "b"
+    parsed = parse_request(b'{"prompt": "p"}', "completions")
+    assert Asked.of(parsed, {"X-Tailguard-Class": "b"}, None).class_header == "b"
     assert bearer_key({"Authorization": "Bearer  k1 "}) == "k1" and bearer_key({"authorization": "bearer k"}) == "k"
     assert bearer_key({"Authorization": "Basic k"}) is None and bearer_key({"Authorization": "Bearer "}) is None
     assert bearer_key({}) is None

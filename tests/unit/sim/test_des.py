@@ -1,9 +1,13 @@
 import math
+from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
 from tailguard.clock import VirtualClock
+from tailguard.front.events import Arrive, Decision, Event
 from tailguard.front.front import Front
+from tailguard.front.intake import Accepted
 from tailguard.front.params import BackendSpec, CallerSpec, ClassSpec, FrontParams, PreemptionParams, QueueParams
 from tailguard.sim.cost import CostModel, EngineConfig
 from tailguard.sim.des import Arrival, Timeline, run
@@ -242,3 +246,68 @@ def test_callers_limits_hold_on_virtual_time() -> None:
     assert [tls[f"c{i}"].reject_reason for i in range(4)] == [None, None, "rate_limit_requests", "rate_limit_requests"]
     assert tls["c2"].retry_after_s == pytest.approx(29.8)  # one request every 30 s, and a little refilled
     assert all(tls[f"f{i}"].outcome is Outcome.SUCCESS for i in range(4))
+
+
+class _Told(Front):
+    """A front that keeps what arrivals it was told of."""
+
+    def __init__(self, params: FrontParams) -> None:
+        super().__init__(params)
+        self.told: list[Arrive] = []
+
+    def handle(self, event: Event, now: float, *, preempt: bool = True) -> Sequence[Decision]:
+        if isinstance(event, Arrive):
+            self.told.append(event)
+        return super().handle(event, now, preempt=preempt)
+
+
+class _Gate:
+    """A gate that refuses ids starting with "bad", classes the rest as batch with a job size of
+    `size`, and records what it saw."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.admitted: list[tuple[str, float]] = []
+        self.ended_well: list[str] = []
+
+    def admit(self, a: Arrival) -> Arrival:
+        self.admitted.append((a.id, a.at))
+        if a.id.startswith("bad"):
+            return replace(a, cls="batch", refused="max_tokens_over_cap")
+        accepted = Accepted(None, self.size, False, {}, resumable=False)
+        return replace(a, cls="batch", max_tokens=a.max_tokens // 2, accepted=accepted)
+
+    def finished(self, tl: Timeline) -> None:
+        self.ended_well.append(tl.id)
+
+
+def test_a_gate_decides_each_request_as_it_arrives_and_hears_each_success() -> None:
+    f = _Told(front("ranked-sjf", 2).params)
+    gate = _Gate(size=777)
+    arrivals = [Arrival("ok1", 0.0, 20, 40, cls="interactive"), Arrival("bad", 0.5, 20, 40, cls="interactive"),
+                Arrival("ok2", 1.0, 20, 40, cls="interactive")]
+    tls = {tl.id: tl for tl in run(engine(), arrivals, VirtualClock(), front=f, gate=gate)}
+    assert gate.admitted == [("ok1", 0.0), ("bad", 0.5), ("ok2", 1.0)]
+    assert (tls["bad"].outcome, tls["bad"].reject_reason, tls["bad"].cls) == (
+        Outcome.CLIENT_ERROR, "max_tokens_over_cap", "batch")
+    assert tls["ok1"].cls == "batch" and tls["ok1"].max_tokens == tls["ok1"].output_tokens == 20
+    # The front is told what the gate accepted: its size, the limit sent (none) and not resumable.
+    assert [(e.id, e.cls, e.est_tokens, e.max_tokens, e.resumable) for e in f.told] == [
+        ("ok1", "batch", 777, None, False), ("ok2", "batch", 777, None, False)]
+    assert gate.ended_well == ["ok1", "ok2"]
+
+
+def test_a_closed_loop_client_refused_at_once_keeps_going_without_recursing() -> None:
+    """A client whose every request is a 400 (a class the gateway does not know) sends the next
+    at once, thousands of times: the run loops through them instead of recursing."""
+    sent: list[str] = []
+
+    def follow_up(tl: Timeline, t: float) -> Arrival | None:
+        if len(sent) >= 5000:
+            return None
+        sent.append(f"bad{len(sent)}")
+        return Arrival(sent[-1], t, 20, 10)
+
+    tls = run(engine(), [Arrival("bad", 0.0, 20, 10)], VirtualClock(), follow_up=follow_up, gate=_Gate(1))
+    assert len(tls) == 5001 and all(tl.outcome is Outcome.CLIENT_ERROR for tl in tls)
+    assert all(tl.arrived_at == 0.0 for tl in tls)
