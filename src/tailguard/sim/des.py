@@ -82,6 +82,8 @@ class Gate(Protocol):
     def finished(self, tl: Timeline) -> None:
         """`tl`'s request ended well (its output tokens are known)."""
         ...
+
+
 @dataclass(slots=True)
 class Timeline:
     """What happened to one request, in simulated seconds.
@@ -97,7 +99,7 @@ class Timeline:
     prompt_tokens: int
     max_tokens: int
     outcome: Outcome | None = None
-    reject_reason: str | None = None  # "queue_full" | "wait_bound" | "queue_timeout" | "context_length" | a 400's code
+    reject_reason: str | None = None  # "queue_full" | "wait_bound" | "queue_timeout" | "context_length" | a 400 code
     retry_after_s: float | None = None  # what a refusal told the client (a follow-up comes no sooner)
     finish_reason: str | None = None
     dispatched_at: float | None = None
