@@ -3,6 +3,8 @@
     TailguardError
     ├── ConfigError            a config or workload file is invalid (message says where)
     ├── TargetError            the bench's target cannot be measured: unreachable, refused, 401, 404
+    ├── WrongEvent             a driver told the front an event its state does not allow: a bug,
+    │                          named with the event and the state (front/events.py)
     ├── APIError               answered to an HTTP client as an OpenAI-style error body
     │   ├── BadRequest         400: malformed, missing or wrongly typed fields
     │   ├── Unauthorized       401: an API key the gateway does not know (gateway/classes.py)
@@ -11,8 +13,8 @@
     │       └── RateLimited    429 with Retry-After: over its caller's requests or tokens per minute
     └── GatewayError           how one request's way through the gateway stopped short; caught
         │                      inside the gateway, where each becomes a retry, a resume or an answer
-        ├── RelayError         an upstream attempt failed: `kind` says how, `retryable` while the
-        │                      client has seen nothing (gateway/upstream.py)
+        ├── RelayError         an upstream attempt failed: its `kind` (a FailureKind) says how, and
+        │                      the front decides whether it goes again (gateway/upstream.py)
         ├── UpstreamStatus     the backend refused before streaming (a 4xx): its status and body go
         │                      back to the client as they are (gateway/upstream.py)
         ├── UpstreamBroke      the backend's connection ended before its response did (gateway/h1.py)

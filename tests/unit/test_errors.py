@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import tailguard.errors as errors
+from tailguard.front.events import WrongEvent
 from tailguard.gateway.classes import Unauthorized
 from tailguard.gateway.h1 import UpstreamBroke
 from tailguard.gateway.upstream import ClientGone, RelayError, Suspended, UpstreamStatus
@@ -24,7 +25,7 @@ def test_the_drawn_tree_is_the_class_tree() -> None:
         if parents:
             drawn[m.group(2)] = parents[-1]
         parents.append(m.group(2))
-    classes = {c.__name__: c for c in (*GATEWAY, Unauthorized)} | {
+    classes = {c.__name__: c for c in (*GATEWAY, Unauthorized, WrongEvent)} | {
         n: c for n, c in vars(errors).items() if isinstance(c, type) and issubclass(c, errors.TailguardError)}
     assert set(drawn) == set(classes) - {"TailguardError"}
     for name, parent in drawn.items():
