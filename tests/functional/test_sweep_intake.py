@@ -102,10 +102,10 @@ class Seen:
     arrive: tuple[int, int | None, str | None, bool] | None
 
 
-def told(ev: Arrive, may_suspend: bool) -> tuple[int, int | None, str | None, bool]:
-    # The gateway tells the front a request is resumable only where its class may be suspended
-    # (it tracks no text otherwise); the front reads the DES's body-level answer the same way.
-    return ev.est_tokens, ev.max_tokens, ev.caller, ev.resumable and may_suspend
+def told(ev: Arrive, front: Front) -> tuple[int, int | None, str | None, bool]:
+    # Whether the front may suspend it (and its driver keeps its text): `Front.tracks`, the one
+    # rule both drivers ask.
+    return ev.est_tokens, ev.max_tokens, ev.caller, front.tracks(ev.cls, ev.resumable)
 
 
 class Told:
@@ -147,7 +147,7 @@ async def gateway_side(told_: Told) -> dict[str, Seen]:
             seen[c.name] = Seen(
                 cls, body["error"]["code"] if r.status != 200 else None,
                 body["usage"]["completion_tokens"] if r.status == 200 else None,
-                told(new[0], front.may_suspend(new[0].cls)) if new else None)
+                told(new[0], front) if new else None)
             assert r.status == (200 if seen[c.name].code is None else 400), (c.name, body)
     return seen
 
@@ -166,11 +166,11 @@ def des_side(told_: Told) -> dict[str, Seen]:
                                    kv_cache_tokens=8192, output_length="exact")
     timelines, _ = simulate(eng, gw, draws, None)
     [arrived] = told_.by_front.values()
-    may_suspend = Front(gw.front_params({"engine": True})).may_suspend
+    front = Front(gw.front_params({"engine": True}))
     return {tl.id: Seen(
         None if tl.cls == NO_CLASS else tl.cls, tl.reject_reason if tl.outcome is Outcome.CLIENT_ERROR else None,
         tl.output_tokens if tl.outcome is Outcome.SUCCESS else None,
-        told(arrived[tl.id], may_suspend(tl.cls)) if tl.id in arrived else None) for tl in timelines}
+        told(arrived[tl.id], front) if tl.id in arrived else None) for tl in timelines}
 
 
 async def test_the_des_and_the_gateway_let_each_request_in_alike(monkeypatch: pytest.MonkeyPatch) -> None:

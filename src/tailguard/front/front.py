@@ -134,8 +134,14 @@ class Front:
 
     def may_suspend(self, cls: str) -> bool:
         """Whether a request of `cls` may be preempted at all (its class is preemptible and the
-        policy is on); the driver then tracks its text so a continuation can be sent."""
+        policy is on)."""
         return self._policy is not None and self._classes[cls].preemptible
+
+    def tracks(self, cls: str, resumable: bool) -> bool:
+        """Whether a request of `cls` whose output is `resumable` (the intake's rule) may be
+        suspended, so its driver keeps its text for a continuation: the one place both drivers
+        and the front itself ask."""
+        return resumable and self.may_suspend(cls)
 
     def retry_after_s(self) -> float:
         return self._queue.admission.retry_after_s()
@@ -186,7 +192,7 @@ class Front:
         self._budget.record_call(now)
         if caller is not None:
             self._limits.take_request(caller, now)
-        self._reqs[req_id] = _Req(pending, ev.resumable and self.may_suspend(ev.cls), ev.max_tokens, caller)
+        self._reqs[req_id] = _Req(pending, self.tracks(ev.cls, ev.resumable), ev.max_tokens, caller)
         self._pump(now, preempt)
 
     def _refusal(self, ev: Arrive, now: float) -> Reject | None:

@@ -104,8 +104,9 @@ class Dispatcher:
         assert ticket.waiter is not None
         await ticket.waiter
 
-    def may_suspend(self, cls: str) -> bool:
-        return self.front.may_suspend(cls)
+    def tracks(self, cls: str, resumable: bool) -> bool:
+        """Whether the request's text must be kept: it may be suspended (`Front.tracks`)."""
+        return self.front.tracks(cls, resumable)
 
     def rate_headers(self, caller: str) -> dict[str, str] | None:
         """OpenAI's `x-ratelimit-*` headers for where `caller`'s limits stand now, or None."""

@@ -130,7 +130,7 @@ class Proxy:
         t.cls, t.caller = cls.name, intake.caller(api_key)
         t.prompt_tokens = parsed.prompt_tokens
         accepted = intake.accept(asked, cls, self._estimator.estimate(cls.name))
-        progress = Progress() if accepted.resumable and self._dispatcher.may_suspend(cls.name) else None
+        progress = Progress() if self._dispatcher.tracks(cls.name, accepted.resumable) else None
         try:
             await self._dispatcher.admit(t, accepted.est_tokens, progress=progress, max_tokens=accepted.max_tokens)
         finally:  # let in or refused, the answer says where the caller's limits stand

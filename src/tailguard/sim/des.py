@@ -408,7 +408,7 @@ class _Run:
         tl = self.by_id[a.id]
         kv_key = None
         front = self.front
-        if front is not None and a.resumable and front.may_suspend(a.cls):
+        if front is not None and front.tracks(a.cls, a.resumable):
             lv = self.live.get(a.id)
             if lv is None:
                 lv = self.live[a.id] = _Live(a, self.kv_keys)
