@@ -18,6 +18,7 @@ PURE = {
     "types", "errors", "settings", "wire.sse", "wire.openai", "wire.tokens", "wire.chunks",
     "sim.cost", "sim.kv", "sim.engine", "sim.request", "sim.answer",
     "front.params", "front.admission", "front.queue", "front.slots", "front.router", "front.preemption", "front.retry", "front.front",
+    "front.events", "front.recording", "front.replay", "sim.fit",
     "gateway.classes", "gateway.caps", "gateway.backends",
     "gateway.config", "gateway.live", "gateway.resume", "gateway.kinds", "sim.des",
     "gateway.config.base", "gateway.config.classes", "gateway.config.backends", "gateway.config.scheduler",
@@ -25,13 +26,15 @@ PURE = {
     "gateway.config.loading",
     "bench.workload", "bench.stats", "bench.dataset", "bench.recorder", "bench.compare", "bench.configs", "bench.attribution",
     "doctor.finding", "doctor.evidence", "doctor.facts", "doctor.rules", "doctor.diagnosis", "sweep.virtual", "sweep.search",
+    "sweep.traffic", "sweep.whatif",
     "client.retry", "client.timeouts", "client.chunks", "client.assembly",
 }
 IO_MODULES = ("asyncio", "aiohttp", "prometheus_client", "time", "socket", "uvloop", "httpx", "httpx2", "anyio")
 # part -> parts it must never import
 FORBIDDEN_PARTS = {
     # The front decides for every driver: it knows no gateway, simulator, bench or HTTP.
-    "front": ("tailguard.gateway", "tailguard.sim", "tailguard.bench", "tailguard.client", "tailguard.cli"),
+    "front": ("tailguard.gateway", "tailguard.sim", "tailguard.bench", "tailguard.client", "tailguard.cli",
+              "tailguard.sweep", "tailguard.doctor"),
     "gateway": ("tailguard.sim", "tailguard.bench", "tailguard.client", "tailguard.cli"),
     "bench": ("tailguard.gateway", "tailguard.client", "tailguard.cli", "tailguard.sim"),
     "sim": ("tailguard.bench", "tailguard.client", "tailguard.cli", "tailguard.gateway"),

@@ -148,6 +148,8 @@ class Proxy:
         if t.finished_at is None:
             t.finished_at = time.perf_counter()
         record_finish(self._metrics, t, ex.outcome)
+        if self._dispatcher.recorder is not None:  # `--record`: its sizes and instants, for a what-if
+            self._dispatcher.recorder.request(ex.req_id, t, ex.outcome)
         if self._cfg.access_log:
             logged = self._cfg.log_prompts
             access_log(t, req_id=ex.req_id, method=method, path=path, status=ex.status, outcome=ex.outcome,

@@ -48,6 +48,12 @@ class Arrival:
     priority: int = 0
     block_hashes: tuple[int, ...] = ()  # prefix-cache keys of the prompt's leading blocks (sim.kv)
     caller: str | None = None  # whose request (the front's limits per caller), as an API key names it
+    # What the front is told of a request replayed from a recording (`sweep.whatif`): the job size
+    # and output budget the gateway gave it, and whether its output could be continued; by
+    # default what the engine sees (prompt + max_tokens, max_tokens, yes).
+    est_tokens: int | None = None
+    budget_tokens: int | None = None
+    resumable: bool = True
 @dataclass(slots=True)
 class Timeline:
     """What happened to one request, in simulated seconds.
@@ -320,8 +326,10 @@ class _Run:
             self._dispatch(a, t)
             return
         self.waiting[a.id] = a
-        self._apply(front.handle(Arrive(a.id, a.cls, a.prompt_tokens + a.max_tokens, resumable=True,
-                                        max_tokens=a.max_tokens, caller=a.caller), t, preempt=not self.in_step))
+        est = a.est_tokens if a.est_tokens is not None else a.prompt_tokens + a.max_tokens
+        budget = a.budget_tokens if a.budget_tokens is not None else a.max_tokens
+        self._apply(front.handle(Arrive(a.id, a.cls, est, resumable=a.resumable, max_tokens=budget, caller=a.caller),
+                                 t, preempt=not self.in_step))
 
     def _tick(self) -> None:
         assert self.front is not None
