@@ -231,10 +231,13 @@ class Exchange:
         self._retried = False
 
     def _finish_tokens(self) -> None:
-        t, usage = self.times, self._tally.usage
-        if usage.prompt_tokens is not None:
-            t.prompt_tokens = usage.prompt_tokens
-        t.output_tokens = usage.completion_tokens if usage.completion_tokens is not None else t.content_chunks
+        t, usage, progress = self.times, self._tally.usage, self.ticket.progress
+        prompt, completion = usage.prompt_tokens, usage.completion_tokens
+        if progress is not None:  # a continuation's usage counts its first runs' text as prompt
+            prompt, completion = progress.client_usage(prompt, completion)
+        if prompt is not None:
+            t.prompt_tokens = prompt
+        t.output_tokens = completion if completion is not None else t.content_chunks
 
     def _meter_unfinished(self) -> None:
         """What a request that did not finish generated is charged all the same (client gone,
