@@ -41,26 +41,26 @@ MAX_LINES = 4096
 
 
 class Recorder:
-    """Writes one recording. `open` writes its header; `close` flushes and closes the file."""
+    """Writes one recording to `stream`, starting with `header`; `close` flushes and closes it.
+    `offset_s` turns a request's `perf_counter` instants into the front's clock."""
 
-    def __init__(self, stream: TextIO, offset_s: float) -> None:
+    def __init__(self, stream: TextIO, header: Header, offset_s: float) -> None:
         self._stream = stream
         self._out = BufferedLineHandler(stream, flush_s=FLUSH_S, max_lines=MAX_LINES)
         self._offset_s = offset_s
         # The latest Generated of each request since the last other event: (event, now, preempt).
         self._generated: dict[str, tuple[Generated, float, bool]] = {}
         self._closed = False
+        self._write(header_line(header))
+        self._out.flush()
 
     @classmethod
     def open(cls, path: Path, params: FrontParams, loop: asyncio.AbstractEventLoop, *,
              config_hash: str | None = None, settings: Mapping[str, Any] | None = None) -> Recorder:
         """Start recording to `path` (replaced if it exists) a front built from `params`."""
         offset_s = loop.time() - time.perf_counter()
-        rec = cls(open(path, "w", encoding="utf-8"), offset_s)
         clock = {"now": "the gateway's loop.time()", "requests": "time.perf_counter() + offset_s", "offset_s": offset_s}
-        rec._write(header_line(Header(params, config_hash, settings, clock)))
-        rec._out.flush()
-        return rec
+        return cls(open(path, "w", encoding="utf-8"), Header(params, config_hash, settings, clock), offset_s)
 
     def event(self, event: Event, now: float, preempt: bool, decisions: Sequence[Decision]) -> None:
         """The front was handed `event` at `now` and decided `decisions`."""

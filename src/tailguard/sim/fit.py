@@ -5,9 +5,10 @@ it was bound to a slot, when its first content came and when it finished, and wh
 its backend meanwhile. From those, two rates the engine showed are read, on the recording's own
 clock (a simulator at `--time-scale 0.25` shows a quarter of its preset's times):
 
-- decode: each request's time per output token after the first (TPOT) against the step time the
-  cost model gives for the sequences running beside it and the context they read
-  (`a + c * seqs + d * kv_tokens`); the median ratio scales `a`, `c` and `d` together;
+- decode: each request's time per output token after the first (TPOT), less the prefills that
+  shared its steps, against the step time the cost model gives for the sequences running beside
+  it and the context they read (`a + c * seqs + d * kv_tokens`); the median ratio scales `a`, `c`
+  and `d` together;
 - prefill: its time from bind to first content, less the step it waited for and the base cost of
   the step that prefilled it, against its prompt size: the least-squares slope is `b` and the
   rest a fixed cost per request (`Fit.overhead_s`). Only prompts of varied sizes tell the two
@@ -41,6 +42,9 @@ class Served:
     context_tokens: float = 0.0
     others_at_bind: float = 0.0
     others_context_tokens: float = 0.0
+    # Prompt tokens the others bound to its backend while it decoded (their prefills and
+    # continuations), per token it generated after the first: steps it shared with a prefill.
+    prefill_beside: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,20 +65,37 @@ class Fit:
 # Prompts must span this factor (90th over 10th percentile) for their times to tell b apart
 # from a fixed cost per request; else b takes the decode scale (the same machine, as fast).
 MIN_PROMPT_SPREAD = 4.0
+ROUNDS = 5  # of decode level, then b: each round moves the other by a fraction of what prefills share
 
 
 def fit(shape: CostModel, served: list[Served]) -> Fit:
     """`shape` scaled to what `served` shows (see the module docstring). With no decode sample,
-    the shape's own level."""
-    ratios = [s.tpot_s / shape.step_time(0, s.running, s.context_tokens)
-              for s in served if s.tpot_s is not None and s.tpot_s > 0]
-    scale = statistics.median(ratios) if ratios else 1.0
-    # What is left of each prefill once the step it waited for and the base cost of the step
-    # that prefilled it are taken out: b per prompt token, plus a fixed cost per request.
+    the shape's own level.
+
+    A decode shares steps with the prefills of requests that start beside it, so its time per
+    token holds some of `b`, and `b` is read from prefills once the decode level is known: the
+    two are found in turn, from the decode level alone, until they settle (a few rounds)."""
+    decodes = [s for s in served if s.tpot_s is not None and s.tpot_s > 0]
+    prefills = [s for s in served if s.prefill_s is not None and s.prompt_tokens >= 1]
+    scale, b, from_prompts, overhead = 1.0, shape.b_s_per_prefill_token, False, 0.0
+    for _ in range(ROUNDS):
+        if decodes:
+            scale = statistics.median((s.tpot_s - b * s.prefill_beside) / shape.step_time(0, s.running, s.context_tokens)
+                                      for s in decodes if s.tpot_s is not None)
+        b, from_prompts, overhead = _prefill(shape, scale, prefills)
+    cost = CostModel(shape.a_s * scale, b, shape.c_s_per_decode_seq * scale, shape.d_s_per_kv_token * scale)
+    prefill_scale = b / shape.b_s_per_prefill_token if shape.b_s_per_prefill_token else 1.0
+    return Fit(cost, scale, prefill_scale, overhead, len(decodes), len(prefills), from_prompts)
+
+
+
+def _prefill(shape: CostModel, scale: float, prefills: list[Served]) -> tuple[float, bool, float]:
+    """`b`, whether the prompts' spread gave it, and the fixed cost per request, at decode level
+    `scale`: what is left of each prefill once the step it waited for and the base cost of the
+    step that prefilled it are taken out is b per prompt token plus that fixed cost."""
     prompts, rest = [], []
-    for s in served:
-        if s.prefill_s is None or s.prompt_tokens < 1:
-            continue
+    for s in prefills:
+        assert s.prefill_s is not None
         base = scale * shape.step_time(0, s.others_at_bind, s.others_context_tokens)
         # A busy engine finishes the step under way first: half of one, on average.
         waited = 0.5 * base if s.others_at_bind >= 0.5 else 0.0
@@ -87,9 +108,7 @@ def fit(shape: CostModel, served: list[Served]) -> Fit:
         if qs[-1] >= MIN_PROMPT_SPREAD * qs[0] and slope > 0:
             b, from_prompts = slope, True
     overhead = max(0.0, statistics.median(r - b * p for p, r in zip(prompts, rest))) if prompts else 0.0
-    cost = CostModel(shape.a_s * scale, b, shape.c_s_per_decode_seq * scale, shape.d_s_per_kv_token * scale)
-    prefill_scale = b / shape.b_s_per_prefill_token if shape.b_s_per_prefill_token else 1.0
-    return Fit(cost, scale, prefill_scale, overhead, len(ratios), len(prompts), from_prompts)
+    return b, from_prompts, overhead
 
 
 def _slope(x: list[float], y: list[float]) -> float:

@@ -12,7 +12,7 @@ import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from tailguard.front.events import Arrive, Finished, KindLearned, Reconfigure, Reject, Start, Suspend
+from tailguard.front.events import Arrive, Finished, Generated, KindLearned, Reconfigure, Reject, Start, Suspend
 from tailguard.front.recording import Observation, Recording
 from tailguard.sim.fit import Served
 from tailguard.types import Outcome
@@ -56,6 +56,9 @@ class Traffic:
 
     requests: list[Request]
     running: dict[str, list[tuple[float, float, str]]] = field(default_factory=dict)  # backend -> (from, to, id)
+    # backend -> (at, id, tokens generated before): each run started there, which prefills its
+    # prompt and, resumed, what it had generated
+    starts: dict[str, list[tuple[float, str, int]]] = field(default_factory=dict)
     continues: dict[str, bool] = field(default_factory=dict)  # backend -> can continue a generation
     reloads: int = 0
     unfinished: int = 0  # arrived, but no `request` line: left out
@@ -70,6 +73,8 @@ def traffic_of(rec: Recording) -> Traffic:
     reqs: dict[str, Request] = {}
     running: dict[str, tuple[str, float]] = {}
     intervals: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+    starts: dict[str, list[tuple[float, str, int]]] = defaultdict(list)
+    generated: dict[str, int] = {}
     continues = {b.name: b.continues for b in rec.header.params.backends}
     reloads = 0
 
@@ -81,6 +86,8 @@ def traffic_of(rec: Recording) -> Traffic:
         ev, now = step.event, step.now
         if isinstance(ev, Arrive):
             reqs[ev.id] = Request(ev, now)
+        elif isinstance(ev, Generated):
+            generated[ev.id] = ev.tokens
         elif isinstance(ev, Finished) and ev.id in running:
             stop(ev.id, now)
         elif isinstance(ev, KindLearned):
@@ -99,6 +106,7 @@ def traffic_of(rec: Recording) -> Traffic:
                 if where is not None:
                     stop(d.id, now)
                 running[d.id] = (d.backend, now)
+                starts[d.backend].append((now, d.id, generated.get(d.id, 0) if d.resumed else 0))
             elif isinstance(d, Suspend):
                 reqs[d.id].suspensions += 1
                 stop(d.id, now)
@@ -111,7 +119,7 @@ def traffic_of(rec: Recording) -> Traffic:
         if obs.id in reqs:
             reqs[obs.id].seen = obs
     ended = [r for r in reqs.values() if r.seen is not None]
-    return Traffic(ended, dict(intervals), continues, reloads, len(reqs) - len(ended))
+    return Traffic(ended, dict(intervals), dict(starts), continues, reloads, len(reqs) - len(ended))
 
 
 def served(t: Traffic) -> dict[str, list[Served]]:
@@ -125,6 +133,8 @@ def served(t: Traffic) -> dict[str, list[Served]]:
     out: dict[str, list[Served]] = {}
     for backend, spans in t.running.items():
         load = _Load([(a, b, context(by_id[i])) for a, b, i in spans if i in by_id])
+        prefilled = _Prefills([(at, by_id[i].prompt_tokens + before) for at, i, before in t.starts.get(backend, ())
+                               if i in by_id])
         samples = out[backend] = []
         for r in (by_id[i] for _, _, i in spans if i in by_id):
             seen = r.seen
@@ -135,9 +145,11 @@ def served(t: Traffic) -> dict[str, list[Served]]:
             first, done, n = seen.first_content_at, seen.finished_at, seen.output_tokens
             seqs, kv = load.mean(first, done)
             others, others_kv = load.mean(r.bound_at, first)
+            decoding = n >= 2 and done > first
             samples.append(Served(
-                r.prompt_tokens, n, first - r.bound_at, (done - first) / (n - 1) if n >= 2 and done > first else None,
-                seqs, kv, max(0.0, others - 1.0), max(0.0, others_kv - context(r))))
+                r.prompt_tokens, n, first - r.bound_at, (done - first) / (n - 1) if decoding else None,
+                seqs, kv, max(0.0, others - 1.0), max(0.0, others_kv - context(r)),
+                prefilled.between(first, done) / (n - 1) if decoding else 0.0))
     return out
 
 
@@ -175,3 +187,18 @@ class _Load:
             return (float(self.level[k][0]), self.level[k][1]) if k >= 0 else (0.0, 0.0)
         (n0, kv0), (n1, kv1) = self._integral(start), self._integral(end)
         return (n1 - n0) / (end - start), (kv1 - kv0) / (end - start)
+
+
+class _Prefills:
+    """Prompt tokens started on one backend over time: how many between two instants."""
+
+    def __init__(self, starts: list[tuple[float, int]]) -> None:
+        starts.sort()
+        self.at = [a for a, _ in starts]
+        self.total = [0]
+        for _, tokens in starts:
+            self.total.append(self.total[-1] + tokens)
+
+    def between(self, start: float, end: float) -> int:
+        """Tokens of the runs started in (start, end]."""
+        return self.total[bisect.bisect_right(self.at, end)] - self.total[bisect.bisect_right(self.at, start)]

@@ -128,10 +128,9 @@ def one_backend(params: FrontParams, continues: dict[str, bool]) -> FrontParams:
     """`params` with its backends as the one engine the DES drives: slots (and slots reserved
     for the top rank) summed; it continues a generation if every backend it stands for could
     (as the recording learned them, for those it names)."""
-    bs = params.backends
+    bs = [dataclasses.replace(b, continues=continues.get(b.name, b.continues)) for b in params.backends]
     reserved = None if all(b.reserved_slots is None for b in bs) else sum(b.reserve() for b in bs)
-    merged = BackendSpec(ENGINE, sum(b.max_concurrency for b in bs), 1.0,
-                         all(continues.get(b.name, b.continues) for b in bs), reserved)
+    merged = BackendSpec(ENGINE, sum(b.max_concurrency for b in bs), 1.0, all(b.continues for b in bs), reserved)
     return dataclasses.replace(params, backends=[merged])
 
 
