@@ -7,42 +7,21 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
 
-from tailguard.front.events import Arrive, Decision, Event, Finished, Retired, Start
-from tailguard.front.front import Front
-from tailguard.front.params import FrontParams
-from tailguard.front.recording import Header, Recording, header_line, read, step_line
+from tailguard.front.events import Arrive, Decision, Finished, Retired, Start
+from tailguard.front.recording import Recording, read, step_line
 from tailguard.front.replay import conform
 from tailguard.types import Outcome
-from tests.unit.front.test_front_walk import STEPS, Driver, fleet, step
-
-
-class RecordedFront(Front):
-    """A front that writes down each event it is handed, as the gateway's recorder does."""
-
-    def __init__(self, params: FrontParams) -> None:
-        super().__init__(params)
-        self.lines = [json.dumps(header_line(Header(params)))]
-
-    def handle(self, event: Event, now: float, *, preempt: bool = True) -> Sequence[Decision]:
-        decisions = super().handle(event, now, preempt=preempt)
-        self.lines.append(json.dumps(step_line(event, now, preempt, decisions)))
-        return decisions
+from tests.unit.front import test_front_walk
+from tests.unit.front.recorded import RecordedFront
+from tests.unit.front.test_front_walk import STEPS, fleet
 
 
 def walk(seed: int) -> RecordedFront:
-    rng = random.Random(seed)
-    params = fleet(rng)
-    drv = Driver(RecordedFront(params), {b.name for b in params.backends})
-    now = 0.0
-    for n in range(STEPS):
-        now += rng.expovariate(10.0)
-        step(rng, drv, n, now)
-    front = drv.front
+    front = test_front_walk.walk(seed, RecordedFront)[0].front
     assert isinstance(front, RecordedFront)
     return front
 

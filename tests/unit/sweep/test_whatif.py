@@ -9,38 +9,25 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-from collections.abc import Sequence
 
 import pytest
 
 from tailguard.clock import VirtualClock
-from tailguard.front.events import Decision, Event
-from tailguard.front.front import Front
 from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, PreemptionParams
-from tailguard.front.recording import Header, Observation, header_line, read, request_line, step_line
+from tailguard.front.recording import Observation, read, request_line
 from tailguard.front.replay import conform
 from tailguard.sim.cost import PRESETS, CostModel
 from tailguard.sim.des import Arrival, run
 from tailguard.sim.engine import Engine
 from tailguard.sweep.whatif import OTHER, RECORDED, RESIMULATED, one_backend, what_if
 from tailguard.types import Outcome
+from tests.unit.front.recorded import RecordedFront
 
 SHAPE = PRESETS["h100-llama8b"]
 HALF_SPEED = CostModel(*(2.0 * v for v in dataclasses.astuple(SHAPE.cost)))
 PARAMS = FrontParams(classes=[ClassSpec("interactive", rank=0), ClassSpec("batch", rank=1, preemptible=True)],
                      backends=[BackendSpec("engine", max_concurrency=8, continues=True)],
                      preemption=PreemptionParams(enabled=True))
-
-
-class RecordedFront(Front):
-    def __init__(self, params: FrontParams) -> None:
-        super().__init__(params)
-        self.lines = [json.dumps(header_line(Header(params)))]
-
-    def handle(self, event: Event, now: float, *, preempt: bool = True) -> Sequence[Decision]:
-        decisions = super().handle(event, now, preempt=preempt)
-        self.lines.append(json.dumps(step_line(event, now, preempt, decisions)))
-        return decisions
 
 
 def recording() -> list[str]:
