@@ -87,15 +87,15 @@ def _what_if(rec: Recording, config: Path, preset: str, max_num_seqs: int | None
 
 
 def _fit_line(report: WhatIf, preset: str) -> str:
-    f, e = report.fit, report.engine
-    step = e.cost.step_time(0, e.max_num_seqs, 0)
+    f, c = report.fit, report.fit.cost
     per_backend = "".join(f"; {b}: decode x{bf.decode_scale:.3g}, prefill x{bf.prefill_scale:.3g}"
                           for b, bf in report.by_backend.items()) if len(report.by_backend) > 1 else ""
     how = f"from {f.prefill_samples} requests' prompts" if f.prefill_from_prompts else "prompts alike: as decode"
     return (f"engine fitted to the recording ({preset}'s shape): decode x{f.decode_scale:.3g} of the preset "
-            f"(from {f.decode_samples} requests; a step of {e.max_num_seqs} sequences {step * 1000:.2f} ms), "
-            f"prefill x{f.prefill_scale:.3g} ({how}), {f.overhead_s * 1000:.2f} ms to first content that no step "
-            f"explains (added to each simulated TTFT){per_backend}")
+            f"(from {f.decode_samples} requests: a step {c.a_s * 1e3:.2f} ms + {c.c_s_per_decode_seq * 1e6:.2f} us a "
+            f"sequence + {c.d_s_per_kv_token * 1e9:.2f} ns a KV token), prefill x{f.prefill_scale:.3g} "
+            f"({c.b_s_per_prefill_token * 1e6:.2f} us a prompt token; {how}), {f.overhead_s * 1e3:.2f} ms to first "
+            f"content that no step explains (added to each simulated TTFT){per_backend}")
 
 
 def _table(report: WhatIf, other_name: str) -> Table:

@@ -128,15 +128,23 @@ def _plain(v: Any) -> Any:
     if isinstance(v, enum.Enum):
         return v.value
     if is_dataclass(v):
-        return {name: _plain(getattr(v, name)) for name in _names(t)}
+        return _fields(v, {})
     if isinstance(v, (list, tuple)):
         return [_plain(x) for x in v]
     raise TypeError(f"cannot record a {t.__name__}: {v!r}")
 
 
 def _tagged(v: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": type(v).__name__}
-    out.update(_plain(v))
+    return _fields(v, {"type": type(v).__name__})
+
+
+def _fields(v: Any, out: dict[str, Any]) -> dict[str, Any]:
+    """`v`'s fields into `out`; scalars as they are without a call (a line per event and request
+    is built on the gateway's loop)."""
+    for name in _names(type(v)):
+        x = getattr(v, name)
+        t = type(x)
+        out[name] = x if t is str or t is int or t is float or t is bool or x is None else _plain(x)
     return out
 
 
