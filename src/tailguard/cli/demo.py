@@ -57,8 +57,11 @@ def demo(
     load = {"workload": "seed-mixed", "concurrency": concurrency, "duration_s": duration,
             "warmup_s": duration * 0.1, "seed": seed}
     recording = out / "after" / "front.jsonl" if record else None
+    # Recorded, the gateway runs from a config file (the same defaults) whose backend is named
+    # `sim`, so that another config for `tailguard replay --config` can name it the same.
     arms = [Arm("before"),
-            Arm("after", gateway=True, policy=policy, max_concurrency=max_num_seqs, record=recording)]
+            Arm("after", gateway=True, policy=policy, max_concurrency=max_num_seqs,
+                config={} if record else None, record=recording)]
     console.print(f"[bold]tailguard demo[/]: simulator {sim.preset}, max_num_seqs {max_num_seqs}, time scale "
                   f"{time_scale} (1 wall second = {1 / time_scale:g} simulated seconds; figures are simulated seconds)")
     summaries = run_async(run_arms(arms, sim, load, out, console=console, tables=False))
