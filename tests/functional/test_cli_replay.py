@@ -1,6 +1,7 @@
 """`tailguard replay` as a user runs it, on a small recording of a real gateway (a batch stream
 suspended for chats): identical without --config; with --config, the classes side by side and
-the fit's agreement; a changed decision exits 1 naming its line; a broken file exits 2."""
+the fit's agreement; a changed decision exits 1 naming its line; a broken file exits 2. And
+`tailguard serve --record` into a folder that does not exist refuses at once."""
 
 from __future__ import annotations
 
@@ -72,3 +73,8 @@ async def test_a_broken_file_exits_2_naming_its_line(recording: Path, tmp_path: 
     broken.write_text(recording.read_text().splitlines()[0] + '\n{"now": 1.0}\n')
     code, out = await run("replay", str(broken))
     assert code == 2 and "line 2: the line: missing field(s) decisions, event, preempt" in out, out
+
+
+async def test_serve_refuses_a_recording_it_cannot_write_before_it_starts(tmp_path: Path) -> None:
+    code, out = await run("serve", "--sim", "--record", str(tmp_path / "no-such-dir" / "front.jsonl"))
+    assert code == 2 and out.startswith("error: --record ") and "No such file or directory" in out, out

@@ -57,8 +57,11 @@ def serve(
 
     try:
         cfg = reread()
-        if record is not None and not record.parent.is_dir():
-            raise ConfigError(f"--record {record}: no directory {record.parent}")
+        if record is not None:
+            try:  # here, not as the gateway starts, where an OSError reads as a port that cannot be had
+                record.open("w").close()
+            except OSError as e:
+                raise ConfigError(f"--record {record}: {e.strerror or e}") from None
         if sim:
             from tailguard.sim.cost import EngineConfig
 
