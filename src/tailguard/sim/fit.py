@@ -88,7 +88,6 @@ def fit(shape: CostModel, served: list[Served]) -> Fit:
     return Fit(cost, scale, prefill_scale, overhead, len(decodes), len(prefills), from_prompts)
 
 
-
 def _prefill(shape: CostModel, scale: float, prefills: list[Served]) -> tuple[float, bool, float]:
     """`b`, whether the prompts' spread gave it, and the fixed cost per request, at decode level
     `scale`: what is left of each prefill once the step it waited for and the base cost of the
