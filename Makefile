@@ -12,8 +12,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
+# `make demo DEMO_ARGS=--record` also records the after run's gateway, for `tailguard replay`.
 demo: $(STAMP)
-	$(VENV)/bin/tailguard demo
+	$(VENV)/bin/tailguard demo $(DEMO_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -18,13 +18,16 @@ more than 5 ms late ran on a saturated machine; it is run again, and the sweep s
 With `--baseline-rev REV`, the gateway as it was at git revision REV runs as one more arm, from
 its own tree on the same venv: before and after side by side, on the same engine at the same moment.
 With `--baseline-python PATH`, that arm runs on another interpreter (a venv with tailguard
-installed), e.g. to compare Python versions; with both, REV on that interpreter.
+installed), e.g. to compare Python versions; with both, REV on that interpreter. With `--record`,
+the gateway arm records its front's events (`tailguard serve --record`) and the baseline does not:
+`--record --baseline-python .venv/bin/python` is the recording's cost, on and off side by side.
 
     .venv/bin/python benchmarks/gateway_overhead.py [--rate 30] [--seconds 30] [--sweep-seconds 10] [--no-nginx]
-        [--baseline-rev REV] [--baseline-python PATH]
+        [--baseline-rev REV] [--baseline-python PATH] [--record]
 
 Writes benchmarks/results/gateway_overhead.{json,md} (with a baseline arm:
-gateway_overhead_vs_baseline.{json,md}, or gateway_overhead_vs_python.{json,md} for an interpreter).
+gateway_overhead_vs_baseline.{json,md}, or gateway_overhead_vs_python.{json,md} for an interpreter;
+`_record` added to the name with `--record`).
 """
 
 from __future__ import annotations
@@ -237,7 +240,8 @@ async def run(args: argparse.Namespace, baseline_src: Path | None) -> dict[str, 
     procs.append(subprocess.Popen(
         [py, "-m", "tailguard", "sim", "--port", str(sim_port), "--preset", args.preset, "--max-num-seqs", "4096",
          "--time-scale", "1"], stdout=subprocess.DEVNULL, stderr=logs[0]))
-    gw = subprocess.Popen([py, "-m", "tailguard", "serve", "--config", str(tmp / "tailguard.yaml")],
+    record = ["--record", str(tmp / "front.jsonl")] if args.record else []
+    gw = subprocess.Popen([py, "-m", "tailguard", "serve", "--config", str(tmp / "tailguard.yaml"), *record],
                           stdout=subprocess.DEVNULL, stderr=logs[1])
     procs.append(gw)
     urls = {"straight": f"{sim_url}/v1/chat/completions", "gateway": f"{gw_url}/v1/chat/completions"}
@@ -300,6 +304,7 @@ async def run(args: argparse.Namespace, baseline_src: Path | None) -> dict[str, 
                 p.wait()
         for f in logs:
             f.close()
+        recording = _recording_size(tmp / "front.jsonl") if args.record else None
         shutil.rmtree(tmp, ignore_errors=True)
     cpu = [1e3 / r["gateway_cpu_ms_per_request"] for r in [moderate, *sweep] if r["valid"]]
     return {
@@ -307,7 +312,9 @@ async def run(args: argparse.Namespace, baseline_src: Path | None) -> dict[str, 
         "setup": {
             "preset": args.preset, "time_scale": 1.0, "tokens_per_response": TOKENS, "prompt_tokens": 104,
             "arms": list(urls), "assignment": "rotating per request, one simulator", "arrivals": "open-loop Poisson",
-            "gateway": "tailguard serve, ranked-sjf, max_concurrency 4096 (never binds), access log to a file",
+            "gateway": "tailguard serve, ranked-sjf, max_concurrency 4096 (never binds), access log to a file"
+                       + (", recording its front's events (--record)" if args.record else ""),
+            "recording": recording,
             "nginx": "nginx 1 worker, proxy_buffering off, upstream keepalive, access log to a file" if nginx else None,
             "baseline": _baseline_text(args),
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
@@ -322,6 +329,14 @@ async def run(args: argparse.Namespace, baseline_src: Path | None) -> dict[str, 
         # Where the gateway alone would saturate one core: its CPU time per request, inverted.
         "cpu_bound_rate_per_core_per_s": min(cpu) if cpu else None,
     }
+
+
+def _recording_size(path: Path) -> dict[str, int] | None:
+    """Lines and bytes the gateway arm recorded (warm-up and sweep included), or None if absent."""
+    if not path.exists():
+        return None
+    data = path.read_bytes()
+    return {"lines": data.count(b"\n"), "bytes": len(data)}
 
 
 def _baseline_text(args: argparse.Namespace) -> str | None:
@@ -366,7 +381,9 @@ def markdown(res: dict[str, Any]) -> str:
         f"time scale 1. Everything shares {setup['machine']['cpus']} CPU cores (1-minute load average "
         f"{setup['load_average_1m']['start']:.1f} at the start, {setup['load_average_1m']['end']:.1f} at the end; "
         "other work on the machine adds noise). Rates are totals over all arms."
-        + (f" The `baseline` arm is {setup['baseline']}." if setup.get("baseline") else ""),
+        + (f" The `baseline` arm is {setup['baseline']}." if setup.get("baseline") else "")
+        + (f" The `gateway` arm records its front's events (`--record`): {setup['recording']['lines']} lines, "
+           f"{setup['recording']['bytes'] / 1e6:.1f} MB over the whole run." if setup.get("recording") else ""),
         "",
         f"## At a moderate rate ({m['rate_per_s']:.0f} requests/s, {m['seconds']:.0f} s, "
         + ", ".join(f"{m['arms'][a]['requests']} {a}" for a in arms) + ")",
@@ -437,6 +454,9 @@ def main() -> None:
     p.add_argument("--no-nginx", dest="nginx", action="store_false", help="skip the nginx reference arm")
     p.add_argument("--baseline-rev", help="also run the gateway at this git revision as an arm (before/after)")
     p.add_argument("--baseline-python", help="run the baseline arm on this interpreter (a venv's python)")
+    p.add_argument("--record", action="store_true",
+                   help="the gateway arm records its front's events (tailguard serve --record), the baseline arm "
+                   "does not: with --baseline-python (this venv's python) the recording's cost side by side")
     args = p.parse_args()
     with contextlib.ExitStack() as stack:
         src = stack.enter_context(baseline_tree(args.baseline_rev)) if args.baseline_rev else None
@@ -449,6 +469,8 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = ("gateway_overhead_vs_baseline" if args.baseline_rev else
             "gateway_overhead_vs_python" if args.baseline_python else "gateway_overhead")
+    if args.record:
+        stem += "_record"
     (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=2) + "\n")
     (RESULTS / f"{stem}.md").write_text(markdown(res))
     print(markdown(res))

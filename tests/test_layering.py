@@ -18,20 +18,22 @@ PURE = {
     "types", "errors", "settings", "retry_budget", "wire.sse", "wire.openai", "wire.tokens", "wire.chunks", "wire.join",
     "sim.cost", "sim.kv", "sim.engine", "sim.request", "sim.answer",
     "front.params", "front.admission", "front.queue", "front.slots", "front.router", "front.preemption", "front.retry", "front.events", "front.front",
-    "front.intake", "gateway.classes", "gateway.backends",
+    "front.intake", "front.recording", "front.replay", "sim.fit", "gateway.classes", "gateway.backends",
     "gateway.config", "gateway.live", "gateway.resume", "gateway.kinds", "sim.des",
     "gateway.config.base", "gateway.config.classes", "gateway.config.backends", "gateway.config.scheduler",
     "gateway.config.upstream", "gateway.config.auth", "gateway.config.gateway", "gateway.config.problems",
     "gateway.config.loading",
     "bench.workload", "bench.stats", "bench.dataset", "bench.recorder", "bench.compare", "bench.configs", "bench.attribution",
     "doctor.finding", "doctor.evidence", "doctor.facts", "doctor.rules", "doctor.diagnosis", "sweep.virtual", "sweep.search",
+    "sweep.traffic", "sweep.whatif",
     "client.retry", "client.timeouts", "client.chunks", "client.assembly",
 }
 IO_MODULES = ("asyncio", "aiohttp", "prometheus_client", "time", "socket", "uvloop", "httpx", "httpx2", "anyio")
 # part -> parts it must never import
 FORBIDDEN_PARTS = {
     # The front decides for every driver: it knows no gateway, simulator, bench or HTTP.
-    "front": ("tailguard.gateway", "tailguard.sim", "tailguard.bench", "tailguard.client", "tailguard.cli"),
+    "front": ("tailguard.gateway", "tailguard.sim", "tailguard.bench", "tailguard.client", "tailguard.cli",
+              "tailguard.sweep", "tailguard.doctor"),
     "gateway": ("tailguard.sim", "tailguard.bench", "tailguard.client", "tailguard.cli"),
     "bench": ("tailguard.gateway", "tailguard.client", "tailguard.cli", "tailguard.sim"),
     "sim": ("tailguard.bench", "tailguard.client", "tailguard.cli", "tailguard.gateway"),

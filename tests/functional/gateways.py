@@ -6,6 +6,7 @@ import asyncio
 import socket
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import aiohttp
@@ -50,10 +51,10 @@ def dead_url() -> str:
 @asynccontextmanager
 async def gateway(
     *, sims: int = 1, max_concurrency: int = 8, engine_cfg: EngineConfig | None = None, scale: float = SCALE,
-    extra_backends: list[BackendConfig] | None = None, kind: str = "sim", **cfg: Any,
+    extra_backends: list[BackendConfig] | None = None, kind: str = "sim", record: Path | None = None, **cfg: Any,
 ) -> AsyncIterator[Stack]:
     """`sims` simulators, each a backend (`sim0`, `sim1`, ...) of `kind` after `extra_backends`,
-    behind one gateway."""
+    behind one gateway (recording its front's events to `record`, given)."""
     async with AsyncExitStack() as stack:
         started = [await stack.enter_async_context(running_sim(engine_cfg or engine(), time_scale=scale))
                    for _ in range(sims)]
@@ -62,7 +63,7 @@ async def gateway(
             for i, s in enumerate(started)
         ]
         gw_cfg = GatewayConfig.model_validate({"backends": [b.model_dump() for b in backends], **cfg})
-        app = create_app(gw_cfg)
+        app = create_app(gw_cfg, record=record)
         url = await stack.enter_async_context(running(app, handler_cancellation=True))
         yield Stack(url, app, started)
 

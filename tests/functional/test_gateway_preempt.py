@@ -71,6 +71,9 @@ async def test_stream_preempted_by_a_chat_resumes_with_every_token_and_true_usag
         assert sample(m, "tailguard_output_tokens_total", **{"class": "batch"}) == max_tokens
         assert sample(m, "tailguard_prompt_tokens_total", **{"class": "batch"}) == 4 + 10
         assert sample(m, "tailguard_requests_total", **{"class": "batch", "outcome": "success"}) == 1
+        # Metered as the client was told, not as the continuation's usage counted it (its text as prompt).
+        assert sample(m, "tailguard_output_tokens_total", **{"class": "batch"}) == max_tokens
+        assert sample(m, "tailguard_prompt_tokens_total", **{"class": "batch"}) == 4 + 10
         # The simulator aborted the batch request's first run when the gateway closed it.
         assert await _finished(gw, "abort") == 1
         assert await _finished(gw, "length") == 2

@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-VERB_MODULES: tuple[str, ...] = ("bench", "config", "demo", "doctor", "serve", "sim", "sweep")
+VERB_MODULES: tuple[str, ...] = ("bench", "config", "demo", "doctor", "replay", "serve", "sim", "sweep")
 
 app = typer.Typer(
     name="tailguard",

@@ -39,6 +39,10 @@ def demo(
     max_num_seqs: int = typer.Option(8, help="The engine's --max-num-seqs, and the gateway's in-flight cap."),
     policy: str = typer.Option("ranked-sjf", help="Gateway scheduler policy for the after arm."),
     seed: int = typer.Option(0, help="Workload seed (both arms get the same request stream)."),
+    record: bool = typer.Option(
+        False, "--record",
+        help="Record the after arm's gateway (its front's events and decisions, each request's sizes and times) to "
+        "OUT/after/front.jsonl, for `tailguard replay`."),
 ) -> None:
     """Show the tail-latency problem and the fix: straight to the simulator vs through the gateway."""
     from rich.console import Console
@@ -52,7 +56,12 @@ def demo(
     sim = SimSpec(max_num_seqs=max_num_seqs, time_scale=time_scale)
     load = {"workload": "seed-mixed", "concurrency": concurrency, "duration_s": duration,
             "warmup_s": duration * 0.1, "seed": seed}
-    arms = [Arm("before"), Arm("after", gateway=True, policy=policy, max_concurrency=max_num_seqs)]
+    recording = out / "after" / "front.jsonl" if record else None
+    # Recorded, the gateway runs from a config file (the same defaults) whose backend is named
+    # `sim`, so that another config for `tailguard replay --config` can name it the same.
+    arms = [Arm("before"),
+            Arm("after", gateway=True, policy=policy, max_concurrency=max_num_seqs,
+                config={} if record else None, record=recording)]
     console.print(f"[bold]tailguard demo[/]: simulator {sim.preset}, max_num_seqs {max_num_seqs}, time scale "
                   f"{time_scale} (1 wall second = {1 / time_scale:g} simulated seconds; figures are simulated seconds)")
     summaries = run_async(run_arms(arms, sim, load, out, console=console, tables=False))
@@ -62,6 +71,9 @@ def demo(
     console.rule("[bold]before vs after")
     cmp = compare_dirs(out / "before", out / "after", out, console=console)
     console.print(headline(cmp, concurrency))
+    if recording is not None:
+        console.print(f"the after run's gateway was recorded: tailguard replay {recording} [--config OTHER.yaml] "
+                      "(docs/tuning.md, \"Replaying yesterday's traffic\")", soft_wrap=True)
 
 
 def headline(cmp: dict[str, Any], concurrency: int) -> "Table":

@@ -98,6 +98,7 @@ class Arm:
     policy: str = "ranked-sjf"
     max_concurrency: int = 8
     config: dict[str, Any] | None = None  # gateway YAML settings (backends are filled in)
+    record: Path | None = None  # the gateway's `--record FILE` (a gateway arm only)
 
     @property
     def folder(self) -> str:
@@ -117,6 +118,9 @@ async def target(arm: Arm, sim: SimSpec, logs: Path) -> AsyncIterator[str]:
         gw_port = free_port()
         gw_url = f"http://127.0.0.1:{gw_port}"
         args = ["serve", "--port", str(gw_port), "--policy", arm.policy]
+        if arm.record is not None:
+            arm.record.parent.mkdir(parents=True, exist_ok=True)
+            args += ["--record", str(arm.record)]
         if arm.config is None:
             args += ["--backend", sim_url, "--backend-kind", "sim", "--max-concurrency", str(arm.max_concurrency)]
         else:

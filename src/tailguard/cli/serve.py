@@ -44,6 +44,10 @@ def serve(
         None, "--state-dir",
         help="Where every applied config is kept, numbered and hashed, for `tailguard config` (default: "
         ".tailguard/<config name>/ beside --config; without --config, none unless given)."),
+    record: Optional[Path] = typer.Option(
+        None, "--record", metavar="FILE",
+        help="Write the front's events and decisions, and each request's sizes and times (no prompt text, "
+        "no keys), to FILE as JSON lines, for `tailguard replay`."),
 ) -> None:
     """Run the gateway: OpenAI-compatible API that serves short and interactive requests first."""
     from tailguard.errors import ConfigError
@@ -53,6 +57,11 @@ def serve(
 
     try:
         cfg = reread()
+        if record is not None:
+            try:  # here, not as the gateway starts, where an OSError reads as a port that cannot be had
+                record.open("w").close()
+            except OSError as e:
+                raise ConfigError(f"--record {record}: {e.strerror or e}") from None
         if sim:
             from tailguard.sim.cost import EngineConfig
 
@@ -64,7 +73,7 @@ def serve(
 
     root = state_dir or (default_state_dir(config) if config is not None else None)
     store = ConfigStore(root) if root is not None else None
-    _run(_main(cfg, sim, sim_preset, sim_time_scale, sim_port, store, reread if config is not None else None))
+    _run(_main(cfg, sim, sim_preset, sim_time_scale, sim_port, store, reread if config is not None else None, record))
 
 
 def build_config(
@@ -113,9 +122,9 @@ class CannotListen(Exception):
 
 
 async def _main(cfg: GatewayConfig, sim: bool, preset: str | None, time_scale: float, sim_port: int,
-                store: ConfigStore | None, reread: Callable[[], GatewayConfig] | None) -> None:
+                store: ConfigStore | None, reread: Callable[[], GatewayConfig] | None, record: Path | None) -> None:
     if not sim:
-        await _gateway(cfg, None, store, reread)
+        await _gateway(cfg, None, store, reread, record)
         return
     from tailguard.sim.cost import EngineConfig
     from tailguard.sim.server import running_sim
@@ -135,11 +144,12 @@ async def _main(cfg: GatewayConfig, sim: bool, preset: str | None, time_scale: f
         scale = f" --time-scale {time_scale:g}" if time_scale != 1.0 else ""
         await _gateway(on_sim(cfg), f"simulator listening on {running.url} (max_num_seqs={engine.max_num_seqs}, "
                                     f"time scale {time_scale:g}); to measure it straight: tailguard bench --url "
-                                    f"{running.url}{scale}", store, (lambda: on_sim(reread())) if reread else None)
+                                    f"{running.url}{scale}", store, (lambda: on_sim(reread())) if reread else None,
+                       record)
 
 
 async def _gateway(cfg: GatewayConfig, first_line: str | None, store: ConfigStore | None,
-                   reread: Callable[[], GatewayConfig] | None) -> None:
+                   reread: Callable[[], GatewayConfig] | None, record: Path | None) -> None:
     """Serve until stopped; an OSError before the gateway listens is its port, said in one line.
     `first_line` is printed once the gateway listens, so a busy port prints nothing else."""
     from tailguard.gateway.app import serve as serve_gateway
@@ -155,7 +165,7 @@ async def _gateway(cfg: GatewayConfig, first_line: str | None, store: ConfigStor
         typer.echo(f"tailguard gateway listening on {url} ({cfg.scheduler.policy}; backends: {names})", err=True)
 
     try:
-        await serve_gateway(cfg, ready=ready, store=store, reread=reread)
+        await serve_gateway(cfg, ready=ready, store=store, reread=reread, record=record)
     except OSError as e:
         if listening:
             raise

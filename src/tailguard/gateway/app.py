@@ -14,6 +14,7 @@ import asyncio
 import logging
 import signal
 import sys
+from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable
 
 import aiohttp
@@ -32,6 +33,7 @@ from tailguard.gateway.log_buffer import BufferedLineHandler
 from tailguard.gateway.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, GatewayMetrics
 from tailguard.gateway.probes import Probes
 from tailguard.gateway.proxy import Proxy, error_response
+from tailguard.gateway.recorder import Recorder
 from tailguard.gateway.live import Live
 from tailguard.gateway.reload import Parts, Reloader
 from tailguard.gateway.store import ConfigStore
@@ -42,16 +44,20 @@ METRICS = web.AppKey("metrics", GatewayMetrics)
 DISPATCHER = web.AppKey("dispatcher", Dispatcher)
 UPSTREAM = web.AppKey("upstream", Upstream)
 PROXY = web.AppKey("proxy", Proxy)
+RECORD = web.AppKey("record", Path)  # where `--record` writes the front's events (absent: not recording)
 
 log = logging.getLogger("tailguard.gateway")
 
 
-def create_app(cfg: GatewayConfig) -> web.Application:
-    """The gateway for `cfg`. State is built on startup (it needs the running loop)."""
+def create_app(cfg: GatewayConfig, *, record: Path | None = None) -> web.Application:
+    """The gateway for `cfg`. State is built on startup (it needs the running loop). With
+    `record`, the front's events and decisions are written there (`gateway.recorder`)."""
     if not cfg.backends:
         raise ValueError("the gateway needs at least one backend")
     app = web.Application(client_max_size=cfg.max_body_bytes, middlewares=[_openai_errors])
     app[LIVE] = Live.of(cfg)
+    if record is not None:
+        app[RECORD] = record
     app[METRICS] = GatewayMetrics()
     app.cleanup_ctx.append(_lifecycle)
     app.on_response_prepare.append(_config_header)
@@ -69,8 +75,11 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     loop = asyncio.get_running_loop()
     metrics = app[METRICS]
     backends = {b.name: resolved(b) for b in cfg.backends}  # kind `auto` is `openai` until detected
-    dispatcher = Dispatcher(
-        cfg.front_params({n: get_kind(b.kind).continues_generation for n, b in backends.items()}), metrics, loop)
+    params = cfg.front_params({n: get_kind(b.kind).continues_generation for n, b in backends.items()})
+    path = app.get(RECORD)
+    recorder = None if path is None else Recorder.open(path, params, config_hash=app[LIVE].hash,
+                                                       settings=cfg.settings())
+    dispatcher = Dispatcher(params, metrics, loop, recorder)
     upstream = Upstream()
     app[DISPATCHER] = dispatcher
     app[UPSTREAM] = upstream
@@ -89,6 +98,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await app[PROBES].stop()
         dispatcher.close()
         await upstream.close()
+        if recorder is not None:
+            recorder.close()
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:
@@ -236,9 +247,10 @@ def reloader_of(app: web.Application, store: ConfigStore | None = None,
 
 async def serve(
     cfg: GatewayConfig, *, ready: Callable[[str], None] | None = None, store: ConfigStore | None = None,
-    reread: Callable[[], GatewayConfig] | None = None,
+    reread: Callable[[], GatewayConfig] | None = None, record: Path | None = None,
 ) -> None:
     """Run the gateway until SIGINT/SIGTERM (or cancellation). `ready` gets the base URL.
+    `record` names the file the front's events and decisions go to (`tailguard serve --record`).
 
     With a `store`, the config is recorded there at start and at each reload, and the state
     directory names this process (its pid file) for `tailguard config rollback`. SIGHUP reloads
@@ -251,7 +263,7 @@ async def serve(
             logger.addHandler(handler)
             logger.propagate = False
         logger.setLevel(logging.INFO)
-    app = create_app(cfg)
+    app = create_app(cfg, record=record)
     runner = web.AppRunner(app, handle_signals=False, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024)

@@ -26,6 +26,7 @@ from tailguard.front.events import (
 from tailguard.front.front import Front
 from tailguard.front.params import FrontParams
 from tailguard.gateway.metrics import GatewayMetrics
+from tailguard.gateway.recorder import Recorder
 from tailguard.gateway.request import Request
 from tailguard.gateway.resume import Progress
 from tailguard.types import FailureKind, Outcome, RejectReason
@@ -66,8 +67,11 @@ class Dispatcher:
             dispatcher.release(rec, outcome)
     """
 
-    def __init__(self, params: FrontParams, metrics: GatewayMetrics, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, params: FrontParams, metrics: GatewayMetrics, loop: asyncio.AbstractEventLoop,
+                 recorder: Recorder | None = None) -> None:
         self.front = Front(params)
+        # `tailguard serve --record`: every event, its `now` and its decisions (None: not recording).
+        self.recorder = recorder
         # Each backend's health as the front's `HealthChanged` decisions said: what probes follow.
         self.healthy: dict[str, bool] = {b.name: b.healthy for b in self.front.backends()}
         self._metrics = metrics
@@ -187,8 +191,12 @@ class Dispatcher:
     # --- decisions ----------------------------------------------------------------------------
 
     def _handle(self, event: Event) -> Sequence[Decision]:
-        """The one way an event reaches the front: told now, its decisions carried out."""
-        decisions = self.front.handle(event, monotonic())
+        """The one way an event reaches the front: told now, its decisions carried out (and
+        recorded first, so an event a decision leads to is written after it)."""
+        now = monotonic()
+        decisions = self.front.handle(event, now)
+        if self.recorder is not None:
+            self.recorder.event(event, now, True, decisions)
         self._apply(decisions)
         return decisions
 

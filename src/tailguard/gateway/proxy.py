@@ -113,6 +113,8 @@ class Proxy:
         call rather than a context manager, whose generator machinery costs more per request."""
         t.finish()
         record_finish(self._metrics, t)
+        if self._dispatcher.recorder is not None:  # `--record`: its sizes and instants, for a what-if
+            self._dispatcher.recorder.request(t)
         if self._cfg.access_log:
             access_log(t, method=method, path=path, logged_text=self._cfg.log_prompts)
 

@@ -50,7 +50,8 @@ class CostModel:
     c_s_per_decode_seq: float
     d_s_per_kv_token: float
 
-    def step_time(self, prefill_tokens: int, decode_seqs: int, kv_tokens_read: int) -> float:
+    def step_time(self, prefill_tokens: float, decode_seqs: float, kv_tokens_read: float) -> float:
+        """One step's seconds (counts may be time averages, as `sim.fit` gives them)."""
         return (
             self.a_s
             + self.b_s_per_prefill_token * prefill_tokens

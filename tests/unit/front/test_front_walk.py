@@ -11,6 +11,7 @@ sequences nobody wrote down (a retry, a suspension and a reload in one step's de
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -110,16 +111,23 @@ def step(rng: random.Random, drv: Driver, n: int, now: float) -> None:
         drv.apply(f.handle(Tick(), now))
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_random_walks_with_reloads_keep_the_ledger_true(seed: int) -> None:
+def walk(seed: int, make: Callable[[FrontParams], Front] = Front) -> tuple[Driver, float]:
+    """One seeded walk of STEPS events on a front `make` builds, the ledger checked after each;
+    the driver and the last instant."""
     rng = random.Random(seed)
     params = fleet(rng)
-    drv = Driver(Front(params), {b.name for b in params.backends})
+    drv = Driver(make(params), {b.name for b in params.backends})
     now = 0.0
     for n in range(STEPS):
         now += rng.expovariate(10.0)
         step(rng, drv, n, now)
         drv.check()
+    return drv, now
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_walks_with_reloads_keep_the_ledger_true(seed: int) -> None:
+    drv, now = walk(seed)
     for req_id in sorted(drv.running.keys() | drv.waiting):  # every request still in leaves once
         drv.running.pop(req_id, None)
         drv.waiting.discard(req_id)
