@@ -18,8 +18,8 @@ PURE = {
     "types", "errors", "settings", "retry_budget", "wire.sse", "wire.openai", "wire.tokens", "wire.chunks", "wire.join",
     "sim.cost", "sim.kv", "sim.engine", "sim.request", "sim.answer",
     "front.params", "front.admission", "front.queue", "front.slots", "front.router", "front.preemption", "front.retry", "front.events", "front.front",
-    "front.intake", "front.recording", "front.replay", "sim.fit", "gateway.classes", "gateway.backends",
-    "gateway.config", "gateway.live", "gateway.resume", "gateway.kinds", "sim.des",
+    "front.intake", "front.recording", "front.replay", "sim.fit", "gateway.http.classes", "gateway.upstream.backends",
+    "gateway.config", "gateway.ops.live", "gateway.upstream.resume", "gateway.upstream.kinds", "sim.des",
     "gateway.config.base", "gateway.config.classes", "gateway.config.backends", "gateway.config.scheduler",
     "gateway.config.upstream", "gateway.config.auth", "gateway.config.gateway", "gateway.config.problems",
     "gateway.config.loading",
@@ -49,6 +49,23 @@ FORBIDDEN_PARTS = {
 }
 # No part crosses into another's: the gateway and the simulator share the front instead.
 ALLOWED_CROSSINGS: set[tuple[str, str]] = set()
+# Within the gateway, by side (module prefix -> what it must never import). The request's core
+# (dispatch, exchange, request, sink) and the upstream side know nothing of the client's HTTP side;
+# the operations side (metrics, logs, state) knows neither side it observes. Only the composers see
+# every side: http/app.py builds a gateway, ops/reload.py swaps its parts.
+_GW = "tailguard.gateway."
+GATEWAY_SIDES = {
+    "gateway.upstream.": (_GW + "http", _GW + "exchange", _GW + "ops.reload", _GW + "ops.store"),
+    "gateway.dispatch": (_GW + "http", _GW + "exchange", _GW + "ops.reload", _GW + "ops.store"),
+    "gateway.exchange": (_GW + "http", _GW + "ops.reload", _GW + "ops.store"),
+    "gateway.request": (_GW + "http", _GW + "ops", _GW + "exchange", _GW + "dispatch"),
+    "gateway.sink": (_GW + "http", _GW + "ops", _GW + "upstream", _GW + "exchange", _GW + "dispatch"),
+    "gateway.ops.metrics": (_GW + "http", _GW + "upstream", _GW + "exchange", _GW + "dispatch"),
+    "gateway.ops.log_buffer": (_GW + "http", _GW + "upstream", _GW + "exchange", _GW + "dispatch"),
+    "gateway.ops.live": (_GW + "http", _GW + "upstream", _GW + "exchange", _GW + "dispatch"),
+    "gateway.ops.store": (_GW + "http", _GW + "upstream", _GW + "exchange", _GW + "dispatch"),
+    "gateway.ops.recorder": (_GW + "http", _GW + "upstream", _GW + "exchange", _GW + "dispatch"),
+}
 
 
 def modules() -> list[tuple[str, Path]]:
@@ -84,9 +101,18 @@ def test_module_respects_layering(name: str, path: Path) -> None:
         assert not bad, f"tailguard.{name} may not import {bad}"
 
 
+@pytest.mark.parametrize("name,path", [(n, p) for n, p in modules() if n.startswith("gateway.")], ids=lambda v: str(v))
+def test_gateway_module_respects_its_side(name: str, path: Path) -> None:
+    imported = imports_of(path)
+    for prefix, forbidden in GATEWAY_SIDES.items():
+        if name == prefix or name.startswith(prefix) and prefix.endswith("."):
+            bad = sorted(m for m in imported for f in forbidden if m == f or m.startswith(f + "."))
+            assert not bad, f"tailguard.{name} may not import {bad} (docs/architecture.md, Layout)"
+
+
 def test_subpackage_inits_are_empty() -> None:
-    for init in SRC.glob("*/__init__.py"):
-        if init.parent.name in ("client", "cli"):
+    for init in [*SRC.glob("*/__init__.py"), *SRC.glob("gateway/*/__init__.py")]:
+        if init.parent.name in ("client", "cli", "config"):  # public APIs re-exported (config: its models)
             continue
         assert init.read_text().strip() == "", f"{init} should stay empty so pure imports stay light"
 

@@ -7,20 +7,20 @@
     │                          named with the event and the state (front/events.py)
     ├── APIError               answered to an HTTP client as an OpenAI-style error body
     │   ├── BadRequest         400: malformed, missing or wrongly typed fields
-    │   ├── Unauthorized       401: an API key the gateway does not know (gateway/classes.py)
+    │   ├── Unauthorized       401: an API key the gateway does not know (gateway/http/classes.py)
     │   ├── PayloadTooLarge    413: body over the configured limit
     │   └── Overloaded         503 with Retry-After: rejected by admission
     │       └── RateLimited    429 with Retry-After: over its caller's requests or tokens per minute
     └── GatewayError           how one request's way through the gateway stopped short; caught
         │                      inside the gateway, where each becomes a retry, a resume or an answer
         ├── RelayError         an upstream attempt failed: its `kind` (a FailureKind) says how, and
-        │                      the front decides whether it goes again (gateway/upstream.py)
+        │                      the front decides whether it goes again (gateway/upstream/client.py)
         ├── UpstreamStatus     the backend refused before streaming (a 4xx): its status and body go
-        │                      back to the client as they are (gateway/upstream.py)
-        ├── UpstreamBroke      the backend's connection ended before its response did (gateway/h1.py)
-        ├── ClientGone         writing to the client failed: it disconnected (gateway/upstream.py)
+        │                      back to the client as they are (gateway/upstream/client.py)
+        ├── UpstreamBroke      the backend's connection ended before its response did (gateway/upstream/h1.py)
+        ├── ClientGone         writing to the client failed: it disconnected (gateway/sink.py)
         └── Suspended          the front preempted the request; the client's response stays open
-                               until it resumes (gateway/upstream.py)
+                               until it resumes (gateway/upstream/client.py)
 
 `wire.openai.error_body` is the one place an `APIError` becomes bytes on the wire.
 

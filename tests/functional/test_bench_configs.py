@@ -11,7 +11,7 @@ import orjson
 
 from tailguard.bench.load import BenchConfig, run_bench
 from tailguard.bench.report import compare_dirs, load_run, write_outputs
-from tailguard.gateway.app import LIVE, reloader_of
+from tailguard.gateway.http.app import LIVE, reloader_of
 from tests.functional.gateways import engine, gateway
 
 SCALE = 0.02

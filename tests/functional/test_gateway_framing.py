@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
 
-from tailguard.gateway.app import create_app
+from tailguard.gateway.http.app import create_app
 from tailguard.gateway.config import GatewayConfig
 from tests.servers import running
 

@@ -1,4 +1,4 @@
-"""The gateway's HTTP/1.1 upstream client (`gateway.h1`, `gateway.pool`) against real sockets on
+"""The gateway's HTTP/1.1 upstream client (`gateway.upstream.h1`, `gateway.upstream.pool`) against real sockets on
 loopback: each server below writes exactly the bytes a backend might, well-formed or not."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from contextlib import AsyncExitStack
 import httptools
 import pytest
 
-from tailguard.gateway.h1 import H1Response, UpstreamBroke
-from tailguard.gateway.pool import Origin, Pool, origin_of
+from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
+from tailguard.gateway.upstream.pool import Origin, Pool, origin_of
 from tests.functional.raw_servers import SSE_HEAD, Handler, chunk, raw_server, read_request
 
 pytestmark = pytest.mark.timeout(20)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import aiohttp
 import pytest
 
-from tailguard.gateway.kinds import EngineLoad, LoadSource, get_kind
+from tailguard.gateway.upstream.kinds import EngineLoad, LoadSource, get_kind
 from tests.real.processes import EngineProcess
 
 pytestmark = pytest.mark.real

@@ -1,5 +1,5 @@
 """`tailguard config list | mark-good | diff | rollback | reload`: the configs a gateway applied
-(kept in its state directory, `tailguard.gateway.store`), the known-good baseline, what changed
+(kept in its state directory, `tailguard.gateway.ops.store`), the known-good baseline, what changed
 between two, and a running gateway sent back to the baseline (or any stored config) live."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import typer
 
 if TYPE_CHECKING:
     from tailguard.gateway.config import GatewayConfig
-    from tailguard.gateway.store import ConfigStore
+    from tailguard.gateway.ops.store import ConfigStore
 
 _CONFIG = typer.Option(None, "--config", "-c", help="The gateway's tailguard.yaml (its state is beside it).")
 _STATE = typer.Option(None, "--state-dir", help="The gateway's state directory (as given to `serve --state-dir`).")
@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _store(config: Path | None, state_dir: Path | None) -> ConfigStore:
-    from tailguard.gateway.store import ConfigStore, default_state_dir
+    from tailguard.gateway.ops.store import ConfigStore, default_state_dir
 
     if state_dir is not None:
         return ConfigStore(state_dir)

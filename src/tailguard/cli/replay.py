@@ -63,9 +63,9 @@ def replay(
 def _what_if(rec: Recording, config: Path, preset: str, max_num_seqs: int | None) -> None:
     from rich.console import Console
 
-    from tailguard.gateway.backends import resolved
+    from tailguard.gateway.upstream.backends import resolved
     from tailguard.gateway.config import load_config
-    from tailguard.gateway.kinds import get_kind
+    from tailguard.gateway.upstream.kinds import get_kind
     from tailguard.settings import described, flatten
     from tailguard.sim.cost import EngineConfig
     from tailguard.sweep.whatif import what_if

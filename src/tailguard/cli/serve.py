@@ -13,7 +13,7 @@ from tailguard.cli import listen_error
 
 if TYPE_CHECKING:
     from tailguard.gateway.config import GatewayConfig
-    from tailguard.gateway.store import ConfigStore
+    from tailguard.gateway.ops.store import ConfigStore
 
 
 def register(app: typer.Typer) -> None:
@@ -69,7 +69,7 @@ def serve(
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
-    from tailguard.gateway.store import ConfigStore, default_state_dir
+    from tailguard.gateway.ops.store import ConfigStore, default_state_dir
 
     root = state_dir or (default_state_dir(config) if config is not None else None)
     store = ConfigStore(root) if root is not None else None
@@ -152,7 +152,7 @@ async def _gateway(cfg: GatewayConfig, first_line: str | None, store: ConfigStor
                    reread: Callable[[], GatewayConfig] | None, record: Path | None) -> None:
     """Serve until stopped; an OSError before the gateway listens is its port, said in one line.
     `first_line` is printed once the gateway listens, so a busy port prints nothing else."""
-    from tailguard.gateway.app import serve as serve_gateway
+    from tailguard.gateway.http.app import serve as serve_gateway
 
     listening = False
 

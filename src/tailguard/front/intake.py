@@ -2,7 +2,7 @@
 (its output limit defaulted, clamped or refused; its prompt bounded), its job size for
 shortest-job-first, and whether its generation can be suspended and continued; pure, no I/O.
 
-The gateway (`gateway/proxy.py`) reads a request off HTTP, the discrete-event runs
+The gateway (`gateway/http/proxy.py`) reads a request off HTTP, the discrete-event runs
 (`sweep/virtual.py`, `benchmarks/seed_des.py`) draw one from a workload; both hand it here as an
 `Asked`, so a simulated gateway refuses, caps and sizes exactly as the configured one does.
 

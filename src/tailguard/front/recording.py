@@ -1,6 +1,6 @@
 """A recording of the front's conversation with its driver, as JSON lines and back; pure, no I/O.
 
-`tailguard serve --record FILE` writes one JSON object per line (`tailguard.gateway.recorder`):
+`tailguard serve --record FILE` writes one JSON object per line (`tailguard.gateway.ops.recorder`):
 
     {"format": "tailguard-front-recording", "version": 1, "params": {...FrontParams...},
      "config": {"hash": "...", "settings": {...}}, "clock": {...}}                  the header, once

@@ -25,10 +25,10 @@ from tailguard.front.events import (
 )
 from tailguard.front.front import Front
 from tailguard.front.params import FrontParams
-from tailguard.gateway.metrics import GatewayMetrics
-from tailguard.gateway.recorder import Recorder
+from tailguard.gateway.ops.metrics import GatewayMetrics
+from tailguard.gateway.ops.recorder import Recorder
 from tailguard.gateway.request import Request
-from tailguard.gateway.resume import Progress
+from tailguard.gateway.upstream.resume import Progress
 from tailguard.types import FailureKind, Outcome, RejectReason
 from tailguard.wire.openai import ratelimit_headers
 

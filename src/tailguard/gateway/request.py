@@ -10,7 +10,7 @@ The record is made when the request arrives and lives until its one end. Who wri
                        (first/last content, content chunks), the hot path's only writes
     the end            finished_at (the exchange, else the proxy)
 
-Metrics, `Server-Timing`, the access log and a recording read it (`gateway.metrics`); the
+Metrics, `Server-Timing`, the access log and a recording read it (`gateway.ops.metrics`); the
 driver's own handle of the request (the future its handler waits on, the hook that stops its
 upstream when it is suspended, its deadlines) lives here too, so one request is one object.
 """
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from tailguard.clock import monotonic
 from tailguard.errors import APIError, Overloaded
 from tailguard.front.intake import NO_CLASS
-from tailguard.gateway.resume import Progress
-from tailguard.gateway.watchdog import Watchdog
+from tailguard.gateway.upstream.resume import Progress
+from tailguard.gateway.upstream.watchdog import Watchdog
 from tailguard.types import Outcome
 
 

@@ -16,9 +16,13 @@ from typing import Protocol
 
 from aiohttp import web
 
-from tailguard.gateway.upstream import ClientGone
+from tailguard.errors import GatewayError
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class ClientGone(GatewayError):
+    """Writing to the consumer failed: the client disconnected."""
 
 
 class Sink(Protocol):

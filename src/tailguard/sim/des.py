@@ -99,7 +99,7 @@ class Timeline:
     prompt_tokens: int
     max_tokens: int
     outcome: Outcome | None = None
-    reject_reason: str | None = None  # "queue_full" | "wait_bound" | "queue_timeout" | "context_length" | a 400 code
+    reject_reason: str | None = None  # a RejectReason (refused by the front), or a 400 code (the intake, the engine)
     retry_after_s: float | None = None  # what a refusal told the client (a follow-up comes no sooner)
     finish_reason: str | None = None
     dispatched_at: float | None = None

@@ -2,7 +2,7 @@
 text_completion chunks in, one chat.completion or text_completion out. Pure, standard library only
 (the light client imports it): no I/O and no JSON; the caller parses each chunk and feeds the dict.
 
-The gateway (`gateway/assemble.py`) and the client (`client/assembly.py`) both send a non-stream
+The gateway (`gateway/upstream/assemble.py`) and the client (`client/assembly.py`) both send a non-stream
 call upstream as a stream, for its deadlines, and answer with what this joins, so both keep all
 the stream carried, the same way:
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tailguard.gateway.backends import prepare_body, translate_body
+from tailguard.gateway.upstream.backends import prepare_body, translate_body
 from tailguard.gateway.config import BackendConfig
 
 

@@ -14,9 +14,9 @@ from tailguard.errors import Overloaded, RateLimited
 from tailguard.front.params import BackendSpec, CallerSpec, ClassSpec, FrontParams, PreemptionParams
 from tailguard.gateway import dispatch as dispatch_module
 from tailguard.gateway.dispatch import Dispatcher
-from tailguard.gateway.metrics import GatewayMetrics
+from tailguard.gateway.ops.metrics import GatewayMetrics
 from tailguard.gateway.request import Request
-from tailguard.gateway.resume import Progress
+from tailguard.gateway.upstream.resume import Progress
 from tailguard.types import FailureKind, Outcome
 from tests.unit.gateway.virtual_loop import VirtualClock, run
 

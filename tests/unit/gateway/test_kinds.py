@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tailguard.gateway.kinds import (
+from tailguard.gateway.upstream.kinds import (
     KINDS, EngineLoad, detect_kind, get_kind, parse_llamacpp_metrics, parse_llamacpp_slots, parse_sglang_metrics,
     parse_tgi_metrics, parse_vllm_metrics, prometheus_sums,
 )

@@ -7,7 +7,7 @@ import asyncio
 import io
 import logging
 
-from tailguard.gateway.log_buffer import BufferedLineHandler
+from tailguard.gateway.ops.log_buffer import BufferedLineHandler
 
 
 def _record(msg: str) -> logging.LogRecord:

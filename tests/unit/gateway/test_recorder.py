@@ -12,7 +12,7 @@ from tailguard.front.front import Front
 from tailguard.front.params import BackendSpec, ClassSpec, FrontParams
 from tailguard.front.recording import Header, Observation, read
 from tailguard.front.replay import conform
-from tailguard.gateway.recorder import Recorder
+from tailguard.gateway.ops.recorder import Recorder
 from tailguard.gateway.request import Request
 from tailguard.types import Outcome
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tailguard.front.intake import resumable
-from tailguard.gateway.resume import Progress, continuation_body
+from tailguard.gateway.upstream.resume import Progress, continuation_body
 
 
 def test_chat_continuation_appends_the_text_and_shrinks_the_budget() -> None:

@@ -10,8 +10,8 @@ import pytest
 
 from tailguard.errors import ConfigError
 from tailguard.gateway.config import GatewayConfig
-from tailguard.gateway.reload import restart_needed
-from tailguard.gateway.store import ConfigStore, default_state_dir
+from tailguard.gateway.ops.reload import restart_needed
+from tailguard.gateway.ops.store import ConfigStore, default_state_dir
 
 
 def cfg(**update: object) -> GatewayConfig:

@@ -20,17 +20,17 @@ from contextlib import AsyncExitStack
 import orjson
 import pytest
 
-from tailguard.gateway.h1 import H1Connection, H1Response
+from tailguard.gateway.upstream.h1 import H1Connection, H1Response
 from tailguard.clock import monotonic
 from tailguard.types import FailureKind
-from tailguard.gateway.metrics import ChunkHistogram
+from tailguard.gateway.ops.metrics import ChunkHistogram
 from tailguard.gateway.request import Request
-from tailguard.gateway.resume import Progress, continuation_body
+from tailguard.gateway.upstream.resume import Progress, continuation_body
 from tailguard.gateway.sink import ChunkQueue
-from tailguard.gateway.stream import StreamRelay
-from tailguard.gateway.tally import Tally
-from tailguard.gateway.upstream import RelayError, Suspended
-from tailguard.gateway.watchdog import Watchdog
+from tailguard.gateway.upstream.stream import StreamRelay
+from tailguard.gateway.upstream.tally import Tally
+from tailguard.gateway.upstream.client import RelayError, Suspended
+from tailguard.gateway.upstream.watchdog import Watchdog
 from tailguard.wire.openai import chat_chunk, usage_dict
 from tailguard.wire.sse import DONE_EVENT, SSEDecoder, encode_event
 

@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tailguard.clock import monotonic
-from tailguard.gateway.metrics import ChunkHistogram
+from tailguard.gateway.ops.metrics import ChunkHistogram
 from tailguard.gateway.request import Request
-from tailguard.gateway.tally import Tally
-from tailguard.gateway.watchdog import Watchdog
+from tailguard.gateway.upstream.tally import Tally
+from tailguard.gateway.upstream.watchdog import Watchdog
 from tailguard.wire.chunks import Usage
 
 BOUNDS = (0.001, 0.3, 1.0)  # ITL buckets: "none", up to 0.3 s, up to 1 s, more

@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Iterator
 
 import pytest
 
-from tailguard.gateway import watchdog as watchdog_module
-from tailguard.gateway.watchdog import Watchdog
+from tailguard.gateway.upstream import watchdog as watchdog_module
+from tailguard.gateway.upstream.watchdog import Watchdog
 from tests.unit.gateway.virtual_loop import VirtualClock as _Clock, run
 
 START = 1000.0  # virtual seconds at a test's start

@@ -3,7 +3,7 @@
 The front takes the new queue, slot, preemption, retry and health-count parameters in place
 (`Front.reconfigure`: queued, running and suspended requests are kept); the class table (caps,
 classification) and the auth keys are swapped for requests that arrive from then on, the
-deadlines and probe settings reach new requests and probes through `Live` (`gateway.live`), and
+deadlines and probe settings reach new requests and probes through `Live` (`gateway.ops.live`), and
 a backend's new address, key or model reaches its next attempt and probe (a `kind: auto` one is
 asked again what it is), while requests in flight keep what they started with. A new backend
 is probed and takes requests at once; a removed one takes no new request, is no longer probed,
@@ -24,16 +24,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from tailguard.errors import ConfigError
-from tailguard.gateway.backends import resolved
-from tailguard.gateway.classes import ClassTable
+from tailguard.gateway.upstream.backends import resolved
+from tailguard.gateway.http.classes import ClassTable
 from tailguard.gateway.config import BackendConfig, GatewayConfig
 from tailguard.gateway.dispatch import Dispatcher
-from tailguard.gateway.kinds import get_kind
-from tailguard.gateway.live import Live
-from tailguard.gateway.metrics import GatewayMetrics
-from tailguard.gateway.probes import Probes
-from tailguard.gateway.proxy import Proxy
-from tailguard.gateway.store import ConfigStore
+from tailguard.gateway.upstream.kinds import get_kind
+from tailguard.gateway.ops.live import Live
+from tailguard.gateway.ops.metrics import GatewayMetrics
+from tailguard.gateway.upstream.probes import Probes
+from tailguard.gateway.http.proxy import Proxy
+from tailguard.gateway.ops.store import ConfigStore
 from tailguard.settings import Change, diff, flatten, item_of
 
 log = logging.getLogger("tailguard.gateway")

@@ -23,21 +23,21 @@ from aiohttp import web
 
 from tailguard.errors import APIError
 from tailguard.front.intake import OutputEstimator, bearer_key
-from tailguard.gateway.backends import resolved
-from tailguard.gateway.classes import ClassTable
+from tailguard.gateway.upstream.backends import resolved
+from tailguard.gateway.http.classes import ClassTable
 from tailguard.gateway.config import BackendConfig, GatewayConfig
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.exchange import Context
-from tailguard.gateway.kinds import get_kind
-from tailguard.gateway.log_buffer import BufferedLineHandler
-from tailguard.gateway.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, GatewayMetrics
-from tailguard.gateway.probes import Probes
-from tailguard.gateway.proxy import Proxy, error_response
-from tailguard.gateway.recorder import Recorder
-from tailguard.gateway.live import Live
-from tailguard.gateway.reload import Parts, Reloader
-from tailguard.gateway.store import ConfigStore
-from tailguard.gateway.upstream import Upstream
+from tailguard.gateway.upstream.kinds import get_kind
+from tailguard.gateway.ops.log_buffer import BufferedLineHandler
+from tailguard.gateway.ops.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, GatewayMetrics
+from tailguard.gateway.upstream.probes import Probes
+from tailguard.gateway.http.proxy import Proxy, error_response
+from tailguard.gateway.ops.recorder import Recorder
+from tailguard.gateway.ops.live import Live
+from tailguard.gateway.ops.reload import Parts, Reloader
+from tailguard.gateway.ops.store import ConfigStore
+from tailguard.gateway.upstream.client import Upstream
 
 LIVE = web.AppKey("live", Live)
 METRICS = web.AppKey("metrics", GatewayMetrics)
@@ -51,7 +51,7 @@ log = logging.getLogger("tailguard.gateway")
 
 def create_app(cfg: GatewayConfig, *, record: Path | None = None) -> web.Application:
     """The gateway for `cfg`. State is built on startup (it needs the running loop). With
-    `record`, the front's events and decisions are written there (`gateway.recorder`)."""
+    `record`, the front's events and decisions are written there (`gateway.ops.recorder`)."""
     if not cfg.backends:
         raise ValueError("the gateway needs at least one backend")
     app = web.Application(client_max_size=cfg.max_body_bytes, middlewares=[_openai_errors])
@@ -254,7 +254,7 @@ async def serve(
 
     With a `store`, the config is recorded there at start and at each reload, and the state
     directory names this process (its pid file) for `tailguard config rollback`. SIGHUP reloads
-    (`tailguard.gateway.reload`): what the store was asked for, else `reread()`."""
+    (`tailguard.gateway.ops.reload`): what the store was asked for, else `reread()`."""
     if cfg.access_log:
         logger = logging.getLogger(ACCESS_LOGGER)
         if not logger.handlers:

@@ -17,7 +17,7 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 
-from tailguard.gateway.log_buffer import BufferedLineHandler
+from tailguard.gateway.ops.log_buffer import BufferedLineHandler
 from tailguard.gateway.request import Request
 from tailguard.types import Outcome
 

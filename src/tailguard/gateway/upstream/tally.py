@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tailguard.gateway.metrics import ChunkHistogram
+from tailguard.gateway.ops.metrics import ChunkHistogram
 from tailguard.gateway.request import Request
-from tailguard.gateway.watchdog import Watchdog
+from tailguard.gateway.upstream.watchdog import Watchdog
 from tailguard.wire.chunks import Usage
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urlsplit
 
-from tailguard.gateway.h1 import H1Connection
+from tailguard.gateway.upstream.h1 import H1Connection
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ import orjson
 from tailguard.front.events import Decision, Event, Generated
 from tailguard.front.params import FrontParams
 from tailguard.front.recording import Header, Observation, header_line, request_line, step_line
-from tailguard.gateway.log_buffer import BufferedLineHandler
+from tailguard.gateway.ops.log_buffer import BufferedLineHandler
 from tailguard.gateway.request import Request
 
 FLUSH_S = 0.2

@@ -1,7 +1,6 @@
 """One upstream attempt's connection: the pooled client session, the body sent, the request
 opened, and the exceptions that say how an attempt ended: `RelayError` (its `kind`, a
-`FailureKind`; the front decides whether it goes again), `UpstreamStatus`, `ClientGone`,
-`Suspended`. They are `GatewayError`s; the whole tree is drawn in `tailguard/errors.py`.
+`FailureKind`; the front decides whether it goes again), `UpstreamStatus`, `Suspended`. They are `GatewayError`s; the whole tree is drawn in `tailguard/errors.py`.
 """
 
 from __future__ import annotations
@@ -14,11 +13,11 @@ import httptools
 import orjson
 
 from tailguard.errors import APIError, GatewayError
-from tailguard.gateway.backends import prepare_body
+from tailguard.gateway.upstream.backends import prepare_body
 from tailguard.gateway.config import BackendConfig
-from tailguard.gateway.h1 import H1Response, UpstreamBroke
-from tailguard.gateway.kinds import get_kind
-from tailguard.gateway.pool import Pool, origin_of
+from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
+from tailguard.gateway.upstream.kinds import get_kind
+from tailguard.gateway.upstream.pool import Pool, origin_of
 from tailguard.types import FailureKind
 from tailguard.wire.openai import Endpoint
 
@@ -55,10 +54,6 @@ class UpstreamStatus(GatewayError):
         self.content_type = content_type
 
 
-class ClientGone(GatewayError):
-    """Writing to the client failed: it disconnected."""
-
-
 class Suspended(GatewayError):
     """The dispatcher preempted this request: its upstream was closed, and the client's response
     stays open until the request is resumed."""
@@ -86,7 +81,7 @@ def upstream_body(
 
 
 class Upstream:
-    """The shared upstream client. Requests go over `gateway.h1` connections from one keep-alive
+    """The shared upstream client. Requests go over `gateway.upstream.h1` connections from one keep-alive
     `Pool` (a retry asks for a fresh connection: after a reset, another pooled one the server
     closed just the same would fail again). `session`, an aiohttp client, serves the gateway's
     own small requests (probes, the model list)."""
