@@ -16,21 +16,23 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any
 
 import orjson
 import pytest
 
-from tailguard.gateway.upstream.h1 import H1Connection, H1Response
 from tailguard.clock import monotonic
-from tailguard.types import FailureKind
 from tailguard.gateway.ops.metrics import ChunkHistogram
 from tailguard.gateway.request import Request
-from tailguard.gateway.upstream.resume import Progress, continuation_body
 from tailguard.gateway.sink import ChunkQueue
+from tailguard.gateway.upstream.client import RelayError, Suspended
+from tailguard.gateway.upstream.h1 import H1Connection, H1Response
+from tailguard.gateway.upstream.resume import Progress, continuation_body
 from tailguard.gateway.upstream.stream import StreamRelay
 from tailguard.gateway.upstream.tally import Tally
-from tailguard.gateway.upstream.client import RelayError, Suspended
 from tailguard.gateway.upstream.watchdog import Watchdog
+from tailguard.types import FailureKind
 from tailguard.wire.openai import chat_chunk, usage_dict
 from tailguard.wire.sse import DONE_EVENT, SSEDecoder, encode_event
 
@@ -169,6 +171,26 @@ def _events(chunks: list[bytes]) -> list[bytes]:
     return out
 
 
+@dataclass
+class Running:
+    """A relay started on a fresh backend connection, its client a ChunkQueue."""
+
+    backend: Any
+    sink: ChunkQueue
+    relay: StreamRelay
+    resp: H1Response
+    task: asyncio.Task[None]
+
+
+async def _started(backends: Backends, watchdog: Watchdog, sink: ChunkQueue | None = None, **relay_kw: Any) -> Running:
+    """What every relay test starts with: a backend, a client, the relay running on the response."""
+    backend = await backends()
+    sink = sink if sink is not None else ChunkQueue()
+    relay = _relay(watchdog, sink, **relay_kw)
+    resp = await backend.open()
+    return Running(backend, sink, relay, resp, asyncio.ensure_future(relay.run(resp)))
+
+
 @pytest.mark.parametrize("end", [b"\n", b"\r\n"], ids=["lf", "crlf"])
 async def test_events_reach_the_client_whole_however_the_reads_cut_them(
         backends: Backends, watchdog: Watchdog, end: bytes) -> None:
@@ -181,11 +203,8 @@ async def test_events_reach_the_client_whole_however_the_reads_cut_them(
     # Inside the role chunk, inside the first content one, past the start of the third, inside
     # the finish chunk, and between the two line ends that end [DONE].
     cuts = [5, len(evs[0]) + 3, len(evs[0]) + len(evs[1]) + 9, len(stream) - len(done) - 4, len(stream) - len(end)]
-    backend = await backends()
-    sink = ChunkQueue()
-    relay = _relay(watchdog, sink)
-    resp = await backend.open()
-    task = asyncio.ensure_future(relay.run(resp))
+    run = await _started(backends, watchdog)
+    backend, sink, relay, resp, task = run.backend, run.sink, run.relay, run.resp, run.task
     pos = 0
     for cut in [*cuts, len(stream)]:
         await _parked(resp, task)
@@ -202,11 +221,8 @@ async def test_events_reach_the_client_whole_however_the_reads_cut_them(
 async def test_the_role_only_preamble_waits_for_the_first_content(backends: Backends, watchdog: Watchdog) -> None:
     """Nothing reaches the client before the first content: the role-only chunk is held and sent
     with it, and the headers are made then, so they carry the first content's instant (TTFT)."""
-    backend = await backends()
-    sink = ChunkQueue()
-    relay = _relay(watchdog, sink)
-    resp = await backend.open()
-    task = asyncio.ensure_future(relay.run(resp))
+    run = await _started(backends, watchdog)
+    backend, sink, relay, resp, task = run.backend, run.sink, run.relay, run.resp, run.task
     await _parked(resp, task)
     backend.read(role())
     await _parked(resp, task)
@@ -241,11 +257,8 @@ async def test_content_is_recognised_and_counted(backends: Backends, watchdog: W
         usage(5, 4),
         b": a comment, as servers send to keep a connection alive\n\n",
     ]
-    backend = await backends()
-    sink = ChunkQueue()
-    relay = _relay(watchdog, sink, client_usage=True)
-    resp = await backend.open()
-    task = asyncio.ensure_future(relay.run(resp))
+    run = await _started(backends, watchdog, client_usage=True)
+    backend, sink, relay, resp, task = run.backend, run.sink, run.relay, run.resp, run.task
     stream = [others[0], *contents[:2], *others[1:3], *contents[2:], *others[3:]]
     for ev in stream:  # one read each
         await _parked(resp, task)
@@ -267,11 +280,8 @@ async def test_usage_is_read_and_reaches_the_client_only_when_asked(
     """The gateway always asks the backend for usage (it meters every request): the usage-only
     chunk is read either way, and relayed only if the client asked for it, whether it comes in
     a read of its own (the push path hands it back) or with [DONE]."""
-    backend = await backends()
-    sink = ChunkQueue()
-    relay = _relay(watchdog, sink, client_usage=client_usage)
-    resp = await backend.open()
-    task = asyncio.ensure_future(relay.run(resp))
+    run = await _started(backends, watchdog, client_usage=client_usage)
+    backend, sink, relay, resp, task = run.backend, run.sink, run.relay, run.resp, run.task
     await _parked(resp, task)
     backend.read(role(), tok("x"))
     await _parked(resp, task)
@@ -295,11 +305,8 @@ async def test_usage_is_read_and_reaches_the_client_only_when_asked(
 async def test_done_ends_the_response_and_what_follows_is_drained(backends: Backends, watchdog: Watchdog) -> None:
     """[DONE] ends the client's response in the same send; bytes the backend still sends are
     read (so the connection can be reused) but not relayed."""
-    backend = await backends()
-    sink = ChunkQueue()
-    relay = _relay(watchdog, sink)
-    resp = await backend.open()
-    task = asyncio.ensure_future(relay.run(resp))
+    run = await _started(backends, watchdog)
+    backend, sink, relay, resp, task = run.backend, run.sink, run.relay, run.resp, run.task
     await _parked(resp, task)
     backend.read(role(), tok("x"))
     await _parked(resp, task)
@@ -318,11 +325,8 @@ async def test_done_ends_the_response_and_what_follows_is_drained(backends: Back
 async def test_a_stream_without_done_ends_with_its_last_event(backends: Backends, watchdog: Watchdog) -> None:
     """A backend that ends its body without [DONE], its last event cut off before the blank
     line: that event still reaches the client (ended with one), then the response ends."""
-    backend = await backends()
-    sink = ChunkQueue()
-    relay = _relay(watchdog, sink)
-    resp = await backend.open()
-    task = asyncio.ensure_future(relay.run(resp))
+    run = await _started(backends, watchdog)
+    backend, sink, relay, resp, task = run.backend, run.sink, run.relay, run.resp, run.task
     await _parked(resp, task)
     backend.read(role(), tok("x"))
     await _parked(resp, task)
@@ -337,11 +341,8 @@ async def test_an_upstream_error_event_is_relayed_and_marked(backends: Backends,
     """An engine that fails mid-generation sends an error object in place of a chunk: the client
     gets it as it came, and the relay marks the stream (the request ends as an upstream error)."""
     error = encode_event(b'{"error":{"message":"engine died","type":"internal_error","code":500}}')
-    backend = await backends()
-    sink = ChunkQueue()
-    relay = _relay(watchdog, sink)
-    resp = await backend.open()
-    task = asyncio.ensure_future(relay.run(resp))
+    run = await _started(backends, watchdog)
+    backend, sink, relay, resp, task = run.backend, run.sink, run.relay, run.resp, run.task
     await _parked(resp, task)
     backend.read(role(), tok("x"))
     await _parked(resp, task)
@@ -358,11 +359,8 @@ async def test_an_upstream_error_event_is_relayed_and_marked(backends: Backends,
 async def test_a_backend_that_breaks_before_content_fails_the_attempt(backends: Backends, watchdog: Watchdog) -> None:
     """The backend closes its connection after the role chunk: the client has seen nothing, so
     the attempt fails (the front may send it again) and the sink is untouched."""
-    backend = await backends()
-    sink = ChunkQueue()
-    relay = _relay(watchdog, sink)
-    resp = await backend.open()
-    task = asyncio.ensure_future(relay.run(resp))
+    run = await _started(backends, watchdog)
+    backend, sink, relay, resp, task = run.backend, run.sink, run.relay, run.resp, run.task
     await _parked(resp, task)
     backend.read(role())
     await _parked(resp, task)
@@ -375,11 +373,8 @@ async def test_a_backend_that_breaks_before_content_fails_the_attempt(backends: 
 
 async def test_a_backend_that_breaks_after_content_ends_the_stream_with_an_error_event(
         backends: Backends, watchdog: Watchdog) -> None:
-    backend = await backends()
-    sink = ChunkQueue()
-    relay = _relay(watchdog, sink)
-    resp = await backend.open()
-    task = asyncio.ensure_future(relay.run(resp))
+    run = await _started(backends, watchdog)
+    backend, sink, relay, resp, task = run.backend, run.sink, run.relay, run.resp, run.task
     await _parked(resp, task)
     backend.read(role(), tok("x"))
     await _parked(resp, task)
@@ -396,11 +391,8 @@ async def test_a_slow_client_pauses_the_backend_and_loses_nothing(backends: Back
     """A client whose queue holds two chunks and who does not read: the push relay stops at the
     full queue and the connection stops reading the backend; what still arrives waits in the
     response. Once the client reads, every chunk comes, in order, once."""
-    backend = await backends()
-    sink = ChunkQueue(maxsize=2)
-    relay = _relay(watchdog, sink)
-    resp = await backend.open()
-    task = asyncio.ensure_future(relay.run(resp))
+    run = await _started(backends, watchdog, sink=ChunkQueue(maxsize=2))
+    backend, sink, relay, resp, task = run.backend, run.sink, run.relay, run.resp, run.task
     await _parked(resp, task)
     backend.read(role(), tok("0"))  # the queue's first chunk
     await _parked(resp, task)
@@ -422,11 +414,8 @@ async def test_a_slow_client_pauses_the_backend_and_loses_nothing(backends: Back
 async def test_a_named_service_tier_is_written_into_every_event(backends: Backends, watchdog: Watchdog) -> None:
     """A request that named a service tier gets it reported in every chunk (the relay then takes
     the general path for every read)."""
-    backend = await backends()
-    sink = ChunkQueue()
-    relay = _relay(watchdog, sink, service_tier=b"flex")
-    resp = await backend.open()
-    task = asyncio.ensure_future(relay.run(resp))
+    run = await _started(backends, watchdog, service_tier=b"flex")
+    backend, sink, relay, resp, task = run.backend, run.sink, run.relay, run.resp, run.task
     await _parked(resp, task)
     backend.read(role(), tok("x"))
     await _parked(resp, task)
@@ -449,12 +438,9 @@ async def test_the_tracked_path_keeps_the_text_and_relays_the_same_bytes(
     needs) and its token count (the backend's running count where it sends one); the client
     gets the same bytes as on the zero-parse path."""
     stream = [role(), tok("Once", running=1), tok(" upon", running=3), tok(" a"), finish(), usage(5, 4), DONE_EVENT]
-    backend = await backends()
-    sink = ChunkQueue()
     prog = Progress()
-    relay = _relay(watchdog, sink, progress=prog)
-    resp = await backend.open()
-    task = asyncio.ensure_future(relay.run(resp))
+    run = await _started(backends, watchdog, progress=prog)
+    backend, sink, relay, resp, task = run.backend, run.sink, run.relay, run.resp, run.task
     for ev in stream:
         await _parked(resp, task)
         backend.read(ev)
@@ -470,12 +456,9 @@ async def test_a_suspended_request_stops_between_reads(backends: Backends, watch
     """Once the dispatcher suspends the request, the next read ends the run with `Suspended`:
     what that read brought is neither relayed nor kept, so the continuation starts exactly
     where the client's text ends."""
-    backend = await backends()
-    sink = ChunkQueue()
     prog = Progress()
-    relay = _relay(watchdog, sink, progress=prog)
-    resp = await backend.open()
-    task = asyncio.ensure_future(relay.run(resp))
+    run = await _started(backends, watchdog, progress=prog)
+    backend, sink, relay, resp, task = run.backend, run.sink, run.relay, run.resp, run.task
     await _parked(resp, task)
     backend.read(role(), tok("Once"))
     await _parked(resp, task)
