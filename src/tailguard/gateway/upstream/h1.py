@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import httptools
 
+from tailguard.clock import monotonic
 from tailguard.errors import GatewayError
 
 _HIGH_WATER = 64 * 1024
@@ -289,7 +290,7 @@ class H1Connection(asyncio.Protocol):
         if self._complete and self._keep and not self.closed:
             self._resp = None
             self.resume()
-            self.idle_since = self.loop.time()
+            self.idle_since = monotonic()
             self._on_idle(self)
         else:
             self.abort(resp)

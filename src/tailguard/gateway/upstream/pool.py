@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urlsplit
 
+from tailguard.clock import monotonic
 from tailguard.gateway.upstream.h1 import H1Connection
 
 
@@ -64,7 +65,7 @@ class Pool:
         (refused, unreachable) or TimeoutError (no new connection within `connect_s`)."""
         if not fresh:
             idle = self._idle.get(origin)
-            stale_before = self.loop.time() - self.keepalive_s
+            stale_before = monotonic() - self.keepalive_s
             while idle:
                 conn = idle.pop()
                 if conn.idle_since >= stale_before and not conn.closed:
