@@ -124,13 +124,13 @@ class Dispatcher:
         """The relay has an upstream open: a preemptible request can be suspended from now on."""
         if ticket.progress is None or ticket.ended:
             return
-        ticket.on_suspend = on_suspend
+        ticket.upstream_opened(on_suspend)
         self._handle(Opened(ticket.id))
 
     def failed(self, ticket: Request, kind: FailureKind, *, delivered: bool, answered: bool) -> bool:
         """An attempt failed. True when the front sends it again (`ticket.backend` then names
         where); False: the caller ends the request."""
-        ticket.on_suspend = None
+        ticket.upstream_closed()
         decisions = self._handle(Failed(ticket.id, kind, delivered, answered))
         return any(isinstance(d, Start) and d.id == ticket.id for d in decisions)
 
@@ -144,7 +144,7 @@ class Dispatcher:
         if ticket.ended:
             return
         ticket.ended = True
-        ticket.on_suspend = None
+        ticket.upstream_closed()
         del self._tickets[ticket.id]
         if ticket.waiter is not None and not ticket.waiter.done():
             ticket.waiter.cancel()

@@ -158,7 +158,7 @@ class Exchange:
                     raise  # not ours: the consumer left
                 self._retried = True
             finally:
-                rec.on_suspend = None  # closed below: a suspension has nothing to stop
+                rec.upstream_closed()  # closed below: a suspension has nothing to stop
                 if up is not None:
                     up.close()  # no-op after release(); otherwise aborts the engine's request
 

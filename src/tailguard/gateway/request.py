@@ -82,6 +82,16 @@ class Request:
         if hook is not None:
             hook()
 
+    # --- its upstream, as the exchange opens and closes it ----------------------------------
+
+    def upstream_opened(self, close: Callable[[], None]) -> None:
+        """An upstream is open: `close` is how a suspension stops it."""
+        self.on_suspend = close
+
+    def upstream_closed(self) -> None:
+        """The upstream is closed (or failed): a suspension has nothing to stop."""
+        self.on_suspend = None
+
     # --- how it ended ---------------------------------------------------------------------
 
     def end(self, outcome: Outcome, status: int, reason: str | None, completion: str | None = None) -> None:
