@@ -16,7 +16,7 @@ import pytest
 from tailguard.gateway.config import BackendConfig
 from tailguard.sim.server import running_sim
 from tailguard.wire.sse import DONE, SSEDecoder
-from tests.functional.gateways import engine, gateway, health, sample, scrape
+from tests.functional.gateways import engine, gateway, health, sample, scrape, until
 from tests.functional.raw_servers import DONE_END, SSE_HEAD, TOK_EVENT, chunk, raw_server, read_request
 
 CHAT = [{"role": "user", "content": "x" * 400}]  # 104 prompt tokens by the bytes/4 estimate
@@ -100,8 +100,11 @@ async def test_models_health_and_metrics_move() -> None:
     async with asyncio.timeout(20), gateway(sims=2) as gw, gw.client() as c:
         models = await c.models.list()
         assert [m.id for m in models.data] == ["tailguard-sim"]  # union, deduplicated
+        async def probed() -> bool:  # "ok" once both backends' first probes have answered
+            return bool((await health(gw.url))["status"] == "ok")
+        await until(probed)
         h = await health(gw.url)
-        assert h["status"] == "ok" and set(h["backends"]) == {"sim0", "sim1"}
+        assert set(h["backends"]) == {"sim0", "sim1"}
         before = await scrape(gw.url)
         await asyncio.gather(*(c.chat.completions.create(model="m", messages=CHAT, max_tokens=8)
                                for _ in range(4)))

@@ -73,11 +73,24 @@ class BackendView:
     """What a driver may read of one backend (for /health and gauges)."""
 
     name: str
-    healthy: bool
+    healthy: bool  # takes requests (a backend starts healthy, so none waits for a probe to serve)
     retiring: bool
     in_flight: int
     max_concurrency: int
     reserved_slots: int
+    probed: bool = False  # a probe has answered or failed: its health is known, not assumed
+    failures: int = 0  # failed probes and connections in a row
+
+    @property
+    def state(self) -> str:
+        """What /health says of it: `unknown` until a probe has answered, `failing` while probes
+        fail but fewer than `unhealthy_after` in a row (it still takes requests), `unhealthy`,
+        or `healthy`."""
+        if not self.healthy:
+            return "unhealthy"
+        if self.failures:
+            return "failing"
+        return "healthy" if self.probed else "unknown"
 
 
 class Front:
@@ -159,7 +172,8 @@ class Front:
 
     def backend(self, name: str) -> BackendView:
         s = self._slots[name]
-        return BackendView(s.name, s.healthy, s.retiring, s.in_flight, s.cfg.max_concurrency, s.cfg.reserve())
+        return BackendView(s.name, s.healthy, s.retiring, s.in_flight, s.cfg.max_concurrency, s.cfg.reserve(),
+                           s.probed, s.failures)
 
     def is_healthy(self, backend: str) -> bool:
         return self._slots.is_healthy(backend)
@@ -274,6 +288,8 @@ class Front:
         page promptly is not a dead one, and taking the only backend out would strand everything
         queued behind it (a wedged server is still found by its requests' own failures). A late
         probe of a backend that has left changes nothing."""
+        if not ev.busy:
+            self._slots.probed(ev.backend)
         if ev.ok:
             if self._slots.mark_success(ev.backend):
                 self._out.append(HealthChanged(ev.backend, True))

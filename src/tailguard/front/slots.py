@@ -27,7 +27,7 @@ class BackendState:
     """One backend's live counters. Mutated only through `BackendPool`."""
 
     __slots__ = ("cfg", "name", "in_flight", "by_class", "healthy", "failures", "successes", "last_acquired",
-                 "retiring")
+                 "retiring", "probed")
 
     def __init__(self, cfg: BackendSpec, class_names: Iterable[str]) -> None:
         self.cfg = cfg
@@ -41,6 +41,7 @@ class BackendState:
         self.successes = 0
         self.last_acquired = -1  # sequence number of the latest acquire: the router's tie-break
         self.retiring = False  # removed by a reload: no new binds, gone once nothing is in flight
+        self.probed = False  # a health probe has answered (or failed outright): its health is known
 
 
 class BackendPool:
@@ -203,6 +204,12 @@ class BackendPool:
             if s.healthy and not s.retiring:
                 return True
         return False
+
+    def probed(self, backend: str) -> None:
+        """A probe answered (or failed outright): the backend's health is known from now on."""
+        s = self._states.get(backend)
+        if s is not None:
+            s.probed = True
 
     def mark_failure(self, backend: str) -> bool:
         """A probe or connection failed. True when this failure turned the backend unhealthy

@@ -89,3 +89,19 @@ def test_a_late_probe_of_a_backend_that_has_left_changes_nothing() -> None:
     f = Front(FrontParams(classes=CLASSES, backends=[BackendSpec("a", max_concurrency=1)]))
     assert list(f.handle(Probed("gone", False), 0.0)) == []
     assert list(f.handle(Probed("gone", True), 0.0)) == []
+
+
+def test_a_backend_is_unknown_until_probed_then_failing_before_unhealthy() -> None:
+    f = Front(FrontParams(classes=CLASSES, backends=[BackendSpec("a", max_concurrency=1)],
+                          health=HealthParams(unhealthy_after=2)))
+    assert f.backend("a").state == "unknown" and f.backend("a").healthy  # it serves before any probe
+    f.handle(Probed("a", False, busy=True), 0.1)
+    assert f.backend("a").state == "unknown"  # a busy probe says nothing either way
+    f.handle(Probed("a", True), 0.2)
+    assert f.backend("a").state == "healthy"
+    f.handle(Probed("a", False), 0.3)
+    assert f.backend("a").state == "failing" and f.backend("a").healthy
+    f.handle(Probed("a", False), 0.4)
+    assert f.backend("a").state == "unhealthy"
+    f.handle(Probed("a", True), 0.5)
+    assert f.backend("a").state == "healthy"

@@ -111,19 +111,27 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _health(request: web.Request) -> web.Response:
+    """Each backend as the gateway knows it (`state`: unknown until a probe has answered, failing,
+    unhealthy or healthy; why its last probe failed), and overall: `ok` when every backend taking
+    requests is healthy and known, `degraded` while some are not (the gateway still serves),
+    `unavailable` (503) when none takes requests."""
     front = request.app[DISPATCHER].front
     kinds = request.app[BACKENDS]
     probes = request.app[PROBES]
     load = probes.load
-    backends = {s.name: {"healthy": s.healthy, "retiring": s.retiring, "kind": kinds[s.name].kind, "in_flight": s.in_flight,
-                         "max_concurrency": s.max_concurrency, "reserved_slots": s.reserved_slots,
+    views = list(front.backends())
+    backends = {s.name: {"state": s.state, "healthy": s.healthy, "retiring": s.retiring, "kind": kinds[s.name].kind,
+                         "in_flight": s.in_flight, "max_concurrency": s.max_concurrency,
+                         "reserved_slots": s.reserved_slots,
                          "engine": ({"running": load[s.name].running, "waiting": load[s.name].waiting}
                                     if s.name in load else None),
                          "probe_error": probes.last_error.get(s.name)}
-                for s in front.backends()}
+                for s in views}
     ok = front.any_healthy()
+    all_known = all(s.state == "healthy" for s in views if not s.retiring)
+    status = "unavailable" if not ok else "ok" if all_known else "degraded"
     live = request.app[LIVE]
-    body = {"status": "ok" if ok else "unavailable", "queued": len(request.app[DISPATCHER]), "backends": backends,
+    body = {"status": status, "queued": len(request.app[DISPATCHER]), "backends": backends,
             "config": {"hash": live.hash, "n": live.n}}
     return web.Response(status=200 if ok else 503, body=orjson.dumps(body), content_type="application/json")
 
@@ -263,6 +271,12 @@ async def serve(
             logger.addHandler(handler)
             logger.propagate = False
         logger.setLevel(logging.INFO)
+    gateway_log = logging.getLogger("tailguard.gateway")  # what it finds and changes, on stderr
+    if not gateway_log.handlers:
+        said = logging.StreamHandler(sys.stderr)
+        said.setFormatter(logging.Formatter("%(message)s"))
+        gateway_log.addHandler(said)
+    gateway_log.setLevel(logging.INFO)
     app = create_app(cfg, record=record)
     runner = web.AppRunner(app, handle_signals=False, handler_cancellation=True, access_log=None)
     await runner.setup()

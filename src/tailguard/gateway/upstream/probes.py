@@ -28,10 +28,12 @@ log = logging.getLogger("tailguard.gateway")
 
 @dataclass(frozen=True, slots=True)
 class _Failed:
-    """Why a probe got no 2xx answer; `timed_out`: none at all within `health.timeout_s`."""
+    """Why a probe got no 2xx answer; `timed_out`: none at all within `health.timeout_s`;
+    `answered`: the server did answer, with another status."""
 
     reason: str
     timed_out: bool = False
+    answered: bool = False
 
 
 class Probes:
@@ -50,6 +52,7 @@ class Probes:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._stopping: set[asyncio.Task[None]] = set()  # loops of removed backends, until they end
         self._wake = asyncio.Event()  # set (and replaced) by `retime`: every loop probes again now
+        self._undetected: dict[str, str] = {}  # backends whose kind could not be detected, at which URL
 
     def start(self) -> None:
         """One probe loop per configured backend."""
@@ -67,6 +70,7 @@ class Probes:
                 task.add_done_callback(self._stopping.discard)
             self.load.pop(name, None)
             self.last_error.pop(name, None)
+            self._undetected.pop(name, None)
         for b in added:
             self._start(b)
 
@@ -88,12 +92,12 @@ class Probes:
     async def _loop(self, configured: BackendConfig) -> None:
         name = configured.name
         auto = configured.kind == "auto"
-        detect, healthy, asked = auto, True, configured.url
+        detect, healthy, asked, first, unanswered = auto, True, configured.url, True, False
         while True:
             if auto and self.backends[name].url != asked:  # a reload moved it: another server, maybe
                 detect, asked = True, self.backends[name].url
             if detect:
-                await self._detect(name)
+                unanswered = not await self._detect(name)
             # The event of the settings read here: set already when a reload came while probing.
             backend, health, wake = self.backends[name], self.live.cfg.health, self._wake
             # An explicit `health.path` wins; else each kind's own (a plain OpenAI server has no /health).
@@ -107,13 +111,32 @@ class Probes:
             self.dispatcher.probe(name, failed is None, busy=busy)
             if failed is None:
                 await self._read_load(backend)
+            if first and not busy:
+                first = False
+                self._found(self.backends[name], auto, path, failed)
             now_healthy = self.dispatcher.healthy.get(name, False)
             if healthy and not now_healthy and failed is not None:
                 log.warning("backend %s: health probe GET %s failed: %s", name, path, failed.reason)
-            detect = auto and now_healthy and not healthy  # it came back: ask again what it is
+            # It came back, or it answers now where nothing answered when it was asked: ask again.
+            detect = auto and now_healthy and (not healthy or (unanswered and failed is None))
             healthy = now_healthy
             if not detect:
                 await _pause(health.interval_s, wake)
+
+    def _found(self, backend: BackendConfig, auto: bool, path: str, failed: _Failed | None) -> None:
+        """One line per backend when its first probe has answered: reachable (its kind, the
+        engine's own count) or why not, so a dead or mistyped backend is said at once rather
+        than when enough probes have failed to take it out."""
+        name, url = backend.name, backend.url
+        if failed is None:
+            load = self.load.get(name)
+            engine = f"; the engine reports {load.running} running, {load.waiting} waiting" if load is not None else ""
+            log.info("backend %s (%s): reachable, kind %s%s%s", name, url, backend.kind,
+                     " (detected)" if auto else "", engine)
+        else:
+            log.warning("backend %s (%s): not reachable: GET %s: %s; it is taken out after %d failed probes in "
+                        "a row, %g s apart", name, url, path, failed.reason, self.live.cfg.health.unhealthy_after,
+                        self.live.cfg.health.interval_s)
 
     async def _get(self, backend: BackendConfig, path: str) -> bytes | None:
         """The body of a 2xx answer to GET `path`, or None (any other status, error or timeout)."""
@@ -128,23 +151,34 @@ class Probes:
             async with self.session.get(backend.url + path, timeout=aiohttp.ClientTimeout(total=timeout_s),
                                         headers=headers) as resp:
                 body = await resp.read()
-                return body if 200 <= resp.status < 300 else _Failed(f"status {resp.status}")
+                return body if 200 <= resp.status < 300 else _Failed(f"status {resp.status}", answered=True)
         except asyncio.TimeoutError:
             return _Failed(f"no answer within {timeout_s:g} s", timed_out=True)
         except aiohttp.ClientError as e:
             return _Failed(f"{type(e).__name__}: {e}")
 
-    async def _detect(self, name: str) -> None:
+    async def _detect(self, name: str) -> bool:
         """Ask a `kind: auto` backend what it is and switch everything that depends on it (request
-        translation, health path, whether its requests can be suspended, its reservation)."""
-        bodies = await asyncio.gather(*(self._get(self.backends[name], p) for p in DETECT_PATHS))
-        kind = detect_kind(dict(zip(DETECT_PATHS, bodies)))
+        translation, health path, whether its requests can be suspended, its reservation). False
+        when nothing answered at all (unreachable): it is asked again once a probe gets through."""
+        answers = await asyncio.gather(*(self._fetch(self.backends[name], p) for p in DETECT_PATHS))
+        kind = detect_kind({p: a if isinstance(a, bytes) else None for p, a in zip(DETECT_PATHS, answers)})
+        reachable = any(isinstance(a, bytes) or a.answered for a in answers)
         current = self.backends[name]  # as it is now: a reload may have changed it meanwhile
         if current.kind != kind:
             log.warning("backend %s is %s (detected)", name, kind)
             self.backends[name] = current.model_copy(update={"kind": kind})
             self.metrics.set_kind(name, kind)
         self.dispatcher.set_kind(name, get_kind(kind).continues_generation)
+        if kind == "openai" and reachable and self._undetected.get(name) != current.url:
+            self._undetected[name] = current.url  # said once per address (an unreachable one: once it answers)
+            view = self.dispatcher.front.backend(name)
+            log.warning("backend %s (%s): no engine kind detected (none of %s answered as vLLM, llama.cpp, SGLang, "
+                        "TGI or the simulator would): treated as a plain OpenAI server, so its requests cannot be "
+                        "suspended for a chat and %d of its %d slots are kept for the top class; if it is an "
+                        "engine, name it in the config (kind: vllm, llamacpp, sglang, tgi or sim)",
+                        name, current.url, ", ".join(DETECT_PATHS), view.reserved_slots, view.max_concurrency)
+        return reachable
 
     async def _read_load(self, backend: BackendConfig) -> None:
         """The engine's own running and waiting counts: a waiting count above zero means requests
