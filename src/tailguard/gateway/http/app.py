@@ -253,6 +253,17 @@ def reloader_of(app: web.Application, store: ConfigStore | None = None,
     return Reloader(app[LIVE], parts, store, reread)
 
 
+def _say_what_it_finds() -> None:
+    """From the moment it listens, the gateway's own log (what its probes find, what changes) goes
+    to stderr at INFO; before, a failed start says one line only."""
+    gateway_log = logging.getLogger("tailguard.gateway")
+    if not gateway_log.handlers:
+        said = logging.StreamHandler(sys.stderr)
+        said.setFormatter(logging.Formatter("%(message)s"))
+        gateway_log.addHandler(said)
+    gateway_log.setLevel(logging.INFO)
+
+
 async def serve(
     cfg: GatewayConfig, *, ready: Callable[[str], None] | None = None, store: ConfigStore | None = None,
     reread: Callable[[], GatewayConfig] | None = None, record: Path | None = None,
@@ -271,17 +282,16 @@ async def serve(
             logger.addHandler(handler)
             logger.propagate = False
         logger.setLevel(logging.INFO)
-    gateway_log = logging.getLogger("tailguard.gateway")  # what it finds and changes, on stderr
-    if not gateway_log.handlers:
-        said = logging.StreamHandler(sys.stderr)
-        said.setFormatter(logging.Formatter("%(message)s"))
-        gateway_log.addHandler(said)
-    gateway_log.setLevel(logging.INFO)
     app = create_app(cfg, record=record)
     runner = web.AppRunner(app, handle_signals=False, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024)
-    await site.start()
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()  # its probes stop now: nothing of a gateway that never listened goes on
+        raise
+    _say_what_it_finds()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     reloader = reloader_of(app, store, reread)
