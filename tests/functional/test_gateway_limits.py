@@ -40,6 +40,9 @@ async def test_a_caller_over_its_rpm_gets_openais_429_with_the_wait_to_the_milli
             await app.chat.completions.create(model="m", messages=CHAT, max_tokens=1)
         err = over.value
         assert err.status_code == 429 and err.code == "rate_limit_exceeded" and err.type == "requests"
+        # OpenAI's words: which limit, its use, and when to try again.
+        assert err.body["message"].startswith(  # type: ignore[index]
+            "Rate limit reached for caller 'app' on requests per min (RPM): Limit 4, Used 4. Please try again in 1")
         headers = err.response.headers
         assert headers["x-tailguard-reject-reason"] == "rate_limit_requests"
         wait_ms = int(headers["retry-after-ms"])  # what the openai SDK's own retry waits

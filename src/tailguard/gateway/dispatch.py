@@ -30,7 +30,7 @@ from tailguard.gateway.ops.recorder import Recorder
 from tailguard.gateway.request import Request
 from tailguard.gateway.upstream.resume import Progress
 from tailguard.types import FailureKind, Outcome, RejectReason
-from tailguard.wire.openai import ratelimit_headers
+from tailguard.wire.openai import duration_text, ratelimit_headers
 
 log = logging.getLogger("tailguard.gateway")
 
@@ -239,8 +239,20 @@ class Dispatcher:
         if d.reason is RejectReason.QUEUE_TIMEOUT:
             message = (f"The request waited {monotonic() - t.arrived_at:.3f} s in the queue, "
                        "past its class bound.")
+        elif d.reason in _RATE_TYPES and t.caller is not None:
+            message = self._rate_message(d, t.caller)
         if t.waiter is not None and not t.waiter.done():
             t.waiter.set_exception(overloaded(d.reason, d.retry_after_s, message))
+
+    def _rate_message(self, d: Reject, caller: str) -> str:
+        """OpenAI's words for a rate limit: which limit, its use, and when to try again."""
+        requests, tokens = self.front.standing(caller, monotonic())
+        per_requests = d.reason is RejectReason.RATE_LIMIT_REQUESTS
+        s = requests if per_requests else tokens
+        what = "requests per min (RPM)" if per_requests else "tokens per min (TPM)"
+        use = f": Limit {s.limit}, Used {s.limit - s.remaining}" if s is not None else ""
+        return (f"Rate limit reached for caller '{caller}' on {what}{use}. Please try again in "
+                f"{duration_text(d.retry_after_s)}.")
 
     def _arm(self) -> None:
         at = self.front.next_wakeup()

@@ -233,11 +233,11 @@ def error_headers(err: APIError) -> dict[str, str]:
 def ratelimit_headers(kind: str, limit: int, remaining: int, reset_s: float) -> dict[str, str]:
     """OpenAI's `x-ratelimit-*` headers for one limit (`kind`: requests or tokens)."""
     return {f"x-ratelimit-limit-{kind}": str(limit), f"x-ratelimit-remaining-{kind}": str(remaining),
-            f"x-ratelimit-reset-{kind}": _duration(reset_s)}
+            f"x-ratelimit-reset-{kind}": duration_text(reset_s)}
 
 
-def _duration(seconds: float) -> str:
-    """As OpenAI writes a reset: `20ms`, `1s`, `17.5s`, `6m0s`."""
+def duration_text(seconds: float) -> str:
+    """As OpenAI writes a wait or a reset: `20ms`, `1s`, `17.5s`, `6m0s`."""
     if seconds < 1.0:
         return f"{max(0, round(seconds * 1000))}ms"
     minutes, rest = divmod(seconds, 60.0)

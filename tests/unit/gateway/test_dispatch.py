@@ -108,6 +108,8 @@ def test_a_caller_over_its_limit_gets_openai_s_429_and_its_rate_headers(clock: V
         with pytest.raises(RateLimited) as err:
             await d.admit(rec("r2", caller="team"), 100)
         assert (err.value.status, err.value.type, err.value.code) == (429, "requests", "rate_limit_exceeded")
+        assert err.value.message == ("Rate limit reached for caller 'team' on requests per min (RPM): Limit 1, Used 1. "
+                                     "Please try again in 1m0s.")
         headers = d.rate_headers("team")
         assert headers is not None and headers["x-ratelimit-remaining-requests"] == "0"
 
