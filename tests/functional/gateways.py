@@ -14,8 +14,8 @@ from aiohttp import web
 from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from tailguard.gateway.http.app import create_app
 from tailguard.gateway.config import BackendConfig, ClassConfig, GatewayConfig
+from tailguard.gateway.http.app import create_app
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.server import RunningSim, running_sim
 from tests.servers import running

@@ -19,8 +19,8 @@ import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
 
-from tailguard.gateway.http.app import create_app
 from tailguard.gateway.config import GatewayConfig
+from tailguard.gateway.http.app import create_app
 from tests.servers import running
 
 HOLD_S = 5.0  # how long the upstream holds its second chunk for the client's first

@@ -12,8 +12,8 @@ from typing import Any
 from tailguard.front.events import Arrive, Failed, Finished, Generated, Reconfigure, Retired, Start, Suspend
 from tailguard.front.recording import Recording, read
 from tailguard.front.replay import conform
-from tailguard.gateway.http.app import LIVE, reloader_of
 from tailguard.gateway.config import BackendConfig
+from tailguard.gateway.http.app import LIVE, reloader_of
 from tailguard.types import Outcome
 from tests.functional.gateways import Stack, gateway, health, sample, scrape, until
 from tests.functional.raw_servers import raw_server, read_request

@@ -25,8 +25,8 @@ from tailguard.bench.workload import RequestFactory, parse_workload
 from tailguard.front.events import Arrive, Decision, Event
 from tailguard.front.front import Front
 from tailguard.front.intake import NO_CLASS
-from tailguard.gateway.http.app import DISPATCHER
 from tailguard.gateway.config import GatewayConfig
+from tailguard.gateway.http.app import DISPATCHER
 from tailguard.sim.cost import EngineConfig
 from tailguard.sweep.virtual import plan, simulate
 from tailguard.types import Outcome

@@ -22,8 +22,8 @@ import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
 
-from tailguard.gateway.http.app import create_app
 from tailguard.gateway.config import GatewayConfig
+from tailguard.gateway.http.app import create_app
 from tailguard.wire.sse import SSEDecoder
 from tests.real.processes import EngineProcess, http_text
 

@@ -7,9 +7,9 @@ import re
 import tailguard.errors as errors
 from tailguard.front.events import WrongEvent
 from tailguard.gateway.http.classes import Unauthorized
-from tailguard.gateway.upstream.h1 import UpstreamBroke
 from tailguard.gateway.sink import ClientGone
 from tailguard.gateway.upstream.client import RelayError, Suspended, UpstreamStatus
+from tailguard.gateway.upstream.h1 import UpstreamBroke
 
 GATEWAY = (RelayError, UpstreamStatus, UpstreamBroke, ClientGone, Suspended)
 

@@ -40,16 +40,12 @@ _REJECT_TEXT = {
     RejectReason.QUEUE_TIMEOUT: "The request waited in the queue past its class bound.",
     RejectReason.NO_HEALTHY_BACKEND: "No healthy backend is available.",
     RejectReason.SHUTTING_DOWN: "The gateway is shutting down.",
-    RejectReason.RATE_LIMIT_REQUESTS: "Rate limit reached for this API key on requests per minute; retry after the "
-                                      "time Retry-After gives.",
-    RejectReason.RATE_LIMIT_TOKENS: "Rate limit reached for this API key on tokens per minute; retry after the time "
-                                    "Retry-After gives.",
-}
+}  # a caller's own limits (RATE_LIMIT_*) are worded from where they stand: `Dispatcher._rate_message`
 _RATE_TYPES = {RejectReason.RATE_LIMIT_REQUESTS: "requests", RejectReason.RATE_LIMIT_TOKENS: "tokens"}
 
 
 def overloaded(reason: RejectReason, retry_after_s: float, message: str | None = None) -> Overloaded:
-    text = message or _REJECT_TEXT[reason]
+    text = message if message is not None else _REJECT_TEXT[reason]
     headers = {"X-Tailguard-Reject-Reason": reason.value}
     rate = _RATE_TYPES.get(reason)
     if rate is not None:  # the caller's own limit: OpenAI's 429, which its SDK retries after the wait
@@ -239,7 +235,8 @@ class Dispatcher:
         if d.reason is RejectReason.QUEUE_TIMEOUT:
             message = (f"The request waited {monotonic() - t.arrived_at:.3f} s in the queue, "
                        "past its class bound.")
-        elif d.reason in _RATE_TYPES and t.caller is not None:
+        elif d.reason in _RATE_TYPES:
+            assert t.caller is not None  # the front limits callers only
             message = self._rate_message(d, t.caller)
         if t.waiter is not None and not t.waiter.done():
             t.waiter.set_exception(overloaded(d.reason, d.retry_after_s, message))

@@ -18,20 +18,20 @@ from typing import Any
 
 from tailguard.clock import monotonic
 from tailguard.errors import APIError, Overloaded
-from tailguard.gateway.upstream.assemble import Assembler
 from tailguard.front.intake import Accepted, OutputEstimator
 from tailguard.front.params import ClassSpec
 from tailguard.gateway.config import BackendConfig
 from tailguard.gateway.dispatch import Dispatcher
-from tailguard.gateway.upstream.h1 import H1Response
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.metrics import GatewayMetrics, response_headers
 from tailguard.gateway.request import Request
-from tailguard.gateway.upstream.resume import continuation_body
 from tailguard.gateway.sink import ClientGone, Sink
+from tailguard.gateway.upstream.assemble import Assembler
+from tailguard.gateway.upstream.client import RelayError, Suspended, Upstream, UpstreamStatus, upstream_body
+from tailguard.gateway.upstream.h1 import H1Response
+from tailguard.gateway.upstream.resume import continuation_body
 from tailguard.gateway.upstream.stream import StreamRelay
 from tailguard.gateway.upstream.tally import Tally
-from tailguard.gateway.upstream.client import RelayError, Suspended, Upstream, UpstreamStatus, upstream_body
 from tailguard.gateway.upstream.watchdog import Watchdog
 from tailguard.types import FailureKind, Outcome
 from tailguard.wire.openai import Endpoint, ParsedRequest

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tailguard.front.intake import Accepted
 from tailguard.bench.stats import percentile
 from tailguard.clock import VirtualClock
 from tailguard.front.front import Front
+from tailguard.front.intake import Accepted
 from tailguard.front.params import BackendSpec, FrontParams
 from tailguard.front.recording import Recording
 from tailguard.sim.cost import EngineConfig

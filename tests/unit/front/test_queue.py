@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 
 from tailguard.errors import ConfigError
-from tailguard.front.slots import BackendPool
 from tailguard.front.params import BackendSpec, ClassSpec, HealthParams, PreemptionParams, QueueParams
 from tailguard.front.router import choose
+from tailguard.front.slots import BackendPool
 from tailguard.front.queue import (
     SCHEDULERS,
     BaseScheduler,

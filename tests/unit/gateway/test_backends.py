@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tailguard.gateway.upstream.backends import prepare_body, translate_body
 from tailguard.gateway.config import BackendConfig
+from tailguard.gateway.upstream.backends import prepare_body, translate_body
 
 
 def test_vllm_gets_priority_from_the_class_rank_whatever_the_client_sent() -> None:

@@ -6,8 +6,8 @@ import pytest
 
 from tailguard.errors import APIError
 from tailguard.front.intake import Asked
-from tailguard.gateway.http.classes import ClassTable
 from tailguard.gateway.config import GatewayConfig
+from tailguard.gateway.http.classes import ClassTable
 
 
 def table(**kw: object) -> ClassTable:

@@ -21,23 +21,24 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from tailguard.clock import monotonic
 from tailguard.errors import APIError
 from tailguard.front.intake import OutputEstimator, bearer_key
-from tailguard.gateway.upstream.backends import resolved
-from tailguard.gateway.http.classes import ClassTable
 from tailguard.gateway.config import BackendConfig, GatewayConfig
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.exchange import Context
-from tailguard.gateway.upstream.kinds import get_kind
+from tailguard.gateway.http.classes import ClassTable
+from tailguard.gateway.http.proxy import Proxy, error_response
+from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.log_buffer import BufferedLineHandler
 from tailguard.gateway.ops.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, GatewayMetrics
-from tailguard.gateway.upstream.probes import Probes
-from tailguard.gateway.http.proxy import Proxy, error_response
 from tailguard.gateway.ops.recorder import Recorder
-from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.reload import Parts, Reloader
 from tailguard.gateway.ops.store import ConfigStore
+from tailguard.gateway.upstream.backends import resolved
 from tailguard.gateway.upstream.client import Upstream
+from tailguard.gateway.upstream.kinds import get_kind
+from tailguard.gateway.upstream.probes import Probes
 
 LIVE = web.AppKey("live", Live)
 METRICS = web.AppKey("metrics", GatewayMetrics)
@@ -146,7 +147,7 @@ async def _models(request: web.Request) -> web.Response:
     # Keys guard the model list as they guard generation (vLLM's --api-key does the same), so a
     # client with a wrong key learns it from its first call, not from its first generation.
     request.app[PROXY].classes.authenticate(bearer_key(request.headers))
-    body = await request.app[MODELS].get(asyncio.get_running_loop().time())
+    body = await request.app[MODELS].get(monotonic())
     return web.Response(body=body, content_type="application/json")
 
 

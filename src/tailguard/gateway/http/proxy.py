@@ -20,14 +20,14 @@ from aiohttp.hdrs import CONTENT_ENCODING, CONTENT_TYPE
 from tailguard.clock import monotonic
 from tailguard.errors import APIError, BadRequest, PayloadTooLarge
 from tailguard.front.intake import NO_CLASS, Asked, bearer_key
-from tailguard.gateway.http.classes import ClassTable
 from tailguard.gateway.config import GatewayConfig
 from tailguard.gateway.exchange import Context, Ending, Exchange, Job
+from tailguard.gateway.http.classes import ClassTable
 from tailguard.gateway.ops.metrics import access_log, record_finish, response_headers
 from tailguard.gateway.request import Request
-from tailguard.gateway.upstream.resume import Progress
 from tailguard.gateway.sink import ResponseSink, Sink
 from tailguard.gateway.upstream.client import UPSTREAM_PATHS
+from tailguard.gateway.upstream.resume import Progress
 from tailguard.types import Outcome
 from tailguard.wire.openai import (
     Endpoint, ParsedRequest, error_body, error_headers, is_json_media_type, parse_request,

@@ -24,16 +24,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from tailguard.errors import ConfigError
-from tailguard.gateway.upstream.backends import resolved
-from tailguard.gateway.http.classes import ClassTable
 from tailguard.gateway.config import BackendConfig, GatewayConfig
 from tailguard.gateway.dispatch import Dispatcher
-from tailguard.gateway.upstream.kinds import get_kind
+from tailguard.gateway.http.classes import ClassTable
+from tailguard.gateway.http.proxy import Proxy
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.metrics import GatewayMetrics
-from tailguard.gateway.upstream.probes import Probes
-from tailguard.gateway.http.proxy import Proxy
 from tailguard.gateway.ops.store import ConfigStore
+from tailguard.gateway.upstream.backends import resolved
+from tailguard.gateway.upstream.kinds import get_kind
+from tailguard.gateway.upstream.probes import Probes
 from tailguard.settings import Change, diff, flatten, item_of
 
 log = logging.getLogger("tailguard.gateway")

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 import orjson
 
 from tailguard.clock import monotonic
-from tailguard.types import FailureKind
+from tailguard.gateway.upstream.client import RelayError, Suspended
 from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.upstream.resume import Progress
 from tailguard.gateway.upstream.tally import Tally
-from tailguard.gateway.upstream.client import RelayError, Suspended
+from tailguard.types import FailureKind
 from tailguard.wire.chunks import delta_text, has_content, running_completion_tokens
 from tailguard.wire.join import ChunkJoiner
 from tailguard.wire.openai import Endpoint

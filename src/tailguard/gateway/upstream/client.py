@@ -13,8 +13,8 @@ import httptools
 import orjson
 
 from tailguard.errors import APIError, GatewayError
-from tailguard.gateway.upstream.backends import prepare_body
 from tailguard.gateway.config import BackendConfig
+from tailguard.gateway.upstream.backends import prepare_body
 from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.upstream.kinds import get_kind
 from tailguard.gateway.upstream.pool import Pool, origin_of

@@ -19,9 +19,9 @@ import aiohttp
 from tailguard.clock import monotonic
 from tailguard.gateway.config import BackendConfig
 from tailguard.gateway.dispatch import Dispatcher
-from tailguard.gateway.upstream.kinds import DETECT_PATHS, EngineLoad, detect_kind, get_kind
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.metrics import GatewayMetrics
+from tailguard.gateway.upstream.kinds import DETECT_PATHS, EngineLoad, detect_kind, get_kind
 
 log = logging.getLogger("tailguard.gateway")
 

@@ -18,12 +18,12 @@ import orjson
 
 from tailguard.clock import monotonic
 from tailguard.errors import APIError
-from tailguard.types import FailureKind
+from tailguard.gateway.sink import ClientGone, Sink
+from tailguard.gateway.upstream.client import RelayError, Suspended
 from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.upstream.resume import Progress
-from tailguard.gateway.sink import ClientGone, Sink
 from tailguard.gateway.upstream.tally import Tally
-from tailguard.gateway.upstream.client import RelayError, Suspended
+from tailguard.types import FailureKind
 from tailguard.wire.chunks import (
     delta_text, has_content, has_usage, is_error, parse, role_only, running_completion_tokens, with_service_tier,
 )
