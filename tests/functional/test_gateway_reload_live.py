@@ -142,7 +142,11 @@ async def test_a_reload_adds_a_backend_and_drains_the_one_it_removes(tmp_path: P
             async def queued_one() -> bool:
                 return bool((await health(url))["queued"] == 1)
 
+            async def holding() -> bool:
+                return bool((await health(url))["backends"]["sim"]["in_flight"] == 1)  # type: ignore[index]
+
             held = chat(DRAINED_TOKENS)  # takes the only slot
+            await until(holding, step_s=0.02)  # before the next is sent: it must not take the slot first
             waiting = chat(3)
             await until(queued_one, step_s=0.02)
 
