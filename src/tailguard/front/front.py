@@ -299,6 +299,8 @@ class Front:
         p = r.pending
         if r.state is State.RUNNING:
             alive = ev.outcome is Outcome.SUCCESS or ev.outcome is Outcome.CLIENT_ERROR
+            if ev.outcome is Outcome.SUCCESS and not r.preemptions:  # one whole run: how fast it serves
+                self._slots.served_in(r.backend, now - r.bound_at, p.est_tokens, now)
             if alive:
                 self._ejector.answered(r.backend)
                 if self._slots.mark_success(r.backend):

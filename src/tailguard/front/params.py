@@ -109,6 +109,9 @@ class RoutingParams:
     balance_slack: float = 2.0
     index_blocks: int = 1 << 16  # prefix blocks remembered, least recently used dropped first
     engine_load_ttl_s: float = 15.0  # an engine's own load reading older than this counts as none
+    slow_factor: float = 2.0  # a backend this much slower per token than its peers' median gets less work
+    slow_min_samples: int = 3  # requests its speed must be measured over first
+    slow_ttl_s: float = 60.0  # a speed not measured again within this is forgotten (tried afresh)
     seed: int = 0  # of p2c's draws: the same events give the same choices
 
 
@@ -180,12 +183,13 @@ class KeySpec:
 class IntakeParams:
     """How a request becomes a job (`tailguard.front.intake`): the classes with their caps, the
     class of a request nothing else classifies, the overrides of OpenAI's `service_tier` -> class
-    mapping, and the client API keys."""
+    mapping, the client API keys and the model aliases."""
 
     classes: Sequence[ClassSpec]
     default_class: str = "interactive"
     service_tier_map: Mapping[ServiceTier, str] = field(default_factory=dict)
     keys: Mapping[str, KeySpec] = field(default_factory=dict)
+    aliases: Mapping[str, str] = field(default_factory=dict)  # model name a client uses -> the served one
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,11 +7,18 @@ not ejected (unless so many are that the pool is in panic: `front.ejection`), no
 retry's earlier backends) and has a slot its class may take (`front.slots`). Among those:
 
 - `least-tokens`: the least load, where load is the estimated tokens in flight there (prompt +
-  output of each request it runs), plus what the engine itself reports running and waiting beyond
-  the gateway's own requests (other clients' work; a reading older than `engine_load_ttl_s` counts
-  as none), over its capacity (`max_concurrency` x `weight`). SGLang's model gateway's `least_load`
-  scores alike, (queued + in-flight tokens) / throughput. Ties go to the backend bound least
-  recently, which spreads an idle fleet round-robin.
+  output of each request it runs) and this request's own, plus what the engine itself reports
+  running and waiting beyond the gateway's own requests (other clients' work; a reading older
+  than `engine_load_ttl_s` counts as none), over its capacity: `max_concurrency` x `weight` x its
+  speed. Speed is 1 unless the backend has served clearly slower than its peers: seconds per
+  estimated token (a running average over at least `slow_min_samples` requests, the latest within
+  `slow_ttl_s`) more than `slow_factor` x the candidates' median; then the median over its own.
+  So a host that serves 5x slower gets a request only when its peers hold 5x its work (less
+  traffic, never cut off); peers within the factor of each other share alike, so noise in the
+  averages never skews an even fleet; and a reading gone stale is forgotten, so a host that was
+  slow once is tried again.
+  SGLang's model gateway's `least_load` scores alike, (queued + in-flight tokens) / throughput.
+  Ties go to the backend bound least recently, which spreads an idle fleet round-robin.
 - `prefix-affinity` (the default): the backend that served the longest part of this prompt
   (`front.prefix`), while it holds at least `min_prefix_share` of it and its load is within
   `balance_factor` x the least loaded's plus `balance_slack` requests' worth; else as
@@ -36,6 +43,8 @@ from tailguard.front.slots import BackendPool, BackendState
 # A request's size when nothing better is known: what the engine reports beyond the gateway's
 # own requests is counted in requests, and weighed as this many tokens each.
 _DEFAULT_REQUEST_TOKENS = 512
+# The least share of its capacity a slow backend keeps: however slow it measured, it is never cut off.
+_MIN_SPEED = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,9 +80,24 @@ class Router:
     # --- which backends may take it -------------------------------------------------------------
 
     def serving(self, slots: BackendPool, cls: ClassSpec, route: Route) -> list[BackendState]:
-        """Backends that serve the request's model in its class's pools, whatever their health."""
+        """Backends that serve the request's model in its class's pools, whatever their health.
+        Those known to serve it are preferred to those whose models are not known yet (the first
+        moments after a start, before each backend's /v1/models is read). Where the whole fleet
+        serves one model, a request naming another is not the gateway's to refuse: it goes
+        through as named (vLLM answers its own 404; llama-server serves any name), as it would
+        with no gateway in front."""
         pools = cls.pools
-        return [s for s in slots if not s.retiring and (not pools or s.cfg.pool in pools) and s.serves(route.model)]
+        model = route.model
+        members = [s for s in slots if not s.retiring and (not pools or s.cfg.pool in pools)]
+        if model is None:
+            return members
+        found = [s for s in members if s.serves(model)]
+        known = [s for s in found if s.knows_models()]
+        if known:
+            return known
+        if _one_model(slots):
+            return members  # a fleet of one model: a name nobody lists goes through, the engine decides
+        return found
 
     def usable(self, slots: BackendPool, members: list[BackendState]) -> list[BackendState]:
         """The healthy ones of `members` a request may go to: those not ejected, unless fewer than
@@ -94,7 +118,7 @@ class Router:
             cands = [s for s in usable if (pool is None or s.cfg.pool == pool) and s.name not in exclude
                      and slots.has_capacity(s.name, pending.cls)]
             if cands:
-                return self._pick(cands, route, now).name
+                return self._pick(cands, route, pending.est_tokens, now).name
         return None
 
     def bound(self, backend: str, route: Route) -> None:
@@ -104,23 +128,28 @@ class Router:
         if route.prefix and self.params.policy == "prefix-affinity":
             self._index.served(route.prefix, backend)
 
-    def _pick(self, cands: list[BackendState], route: Route, now: float) -> BackendState:
+    def _pick(self, cands: list[BackendState], route: Route, size: int, now: float) -> BackendState:
         policy = self.params.policy
         if len(cands) == 1:
             return cands[0]
         if policy == "round-robin":
             return cands[self._turn % len(cands)]
         mean = _mean_tokens(cands)
+        ref = self._median_cost(cands, now)
+
+        def load(s: BackendState) -> float:
+            return self._load(s, size, mean, ref, now)
+
         if policy == "p2c":
             a, b = self._rng.sample(cands, 2)
-            return a if self._load(a, mean, now) <= self._load(b, mean, now) else b
-        least = min(cands, key=lambda s: (self._load(s, mean, now), s.last_acquired))
+            return a if load(a) <= load(b) else b
+        least = min(cands, key=lambda s: (load(s), s.last_acquired))
         if policy == "prefix-affinity" and route.prefix:
             held = self._affine(cands, route)
             if held is not None and held is not least:
                 p = self.params
-                slack = p.balance_slack * mean / _capacity(held)
-                if self._load(held, mean, now) <= p.balance_factor * self._load(least, mean, now) + slack:
+                slack = p.balance_slack * mean / self._capacity(held, ref, now)
+                if load(held) <= p.balance_factor * load(least) + slack:
                     return held
         return least
 
@@ -135,19 +164,52 @@ class Router:
                 return s
         return None
 
-    def _load(self, s: BackendState, mean: float, now: float) -> float:
-        """Estimated tokens in flight per unit of capacity, with the engine's own extra work."""
-        tokens = float(s.tokens)
+    def _median_cost(self, cands: list[BackendState], now: float) -> float | None:
+        """The lower median of the trustworthy costs: with two backends, the faster one's."""
+        costs = sorted(c for s in cands if (c := self._cost(s, now)) is not None)
+        return costs[(len(costs) - 1) // 2] if costs else None
+
+    def _cost(self, s: BackendState, now: float) -> float | None:
+        """Its running cost per token, if trustworthy: enough samples, recent enough."""
+        p = self.params
+        if s.cost is None or s.cost_samples < p.slow_min_samples or now - s.cost_at > p.slow_ttl_s:
+            return None
+        return s.cost
+
+    def _capacity(self, s: BackendState, ref: float | None, now: float) -> float:
+        """Slots x weight x speed: the reference cost over its own, where it is more than
+        `slow_factor` x the reference; else 1."""
+        cap = s.cfg.max_concurrency * s.cfg.weight
+        if ref is None:
+            return cap
+        cost = self._cost(s, now)
+        if cost is None or cost <= self.params.slow_factor * ref:
+            return cap
+        return cap * max(_MIN_SPEED, ref / cost)
+
+    def _load(self, s: BackendState, size: int, mean: float, ref: float | None, now: float) -> float:
+        """Estimated tokens in flight with this request's `size`, per unit of capacity, with the
+        engine's own extra work."""
+        tokens = float(s.tokens + size)
         read_at = s.engine_read_at
         if read_at is not None and now - read_at <= self.params.engine_load_ttl_s:
             extra = s.engine_queued - s.in_flight
             if extra > 0:
                 tokens += extra * mean
-        return tokens / _capacity(s)
+        return tokens / self._capacity(s, ref, now)
 
 
-def _capacity(s: BackendState) -> float:
-    return s.cfg.max_concurrency * s.cfg.weight
+def _one_model(slots: BackendPool) -> bool:
+    """Whether the backends, as far as their models are known, serve one model between them."""
+    seen: set[str] = set()
+    for s in slots:
+        seen.update(s.cfg.models or s.learned_models or ())
+        if len(seen) > 1:
+            return False
+    return True
+
+
+
 
 
 def _mean_tokens(cands: list[BackendState]) -> float:

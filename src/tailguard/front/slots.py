@@ -27,7 +27,8 @@ class BackendState:
     """One backend's live counters. Mutated only through `BackendPool`."""
 
     __slots__ = ("cfg", "name", "in_flight", "by_class", "healthy", "failures", "successes", "last_acquired",
-                 "retiring", "probed", "tokens", "learned_models", "engine_queued", "engine_read_at")
+                 "retiring", "probed", "tokens", "learned_models", "engine_queued", "engine_read_at", "cost",
+                 "cost_samples", "cost_at")
 
     def __init__(self, cfg: BackendSpec, class_names: Iterable[str]) -> None:
         self.cfg = cfg
@@ -46,6 +47,11 @@ class BackendState:
         self.learned_models: frozenset[str] | None = None  # as its /v1/models said (None: not known)
         self.engine_queued = 0  # requests the engine itself reports running and waiting, at its last reading
         self.engine_read_at: float | None = None  # when that was read (None: never)
+        # Seconds its requests took per estimated token, a running average over those that ended
+        # well: how fast it serves, which the router weighs against its peers (None: not known yet).
+        self.cost: float | None = None
+        self.cost_samples = 0  # requests that running average is made of
+        self.cost_at = 0.0  # when it last changed
 
     def serves(self, model: str | None) -> bool:
         """Whether a request for `model` may go here: the configured models if any, else those
@@ -237,6 +243,15 @@ class BackendPool:
         s = self._states.get(backend)
         if s is not None:
             s.engine_queued, s.engine_read_at = queued, now
+
+    def served_in(self, backend: str, seconds: float, tokens: int, now: float, weight: float = 0.2) -> None:
+        """A request of job size `tokens` ran `seconds` on `backend` and ended well, at `now`."""
+        s = self._states.get(backend)
+        if s is not None and tokens > 0:
+            c = seconds / tokens
+            s.cost = c if s.cost is None else s.cost + weight * (c - s.cost)
+            s.cost_samples += 1
+            s.cost_at = now
 
     def probed(self, backend: str) -> None:
         """A probe answered (or failed outright): the backend's health is known from now on."""

@@ -44,8 +44,9 @@ def test_equal_backends_take_turns() -> None:
 def test_least_relative_load_wins() -> None:
     pool, rt = make(("small", 2, 1.0), ("big", 8, 1.0)), router()
     order = [take(rt, pool) for _ in range(10)]
-    # Load = tokens in flight / max_concurrency: big fills to 1/2 before small takes its second.
-    assert order == ["small", "big", "big", "big", "big", "small", "big", "big", "big", "big"]
+    # Load = tokens in flight with the new request's / max_concurrency: each goes where it leaves the
+    # lower load, so big takes 8 of 10, small 2, in proportion to their slots.
+    assert order == ["big", "big", "big", "small", "big", "big", "big", "big", "small", "big"]
     assert take(rt, pool) is None
 
 
@@ -58,7 +59,7 @@ def test_load_counts_tokens_not_requests() -> None:
 
 def test_weight_scales_capacity_in_the_comparison() -> None:
     pool, rt = make(("a", 8, 1.0), ("b", 8, 3.0)), router()
-    assert [take(rt, pool) for _ in range(4)] == ["a", "b", "b", "b"]
+    assert [take(rt, pool) for _ in range(4)] == ["b", "b", "a", "b"]
 
 
 def test_unhealthy_and_excluded_backends_are_skipped() -> None:
@@ -74,8 +75,8 @@ def test_class_share_limits_the_choice() -> None:
     pool, rt = make(("a", 4, 1.0), ("b", 2, 1.0)), router()
     # batch may hold 2 slots of a and 1 of b.
     assert [take(rt, pool, "batch") for _ in range(4)] == ["a", "b", "a", None]
-    # Both half full now: the tie goes to b, acquired less recently; then a has the lower load.
-    assert [take(rt, pool, "interactive") for _ in range(4)] == ["b", "a", "a", None]
+    # Both half full now: a, with twice the slots, has the lower load with one more; then b, then a.
+    assert [take(rt, pool, "interactive") for _ in range(4)] == ["a", "b", "a", None]
 
 
 def test_only_backends_serving_the_model_take_it() -> None:
@@ -83,7 +84,8 @@ def test_only_backends_serving_the_model_take_it() -> None:
                         BackendSpec("c", 4)], CLASSES)
     rt = router()
     llama = Route("llama")
-    assert {take(rt, pool, route=llama) for _ in range(4)} == {"a", "c"}  # c's models are not known: any
+    assert {take(rt, pool, route=llama) for _ in range(4)} == {"a"}  # known to serve it, before c (not known)
+    assert take(rt, pool, route=llama) is None  # a is full: c is not tried while a serves it
     pool.learn_models("c", ["mistral"])
     assert rt.choose(pool, SPECS["interactive"], pending(), Route("qwen"), 0.0) == "b"
     assert rt.choose(pool, SPECS["interactive"], pending(), Route("mistral"), 0.0) == "c"
@@ -159,3 +161,47 @@ def test_ejected_backends_are_skipped_until_too_many_are_out() -> None:
     ej.failed("c", 0.0, names)
     # Three of four out: fewer than half the healthy left, so ejections are ignored (panic).
     assert rt.choose(pool, SPECS["interactive"], pending(), NO_ROUTE, 0.0) == "a"
+
+
+def test_a_backend_known_to_serve_the_model_is_preferred_to_one_not_yet_known() -> None:
+    pool = BackendPool([BackendSpec("a", 4), BackendSpec("b", 4)], CLASSES)
+    rt = router()
+    pool.learn_models("b", ["qwen"])
+    assert {take(rt, pool, route=Route("qwen")) for _ in range(3)} == {"b"}
+    assert take(rt, pool, route=Route("llama")) == "a"  # nobody known serves it: a might
+
+
+def test_a_fleet_of_one_model_lets_any_name_through_and_a_fleet_of_several_does_not() -> None:
+    one = BackendPool([BackendSpec("a", 4, models=("llama",)), BackendSpec("b", 4, models=("llama",))], CLASSES)
+    assert router().choose(one, SPECS["interactive"], pending(), Route("gpt-4o"), 0.0) is not None
+    two = BackendPool([BackendSpec("a", 4, models=("llama",)), BackendSpec("b", 4, models=("qwen",))], CLASSES)
+    assert router().serving(two, SPECS["interactive"], Route("gpt-4o")) == []
+
+
+def test_a_backend_that_serves_slower_gets_less_work() -> None:
+    pool, rt = make(("fast1", 4, 1.0), ("fast2", 4, 1.0), ("slow", 4, 1.0)), router()
+    for name, seconds in (("fast1", 1.0), ("fast2", 1.3), ("slow", 5.0)):
+        for _ in range(3):
+            pool.served_in(name, seconds, 100, now=0.0)
+    order = [take(rt, pool, tokens=100) for _ in range(10)]
+    # The slow one's capacity counts about a fourth (1.3 / 5: fast2 is the median): it takes a
+    # request once the fast ones hold about 4x its load; fast1 and fast2, within 2x, share alike.
+    assert order[:6] == ["fast1", "fast2"] * 3 and order.count("slow") == 2
+
+
+def test_a_slow_reading_needs_samples_and_is_forgotten_when_stale() -> None:
+    pool, rt = make(("a", 4, 1.0), ("b", 4, 1.0)), router(slow_ttl_s=60.0, slow_min_samples=3)
+    pool.served_in("a", 1.0, 100, now=0.0)
+    pool.served_in("b", 9.0, 100, now=0.0)  # once: not enough to judge
+    assert [rt.choose(pool, SPECS["interactive"], pending(), NO_ROUTE, 1.0)] == ["a"]  # the tie: a (never bound)
+    for _ in range(2):
+        pool.served_in("a", 1.0, 100, now=0.0)
+        pool.served_in("b", 9.0, 100, now=0.0)
+    pool.acquire("a", "interactive", 10)
+    assert rt.choose(pool, SPECS["interactive"], pending(), NO_ROUTE, 1.0) == "a"  # b is slow now
+    assert rt.choose(pool, SPECS["interactive"], pending(), NO_ROUTE, 61.0) == "b"  # stale: b is tried again
+
+
+def test_in_a_fleet_of_one_model_a_name_nobody_lists_may_go_anywhere() -> None:
+    pool = BackendPool([BackendSpec("unknown", 4), BackendSpec("listed", 4, models=("llama",))], CLASSES)
+    assert {s.name for s in router().serving(pool, SPECS["interactive"], Route("m"))} == {"unknown", "listed"}
