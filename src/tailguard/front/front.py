@@ -253,7 +253,7 @@ class Front:
     def _nobody_serves(self, model: str) -> bool:
         """No backend serves `model`, as far as every backend's models are known (one whose are
         not yet known may serve it: it is not refused, it waits for one that does)."""
-        return all(s.knows_models() and not s.serves(model) for s in self._slots)
+        return all(s.knows_models() and not s.serves(model) for s in self._slots if not s.retiring)
 
     def _opened(self, ev: Opened, now: float, preempt: bool) -> None:
         """A running request's upstream is open, so a `Suspend` can stop it now. A request
