@@ -50,10 +50,12 @@ class State(enum.Enum):
 
 class _Req:
     __slots__ = ("pending", "state", "backend", "bound_at", "preemptible", "max_tokens", "suspendable",
-                 "preemptions", "attempts", "tried", "fresh_retried", "caller", "generated")
+                 "preemptions", "attempts", "tried", "fresh_retried", "caller", "generated", "resumable", "migrations")
 
-    def __init__(self, pending: Pending, preemptible: bool, max_tokens: int | None, caller: str | None) -> None:
+    def __init__(self, pending: Pending, preemptible: bool, max_tokens: int | None, caller: str | None,
+                 resumable: bool = False) -> None:
         self.pending = pending
+        self.resumable = resumable  # its output can be continued from its text (the intake's rule)
         self.caller = caller
         self.state = State.QUEUED
         self.backend = ""
@@ -66,6 +68,7 @@ class _Req:
         self.tried: list[str] = []  # backends its attempts went to
         self.fresh_retried = False  # retried once on the same backend already
         self.generated = 0  # tokens generated over all runs, as the last `Generated` said
+        self.migrations = 0  # continued on another backend after its own died or stalled mid-answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,9 +155,18 @@ class Front:
 
     def tracks(self, cls: str, resumable: bool) -> bool:
         """Whether a request of `cls` whose output is `resumable` (the intake's rule) may be
-        suspended, so its driver keeps its text for a continuation: the one place both drivers
-        and the front itself ask."""
-        return resumable and self.may_suspend(cls)
+        continued from its text, so its driver keeps that text: it may be suspended, or moved
+        to another backend if its own dies mid-answer (`_migrate`). The one place both drivers
+        ask. A lone backend has nowhere to move a stream to, so its chats keep the relay that
+        parses nothing."""
+        return resumable and (self.may_suspend(cls) or self._migrates())
+
+    def _migrates(self) -> bool:
+        """A stream may be moved: migrations are on and there is a second backend, one that can
+        continue a generation."""
+        slots = self._slots
+        return (self._params.retry.max_migrations > 0 and len(slots) > 1
+                and any(s.cfg.continues for s in slots))
 
     def retry_after_s(self) -> float:
         return self._queue.admission.retry_after_s()
@@ -206,7 +218,8 @@ class Front:
         self._budget.record_call(now)
         if caller is not None:
             self._limits.take_request(caller, now)
-        self._reqs[req_id] = _Req(pending, self.tracks(ev.cls, ev.resumable), ev.max_tokens, caller)
+        self._reqs[req_id] = _Req(pending, ev.resumable and self.may_suspend(ev.cls), ev.max_tokens, caller,
+                                  ev.resumable)
         self._pump(now, preempt)
 
     def _refusal(self, ev: Arrive, now: float) -> Reject | None:
@@ -234,14 +247,18 @@ class Front:
 
     def _failed(self, ev: Failed, now: float, preempt: bool) -> None:
         """An attempt failed. A `Start` when it is worth trying again (same backend on a fresh
-        connection, or another), within `max_attempts` and the retry budget; else nothing, and
-        the driver ends the request with `Finished`."""
+        connection, or another), within `max_attempts` and the retry budget, or a
+        `Start(resumed=True)` on another backend when its backend died mid-answer (`_migrate`);
+        else nothing, and the driver ends the request with `Finished`."""
         r = self._running(ev, ev.id)
         old = r.backend
         r.suspendable = False
         if hurts_health(ev.kind, ev.answered) and self._slots.mark_failure(old):
             self._out.append(HealthChanged(old, False))
-        where = retry_of(ev.kind, ev.delivered, ev.answered)
+        where = retry_of(ev.kind, ev.delivered, ev.answered, r.resumable)
+        if where is Retry.CONTINUE:
+            self._migrate(r, now)
+            return
         if r.attempts >= self._max_attempts or where is Retry.NO:
             return
         target = self._retry_target(r, where, now)
@@ -249,15 +266,40 @@ class Front:
             return
         if target == old:
             r.fresh_retried = True
-        else:
-            self._slots.acquire(target, r.pending.cls)
-            r.backend = target
         r.attempts += 1
+        self._restart(r, target, now, resumed=False)
+
+    def _migrate(self, r: _Req, now: float) -> None:
+        """Its backend died or stalled after part of the answer reached the client: the rest is
+        generated on another backend that can continue a generation, from the text so far (the
+        driver's continuation, as after a suspension). At most `max_migrations` times and
+        within the retry budget; with no such backend free now it ends where it is."""
+        if r.migrations >= self._params.retry.max_migrations:
+            return
+        target = self._migration_target(r, now)
+        if target is None or not self._budget.try_withdraw(now):
+            return
+        r.migrations += 1
+        self._restart(r, target, now, resumed=True)
+
+    def _migration_target(self, r: _Req, now: float) -> str | None:
+        """The least loaded backend it has not failed on whose kind can continue a generation."""
+        slots = self._slots
+        cannot = [s.name for s in slots if not s.cfg.continues]
+        return choose(slots, r.pending, now, exclude=[*r.tried, r.backend, *cannot])
+
+    def _restart(self, r: _Req, target: str, now: float, resumed: bool) -> None:
+        """Send a running request's next attempt (or continuation) to `target`, moving its slot
+        there from the backend it failed on."""
+        old, cls = r.backend, r.pending.cls
+        if target != old:
+            self._slots.acquire(target, cls)
+            r.backend = target
         r.tried.append(target)
         r.bound_at = now
-        self._out.append(Start(ev.id, target))
+        self._out.append(Start(r.pending.id, target, resumed))
         if target != old:  # after the Start: a retiring `old` may leave with this release
-            self._release(old, r.pending.cls)
+            self._release(old, cls)
         self._pump(now, True)
 
     def _finished(self, ev: Finished, now: float, preempt: bool) -> None:

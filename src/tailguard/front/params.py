@@ -97,6 +97,9 @@ class RetryParams:
     per second, so a failing backend cannot make the gateway multiply its own load."""
 
     max_attempts: int = 3
+    # Continuations of a stream whose backend died or stalled after bytes reached its client
+    # (`front.retry`, Retry.CONTINUE); counted apart from `max_attempts`, within the same budget.
+    max_migrations: int = 2
     budget_ratio: float = 0.2
     min_retries_per_s: float = 5.0
     window_s: float = 10.0
