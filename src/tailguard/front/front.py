@@ -50,12 +50,13 @@ class State(enum.Enum):
 
 class _Req:
     __slots__ = ("pending", "state", "backend", "bound_at", "preemptible", "max_tokens", "suspendable",
-                 "preemptions", "attempts", "tried", "fresh_retried", "caller", "generated", "resumable", "migrations")
+                 "preemptions", "attempts", "tried", "fresh_retried", "caller", "generated", "continuable", "migrations")
 
     def __init__(self, pending: Pending, preemptible: bool, max_tokens: int | None, caller: str | None,
-                 resumable: bool = False) -> None:
+                 continuable: bool = False) -> None:
         self.pending = pending
-        self.resumable = resumable  # its output can be continued from its text (the intake's rule)
+        # Its driver keeps its text (`Front.tracks` at its arrival), so it can be continued.
+        self.continuable = continuable
         self.caller = caller
         self.state = State.QUEUED
         self.backend = ""
@@ -218,8 +219,8 @@ class Front:
         self._budget.record_call(now)
         if caller is not None:
             self._limits.take_request(caller, now)
-        self._reqs[req_id] = _Req(pending, ev.resumable and self.may_suspend(ev.cls), ev.max_tokens, caller,
-                                  ev.resumable)
+        kept = self.tracks(ev.cls, ev.resumable)
+        self._reqs[req_id] = _Req(pending, kept and self.may_suspend(ev.cls), ev.max_tokens, caller, kept)
         self._pump(now, preempt)
 
     def _refusal(self, ev: Arrive, now: float) -> Reject | None:
@@ -255,7 +256,7 @@ class Front:
         r.suspendable = False
         if hurts_health(ev.kind, ev.answered) and self._slots.mark_failure(old):
             self._out.append(HealthChanged(old, False))
-        where = retry_of(ev.kind, ev.delivered, ev.answered, r.resumable)
+        where = retry_of(ev.kind, ev.delivered, ev.answered, r.continuable)
         if where is Retry.CONTINUE:
             self._migrate(r, now)
             return

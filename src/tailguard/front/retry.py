@@ -16,9 +16,9 @@ is closed before the retry is sent. Where it goes depends on how it failed:
 
 An attempt whose answer had already reached its consumer is never sent again from the start,
 but it may be *continued* (`Retry.CONTINUE`): when its backend died or stalled (`reset`,
-`disconnect`, an idle deadline) and the request can be continued from its text (`resumable`,
-the intake's rule: no tools, structured output, `n` > 1 or logprobs), another backend carries
-on from what was generated so far, as a suspended request is resumed. NVIDIA Dynamo migrates on
+`disconnect`, an idle deadline) and the request can be continued from its text (`continuable`:
+the intake's `resumable` rule, no tools, structured output, `n` > 1 or logprobs, and its driver
+kept the text: `Front.tracks`), another backend carries on from what was generated so far, as a suspended request is resumed. NVIDIA Dynamo migrates on
 the same facts only (`lib/llm/src/migration.rs`: connect, disconnect, timeout, engine shutdown;
 never a cancellation, never guided decoding, at most `migration_limit` times); LiteLLM's
 continuation of tool calls from text silently returned prose (BerriAI/litellm#31067), which is
@@ -58,15 +58,21 @@ def _hung(kind: FailureKind, answered: bool) -> bool:
     return kind is FailureKind.TIMEOUT_FIRST_TOKEN and not answered
 
 
-def retry_of(kind: FailureKind, delivered: bool, answered: bool, resumable: bool = False) -> Retry:
+def retry_of(kind: FailureKind, delivered: bool, answered: bool, continuable: bool = False) -> Retry:
     """Whether (and where) an attempt that failed as `kind` may be sent again, or continued."""
     if delivered:
-        return Retry.CONTINUE if resumable and kind in _CONTINUABLE else Retry.NO
+        return Retry.CONTINUE if continuable and continues_after(kind) else Retry.NO
     if kind in _SAME_BACKEND:
         return Retry.SAME_OR_OTHER
     if kind in _OTHER_BACKEND or _hung(kind, answered):
         return Retry.OTHER
     return Retry.NO
+
+
+def continues_after(kind: FailureKind) -> bool:
+    """Whether a stream that failed as `kind` mid-answer is continued elsewhere when it can be
+    continued from its text (what the driver tells a client whose request cannot be)."""
+    return kind in _CONTINUABLE
 
 
 def hurts_health(kind: FailureKind, answered: bool) -> bool:

@@ -123,12 +123,13 @@ class Dispatcher:
         ticket.upstream_opened(on_suspend)
         self._handle(Opened(ticket.id))
 
-    def failed(self, ticket: Request, kind: FailureKind, *, delivered: bool, answered: bool) -> bool:
-        """An attempt failed. True when the front sends it again (`ticket.backend` then names
-        where); False: the caller ends the request."""
+    def failed(self, ticket: Request, kind: FailureKind, *, delivered: bool, answered: bool) -> Start | None:
+        """An attempt failed. The `Start` when the front sends it again (`ticket.backend` then
+        names where; `resumed`: it continues from its text there); None: the caller ends the
+        request."""
         ticket.upstream_closed()
         decisions = self._handle(Failed(ticket.id, kind, delivered, answered))
-        return any(isinstance(d, Start) and d.id == ticket.id for d in decisions)
+        return next((d for d in decisions if isinstance(d, Start) and d.id == ticket.id), None)
 
     def generated(self, ticket: Request, tokens: int) -> None:
         """A running preemptible request's generated tokens so far (what a preemption weighs)."""

@@ -1,6 +1,7 @@
 """One request's upstream life, apart from HTTP: open it on the backend the front named, relay its
 chunks (or assemble a non-stream answer), retry an attempt that failed before any byte went out,
-wait while suspended and send the continuation, and end with one `Ending`.
+wait while suspended and send the continuation, continue it on another backend when its own
+died or stalled mid-answer (a migration: the same continuation), and end with one `Ending`.
 
 Its output goes to a `Sink` (`gateway.sink`): the HTTP handler passes the client's response, and
 code inside the process can pass a `ChunkQueue` and read the chunks itself. Every way it ends is
@@ -20,6 +21,7 @@ from tailguard.clock import monotonic
 from tailguard.errors import APIError, Overloaded
 from tailguard.front.intake import Accepted, OutputEstimator
 from tailguard.front.params import ClassSpec
+from tailguard.front.retry import continues_after
 from tailguard.gateway.config import BackendConfig
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.ops.live import Live
@@ -41,6 +43,9 @@ _TIMEOUT_TEXT = {
     FailureKind.TIMEOUT_IDLE: "Backend '{backend}' stalled longer than the idle deadline between chunks.",
     FailureKind.TIMEOUT_TOTAL: "The request to backend '{backend}' exceeded the total deadline.",
 }
+# Why a stream that broke after the client got bytes was not continued elsewhere.
+_NOT_CONTINUED = (" The answer cannot be continued on another backend: a request with tools, response_format, "
+                  "n > 1 or logprobs cannot be continued from its text.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +111,8 @@ class Exchange:
             return await self._broken(Outcome.REJECTED, err.code, err)
         except RelayError as err:
             outcome = Outcome.TIMEOUT if err.is_timeout else Outcome.UPSTREAM_ERROR
+            if self.sink.started and not self.job.capped.resumable and continues_after(err.kind):
+                err.message += _NOT_CONTINUED  # say why this one was not, where others would be
             return await self._broken(outcome, err.kind, err.api_error())
         except ClientGone:
             return Ending(Outcome.CLIENT_GONE, 499, "client_gone")
@@ -146,9 +153,8 @@ class Exchange:
                 await self._suspended()
             except RelayError as err:
                 ctx.metrics.upstream_errors.labels(backend.name, err.kind).inc()
-                if not ctx.dispatcher.failed(rec, err.kind, delivered=self._delivered(), answered=up is not None):
+                if not self._again(err.kind, answered=up is not None):
                     raise
-                self._retried = True  # the front sends it again
             except UpstreamStatus as us:
                 # The backend understood and refused (e.g. context too long): the client's error,
                 # which also tells the front the backend is alive.
@@ -156,7 +162,6 @@ class Exchange:
             except asyncio.CancelledError:
                 if not self._deadline(backend, answered=up is not None):
                     raise  # not ours: the consumer left
-                self._retried = True
             finally:
                 rec.upstream_closed()  # closed below: a suspension has nothing to stop
                 if up is not None:
@@ -179,9 +184,32 @@ class Exchange:
         if kind is None:
             return False
         self.ctx.metrics.upstream_errors.labels(backend.name, kind).inc()
-        if self.ctx.dispatcher.failed(self.rec, kind, delivered=self._delivered(), answered=answered):
+        if self._again(kind, answered):
             return True
         raise RelayError(kind, _TIMEOUT_TEXT[kind].format(backend=backend.name), status=504)
+
+    def _again(self, kind: FailureKind, answered: bool) -> bool:
+        """Tell the front the attempt failed; True when it goes again: from the start on a new
+        connection (a retry), or (`Start(resumed=True)`) on another backend from the text the
+        consumer already has, since its backend died or stalled mid-answer (a migration)."""
+        start = self.ctx.dispatcher.failed(self.rec, kind, delivered=self._delivered(), answered=answered)
+        if start is None:
+            return False
+        if start.resumed:
+            self.rec.migrations += 1
+            self.ctx.metrics.migrations.labels(self.job.cls.name, kind).inc()
+            self._continue()
+        else:
+            self._retried = True
+        return True
+
+    def _continue(self) -> None:
+        """The next attempt continues the generation from its text so far (after a suspension or
+        a migration), on a connection from the pool."""
+        progress = self.rec.progress
+        assert progress is not None  # the front continues only requests whose text is kept (`tracks`)
+        self._resumed = continuation_body(self.job.capped.body, self.job.endpoint, progress)
+        self._retried = False
 
     def _delivered(self) -> bool:
         """Some of the answer was taken: sent to the consumer, or joined into a non-stream body
@@ -223,8 +251,7 @@ class Exchange:
         await self.ctx.dispatcher.resume(self.rec)
         progress.suspended = False
         wd.total_at += monotonic() - suspended_at
-        self._resumed = continuation_body(self.job.capped.body, self.job.endpoint, progress)
-        self._retried = False
+        self._continue()
 
     def _finish_tokens(self) -> None:
         rec, usage = self.rec, self._tally.usage

@@ -62,7 +62,7 @@ def test_a_request_that_cannot_be_continued_from_text_is_never_moved() -> None:
     f = three()
     stream(f, "t1", 0.0, resumable=False)
     assert died(f, "t1", 1.0) == []
-    assert retry_of(FailureKind.DISCONNECT, delivered=True, answered=True, resumable=False) is Retry.NO
+    assert retry_of(FailureKind.DISCONNECT, delivered=True, answered=True, continuable=False) is Retry.NO
 
 
 def test_nothing_delivered_is_still_a_retry_from_the_start() -> None:

@@ -5,8 +5,9 @@ The fast path never parses JSON per chunk, and runs in the upstream connection's
 content chunks are recognised by their bytes (`wire.chunks`) and only the usage chunk is parsed.
 Bytes that precede the first content chunk (the role-only delta) are held back until it arrives,
 so the response headers can carry the TTFT and a failure before any content can still be retried
-on another backend. A preemptible
-request takes the tracked path instead, which parses every event to keep the text so far.
+on another backend. A request whose text is kept (it may be suspended, or continued on another
+backend if its own dies mid-answer: `Front.tracks`) takes the tracked path instead, which parses
+every event to keep the text so far.
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ from tailguard.wire.chunks import (
 )
 from tailguard.wire.openai import Endpoint, error_body
 from tailguard.wire.sse import DONE, DONE_EVENT, SSEDecoder, SSEEvent, encode_event, events_of, is_done
+
+
+def _broken_off(e: Exception) -> RelayError:
+    """The upstream broke off before its answer ended: an attempt's failure, whether or not the
+    client has seen bytes. The front decides what follows: a retry, a continuation on another
+    backend, or the end of the client's stream with an error event (`StreamRelay.fail`)."""
+    return RelayError(FailureKind.DISCONNECT, f"Backend closed the stream early: {e}")
 
 
 def _event_json(data: bytes, start: int, end: int) -> object:
@@ -103,8 +111,8 @@ class StreamRelay:
                 if ends:
                     await self._emit(*self._scan(buf, ends), now)
         except UpstreamBroke as e:
-            await self._broke(e)
-            return
+            if not self.ended:
+                raise _broken_off(e) from None
         await self._eof(dec)
 
     def _chunk(self, data: bytes) -> bool:
@@ -143,18 +151,11 @@ class StreamRelay:
         except UpstreamBroke as e:
             if prog.suspended and not self.ended:
                 raise Suspended() from None
-            await self._broke(e)
-            return
+            if not self.ended:
+                raise _broken_off(e) from None
         if prog.suspended and not self.ended:
             raise Suspended()
         await self._eof(dec)
-
-    async def _broke(self, e: Exception) -> None:
-        """The upstream broke off: an attempt's failure while the client has seen nothing (the
-        front may send it again), else the client's stream ends with an error event."""
-        if not self.sink.started:
-            raise RelayError(FailureKind.DISCONNECT, f"Backend closed the stream early: {e}") from None
-        await self.fail(RelayError(FailureKind.DISCONNECT, f"Backend closed the stream early: {e}").api_error())
 
     async def _eof(self, dec: SSEDecoder) -> None:
         """The upstream ended: a last event without its blank line counts, then the end."""
