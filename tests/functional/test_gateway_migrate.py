@@ -1,0 +1,182 @@
+"""Streams that survive their backend: real `tailguard sim` processes behind the gateway in the
+quick form (`--backend URL` repeated, no kind named), one killed with SIGKILL or stopped with
+SIGSTOP while streams run on it. Each of its streams goes on on another simulator from the text
+the client already has: full output, no repeats, one response id, exact usage; a request that
+cannot be continued from its text ends with one error event that says why."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+from openai import AsyncOpenAI
+
+from tailguard.gateway.config import GatewayConfig
+from tailguard.gateway.http.app import create_app
+from tailguard.sim.answer import TOKEN_TEXT
+from tests.functional.gateways import health, sample, scrape, until
+from tests.servers import running
+
+TOKENS = 240  # at time scale 1, about 1.6 s of decoding: long enough to break in the middle
+CHAT = [{"role": "user", "content": "tell me a long story"}]
+TOOLS = [{"type": "function", "function": {"name": "look", "parameters": {"type": "object", "properties": {}}}}]
+
+
+@dataclass
+class Sim:
+    """A `tailguard sim` process and the name the quick form gives its backend."""
+
+    proc: asyncio.subprocess.Process
+    url: str
+    drain: asyncio.Task[None]
+
+    @property
+    def name(self) -> str:
+        return self.url.removeprefix("http://")
+
+
+async def _sim() -> Sim:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tailguard", "sim", "--port", "0", "--time-scale", "1.0",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    assert proc.stderr is not None
+    while True:
+        line = (await proc.stderr.readline()).decode()
+        assert line, "tailguard sim exited before listening"
+        m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
+        if m:
+            return Sim(proc, m.group(1), asyncio.create_task(proc.stderr.read()))
+
+
+async def _end(sim: Sim) -> None:
+    """Killed whatever its state (a stopped one is continued first, so it can die)."""
+    if sim.proc.returncode is None:
+        os.kill(sim.proc.pid, signal.SIGCONT)
+        sim.proc.kill()
+    await sim.proc.wait()
+    await sim.drain
+
+
+@asynccontextmanager
+async def fleet(n: int, **cfg: Any) -> AsyncIterator[tuple[str, list[Sim]]]:
+    """`n` simulator processes behind one in-process gateway in the quick form, once every
+    backend's kind is known (a migration needs a backend that can continue a generation)."""
+    async with AsyncExitStack() as stack:
+        sims: list[Sim] = []
+        stack.push_async_callback(lambda: asyncio.gather(*(_end(s) for s in sims)))
+        sims.extend(await asyncio.gather(*(_sim() for _ in range(n))))
+        quick = GatewayConfig.quick([s.url for s in sims])
+        gw = GatewayConfig.model_validate({**quick.model_dump(), **cfg})
+        url = await stack.enter_async_context(running(create_app(gw), handler_cancellation=True))
+
+        async def known() -> bool:
+            return {b["kind"] for b in (await health(url))["backends"].values()} == {"sim"}
+
+        await until(known, 0.05)
+        yield url, sims
+
+
+@dataclass
+class Seen:
+    """What one client saw of its stream."""
+
+    backend: str = ""
+    ids: set[str] = field(default_factory=set)
+    text: str = ""
+    usage: Any = None
+    times: list[float] = field(default_factory=list)
+    error: openai.APIError | None = None
+    going: asyncio.Event = field(default_factory=asyncio.Event)  # set once 20 tokens arrived
+
+    @property
+    def pause_s(self) -> float:
+        """The longest gap between two content chunks."""
+        return max(b - a for a, b in zip(self.times, self.times[1:]))
+
+
+async def consume(c: AsyncOpenAI, seen: Seen, stop_after: int | None = None, **kw: Any) -> Seen:
+    raw = await c.chat.completions.with_raw_response.create(
+        model="m", messages=CHAT, max_tokens=TOKENS, stream=True, stream_options={"include_usage": True}, **kw)
+    seen.backend = raw.headers["x-tailguard-backend"]
+    stream = raw.parse()
+    try:
+        async for chunk in stream:
+            seen.ids.add(chunk.id)
+            if chunk.usage is not None:
+                seen.usage = chunk.usage
+            if chunk.choices and chunk.choices[0].delta.content:
+                seen.text += chunk.choices[0].delta.content
+                seen.times.append(time.monotonic())
+                if len(seen.times) == 20:
+                    seen.going.set()
+                if stop_after is not None and len(seen.times) >= stop_after:
+                    break  # the client's own cancel
+    except openai.APIError as e:
+        seen.error = e
+    finally:
+        seen.going.set()  # (also when it failed early: the test goes on and finds out)
+        await stream.close()
+    return seen
+
+
+async def test_streams_of_a_killed_backend_go_on_elsewhere_and_tools_end_with_one_error() -> None:
+    async with asyncio.timeout(90), fleet(3) as (url, sims):
+        async with AsyncOpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0) as c:
+            plain = [Seen() for _ in range(6)]
+            tools = [Seen() for _ in range(3)]
+            left = Seen()
+            runs = [asyncio.create_task(consume(c, s)) for s in plain]
+            runs += [asyncio.create_task(consume(c, s, tools=TOOLS)) for s in tools]
+            runs.append(asyncio.create_task(consume(c, left, stop_after=30)))
+            await asyncio.gather(*(s.going.wait() for s in [*plain, *tools]))
+            victim = next(s for s in sims if s.name == tools[0].backend)
+            victim.proc.kill()  # SIGKILL: no goodbye, mid-stream
+            await asyncio.gather(*runs)
+            prompt_tokens = {s.usage.prompt_tokens for s in plain}
+            metrics = await scrape(url)
+    moved = [s for s in plain if s.backend == victim.name]
+    assert moved, "a plain stream ran on the killed backend"
+    for s in plain:  # every stream whole: nothing lost, nothing repeated, one id, usage exact
+        assert s.error is None and s.text == TOKEN_TEXT * TOKENS and len(s.ids) == 1
+        assert s.usage.completion_tokens == TOKENS
+    assert len(prompt_tokens) == 1  # the prompt counted once: a continued one as the others
+    for s in tools:
+        if s.backend == victim.name:
+            assert s.error is not None and "cannot be continued" in s.error.message
+            assert 20 <= len(s.text) // len(TOKEN_TEXT) < TOKENS
+        else:
+            assert s.error is None and s.text == TOKEN_TEXT * TOKENS
+    migrated = sum(sample(metrics, "tailguard_migrations_total", reason=r, **{"class": "interactive"})
+                   for r in ("disconnect", "reset"))
+    assert migrated == len(moved)  # the client that left (`left`) is no migration
+    print(f"migrated streams' longest pause: {max(s.pause_s for s in moved) * 1000:.0f} ms")
+
+
+async def test_a_stalled_backend_is_left_at_the_idle_deadline() -> None:
+    idle_s = 1.0
+    async with asyncio.timeout(90), fleet(2, timeouts={"idle_s": idle_s}) as (url, sims):
+        async with AsyncOpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0) as c:
+            plain = [Seen() for _ in range(4)]
+            runs = [asyncio.create_task(consume(c, s)) for s in plain]
+            await asyncio.gather(*(s.going.wait() for s in plain))
+            stalled = next(s for s in sims if s.name == plain[0].backend)
+            os.kill(stalled.proc.pid, signal.SIGSTOP)  # accepts nothing, sends nothing, closes nothing
+            await asyncio.gather(*runs)
+            metrics = await scrape(url)
+    moved = [s for s in plain if s.backend == stalled.name]
+    for s in plain:
+        assert s.error is None and s.text == TOKEN_TEXT * TOKENS and len(s.ids) == 1
+        assert s.usage.completion_tokens == TOKENS
+    assert sample(metrics, "tailguard_migrations_total", reason="timeout_idle", **{"class": "interactive"}) == len(moved)
+    pause = max(s.pause_s for s in moved)
+    assert idle_s <= pause < idle_s + 2.0
+    print(f"stalled streams' longest pause: {pause * 1000:.0f} ms (idle deadline {idle_s * 1000:.0f} ms)")
