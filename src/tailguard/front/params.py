@@ -90,7 +90,8 @@ class HealthParams:
 
 @dataclass(frozen=True, slots=True)
 class RetryParams:
-    """Retries of a request that failed before any byte reached its client.
+    """Retries of a request that failed before any byte reached its client, and continuations
+    of one whose backend died or stalled after (`max_migrations`).
 
     A budget like Envoy's `retry_budget` and Finagle's `RetryBudget`: within any `window_s`,
     retries are at most `budget_ratio` of the requests that arrived plus `min_retries_per_s`

@@ -130,14 +130,15 @@ def usage_of(data: bytes) -> dict[str, Any] | None:
     return usage if isinstance(usage, dict) else None
 
 
-def running_completion_tokens(obj: dict[str, Any]) -> int | None:
-    """The run's tokens so far, where the backend puts a running `usage` on every chunk."""
+def running_usage(obj: dict[str, Any]) -> tuple[int | None, int | None]:
+    """The run's prompt and generated tokens so far, where the backend puts a running `usage` on
+    every chunk (vLLM's `continuous_usage_stats`); (None, None) where it does not."""
     u = obj.get("usage")
-    if isinstance(u, dict):
-        ct = u.get("completion_tokens")
-        if isinstance(ct, int) and not isinstance(ct, bool):
-            return ct
-    return None
+    if not isinstance(u, dict):
+        return None, None
+    pt, ct = u.get("prompt_tokens"), u.get("completion_tokens")
+    return (pt if isinstance(pt, int) and not isinstance(pt, bool) else None,
+            ct if isinstance(ct, int) and not isinstance(ct, bool) else None)
 
 
 def delta_text(obj: dict[str, Any], chat: bool) -> str:

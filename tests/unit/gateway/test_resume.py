@@ -20,6 +20,17 @@ def test_chat_continuation_appends_the_text_and_shrinks_the_budget() -> None:
     assert prog.client_usage(19, 97) == (12, 100)
 
 
+def test_a_prompt_the_first_run_counted_is_the_one_the_client_sees() -> None:
+    """Where the engine puts a running usage on every chunk (vLLM), the client's prompt count is
+    the first run's, exact, not the continuation's less an estimate of what it added."""
+    prog = Progress()
+    prog.add("Once", 1, 17)
+    prog.add(" upon", 2, 17)
+    continuation_body({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}, "chat", prog)
+    prog.add(" a", 1, 30)  # the continuation's prompt: not the client's
+    assert prog.client_usage(30, 8) == (17, 10)
+
+
 def test_completion_continuation_and_a_client_continuing_its_own_message() -> None:
     prog = Progress(parts=["abcd"], tokens=1)
     out = continuation_body({"prompt": "x" * 8, "max_tokens": 10}, "completions", prog)

@@ -46,7 +46,8 @@ class HealthConfig(_Model):
 
 
 class RetryConfig(_Model):
-    """Retries of a request whose upstream failed before any byte reached its client."""
+    """Retries of a request whose upstream failed before any byte reached its client, and
+    continuations (migrations) of a stream whose backend died or stalled mid-answer."""
 
     max_attempts: int = Field(
         default=_RETRY.max_attempts, ge=1,

@@ -22,7 +22,8 @@ from tailguard.wire.tokens import CHAT_MESSAGE_OVERHEAD_TOKENS, text_tokens
 
 @dataclass(slots=True)
 class Progress:
-    """A preemptible request's generation so far, kept across its runs.
+    """A request's generation so far, kept across its runs (suspended and resumed, or moved to
+    another backend when its own died mid-answer).
 
     The relay appends the text of every content chunk it has passed to the client (before
     writing it, so the count never runs behind what the client got), and the dispatcher's
@@ -33,6 +34,9 @@ class Progress:
     tokens: int = 0  # content chunks relayed, over every run: the generated-token count
     base_tokens: int = 0  # tokens generated before the current run
     added_prompt_tokens: int = 0  # estimated tokens the current run's continuation added to the prompt
+    # The first run's prompt as its engine counted it, where the engine puts a running usage on
+    # every chunk (vLLM): the client's prompt count, exact, whatever a continuation added.
+    prompt_tokens: int | None = None
     runs: int = 1
     suspended: bool = False
     # Told every new count: the dispatcher passes it to the front as `Generated`, what a
@@ -42,21 +46,27 @@ class Progress:
     def text(self) -> str:
         return "".join(self.parts)
 
-    def add(self, text: str, run_tokens: int | None = None) -> None:
+    def add(self, text: str, run_tokens: int | None = None, run_prompt_tokens: int | None = None) -> None:
         """A content chunk passed to the client. `run_tokens` is the backend's running count of
         this run's tokens when it sends one (vLLM packs several tokens into a chunk when its API
-        server lags, so counting chunks would fall short); else a chunk counts as one token."""
+        server lags, so counting chunks would fall short); else a chunk counts as one token.
+        `run_prompt_tokens`: the prompt count of that running usage."""
         self.parts.append(text)
+        if self.runs == 1 and run_prompt_tokens is not None:
+            self.prompt_tokens = run_prompt_tokens
         self.tokens = self.base_tokens + run_tokens if run_tokens is not None else self.tokens + 1
         if self.on_tokens is not None:
             self.on_tokens(self.tokens)
 
     def client_usage(self, prompt_tokens: int | None, completion_tokens: int | None) -> tuple[int | None, int | None]:
         """The upstream usage of the current run as the client should see it: the original
-        prompt (the continuation's prompt minus what it added) and every token generated."""
+        prompt (as the first run counted it, else the continuation's prompt minus what it added)
+        and every token generated."""
         if self.runs == 1:
             return prompt_tokens, completion_tokens
-        pt = None if prompt_tokens is None else max(1, prompt_tokens - self.added_prompt_tokens)
+        pt = self.prompt_tokens
+        if pt is None and prompt_tokens is not None:
+            pt = max(1, prompt_tokens - self.added_prompt_tokens)
         ct = self.base_tokens + (completion_tokens if completion_tokens is not None else self.tokens - self.base_tokens)
         return pt, ct
 

@@ -26,7 +26,7 @@ from tailguard.gateway.upstream.resume import Progress
 from tailguard.gateway.upstream.tally import Tally
 from tailguard.types import FailureKind
 from tailguard.wire.chunks import (
-    delta_text, has_content, has_usage, is_error, parse, role_only, running_completion_tokens, with_service_tier,
+    delta_text, has_content, has_usage, is_error, parse, role_only, running_usage, with_service_tier,
 )
 from tailguard.wire.openai import Endpoint, error_body
 from tailguard.wire.sse import DONE, DONE_EVENT, SSEDecoder, SSEEvent, encode_event, events_of, is_done
@@ -209,7 +209,8 @@ class StreamRelay:
                 self.upstream_error = True
                 out.append(raw)
             elif has_content(ev.data):
-                prog.add(delta_text(obj, self.endpoint == "chat"), running_completion_tokens(obj))
+                pt, ct = running_usage(obj)
+                prog.add(delta_text(obj, self.endpoint == "chat"), ct, pt)
                 content += 1
                 out.append(raw)
             elif isinstance(obj.get("usage"), dict):
