@@ -26,7 +26,7 @@ from tailguard.sim.answer import TOKEN_TEXT
 from tests.functional.gateways import health, sample, scrape, until
 from tests.servers import running
 
-TOKENS = 240  # at time scale 1, about 1.6 s of decoding: long enough to break in the middle
+TOKENS = 400  # at time scale 1, about 3 s of decoding: long enough to break in the middle
 CHAT = [{"role": "user", "content": "tell me a long story"}]
 TOOLS = [{"type": "function", "function": {"name": "look", "parameters": {"type": "object", "properties": {}}}}]
 
@@ -102,6 +102,11 @@ class Seen:
         """The longest gap between two content chunks."""
         return max(b - a for a, b in zip(self.times, self.times[1:]))
 
+    def gap_at(self, at: float) -> float:
+        """The gap between the content chunks either side of `at` (a kill)."""
+        after = next(i for i, t in enumerate(self.times) if t > at)
+        return self.times[after] - self.times[after - 1]
+
 
 async def consume(c: AsyncOpenAI, seen: Seen, stop_after: int | None = None, **kw: Any) -> Seen:
     raw = await c.chat.completions.with_raw_response.create(
@@ -134,21 +139,24 @@ async def test_streams_of_a_killed_backend_go_on_elsewhere_and_tools_end_with_on
             plain = [Seen() for _ in range(6)]
             tools = [Seen() for _ in range(3)]
             left = Seen()
+            jobs = [Seen() for _ in range(3)]  # preemptible: their text is parsed as it goes
             runs = [asyncio.create_task(consume(c, s)) for s in plain]
+            runs += [asyncio.create_task(consume(c, s, extra_headers={"X-Tailguard-Class": "batch"})) for s in jobs]
             runs += [asyncio.create_task(consume(c, s, tools=TOOLS)) for s in tools]
             runs.append(asyncio.create_task(consume(c, left, stop_after=30)))
             whole = [asyncio.create_task(c.chat.completions.with_raw_response.create(
                 model="m", messages=CHAT, max_tokens=TOKENS)) for _ in range(3)]  # assembled at the gateway
-            await asyncio.gather(*(s.going.wait() for s in [*plain, *tools]))
+            await tools[0].going.wait()  # (all started together: the others are as far, or nearly)
             victim = next(s for s in sims if s.name == tools[0].backend)
             victim.proc.kill()  # SIGKILL: no goodbye, mid-stream
+            killed_at = time.monotonic()
             await asyncio.gather(*runs)
             answers = await asyncio.gather(*whole)
-            prompt_tokens = {s.usage.prompt_tokens for s in plain}
+            prompt_tokens = {s.usage.prompt_tokens for s in [*plain, *jobs]}
             metrics = await scrape(url)
-    moved = [s for s in plain if s.backend == victim.name]
-    assert moved, "a plain stream ran on the killed backend"
-    for s in plain:  # every stream whole: nothing lost, nothing repeated, one id, usage exact
+    moved = [s for s in [*plain, *jobs] if s.backend == victim.name]
+    assert any(s in moved for s in plain), "a chat stream ran on the killed backend"
+    for s in [*plain, *jobs]:  # every stream whole: nothing lost, nothing repeated, one id, usage exact
         assert s.error is None and s.text == TOKEN_TEXT * TOKENS and len(s.ids) == 1
         assert s.usage.completion_tokens == TOKENS
     assert len(prompt_tokens) == 1  # the prompt counted once: a continued one as the others
@@ -162,13 +170,15 @@ async def test_streams_of_a_killed_backend_go_on_elsewhere_and_tools_end_with_on
             assert 20 <= len(s.text) // len(TOKEN_TEXT) < TOKENS
         else:
             assert s.error is None and s.text == TOKEN_TEXT * TOKENS
-    migrated = sum(sample(metrics, "tailguard_migrations_total", reason=r, **{"class": "interactive"})
-                   for r in ("disconnect", "reset"))
+    migrated = sum(sample(metrics, "tailguard_migrations_total", reason=r, **{"class": c})
+                   for r in ("disconnect", "reset") for c in ("interactive", "batch"))
     # Each stream that ran there, and any non-stream answer that did (its header names where it
     # ended); the client that left (`left`) is no migration.
     assert len(moved) <= migrated <= len(moved) + len(answers)
-    print(f"migrated: {len(moved)} streams, {migrated - len(moved)} non-stream answers; the streams' longest pause: "
-          f"{max(s.pause_s for s in moved) * 1000:.0f} ms")
+    others = [s for s in [*plain, *jobs] if s not in moved]
+    print(f"migrated: {len(moved)} streams ({sum(s in jobs for s in moved)} batch), {migrated - len(moved)} "
+          f"non-stream answers; their gap at the kill: up to {max(s.gap_at(killed_at) for s in moved) * 1000:.0f} ms "
+          f"(the other streams': up to {max(s.gap_at(killed_at) for s in others) * 1000:.0f} ms)")
 
 
 async def test_a_stalled_backend_is_left_at_the_idle_deadline() -> None:
@@ -188,5 +198,5 @@ async def test_a_stalled_backend_is_left_at_the_idle_deadline() -> None:
         assert s.usage.completion_tokens == TOKENS
     assert sample(metrics, "tailguard_migrations_total", reason="timeout_idle", **{"class": "interactive"}) == len(moved)
     pause = max(s.pause_s for s in moved)
-    assert idle_s <= pause < idle_s + 2.0
+    assert idle_s <= pause < idle_s + 2.0  # the stall found at the idle deadline, then little more
     print(f"stalled streams' longest pause: {pause * 1000:.0f} ms (idle deadline {idle_s * 1000:.0f} ms)")

@@ -104,9 +104,14 @@ class Dispatcher:
         assert ticket.waiter is not None
         await ticket.waiter
 
-    def tracks(self, cls: str, resumable: bool) -> bool:
-        """Whether the request's text must be kept: it may be suspended (`Front.tracks`)."""
-        return self.front.tracks(cls, resumable)
+    def progress(self, cls: str, resumable: bool) -> Progress | None:
+        """Where the request's text is kept, if it may be continued (`Front.tracks`): parsed
+        chunk by chunk if it may be suspended (its relay stops between chunks), else kept raw
+        and parsed only if its backend dies mid-answer (`Progress.lazy`), so the relay's
+        zero-parse path serves it; None if it cannot be continued."""
+        if not self.front.tracks(cls, resumable):
+            return None
+        return Progress(lazy=not self.front.may_suspend(cls))
 
     def rate_headers(self, caller: str) -> dict[str, str] | None:
         """OpenAI's `x-ratelimit-*` headers for where `caller`'s limits stand now, or None."""

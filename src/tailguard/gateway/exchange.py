@@ -146,7 +146,7 @@ class Exchange:
                 up = await ctx.upstream.open(backend, job.endpoint, body, job.req_id, self._to.connect_s,
                                              fresh=self._retried)
                 rec.upstream_headers_at = monotonic()
-                if rec.progress is not None:
+                if rec.progress is not None and not rec.progress.lazy:
                     ctx.dispatcher.upstream_open(rec, up.close)
                 return await (self._relay(up, backend) if job.parsed.stream else self._assemble(up))
             except Suspended:
@@ -265,6 +265,8 @@ class Exchange:
         tracked over its runs, else the engine's count when it sent one, else its content chunks,
         marked as an estimate in the access log."""
         rec, progress = self.rec, self.rec.progress
+        if progress is not None:
+            progress.decode(self.job.endpoint == "chat")  # a lazy stream's count is in its raw chunks
         if progress is not None and progress.tokens:
             rec.output_tokens = progress.tokens  # counted over every run, as the engine reported them
         elif self._tally.usage.completion_tokens is not None:

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from tailguard.front.intake import resumable
 from tailguard.gateway.upstream.resume import Progress, continuation_body
+from tailguard.wire.openai import chat_chunk, usage_dict
+from tailguard.wire.sse import encode_event
+
+
+def _tok(text: str, cid: str, running: int | None = None) -> bytes:
+    return encode_event(chat_chunk(cid, "m", 1, content=text, usage=None if running is None else usage_dict(9, running)))
 
 
 def test_chat_continuation_appends_the_text_and_shrinks_the_budget() -> None:
@@ -47,3 +53,25 @@ def test_nothing_generated_yet_restarts_the_same_body() -> None:
     prog = Progress()
     assert continuation_body(body, "completions", prog) is body
     assert prog.runs == 2 and prog.client_usage(1, 10) == (1, 10)
+
+
+def test_a_lazy_stream_keeps_its_chunks_raw_until_it_must_be_continued() -> None:
+    """A stream that may only be moved is relayed unparsed: its blocks of content events are
+    kept as they came (a block may hold several, and a usage-only event), parsed when the
+    continuation needs its text, with the first run's id and the engine's running count."""
+    prog = Progress(lazy=True)
+    prog.keep(_tok("Once", "x1"), chat=True)
+    prog.keep(_tok(" upon", "x1") + _tok(" a", "x1", running=4), chat=True)  # vLLM packed two tokens in one
+    assert (prog.text(), prog.tokens, prog.first_id) == ("", 0, None)  # nothing parsed yet
+    out = continuation_body({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}, "chat", prog)
+    assert out["messages"][-1] == {"role": "assistant", "content": "Once upon a"} and out["max_tokens"] == 6
+    assert (prog.tokens, prog.first_id, prog.prompt_tokens, prog.lazy, prog.raw) == (4, "x1", 9, False, [])
+
+
+def test_a_lazy_stream_holds_at_most_a_bounded_number_of_raw_blocks() -> None:
+    prog = Progress(lazy=True)
+    for i in range(600):
+        prog.keep(_tok(f"{i} ", "x"), chat=True)
+        assert len(prog.raw) < 256
+    prog.decode(chat=True)
+    assert prog.tokens == 600 and prog.text() == "".join(f"{i} " for i in range(600))

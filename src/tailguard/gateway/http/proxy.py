@@ -27,7 +27,6 @@ from tailguard.gateway.ops.metrics import access_log, record_finish, response_he
 from tailguard.gateway.request import Request
 from tailguard.gateway.sink import ResponseSink, Sink
 from tailguard.gateway.upstream.client import UPSTREAM_PATHS
-from tailguard.gateway.upstream.resume import Progress
 from tailguard.types import Outcome
 from tailguard.wire.openai import (
     Endpoint, ParsedRequest, error_body, error_headers, is_json_media_type, parse_request,
@@ -132,7 +131,7 @@ class Proxy:
         t.cls, t.caller = cls.name, intake.caller(api_key)
         t.prompt_tokens = parsed.prompt_tokens
         accepted = intake.accept(asked, cls, self._estimator.estimate(cls.name))
-        progress = Progress() if self._dispatcher.tracks(cls.name, accepted.resumable) else None
+        progress = self._dispatcher.progress(cls.name, accepted.resumable)
         try:
             await self._dispatcher.admit(t, accepted.est_tokens, progress=progress, max_tokens=accepted.max_tokens)
         finally:  # let in or refused, the answer says where the caller's limits stand

@@ -16,8 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tailguard.wire.chunks import delta_text, has_content, parse, running_usage
 from tailguard.wire.openai import Endpoint
+from tailguard.wire.sse import SSEDecoder
 from tailguard.wire.tokens import CHAT_MESSAGE_OVERHEAD_TOKENS, text_tokens
+
+# Raw blocks a lazy stream keeps before parsing them: bounds its memory to about this many
+# chunks' bytes beside its text.
+_RAW_BLOCKS = 256
 
 
 @dataclass(slots=True)
@@ -39,6 +45,12 @@ class Progress:
     prompt_tokens: int | None = None
     runs: int = 1
     suspended: bool = False
+    # A stream that may be moved but never suspended is relayed unparsed (the push path): its
+    # relay keeps each block of content events raw (`keep`), parsed only when it must be
+    # continued or every `_RAW_BLOCKS` blocks. A continuation's run is parsed as it goes.
+    lazy: bool = False
+    raw: list[bytes] = field(default_factory=list)
+    first_id: str | None = None  # the response id of its first run's chunks, as `decode` read it
     # Told every new count: the dispatcher passes it to the front as `Generated`, what a
     # preemption weighs (the front never asks its driver).
     on_tokens: Callable[[int], None] | None = None
@@ -58,6 +70,28 @@ class Progress:
         if self.on_tokens is not None:
             self.on_tokens(self.tokens)
 
+    def keep(self, events: bytes, chat: bool) -> None:
+        """Whole SSE events, some carrying content, passed to the client unparsed (`lazy`)."""
+        self.raw.append(events)
+        if len(self.raw) >= _RAW_BLOCKS:
+            self.decode(chat)
+
+    def decode(self, chat: bool) -> None:
+        """Parse what `keep` kept into the text and token count, as a tracked relay would have."""
+        if not self.raw:
+            return
+        dec = SSEDecoder()
+        events = dec.feed(b"".join(self.raw))
+        self.raw = []
+        for ev in events + dec.flush():
+            obj = parse(ev.data)
+            if not isinstance(obj, dict) or not has_content(ev.data):
+                continue
+            if self.first_id is None and isinstance(obj.get("id"), str):
+                self.first_id = obj["id"]
+            pt, ct = running_usage(obj)
+            self.add(delta_text(obj, chat), ct, pt)
+
     def client_usage(self, prompt_tokens: int | None, completion_tokens: int | None) -> tuple[int | None, int | None]:
         """The upstream usage of the current run as the client should see it: the original
         prompt (as the first run counted it, else the continuation's prompt minus what it added)
@@ -73,7 +107,9 @@ class Progress:
 
 def continuation_body(body: dict[str, Any], endpoint: Endpoint, progress: Progress) -> dict[str, Any]:
     """The request that continues `body` after `progress`; records in `progress` where the new
-    run starts (`base_tokens`, `added_prompt_tokens`)."""
+    run starts (`base_tokens`, `added_prompt_tokens`), and that it is parsed as it goes."""
+    progress.decode(endpoint == "chat")
+    progress.lazy = False
     text = progress.text()
     done = progress.tokens
     progress.runs += 1

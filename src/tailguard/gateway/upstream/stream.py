@@ -81,8 +81,11 @@ class StreamRelay:
         than the backend writes) comes back here and takes `_emit`."""
         self.tally.start_run()
         self.held.clear()  # a failed attempt's preamble is not this one's
-        if self.progress is not None:
-            await self._run_tracked(up, self.progress)
+        prog = self.progress
+        if prog is not None and not prog.lazy:
+            if self.stream_id is None:
+                self.stream_id = prog.first_id  # (a lazy first run's, continued after a migration)
+            await self._run_tracked(up, prog)
             return
         self._dec = dec = SSEDecoder()
         sink, wd = self.sink, self.tally.watchdog
@@ -127,6 +130,8 @@ class StreamRelay:
             return True  # part of an event: the decoder keeps it
         if len(ends) == 1 and has_content(buf, 0, ends[0]):
             tally.content(now, 1)
+            if self.progress is not None:
+                self.progress.keep(buf, self.endpoint == "chat")
             if self.sink.write_nowait(buf):
                 return True
             self._blocked = True
@@ -163,7 +168,8 @@ class StreamRelay:
             return
         tail = dec.flush_raw()
         prog = self.progress
-        chunk, content, _ = self._scan(tail, [len(tail)]) if prog is None else self._track(events_of(tail), prog)
+        chunk, content, _ = (self._scan(tail, [len(tail)]) if prog is None or prog.lazy
+                             else self._track(events_of(tail), prog))
         await self._emit(chunk, content, True, monotonic())
 
     def _scan(self, buf: bytes, ends: list[int]) -> tuple[bytes, int, bool]:
@@ -183,6 +189,8 @@ class StreamRelay:
                 self.upstream_error = True
             last_start, pos = pos, end
         last = content < len(ends) and is_done(buf, last_start, pos)  # [DONE] is not content
+        if content and self.progress is not None:
+            self.progress.keep(buf, self.endpoint == "chat")
         if drop is not None:
             buf = buf[:drop[0]] + buf[drop[1]:]
         return buf, content, last
