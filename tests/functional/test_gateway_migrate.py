@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import sys
 import time
@@ -24,7 +23,7 @@ from tailguard.gateway.config import GatewayConfig
 from tailguard.gateway.http.app import create_app
 from tailguard.sim.answer import TOKEN_TEXT
 from tests.functional.gateways import health, sample, scrape, until
-from tests.servers import running
+from tests.servers import listening_url, running
 
 TOKENS = 400  # at time scale 1, about 3 s of decoding: long enough to break in the middle
 CHAT = [{"role": "user", "content": "tell me a long story"}]
@@ -48,13 +47,9 @@ async def _sim() -> Sim:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tailguard", "sim", "--port", "0", "--time-scale", "1.0",
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    url = await listening_url(proc, "tailguard sim")
     assert proc.stderr is not None
-    while True:
-        line = (await proc.stderr.readline()).decode()
-        assert line, "tailguard sim exited before listening"
-        m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
-        if m:
-            return Sim(proc, m.group(1), asyncio.create_task(proc.stderr.read()))
+    return Sim(proc, url, asyncio.create_task(proc.stderr.read()))
 
 
 async def _end(sim: Sim) -> None:
