@@ -7,6 +7,7 @@ cannot be continued from its text ends with one error event that says why."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -17,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import openai
+import pytest
+from aiohttp import web
 from openai import AsyncOpenAI
 
 from tailguard.gateway.config import GatewayConfig
@@ -55,22 +58,26 @@ async def _sim() -> Sim:
 async def _end(sim: Sim) -> None:
     """Killed whatever its state (a stopped one is continued first, so it can die)."""
     if sim.proc.returncode is None:
-        os.kill(sim.proc.pid, signal.SIGCONT)
-        sim.proc.kill()
+        with contextlib.suppress(ProcessLookupError):  # killed by the test, not reaped yet
+            os.kill(sim.proc.pid, signal.SIGCONT)
+            sim.proc.kill()
     await sim.proc.wait()
     await sim.drain
 
 
 @asynccontextmanager
-async def fleet(n: int, **cfg: Any) -> AsyncIterator[tuple[str, list[Sim]]]:
-    """`n` simulator processes behind one in-process gateway in the quick form, once every
-    backend's kind is known (a migration needs a backend that can continue a generation)."""
+async def fleet(n: int, max_concurrency: int = 8, extra: list[dict[str, Any]] | None = None,
+                **cfg: Any) -> AsyncIterator[tuple[str, list[Sim]]]:
+    """`n` simulator processes behind one in-process gateway in the quick form (and `extra`
+    backends), once every backend's kind is known (a migration needs a backend that can continue
+    a generation)."""
     async with AsyncExitStack() as stack:
         sims: list[Sim] = []
         stack.push_async_callback(lambda: asyncio.gather(*(_end(s) for s in sims)))
         sims.extend(await asyncio.gather(*(_sim() for _ in range(n))))
-        quick = GatewayConfig.quick([s.url for s in sims])
-        gw = GatewayConfig.model_validate({**quick.model_dump(), **cfg})
+        quick = GatewayConfig.quick([s.url for s in sims], max_concurrency).model_dump()
+        quick["backends"] += extra or []
+        gw = GatewayConfig.model_validate({**quick, **cfg})
         url = await stack.enter_async_context(running(create_app(gw), handler_cancellation=True))
 
         async def known() -> bool:
@@ -195,3 +202,40 @@ async def test_a_stalled_backend_is_left_at_the_idle_deadline() -> None:
     pause = max(s.pause_s for s in moved)
     assert idle_s <= pause < idle_s + 2.0  # the stall found at the idle deadline, then little more
     print(f"stalled streams' longest pause: {pause * 1000:.0f} ms (idle deadline {idle_s * 1000:.0f} ms)")
+
+
+async def _refuses(request: web.Request) -> web.Response:
+    """A backend that takes every request and refuses it, as an engine refuses a prompt past its
+    context: what a continuation can meet."""
+    return web.json_response({"error": {"message": "maximum context length is 100 tokens", "type": "BadRequestError",
+                                        "param": None, "code": 400}}, status=400)
+
+
+async def _ok(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+async def test_a_continuation_the_next_backend_refuses_ends_the_stream_with_that_error_event() -> None:
+    refusing = web.Application()
+    refusing.router.add_post("/v1/chat/completions", _refuses)
+    refusing.router.add_get("/health", _ok)
+    async with asyncio.timeout(60), running(refusing) as refuser, fleet(
+            1, max_concurrency=1, extra=[{"name": "refuser", "url": refuser, "kind": "sim", "max_concurrency": 1}],
+    ) as (url, [sim]):
+        async with AsyncOpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0) as c:
+            for _ in range(2):  # the first may go to the refuser (a 400 before any byte): then the sim's turn
+                seen = Seen()
+                run = asyncio.create_task(consume(c, seen))
+                going = asyncio.create_task(seen.going.wait())
+                await asyncio.wait([run, going], return_when=asyncio.FIRST_COMPLETED)
+                going.cancel()
+                if not run.done():
+                    break
+                with pytest.raises(openai.BadRequestError):
+                    await run
+            assert seen.backend == sim.name
+            sim.proc.kill()
+            await run
+    assert seen.error is not None and len(seen.ids) == 1
+    assert "refused to continue the answer (400): maximum context length" in seen.error.message
+    assert 20 <= len(seen.text) // len(TOKEN_TEXT) < TOKENS

@@ -16,7 +16,9 @@ is closed before the retry is sent. Where it goes depends on how it failed:
 
 An attempt whose answer had already reached its consumer is never sent again from the start,
 but it may be *continued* (`Retry.CONTINUE`): when its backend died or stalled (`reset`,
-`disconnect`, an idle deadline) and the request can be continued from its text (`continuable`:
+`disconnect`, an idle deadline), or the backend a continuation went to could not take it (any
+of the failures above that send a request to another backend), and the request can be
+continued from its text (`continuable`:
 the intake's `resumable` rule, no tools, structured output, `n` > 1 or logprobs, and its driver
 kept the text: `Front.tracks`), another backend carries on from what was generated so far, as a suspended request is resumed. NVIDIA Dynamo migrates on
 the same facts only (`lib/llm/src/migration.rs`: connect, disconnect, timeout, engine shutdown;
@@ -36,10 +38,10 @@ from tailguard.types import FailureKind
 
 _SAME_BACKEND = frozenset({FailureKind.RESET, FailureKind.DISCONNECT})
 _OTHER_BACKEND = _SAME_BACKEND | {FailureKind.CONNECT, FailureKind.TIMEOUT_CONNECT, FailureKind.STATUS}
-# The backend died or stalled mid-answer: what was generated can go on elsewhere. Not a total
-# deadline (the request's own bound), nor an error event or a malformed stream (the engine
-# answered; sending its text elsewhere could repeat what broke it).
-_CONTINUABLE = frozenset({FailureKind.RESET, FailureKind.DISCONNECT, FailureKind.TIMEOUT_IDLE})
+# The backend died or stalled mid-answer (or the one its continuation went to is down): what
+# was generated can go on elsewhere. Not a total deadline (the request's own bound), nor an error
+# event or a malformed stream (the engine answered; its text elsewhere could repeat what broke it).
+_CONTINUABLE = _OTHER_BACKEND | {FailureKind.TIMEOUT_IDLE}
 # Failures that count against a backend's health (as a failed probe does).
 _HEALTH = frozenset({FailureKind.CONNECT, FailureKind.TIMEOUT_CONNECT})
 
@@ -61,7 +63,7 @@ def _hung(kind: FailureKind, answered: bool) -> bool:
 def retry_of(kind: FailureKind, delivered: bool, answered: bool, continuable: bool = False) -> Retry:
     """Whether (and where) an attempt that failed as `kind` may be sent again, or continued."""
     if delivered:
-        return Retry.CONTINUE if continuable and continues_after(kind) else Retry.NO
+        return Retry.CONTINUE if continuable and continues_after(kind, answered) else Retry.NO
     if kind in _SAME_BACKEND:
         return Retry.SAME_OR_OTHER
     if kind in _OTHER_BACKEND or _hung(kind, answered):
@@ -69,10 +71,10 @@ def retry_of(kind: FailureKind, delivered: bool, answered: bool, continuable: bo
     return Retry.NO
 
 
-def continues_after(kind: FailureKind) -> bool:
+def continues_after(kind: FailureKind, answered: bool) -> bool:
     """Whether a stream that failed as `kind` mid-answer is continued elsewhere when it can be
     continued from its text (what the driver tells a client whose request cannot be)."""
-    return kind in _CONTINUABLE
+    return kind in _CONTINUABLE or _hung(kind, answered)
 
 
 def hurts_health(kind: FailureKind, answered: bool) -> bool:

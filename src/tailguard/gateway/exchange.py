@@ -17,6 +17,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from tailguard.clock import monotonic
 from tailguard.errors import APIError, Overloaded
 from tailguard.front.intake import Accepted, OutputEstimator
@@ -46,6 +48,19 @@ _TIMEOUT_TEXT = {
 # Why a stream that broke after the client got bytes was not continued elsewhere.
 _NOT_CONTINUED = (" The answer cannot be continued on another backend: a request with tools, response_format, "
                   "n > 1 or logprobs cannot be continued from its text.")
+
+
+def _refused_continuation(backend: str, us: UpstreamStatus) -> RelayError:
+    """A backend refused a continuation (e.g. prompt + text so far past its context) while the
+    client's stream is open: the stream ends with the refusal as its error event, not with a
+    second answer after the first (LiteLLM let a refused continuation's 400 replace the real
+    failure: BerriAI/litellm#27967)."""
+    said = us.body[:500].decode("utf-8", "replace")
+    try:  # an OpenAI error body: its message alone
+        said = str(orjson.loads(us.body)["error"]["message"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        pass
+    return RelayError(FailureKind.STATUS, f"Backend '{backend}' refused to continue the answer ({us.status}): {said}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +126,7 @@ class Exchange:
             return await self._broken(Outcome.REJECTED, err.code, err)
         except RelayError as err:
             outcome = Outcome.TIMEOUT if err.is_timeout else Outcome.UPSTREAM_ERROR
-            if self.sink.started and not self.job.capped.resumable and continues_after(err.kind):
+            if self.sink.started and not self.job.capped.resumable and continues_after(err.kind, self.rec.answered):
                 err.message += _NOT_CONTINUED  # say why this one was not, where others would be
             return await self._broken(outcome, err.kind, err.api_error())
         except ClientGone:
@@ -156,6 +171,8 @@ class Exchange:
                 if not self._again(err.kind, answered=up is not None):
                     raise
             except UpstreamStatus as us:
+                if self.sink.started:
+                    raise _refused_continuation(backend.name, us) from None
                 # The backend understood and refused (e.g. context too long): the client's error,
                 # which also tells the front the backend is alive.
                 return Ending(Outcome.CLIENT_ERROR, us.status, "upstream_4xx", passthrough=us)

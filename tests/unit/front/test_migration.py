@@ -35,8 +35,11 @@ def died(f: Front, req_id: str, now: float, kind: FailureKind = FailureKind.DISC
     return list(f.handle(Failed(req_id, kind, delivered=True, answered=True), now))
 
 
-@pytest.mark.parametrize("kind", [FailureKind.DISCONNECT, FailureKind.RESET, FailureKind.TIMEOUT_IDLE])
+@pytest.mark.parametrize("kind", [FailureKind.DISCONNECT, FailureKind.RESET, FailureKind.TIMEOUT_IDLE,
+                                  FailureKind.CONNECT, FailureKind.TIMEOUT_CONNECT, FailureKind.STATUS])
 def test_a_stream_whose_backend_died_or_stalled_goes_on_elsewhere_with_its_slot(kind: FailureKind) -> None:
+    """Died, stalled, or (the refusals: only a continuation's attempt can meet them with content
+    delivered) the backend a continuation went to is down too."""
     f = three()
     first = stream(f, "c1", 0.0)
     [start] = died(f, "c1", 1.0, kind)
@@ -47,8 +50,19 @@ def test_a_stream_whose_backend_died_or_stalled_goes_on_elsewhere_with_its_slot(
     assert all(b.in_flight == 0 for b in f.backends())
 
 
-@pytest.mark.parametrize("kind", [FailureKind.TIMEOUT_TOTAL, FailureKind.PROTOCOL, FailureKind.STREAM_ERROR,
-                                  FailureKind.STATUS, FailureKind.CONNECT])
+def test_a_continuation_that_meets_a_hung_host_goes_on_again() -> None:
+    """No response head within the first-token deadline: a hung host, as for a retry; once the
+    engine answered, a late first token is not the host's failure."""
+    f = three()
+    first = stream(f, "c1", 0.0)
+    [moved] = died(f, "c1", 1.0)
+    [third] = set("abc") - {first, moved.backend}
+    assert list(f.handle(Failed("c1", FailureKind.TIMEOUT_FIRST_TOKEN, delivered=True, answered=False), 2.0)) == [
+        Start("c1", third, resumed=True)]
+    assert retry_of(FailureKind.TIMEOUT_FIRST_TOKEN, delivered=True, answered=True, continuable=True) is Retry.NO
+
+
+@pytest.mark.parametrize("kind", [FailureKind.TIMEOUT_TOTAL, FailureKind.PROTOCOL, FailureKind.STREAM_ERROR])
 def test_only_a_dead_or_stalled_backend_moves_a_stream(kind: FailureKind) -> None:
     """A total deadline is the request's own bound; an error event or a malformed stream came from
     an engine that answered (its text elsewhere could repeat what broke it)."""
