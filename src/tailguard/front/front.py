@@ -34,7 +34,7 @@ from tailguard.front.limits import CallerLimits, Standing
 from tailguard.front.params import FrontParams
 from tailguard.front.preemption import Candidate, PreemptionPolicy
 from tailguard.front.queue import Pending, carry_over, make_scheduler
-from tailguard.front.retry import Retry, hurts_health, retry_budget, retry_of
+from tailguard.front.retry import Retry, hurts_health, retry_budget, retry_of, stale_connection
 from tailguard.front.router import choose
 from tailguard.front.slots import BackendPool
 from tailguard.types import Outcome, RejectReason
@@ -258,7 +258,7 @@ class Front:
             self._out.append(HealthChanged(old, False))
         where = retry_of(ev.kind, ev.delivered, ev.answered, r.continuable)
         if where is Retry.CONTINUE:
-            self._migrate(r, now)
+            self._migrate(r, stale_connection(ev.kind, ev.answered), now)
             return
         if r.attempts >= self._max_attempts or where is Retry.NO:
             return
@@ -270,22 +270,29 @@ class Front:
         r.attempts += 1
         self._restart(r, target, now, resumed=False)
 
-    def _migrate(self, r: _Req, now: float) -> None:
+    def _migrate(self, r: _Req, stale: bool, now: float) -> None:
         """Its backend died or stalled after part of the answer reached the client: the rest is
         generated on another backend that can continue a generation, from the text so far (the
         driver's continuation, as after a suspension). At most `max_migrations` times and
-        within the retry budget; with no such backend free now it ends where it is."""
-        if r.migrations >= self._params.retry.max_migrations:
-            return
-        target = self._migration_target(r, now)
+        within the retry budget; with no such backend free now it ends where it is. A
+        continuation whose connection was `stale` goes to the same backend once more (not a move:
+        not counted)."""
+        target = self._migration_target(r, stale, now)
         if target is None or not self._budget.try_withdraw(now):
             return
-        r.migrations += 1
+        if target != r.backend:
+            r.migrations += 1
         self._restart(r, target, now, resumed=True)
 
-    def _migration_target(self, r: _Req, now: float) -> str | None:
-        """The least loaded backend it has not failed on whose kind can continue a generation."""
+    def _migration_target(self, r: _Req, stale: bool, now: float) -> str | None:
+        """The least loaded backend it has not failed on whose kind can continue a generation
+        (its own backend again on a fresh connection, once, after a stale one)."""
         slots = self._slots
+        if stale and not r.fresh_retried and slots.takes_new(r.backend):
+            r.fresh_retried = True
+            return r.backend
+        if r.migrations >= self._params.retry.max_migrations:
+            return None
         cannot = [s.name for s in slots if not s.cfg.continues]
         return choose(slots, r.pending, now, exclude=[*r.tried, r.backend, *cannot])
 

@@ -77,6 +77,13 @@ def continues_after(kind: FailureKind, answered: bool) -> bool:
     return kind in _CONTINUABLE or _hung(kind, answered)
 
 
+def stale_connection(kind: FailureKind, answered: bool) -> bool:
+    """The connection broke before any answer (typically a pooled keep-alive one the server had
+    just closed): its backend may be fine, so a continuation, like a retry, is tried there once
+    more over a fresh connection. A stream that broke mid-answer was answered: not this."""
+    return kind in _SAME_BACKEND and not answered
+
+
 def hurts_health(kind: FailureKind, answered: bool) -> bool:
     """Whether the failure counts against its backend's health, as a failed probe does."""
     return kind in _HEALTH or _hung(kind, answered)

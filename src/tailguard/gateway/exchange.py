@@ -209,14 +209,15 @@ class Exchange:
         """Tell the front the attempt failed; True when it goes again: from the start on a new
         connection (a retry), or (`Start(resumed=True)`) on another backend from the text the
         consumer already has, since its backend died or stalled mid-answer (a migration)."""
+        old = self.rec.backend
         start = self.ctx.dispatcher.failed(self.rec, kind, delivered=self._delivered(), answered=answered)
         if start is None:
             return False
-        if start.resumed:
+        if start.resumed and start.backend != old:
             self.rec.migrations += 1
             self.ctx.metrics.migrations.labels(self.job.cls.name, kind).inc()
             self._continue()
-        else:
+        else:  # a retry, or a continuation's stale connection: the same body on a fresh connection
             self._retried = True
         return True
 

@@ -50,6 +50,18 @@ def test_a_stream_whose_backend_died_or_stalled_goes_on_elsewhere_with_its_slot(
     assert all(b.in_flight == 0 for b in f.backends())
 
 
+def test_a_continuation_whose_connection_was_stale_goes_once_more_to_the_same_backend() -> None:
+    """Broken before any answer: a pooled keep-alive connection the server had closed, as for a
+    retry; the same backend over a fresh connection once, then another."""
+    f = three()
+    first = stream(f, "c1", 0.0)
+    [moved] = died(f, "c1", 1.0)
+    stale = Failed("c1", FailureKind.RESET, delivered=True, answered=False)
+    assert list(f.handle(stale, 1.1)) == [Start("c1", moved.backend, resumed=True)]
+    [third] = set("abc") - {first, moved.backend}
+    assert list(f.handle(stale, 1.2)) == [Start("c1", third, resumed=True)]
+
+
 def test_a_continuation_that_meets_a_hung_host_goes_on_again() -> None:
     """No response head within the first-token deadline: a hung host, as for a retry; once the
     engine answered, a late first token is not the host's failure."""

@@ -5,9 +5,9 @@ The fast path never parses JSON per chunk, and runs in the upstream connection's
 content chunks are recognised by their bytes (`wire.chunks`) and only the usage chunk is parsed.
 Bytes that precede the first content chunk (the role-only delta) are held back until it arrives,
 so the response headers can carry the TTFT and a failure before any content can still be retried
-on another backend. A request whose text is kept (it may be suspended, or continued on another
-backend if its own dies mid-answer: `Front.tracks`) takes the tracked path instead, which parses
-every event to keep the text so far.
+on another backend. A preemptible request takes the tracked path instead, which parses every
+event to keep the text so far; one that may only be moved to another backend if its own dies
+mid-answer keeps the fast path and its content events raw (`Progress.keep`), parsed only then.
 """
 
 from __future__ import annotations
