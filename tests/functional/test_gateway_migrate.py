@@ -198,7 +198,8 @@ async def test_a_stalled_backend_is_left_at_the_idle_deadline() -> None:
     for s in plain:
         assert s.error is None and s.text == TOKEN_TEXT * TOKENS and len(s.ids) == 1
         assert s.usage.completion_tokens == TOKENS
-    assert sample(metrics, "tailguard_migrations_total", reason="timeout_idle", **{"class": "interactive"}) == len(moved)
+    idle = sample(metrics, "tailguard_migrations_total", reason="timeout_idle", **{"class": "interactive"})
+    assert idle == len(moved)
     pause = max(s.pause_s for s in moved)
     assert idle_s <= pause < idle_s + 2.0  # the stall found at the idle deadline, then little more
     print(f"stalled streams' longest pause: {pause * 1000:.0f} ms (idle deadline {idle_s * 1000:.0f} ms)")

@@ -18,14 +18,14 @@ An attempt whose answer had already reached its consumer is never sent again fro
 but it may be *continued* (`Retry.CONTINUE`): when its backend died or stalled (`reset`,
 `disconnect`, an idle deadline), or the backend a continuation went to could not take it (any
 of the failures above that send a request to another backend), and the request can be
-continued from its text (`continuable`:
-the intake's `resumable` rule, no tools, structured output, `n` > 1 or logprobs, and its driver
-kept the text: `Front.tracks`), another backend carries on from what was generated so far, as a suspended request is resumed. NVIDIA Dynamo migrates on
-the same facts only (`lib/llm/src/migration.rs`: connect, disconnect, timeout, engine shutdown;
-never a cancellation, never guided decoding, at most `migration_limit` times); LiteLLM's
-continuation of tool calls from text silently returned prose (BerriAI/litellm#31067), which is
-why a request that is not resumable ends instead. A client's own cancel is no `FailureKind`:
-it never reaches here.
+continued from its text (`continuable`: the intake's `resumable` rule, no tools, structured
+output, `n` > 1 or logprobs, and its driver kept the text: `Front.tracks`), another backend
+carries on from what was generated so far, as a suspended request is resumed. NVIDIA Dynamo
+migrates on the same facts only (`lib/llm/src/migration.rs`: connect, disconnect, timeout,
+engine shutdown; never a cancellation, never guided decoding, at most `migration_limit`
+times); LiteLLM's continuation of tool calls from text silently returned prose
+(BerriAI/litellm#31067), which is why a request that is not resumable ends instead. A
+client's own cancel is no `FailureKind`: it never reaches here.
 """
 
 from __future__ import annotations

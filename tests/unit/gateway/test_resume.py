@@ -9,7 +9,8 @@ from tailguard.wire.sse import encode_event
 
 
 def _tok(text: str, cid: str, running: int | None = None) -> bytes:
-    return encode_event(chat_chunk(cid, "m", 1, content=text, usage=None if running is None else usage_dict(9, running)))
+    usage = None if running is None else usage_dict(9, running)
+    return encode_event(chat_chunk(cid, "m", 1, content=text, usage=usage))
 
 
 def test_chat_continuation_appends_the_text_and_shrinks_the_budget() -> None:
