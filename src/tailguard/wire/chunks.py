@@ -26,6 +26,7 @@ CONTENT_KEYS = (b'"content":', b'"text":', b'"reasoning_content":', b'"reasoning
 _COMPACT_CONTENT = b'"content":"'
 _COMPACT_LEN = len(_COMPACT_CONTENT)
 _USAGE_KEY = b'"usage":'
+_COMPACT_TEXT = b'"text":"'
 _TIER_VALUE = re.compile(rb'"service_tier":\s*(null|"[^"]*")')
 _DATA_OPEN = re.compile(rb"(?:^|(?<=[\r\n]))data: ?\{")  # an event's JSON opening, with or without the space
 _QUOTE, _BRACKET, _CLOSE_BRACKET, _BRACE, _SPACE = 0x22, 0x5B, 0x5D, 0x7B, 0x20
@@ -87,6 +88,25 @@ def has_usage(data: bytes, start: int = 0, end: int | None = None) -> bool:
     while j < end and data[j] == _SPACE:
         j += 1
     return j < end and data[j] == _BRACE
+
+
+def content_text(event: bytes, chat: bool) -> str | None:
+    """The text of one whole content event in the compact shape engines send (`"content":"..."`
+    in a chat delta, `"text":"..."` in a completion; one choice, one data line), found by its
+    bytes: what `delta_text` returns from the parsed chunk. None where only a parse can tell: an
+    escape in the string, a running usage, more than one event or line, another shape."""
+    key = _COMPACT_CONTENT if chat else _COMPACT_TEXT
+    i = event.find(key)
+    if i < 0 or event.find(key, i + 1) >= 0 or event.count(b"data:") != 1 or has_usage(event):
+        return None
+    start = i + len(key)
+    end = event.find(b'"', start)
+    if end < 0 or event.find(b"\\", start, end) >= 0:
+        return None
+    try:
+        return event[start:end].decode()
+    except UnicodeDecodeError:
+        return None
 
 
 def is_error(data: bytes, start: int = 0, end: int | None = None) -> bool:

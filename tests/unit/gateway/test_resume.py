@@ -61,18 +61,23 @@ def test_a_lazy_stream_keeps_its_chunks_raw_until_it_must_be_continued() -> None
     kept as they came (a block may hold several, and a usage-only event), parsed when the
     continuation needs its text, with the first run's id and the engine's running count."""
     prog = Progress(lazy=True)
-    prog.keep(_tok("Once", "x1"), chat=True)
+    prog.keep(_tok("Once", "x1"), chat=True)  # the first is parsed: its id
     prog.keep(_tok(" upon", "x1") + _tok(" a", "x1", running=4), chat=True)  # vLLM packed two tokens in one
-    assert (prog.text(), prog.tokens, prog.first_id) == ("", 0, None)  # nothing parsed yet
+    assert (prog.text(), prog.tokens, prog.first_id) == ("Once", 1, "x1")  # the block waits, raw
     out = continuation_body({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}, "chat", prog)
     assert out["messages"][-1] == {"role": "assistant", "content": "Once upon a"} and out["max_tokens"] == 6
     assert (prog.tokens, prog.first_id, prog.prompt_tokens, prog.lazy, prog.raw) == (4, "x1", 9, False, [])
 
 
-def test_a_lazy_stream_holds_at_most_a_bounded_number_of_raw_blocks() -> None:
+def test_a_lazy_stream_reads_compact_chunks_by_their_bytes_and_keeps_the_rest_in_order() -> None:
+    """The usual chunk's text is taken without a parse; one with an escape waits raw (at most a
+    bounded number of blocks), and the text comes out in the order the client got it."""
     prog = Progress(lazy=True)
-    for i in range(600):
-        prog.keep(_tok(f"{i} ", "x"), chat=True)
+    texts = [f'{i} "q" ' if i % 3 == 0 else f"{i} " for i in range(600)]
+    for i, t in enumerate(texts):
+        prog.keep(_tok(t, "x"), chat=True)
         assert len(prog.raw) < 256
+        if i % 3 == 1:
+            assert not prog.raw  # a compact chunk read by its bytes, after what waited before it
     prog.decode(chat=True)
-    assert prog.tokens == 600 and prog.text() == "".join(f"{i} " for i in range(600))
+    assert prog.tokens == 600 and prog.text() == "".join(texts)

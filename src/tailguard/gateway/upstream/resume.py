@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tailguard.wire.chunks import delta_text, has_content, parse, running_usage
+from tailguard.wire.chunks import content_text, delta_text, has_content, parse, running_usage
 from tailguard.wire.openai import Endpoint
 from tailguard.wire.sse import SSEDecoder
 from tailguard.wire.tokens import CHAT_MESSAGE_OVERHEAD_TOKENS, text_tokens
@@ -46,7 +46,8 @@ class Progress:
     runs: int = 1
     suspended: bool = False
     # A stream that may be moved but never suspended is relayed unparsed (the push path): its
-    # relay keeps each block of content events raw (`keep`), parsed only when it must be
+    # relay hands each block of content events to `keep`, which reads the text of the usual
+    # compact chunk by its bytes and keeps any other block raw, parsed only when it must be
     # continued or every `_RAW_BLOCKS` blocks. A continuation's run is parsed as it goes.
     lazy: bool = False
     raw: list[bytes] = field(default_factory=list)
@@ -71,10 +72,18 @@ class Progress:
             self.on_tokens(self.tokens)
 
     def keep(self, events: bytes, chat: bool) -> None:
-        """Whole SSE events, some carrying content, passed to the client unparsed (`lazy`)."""
-        self.raw.append(events)
-        if len(self.raw) >= _RAW_BLOCKS:
-            self.decode(chat)
+        """Whole SSE events, some carrying content, passed to the client unparsed (`lazy`). The
+        first is parsed at once (its response id); then a lone compact content chunk's text is
+        read by its bytes (`wire.chunks.content_text`), and any other block kept raw."""
+        text = content_text(events, chat) if self.tokens else None
+        if text is None:
+            self.raw.append(events)
+            if not self.tokens or len(self.raw) >= _RAW_BLOCKS:
+                self.decode(chat)
+            return
+        if self.raw:
+            self.decode(chat)  # what came before it first, in order
+        self.add(text)
 
     def decode(self, chat: bool) -> None:
         """Parse what `keep` kept into the text and token count, as a tracked relay would have."""
