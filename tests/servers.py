@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import re
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
@@ -27,16 +25,3 @@ async def running(app: web.Application, **runner_kwargs: Any) -> AsyncIterator[s
         yield f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
-
-
-async def listening_url(proc: asyncio.subprocess.Process, who: str) -> str:
-    """The base URL `who` (`tailguard sim`, or `gateway` in `tailguard serve`, which with `--sim`
-    first says where its simulator listens) says it listens on, its process's stderr read up to
-    that line; the caller bounds the wait."""
-    assert proc.stderr is not None
-    while True:
-        line = (await proc.stderr.readline()).decode()
-        assert line, "the process exited before listening"
-        m = re.search(who + r" listening on (http://127\.0\.0\.1:\d+)", line)
-        if m:
-            return m.group(1)

@@ -4,6 +4,7 @@ simulator (`--sim`) or of a simulator given by URL, served to the openai package
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import sys
 from pathlib import Path
@@ -13,7 +14,6 @@ from openai import AsyncOpenAI
 
 from tests.functional.gateways import engine
 from tailguard.sim.server import running_sim
-from tests.servers import listening_url
 
 CHAT = [{"role": "user", "content": "hello"}]
 
@@ -23,7 +23,13 @@ async def _start(*args: str) -> tuple[asyncio.subprocess.Process, str]:
         sys.executable, "-m", "tailguard", "serve", "--port", "0", *args,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )
-    return proc, await listening_url(proc, "gateway")
+    assert proc.stderr is not None
+    while True:
+        line = (await proc.stderr.readline()).decode()
+        assert line, "tailguard serve exited before listening"
+        m = re.search(r"gateway listening on (http://127\.0\.0\.1:\d+)", line)
+        if m:
+            return proc, m.group(1)
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> int:

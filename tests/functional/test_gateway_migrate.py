@@ -7,10 +7,8 @@ cannot be continued from its text ends with one error event that says why."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
-import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -26,55 +24,28 @@ from tailguard.gateway.config import GatewayConfig
 from tailguard.gateway.http.app import create_app
 from tailguard.sim.answer import TOKEN_TEXT
 from tests.functional.gateways import health, sample, scrape, until
-from tests.servers import listening_url, running
+from tests.functional.sim_processes import SimProcess, sim_process
+from tests.servers import running
 
 TOKENS = 400  # at time scale 1, about 3 s of decoding: long enough to break in the middle
 CHAT = [{"role": "user", "content": "tell me a long story"}]
 TOOLS = [{"type": "function", "function": {"name": "look", "parameters": {"type": "object", "properties": {}}}}]
 
 
-@dataclass
-class Sim:
-    """A `tailguard sim` process and the name the quick form gives its backend."""
-
-    proc: asyncio.subprocess.Process
-    url: str
-    drain: asyncio.Task[None]
-
-    @property
-    def name(self) -> str:
-        return self.url.removeprefix("http://")
-
-
-async def _sim() -> Sim:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tailguard", "sim", "--port", "0", "--time-scale", "1.0",
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-    url = await listening_url(proc, "tailguard sim")
-    assert proc.stderr is not None
-    return Sim(proc, url, asyncio.create_task(proc.stderr.read()))
-
-
-async def _end(sim: Sim) -> None:
-    """Killed whatever its state (a stopped one is continued first, so it can die)."""
-    if sim.proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError):  # killed by the test, not reaped yet
-            os.kill(sim.proc.pid, signal.SIGCONT)
-            sim.proc.kill()
-    await sim.proc.wait()
-    await sim.drain
+def name(sim: SimProcess) -> str:
+    """The name the quick form gives its backend (host:port)."""
+    return sim.url.removeprefix("http://")
 
 
 @asynccontextmanager
 async def fleet(n: int, max_concurrency: int = 8, extra: list[dict[str, Any]] | None = None,
-                **cfg: Any) -> AsyncIterator[tuple[str, list[Sim]]]:
+                **cfg: Any) -> AsyncIterator[tuple[str, list[SimProcess]]]:
     """`n` simulator processes behind one in-process gateway in the quick form (and `extra`
     backends), once every backend's kind is known (a migration needs a backend that can continue
     a generation)."""
     async with AsyncExitStack() as stack:
-        sims: list[Sim] = []
-        stack.push_async_callback(lambda: asyncio.gather(*(_end(s) for s in sims)))
-        sims.extend(await asyncio.gather(*(_sim() for _ in range(n))))
+        # (a stopped one is killed all the same: SIGKILL needs no SIGCONT)
+        sims = [await stack.enter_async_context(sim_process(time_scale=1.0)) for _ in range(n)]
         quick = GatewayConfig.quick([s.url for s in sims], max_concurrency).model_dump()
         quick["backends"] += extra or []
         gw = GatewayConfig.model_validate({**quick, **cfg})
@@ -149,14 +120,14 @@ async def test_streams_of_a_killed_backend_go_on_elsewhere_and_tools_end_with_on
             whole = [asyncio.create_task(c.chat.completions.with_raw_response.create(
                 model="m", messages=CHAT, max_tokens=TOKENS)) for _ in range(3)]  # assembled at the gateway
             await tools[0].going.wait()  # (all started together: the others are as far, or nearly)
-            victim = next(s for s in sims if s.name == tools[0].backend)
+            victim = next(s for s in sims if name(s) == tools[0].backend)
             victim.proc.kill()  # SIGKILL: no goodbye, mid-stream
             killed_at = time.monotonic()
             await asyncio.gather(*runs)
             answers = await asyncio.gather(*whole)
             prompt_tokens = {s.usage.prompt_tokens for s in [*plain, *jobs]}
             metrics = await scrape(url)
-    moved = [s for s in [*plain, *jobs] if s.backend == victim.name]
+    moved = [s for s in [*plain, *jobs] if s.backend == name(victim)]
     assert any(s in moved for s in plain), "a chat stream ran on the killed backend"
     for s in [*plain, *jobs]:  # every stream whole: nothing lost, nothing repeated, one id, usage exact
         assert s.error is None and s.text == TOKEN_TEXT * TOKENS and len(s.ids) == 1
@@ -167,7 +138,7 @@ async def test_streams_of_a_killed_backend_go_on_elsewhere_and_tools_end_with_on
         assert r.choices[0].message.content == TOKEN_TEXT * TOKENS and r.usage is not None
         assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (*prompt_tokens, TOKENS)
     for s in tools:
-        if s.backend == victim.name:
+        if s.backend == name(victim):
             assert s.error is not None and "cannot be continued" in s.error.message
             assert 20 <= len(s.text) // len(TOKEN_TEXT) < TOKENS
         else:
@@ -190,11 +161,11 @@ async def test_a_stalled_backend_is_left_at_the_idle_deadline() -> None:
             plain = [Seen() for _ in range(4)]
             runs = [asyncio.create_task(consume(c, s)) for s in plain]
             await asyncio.gather(*(s.going.wait() for s in plain))
-            stalled = next(s for s in sims if s.name == plain[0].backend)
+            stalled = next(s for s in sims if name(s) == plain[0].backend)
             os.kill(stalled.proc.pid, signal.SIGSTOP)  # accepts nothing, sends nothing, closes nothing
             await asyncio.gather(*runs)
             metrics = await scrape(url)
-    moved = [s for s in plain if s.backend == stalled.name]
+    moved = [s for s in plain if s.backend == name(stalled)]
     for s in plain:
         assert s.error is None and s.text == TOKEN_TEXT * TOKENS and len(s.ids) == 1
         assert s.usage.completion_tokens == TOKENS
@@ -234,7 +205,7 @@ async def test_a_continuation_the_next_backend_refuses_ends_the_stream_with_that
                     break
                 with pytest.raises(openai.BadRequestError):
                     await run
-            assert seen.backend == sim.name
+            assert seen.backend == name(sim)
             sim.proc.kill()
             await run
     assert seen.error is not None and len(seen.ids) == 1
