@@ -106,9 +106,14 @@ class Dispatcher:
         assert ticket.waiter is not None
         await ticket.waiter
 
-    def tracks(self, cls: str, resumable: bool) -> bool:
-        """Whether the request's text must be kept: it may be suspended (`Front.tracks`)."""
-        return self.front.tracks(cls, resumable)
+    def progress(self, cls: str, resumable: bool) -> Progress | None:
+        """Where the request's text is kept, if it may be continued (`Front.tracks`): parsed
+        chunk by chunk if it may be suspended (its relay stops between chunks), else kept raw
+        and parsed only if its backend dies mid-answer (`Progress.lazy`), so the relay's
+        zero-parse path serves it; None if it cannot be continued."""
+        if not self.front.tracks(cls, resumable):
+            return None
+        return Progress(lazy=not self.front.may_suspend(cls))
 
     def rate_headers(self, caller: str) -> dict[str, str] | None:
         """OpenAI's `x-ratelimit-*` headers for where `caller`'s limits stand now, or None."""
@@ -125,12 +130,13 @@ class Dispatcher:
         ticket.upstream_opened(on_suspend)
         self._handle(Opened(ticket.id))
 
-    def failed(self, ticket: Request, kind: FailureKind, *, delivered: bool, answered: bool) -> bool:
-        """An attempt failed. True when the front sends it again (`ticket.backend` then names
-        where); False: the caller ends the request."""
+    def failed(self, ticket: Request, kind: FailureKind, *, delivered: bool, answered: bool) -> Start | None:
+        """An attempt failed. The `Start` when the front sends it again (`ticket.backend` then
+        names where; `resumed`: it continues from its text there); None: the caller ends the
+        request."""
         ticket.upstream_closed()
         decisions = self._handle(Failed(ticket.id, kind, delivered, answered))
-        return any(isinstance(d, Start) and d.id == ticket.id for d in decisions)
+        return next((d for d in decisions if isinstance(d, Start) and d.id == ticket.id), None)
 
     def generated(self, ticket: Request, tokens: int) -> None:
         """A running preemptible request's generated tokens so far (what a preemption weighs)."""

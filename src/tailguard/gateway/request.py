@@ -43,6 +43,7 @@ class Request:
     backend: str = "-"
     attempts: int = 0
     preemptions: int = 0
+    migrations: int = 0  # continued on another backend after its own died mid-answer (the exchange)
     bound_at: float | None = None  # its first Start
     # Upstream and chunks.
     upstream_headers_at: float | None = None

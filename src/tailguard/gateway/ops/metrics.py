@@ -155,6 +155,10 @@ class GatewayMetrics:
         self.preemptions = Counter(
             "tailguard_preemptions", "Running requests suspended to free a slot for higher-priority work "
             "(each is resumed later where it stopped).", ["class"], registry=r)
+        self.migrations = Counter(
+            "tailguard_migrations", "Streams continued on another backend after theirs died or stalled "
+            "mid-answer, by the failure that moved them (reset, disconnect, timeout_idle); a client's own "
+            "cancel is never one.", ["class", "reason"], registry=r)
         self.backend_healthy = Gauge(
             "tailguard_backend_healthy", "1 if a backend takes requests: its health probes succeed and it is "
             "not ejected.", ["backend"], registry=r)
@@ -289,6 +293,8 @@ def access_log(t: Request, *, method: str, path: str, logged_text: bool = False)
     }
     if t.reason is not None:
         rec["reason"] = t.reason
+    if t.migrations:
+        rec["migrations"] = t.migrations
     if t.caller is not None:
         rec["caller"] = t.caller
     if t.output_estimated:
