@@ -540,6 +540,10 @@ class Front:
             self._out.append(Ejected(backend, ej.for_s, ej.failures, kind, ej.times))
 
     def _choose(self, r: _Req, now: float, exclude: Collection[str] = ()) -> str | None:
+        """Where `r` may go now. A suspended request's continuation needs a backend whose kind
+        can continue a generation (in a mixed fleet, not every backend can)."""
+        if r.state is State.SUSPENDED:
+            exclude = [*exclude, *(s.name for s in self._slots if not s.cfg.continues)]
         return self._router.choose(self._slots, self._classes[r.pending.cls], r.pending, r.route, now, exclude)
 
     def _retry_target(self, r: _Req, where: Retry, now: float) -> str | None:
