@@ -20,8 +20,8 @@ from functools import partial
 from tailguard.clock import monotonic
 from tailguard.errors import APIError, NotFound, Overloaded, RateLimited
 from tailguard.front.events import (
-    Arrive, Close, Decision, Ejected, Event, Failed, Finished, Generated, HealthChanged, KindLearned, Loaded, Opened,
-    Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend, Tick,
+    Arrive, Close, Decision, Drop, Ejected, Event, Failed, Finished, FirstContent, Generated, HealthChanged, Hedge,
+    KindLearned, Loaded, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend, Tick,
 )
 from tailguard.front.front import Front
 from tailguard.front.params import FrontParams
@@ -136,7 +136,27 @@ class Dispatcher:
         request."""
         ticket.upstream_closed()
         decisions = self._handle(Failed(ticket.id, kind, delivered, answered))
+        if ticket.hedged is not None:  # its attempt failed while hedged: the hedge's is its own now
+            ticket.backend, ticket.hedged = ticket.hedged, None
         return next((d for d in decisions if isinstance(d, Start) and d.id == ticket.id), None)
+
+    def hedges(self, cls: str) -> bool:
+        """Whether requests of `cls` may be hedged (their exchange races for the first content)."""
+        return self.front.hedges(cls)
+
+    def first_content(self, ticket: Request, backend: str) -> str | None:
+        """The first content came from `backend`. The backend whose attempt must stop now (the
+        hedge's other one), or None."""
+        decisions = self._handle(FirstContent(ticket.id, backend))
+        return next((d.backend for d in decisions if isinstance(d, Drop) and d.id == ticket.id), None)
+
+    def hedge_failed(self, ticket: Request, backend: str, kind: FailureKind, *, answered: bool) -> None:
+        """One attempt of a hedged request failed (or was abandoned) while the other goes on."""
+        if ticket.hedged is not None and not ticket.ended:
+            self._handle(Failed(ticket.id, kind, False, answered, backend))
+            if backend == ticket.backend:
+                ticket.backend = ticket.hedged
+            ticket.hedged = None
 
     def generated(self, ticket: Request, tokens: int) -> None:
         """A running preemptible request's generated tokens so far (what a preemption weighs)."""
@@ -218,6 +238,13 @@ class Dispatcher:
                 self._start(d)
             elif isinstance(d, Suspend):
                 self._suspend(self._tickets[d.id])
+            elif isinstance(d, Hedge):
+                self._hedge(d)
+            elif isinstance(d, Drop):
+                t = self._tickets[d.id]
+                if d.backend == t.backend and t.hedged is not None:
+                    t.backend = t.hedged  # the hedge won: the request's backend from now on
+                t.hedged = None
             elif isinstance(d, Reject):
                 self._reject(d)
             elif isinstance(d, (HealthChanged, Ejected, Readmitted)):
@@ -254,6 +281,16 @@ class Dispatcher:
         t.started(d.backend, d.resumed, monotonic())
         if t.waiter is not None and not t.waiter.done():
             t.waiter.set_result(None)
+
+    def _hedge(self, d: Hedge) -> None:
+        """The front sends the request to a second backend too: its exchange, racing for the first
+        content, is told where."""
+        t = self._tickets[d.id]
+        t.hedged = d.backend
+        self._metrics.hedges.labels(t.cls, "sent").inc()
+        w = t.hedge_waiter
+        if w is not None and not w.done():
+            w.set_result(d.backend)
 
     def _suspend(self, t: Request) -> None:
         assert t.on_suspend is not None and t.progress is not None

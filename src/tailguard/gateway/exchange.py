@@ -26,6 +26,7 @@ from tailguard.front.params import ClassSpec
 from tailguard.front.retry import continues_after
 from tailguard.gateway.config import BackendConfig
 from tailguard.gateway.dispatch import Dispatcher
+from tailguard.gateway.hedge import Race
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.metrics import GatewayMetrics, response_headers
 from tailguard.gateway.request import Request
@@ -63,6 +64,11 @@ def _refused_continuation(backend: str, us: UpstreamStatus) -> RelayError:
     except (orjson.JSONDecodeError, KeyError, TypeError):
         pass
     return RelayError(FailureKind.STATUS, f"Backend '{backend}' refused to continue the answer ({us.status}): {said}")
+
+
+# What a hedged request's race may hold of an attempt before its first content (a preamble of
+# comments or role chunks), as the relay's own preamble bound.
+_RACE_LIMIT = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +172,8 @@ class Exchange:
                                              fresh=self._retried)
                 self._wd.answered()
                 rec.upstream_headers_at = monotonic()
+                if self._hedged():
+                    up, backend = await self._race(up, backend)
                 if rec.progress is not None and not rec.progress.lazy:
                     ctx.dispatcher.upstream_open(rec, up.close)
                 return await (self._relay(up, backend) if job.parsed.stream else self._assemble(up))
@@ -188,6 +196,24 @@ class Exchange:
                 rec.upstream_closed()  # closed below: a suspension has nothing to stop
                 if up is not None:
                     up.close()  # no-op after release(); otherwise aborts the engine's request
+
+    def _hedged(self) -> bool:
+        """A first attempt of a hedged class: it races for its first content (`gateway.hedge`)."""
+        return (self._resumed is None and not self._retried and not self.sink.started
+                and self.ctx.dispatcher.hedges(self.job.cls.name))
+
+    async def _race(self, up: H1Response, backend: BackendConfig) -> tuple[H1Response, BackendConfig]:
+        ctx, job = self.ctx, self.job
+
+        async def open_hedge(other: BackendConfig) -> H1Response:
+            async with asyncio.timeout(self._to.connect_s + self._to.header_s):
+                return await ctx.upstream.open(other, job.endpoint, self._body(other), job.req_id, self._to.connect_s)
+
+        def count(cls: str, outcome: str) -> None:
+            ctx.metrics.hedges.labels(cls, outcome).inc()
+
+        race = Race(ctx.dispatcher, ctx.backends, self.rec, job.cls.name, open_hedge, _RACE_LIMIT, count)
+        return await race.run(up, backend)
 
     def _body(self, backend: BackendConfig) -> bytes:
         job = self.job

@@ -162,6 +162,9 @@ class GatewayMetrics:
         self.backend_healthy = Gauge(
             "tailguard_backend_healthy", "1 if a backend takes requests: its health probes succeed and it is "
             "not ejected.", ["backend"], registry=r)
+        self.hedges = Counter(
+            "tailguard_hedges", "Hedged requests' second attempts: `sent`, then `won` (its content came first), "
+            "`lost` (the first attempt's did) or `failed`.", ["class", "outcome"], registry=r)
         self.health_changes = Counter(
             "tailguard_backend_health_changes", "Changes of a backend's health, each once: `unhealthy` and `healthy` "
             "(active probes), `ejected` and `readmitted` (passive).", ["backend", "to"], registry=r)
