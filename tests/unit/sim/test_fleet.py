@@ -1,0 +1,152 @@
+"""The discrete-event run of a fleet (`sim.des.run_fleet`): several engines behind one front,
+the front's `Start` picking the engine, hosts that are slow, die or hang; on virtual time."""
+
+from collections.abc import Sequence
+
+import pytest
+
+from tailguard.clock import VirtualClock
+from tailguard.front.events import Decision, Event, Failed, Start
+from tailguard.front.front import Front
+from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, PreemptionParams, QueueParams
+from tailguard.sim.cost import CostModel, EngineConfig
+from tailguard.sim.des import Arrival, Host, Timeline, run_fleet
+from tailguard.sim.engine import Engine
+from tailguard.types import FailureKind, Outcome
+
+COST = CostModel(a_s=0.01, b_s_per_prefill_token=0.0001, c_s_per_decode_seq=0.0001, d_s_per_kv_token=1e-6)
+CFG = EngineConfig(cost=COST, max_num_seqs=4, max_num_batched_tokens=256, max_model_len=1024, kv_cache_tokens=4096)
+
+
+class _Recorded(Front):
+    """A front that keeps each `Start` it decided and each `Failed` it was told."""
+
+    def __init__(self, params: FrontParams) -> None:
+        super().__init__(params)
+        self.starts: list[Start] = []
+        self.failed: list[Failed] = []
+
+    def handle(self, event: Event, now: float, *, preempt: bool = True) -> Sequence[Decision]:
+        if isinstance(event, Failed):
+            self.failed.append(event)
+        out = super().handle(event, now, preempt=preempt)
+        self.starts += [d for d in out if isinstance(d, Start)]
+        return out
+
+
+def fleet_front(*backends: tuple[str, int], classes: list[ClassSpec] | None = None,
+                preempt: bool = False) -> _Recorded:
+    return _Recorded(FrontParams(
+        classes=classes or [ClassSpec("interactive", 0)],
+        backends=[BackendSpec(name, max_concurrency=mc, continues=True) for name, mc in backends],
+        queue=QueueParams(policy="ranked-sjf"), preemption=PreemptionParams(enabled=preempt)))
+
+
+def whole(tl: Timeline) -> bool:
+    """Every token it counts has its time, in order: nothing lost, nothing counted twice."""
+    times = tl.token_times or []
+    return len(times) == tl.output_tokens and times == sorted(times)
+
+
+def test_three_engines_each_take_what_the_front_starts_there() -> None:
+    f = fleet_front(("a", 2), ("b", 2), ("c", 2))
+    hosts = [Host(n, Engine(CFG)) for n in "abc"]
+    arrivals = [Arrival(f"r{i}", 0.02 * i, 50, 30) for i in range(30)]
+    tls = run_fleet(hosts, arrivals, VirtualClock(), f, record_tokens=True)
+    last = {s.id: s.backend for s in f.starts}
+    assert all(tl.outcome is Outcome.SUCCESS and whole(tl) and tl.output_tokens == 30 for tl in tls)
+    assert {tl.id: tl.backend for tl in tls} == last
+    assert {tl.backend for tl in tls} == {"a", "b", "c"}
+    # each engine did exactly the work the front sent it: its prompt tokens are its requests'
+    for h in hosts:
+        assert h.engine.prompt_tokens_total == 50 * sum(tl.backend == h.name for tl in tls)
+
+
+def test_a_slow_engine_does_the_same_work_five_times_slower() -> None:
+    f = fleet_front(("fast", 1), ("slow", 1))
+    hosts = [Host("fast", Engine(CFG)), Host("slow", Engine(CFG.slowed(5)))]
+    tls = run_fleet(hosts, [Arrival("x", 0.0, 100, 20), Arrival("y", 0.0, 100, 20)], VirtualClock(), f)
+    by = {tl.backend: tl for tl in tls}
+    fast, slow = by["fast"], by["slow"]
+    assert fast.ttft_s is not None and slow.ttft_s == pytest.approx(5 * fast.ttft_s)
+    assert fast.e2e_s is not None and slow.e2e_s == pytest.approx(5 * fast.e2e_s)
+
+
+def test_a_dying_engine_fails_what_it_holds_and_the_front_decides_what_goes_again() -> None:
+    """b dies at 0.5 s: the request it was generating ends as an upstream error with the tokens it
+    had produced (they reached the client: it cannot go again); the one waiting in its engine had
+    nothing yet, so the front tries b again on a fresh connection (refused) and then a; requests
+    sent to b later are refused at connect and go to a, until b is unhealthy."""
+    f = fleet_front(("a", 8), ("b", 4))
+    one_at_a_time = EngineConfig(cost=COST, max_num_seqs=1, max_num_batched_tokens=256, max_model_len=1024,
+                                 kv_cache_tokens=4096)
+    hosts = [Host("a", Engine(CFG)), Host("b", Engine(one_at_a_time), dies_at=0.5)]
+    early = [Arrival(f"e{i}", 0.0, 50, 200) for i in range(4)]
+    late = [Arrival(f"l{i}", 1.0 + 0.1 * i, 50, 10) for i in range(6)]
+    tls = {tl.id: tl for tl in run_fleet(hosts, early + late, VirtualClock(), f, record_tokens=True)}
+    on_b = list(dict.fromkeys(s.id for s in f.starts if s.backend == "b" and s.id.startswith("e")))
+    cut = [tls[i] for i in on_b if tls[i].outcome is Outcome.UPSTREAM_ERROR]
+    assert len(cut) == 1  # b's engine runs one sequence at a time: only it had produced tokens
+    [c] = cut
+    assert c.reject_reason == FailureKind.DISCONNECT and c.finished_at == 0.5 and c.backend == "b"
+    assert 0 < c.output_tokens < 200 and whole(c) and all(t <= 0.5 for t in c.token_times or [])
+    moved = [tls[i] for i in on_b if tls[i] is not c]
+    assert moved and all(tl.outcome is Outcome.SUCCESS and tl.backend == "a" and tl.failures == 2 for tl in moved)
+    assert all(tl.outcome is Outcome.SUCCESS and tl.backend == "a" and whole(tl) for tl in tls.values() if tl is not c)
+    assert [e.kind for e in f.failed if e.id == moved[0].id] == [FailureKind.DISCONNECT, FailureKind.CONNECT]
+    assert [e.delivered for e in f.failed if e.id == c.id] == [True]
+    # connects refused three times in a row make b unhealthy: nothing is started there after that
+    assert not f.is_healthy("b") and sum(e.kind is FailureKind.CONNECT for e in f.failed) == 3
+    assert sum(s.backend == "b" for s in f.starts) == len(on_b) + 3
+
+
+def test_a_hung_host_fails_each_request_at_the_header_deadline_and_it_goes_elsewhere() -> None:
+    f = fleet_front(("ok", 8), ("hung", 8))
+    hosts = [Host("ok", Engine(CFG)), Host("hung", Engine(CFG), hung=True)]
+    arrivals = [Arrival(f"r{i}", 0.1 * i, 50, 10) for i in range(10)]
+    tls = run_fleet(hosts, arrivals, VirtualClock(), f, header_timeout_s=2.0, record_tokens=True)
+    assert all(tl.outcome is Outcome.SUCCESS and tl.backend == "ok" and whole(tl) for tl in tls)
+    stalled = [tl for tl in tls if tl.failures]
+    assert stalled and all(e.kind is FailureKind.TIMEOUT_FIRST_TOKEN and not e.answered for e in f.failed)
+    assert all(tl.ttft_s is not None and 2.0 <= tl.ttft_s < 2.1 for tl in stalled)
+    assert all(tl.ttft_s is not None and tl.ttft_s < 0.1 for tl in tls if not tl.failures)
+    assert len(stalled) == sum(s.backend == "hung" for s in f.starts)
+    assert hosts[1].engine.steps_total == 0
+
+
+def test_a_host_answers_404_for_a_model_it_does_not_serve() -> None:
+    f = fleet_front(("llama", 4), ("qwen", 4))
+    hosts = [Host("llama", Engine(CFG), models=("llama-a",)), Host("qwen", Engine(CFG), models=("qwen-b",))]
+    arrivals = [Arrival(f"r{i}", 0.05 * i, 20, 5, model=("llama-a", "qwen-b")[i % 2]) for i in range(8)]
+    tls = run_fleet(hosts, arrivals, VirtualClock(), f)
+    served = {"llama": "llama-a", "qwen": "qwen-b"}
+    for tl, a in zip(tls, arrivals):
+        if served[tl.backend or ""] == a.model:
+            assert tl.outcome is Outcome.SUCCESS
+        else:
+            assert (tl.outcome, tl.reject_reason, tl.output_tokens) == (Outcome.CLIENT_ERROR, "model_not_found", 0)
+    assert len(f) == 0 and all(b.in_flight == 0 and b.healthy for b in f.backends())
+
+
+def test_a_request_suspended_while_its_engine_is_mid_step_loses_that_step_and_nothing_else() -> None:
+    """Steps of a slower engine end between those of a faster one, so a chat arriving there gets
+    a batch job suspended on the other engine mid-step: the job is continued later to its full
+    length, each of its tokens delivered once."""
+    cls = [ClassSpec("interactive", 0), ClassSpec("batch", 1, preemptible=True, max_queue_wait_s=600)]
+    f = fleet_front(("a", 1), ("b", 1), classes=cls, preempt=True)
+    hosts = [Host("a", Engine(CFG)), Host("b", Engine(CFG.slowed(1.37)))]
+    arrivals = [Arrival("j1", 0.0, 30, 300, cls="batch"), Arrival("j2", 0.0, 30, 300, cls="batch")]
+    arrivals += [Arrival(f"c{i}", 0.5 + 0.31 * i, 30, 20) for i in range(6)]
+    tls = run_fleet(hosts, arrivals, VirtualClock(), f, record_tokens=True)
+    assert all(tl.outcome is Outcome.SUCCESS and whole(tl) for tl in tls)
+    jobs = tls[:2]
+    assert all(tl.output_tokens == 300 for tl in jobs) and sum(tl.suspensions for tl in jobs) >= 2
+
+
+def test_a_fleet_must_match_the_front_and_faults_need_one() -> None:
+    with pytest.raises(ValueError, match="must be the fleet's hosts"):
+        run_fleet([Host("a", Engine(CFG))], [], VirtualClock(), fleet_front(("a", 1), ("b", 1)))
+    with pytest.raises(ValueError, match="without a front"):
+        run_fleet([Host("a", Engine(CFG), dies_at=1.0)], [], VirtualClock())
+    with pytest.raises(ValueError, match="distinct names"):
+        run_fleet([Host("a", Engine(CFG)), Host("a", Engine(CFG))], [], VirtualClock(), fleet_front(("a", 1)))
