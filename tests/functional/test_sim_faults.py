@@ -1,0 +1,139 @@
+"""`tailguard sim` as a fleet's hosts: real processes on 127.0.0.1 with a model of their own, a
+slower engine, hung or failing on purpose, served to the openai package."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import signal
+import sys
+from collections.abc import AsyncIterator
+
+import aiohttp
+import openai
+import pytest
+from openai import AsyncOpenAI
+from prometheus_client.parser import text_string_to_metric_families
+
+CHAT = [{"role": "user", "content": "hello"}]
+
+
+@contextlib.asynccontextmanager
+async def sim(*flags: str) -> AsyncIterator[str]:
+    """A `tailguard sim` process with `flags`; yields its URL, stopped by SIGTERM (which must end
+    it promptly, even with requests hanging) and never left running."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tailguard", "sim", "--port", "0", "--preset", "cpu-tiny", "--time-scale", "0.05",
+        *flags, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    try:
+        assert proc.stderr is not None
+        async with asyncio.timeout(30):
+            line = (await proc.stderr.readline()).decode()
+        m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
+        assert m, line
+        yield m.group(1)
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(10):
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def client(url: str, timeout: float = 10.0) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=timeout)
+
+
+async def get(url: str, path: str, timeout: float = 5.0) -> tuple[int, str]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s, s.get(url + path) as r:
+        return r.status, await r.text()
+
+
+async def metric(url: str, name: str) -> float:
+    _, text = await get(url, "/metrics")
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name)
+
+
+async def test_a_named_model_is_listed_served_and_another_model_is_a_404() -> None:
+    async with sim("--model-name", "llama-a") as url, client(url) as c:
+        assert [m.id for m in (await c.models.list()).data] == ["llama-a"]
+        r = await c.chat.completions.create(model="llama-a", messages=CHAT, max_tokens=2)  # type: ignore[arg-type]
+        assert r.model == "llama-a" and r.usage is not None and r.usage.completion_tokens == 2
+        with pytest.raises(openai.NotFoundError) as e:
+            await c.completions.create(model="qwen-b", prompt="hi", max_tokens=2)
+        assert e.value.status_code == 404 and e.value.code == "model_not_found" and e.value.param == "model"
+        assert "qwen-b" in e.value.message
+        # the refusal left the engine untouched: it still serves
+        assert (await c.completions.create(model="llama-a", prompt="hi", max_tokens=1)).usage is not None
+
+
+async def test_without_a_model_name_any_model_is_served() -> None:
+    async with sim() as url, client(url) as c:
+        r = await c.chat.completions.create(model="whatever", messages=CHAT, max_tokens=1)  # type: ignore[arg-type]
+        assert r.model == "tailguard-sim"
+
+
+async def test_a_slowdown_makes_every_step_that_many_times_longer() -> None:
+    """The same request on a plain and a 5x slower simulator: each decode step (the inter-token
+    latency its /metrics reports, in simulated seconds) takes 5 times as long."""
+    async with sim() as fast, sim("--slowdown", "5") as slow:
+        for url in (fast, slow):
+            async with client(url) as c:
+                await c.chat.completions.create(model="m", messages=CHAT, max_tokens=20)  # type: ignore[arg-type]
+        itl = [await metric(url, "vllm:inter_token_latency_seconds_sum") for url in (fast, slow)]
+    assert itl[0] > 0 and itl[1] == pytest.approx(5 * itl[0], rel=1e-6)
+
+
+async def test_a_hung_simulator_accepts_and_never_answers_anything() -> None:
+    async with sim("--fault", "hang") as url:
+        async with client(url, timeout=1.0) as c:
+            with pytest.raises(openai.APITimeoutError):
+                await c.chat.completions.create(model="m", messages=CHAT, max_tokens=1)  # type: ignore[arg-type]
+        with pytest.raises(asyncio.TimeoutError):
+            await get(url, "/health", timeout=0.5)
+        # a request still hanging when it is told to stop does not hold it up
+        async with client(url, timeout=30.0) as c:
+            pending = asyncio.create_task(
+                c.chat.completions.create(model="m", messages=CHAT, max_tokens=1))  # type: ignore[arg-type]
+            await asyncio.sleep(0.2)
+    with contextlib.suppress(openai.APIError):
+        async with asyncio.timeout(10):
+            await pending
+
+
+async def test_a_simulator_hung_on_completions_still_answers_its_health_and_models() -> None:
+    async with sim("--fault", "hang-completions") as url:
+        assert (await get(url, "/health"))[0] == 200
+        assert (await get(url, "/v1/models"))[0] == 200
+        async with client(url, timeout=1.0) as c:
+            with pytest.raises(openai.APITimeoutError):
+                await c.completions.create(model="m", prompt="hi", max_tokens=1)
+        assert await metric(url, "vllm:prompt_tokens_total") == 0  # the engine never saw it
+
+
+async def test_an_error_rate_answers_that_share_of_completions_with_a_500() -> None:
+    async with sim("--error-rate", "0.5") as half, sim("--error-rate", "1", "--errors-after-s", "100000") as later:
+        async with client(half) as c:
+            got: list[int] = []
+            for _ in range(6):
+                try:
+                    await c.chat.completions.create(model="m", messages=CHAT, max_tokens=1)  # type: ignore[arg-type]
+                    got.append(200)
+                except openai.InternalServerError as e:
+                    assert e.status_code == 500 and isinstance(e.body, dict) and e.body.get("type") == "server_error"
+                    got.append(500)
+        assert got == [200, 500] * 3
+        assert (await get(half, "/health"))[0] == 200  # only completions fail
+        async with client(later) as c:  # its errors start long after this run
+            assert (await c.completions.create(model="m", prompt="hi", max_tokens=1)).usage is not None
+
+
+async def test_bad_fault_values_exit_with_a_message() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tailguard", "sim", "--fault", "explode",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    async with asyncio.timeout(30):
+        _, err = await proc.communicate()
+    assert proc.returncode == 2 and b"unknown fault 'explode'" in err and b"hang-completions" in err
