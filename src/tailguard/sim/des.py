@@ -14,10 +14,13 @@ Behind the front stands one engine (`run`) or a fleet (`run_fleet`): several `Ho
 its own engine (preset, speed, prefix cache), the models it serves and its faults, named as the
 front names its backends. A host that dies (`dies_at`, a SIGKILL) fails the requests it holds
 (`Failed(disconnect, delivered=<tokens already produced>)`) and refuses every later one
-(`Failed(connect)`); a hung host (`hung`, accepts and never answers) fails each request at the
-response-header deadline (`header_timeout_s`). The front decides what follows (a `Start`
-elsewhere, or nothing: the request ends with `Finished(UPSTREAM_ERROR)`); a request for a model
-its host does not serve ends as vLLM answers it, a 404 (`model_not_found`).
+(`Failed(connect)`) until it is back (`revives_at`); a hung host (`Faults(hang=...)`, accepts and
+never answers) fails each request at the response-header deadline (`header_timeout_s`); one with
+an error rate fails that share with a 500 (`Failed(status)`). The front decides what follows (a
+`Start` elsewhere, or nothing: the request ends with `Finished(UPSTREAM_ERROR)`); a request for a
+model its host does not serve ends as vLLM answers it, a 404 (`model_not_found`). With `probes`,
+each host's health page is probed as the gateway probes it (`Probed` to the front: a dead host
+refuses at once, one that hangs on everything times out).
 
 A `Gate` (the gateway's intake, as `sweep/virtual.py` applies it) may stand before the front: it
 classifies, caps or refuses each request, and sizes its job, at the instant the request arrives,
@@ -46,17 +49,31 @@ from typing import Iterable, Protocol
 
 from tailguard.clock import VirtualClock
 from tailguard.front.events import (
-    Arrive, Decision, Failed, Finished, Generated, Opened, Reject, Start, Suspend, Tick,
+    Arrive, Decision, Failed, Finished, Generated, Opened, Probed, Reject, Start, Suspend, Tick,
 )
 from tailguard.front.front import Front
 from tailguard.front.intake import Accepted
 from tailguard.sim.engine import Admitted, Engine, FirstToken, Preempted, RequestFinished, SimRequest, Step
+from tailguard.sim.fault import ErrorSpread, Faults
 from tailguard.types import FailureKind, Outcome
 
 # How a request at a hung host fails: no response head by the gateway's deadline, which the front
 # reads as a hung server (`front.retry`: not answered, so tried elsewhere and counted against it).
 HUNG = FailureKind.TIMEOUT_FIRST_TOKEN
 DEFAULT_HEADER_TIMEOUT_S = 5.0
+
+
+@dataclass(slots=True, frozen=True)
+class Probing:
+    """The gateway's active health probes (its `health.interval_s` and `timeout_s`): each host
+    is probed at once and then every `interval_s`."""
+
+    interval_s: float = 5.0
+    timeout_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not (self.interval_s > 0 and self.timeout_s > 0):
+            raise ValueError(f"probe interval and timeout must be > 0, got {self.interval_s}, {self.timeout_s}")
 @dataclass(slots=True, frozen=True)
 class Arrival:
     """A timed request. `cls` matters only with a front (whose class table gives its rank and
@@ -164,17 +181,20 @@ class Host:
     """One engine of a fleet, named as the front names the backend it stands for.
 
         hosts = [Host("a", Engine(cfg)), Host("slow", Engine(cfg.slowed(5))),
-                 Host("b", Engine(cfg), dies_at=7.0), Host("hung", Engine(cfg), hung=True)]
+                 Host("b", Engine(cfg), dies_at=7.0, revives_at=30.0),
+                 Host("hung", Engine(cfg), faults=Faults(hang="hang"))]
 
-    `models`: what it serves (empty: whatever is asked); `dies_at`: the instant its process dies
-    (SIGKILL: what it holds fails, every later connection is refused); `hung`: it accepts
-    connections and never answers."""
+    `models`: what it serves (empty: whatever is asked); `faults`: what `tailguard sim` would do
+    wrong with the same options (hang, or hang on completions only; a share of 500s); `dies_at`:
+    the instant its process dies (SIGKILL: what it holds fails, and its KV and prefix cache are
+    lost; every later connection is refused) and `revives_at` when it is back, empty."""
 
     name: str
     engine: Engine
     models: tuple[str, ...] = ()
+    faults: Faults = Faults()
     dies_at: float | None = None
-    hung: bool = False
+    revives_at: float | None = None
 
 
 def run(
@@ -210,18 +230,20 @@ def run_fleet(
     front: Front | None = None,
     *,
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+    probes: Probing | None = None,
     record_tokens: bool = False,
     follow_up: Callable[[Timeline, float], Arrival | None] | None = None,
     gate: Gate | None = None,
 ) -> list[Timeline]:
     """`run` over a fleet: the front's `Start(id, backend)` picks the host; its backends must be
     exactly the hosts' names. `header_timeout_s` is the gateway's response-header deadline, after
-    which a request at a hung host fails. Without a front there must be one healthy host."""
+    which a request at a hung host fails; `probes` adds the gateway's health probes. Without a
+    front there must be one host that never fails."""
     names = [h.name for h in hosts]
     if not hosts or len(set(names)) != len(names):
         raise ValueError(f"a fleet needs hosts with distinct names, got {names}")
     if front is None:
-        if len(hosts) != 1 or hosts[0].dies_at is not None or hosts[0].hung:
+        if len(hosts) != 1 or hosts[0].dies_at is not None or hosts[0].faults != Faults() or probes is not None:
             raise ValueError("without a front, a run drives one host that never fails (nobody would route or retry)")
     else:
         served = sorted(b.name for b in front.params.backends)
@@ -247,7 +269,7 @@ def run_fleet(
     if pending and pending[0][0] < clock.now():
         first = pending[0][2]
         raise ValueError(f"arrival {first.id!r} at {first.at} is before the clock ({clock.now()})")
-    r = _Driver(hosts, clock, front, by_id, pending, record_tokens, header_timeout_s)
+    r = _Driver(hosts, clock, front, by_id, pending, record_tokens, header_timeout_s, probes)
     r.follow_up, r.timelines, r.gate = follow_up, timelines, gate
     r.loop()
     return timelines
@@ -256,13 +278,15 @@ def run_fleet(
 class _Host:
     """A host while the run goes: its engine, the step in flight, whether it is dead."""
 
-    __slots__ = ("name", "engine", "models", "hung", "dead", "step", "cut")
+    __slots__ = ("name", "engine", "models", "hangs", "hangs_health", "errors", "dead", "step", "cut")
 
     def __init__(self, h: Host) -> None:
         self.name = h.name
         self.engine = h.engine
         self.models = frozenset(h.models)
-        self.hung = h.hung
+        self.hangs = h.faults.hangs(completion=True)
+        self.hangs_health = h.faults.hangs(completion=False)
+        self.errors = ErrorSpread(h.faults)
         self.dead = False
         self.step: Step | None = None  # in flight until its end is popped from the agenda
         self.cut: set[str] = set()  # aborted mid-step: the step in flight delivers nothing to them
@@ -314,9 +338,27 @@ class _Death:
     host: _Host
 
 
-_Due = _StepEnd | _HeaderDeadline | _Death
-# The order of what falls due at the same instant (after arrivals and wake-ups).
-_ORDER = {_StepEnd: 0, _HeaderDeadline: 1, _Death: 2}
+@dataclass(slots=True, frozen=True)
+class _Revival:
+    host: _Host
+
+
+@dataclass(slots=True, frozen=True)
+class _Probe:
+    host: _Host
+
+
+@dataclass(slots=True, frozen=True)
+class _ProbeTimeout:
+    host: _Host
+
+
+_Due = _StepEnd | _HeaderDeadline | _Death | _Revival | _Probe | _ProbeTimeout
+# The order of what falls due at the same instant (after arrivals and wake-ups): a probe sent as
+# a host dies finds it dead.
+_ORDER = {_StepEnd: 0, _HeaderDeadline: 1, _Death: 2, _Revival: 3, _ProbeTimeout: 4, _Probe: 5}
+# What runs whether or not requests are left: the run ends when only these are.
+_BACKGROUND = (_Death, _Revival, _Probe, _ProbeTimeout)
 
 
 class _Driver:
@@ -325,6 +367,7 @@ class _Driver:
     def __init__(
         self, hosts: Sequence[Host], clock: VirtualClock, front: Front | None,
         by_id: dict[str, Timeline], pending: list[tuple[float, int, Arrival]], record: bool, header_timeout_s: float,
+        probes: Probing | None,
     ) -> None:
         self.hosts = {h.name: _Host(h) for h in hosts}
         self.clock = clock
@@ -336,9 +379,17 @@ class _Driver:
         # Step ends, header deadlines and deaths: a heap of (at, order, sequence, what).
         self.agenda: list[tuple[float, int, int, _Due]] = []
         self.seq = 0
+        self.probes = probes
         for h in hosts:
+            host = self.hosts[h.name]
+            if h.revives_at is not None and (h.dies_at is None or h.revives_at <= h.dies_at):
+                raise ValueError(f"host {h.name!r} revives at {h.revives_at}: only after it dies ({h.dies_at})")
             if h.dies_at is not None:
-                self._schedule(h.dies_at, _Death(self.hosts[h.name]))
+                self._schedule(h.dies_at, _Death(host))
+            if h.revives_at is not None:
+                self._schedule(h.revives_at, _Revival(host))
+            if probes is not None:
+                self._schedule(clock.now(), _Probe(host))
         self.stepping = 0  # hosts with a step in flight
         self.waiting: dict[str, Arrival] = {}  # in the front, waiting for a Start
         self.max_model_len = max(h.engine.config.max_model_len for h in hosts)
@@ -396,8 +447,10 @@ class _Driver:
                         self._step_ended(what.host, what.step, t)
                 elif isinstance(what, _HeaderDeadline):
                     self._header_deadline(what.req_id, what.attempt)
+                elif self._all_done():
+                    return
                 else:
-                    self._die(what.host)
+                    self._background(what, t)
 
     def _begin_steps(self, now: float) -> bool:
         """Each live engine that is idle and has work starts a step at `now`. False if none did."""
@@ -452,6 +505,34 @@ class _Driver:
 
     # --- faults ----------------------------------------------------------------------------
 
+    def _all_done(self) -> bool:
+        """Nothing is left to arrive, wait or run: deaths and probes no longer matter."""
+        front = self.front
+        return (not self.pending and not self.live and (front is None or not len(front))
+                and all(h.engine.idle() for h in self.hosts.values()))
+
+    def _background(self, what: _Death | _Revival | _Probe | _ProbeTimeout, t: float) -> None:
+        h = what.host
+        if isinstance(what, _Death):
+            self._die(h)
+        elif isinstance(what, _Revival):
+            h.dead = False
+        elif isinstance(what, _ProbeTimeout):
+            self._probed(h, False, t)
+        else:
+            probes = self.probes
+            assert probes is not None
+            self._schedule(t + probes.interval_s, _Probe(h))
+            if h.hangs_health and not h.dead:
+                self._schedule(t + probes.timeout_s, _ProbeTimeout(h))
+            else:
+                self._probed(h, not h.dead, t)
+
+    def _probed(self, h: _Host, ok: bool, t: float) -> None:
+        front = self.front
+        assert front is not None
+        self._apply(front.handle(Probed(h.name, ok), t, preempt=not self.stepping))
+
     def _die(self, h: _Host) -> None:
         """`h`'s process died: its step in flight is lost, and what it held fails; a request
         that had its response head (every request an engine took: it answers a stream at once)
@@ -463,14 +544,16 @@ class _Driver:
         if h.step is not None:
             h.step = None
             self.stepping -= 1
-        kind = FailureKind.RESET if h.hung else FailureKind.DISCONNECT
+        h.cut.clear()
+        h.engine.crash(t)
+        kind = FailureKind.RESET if h.hangs else FailureKind.DISCONNECT
         for rid, lv in held:
             if lv.host is h:  # not moved by what an earlier failure led to
-                self._fail(rid, lv, kind, not h.hung, produced[rid], t)
+                self._fail(rid, lv, kind, not h.hangs, produced[rid], t)
 
     def _header_deadline(self, rid: str, attempt: int) -> None:
         lv = self.live.get(rid)
-        if lv is not None and lv.attempt == attempt and lv.host is not None and lv.host.hung and not lv.host.dead:
+        if lv is not None and lv.attempt == attempt and lv.host is not None and lv.host.hangs:
             self._fail(rid, lv, HUNG, False, 0, self.clock.now())
 
     def _fail(self, rid: str, lv: _Live, kind: FailureKind, answered: bool, produced: int, t: float) -> None:
@@ -631,11 +714,14 @@ class _Driver:
         if h.dead:
             self._fail(d.id, lv, FailureKind.CONNECT, False, 0, t)
             return False
+        if h.errors.fails(t):  # as the simulator's middleware answers: before the engine sees it
+            self._fail(d.id, lv, FailureKind.STATUS, True, 0, t)
+            return False
         if a.model is not None and h.models and a.model not in h.models:
             self._refuse(d.id, "model_not_found", t)
             return False
         lv.host = h
-        if h.hung:
+        if h.hangs:
             self._schedule(t + self.header_timeout_s, _HeaderDeadline(d.id, lv.attempt))
             return False
         done = lv.base_tokens

@@ -237,6 +237,13 @@ class Engine:
         self.finished_total["abort"] += 1
         return True
 
+    def crash(self, now: float) -> None:
+        """The engine's process died: every request it held is gone (counted as aborted) and so
+        is its prefix cache; the other counters go on, so a run that restarts it reads them whole."""
+        for req_id in list(self._seqs):
+            self.abort(req_id, now)
+        self.kv = KVCache(self.config.num_kv_blocks, self.config.enable_prefix_caching)
+
     def idle(self) -> bool:
         return not self._seqs
 

@@ -6,12 +6,13 @@ from collections.abc import Sequence
 import pytest
 
 from tailguard.clock import VirtualClock
-from tailguard.front.events import Decision, Event, Failed, Start
+from tailguard.front.events import Decision, Event, Failed, HealthChanged, Probed, Start
 from tailguard.front.front import Front
 from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, PreemptionParams, QueueParams
 from tailguard.sim.cost import CostModel, EngineConfig
-from tailguard.sim.des import Arrival, Host, Timeline, run_fleet
+from tailguard.sim.des import Arrival, Host, Probing, Timeline, run_fleet
 from tailguard.sim.engine import Engine
+from tailguard.sim.fault import Faults
 from tailguard.types import FailureKind, Outcome
 
 COST = CostModel(a_s=0.01, b_s_per_prefill_token=0.0001, c_s_per_decode_seq=0.0001, d_s_per_kv_token=1e-6)
@@ -19,18 +20,24 @@ CFG = EngineConfig(cost=COST, max_num_seqs=4, max_num_batched_tokens=256, max_mo
 
 
 class _Recorded(Front):
-    """A front that keeps each `Start` it decided and each `Failed` it was told."""
+    """A front that keeps each `Start` and change of health it decided, and each `Failed` and
+    `Probed` it was told (with its instant)."""
 
     def __init__(self, params: FrontParams) -> None:
         super().__init__(params)
         self.starts: list[Start] = []
         self.failed: list[Failed] = []
+        self.probed: list[tuple[float, Probed]] = []
+        self.health: list[tuple[float, HealthChanged]] = []
 
     def handle(self, event: Event, now: float, *, preempt: bool = True) -> Sequence[Decision]:
         if isinstance(event, Failed):
             self.failed.append(event)
+        if isinstance(event, Probed):
+            self.probed.append((now, event))
         out = super().handle(event, now, preempt=preempt)
         self.starts += [d for d in out if isinstance(d, Start)]
+        self.health += [(now, d) for d in out if isinstance(d, HealthChanged)]
         return out
 
 
@@ -102,7 +109,7 @@ def test_a_dying_engine_fails_what_it_holds_and_the_front_decides_what_goes_agai
 
 def test_a_hung_host_fails_each_request_at_the_header_deadline_and_it_goes_elsewhere() -> None:
     f = fleet_front(("ok", 8), ("hung", 8))
-    hosts = [Host("ok", Engine(CFG)), Host("hung", Engine(CFG), hung=True)]
+    hosts = [Host("ok", Engine(CFG)), Host("hung", Engine(CFG), faults=Faults(hang="hang-completions"))]
     arrivals = [Arrival(f"r{i}", 0.1 * i, 50, 10) for i in range(10)]
     tls = run_fleet(hosts, arrivals, VirtualClock(), f, header_timeout_s=2.0, record_tokens=True)
     assert all(tl.outcome is Outcome.SUCCESS and tl.backend == "ok" and whole(tl) for tl in tls)
@@ -143,10 +150,41 @@ def test_a_request_suspended_while_its_engine_is_mid_step_loses_that_step_and_no
     assert all(tl.output_tokens == 300 for tl in jobs) and sum(tl.suspensions for tl in jobs) >= 2
 
 
+def test_probes_take_a_dead_host_out_before_any_request_and_bring_it_back_when_it_revives() -> None:
+    """b dies at 1 s and is back at 20 s: probes every 2 s see it refuse three times in a row
+    (at 2, 4, 6 s: unhealthy) and answer again at 20 s (the probe of that instant finds it back); meanwhile every request goes to a, and
+    afterwards b takes its share again. A host hung on everything times out each probe."""
+    f = fleet_front(("a", 4), ("b", 4), ("h", 4))
+    hosts = [Host("a", Engine(CFG)), Host("b", Engine(CFG), dies_at=1.0, revives_at=20.0),
+             Host("h", Engine(CFG), faults=Faults(hang="hang"))]
+    arrivals = [Arrival(f"r{i}", 7.0 + 0.5 * i, 20, 5) for i in range(40)]
+    tls = run_fleet(hosts, arrivals, VirtualClock(), f, probes=Probing(interval_s=2.0, timeout_s=0.5))
+    assert all(tl.outcome is Outcome.SUCCESS and tl.failures == 0 for tl in tls)
+    assert [(t, (c.backend, c.healthy)) for t, c in f.health] == [
+        (4.5, ("h", False)), (6.0, ("b", False)), (20.0, ("b", True))]
+    assert {tl.backend for tl in tls if tl.arrived_at < 20.0} == {"a"}
+    assert {tl.backend for tl in tls if tl.arrived_at >= 20.0} == {"a", "b"}
+    assert all(p.ok for t, p in f.probed if p.backend == "a")
+    assert [t for t, p in f.probed if p.backend == "h"][:3] == [0.5, 2.5, 4.5]  # each at its timeout
+    assert f.probed[-1][0] < tls[-1].finished_at + 2.0  # probes stop with the work  # type: ignore[operator]
+
+
+def test_an_error_rate_fails_that_share_with_a_500_and_the_front_tries_elsewhere() -> None:
+    f = fleet_front(("ok", 8), ("flaky", 8))
+    hosts = [Host("ok", Engine(CFG)), Host("flaky", Engine(CFG), faults=Faults(error_rate=0.5))]
+    tls = run_fleet(hosts, [Arrival(f"r{i}", 0.1 * i, 20, 5) for i in range(20)], VirtualClock(), f)
+    assert all(tl.outcome is Outcome.SUCCESS for tl in tls)
+    sent = sum(s.backend == "flaky" for s in f.starts)
+    assert len(f.failed) == sent // 2 and all(e.kind is FailureKind.STATUS and e.answered for e in f.failed)
+    assert {tl.backend for tl in tls if tl.failures} == {"ok"}
+
+
 def test_a_fleet_must_match_the_front_and_faults_need_one() -> None:
     with pytest.raises(ValueError, match="must be the fleet's hosts"):
         run_fleet([Host("a", Engine(CFG))], [], VirtualClock(), fleet_front(("a", 1), ("b", 1)))
     with pytest.raises(ValueError, match="without a front"):
         run_fleet([Host("a", Engine(CFG), dies_at=1.0)], [], VirtualClock())
+    with pytest.raises(ValueError, match="only after it dies"):
+        run_fleet([Host("a", Engine(CFG), revives_at=1.0)], [], VirtualClock(), fleet_front(("a", 1)))
     with pytest.raises(ValueError, match="distinct names"):
         run_fleet([Host("a", Engine(CFG)), Host("a", Engine(CFG))], [], VirtualClock(), fleet_front(("a", 1)))
