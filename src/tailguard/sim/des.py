@@ -333,32 +333,11 @@ class _HeaderDeadline:
     attempt: int
 
 
-@dataclass(slots=True, frozen=True)
-class _Death:
-    host: _Host
-
-
-@dataclass(slots=True, frozen=True)
-class _Revival:
-    host: _Host
-
-
-@dataclass(slots=True, frozen=True)
-class _Probe:
-    host: _Host
-
-
-@dataclass(slots=True, frozen=True)
-class _ProbeTimeout:
-    host: _Host
-
-
-_Due = _StepEnd | _HeaderDeadline | _Death | _Revival | _Probe | _ProbeTimeout
-# The order of what falls due at the same instant (after arrivals and wake-ups): a probe sent as
-# a host dies finds it dead.
-_ORDER = {_StepEnd: 0, _HeaderDeadline: 1, _Death: 2, _Revival: 3, _ProbeTimeout: 4, _Probe: 5}
-# What runs whether or not requests are left: the run ends when only these are.
-_BACKGROUND = (_Death, _Revival, _Probe, _ProbeTimeout)
+# What falls due, in the order of things at the same instant (after arrivals and wake-ups): a
+# probe sent as a host dies finds it dead. The last four happen to a host whatever its requests
+# do, and a run with only those left is over.
+_STEP_END, _HEADER_DEADLINE, _DEATH, _REVIVAL, _PROBE_TIMEOUT, _PROBE = range(6)
+_Due = _StepEnd | _HeaderDeadline | _Host
 
 
 class _Driver:
@@ -376,7 +355,7 @@ class _Driver:
         self.pending = pending  # arrivals to come: a heap of (at, sequence, arrival)
         self.record = record
         self.header_timeout_s = header_timeout_s
-        # Step ends, header deadlines and deaths: a heap of (at, order, sequence, what).
+        # Step ends, header deadlines, deaths, revivals and probes: a heap of (at, order, sequence, what).
         self.agenda: list[tuple[float, int, int, _Due]] = []
         self.seq = 0
         self.probes = probes
@@ -385,11 +364,11 @@ class _Driver:
             if h.revives_at is not None and (h.dies_at is None or h.revives_at <= h.dies_at):
                 raise ValueError(f"host {h.name!r} revives at {h.revives_at}: only after it dies ({h.dies_at})")
             if h.dies_at is not None:
-                self._schedule(h.dies_at, _Death(host))
+                self._schedule(h.dies_at, _DEATH, host)
             if h.revives_at is not None:
-                self._schedule(h.revives_at, _Revival(host))
+                self._schedule(h.revives_at, _REVIVAL, host)
             if probes is not None:
-                self._schedule(clock.now(), _Probe(host))
+                self._schedule(clock.now(), _PROBE, host)
         self.stepping = 0  # hosts with a step in flight
         self.waiting: dict[str, Arrival] = {}  # in the front, waiting for a Start
         self.max_model_len = max(h.engine.config.max_model_len for h in hosts)
@@ -400,8 +379,8 @@ class _Driver:
         self.gate: Gate | None = None
         self.timelines: list[Timeline] = []
 
-    def _schedule(self, at: float, what: _Due) -> None:
-        heapq.heappush(self.agenda, (at, _ORDER[type(what)], self.seq, what))
+    def _schedule(self, at: float, order: int, what: _Due) -> None:
+        heapq.heappush(self.agenda, (at, order, self.seq, what))
         self.seq += 1
 
     def _tell_progress(self, now: float) -> None:
@@ -441,7 +420,7 @@ class _Driver:
             elif t_arr == t:
                 self._arrive(heapq.heappop(pending)[2])
             else:
-                what = heapq.heappop(agenda)[3]
+                _, order, _, what = heapq.heappop(agenda)
                 if isinstance(what, _StepEnd):
                     if what.host.step is what.step:  # not a step its host's death discarded
                         self._step_ended(what.host, what.step, t)
@@ -450,7 +429,7 @@ class _Driver:
                 elif self._all_done():
                     return
                 else:
-                    self._background(what, t)
+                    self._host_due(order, what, t)
 
     def _begin_steps(self, now: float) -> bool:
         """Each live engine that is idle and has work starts a step at `now`. False if none did."""
@@ -463,7 +442,7 @@ class _Driver:
                 raise RuntimeError(f"the engine of {h.name!r} made no progress while busy")
             h.step = step
             self.stepping += 1
-            self._schedule(now + step.duration_s, _StepEnd(h, step))
+            self._schedule(now + step.duration_s, _STEP_END, _StepEnd(h, step))
             began = True
         return began
 
@@ -511,20 +490,20 @@ class _Driver:
         return (not self.pending and not self.live and (front is None or not len(front))
                 and all(h.engine.idle() for h in self.hosts.values()))
 
-    def _background(self, what: _Death | _Revival | _Probe | _ProbeTimeout, t: float) -> None:
-        h = what.host
-        if isinstance(what, _Death):
+    def _host_due(self, order: int, h: _Host, t: float) -> None:
+        """What happens to `h` whatever its requests do: it dies, revives, or is probed."""
+        if order == _DEATH:
             self._die(h)
-        elif isinstance(what, _Revival):
+        elif order == _REVIVAL:
             h.dead = False
-        elif isinstance(what, _ProbeTimeout):
+        elif order == _PROBE_TIMEOUT:
             self._probed(h, False, t)
         else:
             probes = self.probes
             assert probes is not None
-            self._schedule(t + probes.interval_s, _Probe(h))
+            self._schedule(t + probes.interval_s, _PROBE, h)
             if h.hangs_health and not h.dead:
-                self._schedule(t + probes.timeout_s, _ProbeTimeout(h))
+                self._schedule(t + probes.timeout_s, _PROBE_TIMEOUT, h)
             else:
                 self._probed(h, not h.dead, t)
 
@@ -722,7 +701,7 @@ class _Driver:
             return False
         lv.host = h
         if h.hangs:
-            self._schedule(t + self.header_timeout_s, _HeaderDeadline(d.id, lv.attempt))
+            self._schedule(t + self.header_timeout_s, _HEADER_DEADLINE, _HeaderDeadline(d.id, lv.attempt))
             return False
         done = lv.base_tokens
         req = SimRequest(a.id, a.prompt_tokens + done, a.max_tokens - done, a.priority, a.block_hashes, lv.kv_key)
