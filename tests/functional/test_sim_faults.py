@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -14,32 +13,19 @@ import aiohttp
 import openai
 import pytest
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
-CHAT = [{"role": "user", "content": "hello"}]
+from tests.functional.sim_processes import sim_process
+
+CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
 
 
 @contextlib.asynccontextmanager
 async def sim(*flags: str) -> AsyncIterator[str]:
-    """A `tailguard sim` process with `flags`; yields its URL, stopped by SIGTERM (which must end
-    it promptly, even with requests hanging) and never left running."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tailguard", "sim", "--port", "0", "--preset", "cpu-tiny", "--time-scale", "0.05",
-        *flags, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-    try:
-        assert proc.stderr is not None
-        async with asyncio.timeout(30):
-            line = (await proc.stderr.readline()).decode()
-        m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
-        assert m, line
-        yield m.group(1)
-        proc.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(10):
-            assert await proc.wait() == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+    """A simulator process with `flags` and no model of its own unless they name one."""
+    async with sim_process(*flags, model=None) as p:
+        yield p.url
 
 
 def client(url: str, timeout: float = 10.0) -> AsyncOpenAI:
@@ -59,7 +45,7 @@ async def metric(url: str, name: str) -> float:
 async def test_a_named_model_is_listed_served_and_another_model_is_a_404() -> None:
     async with sim("--model-name", "llama-a") as url, client(url) as c:
         assert [m.id for m in (await c.models.list()).data] == ["llama-a"]
-        r = await c.chat.completions.create(model="llama-a", messages=CHAT, max_tokens=2)  # type: ignore[arg-type]
+        r = await c.chat.completions.create(model="llama-a", messages=CHAT, max_tokens=2)
         assert r.model == "llama-a" and r.usage is not None and r.usage.completion_tokens == 2
         with pytest.raises(openai.NotFoundError) as e:
             await c.completions.create(model="qwen-b", prompt="hi", max_tokens=2)
@@ -71,7 +57,7 @@ async def test_a_named_model_is_listed_served_and_another_model_is_a_404() -> No
 
 async def test_without_a_model_name_any_model_is_served() -> None:
     async with sim() as url, client(url) as c:
-        r = await c.chat.completions.create(model="whatever", messages=CHAT, max_tokens=1)  # type: ignore[arg-type]
+        r = await c.chat.completions.create(model="whatever", messages=CHAT, max_tokens=1)
         assert r.model == "tailguard-sim"
 
 
@@ -81,26 +67,27 @@ async def test_a_slowdown_makes_every_step_that_many_times_longer() -> None:
     async with sim() as fast, sim("--slowdown", "5") as slow:
         for url in (fast, slow):
             async with client(url) as c:
-                await c.chat.completions.create(model="m", messages=CHAT, max_tokens=20)  # type: ignore[arg-type]
+                await c.chat.completions.create(model="m", messages=CHAT, max_tokens=20)
         itl = [await metric(url, "vllm:inter_token_latency_seconds_sum") for url in (fast, slow)]
     assert itl[0] > 0 and itl[1] == pytest.approx(5 * itl[0], rel=1e-6)
 
 
 async def test_a_hung_simulator_accepts_and_never_answers_anything() -> None:
-    async with sim("--fault", "hang") as url:
-        async with client(url, timeout=1.0) as c:
+    async with sim_process("--fault", "hang", model=None) as p:
+        async with client(p.url, timeout=1.0) as c:
             with pytest.raises(openai.APITimeoutError):
-                await c.chat.completions.create(model="m", messages=CHAT, max_tokens=1)  # type: ignore[arg-type]
+                await c.chat.completions.create(model="m", messages=CHAT, max_tokens=1)
         with pytest.raises(asyncio.TimeoutError):
-            await get(url, "/health", timeout=0.5)
+            await get(p.url, "/health", timeout=0.5)
         # a request still hanging when it is told to stop does not hold it up
-        async with client(url, timeout=30.0) as c:
-            pending = asyncio.create_task(
-                c.chat.completions.create(model="m", messages=CHAT, max_tokens=1))  # type: ignore[arg-type]
+        async with client(p.url, timeout=30.0) as c:
+            pending = asyncio.create_task(c.chat.completions.create(model="m", messages=CHAT, max_tokens=1))
             await asyncio.sleep(0.2)
-    with contextlib.suppress(openai.APIError):
-        async with asyncio.timeout(10):
-            await pending
+            p.proc.send_signal(signal.SIGTERM)
+            async with asyncio.timeout(10):
+                assert await p.proc.wait() == 0
+                with contextlib.suppress(openai.APIError):
+                    await pending
 
 
 async def test_a_simulator_hung_on_completions_still_answers_its_health_and_models() -> None:
@@ -119,7 +106,7 @@ async def test_an_error_rate_answers_that_share_of_completions_with_a_500() -> N
             got: list[int] = []
             for _ in range(6):
                 try:
-                    await c.chat.completions.create(model="m", messages=CHAT, max_tokens=1)  # type: ignore[arg-type]
+                    await c.chat.completions.create(model="m", messages=CHAT, max_tokens=1)
                     got.append(200)
                 except openai.InternalServerError as e:
                     assert e.status_code == 500 and isinstance(e.body, dict) and e.body.get("type") == "server_error"
@@ -128,6 +115,21 @@ async def test_an_error_rate_answers_that_share_of_completions_with_a_500() -> N
         assert (await get(half, "/health"))[0] == 200  # only completions fail
         async with client(later) as c:  # its errors start long after this run
             assert (await c.completions.create(model="m", prompt="hi", max_tokens=1)).usage is not None
+
+
+async def test_a_killed_simulator_cuts_its_stream_short_and_refuses_what_comes_next() -> None:
+    async with sim_process(model=None) as p, client(p.url) as c:
+        stream = await c.chat.completions.create(
+            model="m", messages=CHAT, max_tokens=2000, stream=True)
+        got = 0
+        with pytest.raises(openai.APIError):
+            async for chunk in stream:
+                got += bool(chunk.choices and chunk.choices[0].delta.content)
+                if got == 3:
+                    p.kill()
+        assert 3 <= got < 2000
+        with pytest.raises(openai.APIConnectionError):
+            await c.chat.completions.create(model="m", messages=CHAT, max_tokens=1)
 
 
 async def test_bad_fault_values_exit_with_a_message() -> None:

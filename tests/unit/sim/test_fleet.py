@@ -166,7 +166,8 @@ def test_probes_take_a_dead_host_out_before_any_request_and_bring_it_back_when_i
     assert {tl.backend for tl in tls if tl.arrived_at >= 20.0} == {"a", "b"}
     assert all(p.ok for t, p in f.probed if p.backend == "a")
     assert [t for t, p in f.probed if p.backend == "h"][:3] == [0.5, 2.5, 4.5]  # each at its timeout
-    assert f.probed[-1][0] < tls[-1].finished_at + 2.0  # probes stop with the work  # type: ignore[operator]
+    last = tls[-1].finished_at
+    assert last is not None and f.probed[-1][0] < last + 2.0  # probes stop with the work
 
 
 def test_an_error_rate_fails_that_share_with_a_500_and_the_front_tries_elsewhere() -> None:
