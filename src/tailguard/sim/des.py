@@ -173,9 +173,6 @@ class Timeline:
         return (self.finished_at - self.first_token_at) / (self.output_tokens - 1)
 
 
-
-
-
 @dataclass(slots=True, frozen=True)
 class Host:
     """One engine of a fleet, named as the front names the backend it stands for.
@@ -396,10 +393,11 @@ class _Driver:
 
     def loop(self) -> None:
         """Until nothing is pending, take the next thing that happens: a front wake-up, an
-        arrival, a step's end, a header deadline or a death. Once everything at an instant is
-        done, each idle engine with work starts a step there. At one instant a wake-up goes
-        first while every engine is idle, and after the arrivals otherwise (a request arriving as
-        its queue bound passes is still counted), and both before a step's end."""
+        arrival, a step's end, a header deadline, a host's death or revival, a probe. Once
+        everything at an instant is done, each idle engine with work starts a step there. At one
+        instant a wake-up goes first while every engine is idle, and after the arrivals otherwise
+        (a request arriving as its queue bound passes is still counted), and both before a step's
+        end."""
         pending, agenda, front, clock = self.pending, self.agenda, self.front, self.clock
         while True:
             now = clock.now()
@@ -693,16 +691,18 @@ class _Driver:
         if h.dead:
             self._fail(d.id, lv, FailureKind.CONNECT, False, 0, t)
             return False
-        if h.errors.fails(t):  # as the simulator's middleware answers: before the engine sees it
+        # In the order the simulator's server answers: a hang, a drawn 500, then the engine's 404.
+        if h.hangs:
+            lv.host = h
+            self._schedule(t + self.header_timeout_s, _HEADER_DEADLINE, _HeaderDeadline(d.id, lv.attempt))
+            return False
+        if h.errors.fails(t):
             self._fail(d.id, lv, FailureKind.STATUS, True, 0, t)
             return False
         if a.model is not None and h.models and a.model not in h.models:
             self._refuse(d.id, "model_not_found", t)
             return False
         lv.host = h
-        if h.hangs:
-            self._schedule(t + self.header_timeout_s, _HEADER_DEADLINE, _HeaderDeadline(d.id, lv.attempt))
-            return False
         done = lv.base_tokens
         req = SimRequest(a.id, a.prompt_tokens + done, a.max_tokens - done, a.priority, a.block_hashes, lv.kv_key)
         try:
