@@ -49,18 +49,24 @@ from typing import Iterable, Protocol
 
 from tailguard.clock import VirtualClock
 from tailguard.front.events import (
-    Arrive, Decision, Failed, Finished, Generated, Opened, Probed, Reject, Start, Suspend, Tick,
+    Arrive, Decision, Drop, Failed, Finished, FirstContent, Generated, Hedge, Loaded, Opened, Probed, Reject, Served,
+    Start, Suspend, Tick,
 )
 from tailguard.front.front import Front
 from tailguard.front.intake import Accepted
 from tailguard.sim.engine import Admitted, Engine, FirstToken, Preempted, RequestFinished, SimRequest, Step
 from tailguard.sim.fault import ErrorSpread, Faults
 from tailguard.types import FailureKind, Outcome
+from tailguard.wire.prefix import BLOCK_CHARS, MAX_BLOCKS
 
-# How a request at a hung host fails: no response head by the gateway's deadline, which the front
-# reads as a hung server (`front.retry`: not answered, so tried elsewhere and counted against it).
-HUNG = FailureKind.TIMEOUT_FIRST_TOKEN
+# How a request at a hung host fails: no response head by the gateway's deadline (its
+# `timeouts.header_s`), which the front reads as a hung server.
+HUNG = FailureKind.TIMEOUT_HEADER
 DEFAULT_HEADER_TIMEOUT_S = 5.0
+# The gateway hashes a prompt in blocks of BLOCK_CHARS characters (`wire.prefix`), about a quarter
+# as many tokens by its estimate; an arrival's keys are the engine's 16-token blocks, so every
+# fourth of them is the chain the gateway's router sees.
+_PREFIX_STRIDE = BLOCK_CHARS // 4 // 16
 
 
 @dataclass(slots=True, frozen=True)
@@ -100,11 +106,15 @@ class Arrival:
 
     def arrive(self) -> Arrive:
         """What the front is told: the request as the intake accepted it or, made by hand, sized
-        by its own `max_tokens` (a plain text generation)."""
+        by its own `max_tokens` (a plain text generation); with its model and its prompt's
+        chained block hashes as the gateway would hash them."""
+        prefix = self.block_hashes[_PREFIX_STRIDE - 1::_PREFIX_STRIDE][:MAX_BLOCKS]
         acc = self.accepted
         if acc is None:
-            return Arrive(self.id, self.cls, self.prompt_tokens + self.max_tokens, True, self.max_tokens, self.caller)
-        return Arrive(self.id, self.cls, acc.est_tokens, acc.resumable, acc.max_tokens, self.caller)
+            return Arrive(self.id, self.cls, self.prompt_tokens + self.max_tokens, True, self.max_tokens, self.caller,
+                          self.model, prefix)
+        return Arrive(self.id, self.cls, acc.est_tokens, acc.resumable, acc.max_tokens, self.caller, self.model,
+                      prefix)
 
 
 class Gate(Protocol):
@@ -303,10 +313,10 @@ class _Host:
 
 
 class _Live:
-    """A front-dispatched request from its first `Start` to its end: where it runs and what
-    earlier runs generated."""
+    """A front-dispatched request from its first `Start` to its end: where it runs (and, while
+    hedged, where its second attempt runs) and what earlier runs generated."""
 
-    __slots__ = ("arrival", "kv_key", "base_tokens", "host", "attempt")
+    __slots__ = ("arrival", "kv_key", "base_tokens", "host", "attempt", "hedge", "hedge_attempt", "tries")
 
     def __init__(self, arrival: Arrival, kv_key: int | None) -> None:
         self.arrival = arrival
@@ -315,7 +325,14 @@ class _Live:
         self.kv_key = kv_key
         self.base_tokens = 0  # generated in earlier runs (suspended, or failed after producing)
         self.host: _Host | None = None  # None while queued again (suspended, or being retried)
-        self.attempt = 0  # its Starts so far: a timer of an earlier attempt finds it moved on
+        self.hedge: _Host | None = None  # its second attempt's, while hedged
+        # Attempts are numbered (`tries` so far), so a header deadline of one that ended finds
+        # the request moved on.
+        self.attempt = self.hedge_attempt = self.tries = 0
+
+    def promote_hedge(self) -> None:
+        """The first attempt is gone: the hedge is the request's attempt from now on."""
+        self.host, self.attempt, self.hedge = self.hedge, self.hedge_attempt, None
 
 
 @dataclass(slots=True, frozen=True)
@@ -391,6 +408,13 @@ class _Driver:
             if rid not in waiting and lv.host is not None:
                 front.handle(Generated(rid, lv.base_tokens + lv.host.engine.output_tokens(rid)), now)
 
+    def _tell_served(self) -> None:
+        """The models each host lists, as the gateway's first probes read them."""
+        front = self.front
+        for h in self.hosts.values():
+            if front is not None and h.models:
+                self._apply(front.handle(Served(h.name, tuple(sorted(h.models))), self.clock.now()))
+
     def loop(self) -> None:
         """Until nothing is pending, take the next thing that happens: a front wake-up, an
         arrival, a step's end, a header deadline, a host's death or revival, a probe. Once
@@ -399,6 +423,7 @@ class _Driver:
         (a request arriving as its queue bound passes is still counted), and both before a step's
         end."""
         pending, agenda, front, clock = self.pending, self.agenda, self.front, self.clock
+        self._tell_served()
         while True:
             now = clock.now()
             t_arr = pending[0][0] if pending else math.inf
@@ -470,6 +495,8 @@ class _Driver:
             elif isinstance(ev, FirstToken):
                 if tl.first_token_at is None:
                     tl.first_token_at = end
+                    if front is not None:  # its TTFT sample; a hedge's winner
+                        self._apply(front.handle(FirstContent(ev.req_id, h.name), end))
             elif isinstance(ev, Admitted):
                 if not ev.resumed and tl.admitted_at is None:
                     tl.admitted_at = step.started_at
@@ -506,16 +533,21 @@ class _Driver:
                 self._probed(h, not h.dead, t)
 
     def _probed(self, h: _Host, ok: bool, t: float) -> None:
+        """A probe's answer, with the engine's own count of what it runs and queues (its load
+        page, read with the probe) when it answered."""
         front = self.front
         assert front is not None
         self._apply(front.handle(Probed(h.name, ok), t, preempt=not self.stepping))
+        if ok:
+            e = h.engine
+            self._apply(front.handle(Loaded(h.name, e.num_running + e.num_waiting), t, preempt=not self.stepping))
 
     def _die(self, h: _Host) -> None:
         """`h`'s process died: its step in flight is lost, and what it held fails; a request
         that had its response head (every request an engine took: it answers a stream at once)
         fails as a stream cut short, one at a hung host as a broken connection."""
         t = self.clock.now()
-        held = [(rid, lv) for rid, lv in self.live.items() if lv.host is h]
+        held = [(rid, lv) for rid, lv in self.live.items() if lv.host is h or lv.hedge is h]
         produced = {rid: h.produced(rid) for rid, _ in held}
         h.dead = True
         if h.step is not None:
@@ -525,23 +557,37 @@ class _Driver:
         h.engine.crash(t)
         kind = FailureKind.RESET if h.hangs else FailureKind.DISCONNECT
         for rid, lv in held:
-            if lv.host is h:  # not moved by what an earlier failure led to
-                self._fail(rid, lv, kind, not h.hangs, produced[rid], t)
+            if lv.host is h or lv.hedge is h:  # not moved by what an earlier failure led to
+                self._fail(rid, lv, h, kind, not h.hangs, produced[rid], t)
 
     def _header_deadline(self, rid: str, attempt: int) -> None:
         lv = self.live.get(rid)
-        if lv is not None and lv.attempt == attempt and lv.host is not None and lv.host.hangs:
-            self._fail(rid, lv, HUNG, False, 0, self.clock.now())
+        if lv is None:
+            return
+        for h, n in ((lv.host, lv.attempt), (lv.hedge, lv.hedge_attempt)):
+            if h is not None and n == attempt and h.hangs:
+                self._fail(rid, lv, h, HUNG, False, 0, self.clock.now())
 
-    def _fail(self, rid: str, lv: _Live, kind: FailureKind, answered: bool, produced: int, t: float) -> None:
-        """An attempt failed after `produced` tokens: the front decides whether it goes again;
-        if not, it ends here as an upstream error with what it had generated."""
+    def _fail(self, rid: str, lv: _Live, h: _Host, kind: FailureKind, answered: bool, produced: int,
+              t: float) -> None:
+        """The attempt at `h` failed after `produced` tokens. Of a hedged request, the other
+        attempt goes on; else the front decides whether it goes again and, if not, it ends here
+        as an upstream error with what it had generated."""
         front = self.front
         assert front is not None
         tl = self.by_id[rid]
+        tl.failures += 1
+        if lv.hedge is not None:
+            if h is lv.host:
+                lv.promote_hedge()
+                assert lv.host is not None
+                tl.backend = lv.host.name
+            else:
+                lv.hedge = None
+            self._apply(front.handle(Failed(rid, kind, False, answered, h.name), t, preempt=not self.stepping))
+            return
         lv.base_tokens += produced
         lv.host = None
-        tl.failures += 1
         self.waiting[rid] = lv.arrival
         decisions = front.handle(Failed(rid, kind, lv.base_tokens > 0, answered), t, preempt=not self.stepping)
         if any(isinstance(d, Start) and d.id == rid for d in decisions):
@@ -558,6 +604,11 @@ class _Driver:
         for it): the request ends as a client error, and its backend is alive."""
         front = self.front
         assert front is not None
+        lv = self.live.get(rid)
+        if lv is not None and lv.hedge is not None:  # the other attempt stops with it
+            for h in (lv.host, lv.hedge):
+                if h is not None:
+                    self._abort(h, rid, t)
         self._forget(rid)
         self._apply(front.handle(Finished(rid, Outcome.CLIENT_ERROR, 0), t))
         self._end(self.by_id[rid], Outcome.CLIENT_ERROR, reason, t)
@@ -650,6 +701,11 @@ class _Driver:
             if isinstance(d, Start):
                 if self._start(d, t):
                     todo.extend(front.handle(Opened(d.id), t, preempt=not self.stepping))
+            elif isinstance(d, Hedge):
+                lv = self.live[d.id]
+                self._send(d.id, lv, self.hosts[d.backend], t, hedge=True)
+            elif isinstance(d, Drop):
+                self._drop(d.id, self.hosts[d.backend], t)
             elif isinstance(d, Suspend):
                 self._suspend(d.id, t)
             elif isinstance(d, Reject):
@@ -662,16 +718,32 @@ class _Driver:
         h = lv.host
         assert h is not None
         lv.base_tokens += h.produced(req_id)
-        if h.step is not None:
-            h.cut.add(req_id)
-        h.engine.abort(req_id, t)
+        self._abort(h, req_id, t)
         lv.host = None
         self.by_id[req_id].suspensions += 1
         self.waiting[req_id] = lv.arrival
 
+    def _drop(self, req_id: str, h: _Host, t: float) -> None:
+        """The other attempt of a hedge won: the one at `h` stops now."""
+        lv = self.live[req_id]
+        if h is lv.host:
+            lv.promote_hedge()
+            assert lv.host is not None
+            self.by_id[req_id].backend = lv.host.name
+        else:
+            lv.hedge = None
+        self._abort(h, req_id, t)
+
+    @staticmethod
+    def _abort(h: _Host, req_id: str, t: float) -> None:
+        """Stop `req_id` in `h`'s engine; mid-step, that step delivers nothing more to it."""
+        if h.step is not None:
+            h.cut.add(req_id)
+        h.engine.abort(req_id, t)
+
     def _start(self, d: Start, t: float) -> bool:
-        """Send a request where the front says: its engine takes it (True when its upstream is
-        open and it may be suspended: the front is told `Opened`), or the host fails it."""
+        """Send a request where the front says: True when its engine took it, its upstream is
+        open and it may be suspended (the front is told `Opened`)."""
         a = self.waiting.pop(d.id)
         front = self.front
         assert front is not None
@@ -682,32 +754,39 @@ class _Driver:
             if tracked:
                 self.tracked[d.id] = lv
                 self.kv_keys += 1
-        h = self.hosts[d.backend]
-        lv.attempt += 1
         tl = self.by_id[d.id]
-        tl.backend = h.name
         if tl.dispatched_at is None:
             tl.dispatched_at = t
+        return self._send(d.id, lv, self.hosts[d.backend], t, hedge=False) and lv.kv_key is not None
+
+    def _send(self, rid: str, lv: _Live, h: _Host, t: float, hedge: bool) -> bool:
+        """An attempt of `rid` at `h` (its only one, or a hedge's second): True when the engine
+        took it. It answers in the order the simulator's server does: refused when dead, then
+        a hang, a drawn 500, the engine's 404."""
+        lv.tries += 1
+        if hedge:
+            lv.hedge, lv.hedge_attempt = h, lv.tries
+        else:
+            lv.host, lv.attempt = h, lv.tries
+            self.by_id[rid].backend = h.name
+        a = lv.arrival
         if h.dead:
-            self._fail(d.id, lv, FailureKind.CONNECT, False, 0, t)
+            self._fail(rid, lv, h, FailureKind.CONNECT, False, 0, t)
             return False
-        # In the order the simulator's server answers: a hang, a drawn 500, then the engine's 404.
         if h.hangs:
-            lv.host = h
-            self._schedule(t + self.header_timeout_s, _HEADER_DEADLINE, _HeaderDeadline(d.id, lv.attempt))
+            self._schedule(t + self.header_timeout_s, _HEADER_DEADLINE, _HeaderDeadline(rid, lv.tries))
             return False
         if h.errors.fails(t):
-            self._fail(d.id, lv, FailureKind.STATUS, True, 0, t)
+            self._fail(rid, lv, h, FailureKind.STATUS, True, 0, t)
             return False
         if a.model is not None and h.models and a.model not in h.models:
-            self._refuse(d.id, "model_not_found", t)
+            self._refuse(rid, "model_not_found", t)
             return False
-        lv.host = h
         done = lv.base_tokens
         req = SimRequest(a.id, a.prompt_tokens + done, a.max_tokens - done, a.priority, a.block_hashes, lv.kv_key)
         try:
             h.engine.add(req, t)
         except ValueError:  # past this engine's context length (a fleet's engines may differ)
-            self._refuse(d.id, "context_length", t)
+            self._refuse(rid, "context_length", t)
             return False
-        return lv.kv_key is not None
+        return True

@@ -6,9 +6,11 @@ from collections.abc import Sequence
 import pytest
 
 from tailguard.clock import VirtualClock
-from tailguard.front.events import Decision, Event, Failed, HealthChanged, Probed, Start
+from tailguard.front.events import Decision, Drop, Ejected, Event, Failed, HealthChanged, Hedge, Probed, Start
 from tailguard.front.front import Front
-from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, PreemptionParams, QueueParams
+from tailguard.front.params import (
+    BackendSpec, ClassSpec, FrontParams, HedgeParams, PreemptionParams, QueueParams, RoutingParams,
+)
 from tailguard.sim.cost import CostModel, EngineConfig
 from tailguard.sim.des import Arrival, Host, Probing, Timeline, run_fleet
 from tailguard.sim.engine import Engine
@@ -29,6 +31,8 @@ class _Recorded(Front):
         self.failed: list[Failed] = []
         self.probed: list[tuple[float, Probed]] = []
         self.health: list[tuple[float, HealthChanged]] = []
+        self.ejected: list[tuple[int, Ejected]] = []  # with how many Starts came before it
+        self.hedges: list[Hedge | Drop] = []
 
     def handle(self, event: Event, now: float, *, preempt: bool = True) -> Sequence[Decision]:
         if isinstance(event, Failed):
@@ -36,17 +40,26 @@ class _Recorded(Front):
         if isinstance(event, Probed):
             self.probed.append((now, event))
         out = super().handle(event, now, preempt=preempt)
-        self.starts += [d for d in out if isinstance(d, Start)]
+        for d in out:
+            if isinstance(d, Start):
+                self.starts.append(d)
+            elif isinstance(d, Ejected):
+                self.ejected.append((len(self.starts), d))
+            elif isinstance(d, Hedge | Drop):
+                self.hedges.append(d)
         self.health += [(now, d) for d in out if isinstance(d, HealthChanged)]
         return out
 
 
-def fleet_front(*backends: tuple[str, int], classes: list[ClassSpec] | None = None,
-                preempt: bool = False) -> _Recorded:
+def fleet_front(*backends: tuple[str, int], classes: list[ClassSpec] | None = None, preempt: bool = False,
+                routing: str = "round-robin", hedging: HedgeParams = HedgeParams()) -> _Recorded:
+    """A front over `backends` (name, max_concurrency); round-robin unless said, so a test knows
+    where each request goes."""
     return _Recorded(FrontParams(
         classes=classes or [ClassSpec("interactive", 0)],
         backends=[BackendSpec(name, max_concurrency=mc, continues=True) for name, mc in backends],
-        queue=QueueParams(policy="ranked-sjf"), preemption=PreemptionParams(enabled=preempt)))
+        queue=QueueParams(policy="ranked-sjf"), preemption=PreemptionParams(enabled=preempt),
+        routing=RoutingParams(policy=routing), hedging=hedging))  # type: ignore[arg-type]
 
 
 def whole(tl: Timeline) -> bool:
@@ -83,7 +96,7 @@ def test_a_dying_engine_fails_what_it_holds_and_the_front_decides_what_goes_agai
     """b dies at 0.5 s: the request it was generating ends as an upstream error with the tokens it
     had produced (they reached the client: it cannot go again); the one waiting in its engine had
     nothing yet, so the front tries b again on a fresh connection (refused) and then a; requests
-    sent to b later are refused at connect and go to a, until b is unhealthy."""
+    sent to b later are refused at connect and go to a, until three failures in a row eject b."""
     f = fleet_front(("a", 8), ("b", 4))
     one_at_a_time = EngineConfig(cost=COST, max_num_seqs=1, max_num_batched_tokens=256, max_model_len=1024,
                                  kv_cache_tokens=4096)
@@ -102,9 +115,10 @@ def test_a_dying_engine_fails_what_it_holds_and_the_front_decides_what_goes_agai
     assert all(tl.outcome is Outcome.SUCCESS and tl.backend == "a" and whole(tl) for tl in tls.values() if tl is not c)
     assert [e.kind for e in f.failed if e.id == moved[0].id] == [FailureKind.DISCONNECT, FailureKind.CONNECT]
     assert [e.delivered for e in f.failed if e.id == c.id] == [True]
-    # connects refused three times in a row make b unhealthy: nothing is started there after that
-    assert not f.is_healthy("b") and sum(e.kind is FailureKind.CONNECT for e in f.failed) == 3
-    assert sum(s.backend == "b" for s in f.starts) == len(on_b) + 3
+    # three failed attempts in a row eject b: nothing is started there after that
+    [(before, ejected)] = f.ejected
+    assert (ejected.backend, ejected.failures) == ("b", 3)
+    assert not any(s.backend == "b" for s in f.starts[before:])
 
 
 def test_a_hung_host_fails_each_request_at_the_header_deadline_and_it_goes_elsewhere() -> None:
@@ -114,7 +128,7 @@ def test_a_hung_host_fails_each_request_at_the_header_deadline_and_it_goes_elsew
     tls = run_fleet(hosts, arrivals, VirtualClock(), f, header_timeout_s=2.0, record_tokens=True)
     assert all(tl.outcome is Outcome.SUCCESS and tl.backend == "ok" and whole(tl) for tl in tls)
     stalled = [tl for tl in tls if tl.failures]
-    assert stalled and all(e.kind is FailureKind.TIMEOUT_FIRST_TOKEN and not e.answered for e in f.failed)
+    assert stalled and all(e.kind is FailureKind.TIMEOUT_HEADER and not e.answered for e in f.failed)
     assert all(tl.ttft_s is not None and 2.0 <= tl.ttft_s < 2.1 for tl in stalled)
     assert all(tl.ttft_s is not None and tl.ttft_s < 0.1 for tl in tls if not tl.failures)
     assert len(stalled) == sum(s.backend == "hung" for s in f.starts)
@@ -178,6 +192,27 @@ def test_an_error_rate_fails_that_share_with_a_500_and_the_front_tries_elsewhere
     sent = sum(s.backend == "flaky" for s in f.starts)
     assert len(f.failed) == sent // 2 and all(e.kind is FailureKind.STATUS and e.answered for e in f.failed)
     assert {tl.backend for tl in tls if tl.failures} == {"ok"}
+
+
+def test_a_hedge_runs_beside_the_first_attempt_and_the_first_to_stream_wins() -> None:
+    """Every other chat goes to an engine 5x slower; once the front knows the class's TTFT, a chat
+    still without content past it is sent to the fast engine too; the first attempt to stream wins
+    (the slow one, when its prefill was nearly done), the other is dropped at once, and the chat
+    gets each of its tokens once."""
+    hedging = HedgeParams(enabled=True, min_samples=4, max_share=0.5, min_delay_s=0.01)
+    f = fleet_front(("fast", 8), ("slow", 8), hedging=hedging)
+    hosts = [Host("fast", Engine(CFG)), Host("slow", Engine(CFG.slowed(5)))]
+    tls = run_fleet(hosts, [Arrival(f"r{i}", 0.3 * i, 200, 20) for i in range(30)], VirtualClock(), f,
+                    record_tokens=True)
+    assert all(tl.outcome is Outcome.SUCCESS and tl.output_tokens == 20 and whole(tl) for tl in tls)
+    hedged = {d.id for d in f.hedges if isinstance(d, Hedge)}
+    drops = [d for d in f.hedges if isinstance(d, Drop)]
+    assert hedged and sorted(d.id for d in drops) == sorted(hedged)  # one loser each
+    loser = {d.id: d.backend for d in drops}
+    assert all(tl.backend != loser[tl.id] for tl in tls if tl.id in hedged)  # served by the winner
+    assert {d.backend for d in f.hedges if isinstance(d, Hedge)} == {"fast"}  # only the slow one's chats wait
+    # each losing attempt was stopped in its engine at once
+    assert sum(h.engine.finished_total["abort"] for h in hosts) == len(hedged)
 
 
 def test_a_fleet_must_match_the_front_and_faults_need_one() -> None:
