@@ -98,7 +98,7 @@ class Arrival:
     caller: str | None = None  # whose request (the front's limits per caller), as an API key names it
     accepted: Accepted | None = None
     refused: str | None = None
-    model: str | None = None  # the model it asks for; a host that does not serve it answers 404
+    model: str | None = None  # the model it asks for (an alias resolved); a host that does not serve it answers 404
 
     @property
     def resumable(self) -> bool:
@@ -596,7 +596,8 @@ class _Driver:
         del self.waiting[rid]
         tl.output_tokens = lv.base_tokens
         self._forget(rid)
-        self._apply([*decisions, *front.handle(Finished(rid, Outcome.UPSTREAM_ERROR, tl.prompt_tokens + lv.base_tokens), t)])
+        ended = front.handle(Finished(rid, Outcome.UPSTREAM_ERROR, tl.prompt_tokens + lv.base_tokens), t)
+        self._apply([*decisions, *ended])
         self._end(tl, Outcome.UPSTREAM_ERROR, kind.value, t)
 
     def _refuse(self, rid: str, reason: str, t: float) -> None:
@@ -630,7 +631,8 @@ class _Driver:
                 tl.output_tokens += lv.base_tokens
                 self.tracked.pop(ev.req_id, None)
         if self.front is not None:
-            self._apply(self.front.handle(Finished(ev.req_id, Outcome.SUCCESS, tl.prompt_tokens + tl.output_tokens), end))
+            tokens = tl.prompt_tokens + tl.output_tokens
+            self._apply(self.front.handle(Finished(ev.req_id, Outcome.SUCCESS, tokens), end))
         if self.gate is not None:
             self.gate.finished(tl)
         if self.follow_up is not None:

@@ -10,9 +10,9 @@ Endpoints behave like vLLM's where a client or the gateway can tell: `/v1/chat/c
 "length"), `/v1/models` (its model lists the `time_scale`), `/health`, `/version` (naming itself),
 `/metrics` (`vllm:*`). Started with a model name of its own (`strict_model`), it answers a request
 for another model with vLLM's 404 (`model_not_found`); otherwise it serves whatever model is asked.
-`faults` make it hang or fail on purpose (`tailguard.sim.fault`). Body `priority` is vLLM's (lower runs earlier) and, as in vLLM, a non-zero
-priority is refused unless the policy is "priority". A missing `max_tokens` means "up to
-max_model_len". Every generated token is the text " tok" (one token by the bytes/4 estimate). A
+`faults` make it hang or fail on purpose (`tailguard.sim.fault`). Body `priority` is vLLM's (lower
+runs earlier) and, as in vLLM, a non-zero priority is refused unless the policy is "priority". A
+missing `max_tokens` means "up to max_model_len". Every generated token is the text " tok" (one token by the bytes/4 estimate). A
 client that disconnects has its request aborted at once when the server runs with
 `handler_cancellation=True` (as `serve` and `start_sim` do); otherwise a stream is aborted at its
 next write.

@@ -104,7 +104,7 @@ class IntakeGate:
                 cls = self.intake.classify(asked)
                 a = replace(a, cls=cls.name, caller=self.intake.caller(asked.api_key))
                 accepted = self.intake.accept(asked, cls, self.estimator.estimate(cls.name))
-                a = replace(a, accepted=accepted)
+                a = replace(a, accepted=accepted, model=accepted.model)
                 sent = replace(sent, body=accepted.body, max_tokens=accepted.max_tokens)
             return replace(a, max_tokens=output_budget(self.engine, sent))
         except BadRequest as e:  # refused by the gateway or, later, by the engine: a 400 either way
@@ -136,9 +136,10 @@ def simulate(engine_cfg: EngineConfig, gateway: GatewayConfig | None, planned: l
         wait = tl.retry_after_s if tl.outcome is Outcome.REJECTED else None
         return gate.arrival(nxt, None if wait is None else now + wait)
 
-    names = [b.name for b in gateway.backends] if gateway is not None else [ENGINE]
-    hosts = [Host(name, Engine(engine_cfg)) for name in names]
-    front = Front(gateway.front_params(dict.fromkeys(names, True))) if gateway is not None else None
+    backends = gateway.backends if gateway is not None else []
+    hosts = ([Host(b.name, Engine(engine_cfg), models=tuple(b.models or ())) for b in backends]
+             or [Host(ENGINE, Engine(engine_cfg))])
+    front = Front(gateway.front_params({h.name: True for h in hosts})) if gateway is not None else None
     timelines = run_fleet(hosts, [gate.arrival(p) for p in planned], VirtualClock(), front, record_tokens=True,
                           follow_up=follow if follow_up is not None else None, gate=gate)
     return timelines, [h.engine for h in hosts]

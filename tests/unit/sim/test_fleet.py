@@ -166,8 +166,9 @@ def test_a_request_suspended_while_its_engine_is_mid_step_loses_that_step_and_no
 
 def test_probes_take_a_dead_host_out_before_any_request_and_bring_it_back_when_it_revives() -> None:
     """b dies at 1 s and is back at 20 s: probes every 2 s see it refuse three times in a row
-    (at 2, 4, 6 s: unhealthy) and answer again at 20 s (the probe of that instant finds it back); meanwhile every request goes to a, and
-    afterwards b takes its share again. A host hung on everything times out each probe."""
+    (at 2, 4, 6 s: unhealthy) and answer again at 20 s (the probe of that instant finds it
+    back); meanwhile every request goes to a, and afterwards b takes its share again. A host
+    hung on everything times out each probe."""
     f = fleet_front(("a", 4), ("b", 4), ("h", 4))
     hosts = [Host("a", Engine(CFG)), Host("b", Engine(CFG), dies_at=1.0, revives_at=20.0),
              Host("h", Engine(CFG), faults=Faults(hang="hang"))]
