@@ -136,7 +136,8 @@ class Timeline:
     `queue_s` runs from arrival to the engine first scheduling the request (the front queue plus
     the engine's own queue); `front_queue_s` is the part spent in the front scheduler.
     `token_times` is filled only when `run(..., record_tokens=True)`. `backend` is the host of its
-    last attempt; `failures` counts its attempts that failed (a dead or hung host).
+    last attempt (a hedge's winner); `failures` counts its attempts that failed (a dead, hung or
+    failing host), `hedges` the second attempts the front sent beside its first.
     """
 
     id: str
@@ -159,6 +160,7 @@ class Timeline:
     token_times: list[float] | None = None
     backend: str | None = None
     failures: int = 0
+    hedges: int = 0
 
     @property
     def queue_s(self) -> float | None:
@@ -704,8 +706,8 @@ class _Driver:
                 if self._start(d, t):
                     todo.extend(front.handle(Opened(d.id), t, preempt=not self.stepping))
             elif isinstance(d, Hedge):
-                lv = self.live[d.id]
-                self._send(d.id, lv, self.hosts[d.backend], t, hedge=True)
+                self.by_id[d.id].hedges += 1
+                self._send(d.id, self.live[d.id], self.hosts[d.backend], t, hedge=True)
             elif isinstance(d, Drop):
                 self._drop(d.id, self.hosts[d.backend], t)
             elif isinstance(d, Suspend):

@@ -209,6 +209,7 @@ def test_a_hedge_runs_beside_the_first_attempt_and_the_first_to_stream_wins() ->
     hedged = {d.id for d in f.hedges if isinstance(d, Hedge)}
     drops = [d for d in f.hedges if isinstance(d, Drop)]
     assert hedged and sorted(d.id for d in drops) == sorted(hedged)  # one loser each
+    assert {tl.id for tl in tls if tl.hedges} == hedged and all(tl.hedges <= 1 for tl in tls)
     loser = {d.id: d.backend for d in drops}
     assert all(tl.backend != loser[tl.id] for tl in tls if tl.id in hedged)  # served by the winner
     assert {d.backend for d in f.hedges if isinstance(d, Hedge)} == {"fast"}  # only the slow one's chats wait
