@@ -100,8 +100,33 @@ async def test_a_simulator_hung_on_completions_still_answers_its_health_and_mode
         assert await metric(url, "vllm:prompt_tokens_total") == 0  # the engine never saw it
 
 
+async def test_a_stalled_engine_keeps_its_streams_open_and_silent_while_its_health_answers() -> None:
+    """From 10 simulated seconds (0.2 s wall) the engine stops: a long stream gets its first
+    tokens, then nothing, its connection open; health still answers; a new request gets no token."""
+    async with sim("--fault", "stall", "--fault-after-s", "10") as url, client(url, timeout=1.5) as c:
+        stream = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=5000, stream=True)
+        got = 0
+        with pytest.raises(openai.APITimeoutError):
+            async for chunk in stream:
+                got += bool(chunk.choices and chunk.choices[0].delta.content)
+        assert 0 < got < 5000
+        assert (await get(url, "/health"))[0] == 200
+        with pytest.raises(openai.APITimeoutError):
+            await c.completions.create(model="m", prompt="hi", max_tokens=1)
+
+
+async def test_a_fault_can_start_mid_run() -> None:
+    """Completions hang from 50 simulated seconds on (1 s wall): the first is answered, one sent
+    later never is."""
+    async with sim("--fault", "hang-completions", "--fault-after-s", "50") as url, client(url, timeout=1.0) as c:
+        assert (await c.completions.create(model="m", prompt="hi", max_tokens=1)).usage is not None
+        await asyncio.sleep(1.2)
+        with pytest.raises(openai.APITimeoutError):
+            await c.completions.create(model="m", prompt="hi", max_tokens=1)
+
+
 async def test_an_error_rate_answers_that_share_of_completions_with_a_500() -> None:
-    async with sim("--error-rate", "0.5") as half, sim("--error-rate", "1", "--errors-after-s", "100000") as later:
+    async with sim("--error-rate", "0.5") as half, sim("--error-rate", "1", "--fault-after-s", "100000") as later:
         async with client(half) as c:
             got: list[int] = []
             for _ in range(6):

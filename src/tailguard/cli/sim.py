@@ -42,12 +42,13 @@ def sim(
     slowdown: float = typer.Option(
         1.0, "--slowdown", min=1e-6, help="Every engine step takes this many times longer: a slower host."),
     fault: Optional[str] = typer.Option(
-        None, "--fault", help="hang (accept and read every request, answer none) or hang-completions "
-                              "(health, models and metrics answer; completions never do)."),
+        None, "--fault", help="hang (accept and read every request, answer none), hang-completions (health, "
+                              "models and metrics answer; completions never do) or stall (the engine stops: "
+                              "streams stay open with no more tokens, health answers)."),
     error_rate: float = typer.Option(
         0.0, "--error-rate", min=0.0, max=1.0, help="Share of completion requests answered 500 (evenly spread)."),
-    errors_after_s: float = typer.Option(
-        0.0, "--errors-after-s", min=0.0, help="Simulated seconds after start before --error-rate applies."),
+    fault_after_s: float = typer.Option(
+        0.0, "--fault-after-s", min=0.0, help="Simulated seconds after start before --fault and --error-rate apply."),
 ) -> None:
     """Simulate a continuous-batching engine (vLLM-like) behind an OpenAI-compatible API."""
     from tailguard.errors import ConfigError
@@ -61,7 +62,7 @@ def sim(
             enable_prefix_caching=enable_prefix_caching, scheduling_policy=scheduling_policy,
             output_length=output_length, seed=seed,
         ).slowed(slowdown)
-        faults = Faults(fault, error_rate, errors_after_s)  # type: ignore[arg-type]  # checked by Faults
+        faults = Faults(fault, error_rate, fault_after_s)  # type: ignore[arg-type]  # checked by Faults
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
@@ -85,7 +86,7 @@ def _run(config: EngineConfig, host: str, port: int, time_scale: float, model_na
             f"max_num_batched_tokens={c.max_num_batched_tokens} max_model_len={c.max_model_len} "
             f"kv_cache_tokens={c.kv_cache_tokens} policy={c.scheduling_policy} "
             f"prefix_caching={c.enable_prefix_caching} time_scale={time_scale} slowdown={slowdown} "
-            f"model={served}{'' if model_name is not None else ' (any model asked)'} fault={faults.hang or 'none'} "
+            f"model={served}{'' if model_name is not None else ' (any model asked)'} fault={faults.fault or 'none'} "
             f"error_rate={faults.error_rate})",
             err=True,
         )

@@ -14,7 +14,7 @@ Behind the front stands one engine (`run`) or a fleet (`run_fleet`): several `Ho
 its own engine (preset, speed, prefix cache), the models it serves and its faults, named as the
 front names its backends. A host that dies (`dies_at`, a SIGKILL) fails the requests it holds
 (`Failed(disconnect, delivered=<tokens already produced>)`) and refuses every later one
-(`Failed(connect)`) until it is back (`revives_at`); a hung host (`Faults(hang=...)`, accepts and
+(`Failed(connect)`) until it is back (`revives_at`); a hung host (`Faults(fault="hang")`, accepts and
 never answers) fails each request at the response-header deadline (`header_timeout_s`); one with
 an error rate fails that share with a 500 (`Failed(status)`). The front decides what follows (a
 `Start` elsewhere, or nothing: the request ends with `Finished(UPSTREAM_ERROR)`); a request for a
@@ -191,7 +191,7 @@ class Host:
 
         hosts = [Host("a", Engine(cfg)), Host("slow", Engine(cfg.slowed(5))),
                  Host("b", Engine(cfg), dies_at=7.0, revives_at=30.0),
-                 Host("hung", Engine(cfg), faults=Faults(hang="hang"))]
+                 Host("hung", Engine(cfg), faults=Faults(fault="hang"))]
 
     `models`: what it serves (empty: whatever is asked); `faults`: what `tailguard sim` would do
     wrong with the same options (hang, or hang on completions only; a share of 500s); `dies_at`:
@@ -260,6 +260,9 @@ def run_fleet(
             raise ValueError(f"the front's backends {served} must be the fleet's hosts {sorted(names)}")
     if header_timeout_s <= 0:
         raise ValueError(f"header_timeout_s must be > 0, got {header_timeout_s}")
+    stalled = [h.name for h in hosts if h.faults.fault == "stall"]
+    if stalled:
+        raise ValueError(f"hosts {stalled} stall: not modeled on virtual time (it has no idle deadline per request)")
     given = list(arrivals)
     timelines: list[Timeline] = []
     by_id: dict[str, Timeline] = {}
@@ -287,14 +290,13 @@ def run_fleet(
 class _Host:
     """A host while the run goes: its engine, the step in flight, whether it is dead."""
 
-    __slots__ = ("name", "engine", "models", "hangs", "hangs_health", "errors", "dead", "step", "cut")
+    __slots__ = ("name", "engine", "models", "faults", "errors", "dead", "step", "cut")
 
     def __init__(self, h: Host) -> None:
         self.name = h.name
         self.engine = h.engine
         self.models = frozenset(h.models)
-        self.hangs = h.faults.hangs(completion=True)
-        self.hangs_health = h.faults.hangs(completion=False)
+        self.faults = h.faults
         self.errors = ErrorSpread(h.faults)
         self.dead = False
         self.step: Step | None = None  # in flight until its end is popped from the agenda
@@ -529,7 +531,7 @@ class _Driver:
             probes = self.probes
             assert probes is not None
             self._schedule(t + probes.interval_s, _PROBE, h)
-            if h.hangs_health and not h.dead:
+            if h.faults.hangs(False, t) and not h.dead:
                 self._schedule(t + probes.timeout_s, _PROBE_TIMEOUT, h)
             else:
                 self._probed(h, not h.dead, t)
@@ -551,23 +553,26 @@ class _Driver:
         t = self.clock.now()
         held = [(rid, lv) for rid, lv in self.live.items() if lv.host is h or lv.hedge is h]
         produced = {rid: h.produced(rid) for rid, _ in held}
+        produced_in_engine = {rid for rid, _ in held if h.engine.has(rid)}
         h.dead = True
         if h.step is not None:
             h.step = None
             self.stepping -= 1
         h.cut.clear()
         h.engine.crash(t)
-        kind = FailureKind.RESET if h.hangs else FailureKind.DISCONNECT
         for rid, lv in held:
             if lv.host is h or lv.hedge is h:  # not moved by what an earlier failure led to
-                self._fail(rid, lv, h, kind, not h.hangs, produced[rid], t)
+                # a request with no engine run there was hung: no response head, its connection reset
+                hung = rid not in produced_in_engine
+                kind = FailureKind.RESET if hung else FailureKind.DISCONNECT
+                self._fail(rid, lv, h, kind, not hung, produced[rid], t)
 
     def _header_deadline(self, rid: str, attempt: int) -> None:
         lv = self.live.get(rid)
         if lv is None:
             return
         for h, n in ((lv.host, lv.attempt), (lv.hedge, lv.hedge_attempt)):
-            if h is not None and n == attempt and h.hangs:
+            if h is not None and n == attempt and not h.engine.has(rid):  # still no answer
                 self._fail(rid, lv, h, HUNG, False, 0, self.clock.now())
 
     def _fail(self, rid: str, lv: _Live, h: _Host, kind: FailureKind, answered: bool, produced: int,
@@ -777,7 +782,7 @@ class _Driver:
         if h.dead:
             self._fail(rid, lv, h, FailureKind.CONNECT, False, 0, t)
             return False
-        if h.hangs:
+        if h.faults.hangs(True, t):
             self._schedule(t + self.header_timeout_s, _HEADER_DEADLINE, _HeaderDeadline(rid, lv.tries))
             return False
         if h.errors.fails(t):

@@ -247,6 +247,10 @@ class Engine:
     def idle(self) -> bool:
         return not self._seqs
 
+    def has(self, req_id: str) -> bool:
+        """Whether `req_id` is in the engine (waiting or running)."""
+        return req_id in self._seqs
+
     def output_tokens(self, req_id: str) -> int:
         """Tokens generated so far by a request in the engine (0 if unknown or not started)."""
         seq = self._seqs.get(req_id)

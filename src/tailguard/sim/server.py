@@ -138,7 +138,7 @@ async def _misbehave(request: web.Request, handler: Handler) -> web.StreamRespon
     server shuts down), a completion drawn to fail gets a 500 before the engine sees it."""
     state = request.app[SIM]
     completion = request.path in _COMPLETIONS
-    if state.faults.hangs(completion):
+    if state.faults.hangs(completion, state.clock.now()):
         with contextlib.suppress(web.HTTPException, web.RequestPayloadError):
             await request.read()
         await state.closed.wait()

@@ -106,6 +106,9 @@ async def _step_forever(state: SimState) -> None:
     engine, clock, metrics = state.engine, state.clock, state.metrics
     t = clock.now()
     while True:
+        if state.faults.stalls(clock.now()):
+            await state.closed.wait()  # wedged: streams stay open with nothing more until shutdown
+            return
         if engine.idle():
             state.kick.clear()
             await state.kick.wait()

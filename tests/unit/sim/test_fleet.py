@@ -123,7 +123,7 @@ def test_a_dying_engine_fails_what_it_holds_and_the_front_decides_what_goes_agai
 
 def test_a_hung_host_fails_each_request_at_the_header_deadline_and_it_goes_elsewhere() -> None:
     f = fleet_front(("ok", 8), ("hung", 8))
-    hosts = [Host("ok", Engine(CFG)), Host("hung", Engine(CFG), faults=Faults(hang="hang-completions"))]
+    hosts = [Host("ok", Engine(CFG)), Host("hung", Engine(CFG), faults=Faults(fault="hang-completions"))]
     arrivals = [Arrival(f"r{i}", 0.1 * i, 50, 10) for i in range(10)]
     tls = run_fleet(hosts, arrivals, VirtualClock(), f, header_timeout_s=2.0, record_tokens=True)
     assert all(tl.outcome is Outcome.SUCCESS and tl.backend == "ok" and whole(tl) for tl in tls)
@@ -171,7 +171,7 @@ def test_probes_take_a_dead_host_out_before_any_request_and_bring_it_back_when_i
     hung on everything times out each probe."""
     f = fleet_front(("a", 4), ("b", 4), ("h", 4))
     hosts = [Host("a", Engine(CFG)), Host("b", Engine(CFG), dies_at=1.0, revives_at=20.0),
-             Host("h", Engine(CFG), faults=Faults(hang="hang"))]
+             Host("h", Engine(CFG), faults=Faults(fault="hang"))]
     arrivals = [Arrival(f"r{i}", 7.0 + 0.5 * i, 20, 5) for i in range(40)]
     tls = run_fleet(hosts, arrivals, VirtualClock(), f, probes=Probing(interval_s=2.0, timeout_s=0.5))
     assert all(tl.outcome is Outcome.SUCCESS and tl.failures == 0 for tl in tls)
@@ -222,6 +222,8 @@ def test_a_fleet_must_match_the_front_and_faults_need_one() -> None:
         run_fleet([Host("a", Engine(CFG))], [], VirtualClock(), fleet_front(("a", 1), ("b", 1)))
     with pytest.raises(ValueError, match="without a front"):
         run_fleet([Host("a", Engine(CFG), dies_at=1.0)], [], VirtualClock())
+    with pytest.raises(ValueError, match="stall: not modeled"):
+        run_fleet([Host("a", Engine(CFG), faults=Faults(fault="stall"))], [], VirtualClock(), fleet_front(("a", 1)))
     with pytest.raises(ValueError, match="only after it dies"):
         run_fleet([Host("a", Engine(CFG), revives_at=1.0)], [], VirtualClock(), fleet_front(("a", 1)))
     with pytest.raises(ValueError, match="distinct names"):
