@@ -32,7 +32,7 @@ class _Recorded(Front):
         self.probed: list[tuple[float, Probed]] = []
         self.health: list[tuple[float, HealthChanged]] = []
         self.ejected: list[tuple[int, Ejected]] = []  # with how many Starts came before it
-        self.hedges: list[Hedge | Drop] = []
+        self.hedge_decisions: list[Hedge | Drop] = []
 
     def handle(self, event: Event, now: float, *, preempt: bool = True) -> Sequence[Decision]:
         if isinstance(event, Failed):
@@ -46,7 +46,7 @@ class _Recorded(Front):
             elif isinstance(d, Ejected):
                 self.ejected.append((len(self.starts), d))
             elif isinstance(d, Hedge | Drop):
-                self.hedges.append(d)
+                self.hedge_decisions.append(d)
         self.health += [(now, d) for d in out if isinstance(d, HealthChanged)]
         return out
 
@@ -206,13 +206,13 @@ def test_a_hedge_runs_beside_the_first_attempt_and_the_first_to_stream_wins() ->
     tls = run_fleet(hosts, [Arrival(f"r{i}", 0.3 * i, 200, 20) for i in range(30)], VirtualClock(), f,
                     record_tokens=True)
     assert all(tl.outcome is Outcome.SUCCESS and tl.output_tokens == 20 and whole(tl) for tl in tls)
-    hedged = {d.id for d in f.hedges if isinstance(d, Hedge)}
-    drops = [d for d in f.hedges if isinstance(d, Drop)]
+    hedged = {d.id for d in f.hedge_decisions if isinstance(d, Hedge)}
+    drops = [d for d in f.hedge_decisions if isinstance(d, Drop)]
     assert hedged and sorted(d.id for d in drops) == sorted(hedged)  # one loser each
     assert {tl.id for tl in tls if tl.hedges} == hedged and all(tl.hedges <= 1 for tl in tls)
     loser = {d.id: d.backend for d in drops}
     assert all(tl.backend != loser[tl.id] for tl in tls if tl.id in hedged)  # served by the winner
-    assert {d.backend for d in f.hedges if isinstance(d, Hedge)} == {"fast"}  # only the slow one's chats wait
+    assert {d.backend for d in f.hedge_decisions if isinstance(d, Hedge)} == {"fast"}  # only the slow one's chats wait
     # each losing attempt was stopped in its engine at once
     assert sum(h.engine.finished_total["abort"] for h in hosts) == len(hedged)
 
