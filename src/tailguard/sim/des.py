@@ -388,6 +388,7 @@ class _Driver:
             if probes is not None:
                 self._schedule(clock.now(), _PROBE, host)
         self.stepping = 0  # hosts with a step in flight
+        self.alive = len(hosts)  # hosts not dead: while all of them are stepping, none can begin a step
         self.waiting: dict[str, Arrival] = {}  # in the front, waiting for a Start
         self.max_model_len = max(h.engine.config.max_model_len for h in hosts)
         self.live: dict[str, _Live] = {}  # front-dispatched requests not ended
@@ -427,17 +428,24 @@ class _Driver:
         (a request arriving as its queue bound passes is still counted), and both before a step's
         end."""
         pending, agenda, front, clock = self.pending, self.agenda, self.front, self.clock
+        inf, heappop = math.inf, heapq.heappop
         self._tell_served()
         while True:
+            # The hot loop: locals and plain comparisons (a DES run takes millions of turns).
             now = clock.now()
-            t_arr = pending[0][0] if pending else math.inf
-            wake = front.next_wakeup() if front is not None else None
-            t_wake = math.inf if wake is None else max(wake, now)
-            t_ag = agenda[0][0] if agenda else math.inf
-            t = min(t_arr, t_wake, t_ag)
-            if t > now and self._begin_steps(now):
+            t = t_arr = pending[0][0] if pending else inf
+            t_wake = inf
+            if front is not None:
+                wake = front.next_wakeup()
+                if wake is not None:
+                    t_wake = wake if wake > now else now
+                    if t_wake < t:
+                        t = t_wake
+            if agenda and agenda[0][0] < t:
+                t = agenda[0][0]
+            if t > now and self.stepping < self.alive and self._begin_steps(now):
                 continue
-            if t == math.inf:
+            if t == inf:
                 if front is not None and len(front):
                     raise RuntimeError("requests are stuck in the front with every engine idle")
                 return
@@ -445,9 +453,9 @@ class _Driver:
             if t_wake == t and (not self.stepping or t_arr > t):
                 self._tick()
             elif t_arr == t:
-                self._arrive(heapq.heappop(pending)[2])
+                self._arrive(heappop(pending)[2])
             else:
-                _, order, _, what = heapq.heappop(agenda)
+                _, order, _, what = heappop(agenda)
                 if isinstance(what, _StepEnd):
                     if what.host.step is what.step:  # not a step its host's death discarded
                         self._step_ended(what.host, what.step, t)
@@ -525,6 +533,7 @@ class _Driver:
             self._die(h)
         elif order == _REVIVAL:
             h.dead = False
+            self.alive += 1
         elif order == _PROBE_TIMEOUT:
             self._probed(h, False, t)
         else:
@@ -555,6 +564,7 @@ class _Driver:
         produced = {rid: h.produced(rid) for rid, _ in held}
         produced_in_engine = {rid for rid, _ in held if h.engine.has(rid)}
         h.dead = True
+        self.alive -= 1
         if h.step is not None:
             h.step = None
             self.stepping -= 1
