@@ -22,6 +22,7 @@ from tailguard.errors import APIError, NotFound, Overloaded, RateLimited
 from tailguard.front.events import (
     Arrive, Close, Decision, Drop, Ejected, Event, Failed, Finished, FirstContent, Generated, HealthChanged, Hedge,
     KindLearned, Loaded, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend, Tick,
+    Wait,
 )
 from tailguard.front.front import Front
 from tailguard.front.params import FrontParams
@@ -130,15 +131,15 @@ class Dispatcher:
         ticket.upstream_opened(on_suspend)
         self._handle(Opened(ticket.id))
 
-    def failed(self, ticket: Request, kind: FailureKind, *, delivered: bool, answered: bool) -> Start | None:
+    def failed(self, ticket: Request, kind: FailureKind, *, delivered: bool, answered: bool) -> Start | Wait | None:
         """An attempt failed. The `Start` when the front sends it again (`ticket.backend` then
-        names where; `resumed`: it continues from its text there); None: the caller ends the
-        request."""
+        names where; `resumed`: it continues from its text there); `Wait` when it waits for a
+        backend first (`resume` then returns once it has one); None: the caller ends the request."""
         ticket.upstream_closed()
         decisions = self._handle(Failed(ticket.id, kind, delivered, answered))
         if ticket.hedged is not None:  # its attempt failed while hedged: the hedge's is its own now
             ticket.backend, ticket.hedged = ticket.hedged, None
-        return next((d for d in decisions if isinstance(d, Start) and d.id == ticket.id), None)
+        return next((d for d in decisions if isinstance(d, (Start, Wait)) and d.id == ticket.id), None)
 
     def hedges(self, cls: str) -> bool:
         """Whether requests of `cls` may be hedged (their exchange races for the first content)."""
@@ -238,6 +239,8 @@ class Dispatcher:
                 self._start(d)
             elif isinstance(d, Suspend):
                 self._suspend(self._tickets[d.id])
+            elif isinstance(d, Wait):
+                self._tickets[d.id].waiter = self._loop.create_future()  # `resume` waits on it
             elif isinstance(d, Hedge):
                 self._hedge(d)
             elif isinstance(d, Drop):

@@ -25,6 +25,7 @@ from tailguard.front.intake import Accepted, OutputEstimator
 from tailguard.front.params import ClassSpec
 from tailguard.front.retry import continues_after
 from tailguard.gateway.config import BackendConfig
+from tailguard.front.events import Wait
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.hedge import Race
 from tailguard.gateway.ops.live import Live
@@ -181,7 +182,7 @@ class Exchange:
                 await self._suspended()
             except RelayError as err:
                 ctx.metrics.upstream_errors.labels(backend.name, err.kind).inc()
-                if not self._again(err.kind, answered=up is not None):
+                if not await self._again(err.kind, answered=up is not None):
                     raise
             except UpstreamStatus as us:
                 if self.sink.started:
@@ -190,7 +191,7 @@ class Exchange:
                 # which also tells the front the backend is alive.
                 return Ending(Outcome.CLIENT_ERROR, us.status, "upstream_4xx", passthrough=us)
             except asyncio.CancelledError:
-                if not self._deadline(backend, answered=up is not None):
+                if not await self._deadline(backend, answered=up is not None):
                     raise  # not ours: the consumer left
             finally:
                 rec.upstream_closed()  # closed below: a suspension has nothing to stop
@@ -224,7 +225,7 @@ class Exchange:
             backend=backend, rank=job.cls.rank, count_tokens=self.rec.progress is not None,
         )
 
-    def _deadline(self, backend: BackendConfig, answered: bool) -> bool:
+    async def _deadline(self, backend: BackendConfig, answered: bool) -> bool:
         """A cancellation arrived. False when it is not a deadline of ours (the consumer left);
         True when the front sends the request again (a server that never even answered); else
         the deadline raises `RelayError`."""
@@ -232,25 +233,39 @@ class Exchange:
         if kind is None:
             return False
         self.ctx.metrics.upstream_errors.labels(backend.name, kind).inc()
-        if self._again(kind, answered):
+        if await self._again(kind, answered):
             return True
         raise RelayError(kind, _TIMEOUT_TEXT[kind].format(backend=backend.name), status=504)
 
-    def _again(self, kind: FailureKind, answered: bool) -> bool:
+    async def _again(self, kind: FailureKind, answered: bool) -> bool:
         """Tell the front the attempt failed; True when it goes again: from the start on a new
         connection (a retry), or (`Start(resumed=True)`) on another backend from the text the
-        consumer already has, since its backend died or stalled mid-answer (a migration)."""
+        consumer already has, since its backend died or stalled mid-answer (a migration). With
+        no backend free for it now, it first waits for one (`Wait`), as a suspension does."""
         old = self.rec.backend
         start = self.ctx.dispatcher.failed(self.rec, kind, delivered=self._delivered(), answered=answered)
         if start is None:
             return False
-        if start.resumed and start.backend != old:
+        if isinstance(start, Wait):
+            await self._waiting()
+            moved = self._delivered()  # the rest of an answer under way, or the whole one afresh
+        else:
+            moved = start.resumed and start.backend != old
+        if moved:
             self.rec.migrations += 1
             self.ctx.metrics.migrations.labels(self.job.cls.name, kind).inc()
             self._continue()
         else:  # a retry, or a continuation's stale connection: the same body on a fresh connection
             self._retried = True
         return True
+
+    async def _waiting(self) -> None:
+        """Wait, holding no slot and with no deadline running, until the front gives it a
+        backend again (`Overloaded` past its wait bound); a stream's client keeps its response."""
+        self._wd.stop()
+        waited_at = monotonic()
+        await self.ctx.dispatcher.resume(self.rec)
+        self._wd.total_at += monotonic() - waited_at
 
     def _continue(self) -> None:
         """The next attempt continues the generation from its text so far (after a suspension or

@@ -50,7 +50,7 @@ from typing import Iterable, Protocol
 from tailguard.clock import VirtualClock
 from tailguard.front.events import (
     Arrive, Decision, Drop, Failed, Finished, FirstContent, Generated, Hedge, Loaded, Opened, Probed, Reject, Served,
-    Start, Suspend, Tick,
+    Start, Suspend, Tick, Wait,
 )
 from tailguard.front.front import Front
 from tailguard.front.intake import Accepted
@@ -607,7 +607,7 @@ class _Driver:
         lv.host = None
         self.waiting[rid] = lv.arrival
         decisions = front.handle(Failed(rid, kind, lv.base_tokens > 0, answered), t, preempt=not self.stepping)
-        if any(isinstance(d, Start) and d.id == rid for d in decisions):
+        if any(isinstance(d, (Start, Wait)) and d.id == rid for d in decisions):  # again, now or once one is free
             self._apply(decisions)
             return
         del self.waiting[rid]
