@@ -14,6 +14,7 @@ written down and replayed (`tailguard serve --record`, `tailguard replay`), and 
     Failed(id, kind, delivered=, answered=)      -> Start again (a retry), HealthChanged, or nothing
     Finished(id, outcome, tokens=)  (once)       -> Start of whoever gets the slot, HealthChanged
     Probed(backend, ok, busy=), KindLearned      -> HealthChanged, Start
+    Observed(backend, ttft_s=, itl_s=)           -> Start when an adaptive cap grew
     Tick()  (at `next_wakeup()`)                 -> Reject(QUEUE_TIMEOUT), Start
     Close()                                      -> Reject(SHUTTING_DOWN) for every queued request
     Reconfigure(params)  (a live reload)         -> Start, Retired
@@ -95,6 +96,18 @@ class Probed:
 
 
 @dataclass(frozen=True, slots=True)
+class Observed:
+    """A request on `backend` showed these latencies: `ttft_s` from its `Start` to its first
+    content (so the gateway's queue wait is never in it), `itl_s` its mean gap between content
+    chunks. Either may be None (no content, one chunk). What an adaptive cap learns from
+    (`front.adaptive`); keyed by backend, like `Probed`, so a late sample is never a wrong event."""
+
+    backend: str
+    ttft_s: float | None = None
+    itl_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class KindLearned:
     """The backend's kind is known: whether it can continue a generation (its requests may then
     be suspended, and it keeps no reserved slots)."""
@@ -120,7 +133,8 @@ class Reconfigure:
     params: FrontParams
 
 
-Event = Arrive | Opened | Generated | Failed | Finished | Probed | KindLearned | Tick | Close | Reconfigure
+Event = (Arrive | Opened | Generated | Failed | Finished | Probed | Observed | KindLearned | Tick | Close
+         | Reconfigure)
 
 # --- decisions ------------------------------------------------------------------------------
 

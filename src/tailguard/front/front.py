@@ -27,8 +27,8 @@ from typing import Any
 
 from tailguard.errors import ConfigError
 from tailguard.front.events import (
-    Arrive, Close, Decision, Event, Failed, Finished, Generated, HealthChanged, KindLearned, Opened, Probed,
-    Reconfigure, Reject, Retired, Start, Suspend, Tick, WrongEvent,
+    Arrive, Close, Decision, Event, Failed, Finished, Generated, HealthChanged, KindLearned, Observed, Opened,
+    Probed, Reconfigure, Reject, Retired, Start, Suspend, Tick, WrongEvent,
 )
 from tailguard.front.limits import CallerLimits, Standing
 from tailguard.front.params import FrontParams
@@ -80,6 +80,7 @@ class BackendView:
     reserved_slots: int
     probed: bool = False  # a probe has answered or failed: its health is known, not assumed
     failures: int = 0  # failed probes and connections in a row
+    cap: int = 0  # the in-flight cap in force: `max_concurrency`, or the adaptive one
 
     @property
     def state(self) -> str:
@@ -113,8 +114,8 @@ class Front:
         # Each event's handler by its type: one dict lookup per event, not a chain of isinstance.
         self._handlers: dict[type, Callable[[Any, float, bool], None]] = {
             Arrive: self._arrive, Opened: self._opened, Generated: self._generated, Failed: self._failed,
-            Finished: self._finished, Probed: self._probed, KindLearned: self._kind_learned, Tick: self._tick,
-            Close: self._close, Reconfigure: self._reconfigure,
+            Finished: self._finished, Probed: self._probed, Observed: self._observed, KindLearned: self._kind_learned,
+            Tick: self._tick, Close: self._close, Reconfigure: self._reconfigure,
         }
 
     # --- the chokepoint ---------------------------------------------------------------------
@@ -172,8 +173,8 @@ class Front:
 
     def backend(self, name: str) -> BackendView:
         s = self._slots[name]
-        return BackendView(s.name, s.healthy, s.retiring, s.in_flight, s.cfg.max_concurrency, s.cfg.reserve(),
-                           s.probed, s.failures)
+        return BackendView(s.name, s.healthy, s.retiring, s.in_flight, s.cfg.max_concurrency, s.cfg.reserve(s.cap),
+                           s.probed, s.failures, s.cap)
 
     def is_healthy(self, backend: str) -> bool:
         return self._slots.is_healthy(backend)
@@ -296,6 +297,11 @@ class Front:
                 self._pump(now, True)
         elif not ev.busy and self._slots.mark_failure(ev.backend):
             self._out.append(HealthChanged(ev.backend, False))
+
+    def _observed(self, ev: Observed, now: float, preempt: bool) -> None:
+        """A latency sample moves an adaptive backend's cap; a cap that grew lets the queue in."""
+        if self._slots.observe(ev.backend, ev.ttft_s, ev.itl_s):
+            self._pump(now, preempt)
 
     def _kind_learned(self, ev: KindLearned, now: float, preempt: bool) -> None:
         """Whether the backend can continue a generation sets its reservation and whether
