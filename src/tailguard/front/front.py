@@ -299,9 +299,11 @@ class Front:
             self._out.append(HealthChanged(ev.backend, False))
 
     def _observed(self, ev: Observed, now: float, preempt: bool) -> None:
-        """A latency sample moves an adaptive backend's cap; a cap that grew lets the queue in."""
+        """A latency sample moves an adaptive backend's cap; a cap that grew lets the queue in.
+        It suspends nothing itself (a preemption is weighed at the next event that may preempt):
+        a sample may come between two ends of one engine step, before the second is told."""
         if self._slots.observe(ev.backend, ev.ttft_s, ev.itl_s):
-            self._pump(now, preempt)
+            self._pump(now, False)
 
     def _kind_learned(self, ev: KindLearned, now: float, preempt: bool) -> None:
         """Whether the backend can continue a generation sets its reservation and whether

@@ -5,7 +5,7 @@ token came, so the front's `Observed` event (`front.adaptive`) needs a witness: 
 is the engine model noting each run's start, first token and finish, and `ObservedFront` is the
 front that is handed those samples as `Observed` just before the next event the run sends it (a
 step's end while requests wait, an arrival, a finish), with their decisions carried out by the
-run like any other. A sample reaches the front at most one engine step after the gateway's own
+run like any other; never before a `Generated`, whose decisions the run drops (it has none). A sample reaches the front at most one engine step after the gateway's own
 dispatcher would send it. Once `sim.des` sends `Observed` itself, this module goes.
 
     engine = ObservingEngine(config)
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tailguard.front.events import Decision, Event, Observed
+from tailguard.front.events import Decision, Event, Generated, Observed
 from tailguard.front.front import Front
 from tailguard.front.params import FrontParams
 from tailguard.sim.cost import EngineConfig
@@ -57,20 +57,37 @@ class ObservingEngine(Engine):
 
 class ObservedFront(Front):
     """A front with one backend, told its engine's latency samples as `Observed` before each
-    event the run hands it."""
+    event the run hands it; `caps` is its cap over the run, (since, cap) at each change."""
 
     def __init__(self, params: FrontParams, engine: ObservingEngine) -> None:
         super().__init__(params)
         self._engine = engine
         self._backend = params.backends[0].name
+        self.caps: list[tuple[float, int]] = [(0.0, self.backend(self._backend).cap)]
 
     def handle(self, event: Event, now: float, *, preempt: bool = True) -> Sequence[Decision]:
         samples = self._engine.samples
-        if not samples:
+        if not samples or type(event) is Generated:  # the run drops what a `Generated` decides (nothing)
             return super().handle(event, now, preempt=preempt)
         out: list[Decision] = []
         for ttft_s, itl_s in samples:
             out.extend(super().handle(Observed(self._backend, ttft_s, itl_s), now, preempt=preempt))
         samples.clear()
+        cap = self.backend(self._backend).cap
+        if cap != self.caps[-1][1]:
+            self.caps.append((now, cap))
         out.extend(super().handle(event, now, preempt=preempt))
         return out
+
+    def mean_cap(self, start: float, end: float) -> float:
+        """The cap's mean over [start, end), weighted by time."""
+        total = 0.0
+        for (t, cap), (t_next, _) in zip(self.caps, [*self.caps[1:], (end, 0)]):
+            total += cap * max(0.0, min(t_next, end) - max(t, start))
+        return total / (end - start)
+
+    def cap_range(self, start: float, end: float) -> tuple[int, int]:
+        """The lowest and highest cap in force during [start, end)."""
+        during = [cap for (t, cap), (t_next, _) in zip(self.caps, [*self.caps[1:], (end, 0)])
+                  if t < end and t_next > start]
+        return min(during), max(during)

@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Sequence
-
 import pytest
 
 from tailguard.clock import VirtualClock
 from tailguard.front.adaptive import AdaptiveParams
-from tailguard.front.events import Decision, Event
 from tailguard.front.front import Front
 from tailguard.front.params import BackendSpec, FrontParams, default_classes
 from tailguard.sim.cost import EngineConfig
@@ -53,33 +50,13 @@ def knee() -> tuple[int, float]:
     return next(c for c, r in zip(caps, rates) if r >= 0.9 * best), best
 
 
-class Traced(ObservedFront):
-    """The front, noting its cap after every event: (now, cap)."""
-
-    def __init__(self, params: FrontParams, engine: ObservingEngine) -> None:
-        super().__init__(params, engine)
-        self.trace: list[tuple[float, int]] = []
-
-    def handle(self, event: Event, now: float, *, preempt: bool = True) -> Sequence[Decision]:
-        out = super().handle(event, now, preempt=preempt)
-        self.trace.append((now, self.backend("engine").cap))
-        return out
-
-
-def settled(trace: list[tuple[float, int]]) -> float:
-    """The cap's time-weighted mean over the second half of the arrivals' window."""
-    points = [(t, c) for t, c in trace if SECONDS / 2 <= t <= SECONDS]
-    total = sum((t2 - t1) * c for (t1, c), (t2, _) in zip(points, points[1:]))
-    return total / (points[-1][0] - points[0][0])
-
-
 @pytest.mark.parametrize("start", [2, 160])
 def test_the_cap_settles_near_the_knee_from_a_low_start_and_a_high_one(start: int) -> None:
     k, best = knee()
     assert k == 56
     engine = ObservingEngine(ENGINE)
-    front = Traced(spec(start, AdaptiveParams(min_cap=1, max_cap=256)), engine)
+    front = ObservedFront(spec(start, AdaptiveParams(min_cap=1, max_cap=256)), engine)
     rate = tokens_per_s(front, engine)
-    level = settled(front.trace)
+    level = front.mean_cap(SECONDS / 2, SECONDS)  # the second half: settled
     assert 0.8 * k <= level <= 1.25 * k, level
     assert rate >= 0.85 * best  # from 2, the climb is in it too
