@@ -7,15 +7,16 @@ to the engine's FCFS queue, where a chat waits behind batch jobs. Arms: fixed ca
 above the engine's batch size, and `adaptive` started low and started high.
 
 - DES: an H100-class engine of 64 sequences (`sim.des` behind the front, the latency samples fed
-  by `sweep.observed`), 60 simulated seconds per load, loads as multiples of what it serves.
-- HTTP: `tailguard sim` (8 sequences, time scale 0.25) behind `tailguard serve --config` with
-  each arm, open-loop load for `--seconds` wall seconds per load; the cap read from /health.
+  by `sweep.observed`), 60 simulated seconds of Poisson arrivals per offered rate.
+- HTTP: `tailguard sim` (8 sequences, time scale 2: the engine at half speed, so that two shared
+  cores can offer it more than it serves) behind `tailguard serve --config` with each arm,
+  open-loop Poisson load for `--seconds` wall seconds per offered rate; the cap read from /health.
 
-Per arm and load: output tokens/s, chat TTFT P50/P99 (from the scheduled send), batch jobs
-served, and for adaptive arms the cap's mean over the second half of the run (DES) or at its end
-(HTTP).
+Per arm and offered rate: requests served and output tokens per second within the arrivals'
+window, chat TTFT P50/P99 (from the scheduled send), refusals, and for adaptive arms the cap's
+mean and range over the second half of the run (DES) or the cap at its end (HTTP).
 
-    .venv/bin/python benchmarks/adaptive_caps.py [--seconds 20] [--skip-http]
+    .venv/bin/python benchmarks/adaptive_caps.py [--seconds 15] [--skip-http]
 
 Writes benchmarks/results/adaptive_caps.{json,md}.
 """
@@ -54,8 +55,7 @@ BATCH_SHARE = 0.2  # of requests
 
 DES_ENGINE = EngineConfig.from_preset("h100-llama8b", max_num_seqs=64)
 DES_SECONDS = 60.0
-DES_CAPACITY = 15.0  # requests/s of this mix the engine serves at most (the fixed-cap sweep's best)
-DES_LOADS = (0.5, 1.0, 2.0, 4.0)
+DES_RATES = (7.5, 15.0, 30.0, 60.0)  # offered requests/s
 # arm -> (the cap it starts at, adaptive or not)
 DES_ARMS = {"fixed 16": (16, False), "fixed 64": (64, False), "fixed 128": (128, False),
             "adaptive from 4": (4, True), "adaptive from 128": (128, True)}
@@ -63,7 +63,8 @@ DES_ARMS = {"fixed 16": (16, False), "fixed 64": (64, False), "fixed 128": (128,
 
 def des_arrivals(rate: float) -> list[Arrival]:
     rng = random.Random(7)
-    out, t = [], 0.0
+    out: list[Arrival] = []
+    t = 0.0
     while (t := t + rng.expovariate(rate)) < DES_SECONDS:
         batch = rng.random() < BATCH_SHARE
         out.append(Arrival(f"r{len(out)}", t, rng.randint(100, 1500), rng.randint(500, 1500) if batch
@@ -87,7 +88,9 @@ def des_run(start: int, adaptive: bool, rate: float) -> dict[str, Any]:
 def des_figures(tls: list[Timeline]) -> dict[str, Any]:
     done = [t for t in tls if t.finished_at is not None and t.output_tokens]
     chat_ttft = [t.ttft_s for t in done if t.cls == "interactive" and t.ttft_s is not None]
-    return {"output_tokens_per_s": sum(t.output_tokens for t in done if t.finished_at <= DES_SECONDS) / DES_SECONDS,  # type: ignore[operator]
+    within = [t for t in done if t.finished_at is not None and t.finished_at <= DES_SECONDS]
+    return {"served_per_s": len(within) / DES_SECONDS,
+            "output_tokens_per_s": sum(t.output_tokens for t in within) / DES_SECONDS,
             "chat_ttft_p50_s": pct(chat_ttft, 0.5) if chat_ttft else None,
             "chat_ttft_p99_s": pct(chat_ttft, 0.99) if chat_ttft else None,
             "chats_served": len(chat_ttft), "batch_served": sum(1 for t in done if t.cls == "batch"),
@@ -96,10 +99,10 @@ def des_figures(tls: list[Timeline]) -> dict[str, Any]:
 
 def des_part() -> dict[str, Any]:
     runs: dict[str, Any] = {}
-    for load in DES_LOADS:
+    for rate in DES_RATES:
         for arm, (start, adaptive) in DES_ARMS.items():
-            key = f"{arm} @ {load:g}x"
-            runs[key] = des_run(start, adaptive, DES_CAPACITY * load)
+            key = f"{arm} @ {rate:g}/s"
+            runs[key] = des_run(start, adaptive, rate)
             print("des", key, json.dumps(runs[key]), flush=True)
     return runs
 
@@ -107,9 +110,8 @@ def des_part() -> dict[str, Any]:
 # --- HTTP -------------------------------------------------------------------------------------
 
 HTTP_SLOTS = 8
-HTTP_SCALE = 0.25
-HTTP_CAPACITY = 14.0  # requests/s of this mix (measured: 8 sequences, time scale 0.25; see the .md)
-HTTP_LOADS = (1.0, 3.0)
+HTTP_SCALE = 2.0
+HTTP_RATES = (5.0, 15.0, 30.0)  # offered requests/s
 HTTP_ARMS = {"fixed 4": (4, False), "fixed 8": (8, False), "fixed 32": (32, False),
              "adaptive from 2": (2, True), "adaptive from 32": (32, True)}
 CHAT_TOKENS, BATCH_TOKENS = 32, 256
@@ -138,8 +140,9 @@ async def http_offer(url: str, rate: float, seconds: float) -> dict[str, Any]:
         async with s.get(url + "/health") as r:
             cap = (await r.json())["backends"]["sim"]["cap"]
     ok = [r for r in out if r.status == 200 and r.error is None]
+    within = [r for r in ok if r.end is not None and r.scheduled + r.end <= seconds]
     chat_ttft = [r.ttft for r in ok if r.cls == "interactive" and r.ttft is not None]
-    return {"output_tokens_per_s": sum(r.tokens for r in ok) / seconds,
+    return {"served_per_s": len(within) / seconds, "output_tokens_per_s": sum(r.tokens for r in within) / seconds,
             "chat_ttft_p50_s": pct(chat_ttft, 0.5) if chat_ttft else None,
             "chat_ttft_p99_s": pct(chat_ttft, 0.99) if chat_ttft else None,
             "chats_served": len(chat_ttft), "batch_served": sum(1 for r in ok if r.cls == "batch"),
@@ -155,7 +158,7 @@ async def http_part(seconds: float) -> dict[str, Any]:
            "--time-scale", str(HTTP_SCALE)]
     runs: dict[str, Any] = {}
     async with spawned(sim, sim_url + "/health", logs / "sim.log"):
-        for load in HTTP_LOADS:
+        for rate in HTTP_RATES:
             for arm, (start, adaptive) in HTTP_ARMS.items():
                 port = free_port()
                 cfg = logs / f"{arm.replace(' ', '-')}.yaml"
@@ -163,8 +166,8 @@ async def http_part(seconds: float) -> dict[str, Any]:
                 url = f"http://127.0.0.1:{port}"
                 args = ["serve", "--config", str(cfg), "--state-dir", str(logs / "state")]
                 async with spawned(args, url + "/health", logs / f"{arm.replace(' ', '-')}-gateway.log"):
-                    key = f"{arm} @ {load:g}x"
-                    runs[key] = await http_offer(url, HTTP_CAPACITY * load, seconds)
+                    key = f"{arm} @ {rate:g}/s"
+                    runs[key] = await http_offer(url, rate, seconds)
                     print("http", key, json.dumps(runs[key]), flush=True)
     return runs
 
@@ -176,20 +179,22 @@ def write(args: argparse.Namespace, des: dict[str, Any], http: dict[str, Any]) -
            "des": des, "http": http, "python": platform.python_version()}
     (RESULTS / "adaptive_caps.json").write_text(json.dumps(doc, indent=2) + "\n")
     lines = ["# Adaptive against fixed in-flight caps", "", f"`.venv/bin/python {doc['command']}`", "",
-             f"Chats ({100 * (1 - BATCH_SHARE):.0f}%) and preemptible batch jobs, Poisson arrivals. Chat TTFT "
-             "from the scheduled send; tokens/s over the run's window.", "",
-             f"## DES: an H100-class engine of 64 sequences, {DES_SECONDS:g} simulated s per load "
-             f"(1x = {DES_CAPACITY:g} requests/s)", "", *table(des, "cap (2nd half: mean, range)"), "",
+             f"Chats ({100 * (1 - BATCH_SHARE):.0f}%) and preemptible batch jobs, Poisson arrivals at the offered "
+             "rate (arm @ requests/s). Served/s and tokens/s: what finished within the arrivals' window; chats and "
+             "batch jobs: how many were served in all (the queue drains after the window); chat TTFT from the "
+             "scheduled send.", "",
+             f"## DES: an H100-class engine of 64 sequences, {DES_SECONDS:g} simulated s per rate", "",
+             *table(des, "cap (2nd half: mean, range)"), "",
              f"## HTTP: `tailguard sim` of {HTTP_SLOTS} sequences at time scale {HTTP_SCALE:g}, {args.seconds:g} wall s "
-             f"per load (1x = {HTTP_CAPACITY:g} requests/s)", "",
+             "per rate", "",
              *(table(http, "cap at the end") if http else ["(skipped)"])]
     (RESULTS / "adaptive_caps.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
 def table(runs: dict[str, Any], cap_head: str) -> list[str]:
-    out = [f"| arm @ load | tokens/s | chat TTFT P50 | chat TTFT P99 | chats | batch jobs | refused | {cap_head} |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    out = [f"| arm @ offered | served/s | tokens/s | chat TTFT P50 | chat TTFT P99 | chats | batch jobs | refused | "
+           f"{cap_head} |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for key, r in runs.items():
         cap = "-"
         if "cap_mean_2nd_half" in r:
@@ -197,7 +202,7 @@ def table(runs: dict[str, Any], cap_head: str) -> list[str]:
             cap = f"{r['cap_mean_2nd_half']:.1f} ({lo}-{hi})"
         elif "cap_at_end" in r and key.startswith("adaptive"):
             cap = str(r["cap_at_end"])
-        out.append(f"| {key} | {r['output_tokens_per_s']:.0f} | {_f(r['chat_ttft_p50_s'])} | "
+        out.append(f"| {key} | {r['served_per_s']:.1f} | {r['output_tokens_per_s']:.0f} | {_f(r['chat_ttft_p50_s'])} | "
                    f"{_f(r['chat_ttft_p99_s'])} | {r['chats_served']} | {r['batch_served']} | {r['refused']} | {cap} |")
     return out
 
@@ -208,7 +213,7 @@ def _f(v: float | None) -> str:
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seconds", type=float, default=20.0, help="wall seconds per HTTP load")
+    p.add_argument("--seconds", type=float, default=15.0, help="wall seconds per HTTP rate")
     p.add_argument("--skip-http", action="store_true")
     return p.parse_args()
 
