@@ -8,14 +8,15 @@ written down and replayed (`tailguard serve --record`, `tailguard replay`), and 
 `../shared/style.md` 1.6).
 
     events in                                       decisions out
-    Arrive(id, cls, est_tokens, ...)             -> Start | Reject (refused on arrival)
+    Arrive(id, cls, est_tokens, model=, prefix=) -> Start | Reject (refused on arrival)
     Opened(id)    (its upstream is open)         -> Suspend of a victim, Start of the waiter
     Generated(id, tokens)  (preemptible only)    -> nothing: what a preemption weighs
-    Failed(id, kind, delivered=, answered=)      -> Start again (a retry), HealthChanged, or nothing
+    Failed(id, kind, delivered=, answered=)      -> Start again (a retry), Ejected, or nothing
     Finished(id, outcome, tokens=)  (once)       -> Start of whoever gets the slot, HealthChanged
     Probed(backend, ok, busy=), KindLearned      -> HealthChanged, Start
     Observed(backend, ttft_s=, itl_s=)           -> Start when an adaptive cap grew
-    Tick()  (at `next_wakeup()`)                 -> Reject(QUEUE_TIMEOUT), Start
+    Served(backend, models), Loaded(backend, n)  -> Start (what it serves, the engine's own load)
+    Tick()  (at `next_wakeup()`)                 -> Reject(QUEUE_TIMEOUT), Readmitted, Start
     Close()                                      -> Reject(SHUTTING_DOWN) for every queued request
     Reconfigure(params)  (a live reload)         -> Start, Retired
 """
@@ -36,7 +37,9 @@ class Arrive:
     """A request of class `cls` and job size `est_tokens` (prompt + output estimate) arrives.
     `resumable`: its output can be continued from its text, so it may be suspended if its class
     is preemptible; `max_tokens`: its output budget (what a preemption weighs); `caller`: whose
-    request it is (an API key's name), refused while over its limits (`front.limits`)."""
+    request it is (an API key's name), refused while over its limits (`front.limits`); `model`:
+    the model it names (after aliases; None: any backend may serve it); `prefix`: its prompt's
+    chained block hashes, for prefix-affine routing (`front.prefix`)."""
 
     id: str
     cls: str
@@ -44,6 +47,8 @@ class Arrive:
     resumable: bool = False
     max_tokens: int | None = None
     caller: str | None = None
+    model: str | None = None
+    prefix: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +122,24 @@ class KindLearned:
 
 
 @dataclass(frozen=True, slots=True)
+class Served:
+    """The models `backend` lists at its /v1/models (None: it could not be read, so any model
+    may go there unless its config names its models)."""
+
+    backend: str
+    models: tuple[str, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """The engine behind `backend` reports `queued` requests running and waiting (its own
+    metrics page): work the router weighs beside the gateway's own, while the reading is fresh."""
+
+    backend: str
+    queued: int
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed (the driver's timer at `next_wakeup()`): queue bounds are checked."""
 
@@ -133,8 +156,8 @@ class Reconfigure:
     params: FrontParams
 
 
-Event = (Arrive | Opened | Generated | Failed | Finished | Probed | Observed | KindLearned | Tick | Close
-         | Reconfigure)
+Event = (Arrive | Opened | Generated | Failed | Finished | Probed | Observed | KindLearned | Served | Loaded | Tick
+         | Close | Reconfigure)
 
 # --- decisions ------------------------------------------------------------------------------
 
@@ -174,6 +197,25 @@ class HealthChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class Ejected:
+    """`backend` failed `failures` attempts in a row (the last as `kind`) and takes no request
+    for `for_s` (`front.ejection`): the `times`-th time."""
+
+    backend: str
+    for_s: float
+    failures: int
+    kind: FailureKind
+    times: int
+
+
+@dataclass(frozen=True, slots=True)
+class Readmitted:
+    """`backend`'s ejection is over: it takes requests again."""
+
+    backend: str
+
+
+@dataclass(frozen=True, slots=True)
 class Retired:
     """A backend a reload removed has no request left and has left the front: the driver may
     forget it (its probes, metrics, connections)."""
@@ -181,7 +223,7 @@ class Retired:
     backend: str
 
 
-Decision = Start | Suspend | Reject | HealthChanged | Retired
+Decision = Start | Suspend | Reject | HealthChanged | Ejected | Readmitted | Retired
 
 
 class WrongEvent(TailguardError):

@@ -15,6 +15,7 @@ from typing import Literal
 from tailguard.front.adaptive import AdaptiveParams
 
 CapMode = Literal["clamp", "reject"]
+RoutingPolicy = Literal["prefix-affinity", "least-tokens", "p2c", "round-robin"]
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]  # OpenAI's
 
 
@@ -36,6 +37,7 @@ class ClassSpec:
     max_tokens_cap: int | None = None  # the largest output limit a request may ask for
     cap_mode: CapMode = "clamp"  # over the cap: lowered to it, or refused with a 400
     max_prompt_tokens: int | None = None  # a larger (estimated) prompt is refused with a 400
+    pools: tuple[str, ...] = ()  # backend pools its requests may use, tried in order (empty: every pool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,8 @@ class BackendSpec:
     continues: bool = False
     reserved_slots: int | None = None
     adaptive: AdaptiveParams | None = None
+    models: tuple[str, ...] = ()  # the models it serves as configured (empty: as its /v1/models says, or any)
+    pool: str = "default"
 
     def reserve(self, cap: int | None = None) -> int:
         """Slots kept for the top rank out of `cap` in flight (default `max_concurrency`; an
@@ -93,6 +97,45 @@ class HealthParams:
 
     unhealthy_after: int = 3
     healthy_after: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingParams:
+    """Where a request goes among the backends that may take it (`tailguard.front.router`).
+
+    `prefix-affinity` sends requests that share a leading prompt to the instance that served it
+    last (its prefix cache holds it), as long as that instance is not loaded past
+    `balance_factor` x the least loaded plus `balance_slack` requests' worth; a prompt of which no
+    instance holds `min_prefix_share` is routed as `least-tokens` would (SGLang's `cache_aware`
+    does alike, with a radix tree per worker). `least-tokens`: the least outstanding estimated
+    tokens per unit of capacity; `p2c`: the lesser of two drawn at random; `round-robin`."""
+
+    policy: RoutingPolicy = "prefix-affinity"
+    min_prefix_share: float = 0.5
+    balance_factor: float = 1.5
+    balance_slack: float = 2.0
+    index_blocks: int = 1 << 16  # prefix blocks remembered, least recently used dropped first
+    engine_load_ttl_s: float = 15.0  # an engine's own load reading older than this counts as none
+    slow_factor: float = 2.0  # a backend this much slower per token than its peers' median gets less work
+    slow_min_samples: int = 3  # requests its speed must be measured over first
+    slow_ttl_s: float = 60.0  # a speed not measured again within this is forgotten (tried afresh)
+    seed: int = 0  # of p2c's draws: the same events give the same choices
+
+
+@dataclass(frozen=True, slots=True)
+class EjectionParams:
+    """Passive health (Envoy's outlier detection): `consecutive_failures` failed attempts in a row
+    on one backend (refused or timed-out connections, 5xx, a response head that never came) eject
+    it for `base_s` x the times it was ejected (at most `max_s`); at most `max_ejected_share` of a
+    pool is out at once (one always may be), and when fewer than `panic_threshold` of the healthy
+    backends a request may use are left, ejections are ignored for it (Envoy's panic mode)."""
+
+    enabled: bool = True
+    consecutive_failures: int = 3
+    base_s: float = 30.0
+    max_s: float = 300.0
+    max_ejected_share: float = 0.5
+    panic_threshold: float = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +173,8 @@ class FrontParams:
     health: HealthParams = field(default_factory=HealthParams)
     retry: RetryParams = field(default_factory=RetryParams)
     callers: Sequence[CallerSpec] = ()
+    routing: RoutingParams = field(default_factory=RoutingParams)
+    ejection: EjectionParams = field(default_factory=EjectionParams)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,12 +190,13 @@ class KeySpec:
 class IntakeParams:
     """How a request becomes a job (`tailguard.front.intake`): the classes with their caps, the
     class of a request nothing else classifies, the overrides of OpenAI's `service_tier` -> class
-    mapping, and the client API keys."""
+    mapping, the client API keys and the model aliases."""
 
     classes: Sequence[ClassSpec]
     default_class: str = "interactive"
     service_tier_map: Mapping[ServiceTier, str] = field(default_factory=dict)
     keys: Mapping[str, KeySpec] = field(default_factory=dict)
+    aliases: Mapping[str, str] = field(default_factory=dict)  # model name a client uses -> the served one
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,8 @@ is closed before the retry is sent. Where it goes depends on how it failed:
 - `reset`, `disconnect`: the connection broke before an answer (typically a pooled keep-alive
   connection the server had just closed). The server itself may be fine, so the same backend is
   tried once more on a fresh connection, even when it is the only one; then another.
-- `connect`, `timeout_connect`, `status` (a 5xx or 429 before streaming), and a first-token
-  deadline that passed with not even response headers (`answered` False: a hung server): that
+- `connect`, `timeout_connect`, `status` (a 5xx or 429 before streaming), and a response-head or
+  first-token deadline that passed with not even response headers (`answered` False: a hung server): that
   backend refused or is down; another backend is tried, never the same.
 - anything else (deadlines once the engine answered, protocol errors, an error event): not
   retried, since the engine may have done the work.
@@ -25,8 +25,9 @@ from tailguard.types import FailureKind
 
 _SAME_BACKEND = frozenset({FailureKind.RESET, FailureKind.DISCONNECT})
 _OTHER_BACKEND = _SAME_BACKEND | {FailureKind.CONNECT, FailureKind.TIMEOUT_CONNECT, FailureKind.STATUS}
-# Failures that count against a backend's health (as a failed probe does).
-_HEALTH = frozenset({FailureKind.CONNECT, FailureKind.TIMEOUT_CONNECT})
+# Failures that count toward ejecting a backend (`front.ejection`): what a dead, hung or broken
+# host does, never what a busy one does.
+_HEALTH = frozenset({FailureKind.CONNECT, FailureKind.TIMEOUT_CONNECT, FailureKind.STATUS})
 
 
 class Retry(enum.Enum):
@@ -38,8 +39,8 @@ class Retry(enum.Enum):
 
 
 def _hung(kind: FailureKind, answered: bool) -> bool:
-    """The first-token deadline passed without even a response head: the server is hung."""
-    return kind is FailureKind.TIMEOUT_FIRST_TOKEN and not answered
+    """No response head within its deadline (or the first-token one): the server is hung."""
+    return kind is FailureKind.TIMEOUT_HEADER or (kind is FailureKind.TIMEOUT_FIRST_TOKEN and not answered)
 
 
 def retry_of(kind: FailureKind, delivered: bool, answered: bool) -> Retry:
@@ -54,7 +55,7 @@ def retry_of(kind: FailureKind, delivered: bool, answered: bool) -> Retry:
 
 
 def hurts_health(kind: FailureKind, answered: bool) -> bool:
-    """Whether the failure counts against its backend's health, as a failed probe does."""
+    """Whether the failure counts toward ejecting its backend."""
     return kind in _HEALTH or _hung(kind, answered)
 
 

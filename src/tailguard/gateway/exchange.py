@@ -29,6 +29,7 @@ from tailguard.gateway.sink import ClientGone, Sink
 from tailguard.gateway.upstream.assemble import Assembler
 from tailguard.gateway.upstream.client import RelayError, Suspended, Upstream, UpstreamStatus, upstream_body
 from tailguard.gateway.upstream.h1 import H1Response
+from tailguard.gateway.upstream.kinds import get_kind
 from tailguard.gateway.upstream.resume import continuation_body
 from tailguard.gateway.upstream.stream import StreamRelay
 from tailguard.gateway.upstream.tally import Tally
@@ -37,6 +38,7 @@ from tailguard.types import FailureKind, Outcome
 from tailguard.wire.openai import Endpoint, ParsedRequest
 
 _TIMEOUT_TEXT = {
+    FailureKind.TIMEOUT_HEADER: "Backend '{backend}' sent no response head within its deadline.",
     FailureKind.TIMEOUT_FIRST_TOKEN: "Backend '{backend}' produced no token within the first-token deadline.",
     FailureKind.TIMEOUT_IDLE: "Backend '{backend}' stalled longer than the idle deadline between chunks.",
     FailureKind.TIMEOUT_TOTAL: "The request to backend '{backend}' exceeded the total deadline.",
@@ -133,11 +135,14 @@ class Exchange:
         while True:
             backend = ctx.backends[rec.backend]
             body = self._body(backend)
-            self._wd.start_attempt(monotonic() + self._to.first_token_s)
+            now = monotonic()
+            head_late = get_kind(backend.kind).head_with_first_token
+            self._wd.start_attempt(now + self._to.first_token_s, None if head_late else now + self._to.header_s)
             up = None
             try:
                 up = await ctx.upstream.open(backend, job.endpoint, body, job.req_id, self._to.connect_s,
                                              fresh=self._retried)
+                self._wd.answered()
                 rec.upstream_headers_at = monotonic()
                 if rec.progress is not None:
                     ctx.dispatcher.upstream_open(rec, up.close)

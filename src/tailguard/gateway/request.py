@@ -37,6 +37,7 @@ class Request:
     arrived_at: float
     cls: str = NO_CLASS
     caller: str | None = None  # its API key's name, when keys are configured
+    model: str | None = None  # the model it names (an alias resolved)
     rate_headers: dict[str, str] | None = None  # where the caller's limits stand (x-ratelimit-*)
     # From the front's decisions.
     backend: str = "-"

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from tailguard.front.events import (
-    Arrive, Failed, Finished, HealthChanged, Opened, Probed, Reconfigure, Reject, Retired, Start, Suspend, Tick,
+    Arrive, Ejected, Failed, Finished, HealthChanged, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Start,
+    Suspend, Tick,
 )
 from tailguard.front.front import Front
 from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, PreemptionParams
@@ -65,7 +66,7 @@ class Driver:
                 assert d.backend not in self.configured and d.backend not in self.running.values(), d
                 self.retired.append(d.backend)
             else:
-                assert isinstance(d, HealthChanged)
+                assert isinstance(d, (HealthChanged, Ejected, Readmitted))
 
     def check(self) -> None:
         backends = {b.name: b for b in self.front.backends()}

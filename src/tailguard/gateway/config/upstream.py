@@ -15,6 +15,13 @@ class TimeoutsConfig(_Model):
     """Deadlines per phase of a request once it leaves the gateway's queue."""
 
     connect_s: float = Field(default=5.0, gt=0, description="Opening the upstream connection and sending the request.")
+    header_s: float = Field(
+        default=5.0, gt=0,
+        description="From sending upstream to the response head. A host that accepts connections and never "
+        "answers is caught here and its request goes to another backend before any byte reached the client; "
+        "a busy engine sends its head at once and waits for its first token under `first_token_s`. Not "
+        "applied to llama.cpp's server, which sends its head only with the first token.",
+    )
     first_token_s: float = Field(
         default=120.0, gt=0,
         description="From sending upstream to the first chunk carrying generated content (the role-only chunk does not count; covers a long prompt's prefill).",

@@ -159,8 +159,14 @@ class GatewayMetrics:
             "tailguard_preemptions", "Running requests suspended to free a slot for higher-priority work "
             "(each is resumed later where it stopped).", ["class"], registry=r)
         self.backend_healthy = Gauge(
-            "tailguard_backend_healthy", "1 if the last health probes of a backend succeeded.", ["backend"],
-            registry=r)
+            "tailguard_backend_healthy", "1 if a backend takes requests: its health probes succeed and it is "
+            "not ejected.", ["backend"], registry=r)
+        self.health_changes = Counter(
+            "tailguard_backend_health_changes", "Changes of a backend's health, each once: `unhealthy` and `healthy` "
+            "(active probes), `ejected` and `readmitted` (passive).", ["backend", "to"], registry=r)
+        self.ejections = Counter(
+            "tailguard_backend_ejections", "Backends taken out for a while after failing requests in a row "
+            "(passive health), by the kind of the last failure.", ["backend", "kind"], registry=r)
         self.engine_requests = Gauge(
             "tailguard_backend_engine_requests", "Requests the engine itself reports running and waiting "
             "(its own load page, read with each health probe); waiting above 0 means the gateway's cap is "
