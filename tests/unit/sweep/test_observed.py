@@ -16,8 +16,8 @@ from tailguard.sim.cost import EngineConfig
 from tailguard.sim.des import Arrival, run
 from tailguard.sweep.observed import ObservedFront, ObservingEngine
 
-# An H100-class engine that runs 64 sequences at once, under 60 chats/s: about four times what it
-# serves, so the gateway's queue never empties and the cap is what decides.
+# An H100-class engine that runs 64 sequences at once, under 60 chats/s: three times the 19-20 a
+# second it serves, so the gateway's queue never empties and the cap is what decides.
 ENGINE = EngineConfig.from_preset("h100-llama8b", max_num_seqs=64)
 RATE, SECONDS = 60.0, 60.0
 
