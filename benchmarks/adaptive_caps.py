@@ -185,8 +185,8 @@ def write(args: argparse.Namespace, des: dict[str, Any], http: dict[str, Any]) -
              "scheduled send.", "",
              f"## DES: an H100-class engine of 64 sequences, {DES_SECONDS:g} simulated s per rate", "",
              *table(des, "cap (2nd half: mean, range)"), "",
-             f"## HTTP: `tailguard sim` of {HTTP_SLOTS} sequences at time scale {HTTP_SCALE:g}, {args.seconds:g} wall s "
-             "per rate", "",
+             f"## HTTP: `tailguard sim` of {HTTP_SLOTS} sequences at time scale {HTTP_SCALE:g}, "
+             f"{args.seconds:g} wall s per rate", "",
              *(table(http, "cap at the end") if http else ["(skipped)"])]
     (RESULTS / "adaptive_caps.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
