@@ -12,11 +12,12 @@ written down and replayed (`tailguard serve --record`, `tailguard replay`), and 
     Opened(id)    (its upstream is open)         -> Suspend of a victim, Start of the waiter
     Generated(id, tokens)  (preemptible only)    -> nothing: what a preemption weighs
     Failed(id, kind, delivered=, answered=)      -> Start again (a retry), Ejected, or nothing
+    FirstContent(id, backend)                    -> Drop of a hedge's other attempt
     Finished(id, outcome, tokens=)  (once)       -> Start of whoever gets the slot, HealthChanged
     Probed(backend, ok, busy=), KindLearned      -> HealthChanged, Start
     Observed(backend, ttft_s=, itl_s=)           -> Start when an adaptive cap grew
     Served(backend, models), Loaded(backend, n)  -> Start (what it serves, the engine's own load)
-    Tick()  (at `next_wakeup()`)                 -> Reject(QUEUE_TIMEOUT), Readmitted, Start
+    Tick()  (at `next_wakeup()`)                 -> Reject(QUEUE_TIMEOUT), Readmitted, Hedge, Start
     Close()                                      -> Reject(SHUTTING_DOWN) for every queued request
     Reconfigure(params)  (a live reload)         -> Start, Retired
 """
@@ -72,12 +73,24 @@ class Failed:
     """An attempt failed as `kind`. `delivered`: some of its answer already reached the consumer
     (it can never be retried); `answered`: the engine sent its response head (it accepted the
     request, so a deadline after that is not a hung server). The front decides from these whether
-    it goes again (a `Start`) or the driver ends it with `Finished`."""
+    it goes again (a `Start`) or the driver ends it with `Finished`. `backend`: which attempt
+    failed when the request is hedged (two attempts at once; None: its only one). A hedged
+    request's attempt that fails while the other runs leads to nothing: the other goes on."""
 
     id: str
     kind: FailureKind
     delivered: bool = False
     answered: bool = False
+    backend: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FirstContent:
+    """Request `id`'s first generated content came, from `backend`: its TTFT is a sample of its
+    class's, and if it was hedged, that attempt wins."""
+
+    id: str
+    backend: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,8 +169,8 @@ class Reconfigure:
     params: FrontParams
 
 
-Event = (Arrive | Opened | Generated | Failed | Finished | Probed | Observed | KindLearned | Served | Loaded | Tick
-         | Close | Reconfigure)
+Event = (Arrive | Opened | Generated | Failed | FirstContent | Finished | Probed | Observed | KindLearned | Served
+         | Loaded | Tick | Close | Reconfigure)
 
 # --- decisions ------------------------------------------------------------------------------
 
@@ -197,6 +210,23 @@ class HealthChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class Hedge:
+    """Send request `id` to `backend` too, beside the attempt it runs: no content came within
+    its class's hedge delay. The first attempt to stream content wins (`FirstContent`)."""
+
+    id: str
+    backend: str
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """Stop request `id`'s attempt on `backend` now: the other attempt of its hedge won."""
+
+    id: str
+    backend: str
+
+
+@dataclass(frozen=True, slots=True)
 class Ejected:
     """`backend` failed `failures` attempts in a row (the last as `kind`) and takes no request
     for `for_s` (`front.ejection`): the `times`-th time."""
@@ -223,7 +253,7 @@ class Retired:
     backend: str
 
 
-Decision = Start | Suspend | Reject | HealthChanged | Ejected | Readmitted | Retired
+Decision = Start | Suspend | Reject | Hedge | Drop | HealthChanged | Ejected | Readmitted | Retired
 
 
 class WrongEvent(TailguardError):

@@ -28,9 +28,11 @@ from typing import Any
 from tailguard.errors import ConfigError
 from tailguard.front.ejection import Ejector
 from tailguard.front.events import (
-    Arrive, Close, Decision, Ejected, Event, Failed, Finished, Generated, HealthChanged, KindLearned, Loaded, Observed,
-    Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend, Tick, WrongEvent,
+    Arrive, Close, Decision, Drop, Ejected, Event, Failed, Finished, FirstContent, Generated, HealthChanged, Hedge,
+    KindLearned, Loaded, Observed, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend,
+    Tick, WrongEvent,
 )
+from tailguard.front.hedging import Hedger
 from tailguard.front.limits import CallerLimits, Standing
 from tailguard.front.params import FrontParams
 from tailguard.front.preemption import Candidate, PreemptionPolicy
@@ -51,7 +53,8 @@ class State(enum.Enum):
 
 class _Req:
     __slots__ = ("pending", "state", "backend", "bound_at", "preemptible", "max_tokens", "suspendable",
-                 "preemptions", "attempts", "tried", "fresh_retried", "caller", "generated", "route")
+                 "preemptions", "attempts", "tried", "fresh_retried", "caller", "generated", "route", "hedge",
+                 "first")
 
     def __init__(self, pending: Pending, preemptible: bool, max_tokens: int | None, caller: str | None,
                  route: Route) -> None:
@@ -69,6 +72,8 @@ class _Req:
         self.tried: list[str] = []  # backends its attempts went to
         self.fresh_retried = False  # retried once on the same backend already
         self.generated = 0  # tokens generated over all runs, as the last `Generated` said
+        self.hedge: str | None = None  # the backend of its second attempt while it is hedged
+        self.first = False  # its first content came
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +118,7 @@ class Front:
         self._slots = BackendPool(params.backends, params.classes, params.health)
         self._ejector = Ejector(params.ejection)
         self._router = Router(params.routing, self._ejector)
+        self._hedger = Hedger(params.hedging)
         self._policy = PreemptionPolicy.from_params(params.preemption, params.queue.policy)
         self._budget = retry_budget(params.retry)
         self._max_attempts = params.retry.max_attempts
@@ -124,6 +130,7 @@ class Front:
         # Each event's handler by its type: one dict lookup per event, not a chain of isinstance.
         self._handlers: dict[type, Callable[[Any, float, bool], None]] = {
             Arrive: self._arrive, Opened: self._opened, Generated: self._generated, Failed: self._failed,
+            FirstContent: self._first_content,
             Finished: self._finished, Probed: self._probed, Observed: self._observed, KindLearned: self._kind_learned,
             Served: self._served, Loaded: self._loaded, Tick: self._tick, Close: self._close,
             Reconfigure: self._reconfigure,
@@ -168,17 +175,19 @@ class Front:
         and the front itself ask."""
         return resumable and self.may_suspend(cls)
 
+    def hedges(self, cls: str) -> bool:
+        """Whether requests of `cls` may be hedged: then their driver tells `FirstContent`."""
+        return self._hedger.hedges(cls)
+
     def retry_after_s(self) -> float:
         return self._queue.admission.retry_after_s()
 
     def next_wakeup(self) -> float | None:
         """When `Tick` next has something to do (a queued request's bound, an ejection's end), or
         None."""
-        at = self._queue.next_wakeup() if len(self._queue) else None
-        back = self._ejector.next_return()
-        if back is None:
-            return at
-        return back if at is None else min(at, back)
+        times = [t for t in (self._queue.next_wakeup() if len(self._queue) else None, self._ejector.next_return(),
+                             self._hedger.next_due()) if t is not None]
+        return min(times) if times else None
 
     def queue_len(self, cls: str) -> int:
         return self._queue.queue_len(cls)
@@ -222,6 +231,7 @@ class Front:
             self._out.append(Reject(req_id, queued.reason, queued.retry_after_s))
             return
         self._budget.record_call(now)
+        self._hedger.arrived(ev.cls, now)
         if caller is not None:
             self._limits.take_request(caller, now)
         route = Route(ev.model, ev.prefix) if ev.model is not None or ev.prefix else NO_ROUTE
@@ -265,6 +275,9 @@ class Front:
         connection, or another), within `max_attempts` and the retry budget; else nothing, and
         the driver ends the request with `Finished`."""
         r = self._running(ev, ev.id)
+        if r.hedge is not None:
+            self._hedge_failed(r, ev, now)
+            return
         old = r.backend
         r.suspendable = False
         if hurts_health(ev.kind, ev.answered):
@@ -289,6 +302,53 @@ class Front:
             self._release(old, r.pending)
         self._pump(now, True)
 
+    def _hedge_failed(self, r: _Req, ev: Failed, now: float) -> None:
+        """One attempt of a hedged request failed while the other runs: that one goes on alone
+        (it is the request's attempt from now on); nothing is retried."""
+        assert r.hedge is not None
+        failed = ev.backend if ev.backend is not None else r.backend
+        if hurts_health(ev.kind, ev.answered):
+            self._eject_maybe(failed, ev.kind, now)
+        other = r.hedge if failed == r.backend else r.backend
+        r.backend, r.hedge = other, None
+        self._release(failed, r.pending)
+        self._pump(now, True)
+
+    def _first_content(self, ev: FirstContent, now: float, preempt: bool) -> None:
+        """The first content came from `ev.backend`. Unhedged: its TTFT on its backend is a
+        sample of its class's. Hedged: that attempt wins, the other is dropped at once."""
+        r = self._running(ev, ev.id)
+        if r.first:
+            return
+        r.first = True
+        self._hedger.disarm(ev.id)
+        if r.hedge is None:
+            self._hedger.observe(r.pending.cls, now - r.bound_at)
+            return
+        if ev.backend not in (r.backend, r.hedge):
+            raise WrongEvent(ev, f"the request runs on {r.backend} and {r.hedge}")
+        loser = r.hedge if ev.backend == r.backend else r.backend
+        r.backend, r.hedge = ev.backend, None
+        self._out.append(Drop(ev.id, loser))
+        self._release(loser, r.pending)
+        self._pump(now, True)
+
+    def _hedge_due(self, now: float) -> None:
+        """Requests still without content past their hedge delay go to a second backend too,
+        within the budget, where one that may take them has room."""
+        for req_id in self._hedger.due(now):
+            r = self._reqs.get(req_id)
+            if r is None or r.state is not State.RUNNING or r.first or r.hedge is not None:
+                continue
+            target = self._choose(r, now, exclude=(*r.tried, r.backend))
+            if target is None or not self._hedger.allowed(now):
+                continue
+            self._slots.acquire(target, r.pending.cls, r.pending.est_tokens)
+            self._router.bound(target, r.route)
+            r.hedge = target
+            r.tried.append(target)
+            self._out.append(Hedge(req_id, target))
+
     def _finished(self, ev: Finished, now: float, preempt: bool) -> None:
         """The request ended (success, error, timeout, client gone): the one event that ends a
         request the front has not rejected itself. An engine that answered, even with a 4xx the
@@ -296,10 +356,13 @@ class Front:
         r = self._reqs.pop(ev.id, None)
         if r is None:
             raise WrongEvent(ev, "not in the front (ended twice, or rejected)")
+        self._hedger.disarm(ev.id)
         if ev.tokens and r.caller is not None:
             self._limits.charge(r.caller, ev.tokens, now)
         p = r.pending
         if r.state is State.RUNNING:
+            if r.hedge is not None:  # ended before either attempt streamed: both go
+                self._release(r.hedge, p)
             alive = ev.outcome is Outcome.SUCCESS or ev.outcome is Outcome.CLIENT_ERROR
             if ev.outcome is Outcome.SUCCESS and not r.preemptions:  # one whole run: how fast it serves
                 self._slots.served_in(r.backend, now - r.bound_at, p.est_tokens, now)
@@ -359,6 +422,7 @@ class Front:
             self._out.append(Reject(p.id, RejectReason.QUEUE_TIMEOUT, self.retry_after_s()))
         for backend in self._ejector.returns(now):
             self._out.append(Readmitted(backend))
+        self._hedge_due(now)
         self._pump(now, preempt)
 
     def _close(self, ev: Close, now: float, preempt: bool) -> None:
@@ -386,6 +450,7 @@ class Front:
         self._limits.reconfigure(params.callers)
         self._ejector.reconfigure(params.ejection)
         self._router.reconfigure(params.routing)
+        self._hedger.reconfigure(params.hedging)
         self._params = params
         self._classes = {c.name: c for c in params.classes}
         gone = self._slots.reconfigure(params.backends, params.classes, params.health)
@@ -474,6 +539,8 @@ class Front:
         if not resumed:
             r.attempts += 1
             r.tried.append(backend)
+            if not r.preemptible and self._hedger.hedges(r.pending.cls):
+                self._hedger.arm(r.pending.id, r.pending.cls, now)
         if r.preemptible:
             self._candidates[r.pending.id] = r
         self._out.append(Start(r.pending.id, backend, resumed))

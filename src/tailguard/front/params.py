@@ -139,6 +139,25 @@ class EjectionParams:
 
 
 @dataclass(frozen=True, slots=True)
+class HedgeParams:
+    """Hedged requests (`tailguard.front.hedging`), off by default: a request of one of `classes`
+    with no first content after `factor` x the `quantile` of the class's recent TTFTs (over the
+    last `samples`, once `min_samples` are known; at least `min_delay_s`) is sent to a second
+    backend too; the first to stream content wins. At most `max_share` of the class's requests of
+    the last `window_s` are hedged."""
+
+    enabled: bool = False
+    classes: tuple[str, ...] = ("interactive",)
+    quantile: float = 0.95
+    factor: float = 1.0
+    min_delay_s: float = 0.05
+    samples: int = 256
+    min_samples: int = 20
+    max_share: float = 0.1
+    window_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
 class RetryParams:
     """Retries of a request that failed before any byte reached its client.
 
@@ -175,6 +194,7 @@ class FrontParams:
     callers: Sequence[CallerSpec] = ()
     routing: RoutingParams = field(default_factory=RoutingParams)
     ejection: EjectionParams = field(default_factory=EjectionParams)
+    hedging: HedgeParams = field(default_factory=HedgeParams)
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,13 @@ class RoutingConfig(_Model):
         description="An engine's own load reading (read with the health probes) older than this counts as none.",
     )
 
+    slow_factor: float = Field(
+        default=_ROUTING.slow_factor, gt=1,
+        description="A backend whose requests take more than this times its peers' median per token (over "
+        "at least 3 requests, the latest within a minute) counts only a matching fraction of its slots: "
+        "a slow host gets less work, never none.",
+    )
+
     def params(self) -> fp.RoutingParams:
         return fp.RoutingParams(**self.model_dump())
 
