@@ -26,12 +26,14 @@ As in Gradient2: the long-term average is an exponential average over `long_wind
 (their plain mean for the first ten), pulled down by a tenth when it is over twice the short
 one (latency back to normal after a long overload); the cap does not grow while fewer than
 half of it are in flight (the backend is not what limits); the gradient is floored at 0.5 so one
-outlier never halves the cap. Two departures, each measured on the DES (benchmarks/adaptive_caps.py):
-Gradient2 adds its headroom whatever the gradient, so the cap can never fall below the point
-where the headroom makes up for the cut (8 with its fixed queue size of 4, 4 with a square root):
-here the headroom is added only while latency is within tolerance, so the cap reaches `min_cap`
-and swings less about the knee (41-80 instead of 43-88 around a knee of 52-64). And Gradient2's
-short measurement is the last sample; an LLM request's TTFT swings with its prompt's length, so
+outlier never halves the cap. Two departures, measured on the DES of tests/unit/sweep/test_observed.py
+(a 64-sequence engine whose swept knee is 56): Gradient2 adds its headroom whatever the gradient,
+so the cap can never fall below the point where the headroom makes up for the cut (8 with its
+fixed queue size of 4, 4 with a square root): here the headroom is added only while latency is
+within tolerance, so the cap can reach `min_cap` (a server of one or two slots needs it), and it
+settles nearer the knee (a mean of 57-58 between 39 and 81, against 64 between 45 and 91 with
+the headroom always added, for 2-5% less throughput). And Gradient2's short measurement is the last
+sample; an LLM request's TTFT swings with its prompt's length, so
 here it is a short exponential average (`short_window`). Updates count samples, not seconds, as
 Gradient2's do, so the object is not told the time: a busy backend adapts faster, an idle one
 does not drift.
@@ -54,7 +56,7 @@ class AdaptiveParams:
     min_cap: int = 1
     max_cap: int = 256
     initial: int | None = None
-    smoothing: float = 0.1  # the share of each new estimate taken (Gradient2: 0.2 swung 4-130 on the DES)
+    smoothing: float = 0.1  # the share of each new estimate taken (Gradient2's 0.2 swung 5-121 on the DES)
     tolerance: float = 1.5  # short-term latency may reach this multiple of the long-term one
     long_window: int = 600  # samples in the long-term average (Gradient2's default)
     short_window: int = 10  # samples in the short-term average
