@@ -9,15 +9,11 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from tailguard.front.adaptive import AdaptiveParams
-
 from tailguard.front import params as fp
-from tailguard.gateway.config.base import _BACKEND, _Model
+from tailguard.front.adaptive import AdaptiveParams
+from tailguard.gateway.config.base import _ADAPTIVE, _BACKEND, _Model
 
 BackendKind = Literal["auto", "vllm", "llamacpp", "sglang", "tgi", "openai", "sim"]
-
-_ADAPTIVE = AdaptiveParams()
-
 
 class AdaptiveConfig(_Model):
     """`adaptive:` on a backend: its in-flight cap moves between `min` and `max` from its TTFT and
