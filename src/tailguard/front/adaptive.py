@@ -26,17 +26,23 @@ As in Gradient2: the long-term average is an exponential average over `long_wind
 (their plain mean for the first ten), pulled down by a tenth when it is over twice the short
 one (latency back to normal after a long overload); the cap does not grow while fewer than
 half of it are in flight (the backend is not what limits); the gradient is floored at 0.5 so one
-outlier never halves the cap. Two departures, measured on the DES of tests/unit/sweep/test_observed.py
-(a 64-sequence engine whose swept knee is 56): Gradient2 adds its headroom whatever the gradient,
-so the cap can never fall below the point where the headroom makes up for the cut (8 with its
-fixed queue size of 4, 4 with a square root): here the headroom is added only while latency is
-within tolerance, so the cap can reach `min_cap` (a server of one or two slots needs it), and it
-settles nearer the knee (a mean of 57-58 between 39 and 81, against 64 between 45 and 91 with
-the headroom always added, for 2-5% less throughput). And Gradient2's short measurement is the last
-sample; an LLM request's TTFT swings with its prompt's length, so
-here it is a short exponential average (`short_window`). Updates count samples, not seconds, as
-Gradient2's do, so the object is not told the time: a busy backend adapts faster, an idle one
-does not drift.
+outlier never halves the cap. Three departures, measured on the DES of tests/unit/sweep/test_observed.py
+(an engine of 64 sequences whose swept knee is 56, and one of 8 whose knee is 8):
+
+- Gradient2's long-term average takes every sample alike, so under a lasting overload it learns
+  the congested latency as normal and the cap creeps up: from a start of 32 on the 8-sequence
+  engine it settled at 20 (13-31). Here a sample over `tolerance` x the long-term average weighs a
+  tenth in it (`CONGESTED_WEIGHT`): 10 (8-14).
+- Gradient2 adds its headroom whatever the gradient, so the cap settles where the headroom makes
+  up for the cut, never below 8 with its fixed queue size of 4 (4 with a square root), and with a
+  long-term average that congestion hardly moves, at twice the 8-sequence engine's knee (15).
+  Here the headroom is added only while latency is within tolerance: 7.8-10 there, 57 on the
+  64-sequence engine (60-62 with the headroom always added).
+- Gradient2's short measurement is the last sample; an LLM request's TTFT swings with its
+  prompt's length, so here it is a short exponential average (`short_window`).
+
+Updates count samples, not seconds, as Gradient2's do, so the object is not told the time: a busy
+backend adapts faster, an idle one does not drift.
 """
 
 from __future__ import annotations
@@ -45,6 +51,9 @@ import math
 from dataclasses import dataclass
 
 WARMUP = 10  # Gradient2's ExpAvgMeasurement: the first samples are averaged plainly
+# What a sample over `tolerance` x the long-term average weighs in that average, against one within
+# it: congestion must last ten times as long to become the new normal.
+CONGESTED_WEIGHT = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +65,7 @@ class AdaptiveParams:
     min_cap: int = 1
     max_cap: int = 256
     initial: int | None = None
-    smoothing: float = 0.1  # the share of each new estimate taken (Gradient2's 0.2 swung 5-121 on the DES)
+    smoothing: float = 0.1  # the share of each new estimate taken (Gradient2's 0.2 swung 12-94 on the DES)
     tolerance: float = 1.5  # short-term latency may reach this multiple of the long-term one
     long_window: int = 600  # samples in the long-term average (Gradient2's default)
     short_window: int = 10  # samples in the short-term average
@@ -79,14 +88,15 @@ def headroom(cap: float) -> float:
 class _Latency:
     """One latency's long-term and short-term averages."""
 
-    __slots__ = ("long", "short", "count", "_long_w", "_short_w")
+    __slots__ = ("long", "short", "count", "_long_w", "_short_w", "_tolerance")
 
-    def __init__(self, long_window: int, short_window: int) -> None:
+    def __init__(self, long_window: int, short_window: int, tolerance: float) -> None:
         self.long = 0.0
         self.short = 0.0
         self.count = 0
         self._long_w = 2.0 / (long_window + 1)
         self._short_w = 2.0 / (short_window + 1)
+        self._tolerance = tolerance
 
     def add(self, sample: float) -> float:
         """Take one sample; the gradient factor long/short it leaves (before the tolerance)."""
@@ -95,7 +105,8 @@ class _Latency:
             self.long += (sample - self.long) / self.count
             self.short = self.long
         else:
-            self.long += (sample - self.long) * self._long_w
+            congested = sample > self._tolerance * self.long
+            self.long += (sample - self.long) * (self._long_w * CONGESTED_WEIGHT if congested else self._long_w)
             self.short += (sample - self.short) * self._short_w
         if self.short > 0.0 and self.long > 2.0 * self.short:
             self.long *= 0.9
@@ -115,8 +126,8 @@ class AdaptiveCap:
         self.params = params
         first = params.initial if params.initial is not None else start
         self._estimate = float(min(params.max_cap, max(params.min_cap, first)))
-        self._ttft = _Latency(params.long_window, params.short_window)
-        self._itl = _Latency(params.long_window, params.short_window)
+        self._ttft = _Latency(params.long_window, params.short_window, params.tolerance)
+        self._itl = _Latency(params.long_window, params.short_window, params.tolerance)
 
     @property
     def cap(self) -> int:
