@@ -11,7 +11,7 @@ written down and replayed (`tailguard serve --record`, `tailguard replay`), and 
     Arrive(id, cls, est_tokens, model=, prefix=) -> Start | Reject (refused on arrival)
     Opened(id)    (its upstream is open)         -> Suspend of a victim, Start of the waiter
     Generated(id, tokens)  (preemptible only)    -> nothing: what a preemption weighs
-    Failed(id, kind, delivered=, answered=)      -> Start again (a retry), Ejected, or nothing
+    Failed(id, kind, delivered=, answered=)      -> Start again (a retry; resumed: a migration), Ejected
     FirstContent(id, backend)                    -> Drop of a hedge's other attempt
     Finished(id, outcome, tokens=)  (once)       -> Start of whoever gets the slot, HealthChanged
     Probed(backend, ok, busy=), KindLearned      -> HealthChanged, Start

@@ -37,7 +37,7 @@ from tailguard.front.limits import CallerLimits, Standing
 from tailguard.front.params import FrontParams
 from tailguard.front.preemption import Candidate, PreemptionPolicy
 from tailguard.front.queue import Pending, carry_over, make_scheduler
-from tailguard.front.retry import Retry, hurts_health, retry_budget, retry_of
+from tailguard.front.retry import Retry, hurts_health, retry_budget, retry_of, stale_connection
 from tailguard.front.router import NO_ROUTE, Route, Router
 from tailguard.front.slots import BackendPool
 from tailguard.types import FailureKind, Outcome, RejectReason
@@ -54,11 +54,13 @@ class State(enum.Enum):
 class _Req:
     __slots__ = ("pending", "state", "backend", "bound_at", "preemptible", "max_tokens", "suspendable",
                  "preemptions", "attempts", "tried", "fresh_retried", "caller", "generated", "route", "hedge",
-                 "first")
+                 "first", "continuable", "migrations")
 
     def __init__(self, pending: Pending, preemptible: bool, max_tokens: int | None, caller: str | None,
-                 route: Route) -> None:
+                 route: Route, continuable: bool = False) -> None:
         self.pending = pending
+        # Its driver keeps its text (`Front.tracks` at its arrival), so it can be continued.
+        self.continuable = continuable
         self.caller = caller
         self.route = route
         self.state = State.QUEUED
@@ -74,6 +76,7 @@ class _Req:
         self.generated = 0  # tokens generated over all runs, as the last `Generated` said
         self.hedge: str | None = None  # the backend of its second attempt while it is hedged
         self.first = False  # its first content came
+        self.migrations = 0  # continued on another backend after its own died or stalled mid-answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,9 +174,18 @@ class Front:
 
     def tracks(self, cls: str, resumable: bool) -> bool:
         """Whether a request of `cls` whose output is `resumable` (the intake's rule) may be
-        suspended, so its driver keeps its text for a continuation: the one place both drivers
-        and the front itself ask."""
-        return resumable and self.may_suspend(cls)
+        continued from its text, so its driver keeps that text: it may be suspended, or moved
+        to another backend if its own dies mid-answer (`_migrate`). The one place both drivers
+        ask. A lone backend has nowhere to move a stream to, so its chats keep the relay that
+        parses nothing."""
+        return resumable and (self.may_suspend(cls) or self._migrates())
+
+    def _migrates(self) -> bool:
+        """A stream may be moved: migrations are on and there is a second backend, one that can
+        continue a generation."""
+        slots = self._slots
+        return (self._params.retry.max_migrations > 0 and len(slots) > 1
+                and any(s.cfg.continues for s in slots))
 
     def hedges(self, cls: str) -> bool:
         """Whether requests of `cls` may be hedged: then their driver tells `FirstContent`."""
@@ -235,7 +247,8 @@ class Front:
         if caller is not None:
             self._limits.take_request(caller, now)
         route = Route(ev.model, ev.prefix) if ev.model is not None or ev.prefix else NO_ROUTE
-        self._reqs[req_id] = _Req(pending, self.tracks(ev.cls, ev.resumable), ev.max_tokens, caller, route)
+        kept = self.tracks(ev.cls, ev.resumable)
+        self._reqs[req_id] = _Req(pending, kept and self.may_suspend(ev.cls), ev.max_tokens, caller, route, kept)
         self._pump(now, preempt)
 
     def _refusal(self, ev: Arrive, now: float) -> Reject | None:
@@ -255,7 +268,7 @@ class Front:
     def _nobody_serves(self, model: str) -> bool:
         """No backend serves `model`, as far as every backend's models are known (one whose are
         not yet known may serve it: it is not refused, it waits for one that does)."""
-        return all(s.knows_models() and not s.serves(model) for s in self._slots)
+        return all(s.knows_models() and not s.serves(model) for s in self._slots if not s.retiring)
 
     def _opened(self, ev: Opened, now: float, preempt: bool) -> None:
         """A running request's upstream is open, so a `Suspend` can stop it now. A request
@@ -272,8 +285,9 @@ class Front:
 
     def _failed(self, ev: Failed, now: float, preempt: bool) -> None:
         """An attempt failed. A `Start` when it is worth trying again (same backend on a fresh
-        connection, or another), within `max_attempts` and the retry budget; else nothing, and
-        the driver ends the request with `Finished`."""
+        connection, or another), within `max_attempts` and the retry budget, or a
+        `Start(resumed=True)` on another backend when its backend died mid-answer (`_migrate`);
+        else nothing, and the driver ends the request with `Finished`."""
         r = self._running(ev, ev.id)
         if r.hedge is not None:
             self._hedge_failed(r, ev, now)
@@ -282,7 +296,10 @@ class Front:
         r.suspendable = False
         if hurts_health(ev.kind, ev.answered):
             self._eject_maybe(old, ev.kind, now)
-        where = retry_of(ev.kind, ev.delivered, ev.answered)
+        where = retry_of(ev.kind, ev.delivered, ev.answered, r.continuable)
+        if where is Retry.CONTINUE:
+            self._migrate(r, stale_connection(ev.kind, ev.answered), now)
+            return
         if r.attempts >= self._max_attempts or where is Retry.NO:
             return
         target = self._retry_target(r, where, now)
@@ -290,14 +307,46 @@ class Front:
             return
         if target == old:
             r.fresh_retried = True
-        else:
+        r.attempts += 1
+        self._restart(r, target, now, resumed=False)
+
+    def _migrate(self, r: _Req, stale: bool, now: float) -> None:
+        """Its backend died or stalled after part of the answer reached the client: the rest is
+        generated on another backend that can continue a generation, from the text so far (the
+        driver's continuation, as after a suspension). At most `max_migrations` times and
+        within the retry budget; with no such backend free now it ends where it is. A
+        continuation whose connection was `stale` goes to the same backend once more (not a move:
+        not counted)."""
+        target = self._migration_target(r, stale, now)
+        if target is None or not self._budget.try_withdraw(now):
+            return
+        if target != r.backend:
+            r.migrations += 1
+        self._restart(r, target, now, resumed=True)
+
+    def _migration_target(self, r: _Req, stale: bool, now: float) -> str | None:
+        """The least loaded backend it has not failed on whose kind can continue a generation
+        (its own backend again on a fresh connection, once, after a stale one)."""
+        slots = self._slots
+        if stale and not r.fresh_retried and slots.takes_new(r.backend) and not self._ejector.ejected(r.backend):
+            r.fresh_retried = True
+            return r.backend
+        if r.migrations >= self._params.retry.max_migrations:
+            return None
+        cannot = [s.name for s in slots if not s.cfg.continues]
+        return self._choose(r, now, exclude=[*r.tried, r.backend, *cannot])
+
+    def _restart(self, r: _Req, target: str, now: float, resumed: bool) -> None:
+        """Send a running request's next attempt (or continuation) to `target`, moving its slot
+        there from the backend it failed on."""
+        old = r.backend
+        if target != old:
             self._slots.acquire(target, r.pending.cls, r.pending.est_tokens)
             self._router.bound(target, r.route)
             r.backend = target
-        r.attempts += 1
         r.tried.append(target)
         r.bound_at = now
-        self._out.append(Start(ev.id, target))
+        self._out.append(Start(r.pending.id, target, resumed))
         if target != old:  # after the Start: a retiring `old` may leave with this release
             self._release(old, r.pending)
         self._pump(now, True)
@@ -500,6 +549,10 @@ class Front:
             self._out.append(Ejected(backend, ej.for_s, ej.failures, kind, ej.times))
 
     def _choose(self, r: _Req, now: float, exclude: Collection[str] = ()) -> str | None:
+        """Where `r` may go now. A suspended request's continuation needs a backend whose kind
+        can continue a generation (in a mixed fleet, not every backend can)."""
+        if r.state is State.SUSPENDED:
+            exclude = [*exclude, *(s.name for s in self._slots if not s.cfg.continues)]
         return self._router.choose(self._slots, self._classes[r.pending.cls], r.pending, r.route, now, exclude)
 
     def _retry_target(self, r: _Req, where: Retry, now: float) -> str | None:

@@ -159,13 +159,17 @@ class HedgeParams:
 
 @dataclass(frozen=True, slots=True)
 class RetryParams:
-    """Retries of a request that failed before any byte reached its client.
+    """Retries of a request that failed before any byte reached its client, and continuations
+    of one whose backend died or stalled after (`max_migrations`).
 
     A budget like Envoy's `retry_budget` and Finagle's `RetryBudget`: within any `window_s`,
     retries are at most `budget_ratio` of the requests that arrived plus `min_retries_per_s`
     per second, so a failing backend cannot make the gateway multiply its own load."""
 
     max_attempts: int = 3
+    # Continuations of a stream whose backend died or stalled after bytes reached its client
+    # (`front.retry`, Retry.CONTINUE); counted apart from `max_attempts`, within the same budget.
+    max_migrations: int = 2
     budget_ratio: float = 0.2
     min_retries_per_s: float = 5.0
     window_s: float = 10.0

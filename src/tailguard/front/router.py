@@ -200,9 +200,11 @@ class Router:
 
 
 def _one_model(slots: BackendPool) -> bool:
-    """Whether the backends, as far as their models are known, serve one model between them."""
+    """Whether the backends staying, as far as their models are known, serve one model between them."""
     seen: set[str] = set()
     for s in slots:
+        if s.retiring:
+            continue  # leaving: what it serves is no longer the fleet's
         seen.update(s.cfg.models or s.learned_models or ())
         if len(seen) > 1:
             return False

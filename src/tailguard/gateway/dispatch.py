@@ -20,8 +20,9 @@ from functools import partial
 from tailguard.clock import monotonic
 from tailguard.errors import APIError, NotFound, Overloaded, RateLimited
 from tailguard.front.events import (
-    Arrive, Close, Decision, Ejected, Event, Failed, Finished, Generated, HealthChanged, KindLearned, Loaded, Observed,
-    Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend, Tick,
+    Arrive, Close, Decision, Drop, Ejected, Event, Failed, Finished, FirstContent, Generated, HealthChanged, Hedge,
+    KindLearned, Loaded, Observed, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend,
+    Tick,
 )
 from tailguard.front.front import Front
 from tailguard.front.params import FrontParams
@@ -111,9 +112,14 @@ class Dispatcher:
         assert ticket.waiter is not None
         await ticket.waiter
 
-    def tracks(self, cls: str, resumable: bool) -> bool:
-        """Whether the request's text must be kept: it may be suspended (`Front.tracks`)."""
-        return self.front.tracks(cls, resumable)
+    def progress(self, cls: str, resumable: bool) -> Progress | None:
+        """Where the request's text is kept, if it may be continued (`Front.tracks`): parsed
+        chunk by chunk if it may be suspended (its relay stops between chunks), else kept raw
+        and parsed only if its backend dies mid-answer (`Progress.lazy`), so the relay's
+        zero-parse path serves it; None if it cannot be continued."""
+        if not self.front.tracks(cls, resumable):
+            return None
+        return Progress(lazy=not self.front.may_suspend(cls))
 
     def rate_headers(self, caller: str) -> dict[str, str] | None:
         """OpenAI's `x-ratelimit-*` headers for where `caller`'s limits stand now, or None."""
@@ -130,12 +136,33 @@ class Dispatcher:
         ticket.upstream_opened(on_suspend)
         self._handle(Opened(ticket.id))
 
-    def failed(self, ticket: Request, kind: FailureKind, *, delivered: bool, answered: bool) -> bool:
-        """An attempt failed. True when the front sends it again (`ticket.backend` then names
-        where); False: the caller ends the request."""
+    def failed(self, ticket: Request, kind: FailureKind, *, delivered: bool, answered: bool) -> Start | None:
+        """An attempt failed. The `Start` when the front sends it again (`ticket.backend` then
+        names where; `resumed`: it continues from its text there); None: the caller ends the
+        request."""
         ticket.upstream_closed()
         decisions = self._handle(Failed(ticket.id, kind, delivered, answered))
-        return any(isinstance(d, Start) and d.id == ticket.id for d in decisions)
+        if ticket.hedged is not None:  # its attempt failed while hedged: the hedge's is its own now
+            ticket.backend, ticket.hedged = ticket.hedged, None
+        return next((d for d in decisions if isinstance(d, Start) and d.id == ticket.id), None)
+
+    def hedges(self, cls: str) -> bool:
+        """Whether requests of `cls` may be hedged (their exchange races for the first content)."""
+        return self.front.hedges(cls)
+
+    def first_content(self, ticket: Request, backend: str) -> str | None:
+        """The first content came from `backend`. The backend whose attempt must stop now (the
+        hedge's other one), or None."""
+        decisions = self._handle(FirstContent(ticket.id, backend))
+        return next((d.backend for d in decisions if isinstance(d, Drop) and d.id == ticket.id), None)
+
+    def hedge_failed(self, ticket: Request, backend: str, kind: FailureKind, *, answered: bool) -> None:
+        """One attempt of a hedged request failed (or was abandoned) while the other goes on."""
+        if ticket.hedged is not None and not ticket.ended:
+            self._handle(Failed(ticket.id, kind, False, answered, backend))
+            if backend == ticket.backend:
+                ticket.backend = ticket.hedged
+            ticket.hedged = None
 
     def generated(self, ticket: Request, tokens: int) -> None:
         """A running preemptible request's generated tokens so far (what a preemption weighs)."""
@@ -233,6 +260,13 @@ class Dispatcher:
                 self._start(d)
             elif isinstance(d, Suspend):
                 self._suspend(self._tickets[d.id])
+            elif isinstance(d, Hedge):
+                self._hedge(d)
+            elif isinstance(d, Drop):
+                t = self._tickets[d.id]
+                if d.backend == t.backend and t.hedged is not None:
+                    t.backend = t.hedged  # the hedge won: the request's backend from now on
+                t.hedged = None
             elif isinstance(d, Reject):
                 self._reject(d)
             elif isinstance(d, (HealthChanged, Ejected, Readmitted)):
@@ -269,6 +303,16 @@ class Dispatcher:
         t.started(d.backend, d.resumed, monotonic())
         if t.waiter is not None and not t.waiter.done():
             t.waiter.set_result(None)
+
+    def _hedge(self, d: Hedge) -> None:
+        """The front sends the request to a second backend too: its exchange, racing for the first
+        content, is told where."""
+        t = self._tickets[d.id]
+        t.hedged = d.backend
+        self._metrics.hedges.labels(t.cls, "sent").inc()
+        w = t.hedge_waiter
+        if w is not None and not w.done():
+            w.set_result(d.backend)
 
     def _suspend(self, t: Request) -> None:
         assert t.on_suspend is not None and t.progress is not None

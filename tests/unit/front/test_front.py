@@ -236,3 +236,16 @@ def test_no_healthy_backend_and_shutdown_refuse_on_arrival() -> None:
     [rej] = chat(f, "c4", 0.5)
     assert isinstance(rej, Reject) and rej.reason == "shutting_down"
     f.handle(Finished("c2", Outcome.SUCCESS), 0.6)  # a running request still ends normally
+
+
+def test_a_suspended_request_resumes_only_where_a_generation_can_be_continued() -> None:
+    f = make(BackendSpec("engine", max_concurrency=1, continues=True), BackendSpec("plain", max_concurrency=1))
+    [start] = batch(f, "b1", 0.0)
+    assert isinstance(start, Start) and start.backend == "engine"
+    f.handle(Opened("b1"), 0.1)
+    chat(f, "p1", 0.2)  # takes plain
+    assert Suspend("b1", "engine") in chat(f, "c1", 0.3)  # b1 makes room on engine
+    f.handle(Finished("p1", Outcome.SUCCESS), 0.4)  # plain frees: b1 cannot be continued there
+    assert f.state("b1") is State.SUSPENDED and f.backend("plain").in_flight == 0
+    f.handle(Finished("c1", Outcome.SUCCESS), 0.5)
+    assert f.state("b1") is State.RUNNING and f.backend("engine").in_flight == 1

@@ -14,14 +14,15 @@ from tailguard.front.params import CapMode, ServiceTier
 from tailguard.gateway.config.auth import ApiKeyConfig, AuthConfig
 from tailguard.gateway.config.backends import AdaptiveConfig, BackendConfig, BackendKind
 from tailguard.gateway.config.classes import ClassConfig, default_classes
-from tailguard.gateway.config.fleet import EjectionConfig, RoutingConfig
+from tailguard.gateway.config.fleet import EjectionConfig, HedgingConfig, RoutingConfig
 from tailguard.gateway.config.gateway import GatewayConfig
 from tailguard.gateway.config.loading import load_config
 from tailguard.gateway.config.scheduler import OutputEstimateConfig, SchedulerConfig, SchedulerPolicy
 from tailguard.gateway.config.upstream import HealthConfig, RetryConfig, TimeoutsConfig
 
 __all__ = [
-    "AdaptiveConfig", "ApiKeyConfig", "AuthConfig", "BackendConfig", "BackendKind", "CapMode", "ClassConfig", "EjectionConfig",
-    "GatewayConfig", "HealthConfig", "OutputEstimateConfig", "RetryConfig", "RoutingConfig", "SchedulerConfig",
+    "AdaptiveConfig", "ApiKeyConfig", "AuthConfig", "BackendConfig", "BackendKind", "CapMode", "ClassConfig",
+    "EjectionConfig", "GatewayConfig", "HedgingConfig", "HealthConfig", "OutputEstimateConfig", "RetryConfig",
+    "RoutingConfig", "SchedulerConfig",
     "SchedulerPolicy", "ServiceTier", "TimeoutsConfig", "default_classes", "load_config",
 ]

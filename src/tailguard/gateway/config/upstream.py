@@ -53,13 +53,21 @@ class HealthConfig(_Model):
 
 
 class RetryConfig(_Model):
-    """Retries of a request whose upstream failed before any byte reached its client."""
+    """Retries of a request whose upstream failed before any byte reached its client, and
+    continuations (migrations) of a stream whose backend died or stalled mid-answer."""
 
     max_attempts: int = Field(
         default=_RETRY.max_attempts, ge=1,
         description="Attempts per request in all (1 = never retry). A reset or stale keep-alive connection "
         "is retried once on the same backend over a fresh connection; a refused connection, a 5xx or a "
         "429 on another backend with a free slot. Never once content has reached the client.",
+    )
+    max_migrations: int = Field(
+        default=_RETRY.max_migrations, ge=0,
+        description="Times a stream whose backend died or stalled (reset, closed early, idle deadline) after "
+        "content reached the client is continued on another backend from its text so far (0 = never). Only "
+        "for requests that can be continued from text (no tools, response_format, n > 1 or logprobs); never "
+        "on the client's own cancel. Within the same budget as retries.",
     )
     budget_ratio: float = Field(
         default=_RETRY.budget_ratio, ge=0,
@@ -72,5 +80,6 @@ class RetryConfig(_Model):
     )
 
     def params(self) -> fp.RetryParams:
-        return fp.RetryParams(max_attempts=self.max_attempts, budget_ratio=self.budget_ratio,
+        return fp.RetryParams(max_attempts=self.max_attempts, max_migrations=self.max_migrations,
+                              budget_ratio=self.budget_ratio,
                               min_retries_per_s=self.min_retries_per_s)

@@ -27,7 +27,6 @@ from tailguard.gateway.ops.metrics import access_log, record_finish, response_he
 from tailguard.gateway.request import Request
 from tailguard.gateway.sink import ResponseSink, Sink
 from tailguard.gateway.upstream.client import UPSTREAM_PATHS
-from tailguard.gateway.upstream.resume import Progress
 from tailguard.types import Outcome
 from tailguard.wire.openai import (
     Endpoint, ParsedRequest, error_body, error_headers, is_json_media_type, parse_request,
@@ -136,7 +135,7 @@ class Proxy:
         t.prompt_tokens = parsed.prompt_tokens
         accepted = intake.accept(asked, cls, self._estimator.estimate(cls.name))
         t.model = accepted.model
-        progress = Progress() if self._dispatcher.tracks(cls.name, accepted.resumable) else None
+        progress = self._dispatcher.progress(cls.name, accepted.resumable)
         # Hashed only where a choice between backends can use it: one backend needs no affinity.
         prefix = prefix_blocks(parsed.prompt_text()) if self._affine else ()
         try:
