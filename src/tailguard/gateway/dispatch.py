@@ -184,13 +184,14 @@ class Dispatcher:
 
     def _observe(self, t: Request) -> None:
         """What the ended request showed of its backend's latency, for its adaptive cap: TTFT from
-        its one `Start` (so its wait in the gateway's queue is not in it; a retry's or a
-        continuation's start is not on the record, so those give none) and its mean gap between
-        content chunks (none across a suspension)."""
+        its one `Start` (so its wait in the gateway's queue is not in it; a retry's, a
+        continuation's or a hedge's start is not on the record, so those give none) and its mean
+        gap between content chunks (none across a suspension)."""
         first, last = t.first_content_at, t.last_content_at
         if first is None or t.preemptions:
             return
-        ttft = first - t.bound_at if t.attempts == 1 and t.bound_at is not None else None
+        start = t.bound_at if t.attempts == 1 and not self.front.hedges(t.cls) else None
+        ttft = first - start if start is not None else None
         itl = (last - first) / (t.content_chunks - 1) if last is not None and t.content_chunks > 1 else None
         self._handle(Observed(t.backend, ttft, itl))
 
