@@ -12,7 +12,7 @@ loading.py (`load_config`). Every public name is importable from here.
 
 from tailguard.front.params import CapMode, ServiceTier
 from tailguard.gateway.config.auth import ApiKeyConfig, AuthConfig
-from tailguard.gateway.config.backends import BackendConfig, BackendKind
+from tailguard.gateway.config.backends import AdaptiveConfig, BackendConfig, BackendKind
 from tailguard.gateway.config.classes import ClassConfig, default_classes
 from tailguard.gateway.config.fleet import EjectionConfig, HedgingConfig, RoutingConfig
 from tailguard.gateway.config.gateway import GatewayConfig
@@ -21,7 +21,8 @@ from tailguard.gateway.config.scheduler import OutputEstimateConfig, SchedulerCo
 from tailguard.gateway.config.upstream import HealthConfig, RetryConfig, TimeoutsConfig
 
 __all__ = [
-    "ApiKeyConfig", "AuthConfig", "BackendConfig", "BackendKind", "CapMode", "ClassConfig", "EjectionConfig",
-    "GatewayConfig", "HedgingConfig", "HealthConfig", "OutputEstimateConfig", "RetryConfig", "RoutingConfig", "SchedulerConfig",
+    "AdaptiveConfig", "ApiKeyConfig", "AuthConfig", "BackendConfig", "BackendKind", "CapMode", "ClassConfig",
+    "EjectionConfig", "GatewayConfig", "HedgingConfig", "HealthConfig", "OutputEstimateConfig", "RetryConfig",
+    "RoutingConfig", "SchedulerConfig",
     "SchedulerPolicy", "ServiceTier", "TimeoutsConfig", "default_classes", "load_config",
 ]

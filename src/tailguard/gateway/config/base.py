@@ -7,6 +7,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from tailguard.front import params as fp
+from tailguard.front.adaptive import AdaptiveParams
 
 # The front's defaults (tailguard.front.params), so each default number lives in one place.
 _CLS = fp.ClassSpec(name="")
@@ -15,6 +16,7 @@ _OUTPUT = fp.OutputEstimateParams()
 _QUEUE = fp.QueueParams()
 _PREEMPT = fp.PreemptionParams()
 _BACKEND = fp.BackendSpec(name="")
+_ADAPTIVE = AdaptiveParams()
 _HEALTH = fp.HealthParams()
 _RETRY = fp.RetryParams()
 

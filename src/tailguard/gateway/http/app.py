@@ -122,7 +122,7 @@ async def _health(request: web.Request) -> web.Response:
     views = list(front.backends())
     backends = {s.name: {"state": s.state, "healthy": s.healthy, "ejected": s.ejected, "retiring": s.retiring,
                          "kind": kinds[s.name].kind, "pool": s.pool, "models": s.models,
-                         "in_flight": s.in_flight, "max_concurrency": s.max_concurrency,
+                         "in_flight": s.in_flight, "max_concurrency": s.max_concurrency, "cap": s.cap,
                          "reserved_slots": s.reserved_slots,
                          "engine": ({"running": load[s.name].running, "waiting": load[s.name].waiting}
                                     if s.name in load else None),

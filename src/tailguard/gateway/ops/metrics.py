@@ -143,6 +143,9 @@ class GatewayMetrics:
             registry=r)
         self.inflight = Gauge(
             "tailguard_inflight", "Requests bound to a backend and not yet finished.", ["backend"], registry=r)
+        self.concurrency_limit = Gauge(
+            "tailguard_backend_concurrency_limit", "The in-flight cap in force on a backend: its "
+            "`max_concurrency`, or where it is `adaptive`, the cap its latency has set.", ["backend"], registry=r)
         self.rejected = Counter(
             "tailguard_rejected", "Requests refused by admission or expired in the queue.", ["class", "reason"],
             registry=r)
@@ -217,6 +220,7 @@ class GatewayMetrics:
         self._inflight.pop(backend, None)
         kind = self._kinds.pop(backend, None)
         for gauge, labels in ((self.backend_healthy, (backend,)), (self.inflight, (backend,)),
+                              (self.concurrency_limit, (backend,)),
                               (self.engine_requests, (backend, "running")), (self.engine_requests, (backend, "waiting")),
                               (self.backend_kind, (backend, kind or ""))):
             try:

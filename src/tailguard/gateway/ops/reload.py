@@ -41,7 +41,7 @@ log = logging.getLogger("tailguard.gateway")
 # What a backend may change live: the front's slots, and where and how requests reach it (read
 # by each new attempt and probe; one in flight keeps its connection). Its kind decides what the
 # front may do with its requests, and is what a restart is for.
-_LIVE_BACKEND = frozenset({"max_concurrency", "weight", "reserved_slots", "url", "api_key", "model"})
+_LIVE_BACKEND = frozenset({"max_concurrency", "weight", "reserved_slots", "adaptive", "url", "api_key", "model"})
 _RESTART = frozenset({"host", "port", "max_body_bytes", "access_log", "log_prompts"})
 _RESTART_PREFIXES = ("scheduler.output_estimate.",)
 
@@ -57,7 +57,7 @@ def _needs_restart(name: str, kept_backends: set[str]) -> bool:
     item = item_of(name)
     if item is not None and item.startswith("backends["):
         field = name[len(item) + 1:]
-        return item[len("backends["):-1] in kept_backends and field not in _LIVE_BACKEND
+        return item[len("backends["):-1] in kept_backends and field.split(".", 1)[0] not in _LIVE_BACKEND
     return name in _RESTART or name.startswith(_RESTART_PREFIXES)
 
 
