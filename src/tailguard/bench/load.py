@@ -148,6 +148,7 @@ async def run_bench(config: BenchConfig, progress: Callable[[Progress], None] | 
         run = _Run(config, workload, factory, session, target.model, progress, stop)
         result = await run.go()
     result.meta["gateway_config"] = gateway
+    result.meta["target_time_scale"] = target.time_scale  # announced by a simulator (or a gateway before one)
     if time_scale != 1.0:
         rescale(result, time_scale)
     return result

@@ -125,4 +125,8 @@ async def bench_to_dir(config: BenchConfig, out_dir: Path, *, console: Console |
         result = await run_bench(config, stop=stop)
     if label is not None:
         result.meta["label"] = label
+    announced = result.meta.get("target_time_scale")
+    if console is not None and config.time_scale is None and announced not in (None, 1.0):
+        console.print(f"times in simulated seconds: {config.url} announced time scale {announced:g} "
+                      "(--time-scale 1 reports wall seconds)", soft_wrap=True)
     return write_outputs(result, out_dir, console=console if tables else None)

@@ -108,13 +108,14 @@ def read_model_list(where: str, body: bytes, model: str | None) -> Target:
 
 
 def time_scale_for(given: float | None, reported: float | None, url: str) -> float:
-    """The time scale to report in. A target on simulated time (`reported` != 1) needs it said:
-    without `--time-scale` every latency would silently read in wall seconds."""
+    """The time scale to report in: the one given, else the one the target announces (`tailguard
+    sim` lists it on its model, and a gateway in front lists its simulator's), so a run against a
+    simulator reads in simulated seconds unless `--time-scale 1` asks for wall seconds. A given
+    scale that contradicts the announced one is an error: one of the two is wrong."""
     if reported is None or reported == 1.0:
         return 1.0 if given is None else given
     if given is None:
-        raise TargetError(f"{url} runs on simulated time (time scale {reported:g}): pass --time-scale {reported:g} "
-                          "to report simulated seconds, or --time-scale 1 for wall seconds")
+        return reported
     if given not in (1.0, reported):
         raise TargetError(f"--time-scale {given:g}, but {url} says its time scale is {reported:g}")
     return given
