@@ -33,7 +33,7 @@ from tailguard.bench.recorder import RequestRecord
 from tailguard.bench.workload import (
     ArrivalProcess, PlannedRequest, RequestFactory, Workload, load_workload, schedule,
 )
-from tailguard.bench.target import base_url, gateway_config, probe, time_scale_for
+from tailguard.bench.target import base_url, engine_name, gateway_config, probe, time_scale_for
 from tailguard.bench.validity import DEFAULT_MAX_DISPATCH_LAG_S
 from tailguard.errors import ConfigError
 
@@ -144,11 +144,13 @@ async def run_bench(config: BenchConfig, progress: Callable[[Progress], None] | 
                              model=config.model)
         time_scale = time_scale_for(config.time_scale, target.time_scale, url)
         gateway = await gateway_config(session, url, api_key=config.api_key, timeout_s=config.timeouts.connect_s + 5.0)
+        engine = None if gateway is not None else await engine_name(session, url, timeout_s=config.timeouts.connect_s + 5.0)
         factory = RequestFactory(workload, seed=config.seed, model=target.model, base_dir=base_dir)
         run = _Run(config, workload, factory, session, target.model, progress, stop)
         result = await run.go()
     result.meta["gateway_config"] = gateway
     result.meta["target_time_scale"] = target.time_scale  # announced by a simulator (or a gateway before one)
+    result.meta["engine"] = engine  # what the target says it is at /version, when no gateway was in front
     if time_scale != 1.0:
         rescale(result, time_scale)
     return result

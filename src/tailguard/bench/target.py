@@ -73,6 +73,18 @@ async def gateway_config(session: aiohttp.ClientSession, url: str, *, api_key: s
     return data if isinstance(data, dict) and isinstance(data.get("hash"), str) else None
 
 
+async def engine_name(session: aiohttp.ClientSession, url: str, *, timeout_s: float) -> str | None:
+    """The engine a server names itself as at `GET /version` (`tailguard sim`: `tailguard-sim`),
+    recorded so doctor knows a run that went straight to the simulator; None from anything else."""
+    try:
+        async with asyncio.timeout(timeout_s), session.get(f"{url}/version") as resp:
+            data = orjson.loads(await resp.read()) if resp.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+        return None
+    engine = data.get("engine") if isinstance(data, dict) else None
+    return engine if isinstance(engine, str) else None
+
+
 def _os_reason(e: aiohttp.ClientConnectorError) -> str:
     if isinstance(e.os_error, ConnectionRefusedError):
         return "connection refused (nothing listens there: is the server running, on that port?)"
