@@ -9,7 +9,7 @@ import math
 import openai
 import pytest
 
-from tailguard.client import ConnectionFailed, RateLimited, RetryBudget, RetryPolicy, Unavailable
+from tailguard.client import ConnectionFailed, RateLimited, RetryBudget, RetryPolicy, StreamBroken, Unavailable
 from tests.functional.client_calls import KINDS, against, call
 from tests.functional.client_faults import fault_server
 from tests.functional.gateways import dead_url
@@ -69,7 +69,8 @@ async def test_a_reset_connection_is_retried(kind: str) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_reset_after_content_reached_the_caller_is_not_retried(kind: str) -> None:
     out, hits = await against(kind, "content_then_reset", retry=FAST)
-    assert isinstance(out.error, openai.APIConnectionError)
+    assert isinstance(out.error, openai.APIConnectionError) and isinstance(out.error, StreamBroken)
+    assert "/content_then_reset/v1/chat/completions broke off after 1 content chunks" in str(out.error)
     assert out.texts == ["one"]
     assert len(hits) == 1
 

@@ -13,7 +13,7 @@ The pieces, for an `openai.OpenAI(http_client=...)` built by hand: `RetryTranspo
 from tailguard.client.async_transport import AsyncRetryTransport
 from tailguard.client.exceptions import (
     ConnectionFailed, ConnectTimeout, DeadlineExceeded, FirstTokenTimeout, IdleTimeout, RateLimited, Rejected,
-    TotalTimeout, Unavailable,
+    StreamBroken, TotalTimeout, Unavailable,
 )
 from tailguard.client.flow import ClientState
 from tailguard.client.retry import RetryPolicy, parse_retry_after
@@ -24,6 +24,6 @@ from tailguard.retry_budget import RetryBudget
 
 __all__ = [
     "AsyncRetryTransport", "ClientState", "ConnectionFailed", "ConnectTimeout", "DeadlineExceeded", "FirstTokenTimeout",
-    "IdleTimeout", "RateLimited", "Rejected", "RetryBudget", "RetryPolicy", "RetryTransport", "Timeouts",
+    "IdleTimeout", "RateLimited", "Rejected", "RetryBudget", "RetryPolicy", "RetryTransport", "StreamBroken", "Timeouts",
     "TotalTimeout", "Unavailable", "async_openai_client", "client_state", "openai_client", "parse_retry_after",
 ]

@@ -93,8 +93,11 @@ class _AsyncDeadlineStream(httpx.AsyncByteStream):
         buffered, self._buffer = self._buffer, []
         for piece in buffered:
             yield piece
-        while (chunk := await self._next()) is not None:
-            yield chunk
+        try:
+            while (chunk := await self._next()) is not None:
+                yield chunk
+        except httpx.TransportError as err:
+            raise self._progress.broken(err) from err
 
     async def _next(self) -> bytes | None:
         if self._done:

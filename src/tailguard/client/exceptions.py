@@ -4,6 +4,7 @@ catches `openai.APITimeoutError` or `openai.RateLimitError` keeps working:
     openai.APIError
     ├── openai.APIConnectionError
     │   ├── ConnectionFailed              every try failed to connect or was cut before a response
+    │   ├── StreamBroken                  the connection broke after content reached the caller
     │   └── openai.APITimeoutError
     │       └── DeadlineExceeded          one of this client's staged deadlines ran out
     │           ├── ConnectTimeout        no connection within `connect`
@@ -69,6 +70,18 @@ class DeadlineExceeded(openai.APITimeoutError):
         self.attempts, self.gave_up, self.tries = attempts, gave_up, tries
         self.message = f"{self._detail}; {gave_up_text(attempts, gave_up, tries)}"
         self.args = (self.message,)
+
+
+class StreamBroken(openai.APIConnectionError):
+    """The connection broke after content had reached the caller, so the call is not retried
+    (the caller holds part of the answer). Raised by the client itself, so every openai release
+    reports it the same way, naming the URL and how much had arrived."""
+
+    def __init__(self, request: httpx.Request, content_chunks: int, cause: Exception) -> None:
+        super().__init__(message=(f"the answer from {request.url} broke off after {content_chunks} content chunks "
+                                  f"({type(cause).__name__}: {cause}); not retried: content had reached the caller"),
+                         request=request)
+        self.content_chunks = content_chunks
 
 
 class ConnectionFailed(openai.APIConnectionError):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from tailguard.client.assembly import Assembler, streaming_body
 from tailguard.client.chunks import StreamScan, request_fields
 from tailguard.client.exceptions import (
-    DEADLINE_ERRORS, ConnectionFailed, DeadlineExceeded, RateLimited, Rejected, Unavailable,
+    DEADLINE_ERRORS, ConnectionFailed, DeadlineExceeded, RateLimited, Rejected, StreamBroken, Unavailable,
 )
 from tailguard.client.httplib import httpx
 from tailguard.client.retry import RETRY_STATUSES, GiveUp, GiveUpReason, Retry, RetryPolicy, parse_retry_after
@@ -193,6 +193,7 @@ class Progress:
         self.scan = StreamScan()
         self.assembler = assembler
         self._state = state
+        self._ended = False
 
     def took(self, chunk: bytes, now: float) -> None:
         if self.assembler is not None:
@@ -200,15 +201,27 @@ class Progress:
         found = self.scan.feed(chunk)
         if found:
             self.deadlines.on_content(now, found)
+        if self.scan.done:
+            # The answer is whole: learn from it now, since an SDK may stop reading at `[DONE]`
+            # (openai before 3.x does) and never reach the end of the body; no deadline is left.
+            self.ended(now)
+            return
         expired = self.deadlines.expired(now)
         if expired is not None:
             raise deadline_error(self.request, self.deadlines, now, expired)
 
     def ended(self, now: float) -> None:
-        self._state.learned(self.scan, self.deadlines, now)
+        """The answer ended well (its `[DONE]`, or the end of the body): learn its speed, once."""
+        if not self._ended:
+            self._ended = True
+            self._state.learned(self.scan, self.deadlines, now)
 
     def timed_out(self, now: float) -> DeadlineExceeded:
         return deadline_error(self.request, self.deadlines, now)
+
+    def broken(self, err: Exception) -> StreamBroken:
+        """The connection failed after the caller got content."""
+        return StreamBroken(self.request, self.scan.content_chunks, err)
 
     def prefetched(self) -> bool:
         """Whether what was read so far may be handed to the caller: the first content chunk of a

@@ -96,8 +96,11 @@ class _DeadlineStream(httpx.SyncByteStream):
     def __iter__(self) -> Iterator[bytes]:
         buffered, self._buffer = self._buffer, []
         yield from buffered
-        while (chunk := self._next()) is not None:
-            yield chunk
+        try:
+            while (chunk := self._next()) is not None:
+                yield chunk
+        except httpx.TransportError as err:
+            raise self._progress.broken(err) from err
 
     def _next(self) -> bytes | None:
         if self._done:
