@@ -243,4 +243,5 @@ def _signal_and_wait(store: ConfigStore, request: dict[str, object] | None) -> N
             typer.echo(f"config {result.get('n')} ({result.get('hash')}) applied by pid {pid} in {took:.2f} s")
             return
         time.sleep(0.02)
-    raise ConfigError(f"no answer from the gateway (pid {pid}) within {_WAIT_S:g} s")
+    raise ConfigError(f"no answer from the gateway (pid {pid}) within {_WAIT_S:g} s: its log says why; "
+                      f"`tailguard config status` shows which config it runs")

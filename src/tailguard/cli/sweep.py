@@ -189,7 +189,8 @@ def sweep(
         st = Setting.parse(setting)
         _check(st, backend, target)
         if (concurrency is None) == (rate is None):
-            raise ConfigError("give --concurrency N or --rate R")
+            raise ConfigError("give one of --concurrency N (a closed loop of N clients) or --rate R (open loop, "
+                              "requests per second)")
         sw = Sweep(st, parse_values(st, values), [Slo.parse(s) for s in slo], seed, min_repeats, max_repeats, tolerance,
                    clients=concurrency)
         for warning in result(sw)["warnings"]:

@@ -97,7 +97,9 @@ def apply(setting: Setting, value: Any, gateway: dict[str, Any], engine: dict[st
         classes = gw.setdefault("classes", _default_classes())
         match = [c for c in classes if c["name"] == setting.cls]
         if not match:
-            raise ConfigError(f"no class {setting.cls!r} in the gateway config")
+            known = ", ".join(c["name"] for c in classes)
+            raise ConfigError(f"--setting {setting.label}: no class {setting.cls!r} in the gateway config (its classes: "
+                              f"{known}); name one of them, or give --config with the class")
         match[0]["max_tokens_cap"] = value
     elif setting.name in ("policy", "aging_s", "preemption"):
         gw.setdefault("scheduler", {})[setting.name] = value
@@ -171,9 +173,10 @@ class Sweep:
 
     def __post_init__(self) -> None:
         if not self.values:
-            raise ConfigError("--values is empty")
+            raise ConfigError("--values gave no value: give a list (1,2,4) or a range (2..32)")
         if not 1 <= self.min_repeats <= self.max_repeats:
-            raise ConfigError("repeats: 1 <= min <= max")
+            raise ConfigError(f"--min-repeats {self.min_repeats} and --max-repeats {self.max_repeats}: "
+                              "give 1 <= min <= max")
         self.points = [Point(v) for v in self.values]
 
     def watched(self, summary: dict[str, Any]) -> list[tuple[str, str]]:
@@ -289,6 +292,19 @@ def result(sw: Sweep) -> dict[str, Any]:
 
 
 def _warnings(sw: Sweep) -> list[str]:
+    return _unmeasured(sw) + _unbound(sw)
+
+
+def _unmeasured(sw: Sweep) -> list[str]:
+    """An SLO on a class the runs do not have can never be met: say so, with the classes they have."""
+    have = sorted({c for pt in sw.points for s in pt.summaries for c in s.get("classes", {})})
+    if not have:
+        return []
+    return [f"--slo {s.cls}:{s.metric}={s.bound_s:g} judges class {s.cls!r}, which the workload does not send (its "
+            f"classes: {', '.join(have)}): no value can meet it; name one of those" for s in sw.slos if s.cls not in have]
+
+
+def _unbound(sw: Sweep) -> list[str]:
     same = sw.unbound()
     if not same:
         return []

@@ -90,3 +90,15 @@ def test_values_at_or_above_the_clients_sent_are_named_and_the_table_keeps_what_
     assert result(open_loop)["warnings"] == []
     assert result(Sweep(Setting.parse("policy"), ["fcfs", "ranked-sjf"], []))["no_knee"] == (
         "policy is not a number: its values have no knee")
+
+
+def test_errors_and_warnings_name_the_thing_and_the_next_step() -> None:
+    with pytest.raises(ConfigError, match=r"no class 'chats' in the gateway config \(its classes: interactive, batch\)"):
+        apply(Setting.parse("max_tokens_cap:chats"), 512, {}, {})
+    with pytest.raises(ConfigError, match=r"--min-repeats 3 and --max-repeats 2: give 1 <= min <= max"):
+        Sweep(Setting.parse("max_concurrency"), [4], [], min_repeats=3, max_repeats=2)
+    sw = Sweep(Setting.parse("max_concurrency"), [4], [Slo.parse("interactive:e2e_s=1")], min_repeats=1, max_repeats=1)
+    sw.add(0, summary(1.0, 100.0))
+    assert result(sw)["warnings"] == [
+        "--slo interactive:e2e_s=1 judges class 'interactive', which the workload does not send (its classes: chat): "
+        "no value can meet it; name one of those"]
