@@ -72,7 +72,7 @@ class BenchConfig:
     # Against the simulator run at --time-scale X, pass X: recorded times are divided by it, so
     # every latency reads in simulated seconds (what the modelled GPU would deliver). Validity
     # keeps its wall-clock meaning: the threshold is converted the same way. None: not given,
-    # which a target that says it runs on simulated time refuses (`target.time_scale_for`).
+    # the scale the target announces, else 1 (`target.time_scale_for`).
     time_scale: float | None = None
     # Wall seconds requests in flight may take to finish after `stop` is set.
     interrupt_grace_s: float = 5.0
