@@ -30,3 +30,4 @@ def test_a_sweep_says_what_it_judges_how_far_it_is_and_what_cannot_bind(tmp_path
     knee = next(line for line in done.stdout.splitlines() if "knee" in line)
     assert knee.startswith(f"knee: {res['knee']};") if res["knee"] is not None else knee.startswith("no knee: ")
     assert "None" not in knee
+

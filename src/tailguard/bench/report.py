@@ -76,7 +76,8 @@ def load_run(run_dir: Path) -> tuple[list[RequestRecord], dict[str, Any]]:
     """A saved run: its records and its run.json (an empty description if run.json is missing)."""
     path = run_dir / REQUESTS_FILE
     if not path.is_file():
-        raise ConfigError(f"{run_dir} is not a bench output folder: {REQUESTS_FILE} is missing")
+        raise ConfigError(f"{run_dir} is not a bench output folder: {REQUESTS_FILE} is missing (give the folder "
+                          "a `tailguard bench --out DIR` run wrote)")
     meta_path = run_dir / RUN_FILE
     meta: dict[str, Any] = orjson.loads(meta_path.read_bytes()) if meta_path.is_file() else {}
     try:
