@@ -36,7 +36,7 @@ from tailguard.gateway.ops.recorder import Recorder
 from tailguard.gateway.ops.reload import Parts, Reloader
 from tailguard.gateway.ops.store import ConfigStore
 from tailguard.gateway.upstream.backends import resolved
-from tailguard.gateway.upstream.client import Upstream
+from tailguard.gateway.upstream.client import Upstream, read_capped
 from tailguard.gateway.upstream.kinds import get_kind
 from tailguard.gateway.upstream.probes import Probes
 
@@ -205,7 +205,7 @@ class ModelCache:
                                          timeout=aiohttp.ClientTimeout(total=self._live.cfg.health.timeout_s)) as resp:
                 if resp.status != 200:
                     return []
-                data = orjson.loads(await resp.read())
+                data = orjson.loads(await read_capped(resp, self._live.cfg.limits.max_probe_bytes))
         except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError):
             return []
         items = data.get("data") if isinstance(data, dict) else None

@@ -27,7 +27,7 @@ from tailguard.clock import monotonic
 from tailguard.errors import GatewayError
 
 _HIGH_WATER = 64 * 1024
-_MAX_HEAD = 64 * 1024  # aiohttp's client allows 8 KiB a line; a whole head past this is refused
+MAX_HEAD = 64 * 1024  # the default bound of a response's head (`limits.max_response_head_bytes`)
 
 
 class UpstreamBroke(GatewayError):
@@ -153,19 +153,24 @@ class H1Connection(asyncio.Protocol):
         self._delimited = False  # the body has a length or is chunked (else: until the close)
         self._keep = False  # the connection may carry another request after this response
         self._head_size = 0  # bytes of this response's header lines so far
+        self._read_in_head = 0  # bytes of the reads that ended with the head still incomplete
+        self._max_head = MAX_HEAD
         self._paused = False
 
-    async def request(self, head: bytes, body: bytes, *, keep: bool = True) -> H1Response:
+    async def request(self, head: bytes, body: bytes, *, keep: bool = True, max_head: int = MAX_HEAD) -> H1Response:
         """Send one request (`keep`: it did not ask for the connection's close); returns once
         the response's headers are in. Raises `UpstreamBroke` when the connection ends first,
-        `httptools.HttpParserError` on a malformed answer."""
+        `httptools.HttpParserError` on a malformed answer or one whose head passes `max_head`
+        bytes (counted as they arrive: llhttp keeps a header value it has not seen the end of,
+        so a value that never ends would grow without bound)."""
         assert self.transport is not None and self._resp is None
         if self.closed:
             raise UpstreamBroke("Connection closed", answered=False)
         self._resp = H1Response(self)
         self._complete = self._delimited = False
         self._keep = keep
-        self._head_size = 0
+        self._head_size = self._read_in_head = 0
+        self._max_head = max_head
         self._head = self.loop.create_future()
         self.transport.write(head + body)
         try:
@@ -179,17 +184,21 @@ class H1Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        if self._resp is None or self._complete:
+        resp = self._resp
+        if resp is None or self._complete:
             # Bytes on an idle connection, or after the answer ended (a server's 408 before it
             # closes one, say), answer nothing: the connection is not trusted with another request.
-            if self._resp is None:
+            if resp is None:
                 self.abort()
             self._keep = False
             return
         try:
             self._parser.feed_data(data)
+            if not resp.status:  # still in the head: what llhttp holds of it grows with each read
+                self._read_in_head += len(data)
+                self._check_head(self._read_in_head)
         except httptools.HttpParserError as e:
-            answered = bool(self._resp.status)  # past the head: the body is what broke
+            answered = bool(resp.status)  # past the head: the body is what broke
             self._fail(UpstreamBroke(f"Malformed response body: {e}", answered=True) if answered else e)
             self.abort()
 
@@ -211,12 +220,15 @@ class H1Connection(asyncio.Protocol):
         if self._complete:  # a second message after the answer, in the same read: never reused
             self._keep = False
 
+    def _check_head(self, size: int) -> None:
+        if size > self._max_head:  # a runaway backend must not grow the gateway's memory
+            raise httptools.HttpParserError(f"response head over {self._max_head} bytes")
+
     def on_header(self, name: bytes, value: bytes) -> None:
         resp = self._resp
         if resp is not None and not self._complete:
             self._head_size += len(name) + len(value)
-            if self._head_size > _MAX_HEAD:  # a runaway backend must not grow the gateway's memory
-                raise ValueError(f"response headers over {_MAX_HEAD} bytes")
+            self._check_head(self._head_size)
             key = name.decode("latin-1").lower()
             resp.headers[key] = value.decode("latin-1")
             if key in ("content-length", "transfer-encoding"):

@@ -5,7 +5,8 @@ The fast path never parses JSON per chunk, and runs in the upstream connection's
 content chunks are recognised by their bytes (`wire.chunks`) and only the usage chunk is parsed.
 Bytes that precede the first content chunk (the role-only delta) are held back until it arrives,
 so the response headers can carry the TTFT and a failure before any content can still be retried
-on another backend. A preemptible
+on another backend; they are bounded (`limits.max_preamble_bytes`), as is each event
+(`limits.max_event_bytes`) and what is drained past the end. A preemptible
 request takes the tracked path instead, which parses every event to keep the text so far.
 """
 
@@ -18,8 +19,9 @@ import orjson
 
 from tailguard.clock import monotonic
 from tailguard.errors import APIError
+from tailguard.gateway.config import LimitsConfig
 from tailguard.gateway.sink import ClientGone, Sink
-from tailguard.gateway.upstream.client import RelayError, Suspended
+from tailguard.gateway.upstream.client import RelayError, Suspended, stream_failure
 from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.upstream.resume import Progress
 from tailguard.gateway.upstream.tally import Tally
@@ -28,7 +30,11 @@ from tailguard.wire.chunks import (
     delta_text, has_content, has_usage, is_error, parse, role_only, running_completion_tokens, with_service_tier,
 )
 from tailguard.wire.openai import Endpoint, error_body
-from tailguard.wire.sse import DONE, DONE_EVENT, SSEDecoder, SSEEvent, encode_event, events_of, is_done
+from tailguard.wire.sse import DONE, DONE_EVENT, EventTooLarge, SSEDecoder, SSEEvent, encode_event, events_of, is_done
+
+# What a stream may still send after its `[DONE]`, drained so its connection can be reused; past
+# this the connection is closed instead.
+_DRAIN_BYTES = 64 * 1024
 
 
 def _event_json(data: bytes, start: int, end: int) -> object:
@@ -48,14 +54,16 @@ class StreamRelay:
     tally: Tally
     client_usage: bool
     make_headers: Callable[[], dict[str, str]]
+    limits: LimitsConfig
     upstream_error: bool = False
     ended: bool = False  # the client's response is complete (eof written)
     progress: Progress | None = None  # set for preemptible requests: the text so far is tracked
     # A preemptible request's chunk id from its first run: a resumed run's chunks are given it
     # back, so the client sees one response id throughout.
     stream_id: str | None = None
-    # Bytes before the first content chunk (the role-only delta), sent with it.
+    # Bytes before the first content chunk (the role-only delta), sent with it; `held_bytes` long.
     held: list[bytes] = field(default_factory=list)
+    held_bytes: int = 0
     service_tier: bytes | None = None  # the tier to report, when the request named one
     # The callback relay's state (`_chunk`): this run's decoder, the events it handed back, and
     # whether the client's buffer is full.
@@ -73,11 +81,13 @@ class StreamRelay:
         than the backend writes) comes back here and takes `_emit`."""
         self.tally.start_run()
         self.held.clear()  # a failed attempt's preamble is not this one's
+        self.held_bytes = 0
         if self.progress is not None:
             await self._run_tracked(up, self.progress)
             return
-        self._dec = dec = SSEDecoder()
+        self._dec = dec = SSEDecoder(self.limits.max_event_bytes)
         sink, wd = self.sink, self.tally.watchdog
+        drained = 0
         try:
             while True:
                 if sink.started and not self.ended and self.service_tier is None:
@@ -98,12 +108,15 @@ class StreamRelay:
                 now = monotonic()
                 wd.last_at = now
                 if self.ended:
-                    continue  # past [DONE]: drain so the connection can be reused
+                    drained += len(data)  # past [DONE]: drain so the connection can be reused
+                    if drained > _DRAIN_BYTES:
+                        return  # not worth it: the caller closes it
+                    continue
                 buf, ends = dec.frame(data)
                 if ends:
                     await self._emit(*self._scan(buf, ends), now)
-        except UpstreamBroke as e:
-            await self._broke(e)
+        except (UpstreamBroke, EventTooLarge) as e:
+            await self._broke(stream_failure(e))
             return
         await self._eof(dec)
 
@@ -131,7 +144,7 @@ class StreamRelay:
         stops with `Suspended` once the dispatcher has preempted the request."""
         clock = monotonic
         wd, read = self.tally.watchdog, up.readany
-        dec = SSEDecoder()
+        dec = SSEDecoder(self.limits.max_event_bytes)
         try:
             while data := await read():
                 if prog.suspended and not self.ended:
@@ -140,21 +153,22 @@ class StreamRelay:
                 wd.last_at = now
                 if not self.ended:
                     await self._emit(*self._track(dec.feed(data), prog), now)
-        except UpstreamBroke as e:
-            if prog.suspended and not self.ended:
+        except (UpstreamBroke, EventTooLarge) as e:
+            if isinstance(e, UpstreamBroke) and prog.suspended and not self.ended:
                 raise Suspended() from None
-            await self._broke(e)
+            await self._broke(stream_failure(e))
             return
         if prog.suspended and not self.ended:
             raise Suspended()
         await self._eof(dec)
 
-    async def _broke(self, e: Exception) -> None:
-        """The upstream broke off: an attempt's failure while the client has seen nothing (the
-        front may send it again), else the client's stream ends with an error event."""
+    async def _broke(self, err: RelayError) -> None:
+        """The upstream broke off or broke a bound: an attempt's failure while the client has
+        seen nothing (the front may send it again), else the client's stream ends with an error
+        event."""
         if not self.sink.started:
-            raise RelayError(FailureKind.DISCONNECT, f"Backend closed the stream early: {e}") from None
-        await self.fail(RelayError(FailureKind.DISCONNECT, f"Backend closed the stream early: {e}").api_error())
+            raise err
+        await self.fail(err.api_error())
 
     async def _eof(self, dec: SSEDecoder) -> None:
         """The upstream ended: a last event without its blank line counts, then the end."""
@@ -262,10 +276,15 @@ class StreamRelay:
         if not self.sink.started:
             if chunk:
                 self.held.append(chunk)
+                self.held_bytes += len(chunk)
             if tally.times.first_content_at is None and not last:
+                if self.held_bytes > self.limits.max_preamble_bytes:
+                    raise RelayError(FailureKind.PROTOCOL, f"Backend sent {self.held_bytes} bytes without content, "
+                                     f"over limits.max_preamble_bytes ({self.limits.max_preamble_bytes})")
                 return
             first = b"".join(self.held)
             self.held.clear()
+            self.held_bytes = 0
             await self._start(first, eof=last)
         elif self.ended:
             return
