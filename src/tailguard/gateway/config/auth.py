@@ -49,6 +49,12 @@ class AuthConfig(_Model):
         description="Accepted keys (`Authorization: Bearer <key>`), each with optional settings. "
         "When non-empty, a request without a listed key gets 401.",
     )
+    allow_keyless: bool = Field(
+        default=False,
+        description="Confirms that this config means to serve anyone without a key. A live reload that removes "
+        "every key (a half-written file cut off before `auth:` reads as exactly that) is refused without it, "
+        "or without `tailguard config reload --allow-auth-change`.",
+    )
 
     @model_validator(mode="after")
     def _one_limit_per_caller(self) -> AuthConfig:
