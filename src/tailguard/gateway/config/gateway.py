@@ -15,9 +15,9 @@ from tailguard import settings
 from tailguard.errors import ConfigError
 from tailguard.front import params as fp
 from tailguard.front.params import ServiceTier
-from tailguard.gateway.config.auth import AuthConfig, _fingerprint
+from tailguard.gateway.config.auth import AuthConfig
 from tailguard.gateway.config.backends import BackendConfig
-from tailguard.gateway.config.base import _INTAKE, _Model
+from tailguard.gateway.config.base import _INTAKE, _Model, fingerprint
 from tailguard.gateway.config.classes import ClassConfig, default_classes
 from tailguard.gateway.config.limits import LimitsConfig
 from tailguard.gateway.config.problems import validate
@@ -91,10 +91,10 @@ class GatewayConfig(_Model):
         fingerprint: what the config's hash covers, what `/config` shows and a bench run records,
         and what `tailguard config diff` compares. A changed key still shows as changed."""
         data = self.model_dump(mode="json")
-        data["auth"]["api_keys"] = {_fingerprint(k): v for k, v in data["auth"]["api_keys"].items()}
+        data["auth"]["api_keys"] = {fingerprint(k): v for k, v in data["auth"]["api_keys"].items()}
         for b in data["backends"]:
             if b.get("api_key"):
-                b["api_key"] = _fingerprint(b["api_key"])
+                b["api_key"] = fingerprint(b["api_key"])
         return data
 
     def digest(self) -> str:
