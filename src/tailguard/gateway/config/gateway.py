@@ -19,6 +19,7 @@ from tailguard.gateway.config.auth import AuthConfig
 from tailguard.gateway.config.backends import BackendConfig
 from tailguard.gateway.config.base import _INTAKE, _Model, fingerprint
 from tailguard.gateway.config.classes import ClassConfig, default_classes
+from tailguard.gateway.config.fleet import EjectionConfig, HedgingConfig, RoutingConfig
 from tailguard.gateway.config.limits import LimitsConfig
 from tailguard.gateway.config.problems import validate
 from tailguard.gateway.config.scheduler import SchedulerConfig
@@ -64,6 +65,14 @@ class GatewayConfig(_Model):
         default=False, description="Include prompt and completion text in the access log (off: metadata only)."
     )
     retries: RetryConfig = Field(default_factory=RetryConfig, description="Retries that lose nothing.")
+    aliases: dict[str, str] = Field(
+        default_factory=dict,
+        description="Model names clients may use for a served model, e.g. `{chat: llama-3-8b}`: a request "
+        "for `chat` goes to the backends serving `llama-3-8b`, sent as `llama-3-8b`.",
+    )
+    routing: RoutingConfig = Field(default_factory=RoutingConfig, description="Routing within a pool.")
+    ejection: EjectionConfig = Field(default_factory=EjectionConfig, description="Passive health (ejection).")
+    hedging: HedgingConfig = Field(default_factory=HedgingConfig, description="Hedged requests (off by default).")
     limits: LimitsConfig = Field(default_factory=LimitsConfig,
                                  description="Bytes and seconds a backend or a client may cost the gateway.")
 
@@ -79,12 +88,15 @@ class GatewayConfig(_Model):
             health=fp.HealthParams(unhealthy_after=h.unhealthy_after, healthy_after=h.healthy_after),
             retry=self.retries.params(),
             callers=self.auth.callers(),
+            routing=self.routing.params(),
+            ejection=self.ejection.params(),
+            hedging=self.hedging.params(),
         )
 
     def intake_params(self) -> fp.IntakeParams:
         """The intake's parameters: how a request is classified and capped (`tailguard.front.intake`)."""
         return fp.IntakeParams(classes=[c.spec() for c in self.classes], default_class=self.default_class,
-                               service_tier_map=self.service_tier_map, keys=self.auth.keys())
+                               service_tier_map=self.service_tier_map, keys=self.auth.keys(), aliases=self.aliases)
 
     def settings(self) -> dict[str, Any]:
         """Every setting as plain data, each secret (client keys, backend keys) replaced by a
@@ -119,6 +131,12 @@ class GatewayConfig(_Model):
                     f"auth: {label} has default_class {key_cfg.default_class!r}, not a configured class (known: {listing})"
                 )
         _no_duplicates([b.name for b in self.backends], "backend")
+        for name in self.hedging.classes if self.hedging.enabled else ():
+            if name not in known:
+                raise ValueError(f"hedging.classes names unknown class {name!r} (known: {listing})")
+        for alias, target in self.aliases.items():
+            if target in self.aliases:
+                raise ValueError(f"aliases.{alias} names {target!r}, itself an alias: name the served model")
         return self
 
     @classmethod

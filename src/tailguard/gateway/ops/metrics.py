@@ -159,9 +159,22 @@ class GatewayMetrics:
         self.preemptions = Counter(
             "tailguard_preemptions", "Running requests suspended to free a slot for higher-priority work "
             "(each is resumed later where it stopped).", ["class"], registry=r)
+        self.migrations = Counter(
+            "tailguard_migrations", "Streams continued on another backend after theirs died or stalled "
+            "mid-answer, by the failure that moved them (reset, disconnect, timeout_idle); a client's own "
+            "cancel is never one.", ["class", "reason"], registry=r)
         self.backend_healthy = Gauge(
-            "tailguard_backend_healthy", "1 if the last health probes of a backend succeeded.", ["backend"],
-            registry=r)
+            "tailguard_backend_healthy", "1 if a backend takes requests: its health probes succeed and it is "
+            "not ejected.", ["backend"], registry=r)
+        self.hedges = Counter(
+            "tailguard_hedges", "Hedged requests' second attempts: `sent`, then `won` (its content came first), "
+            "`lost` (the first attempt's did) or `failed`.", ["class", "outcome"], registry=r)
+        self.health_changes = Counter(
+            "tailguard_backend_health_changes", "Changes of a backend's health, each once: `unhealthy` and `healthy` "
+            "(active probes), `ejected` and `readmitted` (passive).", ["backend", "to"], registry=r)
+        self.ejections = Counter(
+            "tailguard_backend_ejections", "Backends taken out for a while after failing requests in a row "
+            "(passive health), by the kind of the last failure.", ["backend", "kind"], registry=r)
         self.engine_requests = Gauge(
             "tailguard_backend_engine_requests", "Requests the engine itself reports running and waiting "
             "(its own load page, read with each health probe); waiting above 0 means the gateway's cap is "
@@ -287,6 +300,8 @@ def access_log(t: Request, *, method: str, path: str, logged_text: bool = False)
     }
     if t.reason is not None:
         rec["reason"] = t.reason
+    if t.migrations:
+        rec["migrations"] = t.migrations
     if t.caller is not None:
         rec["caller"] = t.caller
     if t.output_estimated:

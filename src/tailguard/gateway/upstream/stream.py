@@ -6,8 +6,10 @@ content chunks are recognised by their bytes (`wire.chunks`) and only the usage 
 Bytes that precede the first content chunk (the role-only delta) are held back until it arrives,
 so the response headers can carry the TTFT and a failure before any content can still be retried
 on another backend; they are bounded (`limits.max_preamble_bytes`), as is each event
-(`limits.max_event_bytes`) and what is drained past the end. A preemptible
-request takes the tracked path instead, which parses every event to keep the text so far.
+(`limits.max_event_bytes`) and what is drained past the end. A preemptible request takes the
+tracked path instead, which parses every event to keep the text so far; one that may only be
+moved to another backend if its own dies mid-answer keeps the fast path and its content events
+raw (`Progress.keep`), parsed only then.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from tailguard.gateway.upstream.resume import Progress
 from tailguard.gateway.upstream.tally import Tally
 from tailguard.types import FailureKind
 from tailguard.wire.chunks import (
-    delta_text, has_content, has_usage, is_error, parse, role_only, running_completion_tokens, with_service_tier,
+    delta_text, has_content, has_usage, is_error, parse, role_only, running_usage, with_service_tier,
 )
 from tailguard.wire.openai import Endpoint, error_body
 from tailguard.wire.sse import DONE, DONE_EVENT, EventTooLarge, SSEDecoder, SSEEvent, encode_event, events_of, is_done
@@ -82,8 +84,11 @@ class StreamRelay:
         self.tally.start_run()
         self.held.clear()  # a failed attempt's preamble is not this one's
         self.held_bytes = 0
-        if self.progress is not None:
-            await self._run_tracked(up, self.progress)
+        prog = self.progress
+        if prog is not None and not prog.lazy:
+            if self.stream_id is None:
+                self.stream_id = prog.first_id  # (a lazy first run's, continued after a migration)
+            await self._run_tracked(up, prog)
             return
         self._dec = dec = SSEDecoder(self.limits.max_event_bytes)
         sink, wd = self.sink, self.tally.watchdog
@@ -116,8 +121,8 @@ class StreamRelay:
                 if ends:
                     await self._emit(*self._scan(buf, ends), now)
         except (UpstreamBroke, EventTooLarge) as e:
-            await self._broke(stream_failure(e))
-            return
+            if not self.ended:
+                raise stream_failure(e) from None
         await self._eof(dec)
 
     def _chunk(self, data: bytes) -> bool:
@@ -132,6 +137,8 @@ class StreamRelay:
             return True  # part of an event: the decoder keeps it
         if len(ends) == 1 and has_content(buf, 0, ends[0]):
             tally.content(now, 1)
+            if self.progress is not None:
+                self.progress.keep(buf, self.endpoint == "chat")
             if self.sink.write_nowait(buf):
                 return True
             self._blocked = True
@@ -156,19 +163,11 @@ class StreamRelay:
         except (UpstreamBroke, EventTooLarge) as e:
             if isinstance(e, UpstreamBroke) and prog.suspended and not self.ended:
                 raise Suspended() from None
-            await self._broke(stream_failure(e))
-            return
+            if not self.ended:
+                raise stream_failure(e) from None
         if prog.suspended and not self.ended:
             raise Suspended()
         await self._eof(dec)
-
-    async def _broke(self, err: RelayError) -> None:
-        """The upstream broke off or broke a bound: an attempt's failure while the client has
-        seen nothing (the front may send it again), else the client's stream ends with an error
-        event."""
-        if not self.sink.started:
-            raise err
-        await self.fail(err.api_error())
 
     async def _eof(self, dec: SSEDecoder) -> None:
         """The upstream ended: a last event without its blank line counts, then the end."""
@@ -176,7 +175,8 @@ class StreamRelay:
             return
         tail = dec.flush_raw()
         prog = self.progress
-        chunk, content, _ = self._scan(tail, [len(tail)]) if prog is None else self._track(events_of(tail), prog)
+        chunk, content, _ = (self._scan(tail, [len(tail)]) if prog is None or prog.lazy
+                             else self._track(events_of(tail), prog))
         await self._emit(chunk, content, True, monotonic())
 
     def _scan(self, buf: bytes, ends: list[int]) -> tuple[bytes, int, bool]:
@@ -196,6 +196,8 @@ class StreamRelay:
                 self.upstream_error = True
             last_start, pos = pos, end
         last = content < len(ends) and is_done(buf, last_start, pos)  # [DONE] is not content
+        if content and self.progress is not None:
+            self.progress.keep(buf, self.endpoint == "chat")
         if drop is not None:
             buf = buf[:drop[0]] + buf[drop[1]:]
         return buf, content, last
@@ -222,7 +224,8 @@ class StreamRelay:
                 self.upstream_error = True
                 out.append(raw)
             elif has_content(ev.data):
-                prog.add(delta_text(obj, self.endpoint == "chat"), running_completion_tokens(obj))
+                pt, ct = running_usage(obj)
+                prog.add(delta_text(obj, self.endpoint == "chat"), ct, pt)
                 content += 1
                 out.append(raw)
             elif isinstance(obj.get("usage"), dict):
