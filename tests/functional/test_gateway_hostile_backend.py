@@ -29,7 +29,8 @@ MiB = 1024 * 1024
 BUDGET = 64 * MiB  # what a hostile backend may add to the gateway's RSS
 QUICK_S = 0.1  # /health and a normal chat answer within this during an attack (the median)
 SLOWEST_S = 0.5  # and every one within this (on an idle machine the slowest is under QUICK_S too)
-CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+CHAT = {"model": "tailguard-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+EVIL = {**CHAT, "model": "evil"}  # the model only the hostile backend serves
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -65,10 +66,11 @@ class Attack:
 
 @asynccontextmanager
 async def _evil_gateway(case: str, **cfg: Any) -> AsyncIterator[Stack]:
-    """A gateway whose first backend is the hostile one (one slot: the first request goes there,
-    the others to the simulator), with no retries, so the attack ends with its own error."""
+    """A gateway whose first backend is the hostile one, serving model `evil` (the attack asks
+    for it; normal chats for the simulator's), with no retries, so the attack ends with its own
+    error."""
     async with hostile(case) as url:
-        evil = BackendConfig(name="evil", url=url, kind="openai", max_concurrency=1)
+        evil = BackendConfig(name="evil", url=url, kind="openai", max_concurrency=1, models=["evil"])
         async with gateway(extra_backends=[evil], retries={"max_attempts": 1}, **cfg) as gw:
             yield gw
 
@@ -140,7 +142,7 @@ async def _protocol_errors(gw: Stack) -> float:
 
 async def test_a_non_stream_answer_that_never_ends_is_cut_at_max_answer_bytes() -> None:
     async with asyncio.timeout(60), _evil_gateway("post-content") as gw:
-        a = await _attack(gw, {**CHAT, "max_tokens": 100_000})
+        a = await _attack(gw, {**EVIL, "max_tokens": 100_000})
         assert a.status == 502 and b"max_answer_bytes" in a.body
         _assert_bounded(a)
         assert await _protocol_errors(gw) == 1
@@ -149,7 +151,7 @@ async def test_a_non_stream_answer_that_never_ends_is_cut_at_max_answer_bytes() 
 @pytest.mark.parametrize("stream", [True, False])
 async def test_a_preamble_of_comments_is_cut_at_max_preamble_bytes(stream: bool) -> None:
     async with asyncio.timeout(30), _evil_gateway("post-comments") as gw:
-        a = await _attack(gw, {**CHAT, "stream": stream})
+        a = await _attack(gw, {**EVIL, "stream": stream})
         # A stream holds its preamble; a non-stream answer holds nothing of comments but counts them.
         assert a.status == 502 and (b"max_preamble_bytes" if stream else b"max_answer_bytes") in a.body
         _assert_bounded(a)
@@ -157,7 +159,7 @@ async def test_a_preamble_of_comments_is_cut_at_max_preamble_bytes(stream: bool)
 
 async def test_a_header_value_that_never_ends_is_refused_at_max_response_head_bytes() -> None:
     async with asyncio.timeout(30), _evil_gateway("post-header") as gw:
-        a = await _attack(gw, {**CHAT, "stream": True})
+        a = await _attack(gw, {**EVIL, "stream": True})
         assert a.status == 502 and b"response head over 65536 bytes" in a.body
         _assert_bounded(a)
 
@@ -165,7 +167,7 @@ async def test_a_header_value_that_never_ends_is_refused_at_max_response_head_by
 @pytest.mark.parametrize("stream", [True, False])
 async def test_one_sse_event_that_never_ends_is_cut_at_max_event_bytes(stream: bool) -> None:
     async with asyncio.timeout(30), _evil_gateway("post-event") as gw:
-        a = await _attack(gw, {**CHAT, "stream": stream})
+        a = await _attack(gw, {**EVIL, "stream": stream})
         assert a.status == 502 and b"max_event_bytes" in a.body
         _assert_bounded(a)
         assert a.seconds < 5  # 1 MiB at loopback speed, scanned once
@@ -173,7 +175,7 @@ async def test_one_sse_event_that_never_ends_is_cut_at_max_event_bytes(stream: b
 
 async def test_an_endless_event_after_content_ends_the_stream_with_an_error_event() -> None:
     async with asyncio.timeout(30), _evil_gateway("post-event-after-content") as gw:
-        a = await _attack(gw, {**CHAT, "stream": True})
+        a = await _attack(gw, {**EVIL, "stream": True})
         assert a.status == 200 and a.body.startswith(TOK_EVENT)
         last = orjson.loads(a.body.rstrip().rsplit(b"\n\n", 1)[-1].removeprefix(b"data: "))
         assert last["error"]["code"] == "protocol" and "max_event_bytes" in last["error"]["message"]
