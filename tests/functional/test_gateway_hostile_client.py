@@ -218,3 +218,35 @@ async def test_twenty_thousand_idle_connections_do_not_take_health_down(tmp_path
     closed = (sample(m, "tailguard_connections_closed_total", reason="evicted_idle")
               + sample(m, "tailguard_connections_closed_total", reason="header_timeout"))
     assert closed >= n - 1000 - 8
+
+
+async def test_queued_bodies_past_their_byte_budget_are_refused_with_retry_after() -> None:
+    """One slot, held by a long stream; bodies of 600 KiB queue behind it until the next one
+    would pass `max_queued_body_bytes` (1 MiB): that one gets 503 `queue_full`, before the
+    queue's length is anywhere near its bound."""
+    big = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                        "user": "u" * 600 * 1024})
+    async with asyncio.timeout(30), gateway(limits={"max_queued_body_bytes": 1024 * 1024}, max_concurrency=1) as gw:
+        holder = await _open(gw.url)
+        holder[1].write(_post(LONG))
+        await holder[0].readuntil(b"\r\n\r\n")  # streaming: the one slot is taken
+        queued = await _open(gw.url)
+        queued[1].write(_post(big))
+        async with asyncio.timeout(5):
+            while (await _json(gw.url, "/health"))["queued"] == 0:
+                await asyncio.sleep(0.01)
+        refused = await _open(gw.url)
+        refused[1].write(_post(big))
+        status, head, body = await _status(refused[0])
+        assert status == 503 and orjson.loads(body)["error"]["code"] == "queue_full"
+        assert b"retry-after: 1" in head.lower() and b"x-tailguard-reject-reason: queue_full" in head.lower()
+        for _, w in (holder, queued, refused):
+            w.close()
+        m = await scrape(gw.url)
+        assert sample(m, "tailguard_rejected_total", **{"class": "interactive", "reason": "queue_full"}) == 1
+
+
+async def _json(url: str, path: str) -> dict[str, object]:
+    async with aiohttp.ClientSession() as s, s.get(url + path) as r:
+        out: dict[str, object] = await r.json()
+        return out
