@@ -84,7 +84,9 @@ class UpstreamStatus(GatewayError):
 
 def stream_failure(e: UpstreamBroke | EventTooLarge) -> RelayError:
     """How a stream being read failed: cut off (`DISCONNECT`) or an event past its bound
-    (`PROTOCOL`: the backend broke the protocol, as a malformed answer does)."""
+    (`PROTOCOL`: the backend broke the protocol, as a malformed answer does). An attempt's
+    failure, whether or not the client has seen bytes: the front decides what follows (a retry,
+    a continuation on another backend, or the end of the client's stream with an error event)."""
     if isinstance(e, EventTooLarge):
         return RelayError(FailureKind.PROTOCOL, f"Backend sent {e} (limits.max_event_bytes)")
     return RelayError(FailureKind.DISCONNECT, f"Backend closed the stream early: {e}")
