@@ -213,30 +213,35 @@ def _settle_file(config: Path, entry: Entry, write: bool) -> None:
                "(keeping the file as it is beside it)", err=True)
 
 
-def reload(config: Optional[Path] = _CONFIG, state_dir: Optional[Path] = _STATE) -> None:
+def reload(config: Optional[Path] = _CONFIG, state_dir: Optional[Path] = _STATE,
+           allow_auth_change: bool = typer.Option(
+               False, "--allow-auth-change",
+               help="Apply the file even if it removes every API key (auth off); refused otherwise.")) -> None:
     """Make the running gateway read its --config file again (as SIGHUP does), and say how it went."""
     from tailguard.errors import ConfigError
 
     try:
-        _signal_and_wait(_store(config, state_dir), None)
+        _signal_and_wait(_store(config, state_dir), {"how": "reload", "allow_auth_change": allow_auth_change})
     except ConfigError as e:
         _fail(str(e))
 
 
-def _signal_and_wait(store: ConfigStore, request: dict[str, object] | None) -> None:
+def _signal_and_wait(store: ConfigStore, request: dict[str, object]) -> None:
     """Leave the request, SIGHUP the gateway, and wait for its result (at most `_WAIT_S`)."""
     from tailguard.errors import ConfigError
 
     pid = store.running_pid()
     ident = uuid.uuid4().hex
     store.take_json(store.result_file)  # an old result must not be read as ours
-    if request is not None:
-        store.write_json(store.request_file, {"id": ident, **request})
+    # Made for the config running now, and now: the gateway ignores a leftover request.
+    history = store.history()
+    made_for = history[-1].hash if history else None
+    store.write_json(store.request_file, {"id": ident, "made_for": made_for, "at": time.time(), **request})
     started = time.monotonic()
     os.kill(pid, signal.SIGHUP)
     while time.monotonic() - started < _WAIT_S:
         result = store.take_json(store.result_file)
-        if result is not None and (request is None or result.get("id") == ident):
+        if result is not None and result.get("id") == ident:
             took = time.monotonic() - started
             if not result.get("ok"):
                 raise ConfigError(f"the gateway kept its config: {result.get('error')}")

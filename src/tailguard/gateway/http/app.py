@@ -28,6 +28,7 @@ from tailguard.gateway.exchange import Context
 from tailguard.gateway.http.classes import ClassTable
 from tailguard.gateway.http.models import fleet_models, one_model
 from tailguard.gateway.http.proxy import Proxy, error_response
+from tailguard.gateway.http.server import GatewayRunner, raise_file_limit, reserved_only
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.log_buffer import BufferedLineHandler
 from tailguard.gateway.ops.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, GatewayMetrics
@@ -54,7 +55,7 @@ def create_app(cfg: GatewayConfig, *, record: Path | None = None) -> web.Applica
     `record`, the front's events and decisions are written there (`gateway.ops.recorder`)."""
     if not cfg.backends:
         raise ValueError("the gateway needs at least one backend")
-    app = web.Application(client_max_size=cfg.max_body_bytes, middlewares=[_openai_errors])
+    app = web.Application(client_max_size=cfg.max_body_bytes, middlewares=[_openai_errors, reserved_only])
     app[LIVE] = Live.of(cfg)
     if record is not None:
         app[RECORD] = record
@@ -218,6 +219,13 @@ def reloader_of(app: web.Application, store: ConfigStore | None = None,
     return Reloader(app[LIVE], parts, store, reread)
 
 
+def gateway_runner(app: web.Application) -> GatewayRunner:
+    """The runner that serves a gateway app: aiohttp's, with the client-side limits
+    (`gateway.http.server`) and the handler cancellation a departed client needs."""
+    return GatewayRunner(app, app[LIVE], app[METRICS], handle_signals=False, handler_cancellation=True,
+                         access_log=None)
+
+
 def _say_what_it_finds() -> None:
     """From the moment it listens, the gateway's own log (what its probes find, what changes) goes
     to stderr at INFO; before, a failed start says one line only."""
@@ -248,7 +256,8 @@ async def serve(
             logger.propagate = False
         logger.setLevel(logging.INFO)
     app = create_app(cfg, record=record)
-    runner = web.AppRunner(app, handle_signals=False, handler_cancellation=True, access_log=None)
+    raise_file_limit(cfg)
+    runner = gateway_runner(app)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024)
     try:

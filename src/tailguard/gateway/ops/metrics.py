@@ -155,6 +155,10 @@ class GatewayMetrics:
         self.requests = Counter(
             "tailguard_requests", "Requests by terminal outcome; each request is counted once.",
             ["class", "outcome"], registry=r)
+        self.connections_closed = Counter(
+            "tailguard_connections_closed", "Client connections the gateway closed on its own: header_timeout "
+            "(no whole request head in time), evicted_idle (an idle one closed at the cap for a new one), "
+            "over_cap (refused: every connection busy and the reserve taken).", ["reason"], registry=r)
         self.preemptions = Counter(
             "tailguard_preemptions", "Running requests suspended to free a slot for higher-priority work "
             "(each is resumed later where it stopped).", ["class"], registry=r)
