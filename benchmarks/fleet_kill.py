@@ -46,6 +46,8 @@ class Stream:
     gaps: list[float] = field(default_factory=list)
     usage: int | None = None
     error: str | None = None
+    began: float = 0.0  # perf_counter instants of its head and its last byte
+    ended: float = 0.0
 
 
 async def one(session: aiohttp.ClientSession, url: str, at: float, t0: float, out: Stream) -> None:
@@ -53,6 +55,7 @@ async def one(session: aiohttp.ClientSession, url: str, at: float, t0: float, ou
     body = {"model": "m", "messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": MAX_TOKENS,
             "stream": True, "stream_options": {"include_usage": True}}
     last: float | None = None
+    out.began = time.perf_counter()
     try:
         async with session.post(url + "/v1/chat/completions", json=body) as resp:
             out.backend = resp.headers.get("X-Tailguard-Backend", "")
@@ -76,6 +79,7 @@ async def one(session: aiohttp.ClientSession, url: str, at: float, t0: float, ou
                     out.usage = obj["usage"]["completion_tokens"]
     except (aiohttp.ClientError, asyncio.TimeoutError) as e:
         out.error = f"{type(e).__name__}: {e}"
+    out.ended = time.perf_counter()
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -103,7 +107,8 @@ async def main(args: argparse.Namespace) -> None:
             tasks = [asyncio.create_task(one(session, gw, i / args.rate, t0, s)) for i, s in enumerate(streams)]
             await asyncio.sleep(max(0.0, t0 + args.kill_at - time.perf_counter()))
             procs[1].send_signal(signal.SIGKILL)
-            killed_at = time.perf_counter() - t0
+            kill = time.perf_counter()
+            killed_at = kill - t0
             await asyncio.gather(*tasks)
     expected = " tok" * MAX_TOKENS
 
@@ -116,9 +121,9 @@ async def main(args: argparse.Namespace) -> None:
                 "longest_pause_ms_max": max(gaps) * 1000 if gaps else None,
                 "errors": sorted({s.error for s in group if s.error})[:3]}
 
-    on_victim = [s for s in streams if s.backend == victim]
-    others = [s for s in streams if s.backend != victim]
-    runs = {"started on the killed engine": summary(on_victim), "the others": summary(others)}
+    moved = [s for s in streams if s.backend == victim and s.began < kill < s.ended]
+    others = [s for s in streams if s not in moved]
+    runs = {"under way on the killed engine": summary(moved), "the others": summary(others)}
     lost = sum(1 for s in streams if s.text != expected or s.error is not None)
     lines = ["# A backend killed mid-run", "",
              f"`.venv/bin/python benchmarks/fleet_kill.py --rate {args.rate} --seconds {args.seconds} --kill-at "
