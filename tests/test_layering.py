@@ -19,7 +19,7 @@ PURE = {
     "sim.cost", "sim.kv", "sim.engine", "sim.request", "sim.answer",
     "front.params", "front.admission", "front.queue", "front.slots", "front.router", "front.preemption", "front.retry", "front.events", "front.front",
     "front.intake", "front.recording", "front.replay", "sim.fit", "gateway.http.classes", "gateway.upstream.backends",
-    "gateway.config", "gateway.ops.live", "gateway.upstream.resume", "gateway.upstream.kinds", "sim.des",
+    "gateway.config", "gateway.ops.live", "gateway.ops.catalog", "gateway.ops.capacity", "gateway.upstream.resume", "gateway.upstream.kinds", "sim.des",
     "gateway.config.base", "gateway.config.classes", "gateway.config.backends", "gateway.config.scheduler",
     "gateway.config.upstream", "gateway.config.auth", "gateway.config.gateway", "gateway.config.problems",
     "gateway.config.loading",

@@ -25,6 +25,7 @@ from tailguard.front.events import (
 )
 from tailguard.front.front import Front
 from tailguard.front.params import FrontParams
+from tailguard.front.retry import Retry, retry_of
 from tailguard.gateway.ops.metrics import GatewayMetrics
 from tailguard.gateway.ops.recorder import Recorder
 from tailguard.gateway.request import Request
@@ -127,8 +128,14 @@ class Dispatcher:
         """An attempt failed. True when the front sends it again (`ticket.backend` then names
         where); False: the caller ends the request."""
         ticket.upstream_closed()
+        failed_on = ticket.backend
         decisions = self._handle(Failed(ticket.id, kind, delivered, answered))
-        return any(isinstance(d, Start) and d.id == ticket.id for d in decisions)
+        again = any(isinstance(d, Start) and d.id == ticket.id for d in decisions)
+        if again:
+            self._metrics.retries.labels(failed_on, kind).inc()
+        elif retry_of(kind, delivered, answered) is not Retry.NO:
+            self._metrics.retries_denied.labels(failed_on, kind).inc()
+        return again
 
     def generated(self, ticket: Request, tokens: int) -> None:
         """A running preemptible request's generated tokens so far (what a preemption weighs)."""

@@ -27,6 +27,7 @@ from tailguard.front.intake import NO_CLASS
 from tailguard.gateway.upstream.resume import Progress
 from tailguard.gateway.upstream.watchdog import Watchdog
 from tailguard.types import Outcome
+from tailguard.wire.openai import Endpoint
 
 
 @dataclass(slots=True)
@@ -35,6 +36,8 @@ class Request:
 
     id: str
     arrived_at: float
+    endpoint: Endpoint = "chat"  # the route it came in by (gen_ai.operation.name)
+    model: str | None = None  # the model its body asked for
     cls: str = NO_CLASS
     caller: str | None = None  # its API key's name, when keys are configured
     rate_headers: dict[str, str] | None = None  # where the caller's limits stand (x-ratelimit-*)
@@ -99,7 +102,9 @@ class Request:
 
     def refused(self, err: APIError) -> None:
         outcome = Outcome.REJECTED if isinstance(err, Overloaded) else Outcome.CLIENT_ERROR
-        self.end(outcome, err.status, err.code)
+        # The front's word when it refused (a 429's code is OpenAI's `rate_limit_exceeded`), so
+        # the access log, the header and tailguard_rejected_total{reason} say the same.
+        self.end(outcome, err.status, err.headers.get("X-Tailguard-Reject-Reason", err.code))
 
     def finish(self) -> None:
         """Its last instant, once (the exchange sets it when the answer ends, else the proxy)."""

@@ -138,8 +138,10 @@ async def _health(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    request.app[DISPATCHER].export_gauges()
-    body = request.app[METRICS].render()
+    dispatcher, metrics = request.app[DISPATCHER], request.app[METRICS]
+    dispatcher.export_gauges()
+    metrics.export_state(dispatcher.front, request.app[LIVE], monotonic())
+    body = metrics.render()
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 

@@ -68,7 +68,7 @@ class Proxy:
         self._cfg, self._classes = cfg, classes
 
     async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-        t = self._arrived()
+        t = self._arrived(endpoint)
         try:
             api_key = bearer_key(request.headers)
             self._classes.authenticate(api_key)  # before the body: a stranger's body is never read
@@ -95,7 +95,7 @@ class Proxy:
     ) -> Ending:
         """A request from inside the process (a batch runner, a hedge): the same way as an HTTP
         one (classified, capped, queued, counted and logged once), its output into `sink`."""
-        t = self._arrived()
+        t = self._arrived(endpoint)
         try:
             return await self._serve(body, endpoint, headers or {}, None, sink, t)
         except APIError as err:
@@ -104,9 +104,9 @@ class Proxy:
         finally:
             self._account(t, "POST", UPSTREAM_PATHS[endpoint])
 
-    def _arrived(self) -> Request:
+    def _arrived(self, endpoint: Endpoint) -> Request:
         """A request's record, which `_account` counts and logs once."""
-        return Request(f"{self._id_prefix}{next(self._ids):x}", monotonic())
+        return Request(f"{self._id_prefix}{next(self._ids):x}", monotonic(), endpoint)
 
     def _account(self, t: Request, method: str, path: str) -> None:
         """The request left (the `finally` of every way in): counted and logged once. A plain
@@ -124,6 +124,7 @@ class Proxy:
     ) -> Ending:
         """Parse, classify, cap, wait for a slot, run the exchange; the slot is released once."""
         parsed = parse_request(raw, endpoint)
+        t.model = parsed.model
         if self._cfg.log_prompts:
             t.prompt_text = parsed.prompt_text()
         intake = self._classes.intake
