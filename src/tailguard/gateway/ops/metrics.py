@@ -41,7 +41,7 @@ GENAI_OPERATION = {"chat": "chat", "completions": "text_completion"}
 # A `_created` series beside every counter is prometheus_client's default and nobody's habit: it
 # doubles the series and Prometheus ignores it. The switch is process-wide; the gateway's process
 # (and the simulator's, which serves the same habits) wants it off.
-prometheus_client.disable_created_metrics()
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 _access_log = logging.getLogger(ACCESS_LOGGER)
 
