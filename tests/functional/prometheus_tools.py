@@ -77,20 +77,15 @@ def running_prometheus(workdir: Path, targets: dict[str, str], rule_file: Path |
     if rule_file is not None:
         config["rule_files"] = [str(rule_file)]
     (workdir / "prometheus.yml").write_bytes(orjson.dumps(config))  # JSON is YAML
-    proc = subprocess.Popen(
-        [tool("prometheus"), f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=open(workdir / "prometheus.log", "wb"))
+    with open(workdir / "prometheus.log", "wb") as log:
+        proc = subprocess.Popen(
+            [tool("prometheus"), f"--config.file={workdir / 'prometheus.yml'}",
+             f"--storage.tsdb.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+            stdout=subprocess.DEVNULL, stderr=log)
     try:
         prom = Prometheus(f"http://127.0.0.1:{port}")
         deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"{prom.url}/-/ready", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
+        while not _ready(prom):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"prometheus did not start: {(workdir / 'prometheus.log').read_text()[-2000:]}")
             time.sleep(0.1)
@@ -102,3 +97,11 @@ def running_prometheus(workdir: Path, targets: dict[str, str], rule_file: Path |
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _ready(prom: Prometheus) -> bool:
+    try:
+        with urllib.request.urlopen(f"{prom.url}/-/ready", timeout=1) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False

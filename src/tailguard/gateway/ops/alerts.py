@@ -57,9 +57,10 @@ def _burn(name: str, slo_s: float, long: str, short: str, factor: float, severit
                 f"{RUNBOOK}#3-choose-how-batch-work-yields-to-interactive-work")
 
 
-# The share of requests whose client left before the answer ended.
-_GONE = ('sum(rate(tailguard_requests_total{outcome="client_gone"}[10m])) / sum(rate(tailguard_requests_total'
-         '[10m]))')
+# The share of requests whose client left before the answer ended (0 while none has: the series
+# appears with the first such request).
+_GONE = ('(sum(rate(tailguard_requests_total{outcome="client_gone"}[10m])) or vector(0)) / '
+         'sum(rate(tailguard_requests_total[10m]))')
 
 
 def rules(ttft_slo_s: float = DEFAULT_TTFT_SLO_S) -> tuple[Rule, ...]:
