@@ -22,7 +22,7 @@ PURE = {
     "gateway.config", "gateway.ops.live", "gateway.ops.catalog", "gateway.ops.capacity",
     "gateway.ops.panels", "gateway.ops.alerts", "gateway.upstream.resume", "gateway.upstream.kinds", "sim.des",
     "gateway.config.base", "gateway.config.classes", "gateway.config.backends", "gateway.config.scheduler",
-    "gateway.config.upstream", "gateway.config.auth", "gateway.config.gateway", "gateway.config.problems",
+    "gateway.config.upstream", "gateway.config.auth", "gateway.config.telemetry", "gateway.config.gateway", "gateway.config.problems",
     "gateway.config.loading",
     "bench.workload", "bench.stats", "bench.dataset", "bench.recorder", "bench.compare", "bench.configs", "bench.attribution",
     "doctor.finding", "doctor.evidence", "doctor.facts", "doctor.rules", "doctor.diagnosis", "sweep.virtual", "sweep.search",

@@ -128,6 +128,7 @@ class Dispatcher:
         """An attempt failed. True when the front sends it again (`ticket.backend` then names
         where); False: the caller ends the request."""
         ticket.upstream_closed()
+        ticket.attempt_failed(kind)
         failed_on = ticket.backend
         decisions = self._handle(Failed(ticket.id, kind, delivered, answered))
         again = any(isinstance(d, Start) and d.id == ticket.id for d in decisions)

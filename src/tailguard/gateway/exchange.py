@@ -137,7 +137,8 @@ class Exchange:
             up = None
             try:
                 up = await ctx.upstream.open(backend, job.endpoint, body, job.req_id, self._to.connect_s,
-                                             fresh=self._retried)
+                                             fresh=self._retried,
+                                             traceparent=None if rec.trace is None else rec.trace.traceparent())
                 rec.upstream_headers_at = monotonic()
                 if rec.progress is not None:
                     ctx.dispatcher.upstream_open(rec, up.close)

@@ -5,7 +5,7 @@ unknown keys are errors, so a typo in a config file fails loudly instead of bein
 
 The models are split by section, one module each: base.py (the shared base model and the front's
 defaults), classes.py, backends.py, scheduler.py, upstream.py (timeouts, health probes, retries),
-auth.py, gateway.py (`GatewayConfig`, the whole file), problems.py (validation errors as text) and
+auth.py, telemetry.py (traces), gateway.py (`GatewayConfig`, the whole file), problems.py (validation errors as text) and
 loading.py (`load_config`). Every public name is importable from here.
 """
 
@@ -16,10 +16,11 @@ from tailguard.gateway.config.classes import ClassConfig, default_classes
 from tailguard.gateway.config.gateway import GatewayConfig
 from tailguard.gateway.config.loading import load_config
 from tailguard.gateway.config.scheduler import OutputEstimateConfig, SchedulerConfig, SchedulerPolicy
+from tailguard.gateway.config.telemetry import TelemetryConfig
 from tailguard.gateway.config.upstream import HealthConfig, RetryConfig, TimeoutsConfig
 
 __all__ = [
     "ApiKeyConfig", "AuthConfig", "BackendConfig", "BackendKind", "CapMode", "ClassConfig", "GatewayConfig",
     "HealthConfig", "OutputEstimateConfig", "RetryConfig", "SchedulerConfig", "SchedulerPolicy", "ServiceTier",
-    "TimeoutsConfig", "default_classes", "load_config",
+    "TelemetryConfig", "TimeoutsConfig", "default_classes", "load_config",
 ]

@@ -21,6 +21,7 @@ from tailguard.gateway.config.base import _INTAKE, _Model
 from tailguard.gateway.config.classes import ClassConfig, default_classes
 from tailguard.gateway.config.problems import validate
 from tailguard.gateway.config.scheduler import SchedulerConfig
+from tailguard.gateway.config.telemetry import TelemetryConfig
 from tailguard.gateway.config.upstream import HealthConfig, RetryConfig, TimeoutsConfig
 
 class GatewayConfig(_Model):
@@ -63,6 +64,8 @@ class GatewayConfig(_Model):
         default=False, description="Include prompt and completion text in the access log (off: metadata only)."
     )
     retries: RetryConfig = Field(default_factory=RetryConfig, description="Retries that lose nothing.")
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig,
+                                       description="OpenTelemetry traces of each request (off by default).")
 
     def front_params(self, continues: dict[str, bool] | None = None) -> fp.FrontParams:
         """The front's parameters; `continues` maps a backend to whether its kind can continue a

@@ -35,6 +35,7 @@ from tailguard.gateway.ops.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, G
 from tailguard.gateway.ops.recorder import Recorder
 from tailguard.gateway.ops.reload import Parts, Reloader
 from tailguard.gateway.ops.store import ConfigStore
+from tailguard.gateway.ops.tracing import Tracer
 from tailguard.gateway.upstream.backends import resolved
 from tailguard.gateway.upstream.client import Upstream
 from tailguard.gateway.upstream.kinds import get_kind
@@ -86,8 +87,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     app[UPSTREAM] = upstream
     app[BACKENDS] = backends
     estimator = OutputEstimator(cfg.scheduler.output_estimate.params())
+    tracer = Tracer.of(cfg)
     app[PROXY] = Proxy(cfg, ClassTable(cfg), Context(
-        dispatcher, upstream, backends, metrics, app[LIVE], estimator, loop, keep_text=cfg.log_prompts))
+        dispatcher, upstream, backends, metrics, app[LIVE], estimator, loop, keep_text=cfg.log_prompts), tracer)
     app[MODELS] = ModelCache(app[LIVE], upstream.session)
     for b in backends.values():
         metrics.add_backend(b.name, b.kind)
@@ -101,6 +103,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await upstream.close()
         if recorder is not None:
             recorder.close()
+        if tracer is not None:
+            await asyncio.to_thread(tracer.shutdown)  # the last spans are exported, off the loop
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:

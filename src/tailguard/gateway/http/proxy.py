@@ -24,6 +24,7 @@ from tailguard.gateway.config import GatewayConfig
 from tailguard.gateway.exchange import Context, Ending, Exchange, Job
 from tailguard.gateway.http.classes import ClassTable
 from tailguard.gateway.ops.metrics import access_log, record_finish, response_headers
+from tailguard.gateway.ops.tracing import Tracer
 from tailguard.gateway.request import Request
 from tailguard.gateway.sink import ResponseSink, Sink
 from tailguard.gateway.upstream.client import UPSTREAM_PATHS
@@ -47,9 +48,10 @@ class Proxy:
     """The request handler shared by `/v1/chat/completions` and `/v1/completions`."""
 
     def __init__(
-        self, cfg: GatewayConfig, classes: ClassTable, ctx: Context,
+        self, cfg: GatewayConfig, classes: ClassTable, ctx: Context, tracer: Tracer | None = None,
     ) -> None:
         self._cfg = cfg
+        self._tracer = tracer  # None: telemetry off, and no request carries a trace
         self._classes = classes
         self._ctx = ctx
         self._dispatcher = ctx.dispatcher
@@ -117,6 +119,9 @@ class Proxy:
             self._dispatcher.recorder.request(t)
         if self._cfg.access_log:
             access_log(t, method=method, path=path, logged_text=self._cfg.log_prompts)
+        if self._tracer is not None:
+            backend = self._ctx.backends.get(t.backend)
+            self._tracer.end(t, None if backend is None else backend.kind, None if backend is None else backend.model)
 
     async def _serve(
         self, raw: bytes, endpoint: Endpoint, headers: Mapping[str, str], api_key: str | None, sink: Sink,
@@ -131,6 +136,8 @@ class Proxy:
         asked = Asked.of(parsed, headers, api_key)
         cls = intake.classify(asked)
         t.cls, t.caller = cls.name, intake.caller(api_key)
+        if self._tracer is not None:
+            self._tracer.begin(t, headers)
         t.prompt_tokens = parsed.prompt_tokens
         accepted = intake.accept(asked, cls, self._estimator.estimate(cls.name))
         progress = Progress() if self._dispatcher.tracks(cls.name, accepted.resumable) else None
