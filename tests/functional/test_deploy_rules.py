@@ -48,3 +48,9 @@ def test_promtool_accepts_the_rules(args: list[str]) -> None:
                          timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "SUCCESS" in out.stdout
+
+
+def test_docs_name_every_metric() -> None:
+    docs = (DEPLOY.parent / "docs" / "metrics.md").read_text()
+    missing = [m.exposed for m in METRICS if f"`{m.exposed}" not in docs and f" `{m.exposed}`" not in docs]
+    assert not missing, f"docs/metrics.md does not describe {missing}"

@@ -1,7 +1,8 @@
 """The dashboard and the alert rules against a real Prometheus: Debian's `prometheus` scrapes a real
 gateway and simulator while `tailguard bench` loads them (and a preemption, a retry, a denied retry,
 a caller's refusal and a stranger's 401 happen on purpose), then every panel's and every rule's
-expression runs through Prometheus's HTTP API and must return data. The panels are drawn to PNGs
+expression (and the autoscaling example's query) runs through Prometheus's HTTP API and must
+return data. The panels are drawn to PNGs
 (`make observe` keeps them in docs/observability/ for docs/observability.md)."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+import yaml
 from openai import AsyncOpenAI
 
 from tailguard.gateway.config import BackendConfig
@@ -73,6 +75,12 @@ async def _on_purpose(url: str) -> None:
         assert r.status == 401
 
 
+def _keda_queries() -> list[str]:
+    """The PromQL the worked autoscaling example scales on."""
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "deploy" / "keda" / "scaledobject.yaml").read_text())
+    return [t["metadata"]["query"] for t in doc["spec"]["triggers"]]
+
+
 async def _scraped_after(prom: Prometheus, job: str, more: int) -> None:
     """Wait until Prometheus has scraped `job` `more` times after now (bounded by the test's timeout)."""
     start = await asyncio.to_thread(prom.scrapes, job)
@@ -103,6 +111,9 @@ async def test_every_panel_and_rule_returns_data_from_a_real_prometheus(tmp_path
                     if not await asyncio.to_thread(prom.query, expr):
                         empty.append(f"{p.title}: {expr}")
                     series[(p.title, i)] = await asyncio.to_thread(prom.query_range, expr, started, ended, 0.5)
+            for query in _keda_queries():
+                if not await asyncio.to_thread(prom.query, query):
+                    empty.append(f"deploy/keda: {query}")
             for rule in alerts.rules():
                 await asyncio.to_thread(prom.query, rule.expr)  # parses and runs, whether it fires or not
                 for signal in rule.signals:

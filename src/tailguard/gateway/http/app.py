@@ -14,6 +14,7 @@ import asyncio
 import logging
 import signal
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable
 
@@ -117,18 +118,21 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 
 async def _health(request: web.Request) -> web.Response:
     """Each backend as the gateway knows it (`state`: unknown until a probe has answered, failing,
-    unhealthy or healthy; why its last probe failed), and overall: `ok` when every backend taking
+    unhealthy or healthy; why its last probe failed; the engine's own counts with their age), the
+    moment of the answer (`at`, RFC 3339), and overall: `ok` when every backend taking
     requests is healthy and known, `degraded` while some are not (the gateway still serves),
     `unavailable` (503) when none takes requests."""
     front = request.app[DISPATCHER].front
     kinds = request.app[BACKENDS]
     probes = request.app[PROBES]
-    load = probes.load
+    load, now = probes.load, monotonic()
     views = list(front.backends())
     backends = {s.name: {"state": s.state, "healthy": s.healthy, "retiring": s.retiring, "kind": kinds[s.name].kind,
                          "in_flight": s.in_flight, "max_concurrency": s.max_concurrency,
                          "reserved_slots": s.reserved_slots,
-                         "engine": ({"running": load[s.name].running, "waiting": load[s.name].waiting}
+                         # The engine's own count, as its last probe read it `age_s` ago (not live).
+                         "engine": ({"running": load[s.name].running, "waiting": load[s.name].waiting,
+                                     "age_s": round(now - probes.load_at[s.name], 3)}
                                     if s.name in load else None),
                          "probe_error": probes.last_error.get(s.name)}
                 for s in views}
@@ -136,8 +140,8 @@ async def _health(request: web.Request) -> web.Response:
     all_known = all(s.state == "healthy" for s in views if not s.retiring)
     status = "unavailable" if not ok else "ok" if all_known else "degraded"
     live = request.app[LIVE]
-    body = {"status": status, "queued": len(request.app[DISPATCHER]), "backends": backends,
-            "config": {"hash": live.hash, "n": live.n}}
+    body = {"status": status, "at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+            "queued": len(request.app[DISPATCHER]), "backends": backends, "config": {"hash": live.hash, "n": live.n}}
     return web.Response(status=200 if ok else 503, body=orjson.dumps(body), content_type="application/json")
 
 

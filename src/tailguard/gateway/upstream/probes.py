@@ -46,6 +46,7 @@ class Probes:
                  session: aiohttp.ClientSession, metrics: GatewayMetrics) -> None:
         self.live, self.backends, self.dispatcher, self.session, self.metrics = live, backends, dispatcher, session, metrics
         self.load: dict[str, EngineLoad] = {}  # the engine's own count, from its last load page
+        self.load_at: dict[str, float] = {}  # when that page was read (its figures' age in /health)
         # Why the last health probe of each backend failed (None once one succeeds): logged when it
         # turns a backend unhealthy and shown in `/health`, so "unhealthy" always says why.
         self.last_error: dict[str, str | None] = {}
@@ -69,6 +70,7 @@ class Probes:
                 self._stopping.add(task)
                 task.add_done_callback(self._stopping.discard)
             self.load.pop(name, None)
+            self.load_at.pop(name, None)
             self.last_error.pop(name, None)
             self._undetected.pop(name, None)
         for b in added:
@@ -188,6 +190,7 @@ class Probes:
             load = source.parse(page) if page is not None else None
             if load is not None:
                 self.load[backend.name] = load
+                self.load_at[backend.name] = monotonic()
                 self.metrics.engine_requests.labels(backend.name, "running").set(load.running)
                 self.metrics.engine_requests.labels(backend.name, "waiting").set(load.waiting)
                 return
