@@ -26,17 +26,21 @@ from prometheus_client.metrics_core import Metric
 from tailguard import __version__
 from tailguard.front.front import Front
 from tailguard.front.intake import NO_CLASS
+from tailguard.front.retry import Retry, retry_of
 from tailguard.gateway.ops.capacity import CapacitySignal
 from tailguard.gateway.ops.catalog import METRICS, MetricSpec
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.log_buffer import BufferedLineHandler
 from tailguard.gateway.request import Request
-from tailguard.types import Outcome
+from tailguard.types import FailureKind, Outcome, RejectReason
 
 ACCESS_LOGGER = "tailguard.access"
 METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
 # gen_ai.operation.name of each endpoint (OpenTelemetry GenAI conventions).
 GENAI_OPERATION = {"chat": "chat", "completions": "text_completion"}
+# Failure kinds the front may send again (of an attempt that delivered nothing and was never
+# answered): the retry counters' label values.
+RETRYABLE = tuple(k for k in FailureKind if retry_of(k, delivered=False, answered=False) is not Retry.NO)
 
 # A `_created` series beside every counter is prometheus_client's default and nobody's habit: it
 # doubles the series and Prometheus ignores it. The switch is process-wide; the gateway's process
@@ -177,6 +181,11 @@ class GatewayMetrics:
         self.genai_tokens: ChunkHistograms = f["gen_ai_client_token_usage"]
         f["tailguard_build_info"].labels(__version__, platform.python_version()).set(1)
         self.capacity = CapacitySignal()
+        self._class_counters = ((self.requests, tuple(Outcome)), (self.rejected, tuple(RejectReason)))
+        self._backend_counters = ((self.upstream_errors, tuple(FailureKind)), (self.retries, RETRYABLE),
+                                  (self.retries_denied, RETRYABLE))
+        self._zeroed_classes: set[str] = set()
+        self._zeroed_backends: set[str] = set()
         self._config: tuple[str, str] | None = None
         self._classes: dict[str, ClassMetrics] = {}
         self._inflight: dict[str, Any] = {}
@@ -227,8 +236,10 @@ class GatewayMetrics:
         views = [b for b in front.backends() if not b.retiring]
         for b in views:
             cap.labels(b.name).set(b.max_concurrency)
+            self._zeros(b.name, self._zeroed_backends, self._backend_counters)
         queued = 0
         for spec in front.params.classes:
+            self._zeros(spec.name, self._zeroed_classes, self._class_counters)
             f["tailguard_class_queue_bound_seconds"].labels(spec.name).set(spec.max_queue_wait_s)
             f["tailguard_class_queue_limit"].labels(spec.name).set(spec.max_queue_len)
             queued += front.queue_len(spec.name)
@@ -243,6 +254,16 @@ class GatewayMetrics:
                 f["tailguard_config_info"].remove(*self._config)
             f["tailguard_config_info"].labels(*config).set(1)
             self._config = config
+
+    def _zeros(self, name: str, done: set[str], counters: tuple[tuple[Any, tuple[str, ...]], ...]) -> None:
+        """A class's or backend's counters, at 0 from its first scrape: `rate()` and `increase()`
+        then count its first refusal, retry or failure, which a series born at 1 would hide."""
+        if name in done:
+            return
+        done.add(name)
+        for counter, values in counters:
+            for value in values:
+                counter.labels(name, value)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
