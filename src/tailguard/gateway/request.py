@@ -48,7 +48,10 @@ class Request:
     id: str
     arrived_at: float
     endpoint: Endpoint = "chat"  # the route it came in by (gen_ai.operation.name)
+    request_id: str = ""  # x-request-id: the client's own (sanitized), else `id`; sent upstream
     model: str | None = None  # the model its body asked for
+    client: str | None = None  # the peer's address
+    user_agent: str | None = None
     cls: str = NO_CLASS
     caller: str | None = None  # its API key's name, when keys are configured
     rate_headers: dict[str, str] | None = None  # where the caller's limits stand (x-ratelimit-*)

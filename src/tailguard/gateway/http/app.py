@@ -29,10 +29,10 @@ from tailguard.gateway.config import BackendConfig, GatewayConfig
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.exchange import Context
 from tailguard.gateway.http.classes import ClassTable
-from tailguard.gateway.http.proxy import Proxy, error_response
+from tailguard.gateway.http.proxy import REQUEST_ID, Proxy, client_request_id, error_response
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.log_buffer import BufferedLineHandler
-from tailguard.gateway.ops.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, GatewayMetrics
+from tailguard.gateway.ops.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, GatewayMetrics, route_access_log
 from tailguard.gateway.ops.recorder import Recorder
 from tailguard.gateway.ops.reload import Parts, Reloader
 from tailguard.gateway.ops.store import ConfigStore
@@ -172,8 +172,18 @@ async def _config(request: web.Request) -> web.Response:
 
 async def _config_header(request: web.Request, response: web.StreamResponse) -> None:
     """Every response, errors and streams included, names the config its request arrived under
-    (whose class table and caps it got), even when a reload came while it waited for a slot."""
+    (whose class table and caps it got), even when a reload came while it waited for a slot, and
+    carries its `x-request-id` (OpenAI's header, which the SDKs show their users)."""
     response.headers["X-Tailguard-Config"] = request.get(ARRIVED_UNDER) or request.app[LIVE].hash
+    response.headers["x-request-id"] = _request_id(request)
+
+
+def _request_id(request: web.Request) -> str:
+    """The request's id: the proxy's (set as it arrived), else the client's, else a new one."""
+    rid = request.get(REQUEST_ID)
+    if rid is None:
+        rid = request[REQUEST_ID] = client_request_id(request.headers) or request.app[PROXY].new_id()
+    return rid
 
 
 class ModelCache:
@@ -242,12 +252,21 @@ async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamRe
         code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(e.status)
         err = APIError(f"{e.reason}: {request.method} {request.path}", status=e.status,
                        type="invalid_request_error", code=code)
-        return error_response(err)
+        return _logged(request, error_response(err), code)
     except APIError as e:
-        return error_response(e)
+        return _logged(request, error_response(e), e.code)
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
         return error_response(APIError("Internal gateway error.", status=500, code="internal_error"))
+
+
+def _logged(request: web.Request, response: web.Response, reason: str | None) -> web.Response:
+    """An error answered outside the generation routes, written to the access log as they are."""
+    if request.app[LIVE].cfg.access_log:
+        route_access_log(request_id=_request_id(request), method=request.method, path=request.path,
+                         status=response.status, reason=reason, client=request.remote,
+                         user_agent=request.headers.get("User-Agent"))
+    return response
 
 
 def _bound_port(site: web.TCPSite, configured: int) -> int:

@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import logging
 import os
+import re
 from collections.abc import Mapping
 
 from aiohttp import web
@@ -35,6 +36,21 @@ from tailguard.wire.openai import (
 )
 
 log = logging.getLogger("tailguard.gateway")
+
+REQUEST_ID = web.RequestKey("request_id", str)  # x-request-id of the response, once known
+_MAX_REQUEST_ID = 128
+_MAX_UA = 256
+# What a client's X-Request-Id may carry into logs and upstream headers: the characters of UUIDs,
+# OpenAI's `req_...` ids and the usual tracing ids; anything else is dropped.
+_NOT_ID = re.compile(r"[^A-Za-z0-9._:+=/@-]")
+
+
+def client_request_id(headers: Mapping[str, str]) -> str | None:
+    """The client's `X-Request-Id`, bounded and sanitized; None when absent or nothing is left."""
+    raw = headers.get("X-Request-Id")
+    if not raw:
+        return None
+    return _NOT_ID.sub("", raw[: _MAX_REQUEST_ID * 2])[:_MAX_REQUEST_ID] or None
 
 
 def error_response(err: APIError, extra: dict[str, str] | None = None) -> web.Response:
@@ -70,7 +86,9 @@ class Proxy:
         self._cfg, self._classes = cfg, classes
 
     async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-        t = self._arrived(endpoint)
+        t = self._arrived(endpoint, client_request_id(request.headers))
+        request[REQUEST_ID] = t.request_id
+        t.client, t.user_agent = request.remote, request.headers.get("User-Agent", "")[:_MAX_UA] or None
         try:
             api_key = bearer_key(request.headers)
             self._classes.authenticate(api_key)  # before the body: a stranger's body is never read
@@ -106,9 +124,15 @@ class Proxy:
         finally:
             self._account(t, "POST", UPSTREAM_PATHS[endpoint])
 
-    def _arrived(self, endpoint: Endpoint) -> Request:
-        """A request's record, which `_account` counts and logs once."""
-        return Request(f"{self._id_prefix}{next(self._ids):x}", monotonic(), endpoint)
+    def new_id(self) -> str:
+        """A gateway-made request id: unique in this process, and across processes in practice."""
+        return f"{self._id_prefix}{next(self._ids):x}"
+
+    def _arrived(self, endpoint: Endpoint, request_id: str | None = None) -> Request:
+        """A request's record, which `_account` counts and logs once. Its `id` is always the
+        gateway's own (the front's key); `request_id` is the client's when it sent one."""
+        rid = self.new_id()
+        return Request(rid, monotonic(), endpoint, request_id or rid)
 
     def _account(self, t: Request, method: str, path: str) -> None:
         """The request left (the `finally` of every way in): counted and logged once. A plain
@@ -150,7 +174,7 @@ class Proxy:
             assert t.bound_at is not None
             self._metrics.cls(cls.name).queue_wait.observe(t.bound_at - t.arrived_at)
             tier = self._classes.served_tier(parsed.body.get("service_tier"), cls)
-            job = Job(t.id, endpoint, raw, parsed, accepted, cls, tier)
+            job = Job(t.request_id, endpoint, raw, parsed, accepted, cls, tier)
             ending = await Exchange(job, t, sink, self._ctx).run()
             t.end(ending.outcome, ending.status, ending.reason, ending.completion)
             return ending

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import platform
+from datetime import datetime, timezone
 from bisect import bisect_left
 from typing import Any, Iterator
 
@@ -334,6 +335,10 @@ def record_finish(m: GatewayMetrics, t: Request) -> None:
             m.caller_tokens.labels(t.caller, "output").inc(t.output_tokens)
 
 
+def _now_rfc3339() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
 def access_log(t: Request, *, method: str, path: str, logged_text: bool = False) -> None:
     """One JSON line per request on logger `tailguard.access`; its prompt and completion text
     only with `logged_text` (the app passes it only with `log_prompts: true`)."""
@@ -342,12 +347,15 @@ def access_log(t: Request, *, method: str, path: str, logged_text: bool = False)
     end = t.finished_at if t.finished_at is not None else t.arrived_at
     # `outcome` goes in as it is: orjson writes an enum member as its value, without the lookup.
     rec: dict[str, Any] = {
-        "id": t.id, "method": method, "path": path, "status": t.status, "outcome": t.outcome,
-        "class": t.cls, "backend": t.backend, "attempts": t.attempts,
+        "ts": _now_rfc3339(), "level": "info", "event": "access",
+        "id": t.id, "request_id": t.request_id, "method": method, "path": path, "status": t.status,
+        "outcome": t.outcome, "class": None if t.cls == NO_CLASS else t.cls, "model": t.model,
+        "backend": t.backend, "attempts": t.attempts,
         "queue_ms": None if t.bound_at is None else round((t.bound_at - t.arrived_at) * 1000.0, 3),
         "ttft_ms": None if t.first_content_at is None else round((t.first_content_at - t.arrived_at) * 1000.0, 3),
         "e2e_ms": round((end - t.arrived_at) * 1000.0, 3),
         "prompt_tokens": t.prompt_tokens, "output_tokens": t.output_tokens, "preemptions": t.preemptions,
+        "client": t.client, "user_agent": t.user_agent,
     }
     if t.reason is not None:
         rec["reason"] = t.reason
@@ -360,6 +368,20 @@ def access_log(t: Request, *, method: str, path: str, logged_text: bool = False)
             rec["prompt"] = t.prompt_text
         if t.completion is not None:
             rec["completion"] = t.completion
+    _write_access(rec)
+
+
+def route_access_log(*, request_id: str, method: str, path: str, status: int, reason: str | None,
+                     client: str | None, user_agent: str | None) -> None:
+    """The access line of a request no generation route took (a 404, a 405, a body too large
+    for the route): so every status the gateway answers is in the log."""
+    if _access_log.isEnabledFor(logging.INFO):
+        _write_access({"ts": _now_rfc3339(), "level": "info", "event": "access", "request_id": request_id,
+                       "method": method, "path": path, "status": status, "reason": reason, "client": client,
+                       "user_agent": user_agent})
+
+
+def _write_access(rec: dict[str, Any]) -> None:
     line = orjson.dumps(rec).decode()
     handlers = _access_log.handlers
     if len(handlers) == 1 and type(handlers[0]) is BufferedLineHandler and not _access_log.filters:
