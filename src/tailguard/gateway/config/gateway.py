@@ -7,7 +7,7 @@ fingerprinted and their digest, and `quick()` (the config behind `tailguard serv
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -60,6 +60,10 @@ class GatewayConfig(_Model):
     )
     access_log: bool = Field(default=True, description="Write one JSON line per request to stderr (written "
                                                        "together every 0.2 s).")
+    log_format: Literal["json", "text"] = Field(
+        default="json", description="The gateway's own log lines (start, stop, probes, reloads) on stderr: one JSON "
+        "object a line with ts, level and event (`json`), or the same fields as plain text for a terminal (`text`).",
+    )
     log_prompts: bool = Field(
         default=False, description="Include prompt and completion text in the access log (off: metadata only)."
     )

@@ -31,6 +31,7 @@ from tailguard.gateway.exchange import Context
 from tailguard.gateway.http.classes import ClassTable
 from tailguard.gateway.http.proxy import REQUEST_ID, Proxy, client_request_id, error_response
 from tailguard.gateway.ops.live import Live
+from tailguard.gateway.ops.logfmt import FORMATTERS
 from tailguard.gateway.ops.log_buffer import BufferedLineHandler
 from tailguard.gateway.ops.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, GatewayMetrics, route_access_log
 from tailguard.gateway.ops.recorder import Recorder
@@ -283,15 +284,25 @@ def reloader_of(app: web.Application, store: ConfigStore | None = None,
     return Reloader(app[LIVE], parts, store, reread)
 
 
-def _say_what_it_finds() -> None:
+def _say_what_it_finds(cfg: GatewayConfig) -> None:
     """From the moment it listens, the gateway's own log (what its probes find, what changes) goes
-    to stderr at INFO; before, a failed start says one line only."""
+    to stderr at INFO, in `cfg.log_format`; before, a failed start says one line only."""
     gateway_log = logging.getLogger("tailguard.gateway")
     if not gateway_log.handlers:
         said = logging.StreamHandler(sys.stderr)
-        said.setFormatter(logging.Formatter("%(message)s"))
+        said.setFormatter(FORMATTERS[cfg.log_format]())
         gateway_log.addHandler(said)
     gateway_log.setLevel(logging.INFO)
+
+
+def _started(cfg: GatewayConfig, live: Live, url: str) -> None:
+    """The start line: where it listens, which config (number and hash), its backends, auth."""
+    names = ", ".join(f"{b.name}={b.url}" for b in cfg.backends)
+    log.info("tailguard gateway listening on %s (%s; backends: %s)", url, cfg.scheduler.policy, names,
+             extra={"event": "start", "fields": {
+                 "url": url, "config": {"n": live.n, "hash": live.hash}, "auth": bool(cfg.auth.api_keys),
+                 "backends": [{"name": b.name, "url": b.url, "kind": b.kind, "max_concurrency": b.max_concurrency}
+                              for b in cfg.backends]}})
 
 
 async def serve(
@@ -321,7 +332,7 @@ async def serve(
     except BaseException:
         await runner.cleanup()  # its probes stop now: nothing of a gateway that never listened goes on
         raise
-    _say_what_it_finds()
+    _say_what_it_finds(cfg)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     reloader = reloader_of(app, store, reread)
@@ -339,10 +350,13 @@ async def serve(
             app[LIVE].n = store.record(cfg, "start").n
             store.write_pid()
         url = f"http://{cfg.host}:{_bound_port(site, cfg.port)}"
+        _started(cfg, app[LIVE], url)
         if ready is not None:
             ready(url)
         await stop.wait()
     finally:
+        log.info("tailguard gateway stopping: no new requests; queued ones are answered 503",
+                 extra={"event": "stop", "fields": {"config": {"n": app[LIVE].n, "hash": app[LIVE].hash}}})
         for sig in installed:
             loop.remove_signal_handler(sig)
         if store is not None:
