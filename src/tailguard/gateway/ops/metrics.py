@@ -187,6 +187,7 @@ class GatewayMetrics:
                                   (self.retries_denied, RETRYABLE))
         self._zeroed_classes: set[str] = set()
         self._zeroed_backends: set[str] = set()
+        self._bounded: set[str] = set()  # classes whose bound and limit gauges are set
         self._config: tuple[str, str] | None = None
         self._classes: dict[str, ClassMetrics] = {}
         self._inflight: dict[str, Any] = {}
@@ -239,10 +240,16 @@ class GatewayMetrics:
             cap.labels(b.name).set(b.max_concurrency)
             self._zeros(b.name, self._zeroed_backends, self._backend_counters)
         queued = 0
+        bound, limit = f["tailguard_class_queue_bound_seconds"], f["tailguard_class_queue_limit"]
+        names = {spec.name for spec in front.params.classes}
+        for gone in self._bounded - names:  # a reload removed the class: its bounds no longer hold
+            bound.remove(gone)
+            limit.remove(gone)
+        self._bounded = names
         for spec in front.params.classes:
             self._zeros(spec.name, self._zeroed_classes, self._class_counters)
-            f["tailguard_class_queue_bound_seconds"].labels(spec.name).set(spec.max_queue_wait_s)
-            f["tailguard_class_queue_limit"].labels(spec.name).set(spec.max_queue_len)
+            bound.labels(spec.name).set(spec.max_queue_wait_s)
+            limit.labels(spec.name).set(spec.max_queue_len)
             queued += front.queue_len(spec.name)
         ready = [b for b in views if b.healthy]
         f["tailguard_capacity_ready"].set(len(ready))
