@@ -35,7 +35,14 @@ observe: $(STAMP) prometheus
 lint: $(STAMP)
 	$(PY) -m mypy
 
-bench: $(STAMP)
+# The peers the benchmarks measure against, side by side (SGLang's model gateway, `smg`).
+PEERS_STAMP := $(VENV)/.peers-installed
+
+$(PEERS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[test,peers]'
+	touch $(PEERS_STAMP)
+
+bench: $(PEERS_STAMP)
 	$(PY) benchmarks/run_all.py
 
 # Real engines (llama.cpp's llama-server, vLLM CPU) and their tiny models, cached under ~/.cache/tailguard.

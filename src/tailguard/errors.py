@@ -8,6 +8,7 @@
     ├── APIError               answered to an HTTP client as an OpenAI-style error body
     │   ├── BadRequest         400: malformed, missing or wrongly typed fields
     │   ├── Unauthorized       401: an API key the gateway does not know (gateway/http/classes.py)
+    │   ├── NotFound           404: a model no backend serves, a route the gateway does not have
     │   ├── PayloadTooLarge    413: body over the configured limit
     │   └── Overloaded         503 with Retry-After: rejected by admission
     │       └── RateLimited    429 with Retry-After: over its caller's requests or tokens per minute
@@ -75,6 +76,11 @@ class APIError(TailguardError):
 
 class BadRequest(APIError):
     status = 400
+    type = "invalid_request_error"
+
+
+class NotFound(APIError):
+    status = 404
     type = "invalid_request_error"
 
 

@@ -32,6 +32,7 @@ class FailureKind(enum.StrEnum):
     STATUS = "status"  # a 5xx or 429 (or a redirect) before streaming
     PROTOCOL = "protocol"  # malformed HTTP or a chunk that is not JSON
     STREAM_ERROR = "stream_error"  # the engine sent an error event mid-stream
+    TIMEOUT_HEADER = "timeout_header"  # no response head within its deadline: a hung server
     TIMEOUT_FIRST_TOKEN = "timeout_first_token"  # no content within the first-token deadline
     TIMEOUT_IDLE = "timeout_idle"
     TIMEOUT_TOTAL = "timeout_total"
@@ -49,6 +50,7 @@ class RejectReason(enum.StrEnum):
     WAIT_BOUND = "wait_bound"  # its expected wait is past its class's bound
     QUEUE_TIMEOUT = "queue_timeout"  # it waited past its class's bound
     NO_HEALTHY_BACKEND = "no_healthy_backend"
+    MODEL_NOT_FOUND = "model_not_found"  # no backend serves the model it names
     SHUTTING_DOWN = "shutting_down"
     RATE_LIMIT_REQUESTS = "rate_limit_requests"  # its caller's requests per minute
     RATE_LIMIT_TOKENS = "rate_limit_tokens"  # its caller's tokens per minute

@@ -25,9 +25,10 @@ async def test_metrics_follow_prometheus_habits(caplog: pytest.LogCaptureFixture
     keys = {"sk-app": {"name": "app", "rpm_limit": 2}}
     dead = BackendConfig(name="dead", url=dead_url(), max_concurrency=4)
     caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
-    async with asyncio.timeout(30), gateway(auth={"api_keys": keys}, extra_backends=[dead]) as gw, \
+    async with asyncio.timeout(30), gateway(auth={"api_keys": keys}, extra_backends=[dead],
+                                           routing={"policy": "round-robin"}) as gw, \
             AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="sk-app", max_retries=0) as app:
-        for _ in range(2):  # the dead backend, listed first, is tried first and each retried
+        for _ in range(2):  # round robin: one of them meets the dead backend first and is retried
             assert (await app.chat.completions.create(model="m", messages=CHAT, max_tokens=2)).choices
         with pytest.raises(openai.RateLimitError) as over:
             await app.chat.completions.create(model="m", messages=CHAT, max_tokens=2)

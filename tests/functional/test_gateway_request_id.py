@@ -33,11 +33,13 @@ async def test_request_ids_come_back_go_upstream_and_are_logged(caplog: pytest.L
     got: dict[str, Any] = {}
     async with asyncio.timeout(30), raw_server(drops) as url:
         flaky = BackendConfig(name="flaky", url=url, max_concurrency=1)
-        async with gateway(extra_backends=[flaky], retries={"max_attempts": 3}) as gw, aiohttp.ClientSession() as s:
+        async with gateway(extra_backends=[flaky], retries={"max_attempts": 3}, routing={"policy": "round-robin"}) \
+                as gw, aiohttp.ClientSession() as s:
             chat = f"{gw.url}/v1/chat/completions"
-            async with s.post(chat, json=BODY, headers={"X-Request-Id": "req-abc_123"}) as r:
-                assert r.status == 200
-                got["own"] = r.headers["x-request-id"]
+            for _ in range(2):  # round robin: one of the two meets the flaky backend first
+                async with s.post(chat, json=BODY, headers={"X-Request-Id": "req-abc_123"}) as r:
+                    assert r.status == 200
+                    got["own"] = r.headers["x-request-id"]
             async with s.post(chat, json=BODY) as r:
                 got["made"] = r.headers["x-request-id"]
             async with s.post(chat, json=BODY, headers={"X-Request-Id": "bad id<script>" + "x" * 500}) as r:

@@ -18,7 +18,7 @@ from tests.functional.gateways import classes, gateway
 from tests.functional.raw_servers import raw_server, read_request
 
 CHAT = [{"role": "user", "content": "y" * 40}]
-TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+TRACE_IDS = ("4bf92f3577b34da6a3ce929d0e0e4736", "5cf92f3577b34da6a3ce929d0e0e4737")
 PARENT = "00f067aa0ba902b7"
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,10 +52,11 @@ async def test_a_trace_shows_queue_attempts_a_retry_and_a_suspension(tmp_path: P
         async with asyncio.timeout(40), raw_server(drops) as flaky_url:
             flaky = BackendConfig(name="flaky", url=flaky_url, max_concurrency=1)
             # Three attempts: the flaky one, the same on a fresh connection, then the simulator.
-            async with gateway(extra_backends=[flaky], telemetry=telemetry, retries={"max_attempts": 3}) as gw, \
-                    gw.client() as c:
-                await c.chat.completions.create(model="m", messages=CHAT, max_tokens=4, extra_headers={
-                    "traceparent": f"00-{TRACE_ID}-{PARENT}-01"})
+            async with gateway(extra_backends=[flaky], telemetry=telemetry, retries={"max_attempts": 3},
+                               routing={"policy": "round-robin"}) as gw, gw.client() as c:
+                for trace_id in TRACE_IDS:  # round robin: one of the two meets the flaky backend first
+                    await c.chat.completions.create(model="m", messages=CHAT, max_tokens=4, extra_headers={
+                        "traceparent": f"00-{trace_id}-{PARENT}-01"})
         preemptible = {"classes": classes(batch={"preemptible": True, "max_share": 1.0}),
                        "scheduler": {"min_run_s": 0.0}}
         async with asyncio.timeout(40), gateway(max_concurrency=1, scale=0.05, telemetry=telemetry,
@@ -70,11 +71,14 @@ async def test_a_trace_shows_queue_attempts_a_retry_and_a_suspension(tmp_path: P
         # Each gateway has stopped: its exporter flushed every span before it did.
         spans = [json.loads(line) for line in out.read_text().splitlines()]
 
-    assert any(f"traceparent: 00-{TRACE_ID}-".encode() in h.lower() for h in heads), "sent upstream"
     by_trace: dict[str, list[dict[str, Any]]] = {}
     for s in spans:
         by_trace.setdefault(s["trace_id"], []).append(s)
-    first = {s["name"]: s for s in by_trace[TRACE_ID]}
+    retried = [t for t in TRACE_IDS if any(s["name"] == "upstream flaky" for s in by_trace[t])]
+    assert retried
+    trace_id = retried[0]
+    assert any(f"traceparent: 00-{trace_id}-".encode() in h.lower() for h in heads), "sent upstream"
+    first = {s["name"]: s for s in by_trace[trace_id]}
     root = first["chat m"]
     assert root["parent_span_id"] == PARENT and root["kind"] == 2  # SERVER, the caller's child
     assert root["service"] == "tailguard"
@@ -83,7 +87,7 @@ async def test_a_trace_shows_queue_attempts_a_retry_and_a_suspension(tmp_path: P
     assert a["gen_ai.provider.name"] == "sim" and a["gen_ai.usage.output_tokens"] == 4
     assert a["gen_ai.usage.input_tokens"] > 0 and a["tailguard.class"] == "interactive"
     assert a["tailguard.outcome"] == "success" and a["tailguard.attempts"] >= 2
-    children = [s for s in by_trace[TRACE_ID] if s["parent_span_id"] == root["span_id"]]
+    children = [s for s in by_trace[trace_id] if s["parent_span_id"] == root["span_id"]]
     names = [s["name"] for s in sorted(children, key=lambda s: s["start"])]
     assert names[0] == "queue" and names[-1] == "upstream sim0" and "upstream flaky" in names
     failed = [s for s in children if s["name"] == "upstream flaky"]

@@ -8,13 +8,15 @@ written down and replayed (`tailguard serve --record`, `tailguard replay`), and 
 `../shared/style.md` 1.6).
 
     events in                                       decisions out
-    Arrive(id, cls, est_tokens, ...)             -> Start | Reject (refused on arrival)
+    Arrive(id, cls, est_tokens, model=, prefix=) -> Start | Reject (refused on arrival)
     Opened(id)    (its upstream is open)         -> Suspend of a victim, Start of the waiter
     Generated(id, tokens)  (preemptible only)    -> nothing: what a preemption weighs
-    Failed(id, kind, delivered=, answered=)      -> Start again (a retry), HealthChanged, or nothing
+    Failed(id, kind, delivered=, answered=)      -> Start again (a retry; resumed: a migration), Ejected
+    FirstContent(id, backend)                    -> Drop of a hedge's other attempt
     Finished(id, outcome, tokens=)  (once)       -> Start of whoever gets the slot, HealthChanged
     Probed(backend, ok, busy=), KindLearned      -> HealthChanged, Start
-    Tick()  (at `next_wakeup()`)                 -> Reject(QUEUE_TIMEOUT), Start
+    Served(backend, models), Loaded(backend, n)  -> Start (what it serves, the engine's own load)
+    Tick()  (at `next_wakeup()`)                 -> Reject(QUEUE_TIMEOUT), Readmitted, Hedge, Start
     Close()                                      -> Reject(SHUTTING_DOWN) for every queued request
     Reconfigure(params)  (a live reload)         -> Start, Retired
 """
@@ -35,7 +37,9 @@ class Arrive:
     """A request of class `cls` and job size `est_tokens` (prompt + output estimate) arrives.
     `resumable`: its output can be continued from its text, so it may be suspended if its class
     is preemptible; `max_tokens`: its output budget (what a preemption weighs); `caller`: whose
-    request it is (an API key's name), refused while over its limits (`front.limits`)."""
+    request it is (an API key's name), refused while over its limits (`front.limits`); `model`:
+    the model it names (after aliases; None: any backend may serve it); `prefix`: its prompt's
+    chained block hashes, for prefix-affine routing (`front.prefix`)."""
 
     id: str
     cls: str
@@ -43,6 +47,8 @@ class Arrive:
     resumable: bool = False
     max_tokens: int | None = None
     caller: str | None = None
+    model: str | None = None
+    prefix: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,12 +72,24 @@ class Failed:
     """An attempt failed as `kind`. `delivered`: some of its answer already reached the consumer
     (it can never be retried); `answered`: the engine sent its response head (it accepted the
     request, so a deadline after that is not a hung server). The front decides from these whether
-    it goes again (a `Start`) or the driver ends it with `Finished`."""
+    it goes again (a `Start`) or the driver ends it with `Finished`. `backend`: which attempt
+    failed when the request is hedged (two attempts at once; None: its only one). A hedged
+    request's attempt that fails while the other runs leads to nothing: the other goes on."""
 
     id: str
     kind: FailureKind
     delivered: bool = False
     answered: bool = False
+    backend: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FirstContent:
+    """Request `id`'s first generated content came, from `backend`: its TTFT is a sample of its
+    class's, and if it was hedged, that attempt wins."""
+
+    id: str
+    backend: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +122,24 @@ class KindLearned:
 
 
 @dataclass(frozen=True, slots=True)
+class Served:
+    """The models `backend` lists at its /v1/models (None: it could not be read, so any model
+    may go there unless its config names its models)."""
+
+    backend: str
+    models: tuple[str, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """The engine behind `backend` reports `queued` requests running and waiting (its own
+    metrics page): work the router weighs beside the gateway's own, while the reading is fresh."""
+
+    backend: str
+    queued: int
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed (the driver's timer at `next_wakeup()`): queue bounds are checked."""
 
@@ -120,7 +156,8 @@ class Reconfigure:
     params: FrontParams
 
 
-Event = Arrive | Opened | Generated | Failed | Finished | Probed | KindLearned | Tick | Close | Reconfigure
+Event = (Arrive | Opened | Generated | Failed | FirstContent | Finished | Probed | KindLearned | Served | Loaded
+         | Tick | Close | Reconfigure)
 
 # --- decisions ------------------------------------------------------------------------------
 
@@ -160,6 +197,42 @@ class HealthChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class Hedge:
+    """Send request `id` to `backend` too, beside the attempt it runs: no content came within
+    its class's hedge delay. The first attempt to stream content wins (`FirstContent`)."""
+
+    id: str
+    backend: str
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """Stop request `id`'s attempt on `backend` now: the other attempt of its hedge won."""
+
+    id: str
+    backend: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ejected:
+    """`backend` failed `failures` attempts in a row (the last as `kind`) and takes no request
+    for `for_s` (`front.ejection`): the `times`-th time."""
+
+    backend: str
+    for_s: float
+    failures: int
+    kind: FailureKind
+    times: int
+
+
+@dataclass(frozen=True, slots=True)
+class Readmitted:
+    """`backend`'s ejection is over: it takes requests again."""
+
+    backend: str
+
+
+@dataclass(frozen=True, slots=True)
 class Retired:
     """A backend a reload removed has no request left and has left the front: the driver may
     forget it (its probes, metrics, connections)."""
@@ -167,7 +240,7 @@ class Retired:
     backend: str
 
 
-Decision = Start | Suspend | Reject | HealthChanged | Retired
+Decision = Start | Suspend | Reject | Hedge | Drop | HealthChanged | Ejected | Readmitted | Retired
 
 
 class WrongEvent(TailguardError):

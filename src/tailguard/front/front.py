@@ -21,23 +21,26 @@ which the driver must not finish it.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from tailguard.errors import ConfigError
+from tailguard.front.ejection import Ejector
 from tailguard.front.events import (
-    Arrive, Close, Decision, Event, Failed, Finished, Generated, HealthChanged, KindLearned, Opened, Probed,
-    Reconfigure, Reject, Retired, Start, Suspend, Tick, WrongEvent,
+    Arrive, Close, Decision, Drop, Ejected, Event, Failed, Finished, FirstContent, Generated, HealthChanged, Hedge,
+    KindLearned, Loaded, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend, Tick,
+    WrongEvent,
 )
+from tailguard.front.hedging import Hedger
 from tailguard.front.limits import CallerLimits, Standing
 from tailguard.front.params import FrontParams
 from tailguard.front.preemption import Candidate, PreemptionPolicy
 from tailguard.front.queue import Pending, carry_over, make_scheduler
-from tailguard.front.retry import Retry, hurts_health, retry_budget, retry_of
-from tailguard.front.router import choose
+from tailguard.front.retry import Retry, hurts_health, retry_budget, retry_of, stale_connection
+from tailguard.front.router import NO_ROUTE, Route, Router
 from tailguard.front.slots import BackendPool
-from tailguard.types import Outcome, RejectReason
+from tailguard.types import FailureKind, Outcome, RejectReason
 
 NOTHING: Sequence[Decision] = ()
 
@@ -50,11 +53,16 @@ class State(enum.Enum):
 
 class _Req:
     __slots__ = ("pending", "state", "backend", "bound_at", "preemptible", "max_tokens", "suspendable",
-                 "preemptions", "attempts", "tried", "fresh_retried", "caller", "generated")
+                 "preemptions", "attempts", "tried", "fresh_retried", "caller", "generated", "route", "hedge",
+                 "first", "continuable", "migrations")
 
-    def __init__(self, pending: Pending, preemptible: bool, max_tokens: int | None, caller: str | None) -> None:
+    def __init__(self, pending: Pending, preemptible: bool, max_tokens: int | None, caller: str | None,
+                 route: Route, continuable: bool = False) -> None:
         self.pending = pending
+        # Its driver keeps its text (`Front.tracks` at its arrival), so it can be continued.
+        self.continuable = continuable
         self.caller = caller
+        self.route = route
         self.state = State.QUEUED
         self.backend = ""
         self.bound_at = 0.0
@@ -66,6 +74,9 @@ class _Req:
         self.tried: list[str] = []  # backends its attempts went to
         self.fresh_retried = False  # retried once on the same backend already
         self.generated = 0  # tokens generated over all runs, as the last `Generated` said
+        self.hedge: str | None = None  # the backend of its second attempt while it is hedged
+        self.first = False  # its first content came
+        self.migrations = 0  # continued on another backend after its own died or stalled mid-answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +91,9 @@ class BackendView:
     reserved_slots: int
     probed: bool = False  # a probe has answered or failed: its health is known, not assumed
     failures: int = 0  # failed probes and connections in a row
+    ejected: bool = False  # out for a while after failed requests in a row (`front.ejection`)
+    pool: str = "default"
+    models: tuple[str, ...] | None = None  # what it serves, configured or listed (None: not known)
 
     @property
     def state(self) -> str:
@@ -88,6 +102,8 @@ class BackendView:
         or `healthy`."""
         if not self.healthy:
             return "unhealthy"
+        if self.ejected:
+            return "ejected"
         if self.failures:
             return "failing"
         return "healthy" if self.probed else "unknown"
@@ -102,6 +118,9 @@ class Front:
         self._classes = {c.name: c for c in params.classes}
         self._queue = make_scheduler(params.queue, params.classes)
         self._slots = BackendPool(params.backends, params.classes, params.health)
+        self._ejector = Ejector(params.ejection)
+        self._router = Router(params.routing, self._ejector)
+        self._hedger = Hedger(params.hedging)
         self._policy = PreemptionPolicy.from_params(params.preemption, params.queue.policy)
         self._budget = retry_budget(params.retry)
         self._max_attempts = params.retry.max_attempts
@@ -113,8 +132,9 @@ class Front:
         # Each event's handler by its type: one dict lookup per event, not a chain of isinstance.
         self._handlers: dict[type, Callable[[Any, float, bool], None]] = {
             Arrive: self._arrive, Opened: self._opened, Generated: self._generated, Failed: self._failed,
-            Finished: self._finished, Probed: self._probed, KindLearned: self._kind_learned, Tick: self._tick,
-            Close: self._close, Reconfigure: self._reconfigure,
+            FirstContent: self._first_content,
+            Finished: self._finished, Probed: self._probed, KindLearned: self._kind_learned, Served: self._served,
+            Loaded: self._loaded, Tick: self._tick, Close: self._close, Reconfigure: self._reconfigure,
         }
 
     # --- the chokepoint ---------------------------------------------------------------------
@@ -152,16 +172,32 @@ class Front:
 
     def tracks(self, cls: str, resumable: bool) -> bool:
         """Whether a request of `cls` whose output is `resumable` (the intake's rule) may be
-        suspended, so its driver keeps its text for a continuation: the one place both drivers
-        and the front itself ask."""
-        return resumable and self.may_suspend(cls)
+        continued from its text, so its driver keeps that text: it may be suspended, or moved
+        to another backend if its own dies mid-answer (`_migrate`). The one place both drivers
+        ask. A lone backend has nowhere to move a stream to, so its chats keep the relay that
+        parses nothing."""
+        return resumable and (self.may_suspend(cls) or self._migrates())
+
+    def _migrates(self) -> bool:
+        """A stream may be moved: migrations are on and there is a second backend, one that can
+        continue a generation."""
+        slots = self._slots
+        return (self._params.retry.max_migrations > 0 and len(slots) > 1
+                and any(s.cfg.continues for s in slots))
+
+    def hedges(self, cls: str) -> bool:
+        """Whether requests of `cls` may be hedged: then their driver tells `FirstContent`."""
+        return self._hedger.hedges(cls)
 
     def retry_after_s(self) -> float:
         return self._queue.admission.retry_after_s()
 
     def next_wakeup(self) -> float | None:
-        """When `Tick` next has something to do (a queued request's bound), or None."""
-        return self._queue.next_wakeup() if len(self._queue) else None
+        """When `Tick` next has something to do (a queued request's bound, an ejection's end), or
+        None."""
+        times = [t for t in (self._queue.next_wakeup() if len(self._queue) else None, self._ejector.next_return(),
+                             self._hedger.next_due()) if t is not None]
+        return min(times) if times else None
 
     def queue_len(self, cls: str) -> int:
         return self._queue.queue_len(cls)
@@ -172,8 +208,9 @@ class Front:
 
     def backend(self, name: str) -> BackendView:
         s = self._slots[name]
+        models = s.cfg.models or (tuple(sorted(s.learned_models)) if s.learned_models is not None else None)
         return BackendView(s.name, s.healthy, s.retiring, s.in_flight, s.cfg.max_concurrency, s.cfg.reserve(),
-                           s.probed, s.failures)
+                           s.probed, s.failures, self._ejector.ejected(name), s.cfg.pool, models)
 
     def is_healthy(self, backend: str) -> bool:
         return self._slots.is_healthy(backend)
@@ -204,20 +241,32 @@ class Front:
             self._out.append(Reject(req_id, queued.reason, queued.retry_after_s))
             return
         self._budget.record_call(now)
+        self._hedger.arrived(ev.cls, now)
         if caller is not None:
             self._limits.take_request(caller, now)
-        self._reqs[req_id] = _Req(pending, self.tracks(ev.cls, ev.resumable), ev.max_tokens, caller)
+        route = Route(ev.model, ev.prefix) if ev.model is not None or ev.prefix else NO_ROUTE
+        kept = self.tracks(ev.cls, ev.resumable)
+        self._reqs[req_id] = _Req(pending, kept and self.may_suspend(ev.cls), ev.max_tokens, caller, route, kept)
         self._pump(now, preempt)
 
     def _refusal(self, ev: Arrive, now: float) -> Reject | None:
-        """Why a request is refused before it is queued (shut down, nowhere to go, its caller's
-        limits), or None."""
+        """Why a request is refused before it is queued (shut down, a model nobody serves,
+        nowhere to go, its caller's limits), or None."""
         if self._closed:
             return Reject(ev.id, RejectReason.SHUTTING_DOWN, 1.0)
-        if not self._slots.any_healthy():
+        route = Route(ev.model)
+        serving = self._router.serving(self._slots, self._classes[ev.cls], route)
+        if not serving and ev.model is not None and self._nobody_serves(ev.model):
+            return Reject(ev.id, RejectReason.MODEL_NOT_FOUND, 0.0)
+        if not self._router.usable(self._slots, serving):
             return Reject(ev.id, RejectReason.NO_HEALTHY_BACKEND, self.retry_after_s())
         limited = self._limits.refusal(ev.caller, now) if ev.caller is not None else None
         return Reject(ev.id, limited.reason, limited.retry_after_s) if limited is not None else None
+
+    def _nobody_serves(self, model: str) -> bool:
+        """No backend serves `model`, as far as every backend's models are known (one whose are
+        not yet known may serve it: it is not refused, it waits for one that does)."""
+        return all(s.knows_models() and not s.serves(model) for s in self._slots if not s.retiring)
 
     def _opened(self, ev: Opened, now: float, preempt: bool) -> None:
         """A running request's upstream is open, so a `Suspend` can stop it now. A request
@@ -234,14 +283,21 @@ class Front:
 
     def _failed(self, ev: Failed, now: float, preempt: bool) -> None:
         """An attempt failed. A `Start` when it is worth trying again (same backend on a fresh
-        connection, or another), within `max_attempts` and the retry budget; else nothing, and
-        the driver ends the request with `Finished`."""
+        connection, or another), within `max_attempts` and the retry budget, or a
+        `Start(resumed=True)` on another backend when its backend died mid-answer (`_migrate`);
+        else nothing, and the driver ends the request with `Finished`."""
         r = self._running(ev, ev.id)
+        if r.hedge is not None:
+            self._hedge_failed(r, ev, now)
+            return
         old = r.backend
         r.suspendable = False
-        if hurts_health(ev.kind, ev.answered) and self._slots.mark_failure(old):
-            self._out.append(HealthChanged(old, False))
-        where = retry_of(ev.kind, ev.delivered, ev.answered)
+        if hurts_health(ev.kind, ev.answered):
+            self._eject_maybe(old, ev.kind, now)
+        where = retry_of(ev.kind, ev.delivered, ev.answered, r.continuable)
+        if where is Retry.CONTINUE:
+            self._migrate(r, stale_connection(ev.kind, ev.answered), now)
+            return
         if r.attempts >= self._max_attempts or where is Retry.NO:
             return
         target = self._retry_target(r, where, now)
@@ -249,16 +305,96 @@ class Front:
             return
         if target == old:
             r.fresh_retried = True
-        else:
-            self._slots.acquire(target, r.pending.cls)
-            r.backend = target
         r.attempts += 1
+        self._restart(r, target, now, resumed=False)
+
+    def _migrate(self, r: _Req, stale: bool, now: float) -> None:
+        """Its backend died or stalled after part of the answer reached the client: the rest is
+        generated on another backend that can continue a generation, from the text so far (the
+        driver's continuation, as after a suspension). At most `max_migrations` times and
+        within the retry budget; with no such backend free now it ends where it is. A
+        continuation whose connection was `stale` goes to the same backend once more (not a move:
+        not counted)."""
+        target = self._migration_target(r, stale, now)
+        if target is None or not self._budget.try_withdraw(now):
+            return
+        if target != r.backend:
+            r.migrations += 1
+        self._restart(r, target, now, resumed=True)
+
+    def _migration_target(self, r: _Req, stale: bool, now: float) -> str | None:
+        """The least loaded backend it has not failed on whose kind can continue a generation
+        (its own backend again on a fresh connection, once, after a stale one)."""
+        slots = self._slots
+        if stale and not r.fresh_retried and slots.takes_new(r.backend) and not self._ejector.ejected(r.backend):
+            r.fresh_retried = True
+            return r.backend
+        if r.migrations >= self._params.retry.max_migrations:
+            return None
+        cannot = [s.name for s in slots if not s.cfg.continues]
+        return self._choose(r, now, exclude=[*r.tried, r.backend, *cannot])
+
+    def _restart(self, r: _Req, target: str, now: float, resumed: bool) -> None:
+        """Send a running request's next attempt (or continuation) to `target`, moving its slot
+        there from the backend it failed on."""
+        old = r.backend
+        if target != old:
+            self._slots.acquire(target, r.pending.cls, r.pending.est_tokens)
+            self._router.bound(target, r.route)
+            r.backend = target
         r.tried.append(target)
         r.bound_at = now
-        self._out.append(Start(ev.id, target))
+        self._out.append(Start(r.pending.id, target, resumed))
         if target != old:  # after the Start: a retiring `old` may leave with this release
-            self._release(old, r.pending.cls)
+            self._release(old, r.pending)
         self._pump(now, True)
+
+    def _hedge_failed(self, r: _Req, ev: Failed, now: float) -> None:
+        """One attempt of a hedged request failed while the other runs: that one goes on alone
+        (it is the request's attempt from now on); nothing is retried."""
+        assert r.hedge is not None
+        failed = ev.backend if ev.backend is not None else r.backend
+        if hurts_health(ev.kind, ev.answered):
+            self._eject_maybe(failed, ev.kind, now)
+        other = r.hedge if failed == r.backend else r.backend
+        r.backend, r.hedge = other, None
+        self._release(failed, r.pending)
+        self._pump(now, True)
+
+    def _first_content(self, ev: FirstContent, now: float, preempt: bool) -> None:
+        """The first content came from `ev.backend`. Unhedged: its TTFT on its backend is a
+        sample of its class's. Hedged: that attempt wins, the other is dropped at once."""
+        r = self._running(ev, ev.id)
+        if r.first:
+            return
+        r.first = True
+        self._hedger.disarm(ev.id)
+        if r.hedge is None:
+            self._hedger.observe(r.pending.cls, now - r.bound_at)
+            return
+        if ev.backend not in (r.backend, r.hedge):
+            raise WrongEvent(ev, f"the request runs on {r.backend} and {r.hedge}")
+        loser = r.hedge if ev.backend == r.backend else r.backend
+        r.backend, r.hedge = ev.backend, None
+        self._out.append(Drop(ev.id, loser))
+        self._release(loser, r.pending)
+        self._pump(now, True)
+
+    def _hedge_due(self, now: float) -> None:
+        """Requests still without content past their hedge delay go to a second backend too,
+        within the budget, where one that may take them has room."""
+        for req_id in self._hedger.due(now):
+            r = self._reqs.get(req_id)
+            if r is None or r.state is not State.RUNNING or r.first or r.hedge is not None:
+                continue
+            target = self._choose(r, now, exclude=(*r.tried, r.backend))
+            if target is None or not self._hedger.allowed(now):
+                continue
+            self._slots.acquire(target, r.pending.cls, r.pending.est_tokens)
+            self._router.bound(target, r.route)
+            r.hedge = target
+            r.tried.append(target)
+            self._out.append(Hedge(req_id, target))
 
     def _finished(self, ev: Finished, now: float, preempt: bool) -> None:
         """The request ended (success, error, timeout, client gone): the one event that ends a
@@ -267,15 +403,22 @@ class Front:
         r = self._reqs.pop(ev.id, None)
         if r is None:
             raise WrongEvent(ev, "not in the front (ended twice, or rejected)")
+        self._hedger.disarm(ev.id)
         if ev.tokens and r.caller is not None:
             self._limits.charge(r.caller, ev.tokens, now)
         p = r.pending
         if r.state is State.RUNNING:
-            self._release(r.backend, p.cls)
-            self._candidates.pop(ev.id, None)
+            if r.hedge is not None:  # ended before either attempt streamed: both go
+                self._release(r.hedge, p)
             alive = ev.outcome is Outcome.SUCCESS or ev.outcome is Outcome.CLIENT_ERROR
-            if alive and self._slots.mark_success(r.backend):
-                self._out.append(HealthChanged(r.backend, True))
+            if ev.outcome is Outcome.SUCCESS and not r.preemptions:  # one whole run: how fast it serves
+                self._slots.served_in(r.backend, now - r.bound_at, p.est_tokens, now)
+            if alive:
+                self._ejector.answered(r.backend)
+                if self._slots.mark_success(r.backend):
+                    self._out.append(HealthChanged(r.backend, True))
+            self._release(r.backend, p)
+            self._candidates.pop(ev.id, None)
         else:
             self._queue.remove(ev.id, now)
         if r.state is not State.QUEUED:  # it was dispatched once: a completion for the drain rate
@@ -303,12 +446,23 @@ class Front:
         self._slots.set_continues(ev.backend, ev.continues)
         self._pump(now, True)
 
+    def _served(self, ev: Served, now: float, preempt: bool) -> None:
+        """What the backend serves is known: requests waiting for its models may go there."""
+        self._slots.learn_models(ev.backend, ev.models)
+        self._pump(now, True)
+
+    def _loaded(self, ev: Loaded, now: float, preempt: bool) -> None:
+        self._slots.engine_load(ev.backend, ev.queued, now)
+
     def _tick(self, ev: Tick, now: float, preempt: bool) -> None:
-        """Requests past their queue bound leave with `queue_timeout`; the rest are bound to
-        whatever became free."""
+        """Requests past their queue bound leave with `queue_timeout`; ejections that are over
+        end; the rest are bound to whatever became free."""
         for p in self._queue.expire(now):
             del self._reqs[p.id]
             self._out.append(Reject(p.id, RejectReason.QUEUE_TIMEOUT, self.retry_after_s()))
+        for backend in self._ejector.returns(now):
+            self._out.append(Readmitted(backend))
+        self._hedge_due(now)
         self._pump(now, preempt)
 
     def _close(self, ev: Close, now: float, preempt: bool) -> None:
@@ -334,10 +488,14 @@ class Front:
         if params.retry != self._params.retry:
             self._budget = retry_budget(params.retry)
         self._limits.reconfigure(params.callers)
+        self._ejector.reconfigure(params.ejection)
+        self._router.reconfigure(params.routing)
+        self._hedger.reconfigure(params.hedging)
         self._params = params
         self._classes = {c.name: c for c in params.classes}
         gone = self._slots.reconfigure(params.backends, params.classes, params.health)
-        self._out.extend(Retired(name) for name in gone)
+        for name in gone:
+            self._retired(name)
         self._policy = PreemptionPolicy.from_params(params.preemption, params.queue.policy)
         self._max_attempts = params.retry.max_attempts
         for req_id, r in self._reqs.items():
@@ -361,14 +519,38 @@ class Front:
 
     # --- internals --------------------------------------------------------------------------
 
-    def _release(self, backend: str, cls: str) -> None:
-        if self._slots.release(backend, cls):
-            self._out.append(Retired(backend))
+    def _release(self, backend: str, p: Pending) -> None:
+        if self._slots.release(backend, p.cls, p.est_tokens):
+            self._retired(backend)
+
+    def _retired(self, backend: str) -> None:
+        self._router.forget(backend)
+        self._ejector.forget(backend)
+        self._out.append(Retired(backend))
+
+    def _eject_maybe(self, backend: str, kind: FailureKind, now: float) -> None:
+        """A failure of the kind a dead or hung host causes: counted, and perhaps the last of
+        enough in a row to take it out for a while."""
+        if backend not in self._slots.names:
+            return
+        pool = self._slots[backend].cfg.pool
+        members = [s.name for s in self._slots if s.cfg.pool == pool and not s.retiring]
+        ej = self._ejector.failed(backend, now, members)
+        if ej is not None:
+            self._out.append(Ejected(backend, ej.for_s, ej.failures, kind, ej.times))
+
+    def _choose(self, r: _Req, now: float, exclude: Collection[str] = ()) -> str | None:
+        """Where `r` may go now. A suspended request's continuation needs a backend whose kind
+        can continue a generation (in a mixed fleet, not every backend can)."""
+        if r.state is State.SUSPENDED:
+            exclude = [*exclude, *(s.name for s in self._slots if not s.cfg.continues)]
+        return self._router.choose(self._slots, self._classes[r.pending.cls], r.pending, r.route, now, exclude)
 
     def _retry_target(self, r: _Req, where: Retry, now: float) -> str | None:
-        if where is Retry.SAME_OR_OTHER and not r.fresh_retried and self._slots.takes_new(r.backend):
+        if (where is Retry.SAME_OR_OTHER and not r.fresh_retried and self._slots.takes_new(r.backend)
+                and not self._ejector.ejected(r.backend)):
             return r.backend
-        return choose(self._slots, r.pending, now, exclude=r.tried)
+        return self._choose(r, now, exclude=r.tried)
 
     def _pump(self, now: float, preempt: bool) -> None:
         """Bind queued requests to free slots in the queue's order; then, if the best waiting
@@ -376,11 +558,11 @@ class Front:
         queue = self._queue
         if not len(queue):
             return
-        slots = self._slots
+        reqs = self._reqs
         chosen: dict[str, str] = {}
 
         def admissible(p: Pending) -> bool:
-            b = choose(slots, p, now)
+            b = self._choose(reqs[p.id], now)
             if b is None:
                 return False
             chosen[p.id] = b
@@ -394,12 +576,15 @@ class Front:
                 return
 
     def _bind(self, r: _Req, backend: str, now: float) -> None:
-        self._slots.acquire(backend, r.pending.cls)
+        self._slots.acquire(backend, r.pending.cls, r.pending.est_tokens)
+        self._router.bound(backend, r.route)
         resumed = r.state is State.SUSPENDED
         r.state, r.backend, r.bound_at = State.RUNNING, backend, now
         if not resumed:
             r.attempts += 1
             r.tried.append(backend)
+            if not r.preemptible and self._hedger.hedges(r.pending.cls):
+                self._hedger.arm(r.pending.id, r.pending.cls, now)
         if r.preemptible:
             self._candidates[r.pending.id] = r
         self._out.append(Start(r.pending.id, backend, resumed))
@@ -412,7 +597,10 @@ class Front:
         if not self._candidates:
             return False
         head = queue.head(now)
-        if head is None or choose(slots, head, now) is not None:
+        if head is None:
+            return False
+        wanted = self._reqs[head.id]
+        if self._choose(wanted, now) is not None:
             return False
         # Only a lower priority can be suspended: when the head is itself of the lowest rank
         # running (a batch job waiting behind batch jobs, the common case) nothing is built.
@@ -422,8 +610,12 @@ class Front:
         if not cands:
             return False
 
+        # Only a slot the head may use is worth freeing: its model, its pools, healthy, not ejected.
+        allowed = {s.name for s in self._router.usable(slots, self._router.serving(slots, self._classes[head.cls],
+                                                                                     wanted.route))}
+
         def fits(c: Candidate) -> bool:
-            return (slots.is_healthy(c.backend) and slots.fits_after_release(c.backend, head.cls, c.cls)
+            return (c.backend in allowed and slots.fits_after_release(c.backend, head.cls, c.cls)
                     and not queue.guaranteed(c.cls))
 
         victim = policy.victim(head, (
@@ -435,15 +627,15 @@ class Front:
         if victim is None:
             return False
         self._suspend(self._reqs[victim.id], now)
-        backend = choose(slots, head, now)
+        backend = self._choose(wanted, now)
         assert backend is not None
         queue.take(head.id, now)
-        self._bind(self._reqs[head.id], backend, now)
+        self._bind(wanted, backend, now)
         return True
 
     def _suspend(self, r: _Req, now: float) -> None:
         p = r.pending
-        self._release(r.backend, p.cls)
+        self._release(r.backend, p)
         del self._candidates[p.id]
         r.state, r.suspendable = State.SUSPENDED, False
         r.preemptions += 1

@@ -22,7 +22,7 @@ the gateway does not know is a 400 (a silent fallback would hide a client bug be
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, get_args
 
 from tailguard.errors import BadRequest
@@ -90,6 +90,7 @@ class Accepted:
     body_changed: bool
     body: dict[str, Any]
     resumable: bool  # its generation can be suspended and continued from its text
+    model: str | None = None  # the model it names, an alias resolved (None: none named, any backend)
 
 
 class Intake:
@@ -163,8 +164,18 @@ class Intake:
         return cls
 
     def accept(self, asked: Asked, cls: ClassSpec, output_estimate_tokens: int) -> Accepted:
-        """Apply `cls`'s prompt bound and output cap, and size the job (`output_estimate_tokens`
-        per choice when it has no limit); raises `BadRequest` (400) on a violation."""
+        """Apply `cls`'s prompt bound and output cap, size the job (`output_estimate_tokens`
+        per choice when it has no limit) and resolve the model's alias; raises `BadRequest` (400)
+        on a violation."""
+        model = asked.body.get("model")
+        model = model if isinstance(model, str) else None
+        target = self.params.aliases.get(model) if model is not None else None
+        if target is None:
+            return self._capped(asked, cls, output_estimate_tokens, model)
+        aliased = replace(asked, body={**asked.body, "model": target})  # sent upstream as the served name
+        return replace(self._capped(aliased, cls, output_estimate_tokens, target), body_changed=True)
+
+    def _capped(self, asked: Asked, cls: ClassSpec, output_estimate_tokens: int, model: str | None) -> Accepted:
         _bound_prompt(asked, cls)
         asked_limit, field = _asked_limit(asked)
         cap = cls.max_tokens_cap
@@ -173,10 +184,10 @@ class Intake:
             # its cap) keeps such a request inside the class's budget.
             fill = cls.default_max_tokens if cls.default_max_tokens is not None else cap
             if fill is None:
-                return _accepted(asked, None, asked.body, output_estimate_tokens)
-            return _accepted(asked, fill, {**asked.body, "max_tokens": fill}, fill)
+                return _accepted(asked, None, asked.body, output_estimate_tokens, model)
+            return _accepted(asked, fill, {**asked.body, "max_tokens": fill}, fill, model)
         if cap is None or asked_limit <= cap:
-            return _accepted(asked, asked_limit, asked.body, asked_limit)
+            return _accepted(asked, asked_limit, asked.body, asked_limit, model)
         if cls.cap_mode == "reject":
             raise BadRequest(
                 f"'{field}' is {asked_limit}, above the cap of {cap} for class '{cls.name}'.",
@@ -187,7 +198,7 @@ class Intake:
             v = asked.body.get(name)
             if v is not None and v > cap:
                 clamped[name] = cap
-        return _accepted(asked, cap, clamped, cap)
+        return _accepted(asked, cap, clamped, cap, model)
 
 
 def _bound_prompt(asked: Asked, cls: ClassSpec) -> None:
@@ -214,10 +225,11 @@ def _asked_limit(asked: Asked) -> tuple[int | None, str]:
     return limit, "max_completion_tokens"
 
 
-def _accepted(asked: Asked, max_tokens: int | None, body: dict[str, Any], per_choice_tokens: int) -> Accepted:
+def _accepted(asked: Asked, max_tokens: int | None, body: dict[str, Any], per_choice_tokens: int,
+              model: str | None) -> Accepted:
     """The job is the prompt plus `per_choice_tokens` for each choice (each is a generation)."""
     return Accepted(max_tokens, asked.prompt_tokens + asked.n * per_choice_tokens, body is not asked.body, body,
-                    resumable(body, asked.endpoint))
+                    resumable(body, asked.endpoint), model)
 
 
 def resumable(body: Mapping[str, Any], endpoint: Endpoint) -> bool:

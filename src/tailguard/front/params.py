@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 CapMode = Literal["clamp", "reject"]
+RoutingPolicy = Literal["prefix-affinity", "least-tokens", "p2c", "round-robin"]
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]  # OpenAI's
 
 
@@ -34,6 +35,7 @@ class ClassSpec:
     max_tokens_cap: int | None = None  # the largest output limit a request may ask for
     cap_mode: CapMode = "clamp"  # over the cap: lowered to it, or refused with a 400
     max_prompt_tokens: int | None = None  # a larger (estimated) prompt is refused with a 400
+    pools: tuple[str, ...] = ()  # backend pools its requests may use, tried in order (empty: every pool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,8 @@ class BackendSpec:
     weight: float = 1.0
     continues: bool = False
     reserved_slots: int | None = None
+    models: tuple[str, ...] = ()  # the models it serves as configured (empty: as its /v1/models says, or any)
+    pool: str = "default"
 
     def reserve(self) -> int:
         """Slots kept for the top rank."""
@@ -89,14 +93,76 @@ class HealthParams:
 
 
 @dataclass(frozen=True, slots=True)
+class RoutingParams:
+    """Where a request goes among the backends that may take it (`tailguard.front.router`).
+
+    `prefix-affinity` sends requests that share a leading prompt to the instance that served it
+    last (its prefix cache holds it), as long as that instance is not loaded past
+    `balance_factor` x the least loaded plus `balance_slack` requests' worth; a prompt of which no
+    instance holds `min_prefix_share` is routed as `least-tokens` would (SGLang's `cache_aware`
+    does alike, with a radix tree per worker). `least-tokens`: the least outstanding estimated
+    tokens per unit of capacity; `p2c`: the lesser of two drawn at random; `round-robin`."""
+
+    policy: RoutingPolicy = "prefix-affinity"
+    min_prefix_share: float = 0.5
+    balance_factor: float = 1.5
+    balance_slack: float = 2.0
+    index_blocks: int = 1 << 16  # prefix blocks remembered, least recently used dropped first
+    engine_load_ttl_s: float = 15.0  # an engine's own load reading older than this counts as none
+    slow_factor: float = 2.0  # a backend this much slower per token than its peers' median gets less work
+    slow_min_samples: int = 3  # requests its speed must be measured over first
+    slow_ttl_s: float = 60.0  # a speed not measured again within this is forgotten (tried afresh)
+    seed: int = 0  # of p2c's draws: the same events give the same choices
+
+
+@dataclass(frozen=True, slots=True)
+class EjectionParams:
+    """Passive health (Envoy's outlier detection): `consecutive_failures` failed attempts in a row
+    on one backend (refused or timed-out connections, 5xx, a response head that never came) eject
+    it for `base_s` x the times it was ejected (at most `max_s`); at most `max_ejected_share` of a
+    pool is out at once (one always may be), and when fewer than `panic_threshold` of the healthy
+    backends a request may use are left, ejections are ignored for it (Envoy's panic mode)."""
+
+    enabled: bool = True
+    consecutive_failures: int = 3
+    base_s: float = 30.0
+    max_s: float = 300.0
+    max_ejected_share: float = 0.5
+    panic_threshold: float = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class HedgeParams:
+    """Hedged requests (`tailguard.front.hedging`), off by default: a request of one of `classes`
+    with no first content after `factor` x the `quantile` of the class's recent TTFTs (over the
+    last `samples`, once `min_samples` are known; at least `min_delay_s`) is sent to a second
+    backend too; the first to stream content wins. At most `max_share` of the class's requests of
+    the last `window_s` are hedged."""
+
+    enabled: bool = False
+    classes: tuple[str, ...] = ("interactive",)
+    quantile: float = 0.95
+    factor: float = 1.0
+    min_delay_s: float = 0.05
+    samples: int = 256
+    min_samples: int = 20
+    max_share: float = 0.1
+    window_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
 class RetryParams:
-    """Retries of a request that failed before any byte reached its client.
+    """Retries of a request that failed before any byte reached its client, and continuations
+    of one whose backend died or stalled after (`max_migrations`).
 
     A budget like Envoy's `retry_budget` and Finagle's `RetryBudget`: within any `window_s`,
     retries are at most `budget_ratio` of the requests that arrived plus `min_retries_per_s`
     per second, so a failing backend cannot make the gateway multiply its own load."""
 
     max_attempts: int = 3
+    # Continuations of a stream whose backend died or stalled after bytes reached its client
+    # (`front.retry`, Retry.CONTINUE); counted apart from `max_attempts`, within the same budget.
+    max_migrations: int = 2
     budget_ratio: float = 0.2
     min_retries_per_s: float = 5.0
     window_s: float = 10.0
@@ -123,6 +189,9 @@ class FrontParams:
     health: HealthParams = field(default_factory=HealthParams)
     retry: RetryParams = field(default_factory=RetryParams)
     callers: Sequence[CallerSpec] = ()
+    routing: RoutingParams = field(default_factory=RoutingParams)
+    ejection: EjectionParams = field(default_factory=EjectionParams)
+    hedging: HedgeParams = field(default_factory=HedgeParams)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,12 +207,13 @@ class KeySpec:
 class IntakeParams:
     """How a request becomes a job (`tailguard.front.intake`): the classes with their caps, the
     class of a request nothing else classifies, the overrides of OpenAI's `service_tier` -> class
-    mapping, and the client API keys."""
+    mapping, the client API keys and the model aliases."""
 
     classes: Sequence[ClassSpec]
     default_class: str = "interactive"
     service_tier_map: Mapping[ServiceTier, str] = field(default_factory=dict)
     keys: Mapping[str, KeySpec] = field(default_factory=dict)
+    aliases: Mapping[str, str] = field(default_factory=dict)  # model name a client uses -> the served one
 
 
 @dataclass(frozen=True, slots=True)

@@ -259,8 +259,9 @@ def _decode(tp: Any, v: Any, where: str) -> Any:
     if origin is not None and isinstance(origin, type) and issubclass(origin, Sequence):
         if not isinstance(v, list):
             raise RecordingError(f"{where}: expected a list, got {v!r}")
-        (inner,) = typing.get_args(tp)
-        return [_decode(inner, x, f"{where}[{i}]") for i, x in enumerate(v)]
+        (inner,) = [a for a in typing.get_args(tp) if a is not Ellipsis]  # tuple[X, ...] too
+        items = [_decode(inner, x, f"{where}[{i}]") for i, x in enumerate(v)]
+        return tuple(items) if origin is tuple else items
     if is_dataclass(tp):
         assert isinstance(tp, type)
         hints = _HINTS.get(tp)

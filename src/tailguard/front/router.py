@@ -1,28 +1,220 @@
-"""Where a request goes: the least-loaded healthy backend that has a slot its class may take;
-pure, no I/O, reads the pool and changes nothing.
+"""Where a request goes: among the backends that may take it, the one its routing policy picks;
+pure, no I/O.
+
+A backend may take a request when it serves the request's model, belongs to one of its class's
+pools (tried in order: the first pool with a backend that has room wins), is healthy, not retiring,
+not ejected (unless so many are that the pool is in panic: `front.ejection`), not excluded (a
+retry's earlier backends) and has a slot its class may take (`front.slots`). Among those:
+
+- `least-tokens`: the least load, where load is the estimated tokens in flight there (prompt +
+  output of each request it runs) and this request's own, plus what the engine itself reports
+  running and waiting beyond the gateway's own requests (other clients' work; a reading older
+  than `engine_load_ttl_s` counts as none), over its capacity: `max_concurrency` x `weight` x its
+  speed. Speed is 1 unless the backend has served clearly slower than its peers: seconds per
+  estimated token (a running average over at least `slow_min_samples` requests, the latest within
+  `slow_ttl_s`) more than `slow_factor` x the candidates' median; then the median over its own.
+  So a host that serves 5x slower gets a request only when its peers hold 5x its work (less
+  traffic, never cut off); peers within the factor of each other share alike, so noise in the
+  averages never skews an even fleet; and a reading gone stale is forgotten, so a host that was
+  slow once is tried again.
+  SGLang's model gateway's `least_load` scores alike, (queued + in-flight tokens) / throughput.
+  Ties go to the backend bound least recently, which spreads an idle fleet round-robin.
+- `prefix-affinity` (the default): the backend that served the longest part of this prompt
+  (`front.prefix`), while it holds at least `min_prefix_share` of it and its load is within
+  `balance_factor` x the least loaded's plus `balance_slack` requests' worth; else as
+  `least-tokens`. So chats behind one system prompt keep finding it in the same engine's prefix
+  cache, and a workload with no shared prefixes is routed exactly as `least-tokens` routes it.
+- `p2c`: the lesser loaded of two drawn at random (a seeded generator: the same events, the same
+  choices); `round-robin`: the next in turn.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import random
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 
+from tailguard.front.ejection import Ejector
+from tailguard.front.params import ClassSpec, RoutingParams
+from tailguard.front.prefix import PrefixIndex
 from tailguard.front.queue import Pending
-from tailguard.front.slots import BackendPool
+from tailguard.front.slots import BackendPool, BackendState
+
+# A request's size when nothing better is known: what the engine reports beyond the gateway's
+# own requests is counted in requests, and weighed as this many tokens each.
+_DEFAULT_REQUEST_TOKENS = 512
+# The least share of its capacity a slow backend keeps: however slow it measured, it is never cut off.
+_MIN_SPEED = 0.05
 
 
-def choose(pool: BackendPool, pending: Pending, now: float, exclude: Collection[str] = ()) -> str | None:
-    """The backend for `pending`, or None when no healthy backend has room for its class.
+@dataclass(frozen=True, slots=True)
+class Route:
+    """What routing needs of a request beyond its place in the queue: the model it names (None:
+    any backend) and its prompt's chained block hashes (`front.prefix`)."""
 
-    Load is in-flight / (max_concurrency * weight). Ties go to the backend acquired least
-    recently, which spreads equal load round-robin while keeping the choice a pure function of
-    the pool's state. `exclude` names backends already tried (retry after a failure).
-    """
-    best: str | None = None
-    best_key = (0.0, 0)
-    for s in pool:
-        if not s.healthy or s.name in exclude or not pool.has_capacity(s.name, pending.cls):
-            continue
-        key = (s.in_flight / (s.cfg.max_concurrency * s.cfg.weight), s.last_acquired)
-        if best is None or key < best_key:
-            best, best_key = s.name, key
-    return best
+    model: str | None = None
+    prefix: Sequence[int] = ()
+
+
+NO_ROUTE = Route()
+
+
+class Router:
+    """The routing policy and what it remembers (where prefixes went, whose turn it is)."""
+
+    def __init__(self, params: RoutingParams, ejector: Ejector) -> None:
+        self.params = params
+        self._ejector = ejector
+        self._index = PrefixIndex(params.index_blocks)
+        self._rng = random.Random(params.seed)
+        self._turn = 0
+
+    def reconfigure(self, params: RoutingParams) -> None:
+        if params.index_blocks != self.params.index_blocks:
+            self._index = PrefixIndex(params.index_blocks)
+        self.params = params
+
+    def forget(self, backend: str) -> None:
+        self._index.forget(backend)
+
+    # --- which backends may take it -------------------------------------------------------------
+
+    def serving(self, slots: BackendPool, cls: ClassSpec, route: Route) -> list[BackendState]:
+        """Backends that serve the request's model in its class's pools, whatever their health.
+        Those known to serve it are preferred to those whose models are not known yet (the first
+        moments after a start, before each backend's /v1/models is read). Where the whole fleet
+        serves one model, a request naming another is not the gateway's to refuse: it goes
+        through as named (vLLM answers its own 404; llama-server serves any name), as it would
+        with no gateway in front."""
+        pools = cls.pools
+        model = route.model
+        members = [s for s in slots if not s.retiring and (not pools or s.cfg.pool in pools)]
+        if model is None:
+            return members
+        found = [s for s in members if s.serves(model)]
+        known = [s for s in found if s.knows_models()]
+        if known:
+            return known
+        if _one_model(slots):
+            return members  # a fleet of one model: a name nobody lists goes through, the engine decides
+        return found
+
+    def usable(self, slots: BackendPool, members: list[BackendState]) -> list[BackendState]:
+        """The healthy ones of `members` a request may go to: those not ejected, unless fewer than
+        `panic_threshold` of the healthy would be left (then ejections are ignored)."""
+        healthy = [s for s in members if s.healthy]
+        kept = [s for s in healthy if not self._ejector.ejected(s.name)]
+        if len(kept) < self._ejector.params.panic_threshold * len(healthy):
+            return healthy
+        return kept
+
+    # --- the choice -----------------------------------------------------------------------------
+
+    def choose(self, slots: BackendPool, cls: ClassSpec, pending: Pending, route: Route, now: float,
+               exclude: Collection[str] = ()) -> str | None:
+        """The backend for `pending`, or None when none that may take it has room for its class."""
+        usable = self.usable(slots, self.serving(slots, cls, route))
+        for pool in cls.pools or (None,):
+            cands = [s for s in usable if (pool is None or s.cfg.pool == pool) and s.name not in exclude
+                     and slots.has_capacity(s.name, pending.cls)]
+            if cands:
+                return self._pick(cands, route, pending.est_tokens, now).name
+        return None
+
+    def bound(self, backend: str, route: Route) -> None:
+        """A request of `route` was sent to `backend`: the engine's prefix cache will hold its
+        prompt, and the turn moves on."""
+        self._turn += 1
+        if route.prefix and self.params.policy == "prefix-affinity":
+            self._index.served(route.prefix, backend)
+
+    def _pick(self, cands: list[BackendState], route: Route, size: int, now: float) -> BackendState:
+        policy = self.params.policy
+        if len(cands) == 1:
+            return cands[0]
+        if policy == "round-robin":
+            return cands[self._turn % len(cands)]
+        mean = _mean_tokens(cands)
+        ref = self._median_cost(cands, now)
+
+        def load(s: BackendState) -> float:
+            return self._load(s, size, mean, ref, now)
+
+        if policy == "p2c":
+            a, b = self._rng.sample(cands, 2)
+            return a if load(a) <= load(b) else b
+        least = min(cands, key=lambda s: (load(s), s.last_acquired))
+        if policy == "prefix-affinity" and route.prefix:
+            held = self._affine(cands, route)
+            if held is not None and held is not least:
+                p = self.params
+                slack = p.balance_slack * mean / self._capacity(held, ref, now)
+                if load(held) <= p.balance_factor * load(least) + slack:
+                    return held
+        return least
+
+    def _affine(self, cands: list[BackendState], route: Route) -> BackendState | None:
+        """The candidate that served the longest part of this prompt, if that part is a
+        meaningful share of it."""
+        name, n = self._index.longest(route.prefix)
+        if name is None or n < self.params.min_prefix_share * len(route.prefix):
+            return None
+        for s in cands:
+            if s.name == name:
+                return s
+        return None
+
+    def _median_cost(self, cands: list[BackendState], now: float) -> float | None:
+        """The lower median of the trustworthy costs: with two backends, the faster one's."""
+        costs = sorted(c for s in cands if (c := self._cost(s, now)) is not None)
+        return costs[(len(costs) - 1) // 2] if costs else None
+
+    def _cost(self, s: BackendState, now: float) -> float | None:
+        """Its running cost per token, if trustworthy: enough samples, recent enough."""
+        p = self.params
+        if s.cost is None or s.cost_samples < p.slow_min_samples or now - s.cost_at > p.slow_ttl_s:
+            return None
+        return s.cost
+
+    def _capacity(self, s: BackendState, ref: float | None, now: float) -> float:
+        """Slots x weight x speed: the reference cost over its own, where it is more than
+        `slow_factor` x the reference; else 1."""
+        cap = s.cfg.max_concurrency * s.cfg.weight
+        if ref is None:
+            return cap
+        cost = self._cost(s, now)
+        if cost is None or cost <= self.params.slow_factor * ref:
+            return cap
+        return cap * max(_MIN_SPEED, ref / cost)
+
+    def _load(self, s: BackendState, size: int, mean: float, ref: float | None, now: float) -> float:
+        """Estimated tokens in flight with this request's `size`, per unit of capacity, with the
+        engine's own extra work."""
+        tokens = float(s.tokens + size)
+        read_at = s.engine_read_at
+        if read_at is not None and now - read_at <= self.params.engine_load_ttl_s:
+            extra = s.engine_queued - s.in_flight
+            if extra > 0:
+                tokens += extra * mean
+        return tokens / self._capacity(s, ref, now)
+
+
+def _one_model(slots: BackendPool) -> bool:
+    """Whether the backends staying, as far as their models are known, serve one model between them."""
+    seen: set[str] = set()
+    for s in slots:
+        if s.retiring:
+            continue  # leaving: what it serves is no longer the fleet's
+        seen.update(s.cfg.models or s.learned_models or ())
+        if len(seen) > 1:
+            return False
+    return True
+
+
+
+
+
+def _mean_tokens(cands: list[BackendState]) -> float:
+    """The mean job size of the requests in flight on `cands` (a default when none are)."""
+    n = sum(s.in_flight for s in cands)
+    return sum(s.tokens for s in cands) / n if n else float(_DEFAULT_REQUEST_TOKENS)

@@ -27,7 +27,8 @@ class BackendState:
     """One backend's live counters. Mutated only through `BackendPool`."""
 
     __slots__ = ("cfg", "name", "in_flight", "by_class", "healthy", "failures", "successes", "last_acquired",
-                 "retiring", "probed")
+                 "retiring", "probed", "tokens", "learned_models", "engine_queued", "engine_read_at", "cost",
+                 "cost_samples", "cost_at")
 
     def __init__(self, cfg: BackendSpec, class_names: Iterable[str]) -> None:
         self.cfg = cfg
@@ -42,6 +43,29 @@ class BackendState:
         self.last_acquired = -1  # sequence number of the latest acquire: the router's tie-break
         self.retiring = False  # removed by a reload: no new binds, gone once nothing is in flight
         self.probed = False  # a health probe has answered (or failed outright): its health is known
+        self.tokens = 0  # estimated tokens (prompt + output) of its requests in flight: the router's load
+        self.learned_models: frozenset[str] | None = None  # as its /v1/models said (None: not known)
+        self.engine_queued = 0  # requests the engine itself reports running and waiting, at its last reading
+        self.engine_read_at: float | None = None  # when that was read (None: never)
+        # Seconds its requests took per estimated token, a running average over those that ended
+        # well: how fast it serves, which the router weighs against its peers (None: not known yet).
+        self.cost: float | None = None
+        self.cost_samples = 0  # requests that running average is made of
+        self.cost_at = 0.0  # when it last changed
+
+    def serves(self, model: str | None) -> bool:
+        """Whether a request for `model` may go here: the configured models if any, else those
+        its /v1/models listed, else (not known yet, or no model named) any."""
+        if model is None:
+            return True
+        named = self.cfg.models
+        if named:
+            return model in named
+        learned = self.learned_models
+        return learned is None or model in learned
+
+    def knows_models(self) -> bool:
+        return bool(self.cfg.models) or self.learned_models is not None
 
 
 class BackendPool:
@@ -163,24 +187,27 @@ class BackendPool:
         held = sum(s.by_class[name] for name in group) - (1 if freed_cls in group else 0)
         return held < self._slots[(backend, cls)]
 
-    def acquire(self, backend: str, cls: str) -> None:
-        """Bind one request of `cls` to a slot; the caller checked `has_capacity`."""
+    def acquire(self, backend: str, cls: str, tokens: int = 0) -> None:
+        """Bind one request of `cls` and job size `tokens` to a slot; the caller checked
+        `has_capacity`."""
         s = self._states[backend]
         if not self.has_capacity(backend, cls):
             raise RuntimeError(f"backend {backend!r} has no free slot for class {cls!r}")
         s.in_flight += 1
         s.by_class[cls] += 1
+        s.tokens += tokens
         self._seq += 1
         s.last_acquired = self._seq
 
-    def release(self, backend: str, cls: str) -> bool:
-        """Free one slot of `cls`. True when that was a retiring backend's last request, which
-        takes the backend out of the ledger."""
+    def release(self, backend: str, cls: str, tokens: int = 0) -> bool:
+        """Free one slot of `cls` (a request of job size `tokens`). True when that was a
+        retiring backend's last request, which takes the backend out of the ledger."""
         s = self._states[backend]
         if s.by_class[cls] <= 0:
             raise RuntimeError(f"release without acquire: backend {backend!r}, class {cls!r}")
         s.in_flight -= 1
         s.by_class[cls] -= 1
+        s.tokens -= tokens
         if s.retiring and not s.in_flight:
             self._drop(backend)
             return True
@@ -204,6 +231,27 @@ class BackendPool:
             if s.healthy and not s.retiring:
                 return True
         return False
+
+    def learn_models(self, backend: str, models: Sequence[str] | None) -> None:
+        """What the backend's /v1/models lists (None: it could not be read)."""
+        s = self._states.get(backend)
+        if s is not None:
+            s.learned_models = frozenset(models) if models is not None else None
+
+    def engine_load(self, backend: str, queued: int, now: float) -> None:
+        """The engine's own count of requests running and waiting, read at `now`."""
+        s = self._states.get(backend)
+        if s is not None:
+            s.engine_queued, s.engine_read_at = queued, now
+
+    def served_in(self, backend: str, seconds: float, tokens: int, now: float, weight: float = 0.2) -> None:
+        """A request of job size `tokens` ran `seconds` on `backend` and ended well, at `now`."""
+        s = self._states.get(backend)
+        if s is not None and tokens > 0:
+            c = seconds / tokens
+            s.cost = c if s.cost is None else s.cost + weight * (c - s.cost)
+            s.cost_samples += 1
+            s.cost_at = now
 
     def probed(self, backend: str) -> None:
         """A probe answered (or failed outright): the backend's health is known from now on."""

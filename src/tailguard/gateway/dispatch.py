@@ -18,10 +18,10 @@ from collections.abc import Callable, Sequence
 from functools import partial
 
 from tailguard.clock import monotonic
-from tailguard.errors import Overloaded, RateLimited
+from tailguard.errors import APIError, NotFound, Overloaded, RateLimited
 from tailguard.front.events import (
-    Arrive, Close, Decision, Event, Failed, Finished, Generated, HealthChanged, KindLearned, Opened, Probed, Reconfigure,
-    Reject, Retired, Start, Suspend, Tick,
+    Arrive, Close, Decision, Ejected, Event, Failed, Finished, Generated, HealthChanged, KindLearned, Loaded, Opened,
+    Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend, Tick,
 )
 from tailguard.front.front import Front
 from tailguard.front.params import FrontParams
@@ -82,16 +82,18 @@ class Dispatcher:
         return len(self.front)
 
     async def admit(self, ticket: Request, est_tokens: int, *, progress: Progress | None = None,
-                    max_tokens: int | None = None) -> None:
-        """Queue the request (its class and caller are on its record) and wait for its slot.
-        Raises `Overloaded` when it is refused or expires (`RateLimited` over its caller's
-        limits). With `progress` (its text is tracked) it may be suspended while it runs."""
+                    max_tokens: int | None = None, prefix: tuple[int, ...] = ()) -> None:
+        """Queue the request (its class, caller and model are on its record) and wait for its
+        slot. Raises `Overloaded` when it is refused or expires (`RateLimited` over its caller's
+        limits), `NotFound` when no backend serves its model. With `progress` (its text is
+        tracked) it may be suspended while it runs; `prefix` is its prompt's block hashes."""
         ticket.waiter = waiter = self._loop.create_future()
         ticket.progress = progress
         self._tickets[ticket.id] = ticket
         if progress is not None:
             progress.on_tokens = partial(self.generated, ticket)
-        self._handle(Arrive(ticket.id, ticket.cls, est_tokens, progress is not None, max_tokens, ticket.caller))
+        self._handle(Arrive(ticket.id, ticket.cls, est_tokens, progress is not None, max_tokens, ticket.caller,
+                            ticket.model, prefix))
         try:
             # A future that is already done (idle gateway) returns here without yielding.
             await waiter
@@ -105,9 +107,14 @@ class Dispatcher:
         assert ticket.waiter is not None
         await ticket.waiter
 
-    def tracks(self, cls: str, resumable: bool) -> bool:
-        """Whether the request's text must be kept: it may be suspended (`Front.tracks`)."""
-        return self.front.tracks(cls, resumable)
+    def progress(self, cls: str, resumable: bool) -> Progress | None:
+        """Where the request's text is kept, if it may be continued (`Front.tracks`): parsed
+        chunk by chunk if it may be suspended (its relay stops between chunks), else kept raw
+        and parsed only if its backend dies mid-answer (`Progress.lazy`), so the relay's
+        zero-parse path serves it; None if it cannot be continued."""
+        if not self.front.tracks(cls, resumable):
+            return None
+        return Progress(lazy=not self.front.may_suspend(cls))
 
     def rate_headers(self, caller: str) -> dict[str, str] | None:
         """OpenAI's `x-ratelimit-*` headers for where `caller`'s limits stand now, or None."""
@@ -124,19 +131,21 @@ class Dispatcher:
         ticket.upstream_opened(on_suspend)
         self._handle(Opened(ticket.id))
 
-    def failed(self, ticket: Request, kind: FailureKind, *, delivered: bool, answered: bool) -> bool:
-        """An attempt failed. True when the front sends it again (`ticket.backend` then names
-        where); False: the caller ends the request."""
+    def failed(self, ticket: Request, kind: FailureKind, *, delivered: bool, answered: bool) -> Start | None:
+        """An attempt failed. The `Start` when the front sends it again (`ticket.backend` then
+        names where; `resumed`: it continues from its text there); None: the caller ends the
+        request."""
         ticket.upstream_closed()
         ticket.attempt_failed(kind)
         failed_on = ticket.backend
         decisions = self._handle(Failed(ticket.id, kind, delivered, answered))
-        again = any(isinstance(d, Start) and d.id == ticket.id for d in decisions)
-        if again:
-            self._metrics.retries.labels(failed_on, kind).inc()
+        start = next((d for d in decisions if isinstance(d, Start) and d.id == ticket.id), None)
+        if start is not None:
+            if not start.resumed:  # a continuation elsewhere is a migration (tailguard_migrations_total)
+                self._metrics.retries.labels(failed_on, kind).inc()
         elif retry_of(kind, delivered, answered) is not Retry.NO:
             self._metrics.retries_denied.labels(failed_on, kind).inc()
-        return again
+        return start
 
     def generated(self, ticket: Request, tokens: int) -> None:
         """A running preemptible request's generated tokens so far (what a preemption weighs)."""
@@ -168,6 +177,14 @@ class Dispatcher:
 
     def set_kind(self, backend: str, continues: bool) -> None:
         self._handle(KindLearned(backend, continues))
+
+    def served(self, backend: str, models: tuple[str, ...] | None) -> None:
+        """What the backend's /v1/models lists (None: it could not be read)."""
+        self._handle(Served(backend, models))
+
+    def loaded(self, backend: str, queued: int) -> None:
+        """The engine's own count of requests running and waiting, just read."""
+        self._handle(Loaded(backend, queued))
 
     def reconfigure(self, params: FrontParams) -> None:
         """A live reload: the front takes the new parameters (raising `ConfigError`, nothing
@@ -212,15 +229,34 @@ class Dispatcher:
                 self._suspend(self._tickets[d.id])
             elif isinstance(d, Reject):
                 self._reject(d)
-            elif isinstance(d, HealthChanged):
-                self.healthy[d.backend] = d.healthy
-                self._metrics.backend_healthy.labels(d.backend).set(1 if d.healthy else 0)
-                log.warning("backend %s is %s", d.backend, "healthy again" if d.healthy else "unhealthy")
+            elif isinstance(d, (HealthChanged, Ejected, Readmitted)):
+                self._health(d)
             elif isinstance(d, Retired):
                 self.healthy.pop(d.backend, None)
                 self._metrics.forget_backend(d.backend)
                 log.warning("backend %s removed: its last request has ended", d.backend)
         self._arm()
+
+    def _health(self, d: HealthChanged | Ejected | Readmitted) -> None:
+        """A change of a backend's health: said once in the log with its reason, counted, and
+        its gauge moved (it takes requests while healthy and not ejected)."""
+        m, name = self._metrics, d.backend
+        if isinstance(d, HealthChanged):
+            self.healthy[name] = d.healthy
+            to = "healthy" if d.healthy else "unhealthy"
+            log.warning("backend %s is %s", name, "healthy again: a probe succeeded" if d.healthy
+                        else "unhealthy: its health probes failed (see the probe's error above)")
+        elif isinstance(d, Ejected):
+            to = "ejected"
+            m.ejections.labels(name, d.kind).inc()
+            log.warning("backend %s ejected for %g s: %d failed requests in a row (the last: %s); ejection "
+                        "number %d", name, d.for_s, d.failures, d.kind, d.times)
+        else:
+            to = "readmitted"
+            log.warning("backend %s takes requests again: its ejection is over", name)
+        m.health_changes.labels(name, to).inc()
+        view = self.front.backend(name) if name in self.healthy else None
+        m.backend_healthy.labels(name).set(1 if view is not None and view.healthy and not view.ejected else 0)
 
     def _start(self, d: Start) -> None:
         t = self._tickets[d.id]
@@ -240,6 +276,10 @@ class Dispatcher:
         t = self._tickets.pop(d.id)
         t.ended = True
         message = None
+        if d.reason is RejectReason.MODEL_NOT_FOUND:
+            if t.waiter is not None and not t.waiter.done():
+                t.waiter.set_exception(self._not_served(t.model))
+            return
         if d.reason is RejectReason.QUEUE_TIMEOUT:
             message = (f"The request waited {monotonic() - t.arrived_at:.3f} s in the queue, "
                        "past its class bound.")
@@ -248,6 +288,13 @@ class Dispatcher:
             message = self._rate_message(d, t.caller)
         if t.waiter is not None and not t.waiter.done():
             t.waiter.set_exception(overloaded(d.reason, d.retry_after_s, message))
+
+    def _not_served(self, model: str | None) -> APIError:
+        """OpenAI's 404 for a model nobody serves, naming those that are served."""
+        served = sorted({m for b in self.front.backends() if not b.retiring for m in (b.models or ())})
+        listing = f" Served here: {', '.join(served)}." if served else ""
+        return NotFound(f"The model `{model}` does not exist: no backend of this gateway serves it.{listing}",
+                        param="model", code="model_not_found")
 
     def _rate_message(self, d: Reject, caller: str) -> str:
         """OpenAI's words for a rate limit: which limit, its use, and when to try again."""

@@ -1,6 +1,7 @@
 """One request's upstream life, apart from HTTP: open it on the backend the front named, relay its
 chunks (or assemble a non-stream answer), retry an attempt that failed before any byte went out,
-wait while suspended and send the continuation, and end with one `Ending`.
+wait while suspended and send the continuation, continue it on another backend when its own
+died or stalled mid-answer (a migration: the same continuation), and end with one `Ending`.
 
 Its output goes to a `Sink` (`gateway.sink`): the HTTP handler passes the client's response, and
 code inside the process can pass a `ChunkQueue` and read the chunks itself. Every way it ends is
@@ -16,10 +17,13 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from tailguard.clock import monotonic
 from tailguard.errors import APIError, Overloaded
 from tailguard.front.intake import Accepted, OutputEstimator
 from tailguard.front.params import ClassSpec
+from tailguard.front.retry import continues_after
 from tailguard.gateway.config import BackendConfig
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.ops.live import Live
@@ -29,6 +33,7 @@ from tailguard.gateway.sink import ClientGone, Sink
 from tailguard.gateway.upstream.assemble import Assembler
 from tailguard.gateway.upstream.client import RelayError, Suspended, Upstream, UpstreamStatus, upstream_body
 from tailguard.gateway.upstream.h1 import H1Response
+from tailguard.gateway.upstream.kinds import get_kind
 from tailguard.gateway.upstream.resume import continuation_body
 from tailguard.gateway.upstream.stream import StreamRelay
 from tailguard.gateway.upstream.tally import Tally
@@ -37,10 +42,27 @@ from tailguard.types import FailureKind, Outcome
 from tailguard.wire.openai import Endpoint, ParsedRequest
 
 _TIMEOUT_TEXT = {
+    FailureKind.TIMEOUT_HEADER: "Backend '{backend}' sent no response head within its deadline.",
     FailureKind.TIMEOUT_FIRST_TOKEN: "Backend '{backend}' produced no token within the first-token deadline.",
     FailureKind.TIMEOUT_IDLE: "Backend '{backend}' stalled longer than the idle deadline between chunks.",
     FailureKind.TIMEOUT_TOTAL: "The request to backend '{backend}' exceeded the total deadline.",
 }
+# Why a stream that broke after the client got bytes was not continued elsewhere.
+_NOT_CONTINUED = (" The answer cannot be continued on another backend: a request with tools, response_format, "
+                  "n > 1 or logprobs cannot be continued from its text.")
+
+
+def _refused_continuation(backend: str, us: UpstreamStatus) -> RelayError:
+    """A backend refused a continuation (e.g. prompt + text so far past its context) while the
+    client's stream is open: the stream ends with the refusal as its error event, not with a
+    second answer after the first (LiteLLM let a refused continuation's 400 replace the real
+    failure: BerriAI/litellm#27967)."""
+    said = us.body[:500].decode("utf-8", "replace")
+    try:  # an OpenAI error body: its message alone
+        said = str(orjson.loads(us.body)["error"]["message"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        pass
+    return RelayError(FailureKind.STATUS, f"Backend '{backend}' refused to continue the answer ({us.status}): {said}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +128,8 @@ class Exchange:
             return await self._broken(Outcome.REJECTED, err.code, err)
         except RelayError as err:
             outcome = Outcome.TIMEOUT if err.is_timeout else Outcome.UPSTREAM_ERROR
+            if self.sink.started and not self.job.capped.resumable and continues_after(err.kind, self.rec.answered):
+                err.message += _NOT_CONTINUED  # say why this one was not, where others would be
             return await self._broken(outcome, err.kind, err.api_error())
         except ClientGone:
             return Ending(Outcome.CLIENT_GONE, 499, "client_gone")
@@ -133,31 +157,34 @@ class Exchange:
         while True:
             backend = ctx.backends[rec.backend]
             body = self._body(backend)
-            self._wd.start_attempt(monotonic() + self._to.first_token_s)
+            now = monotonic()
+            head_late = get_kind(backend.kind).head_with_first_token
+            self._wd.start_attempt(now + self._to.first_token_s, None if head_late else now + self._to.header_s)
             up = None
             try:
                 up = await ctx.upstream.open(backend, job.endpoint, body, job.req_id, self._to.connect_s,
                                              fresh=self._retried,
                                              traceparent=None if rec.trace is None else rec.trace.traceparent())
+                self._wd.answered()
                 rec.upstream_headers_at = monotonic()
-                if rec.progress is not None:
+                if rec.progress is not None and not rec.progress.lazy:
                     ctx.dispatcher.upstream_open(rec, up.close)
                 return await (self._relay(up, backend) if job.parsed.stream else self._assemble(up))
             except Suspended:
                 await self._suspended()
             except RelayError as err:
                 ctx.metrics.upstream_errors.labels(backend.name, err.kind).inc()
-                if not ctx.dispatcher.failed(rec, err.kind, delivered=self._delivered(), answered=up is not None):
+                if not self._again(err.kind, answered=up is not None):
                     raise
-                self._retried = True  # the front sends it again
             except UpstreamStatus as us:
+                if self.sink.started:
+                    raise _refused_continuation(backend.name, us) from None
                 # The backend understood and refused (e.g. context too long): the client's error,
                 # which also tells the front the backend is alive.
                 return Ending(Outcome.CLIENT_ERROR, us.status, "upstream_4xx", passthrough=us)
             except asyncio.CancelledError:
                 if not self._deadline(backend, answered=up is not None):
                     raise  # not ours: the consumer left
-                self._retried = True
             finally:
                 rec.upstream_closed()  # closed below: a suspension has nothing to stop
                 if up is not None:
@@ -180,9 +207,33 @@ class Exchange:
         if kind is None:
             return False
         self.ctx.metrics.upstream_errors.labels(backend.name, kind).inc()
-        if self.ctx.dispatcher.failed(self.rec, kind, delivered=self._delivered(), answered=answered):
+        if self._again(kind, answered):
             return True
         raise RelayError(kind, _TIMEOUT_TEXT[kind].format(backend=backend.name), status=504)
+
+    def _again(self, kind: FailureKind, answered: bool) -> bool:
+        """Tell the front the attempt failed; True when it goes again: from the start on a new
+        connection (a retry), or (`Start(resumed=True)`) on another backend from the text the
+        consumer already has, since its backend died or stalled mid-answer (a migration)."""
+        old = self.rec.backend
+        start = self.ctx.dispatcher.failed(self.rec, kind, delivered=self._delivered(), answered=answered)
+        if start is None:
+            return False
+        if start.resumed and start.backend != old:
+            self.rec.migrations += 1
+            self.ctx.metrics.migrations.labels(self.job.cls.name, kind).inc()
+            self._continue()
+        else:  # a retry, or a continuation's stale connection: the same body on a fresh connection
+            self._retried = True
+        return True
+
+    def _continue(self) -> None:
+        """The next attempt continues the generation from its text so far (after a suspension or
+        a migration), on a connection from the pool."""
+        progress = self.rec.progress
+        assert progress is not None  # the front continues only requests whose text is kept (`tracks`)
+        self._resumed = continuation_body(self.job.capped.body, self.job.endpoint, progress)
+        self._retried = False
 
     def _delivered(self) -> bool:
         """Some of the answer was taken: sent to the consumer, or joined into a non-stream body
@@ -224,8 +275,7 @@ class Exchange:
         await self.ctx.dispatcher.resume(self.rec)
         progress.suspended = False
         wd.total_at += monotonic() - suspended_at
-        self._resumed = continuation_body(self.job.capped.body, self.job.endpoint, progress)
-        self._retried = False
+        self._continue()
 
     def _finish_tokens(self) -> None:
         rec, usage = self.rec, self._tally.usage
@@ -239,6 +289,8 @@ class Exchange:
         tracked over its runs, else the engine's count when it sent one, else its content chunks,
         marked as an estimate in the access log."""
         rec, progress = self.rec, self.rec.progress
+        if progress is not None:
+            progress.decode(self.job.endpoint == "chat")  # a lazy stream's count is in its raw chunks
         if progress is not None and progress.tokens:
             rec.output_tokens = progress.tokens  # counted over every run, as the engine reported them
         elif self._tally.usage.completion_tokens is not None:

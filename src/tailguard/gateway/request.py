@@ -49,16 +49,17 @@ class Request:
     arrived_at: float
     endpoint: Endpoint = "chat"  # the route it came in by (gen_ai.operation.name)
     request_id: str = ""  # x-request-id: the client's own (sanitized), else `id`; sent upstream
-    model: str | None = None  # the model its body asked for
     client: str | None = None  # the peer's address
     user_agent: str | None = None
     cls: str = NO_CLASS
     caller: str | None = None  # its API key's name, when keys are configured
+    model: str | None = None  # the model it names (an alias resolved)
     rate_headers: dict[str, str] | None = None  # where the caller's limits stand (x-ratelimit-*)
     # From the front's decisions.
     backend: str = "-"
     attempts: int = 0
     preemptions: int = 0
+    migrations: int = 0  # continued on another backend after its own died mid-answer (the exchange)
     bound_at: float | None = None  # its first Start
     # Upstream and chunks.
     upstream_headers_at: float | None = None

@@ -26,6 +26,7 @@ CONTENT_KEYS = (b'"content":', b'"text":', b'"reasoning_content":', b'"reasoning
 _COMPACT_CONTENT = b'"content":"'
 _COMPACT_LEN = len(_COMPACT_CONTENT)
 _USAGE_KEY = b'"usage":'
+_COMPACT_TEXT = b'"text":"'
 _TIER_VALUE = re.compile(rb'"service_tier":\s*(null|"[^"]*")')
 _DATA_OPEN = re.compile(rb"(?:^|(?<=[\r\n]))data: ?\{")  # an event's JSON opening, with or without the space
 _QUOTE, _BRACKET, _CLOSE_BRACKET, _BRACE, _SPACE = 0x22, 0x5B, 0x5D, 0x7B, 0x20
@@ -89,6 +90,25 @@ def has_usage(data: bytes, start: int = 0, end: int | None = None) -> bool:
     return j < end and data[j] == _BRACE
 
 
+def content_text(event: bytes, chat: bool) -> str | None:
+    """The text of one whole content event in the compact shape engines send (`"content":"..."`
+    in a chat delta, `"text":"..."` in a completion; one choice, one data line), found by its
+    bytes: what `delta_text` returns from the parsed chunk. None where only a parse can tell: an
+    escape in the string, a running usage, more than one event or line, another shape."""
+    key = _COMPACT_CONTENT if chat else _COMPACT_TEXT
+    i = event.find(key)
+    if i < 0 or event.find(key, i + 1) >= 0 or event.count(b"data:") != 1 or has_usage(event):
+        return None
+    start = i + len(key)
+    end = event.find(b'"', start)
+    if end < 0 or event.find(b"\\", start, end) >= 0:
+        return None
+    try:
+        return event[start:end].decode()
+    except UnicodeDecodeError:
+        return None
+
+
 def is_error(data: bytes, start: int = 0, end: int | None = None) -> bool:
     """True if the chunk in data[start:end] is an error object (`{"error": ...}`), which servers
     send in place of a chunk when a generation fails mid-stream."""
@@ -130,14 +150,15 @@ def usage_of(data: bytes) -> dict[str, Any] | None:
     return usage if isinstance(usage, dict) else None
 
 
-def running_completion_tokens(obj: dict[str, Any]) -> int | None:
-    """The run's tokens so far, where the backend puts a running `usage` on every chunk."""
+def running_usage(obj: dict[str, Any]) -> tuple[int | None, int | None]:
+    """The run's prompt and generated tokens so far, where the backend puts a running `usage` on
+    every chunk (vLLM's `continuous_usage_stats`); (None, None) where it does not."""
     u = obj.get("usage")
-    if isinstance(u, dict):
-        ct = u.get("completion_tokens")
-        if isinstance(ct, int) and not isinstance(ct, bool):
-            return ct
-    return None
+    if not isinstance(u, dict):
+        return None, None
+    pt, ct = u.get("prompt_tokens"), u.get("completion_tokens")
+    return (pt if isinstance(pt, int) and not isinstance(pt, bool) else None,
+            ct if isinstance(ct, int) and not isinstance(ct, bool) else None)
 
 
 def delta_text(obj: dict[str, Any], chat: bool) -> str:

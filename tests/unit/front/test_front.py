@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from tailguard.front.events import (
-    Arrive, Close, Failed, Finished, Generated, HealthChanged, KindLearned, Opened, Probed, Reject, Start, Suspend, Tick,
-    WrongEvent,
+    Arrive, Close, Ejected, Failed, Finished, Generated, HealthChanged, KindLearned, Opened, Probed, Readmitted, Reject,
+    Start, Suspend, Tick, WrongEvent,
 )
 from tailguard.front.front import Front, State
 from tailguard.front.params import (
-    BackendSpec, ClassSpec, FrontParams, HealthParams, PreemptionParams, QueueParams, RetryParams,
+    BackendSpec, ClassSpec, EjectionParams, FrontParams, HealthParams, PreemptionParams, QueueParams, RetryParams,
 )
 from tailguard.types import FailureKind, Outcome
 
@@ -20,11 +20,11 @@ CLASSES = [ClassSpec(name="interactive", rank=0, max_queue_wait_s=5.0),
 
 
 def make(*backends: BackendSpec, retry: RetryParams = RetryParams(), unhealthy_after: int = 3,
-         preemption: bool = True) -> Front:
+         preemption: bool = True, ejection: EjectionParams = EjectionParams()) -> Front:
     return Front(FrontParams(
         classes=CLASSES, backends=list(backends) or [BackendSpec("a", max_concurrency=1, continues=True)],
         queue=QueueParams(), preemption=PreemptionParams(enabled=preemption), retry=retry,
-        health=HealthParams(unhealthy_after=unhealthy_after),
+        health=HealthParams(unhealthy_after=unhealthy_after), ejection=ejection,
     ))
 
 
@@ -98,16 +98,21 @@ def test_a_reset_is_retried_on_the_same_backend_once_then_elsewhere() -> None:
     assert all(b.in_flight == 0 for b in f.backends())
 
 
-def test_a_refused_connection_goes_elsewhere_and_counts_against_health() -> None:
+def test_a_refused_connection_goes_elsewhere_and_ejects_its_backend_for_a_while() -> None:
     f = make(BackendSpec("a", max_concurrency=1, continues=True), BackendSpec("b", max_concurrency=1, continues=True),
-             unhealthy_after=1)
+             ejection=EjectionParams(consecutive_failures=1, base_s=3.0))
     [start] = chat(f, "c1", 0.0)
     assert isinstance(start, Start)
     bad = start.backend
     good = "b" if bad == "a" else "a"
-    assert list(f.handle(Failed("c1", FailureKind.CONNECT), 0.1)) == [HealthChanged(bad, False), Start("c1", good)]
-    assert chat(f, "c2", 0.2) == []  # the only healthy backend is busy; the dead one is skipped
-    assert list(f.handle(Probed(bad, True), 0.3)) == [HealthChanged(bad, True), Start("c2", bad)]
+    assert list(f.handle(Failed("c1", FailureKind.CONNECT), 0.1)) == [
+        Ejected(bad, 3.0, 1, FailureKind.CONNECT, 1), Start("c1", good)]
+    assert f.backend(bad).state == "ejected"
+    assert chat(f, "c2", 0.2) == []  # the only backend in is busy; the ejected one is skipped
+    assert f.next_wakeup() == pytest.approx(3.1)  # the ejection ends before c2's wait bound
+    f.handle(Finished("c1", Outcome.SUCCESS), 1.0)  # c2 takes the good one's slot
+    chat(f, "c3", 1.1)
+    assert list(f.handle(Tick(), 3.1)) == [Readmitted(bad), Start("c3", bad)]
 
 
 def test_with_one_backend_a_refusal_is_not_retried_and_deadlines_never_are() -> None:
@@ -231,3 +236,16 @@ def test_no_healthy_backend_and_shutdown_refuse_on_arrival() -> None:
     [rej] = chat(f, "c4", 0.5)
     assert isinstance(rej, Reject) and rej.reason == "shutting_down"
     f.handle(Finished("c2", Outcome.SUCCESS), 0.6)  # a running request still ends normally
+
+
+def test_a_suspended_request_resumes_only_where_a_generation_can_be_continued() -> None:
+    f = make(BackendSpec("engine", max_concurrency=1, continues=True), BackendSpec("plain", max_concurrency=1))
+    [start] = batch(f, "b1", 0.0)
+    assert isinstance(start, Start) and start.backend == "engine"
+    f.handle(Opened("b1"), 0.1)
+    chat(f, "p1", 0.2)  # takes plain
+    assert Suspend("b1", "engine") in chat(f, "c1", 0.3)  # b1 makes room on engine
+    f.handle(Finished("p1", Outcome.SUCCESS), 0.4)  # plain frees: b1 cannot be continued there
+    assert f.state("b1") is State.SUSPENDED and f.backend("plain").in_flight == 0
+    f.handle(Finished("c1", Outcome.SUCCESS), 0.5)
+    assert f.state("b1") is State.RUNNING and f.backend("engine").in_flight == 1

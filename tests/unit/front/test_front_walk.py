@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 import pytest
 
 from tailguard.front.events import (
-    Arrive, Failed, Finished, HealthChanged, Opened, Probed, Reconfigure, Reject, Retired, Start, Suspend, Tick,
+    Arrive, Drop, Ejected, Failed, Finished, FirstContent, HealthChanged, Hedge, Opened, Probed, Readmitted, Reconfigure,
+    Reject, Retired, Start, Suspend, Tick,
 )
 from tailguard.front.front import Front
-from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, PreemptionParams
+from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, HedgeParams, PreemptionParams
 from tailguard.types import FailureKind, Outcome
 
 CLASSES = (ClassSpec(name="interactive", rank=0, max_queue_wait_s=2.0),
@@ -36,7 +37,8 @@ def fleet(rng: random.Random) -> FrontParams:
     return FrontParams(classes=CLASSES,
                        backends=[BackendSpec(n, max_concurrency=rng.randint(1, 3), continues=rng.random() < 0.7)
                                  for n in names],
-                       preemption=PreemptionParams(enabled=True))
+                       preemption=PreemptionParams(enabled=True),
+                       hedging=HedgeParams(enabled=True, min_samples=1, min_delay_s=0.01, max_share=1.0))
 
 
 @dataclass
@@ -46,6 +48,7 @@ class Driver:
     front: Front
     configured: set[str]
     running: dict[str, str] = field(default_factory=dict)  # id -> backend
+    hedged: dict[str, str] = field(default_factory=dict)  # id -> its second attempt's backend
     waiting: set[str] = field(default_factory=set)  # queued or suspended
     retired: list[str] = field(default_factory=list)
 
@@ -53,8 +56,19 @@ class Driver:
         for d in decisions:  # type: ignore[attr-defined]
             if isinstance(d, Start):
                 assert d.backend in self.configured, f"{d} names a backend the config no longer has"
+                assert d.id not in self.hedged, f"{d} starts a request that is hedged"
                 self.waiting.discard(d.id)
                 self.running[d.id] = d.backend
+            elif isinstance(d, Hedge):
+                assert d.backend in self.configured and d.id in self.running and d.id not in self.hedged, d
+                assert d.backend != self.running[d.id], d
+                self.hedged[d.id] = d.backend
+            elif isinstance(d, Drop):
+                other = self.hedged.pop(d.id)
+                if d.backend == self.running[d.id]:
+                    self.running[d.id] = other
+                else:
+                    assert d.backend == other, d
             elif isinstance(d, Suspend):
                 assert self.running.pop(d.id) == d.backend
                 self.waiting.add(d.id)
@@ -63,16 +77,17 @@ class Driver:
                 assert d.id not in self.running, f"{d} rejects a running request"
             elif isinstance(d, Retired):
                 assert d.backend not in self.configured and d.backend not in self.running.values(), d
+                assert d.backend not in self.hedged.values(), d
                 self.retired.append(d.backend)
             else:
-                assert isinstance(d, HealthChanged)
+                assert isinstance(d, (HealthChanged, Ejected, Readmitted))
 
     def check(self) -> None:
         backends = {b.name: b for b in self.front.backends()}
-        draining = set(self.running.values()) - self.configured
+        draining = (set(self.running.values()) | set(self.hedged.values())) - self.configured
         assert set(backends) == self.configured | draining
         for name, b in backends.items():
-            held = sum(1 for r in self.running.values() if r == name)
+            held = sum(1 for r in self.running.values() if r == name) + sum(1 for r in self.hedged.values() if r == name)
             assert b.in_flight == held
             assert all(n >= 0 for n in self.front._slots[name].by_class.values())  # the ledger's own books
             assert b.retiring == (name not in self.configured)
@@ -90,16 +105,28 @@ def step(rng: random.Random, drv: Driver, n: int, now: float) -> None:
     elif roll < 0.55 and (drv.running or drv.waiting):
         req_id = rng.choice(sorted(drv.running.keys() | drv.waiting))
         drv.running.pop(req_id, None)
+        drv.hedged.pop(req_id, None)
         drv.waiting.discard(req_id)
         drv.apply(f.handle(Finished(req_id, rng.choice(OUTCOMES)), now))
     elif roll < 0.65 and drv.running:
         req_id = rng.choice(sorted(drv.running))
+        hedge = drv.hedged.get(req_id)
+        if hedge is not None:  # one of its two attempts fails: the other goes on alone
+            failed = rng.choice((hedge, drv.running[req_id]))
+            drv.apply(f.handle(Failed(req_id, rng.choice(KINDS), answered=rng.random() < 0.5, backend=failed), now))
+            del drv.hedged[req_id]
+            drv.running[req_id] = hedge if failed != hedge else drv.running[req_id]
+            return
         decisions = list(f.handle(Failed(req_id, rng.choice(KINDS), answered=rng.random() < 0.5), now))
         drv.apply(decisions)
         if not any(isinstance(d, Start) and d.id == req_id for d in decisions):
             drv.running.pop(req_id)  # not retried: the driver ends it
             drv.apply(f.handle(Finished(req_id, Outcome.UPSTREAM_ERROR), now))
     elif roll < 0.72 and drv.running:
+        req_id = rng.choice(sorted(drv.running))
+        drv.apply(f.handle(FirstContent(req_id, rng.choice((drv.running[req_id], drv.hedged.get(req_id) or
+                                                            drv.running[req_id]))), now))
+    elif roll < 0.76 and drv.running:
         drv.apply(f.handle(Opened(rng.choice(sorted(drv.running))), now))
     elif roll < 0.82:
         drv.apply(f.handle(Probed(rng.choice(NAMES), rng.random() < 0.6, busy=rng.random() < 0.2), now))
@@ -130,6 +157,7 @@ def test_random_walks_with_reloads_keep_the_ledger_true(seed: int) -> None:
     drv, now = walk(seed)
     for req_id in sorted(drv.running.keys() | drv.waiting):  # every request still in leaves once
         drv.running.pop(req_id, None)
+        drv.hedged.pop(req_id, None)
         drv.waiting.discard(req_id)
         drv.apply(drv.front.handle(Finished(req_id, Outcome.SUCCESS), now))
         drv.check()

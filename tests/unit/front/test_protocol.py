@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from tailguard.front.events import (
-    Arrive, Failed, Finished, Generated, HealthChanged, Opened, Probed, Start, WrongEvent,
+    Arrive, Ejected, Failed, Finished, Generated, HealthChanged, Opened, Probed, Start, WrongEvent,
 )
 from tailguard.front.front import Front, State
-from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, HealthParams
+from tailguard.front.params import BackendSpec, ClassSpec, EjectionParams, FrontParams, HealthParams
 from tailguard.types import FailureKind, Outcome
 
 CLASSES = [ClassSpec(name="interactive", rank=0, max_queue_wait_s=5.0)]
@@ -20,20 +20,22 @@ K = FailureKind
 def two_backends(unhealthy_after: int = 1) -> tuple[Front, str, str]:
     """A front with backends a and b, and request r1 running on one of them (named first)."""
     f = Front(FrontParams(classes=CLASSES, backends=[BackendSpec("a", max_concurrency=2), BackendSpec("b", max_concurrency=2)],
-                          health=HealthParams(unhealthy_after=unhealthy_after)))
+                          health=HealthParams(unhealthy_after=unhealthy_after),
+                          ejection=EjectionParams(consecutive_failures=1)))
     [start] = f.handle(Arrive("r1", "interactive", 50), 0.0)
     assert isinstance(start, Start)
     return f, start.backend, "b" if start.backend == "a" else "a"
 
 
-# kind, delivered, answered -> where it goes again ("same", "other" or None), and whether its
-# backend's health suffers.
+# kind, delivered, answered -> where it goes again ("same", "other" or None), and whether it
+# counts toward ejecting its backend (here after one failure).
 CASES = [
     (K.RESET, False, False, "same", False),  # a stale keep-alive connection: the same backend, fresh
     (K.DISCONNECT, False, True, "same", False),
     (K.CONNECT, False, False, "other", True),
     (K.TIMEOUT_CONNECT, False, False, "other", True),
-    (K.STATUS, False, True, "other", False),  # a 5xx before streaming
+    (K.STATUS, False, True, "other", True),  # a 5xx before streaming (Envoy's consecutive 5xx)
+    (K.TIMEOUT_HEADER, False, False, "other", True),  # no response head within its deadline: hung
     (K.TIMEOUT_FIRST_TOKEN, False, False, "other", True),  # not even a response head: hung
     (K.TIMEOUT_FIRST_TOKEN, False, True, None, False),  # the engine took it: it may be working
     (K.TIMEOUT_IDLE, False, True, None, False),
@@ -50,9 +52,9 @@ def test_the_front_alone_decides_whether_and_where_a_failed_attempt_goes_again(
         kind: FailureKind, delivered: bool, answered: bool, where: str | None, hurts: bool) -> None:
     f, first, other = two_backends()
     out = list(f.handle(Failed("r1", kind, delivered=delivered, answered=answered), 0.1))
-    health = [d for d in out if isinstance(d, HealthChanged)]
+    ejected = [d.backend for d in out if isinstance(d, Ejected)]
     starts = [d for d in out if isinstance(d, Start)]
-    assert health == ([HealthChanged(first, False)] if hurts else [])
+    assert ejected == ([first] if hurts else [])
     expected = {"same": [Start("r1", first)], "other": [Start("r1", other)], None: []}[where]
     assert starts == expected
     assert f.state("r1") is State.RUNNING  # retried, or running until the driver ends it

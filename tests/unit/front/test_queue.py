@@ -9,8 +9,11 @@ from dataclasses import replace
 import pytest
 
 from tailguard.errors import ConfigError
-from tailguard.front.params import BackendSpec, ClassSpec, HealthParams, PreemptionParams, QueueParams
-from tailguard.front.router import choose
+from tailguard.front.params import (
+    BackendSpec, ClassSpec, EjectionParams, HealthParams, PreemptionParams, QueueParams, RoutingParams,
+)
+from tailguard.front.ejection import Ejector
+from tailguard.front.router import NO_ROUTE, Router
 from tailguard.front.slots import BackendPool
 from tailguard.front.queue import (
     SCHEDULERS,
@@ -168,8 +171,11 @@ def test_batch_cannot_take_the_slots_kept_for_interactive() -> None:
     for i in range(5):
         s.push(req(f"b{i}", "batch", 2000, float(i)), float(i))
 
+    router = Router(RoutingParams(), Ejector(EjectionParams()))
+    specs = {c.name: c for c in CLASSES}
+
     def admissible(p: Pending) -> bool:
-        return choose(pool, p, 5.0) is not None
+        return router.choose(pool, specs[p.cls], p, NO_ROUTE, 5.0) is not None
 
     started = []
     while (p := s.pop(5.0, admissible)) is not None:

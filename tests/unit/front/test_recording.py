@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from tailguard.front.events import (
-    Arrive, Close, Failed, Finished, Generated, HealthChanged, KindLearned, Opened, Probed, Reconfigure, Reject,
+    Arrive, Close, Drop, Ejected, Failed, Finished, FirstContent, Generated, HealthChanged, Hedge, KindLearned, Loaded,
+    Opened, Probed, Readmitted, Reconfigure, Reject, Served,
     Retired, Start, Suspend, Tick,
 )
 from tailguard.front.params import (
@@ -36,12 +37,14 @@ PARAMS = FrontParams(
 )
 EVENTS = [
     Arrive("r1", "bulk", 1200, resumable=True, max_tokens=1000, caller="alice"), Arrive("r2", "chat", 50),
+    Arrive("r3", "chat", 60, model="llama", prefix=(11, -7, 2**63 - 1)), Served("a", ("llama", "qwen")),
+    Served("b", None), Loaded("a", 7), FirstContent("r3", "b"), Failed("r3", FailureKind.RESET, backend="a"),
     Opened("r1"), Generated("r1", 17), Failed("r1", FailureKind.TIMEOUT_FIRST_TOKEN, delivered=True, answered=True),
     Finished("r1", Outcome.CLIENT_GONE, tokens=300), Probed("a", False, busy=True), KindLearned("b", True), Tick(),
     Close(), Reconfigure(PARAMS),
 ]
 DECISIONS = [Start("r1", "a", resumed=True), Suspend("r1", "a"), Reject("r2", RejectReason.RATE_LIMIT_TOKENS, 12.5),
-             HealthChanged("b", False), Retired("a")]
+             Hedge("r3", "b"), Drop("r3", "a"), HealthChanged("b", False), Ejected("a", 30.0, 3, FailureKind.CONNECT, 1), Readmitted("a"), Retired("a")]
 SEEN = Observation("r1", "bulk", Outcome.SUCCESS, 100, 900, 10.0, 19.5, bound_at=10.25, first_content_at=10.5,
                    backend="a", caller="alice", attempts=2, preemptions=1)
 

@@ -371,15 +371,20 @@ async def test_a_backend_that_breaks_before_content_fails_the_attempt(backends: 
     assert not sink.started and relay.held == [role()]
 
 
-async def test_a_backend_that_breaks_after_content_ends_the_stream_with_an_error_event(
+async def test_a_backend_that_breaks_after_content_is_a_failure_the_front_decides_on(
         backends: Backends, watchdog: Watchdog) -> None:
+    """The relay reports the break (the front may continue the stream elsewhere) and leaves the
+    client's stream open; ended, it gets one error event."""
     run = await _started(backends, watchdog)
     backend, sink, relay, resp, task = run.backend, run.sink, run.relay, run.resp, run.task
     await _parked(resp, task)
     backend.read(role(), tok("x"))
     await _parked(resp, task)
     backend.peer.close()
-    await _finished(task)
+    with pytest.raises(RelayError) as broke:
+        await _finished(task)
+    assert broke.value.kind is FailureKind.DISCONNECT and sink.started and not relay.ended
+    await relay.fail(broke.value.api_error())  # the front said no more: the exchange ends it
     out = await _output(sink)
     assert out[0] == role() + tok("x") and len(out) == 2
     err = orjson.loads(out[1].removeprefix(b"data: "))

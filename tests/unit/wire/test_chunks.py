@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tailguard.wire.chunks import Usage, has_content, has_usage, is_error, usage_of
+from tailguard.wire.chunks import Usage, content_text, delta_text, has_content, has_usage, is_error, parse, usage_of
 from tailguard.wire.openai import chat_chunk, completion_chunk, usage_dict
+from tailguard.wire.sse import encode_event
 
 
 @pytest.mark.parametrize("data,expected", [
@@ -67,3 +68,20 @@ def test_with_service_tier_replaces_the_engines_value_or_puts_it_first() -> None
     for end in (b"\n", b"\r\n", b"\r"):
         two = (b'data:{"id":"a"}' + end * 2) * 2
         assert with_service_tier(two, b"flex") == (b'data:{"service_tier":"flex","id":"a"}' + end * 2) * 2
+
+
+@pytest.mark.parametrize("text", [" tok", "héllo ✓", "", "a b"])
+def test_content_text_reads_the_compact_chunk_as_a_parse_would(text: str) -> None:
+    for chat, chunk in ((True, chat_chunk("x", "m", 1, content=text)), (False, completion_chunk("x", "m", 1, text=text))):
+        event = encode_event(chunk)
+        assert content_text(event, chat) == text == delta_text(parse(chunk), chat)
+
+
+@pytest.mark.parametrize("event", [
+    encode_event(chat_chunk("x", "m", 1, content='say "hi"')),  # an escape: only a parse can tell
+    encode_event(chat_chunk("x", "m", 1, content="line\nbreak")),
+    encode_event(chat_chunk("x", "m", 1, content="t", usage=usage_dict(3, 1))),  # a running usage counts tokens
+    encode_event(chat_chunk("x", "m", 1, content="a")) + encode_event(chat_chunk("x", "m", 1, content="b")),
+])
+def test_content_text_leaves_anything_else_to_a_parse(event: bytes) -> None:
+    assert content_text(event, chat=True) is None

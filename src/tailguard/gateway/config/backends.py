@@ -51,11 +51,22 @@ class BackendConfig(_Model):
     )
     api_key: str | None = Field(default=None, description="Sent upstream as `Authorization: Bearer <key>`.")
     model: str | None = Field(default=None, description="If set, replaces the request's `model` on the way upstream.")
+    models: list[str] | None = Field(
+        default=None, min_length=1,
+        description="The models it serves: requests naming another model never go here. Unset: what its "
+        "`/v1/models` lists (read with the health probes); until that is known, or if it lists nothing, any.",
+    )
+    pool: str = Field(
+        default=_BACKEND.pool,
+        description="The pool it belongs to. A class's `pools` says which pools its requests may use, tried "
+        "in order: long jobs can be kept off the instances that serve chat.",
+    )
 
     def spec(self, continues: bool = False) -> fp.BackendSpec:
         """The front's view; `continues` comes from the kind (named, or detected later)."""
         return fp.BackendSpec(name=self.name, max_concurrency=self.max_concurrency, weight=self.weight,
-                              continues=continues, reserved_slots=self.reserved_slots)
+                              continues=continues, reserved_slots=self.reserved_slots,
+                              models=tuple(self.models or ()), pool=self.pool)
 
     @field_validator("name")
     @classmethod

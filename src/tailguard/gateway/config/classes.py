@@ -73,8 +73,15 @@ class ClassConfig(_Model):
         "backends whose kind can continue a generation (`vllm`, `llamacpp`, `sim`).",
     )
 
+    pools: list[str] = Field(
+        default_factory=list,
+        description="Backend pools its requests may use, tried in order (the first with a backend that has "
+        "room wins), e.g. `[chat, shared]`. Empty: every pool.",
+    )
+
     def spec(self) -> fp.ClassSpec:
-        return fp.ClassSpec(**self.model_dump())  # the same fields: a class is the front's to interpret
+        """The same fields: a class is the front's to interpret."""
+        return fp.ClassSpec(**{**self.model_dump(), "pools": tuple(self.pools)})
 
     @field_validator("name")
     @classmethod

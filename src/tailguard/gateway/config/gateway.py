@@ -19,6 +19,7 @@ from tailguard.gateway.config.auth import AuthConfig, _fingerprint
 from tailguard.gateway.config.backends import BackendConfig
 from tailguard.gateway.config.base import _INTAKE, _Model
 from tailguard.gateway.config.classes import ClassConfig, default_classes
+from tailguard.gateway.config.fleet import EjectionConfig, RoutingConfig
 from tailguard.gateway.config.problems import validate
 from tailguard.gateway.config.scheduler import SchedulerConfig
 from tailguard.gateway.config.telemetry import TelemetryConfig
@@ -70,6 +71,13 @@ class GatewayConfig(_Model):
     retries: RetryConfig = Field(default_factory=RetryConfig, description="Retries that lose nothing.")
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig,
                                        description="OpenTelemetry traces of each request (off by default).")
+    aliases: dict[str, str] = Field(
+        default_factory=dict,
+        description="Model names clients may use for a served model, e.g. `{chat: llama-3-8b}`: a request "
+        "for `chat` goes to the backends serving `llama-3-8b`, sent as `llama-3-8b`.",
+    )
+    routing: RoutingConfig = Field(default_factory=RoutingConfig, description="Routing within a pool.")
+    ejection: EjectionConfig = Field(default_factory=EjectionConfig, description="Passive health (ejection).")
 
     def front_params(self, continues: dict[str, bool] | None = None) -> fp.FrontParams:
         """The front's parameters; `continues` maps a backend to whether its kind can continue a
@@ -83,12 +91,14 @@ class GatewayConfig(_Model):
             health=fp.HealthParams(unhealthy_after=h.unhealthy_after, healthy_after=h.healthy_after),
             retry=self.retries.params(),
             callers=self.auth.callers(),
+            routing=self.routing.params(),
+            ejection=self.ejection.params(),
         )
 
     def intake_params(self) -> fp.IntakeParams:
         """The intake's parameters: how a request is classified and capped (`tailguard.front.intake`)."""
         return fp.IntakeParams(classes=[c.spec() for c in self.classes], default_class=self.default_class,
-                               service_tier_map=self.service_tier_map, keys=self.auth.keys())
+                               service_tier_map=self.service_tier_map, keys=self.auth.keys(), aliases=self.aliases)
 
     def settings(self) -> dict[str, Any]:
         """Every setting as plain data, each secret (client keys, backend keys) replaced by a
@@ -123,6 +133,9 @@ class GatewayConfig(_Model):
                     f"auth: {label} has default_class {key_cfg.default_class!r}, not a configured class (known: {listing})"
                 )
         _no_duplicates([b.name for b in self.backends], "backend")
+        for alias, target in self.aliases.items():
+            if target in self.aliases:
+                raise ValueError(f"aliases.{alias} names {target!r}, itself an alias: name the served model")
         return self
 
     @classmethod

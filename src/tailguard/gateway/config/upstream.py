@@ -15,6 +15,13 @@ class TimeoutsConfig(_Model):
     """Deadlines per phase of a request once it leaves the gateway's queue."""
 
     connect_s: float = Field(default=5.0, gt=0, description="Opening the upstream connection and sending the request.")
+    header_s: float = Field(
+        default=5.0, gt=0,
+        description="From sending upstream to the response head. A host that accepts connections and never "
+        "answers is caught here and its request goes to another backend before any byte reached the client; "
+        "a busy engine sends its head at once and waits for its first token under `first_token_s`. Not "
+        "applied to llama.cpp's server, which sends its head only with the first token.",
+    )
     first_token_s: float = Field(
         default=120.0, gt=0,
         description="From sending upstream to the first chunk carrying generated content (the role-only chunk does not count; covers a long prompt's prefill).",
@@ -46,13 +53,21 @@ class HealthConfig(_Model):
 
 
 class RetryConfig(_Model):
-    """Retries of a request whose upstream failed before any byte reached its client."""
+    """Retries of a request whose upstream failed before any byte reached its client, and
+    continuations (migrations) of a stream whose backend died or stalled mid-answer."""
 
     max_attempts: int = Field(
         default=_RETRY.max_attempts, ge=1,
         description="Attempts per request in all (1 = never retry). A reset or stale keep-alive connection "
         "is retried once on the same backend over a fresh connection; a refused connection, a 5xx or a "
         "429 on another backend with a free slot. Never once content has reached the client.",
+    )
+    max_migrations: int = Field(
+        default=_RETRY.max_migrations, ge=0,
+        description="Times a stream whose backend died or stalled (reset, closed early, idle deadline) after "
+        "content reached the client is continued on another backend from its text so far (0 = never). Only "
+        "for requests that can be continued from text (no tools, response_format, n > 1 or logprobs); never "
+        "on the client's own cancel. Within the same budget as retries.",
     )
     budget_ratio: float = Field(
         default=_RETRY.budget_ratio, ge=0,
@@ -65,5 +80,6 @@ class RetryConfig(_Model):
     )
 
     def params(self) -> fp.RetryParams:
-        return fp.RetryParams(max_attempts=self.max_attempts, budget_ratio=self.budget_ratio,
+        return fp.RetryParams(max_attempts=self.max_attempts, max_migrations=self.max_migrations,
+                              budget_ratio=self.budget_ratio,
                               min_retries_per_s=self.min_retries_per_s)

@@ -18,7 +18,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable
 
-import aiohttp
 import orjson
 from aiohttp import web
 
@@ -29,6 +28,7 @@ from tailguard.gateway.config import BackendConfig, GatewayConfig
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.exchange import Context
 from tailguard.gateway.http.classes import ClassTable
+from tailguard.gateway.http.models import fleet_models, one_model
 from tailguard.gateway.http.proxy import REQUEST_ID, Proxy, client_request_id, error_response
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.logfmt import FORMATTERS
@@ -68,6 +68,7 @@ def create_app(cfg: GatewayConfig, *, record: Path | None = None) -> web.Applica
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_get("/v1/models", _models)
+    app.router.add_get("/v1/models/{model:.+}", _model)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/config", _config)
@@ -92,7 +93,6 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     tracer = Tracer.of(cfg)
     app[PROXY] = Proxy(cfg, ClassTable(cfg), Context(
         dispatcher, upstream, backends, metrics, app[LIVE], estimator, loop, keep_text=cfg.log_prompts), tracer)
-    app[MODELS] = ModelCache(app[LIVE], upstream.session)
     for b in backends.values():
         metrics.add_backend(b.name, b.kind)
     app[PROBES] = Probes(app[LIVE], backends, dispatcher, upstream.session, metrics)
@@ -119,8 +119,8 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 
 async def _health(request: web.Request) -> web.Response:
     """Each backend as the gateway knows it (`state`: unknown until a probe has answered, failing,
-    unhealthy or healthy; why its last probe failed; the engine's own counts with their age), the
-    moment of the answer (`at`, RFC 3339), and overall: `ok` when every backend taking
+    unhealthy, ejected or healthy; why its last probe failed; its pool and models; the engine's own counts
+    with their age), the moment of the answer (`at`, RFC 3339), and overall: `ok` when every backend taking
     requests is healthy and known, `degraded` while some are not (the gateway still serves),
     `unavailable` (503) when none takes requests."""
     front = request.app[DISPATCHER].front
@@ -128,7 +128,8 @@ async def _health(request: web.Request) -> web.Response:
     probes = request.app[PROBES]
     load, now = probes.load, monotonic()
     views = list(front.backends())
-    backends = {s.name: {"state": s.state, "healthy": s.healthy, "retiring": s.retiring, "kind": kinds[s.name].kind,
+    backends = {s.name: {"state": s.state, "healthy": s.healthy, "ejected": s.ejected, "retiring": s.retiring,
+                         "kind": kinds[s.name].kind, "pool": s.pool, "models": s.models,
                          "in_flight": s.in_flight, "max_concurrency": s.max_concurrency,
                          "reserved_slots": s.reserved_slots,
                          # The engine's own count, as its last probe read it `age_s` ago (not live).
@@ -158,8 +159,19 @@ async def _models(request: web.Request) -> web.Response:
     # Keys guard the model list as they guard generation (vLLM's --api-key does the same), so a
     # client with a wrong key learns it from its first call, not from its first generation.
     request.app[PROXY].classes.authenticate(bearer_key(request.headers))
-    body = await request.app[MODELS].get(monotonic())
-    return web.Response(body=body, content_type="application/json")
+    models = fleet_models(request.app[LIVE].cfg, await request.app[PROBES].known_models())
+    return web.Response(body=orjson.dumps({"object": "list", "data": models}), content_type="application/json")
+
+
+async def _model(request: web.Request) -> web.Response:
+    """One model's object (`client.models.retrieve`), or OpenAI's 404."""
+    request.app[PROXY].classes.authenticate(bearer_key(request.headers))
+    models = fleet_models(request.app[LIVE].cfg, await request.app[PROBES].known_models())
+    try:
+        body = one_model(models, request.match_info["model"])
+    except APIError as err:
+        return error_response(err)
+    return web.Response(body=orjson.dumps(body), content_type="application/json")
 
 
 async def _config(request: web.Request) -> web.Response:
@@ -187,53 +199,6 @@ def _request_id(request: web.Request) -> str:
     return rid
 
 
-class ModelCache:
-    """The union of the backends' `/v1/models`, refreshed at most once per health interval."""
-
-    def __init__(self, live: Live, session: aiohttp.ClientSession) -> None:
-        self._live = live
-        self._session = session
-        self._body: bytes | None = None
-        self._expires_at = 0.0
-        self._lock = asyncio.Lock()
-
-    async def get(self, now: float) -> bytes:
-        if self._body is not None and now < self._expires_at:
-            return self._body
-        async with self._lock:
-            if self._body is None or now >= self._expires_at:
-                self._body = await self._fetch()
-                self._expires_at = now + self._live.cfg.health.interval_s
-        return self._body
-
-    async def _fetch(self) -> bytes:
-        results = await asyncio.gather(*(self._one(b) for b in self._live.cfg.backends))
-        seen: dict[str, dict[str, object]] = {}
-        for models in results:
-            for m in models:
-                mid = m.get("id")
-                if isinstance(mid, str) and mid not in seen:
-                    seen[mid] = m
-        return orjson.dumps({"object": "list", "data": list(seen.values())})
-
-    async def _one(self, backend: BackendConfig) -> list[dict[str, object]]:
-        if backend.model is not None:
-            # Requests to this backend are rewritten to its model, so that is what it serves.
-            return [{"id": backend.model, "object": "model", "owned_by": backend.name}]
-        headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
-        try:
-            async with self._session.get(backend.url + "/v1/models", headers=headers,
-                                         timeout=aiohttp.ClientTimeout(total=self._live.cfg.health.timeout_s)) as resp:
-                if resp.status != 200:
-                    return []
-                data = orjson.loads(await resp.read())
-        except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError):
-            return []
-        items = data.get("data") if isinstance(data, dict) else None
-        return [m for m in items if isinstance(m, dict)] if isinstance(items, list) else []
-
-
-MODELS = web.AppKey("models", ModelCache)
 BACKENDS = web.AppKey("backends", dict[str, BackendConfig])
 PROBES = web.AppKey("probes", Probes)
 ARRIVED_UNDER = web.RequestKey("arrived_under", str)  # the config hash when the request came in

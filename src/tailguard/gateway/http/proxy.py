@@ -29,11 +29,11 @@ from tailguard.gateway.ops.tracing import Tracer
 from tailguard.gateway.request import Request
 from tailguard.gateway.sink import ResponseSink, Sink
 from tailguard.gateway.upstream.client import UPSTREAM_PATHS
-from tailguard.gateway.upstream.resume import Progress
 from tailguard.types import Outcome
 from tailguard.wire.openai import (
     Endpoint, ParsedRequest, error_body, error_headers, is_json_media_type, parse_request,
 )
+from tailguard.wire.prefix import prefix_blocks
 
 log = logging.getLogger("tailguard.gateway")
 
@@ -68,6 +68,7 @@ class Proxy:
     ) -> None:
         self._cfg = cfg
         self._tracer = tracer  # None: telemetry off, and no request carries a trace
+        self._affine = _affine(cfg)
         self._classes = classes
         self._ctx = ctx
         self._dispatcher = ctx.dispatcher
@@ -84,6 +85,7 @@ class Proxy:
         """A live reload: requests that arrive from now on are read, classified and capped by
         `cfg`; those in flight keep the class and caps they were given."""
         self._cfg, self._classes = cfg, classes
+        self._affine = _affine(cfg)
 
     async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         t = self._arrived(endpoint, client_request_id(request.headers))
@@ -164,9 +166,13 @@ class Proxy:
             self._tracer.begin(t, headers)
         t.prompt_tokens = parsed.prompt_tokens
         accepted = intake.accept(asked, cls, self._estimator.estimate(cls.name))
-        progress = Progress() if self._dispatcher.tracks(cls.name, accepted.resumable) else None
+        t.model = accepted.model
+        progress = self._dispatcher.progress(cls.name, accepted.resumable)
+        # Hashed only where a choice between backends can use it: one backend needs no affinity.
+        prefix = prefix_blocks(parsed.prompt_text()) if self._affine else ()
         try:
-            await self._dispatcher.admit(t, accepted.est_tokens, progress=progress, max_tokens=accepted.max_tokens)
+            await self._dispatcher.admit(t, accepted.est_tokens, progress=progress, max_tokens=accepted.max_tokens,
+                                         prefix=prefix)
         finally:  # let in or refused, the answer says where the caller's limits stand
             if t.caller is not None:
                 t.rate_headers = self._dispatcher.rate_headers(t.caller)
@@ -223,3 +229,7 @@ class Proxy:
             return error_response(ending.error, response_headers(t))
         return sink.response if sink.response is not None else web.Response(status=499)
 
+
+def _affine(cfg: GatewayConfig) -> bool:
+    """Whether requests need their prompt's block hashes: prefix-affine routing over a choice."""
+    return cfg.routing.policy == "prefix-affinity" and len(cfg.backends) > 1

@@ -77,6 +77,9 @@ METRICS: tuple[MetricSpec, ...] = (
        "X-Tailguard-Reject-Reason header and the access log's `reason` say the same word).", "class", "reason"),
     _c("tailguard_preemptions", "Running requests suspended to free a slot for higher-priority work (each is "
        "resumed later where it stopped).", "class"),
+    _c("tailguard_migrations", "Streams continued on another backend after theirs died or stalled mid-answer, by "
+       "the failure that moved them (reset, disconnect, timeout_idle); a client's own cancel is never one.",
+       "class", "reason"),
     _g("tailguard_class_queue_bound_seconds", "Each class's longest queue wait (`max_queue_wait_s`): queue wait "
        "over it is a refusal, so wait / bound is how close the class is to shedding.", "class"),
     _g("tailguard_class_queue_limit", "Each class's longest queue (`max_queue_len`).", "class"),
@@ -84,7 +87,12 @@ METRICS: tuple[MetricSpec, ...] = (
     _g("tailguard_inflight", "Requests bound to a backend and not yet finished.", "backend"),
     _g("tailguard_backend_max_concurrency", "Each backend's cap on requests in flight: inflight / this is its "
        "saturation.", "backend"),
-    _g("tailguard_backend_healthy", "1 if the last health probes of a backend succeeded.", "backend"),
+    _g("tailguard_backend_healthy", "1 if a backend takes requests: its health probes succeed and it is not "
+       "ejected.", "backend"),
+    _c("tailguard_backend_health_changes", "Changes of a backend's health, each once: `unhealthy` and `healthy` "
+       "(active probes), `ejected` and `readmitted` (passive).", "backend", "to"),
+    _c("tailguard_backend_ejections", "Backends taken out for a while after failing requests in a row (passive "
+       "health), by the kind of the last failure.", "backend", "kind"),
     _g("tailguard_backend_engine_requests", "Requests the engine itself reports running and waiting (its own "
        "load page, read with each health probe); waiting above 0 means the gateway's cap is above the engine's "
        "slots.", "backend", "state"),

@@ -27,7 +27,7 @@ from prometheus_client.metrics_core import Metric
 from tailguard import __version__
 from tailguard.front.front import Front
 from tailguard.front.intake import NO_CLASS
-from tailguard.front.retry import Retry, retry_of
+from tailguard.front.retry import Retry, continues_after, hurts_health, retry_of
 from tailguard.gateway.ops.capacity import CapacitySignal
 from tailguard.gateway.ops.catalog import METRICS, MetricSpec
 from tailguard.gateway.ops.live import Live
@@ -42,6 +42,9 @@ GENAI_OPERATION = {"chat": "chat", "completions": "text_completion"}
 # Failure kinds the front may send again (of an attempt that delivered nothing and was never
 # answered): the retry counters' label values.
 RETRYABLE = tuple(k for k in FailureKind if retry_of(k, delivered=False, answered=False) is not Retry.NO)
+MIGRATING = tuple(k for k in FailureKind if continues_after(k, answered=True))  # a stream moved mid-answer
+EJECTING = tuple(k for k in FailureKind if hurts_health(k, answered=False))  # failures that count to eject
+HEALTH_CHANGES = ("unhealthy", "healthy", "ejected", "readmitted")  # tailguard_backend_health_changes{to}
 
 # A `_created` series beside every counter is prometheus_client's default and nobody's habit: it
 # doubles the series and Prometheus ignores it. The switch is process-wide; the gateway's process
@@ -171,6 +174,9 @@ class GatewayMetrics:
         self.requests = f["tailguard_requests"]
         self.unclassified = f["tailguard_unclassified_requests"]
         self.preemptions = f["tailguard_preemptions"]
+        self.migrations = f["tailguard_migrations"]
+        self.health_changes = f["tailguard_backend_health_changes"]
+        self.ejections = f["tailguard_backend_ejections"]
         self.backend_healthy = f["tailguard_backend_healthy"]
         self.engine_requests = f["tailguard_backend_engine_requests"]
         self.backend_kind = f["tailguard_backend_kind"]
@@ -182,9 +188,11 @@ class GatewayMetrics:
         self.genai_tokens: ChunkHistograms = f["gen_ai_client_token_usage"]
         f["tailguard_build_info"].labels(__version__, platform.python_version()).set(1)
         self.capacity = CapacitySignal()
-        self._class_counters = ((self.requests, tuple(Outcome)), (self.rejected, tuple(RejectReason)))
+        self._class_counters = ((self.requests, tuple(Outcome)), (self.rejected, tuple(RejectReason)),
+                                (self.migrations, MIGRATING))
         self._backend_counters = ((self.upstream_errors, tuple(FailureKind)), (self.retries, RETRYABLE),
-                                  (self.retries_denied, RETRYABLE))
+                                  (self.retries_denied, RETRYABLE), (self.health_changes, HEALTH_CHANGES),
+                                  (self.ejections, EJECTING))
         self._zeroed_classes: set[str] = set()
         self._zeroed_backends: set[str] = set()
         self._bounded: set[str] = set()  # classes whose bound and limit gauges are set
@@ -366,6 +374,8 @@ def access_log(t: Request, *, method: str, path: str, logged_text: bool = False)
     }
     if t.reason is not None:
         rec["reason"] = t.reason
+    if t.migrations:
+        rec["migrations"] = t.migrations
     if t.caller is not None:
         rec["caller"] = t.caller
     if t.output_estimated:

@@ -14,7 +14,7 @@ from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.upstream.resume import Progress
 from tailguard.gateway.upstream.tally import Tally
 from tailguard.types import FailureKind
-from tailguard.wire.chunks import delta_text, has_content, running_completion_tokens
+from tailguard.wire.chunks import delta_text, has_content, running_usage
 from tailguard.wire.join import ChunkJoiner
 from tailguard.wire.openai import Endpoint
 from tailguard.wire.sse import DONE, SSEDecoder
@@ -82,7 +82,8 @@ class Assembler:
         if has_content(data):
             self.tally.content(now)
             if self.progress is not None:
-                self.progress.add(delta_text(obj, self.endpoint == "chat"), running_completion_tokens(obj))
+                pt, ct = running_usage(obj)
+                self.progress.add(delta_text(obj, self.endpoint == "chat"), ct, pt)
 
     def text(self) -> str:
         return self.joiner.text()

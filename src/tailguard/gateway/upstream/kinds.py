@@ -60,6 +60,9 @@ class Kind:
     # `stream_options` fields that make every chunk carry the running `usage` (completion tokens so
     # far): how to know how many tokens a stream has produced where chunks are not tokens.
     running_usage_options: Mapping[str, Any] = field(default_factory=dict)
+    # Sends its response head only with the first result (llama-server waits for it so that an
+    # error can still get its own status): no response-head deadline apart from the first token's.
+    head_with_first_token: bool = False
 
     def priority_for(self, rank: int) -> tuple[str, int] | None:
         """The request field and value that give a class of `rank` its place in the engine's own
@@ -161,7 +164,7 @@ KINDS: dict[str, Kind] = {
         # a pooled connection reused right after one fails with "Server disconnected" or "Can not
         # write request body". Asking for a fresh connection per request avoids the stale reuse.
         upstream_headers={"Connection": "close"},
-        continues_generation=True, one_token_per_chunk=True,
+        continues_generation=True, one_token_per_chunk=True, head_with_first_token=True,
     ),
     "sglang": Kind(
         name="sglang", health_path="/health",

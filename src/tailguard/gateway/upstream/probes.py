@@ -1,9 +1,9 @@
 """What the gateway asks each backend in the background, for ever: what it is (`kind: auto`, at
-start and whenever it comes back), whether it is healthy (every `health.interval_s`), and how
-many requests the engine itself reports running and waiting (its load page, where the kind has
-one). Every request is bounded by `health.timeout_s`, so a backend that never answers holds up
-nothing but its own probes; what is learnt goes to the front (health, kind) and to `/health` and
-`/metrics`. A probe that times out while the backend is streaming to requests in flight is
+start and whenever it comes back), whether it is healthy (every `health.interval_s`), which models
+it serves (its `/v1/models`, unless the config names them), and how many requests the engine
+itself reports running and waiting (its load page, where the kind has one). Every request is bounded by `health.timeout_s`, so a backend that never answers holds up
+nothing but its own probes; what is learnt goes to the front (health, kind, models, load) and to `/health`,
+`/v1/models` and `/metrics`. A probe that times out while the backend is streaming to requests in flight is
 reported as `busy`, which the front does not count against it.
 """
 
@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import aiohttp
+import orjson
 
 from tailguard.clock import monotonic
 from tailguard.gateway.config import BackendConfig
@@ -46,6 +48,7 @@ class Probes:
                  session: aiohttp.ClientSession, metrics: GatewayMetrics) -> None:
         self.live, self.backends, self.dispatcher, self.session, self.metrics = live, backends, dispatcher, session, metrics
         self.load: dict[str, EngineLoad] = {}  # the engine's own count, from its last load page
+        self.models: dict[str, list[dict[str, Any]]] = {}  # each backend's /v1/models entries, as it gave them
         self.load_at: dict[str, float] = {}  # when that page was read (its figures' age in /health)
         # Why the last health probe of each backend failed (None once one succeeds): logged when it
         # turns a backend unhealthy and shown in `/health`, so "unhealthy" always says why.
@@ -54,6 +57,7 @@ class Probes:
         self._stopping: set[asyncio.Task[None]] = set()  # loops of removed backends, until they end
         self._wake = asyncio.Event()  # set (and replaced) by `retime`: every loop probes again now
         self._undetected: dict[str, str] = {}  # backends whose kind could not be detected, at which URL
+        self._asked: set[str] = set()  # backends whose models `known_models` has read out of turn
 
     def start(self) -> None:
         """One probe loop per configured backend."""
@@ -70,6 +74,8 @@ class Probes:
                 self._stopping.add(task)
                 task.add_done_callback(self._stopping.discard)
             self.load.pop(name, None)
+            self.models.pop(name, None)
+            self._asked.discard(name)
             self.load_at.pop(name, None)
             self.last_error.pop(name, None)
             self._undetected.pop(name, None)
@@ -112,6 +118,7 @@ class Probes:
             busy = failed is not None and failed.timed_out and self.dispatcher.delivered_since(name, sent_at)
             self.dispatcher.probe(name, failed is None, busy=busy)
             if failed is None:
+                await self._read_models(backend)
                 await self._read_load(backend)
             if first and not busy:
                 first = False
@@ -133,8 +140,10 @@ class Probes:
         if failed is None:
             load = self.load.get(name)
             engine = f"; the engine reports {load.running} running, {load.waiting} waiting" if load is not None else ""
-            log.info("backend %s (%s): reachable, kind %s%s%s", name, url, backend.kind,
-                     " (detected)" if auto else "", engine)
+            served = served_models(backend, self.models.get(name))
+            models = f"; serves {', '.join(served)}" if served else "; its models are not known: any model may go there"
+            log.info("backend %s (%s): reachable, kind %s%s%s%s", name, url, backend.kind,
+                     " (detected)" if auto else "", models, engine)
         else:
             log.warning("backend %s (%s): not reachable: GET %s: %s; it is taken out after %d failed probes in "
                         "a row, %g s apart", name, url, path, failed.reason, self.live.cfg.health.unhealthy_after,
@@ -182,6 +191,30 @@ class Probes:
                         name, current.url, ", ".join(DETECT_PATHS), view.reserved_slots, view.max_concurrency)
         return reachable
 
+    async def known_models(self) -> dict[str, list[dict[str, Any]]]:
+        """Each backend's models, reading at once those no probe has read yet (a `/v1/models`
+        asked before the first probes are in, as a client's first call often is)."""
+        unread = [b for b in self.backends.values() if b.name not in self.models and b.name not in self._asked
+                  and not b.models and b.model is None]
+        self._asked.update(b.name for b in unread)  # once: a dead backend is left to its probes after that
+        if unread:
+            await asyncio.gather(*(self._read_models(b) for b in unread))
+        return self.models
+
+    async def _read_models(self, backend: BackendConfig) -> None:
+        """What the backend's /v1/models lists; the front is told when it changes. A backend whose
+        config names its models (or rewrites every request to one) is not asked."""
+        if backend.models or backend.model is not None:
+            return
+        page = await self._get(backend, "/v1/models")
+        entries = _model_entries(page) if page is not None else None
+        if entries is None:
+            return  # unreadable this time: what was known stands
+        ids = tuple(m["id"] for m in entries)
+        if ids != tuple(m["id"] for m in self.models.get(backend.name, ())) or backend.name not in self.models:
+            self.models[backend.name] = entries
+            self.dispatcher.served(backend.name, ids or None)
+
     async def _read_load(self, backend: BackendConfig) -> None:
         """The engine's own running and waiting counts: a waiting count above zero means requests
         queue inside the engine, first come first served (the gateway's cap is above its slots)."""
@@ -190,6 +223,7 @@ class Probes:
             load = source.parse(page) if page is not None else None
             if load is not None:
                 self.load[backend.name] = load
+                self.dispatcher.loaded(backend.name, load.running + load.waiting)
                 self.load_at[backend.name] = monotonic()
                 self.metrics.engine_requests.labels(backend.name, "running").set(load.running)
                 self.metrics.engine_requests.labels(backend.name, "waiting").set(load.waiting)
@@ -202,3 +236,25 @@ async def _pause(seconds: float, wake: asyncio.Event) -> None:
         await asyncio.wait_for(wake.wait(), seconds)
     except TimeoutError:
         pass
+
+
+def served_models(backend: BackendConfig, listed: list[dict[str, Any]] | None) -> list[str]:
+    """The model ids a backend serves: as configured, its rewrite target, or as it listed them."""
+    if backend.models:
+        return list(backend.models)
+    if backend.model is not None:
+        return [backend.model]
+    return [m["id"] for m in listed or ()]
+
+
+def _model_entries(page: bytes) -> list[dict[str, Any]] | None:
+    """The model objects of an OpenAI `/v1/models` answer (each with a string id), or None when it
+    is not one."""
+    try:
+        data = orjson.loads(page)
+    except orjson.JSONDecodeError:
+        return None
+    items = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(items, list):
+        return None
+    return [m for m in items if isinstance(m, dict) and isinstance(m.get("id"), str)]

@@ -5,8 +5,9 @@ The fast path never parses JSON per chunk, and runs in the upstream connection's
 content chunks are recognised by their bytes (`wire.chunks`) and only the usage chunk is parsed.
 Bytes that precede the first content chunk (the role-only delta) are held back until it arrives,
 so the response headers can carry the TTFT and a failure before any content can still be retried
-on another backend. A preemptible
-request takes the tracked path instead, which parses every event to keep the text so far.
+on another backend. A preemptible request takes the tracked path instead, which parses every
+event to keep the text so far; one that may only be moved to another backend if its own dies
+mid-answer keeps the fast path and its content events raw (`Progress.keep`), parsed only then.
 """
 
 from __future__ import annotations
@@ -25,10 +26,17 @@ from tailguard.gateway.upstream.resume import Progress
 from tailguard.gateway.upstream.tally import Tally
 from tailguard.types import FailureKind
 from tailguard.wire.chunks import (
-    delta_text, has_content, has_usage, is_error, parse, role_only, running_completion_tokens, with_service_tier,
+    delta_text, has_content, has_usage, is_error, parse, role_only, running_usage, with_service_tier,
 )
 from tailguard.wire.openai import Endpoint, error_body
 from tailguard.wire.sse import DONE, DONE_EVENT, SSEDecoder, SSEEvent, encode_event, events_of, is_done
+
+
+def _broken_off(e: Exception) -> RelayError:
+    """The upstream broke off before its answer ended: an attempt's failure, whether or not the
+    client has seen bytes. The front decides what follows: a retry, a continuation on another
+    backend, or the end of the client's stream with an error event (`StreamRelay.fail`)."""
+    return RelayError(FailureKind.DISCONNECT, f"Backend closed the stream early: {e}")
 
 
 def _event_json(data: bytes, start: int, end: int) -> object:
@@ -73,8 +81,11 @@ class StreamRelay:
         than the backend writes) comes back here and takes `_emit`."""
         self.tally.start_run()
         self.held.clear()  # a failed attempt's preamble is not this one's
-        if self.progress is not None:
-            await self._run_tracked(up, self.progress)
+        prog = self.progress
+        if prog is not None and not prog.lazy:
+            if self.stream_id is None:
+                self.stream_id = prog.first_id  # (a lazy first run's, continued after a migration)
+            await self._run_tracked(up, prog)
             return
         self._dec = dec = SSEDecoder()
         sink, wd = self.sink, self.tally.watchdog
@@ -103,8 +114,8 @@ class StreamRelay:
                 if ends:
                     await self._emit(*self._scan(buf, ends), now)
         except UpstreamBroke as e:
-            await self._broke(e)
-            return
+            if not self.ended:
+                raise _broken_off(e) from None
         await self._eof(dec)
 
     def _chunk(self, data: bytes) -> bool:
@@ -119,6 +130,8 @@ class StreamRelay:
             return True  # part of an event: the decoder keeps it
         if len(ends) == 1 and has_content(buf, 0, ends[0]):
             tally.content(now, 1)
+            if self.progress is not None:
+                self.progress.keep(buf, self.endpoint == "chat")
             if self.sink.write_nowait(buf):
                 return True
             self._blocked = True
@@ -143,18 +156,11 @@ class StreamRelay:
         except UpstreamBroke as e:
             if prog.suspended and not self.ended:
                 raise Suspended() from None
-            await self._broke(e)
-            return
+            if not self.ended:
+                raise _broken_off(e) from None
         if prog.suspended and not self.ended:
             raise Suspended()
         await self._eof(dec)
-
-    async def _broke(self, e: Exception) -> None:
-        """The upstream broke off: an attempt's failure while the client has seen nothing (the
-        front may send it again), else the client's stream ends with an error event."""
-        if not self.sink.started:
-            raise RelayError(FailureKind.DISCONNECT, f"Backend closed the stream early: {e}") from None
-        await self.fail(RelayError(FailureKind.DISCONNECT, f"Backend closed the stream early: {e}").api_error())
 
     async def _eof(self, dec: SSEDecoder) -> None:
         """The upstream ended: a last event without its blank line counts, then the end."""
@@ -162,7 +168,8 @@ class StreamRelay:
             return
         tail = dec.flush_raw()
         prog = self.progress
-        chunk, content, _ = self._scan(tail, [len(tail)]) if prog is None else self._track(events_of(tail), prog)
+        chunk, content, _ = (self._scan(tail, [len(tail)]) if prog is None or prog.lazy
+                             else self._track(events_of(tail), prog))
         await self._emit(chunk, content, True, monotonic())
 
     def _scan(self, buf: bytes, ends: list[int]) -> tuple[bytes, int, bool]:
@@ -182,6 +189,8 @@ class StreamRelay:
                 self.upstream_error = True
             last_start, pos = pos, end
         last = content < len(ends) and is_done(buf, last_start, pos)  # [DONE] is not content
+        if content and self.progress is not None:
+            self.progress.keep(buf, self.endpoint == "chat")
         if drop is not None:
             buf = buf[:drop[0]] + buf[drop[1]:]
         return buf, content, last
@@ -208,7 +217,8 @@ class StreamRelay:
                 self.upstream_error = True
                 out.append(raw)
             elif has_content(ev.data):
-                prog.add(delta_text(obj, self.endpoint == "chat"), running_completion_tokens(obj))
+                pt, ct = running_usage(obj)
+                prog.add(delta_text(obj, self.endpoint == "chat"), ct, pt)
                 content += 1
                 out.append(raw)
             elif isinstance(obj.get("usage"), dict):

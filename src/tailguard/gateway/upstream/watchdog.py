@@ -1,5 +1,5 @@
-"""A request's phase deadlines (first token, idle between chunks, total) on one lazily re-armed
-timer that cancels the request's task when one passes."""
+"""A request's phase deadlines (response head, first token, idle between chunks, total) on one
+lazily re-armed timer that cancels the request's task when one passes."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class Watchdog:
     """
 
     __slots__ = ("_loop", "_task", "_base", "_handle", "_armed_at", "total_at", "first_token_at", "idle_s",
-                 "last_at", "first_seen", "expired")
+                 "last_at", "first_seen", "expired", "head_at")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, total_at: float, idle_s: float) -> None:
         task = asyncio.current_task()
@@ -36,14 +36,22 @@ class Watchdog:
         self.last_at = 0.0  # when the current attempt's backend last sent bytes (0: not yet)
         self.first_seen = False
         self.expired: FailureKind | None = None
+        self.head_at: float | None = None  # the response head's deadline, until it comes (None: none)
 
-    def start_attempt(self, first_token_at: float) -> None:
+    def start_attempt(self, first_token_at: float, head_at: float | None = None) -> None:
         """Armed no later than `idle_s` from now as well: no idle deadline can come sooner, so a
-        first chunk within `idle_s` (the usual case) leaves the timer as it is."""
+        first chunk within `idle_s` (the usual case) leaves the timer as it is. `head_at`: the
+        response head must come by then (a host that accepts and never answers)."""
         self.first_token_at = first_token_at
+        self.head_at = head_at
         self.first_seen = False
         self.last_at = 0.0
-        self._arm(min(first_token_at, self.total_at, monotonic() + self.idle_s))
+        due = min(first_token_at, self.total_at, monotonic() + self.idle_s)
+        self._arm(due if head_at is None else min(due, head_at))
+
+    def answered(self) -> None:
+        """The response head came: its deadline is met (the timer, if it fires for it, re-arms)."""
+        self.head_at = None
 
     def first_content(self, now: float) -> None:
         """From here on the idle deadline applies instead of the first-token one."""
@@ -64,9 +72,12 @@ class Watchdog:
         now = monotonic()
         if now >= self.total_at:
             kind = FailureKind.TIMEOUT_TOTAL
+        elif self.head_at is not None and now >= self.head_at:
+            kind = FailureKind.TIMEOUT_HEADER
         elif not self.first_seen:
             if now < self.first_token_at:
-                self._arm(min(self.first_token_at, self.total_at))
+                due = min(self.first_token_at, self.total_at)
+                self._arm(due if self.head_at is None else min(due, self.head_at))
                 return
             kind = FailureKind.TIMEOUT_FIRST_TOKEN
         else:
