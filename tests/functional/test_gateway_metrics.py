@@ -51,7 +51,7 @@ async def test_metrics_follow_prometheus_habits(caplog: pytest.LogCaptureFixture
     assert sample(samples, "tailguard_backend_max_concurrency", backend="dead") == 4
     assert sample(samples, "tailguard_class_queue_bound_seconds", **{"class": "interactive"}) > 0
     assert sample(samples, "tailguard_retries_total", backend="dead", kind="connect") >= 1
-    assert sample(samples, "tailguard_capacity_ready") >= 1
+    assert sample(samples, "tailguard_capacity_ready", pool="default") >= 1
     assert sample(samples, "gen_ai_server_time_to_first_token_seconds_count",
                   gen_ai_operation_name="chat", **{"class": "interactive"}) == 2
     # One word for one refusal: the header, the metric and the access log.

@@ -30,6 +30,8 @@ def test_a_scrape_sets_caps_bounds_zeros_and_config_and_forgets_what_went() -> N
     assert s[("tailguard_rejected_total", (("class", "bulk"), ("reason", "queue_full")))] == 0
     assert s[("tailguard_retries_total", (("backend", "x"), ("kind", "connect")))] == 0
     assert s[("tailguard_config_info", (("hash", "aaaa"), ("number", "1")))] == 1
+    assert s[("tailguard_capacity_ready", (("pool", "default"),))] == 1  # its one backend, not yet probed
+    assert s[("tailguard_capacity_needed", (("pool", "default"),))] == 0  # nothing has run
 
     one = Front(FrontParams([ClassSpec("chat")], [BackendSpec("x")]))
     m.export_state(one, Live(CFG, "bbbb", 2), 1.0)

@@ -95,9 +95,10 @@ def rules(ttft_slo_s: float = DEFAULT_TTFT_SLO_S) -> tuple[Rule, ...]:
              "{{ $value | humanizePercentage }} of clients leave before their answer while the engines answer: "
              "a client's total timeout is shorter than a generation (use a first-token timeout and stream)",
              f"{RUNBOOK}#5-deadlines"),
-        _over("TailguardNeedsCapacity", "max(tailguard_capacity_needed) - max(tailguard_capacity_ready)", ">", "0",
+        _over("TailguardNeedsCapacity", "max by (pool) (tailguard_capacity_needed) - max by (pool) (tailguard_capacity_ready)", ">", "0",
              "10m", "ticket",
-             "the load needs {{ $value }} more backend(s) to keep every class inside its queue bound",
+             "pool {{ $labels.pool }}: the load needs {{ $value }} more backend(s) to keep every class inside its "
+             "queue bound",
              f"{RUNBOOK}#overload-what-is-admitted-stays-within-its-bound"),
     )
 

@@ -105,10 +105,10 @@ METRICS: tuple[MetricSpec, ...] = (
     _c("tailguard_retries_denied", "Failed attempts of a kind that may be retried which were not: the attempts "
        "limit, no other backend to try, or the retry budget spent.", "backend", "kind"),
     # The autoscaler's signal (`gateway.ops.capacity`).
-    _g("tailguard_capacity_needed", "Backends the current load needs to keep every class inside its queue "
-       "bound: arrivals plus the backlog drained within the tightest bound, over what one backend "
-       "completes per second."),
-    _g("tailguard_capacity_ready", "Backends healthy and taking requests now."),
+    _g("tailguard_capacity_needed", "Backends each pool needs to keep every class it serves inside its queue "
+       "bound: the requests that ended there per second plus the backlog drained within the tightest bound, "
+       "times their service time, over one backend's slots.", "pool"),
+    _g("tailguard_capacity_ready", "Backends of each pool healthy, not ejected, taking requests now.", "pool"),
     # Callers, only when keys are configured: a bounded label.
     _c("tailguard_caller_requests", "Requests by caller and terminal outcome.", "caller", "outcome"),
     _c("tailguard_caller_tokens", "Tokens by caller: prompt and output (from upstream usage, else the estimate "

@@ -25,7 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 
 from tailguard import __version__
-from tailguard.front.front import Front
+from tailguard.front.front import BackendView, Front
 from tailguard.front.intake import NO_CLASS
 from tailguard.front.retry import Retry, continues_after, hurts_health, retry_of
 from tailguard.gateway.ops.capacity import CapacitySignal
@@ -44,6 +44,7 @@ GENAI_OPERATION = {"chat": "chat", "completions": "text_completion"}
 RETRYABLE = tuple(k for k in FailureKind if retry_of(k, delivered=False, answered=False) is not Retry.NO)
 MIGRATING = tuple(k for k in FailureKind if continues_after(k, answered=True))  # a stream moved mid-answer
 EJECTING = tuple(k for k in FailureKind if hurts_health(k, answered=False))  # failures that count to eject
+DEFAULT_POOL = "default"  # the pool of a backend that names none (front.params.BackendSpec.pool)
 HEALTH_CHANGES = ("unhealthy", "healthy", "ejected", "readmitted")  # tailguard_backend_health_changes{to}
 
 # A `_created` series beside every counter is prometheus_client's default and nobody's habit: it
@@ -187,7 +188,11 @@ class GatewayMetrics:
         self.genai_duration: ChunkHistograms = f["gen_ai_server_request_duration_seconds"]
         self.genai_tokens: ChunkHistograms = f["gen_ai_client_token_usage"]
         f["tailguard_build_info"].labels(__version__, platform.python_version()).set(1)
-        self.capacity = CapacitySignal()
+        # The capacity signal per pool; a request is counted in its backend's pool (the pool of
+        # each backend, and the first pool of each class for one never bound, as the last scrape saw them).
+        self.capacity: dict[str, CapacitySignal] = {}
+        self._pool_of: dict[str, str] = {}
+        self._class_pool: dict[str, str] = {}
         self._class_counters = ((self.requests, tuple(Outcome)), (self.rejected, tuple(RejectReason)),
                                 (self.migrations, MIGRATING))
         self._backend_counters = ((self.upstream_errors, tuple(FailureKind)), (self.retries, RETRYABLE),
@@ -247,7 +252,6 @@ class GatewayMetrics:
         for b in views:
             cap.labels(b.name).set(b.max_concurrency)
             self._zeros(b.name, self._zeroed_backends, self._backend_counters)
-        queued = 0
         bound, limit = f["tailguard_class_queue_bound_seconds"], f["tailguard_class_queue_limit"]
         names = {spec.name for spec in front.params.classes}
         for gone in self._bounded - names:  # a reload removed the class: its bounds no longer hold
@@ -258,18 +262,38 @@ class GatewayMetrics:
             self._zeros(spec.name, self._zeroed_classes, self._class_counters)
             bound.labels(spec.name).set(spec.max_queue_wait_s)
             limit.labels(spec.name).set(spec.max_queue_len)
-            queued += front.queue_len(spec.name)
-        ready = [b for b in views if b.healthy]
-        f["tailguard_capacity_ready"].set(len(ready))
-        slots = sum(b.max_concurrency for b in views) / len(views) if views else 0.0
-        bound_s = min(spec.max_queue_wait_s for spec in front.params.classes)
-        f["tailguard_capacity_needed"].set(self.capacity.needed(now, queued, bound_s, slots))
+        self._export_capacity(front, views, now)
         config = (str(live.n) if live.n is not None else "", live.hash)
         if config != self._config:
             if self._config is not None:
                 f["tailguard_config_info"].remove(*self._config)
             f["tailguard_config_info"].labels(*config).set(1)
             self._config = config
+
+    def pool_of(self, t: Request) -> str:
+        """The pool a request that ended counts in: its backend's, else its class's first."""
+        return self._pool_of.get(t.backend) or self._class_pool.get(t.cls) or DEFAULT_POOL
+
+    def _export_capacity(self, front: Front, views: list[BackendView], now: float) -> None:
+        """Per pool: its backends' mean slots, its classes' queue and tightest bound, the signal."""
+        f = self.families
+        self._pool_of = {b.name: b.pool for b in views}
+        specs = front.params.classes
+        self._class_pool = {spec.name: spec.pools[0] if spec.pools else DEFAULT_POOL for spec in specs}
+        pools = sorted({b.pool for b in views})
+        for gone in set(self.capacity) - set(pools):  # a reload took the pool's last backend away
+            del self.capacity[gone]
+            f["tailguard_capacity_needed"].remove(gone)
+            f["tailguard_capacity_ready"].remove(gone)
+        for pool in pools:
+            members = [b for b in views if b.pool == pool]
+            served = [spec for spec in specs if self._class_pool[spec.name] == pool] or list(specs)
+            queued = sum(front.queue_len(spec.name) for spec in served)
+            bound_s = min(spec.max_queue_wait_s for spec in served)
+            slots = sum(b.max_concurrency for b in members) / len(members)
+            signal = self.capacity.setdefault(pool, CapacitySignal())
+            f["tailguard_capacity_needed"].labels(pool).set(signal.needed(now, queued, bound_s, slots))
+            f["tailguard_capacity_ready"].labels(pool).set(sum(1 for b in members if b.healthy and not b.ejected))
 
     def _zeros(self, name: str, done: set[str], counters: tuple[tuple[Any, tuple[str, ...]], ...]) -> None:
         """A class's or backend's counters, at 0 from its first scrape: `rate()` and `increase()`
@@ -334,7 +358,11 @@ def record_finish(m: GatewayMetrics, t: Request) -> None:
             m.genai_ttft.labels(op, t.cls).observe(ttft_s)
             if t.output_tokens > 1:
                 m.genai_tpot.labels(op, t.cls).observe((end - t.first_content_at) / (t.output_tokens - 1))
-    m.capacity.ended(end, None if t.bound_at is None else end - t.bound_at)
+    pool = m.pool_of(t)
+    signal = m.capacity.get(pool)
+    if signal is None:
+        signal = m.capacity[pool] = CapacitySignal()
+    signal.ended(end, None if t.bound_at is None else end - t.bound_at)
     prompt = t.prompt_tokens if t.answered else 0  # no engine took it: its prompt cost nothing
     if prompt:
         c.prompt_tokens.inc(prompt)

@@ -107,7 +107,8 @@ PANELS: tuple[Panel, ...] = (
                  "{{backend}} ejected ({{kind}})"))),
     Panel("Backends and fleet", "Capacity needed and ready", "short",
           "Backends the load needs to keep every class inside its bound, beside those ready: scale on this.",
-          (Query("max(tailguard_capacity_needed)", "needed"), Query("max(tailguard_capacity_ready)", "ready"))),
+          (Query("max by (pool) (tailguard_capacity_needed)", "{{pool}} needed"),
+           Query("max by (pool) (tailguard_capacity_ready)", "{{pool}} ready"))),
     # Preemption and retries.
     Panel("Preemption and retries", "Preemptions", "reqps",
           "Running preemptible requests suspended for higher-ranked work (each resumes later).",
