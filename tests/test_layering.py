@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "tailguard"
 
 PURE = {
     "types", "errors", "settings", "retry_budget", "wire.sse", "wire.openai", "wire.tokens", "wire.chunks", "wire.join",
-    "sim.cost", "sim.kv", "sim.engine", "sim.request", "sim.answer",
+    "sim.cost", "sim.kv", "sim.engine", "sim.request", "sim.answer", "sim.fault",
     "front.params", "front.admission", "front.queue", "front.slots", "front.router", "front.preemption", "front.retry", "front.events", "front.front",
     "front.intake", "front.recording", "front.replay", "sim.fit", "gateway.http.classes", "gateway.upstream.backends",
     "gateway.config", "gateway.ops.live", "gateway.ops.catalog", "gateway.ops.capacity",

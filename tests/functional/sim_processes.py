@@ -24,11 +24,14 @@ class SimProcess:
 
 
 @asynccontextmanager
-async def sim_process(*args: str, time_scale: float = 0.02, model: str = "tailguard-sim") -> AsyncIterator[SimProcess]:
-    """One `tailguard sim --port 0` with `args`, once it listens."""
+async def sim_process(*args: str, time_scale: float = 0.02,
+                      model: str | None = "tailguard-sim") -> AsyncIterator[SimProcess]:
+    """One `tailguard sim --port 0` with `args`, once it listens (a hung one too: it is not
+    asked for its health). It serves `model` only (another is a 404), or with None any model."""
+    named = ("--model-name", model) if model is not None else ()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tailguard", "sim", "--port", "0", "--time-scale", str(time_scale),
-        "--model-name", model, *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        *named, *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     drain: asyncio.Task[None] | None = None
     try:
         assert proc.stderr is not None

@@ -83,7 +83,7 @@ class Seen:
 
 async def consume(c: AsyncOpenAI, seen: Seen, stop_after: int | None = None, **kw: Any) -> Seen:
     raw = await c.chat.completions.with_raw_response.create(
-        model="m", messages=CHAT, max_tokens=TOKENS, stream=True, stream_options={"include_usage": True}, **kw)
+        model="tailguard-sim", messages=CHAT, max_tokens=TOKENS, stream=True, stream_options={"include_usage": True}, **kw)
     seen.backend = raw.headers["x-tailguard-backend"]
     stream = raw.parse()
     try:
@@ -118,7 +118,7 @@ async def test_streams_of_a_killed_backend_go_on_elsewhere_and_tools_end_with_on
             runs += [asyncio.create_task(consume(c, s, tools=TOOLS)) for s in tools]
             runs.append(asyncio.create_task(consume(c, left, stop_after=30)))
             whole = [asyncio.create_task(c.chat.completions.with_raw_response.create(
-                model="m", messages=CHAT, max_tokens=TOKENS)) for _ in range(3)]  # assembled at the gateway
+                model="tailguard-sim", messages=CHAT, max_tokens=TOKENS)) for _ in range(3)]  # assembled at the gateway
             await tools[0].going.wait()  # (all started together: the others are as far, or nearly)
             victim = next(s for s in sims if name(s) == tools[0].backend)
             victim.proc.kill()  # SIGKILL: no goodbye, mid-stream

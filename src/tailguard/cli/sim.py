@@ -10,6 +10,7 @@ from tailguard.cli import listen_error
 
 if TYPE_CHECKING:
     from tailguard.sim.cost import EngineConfig
+    from tailguard.sim.fault import Faults
 
 
 def register(app: typer.Typer) -> None:
@@ -34,11 +35,25 @@ def sim(
     output_length: Optional[str] = typer.Option(
         None, "--output-length", help="exact (max_tokens, like ignore_eos), uniform or exponential."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed for drawn output lengths."),
-    model_name: str = typer.Option("tailguard-sim", "--model-name", help="Model id served by /v1/models."),
+    model_name: Optional[str] = typer.Option(
+        None, "--model-name",
+        help="Model id served by /v1/models; a request for another model then gets vLLM's 404 (model_not_found). "
+             "Unset: serves 'tailguard-sim' and answers whatever model is asked."),
+    slowdown: float = typer.Option(
+        1.0, "--slowdown", min=1e-6, help="Every engine step takes this many times longer: a slower host."),
+    fault: Optional[str] = typer.Option(
+        None, "--fault", help="hang (accept and read every request, answer none), hang-completions (health, "
+                              "models and metrics answer; completions never do) or stall (the engine stops: "
+                              "streams stay open with no more tokens, health answers)."),
+    error_rate: float = typer.Option(
+        0.0, "--error-rate", min=0.0, max=1.0, help="Share of completion requests answered 500 (evenly spread)."),
+    fault_after_s: float = typer.Option(
+        0.0, "--fault-after-s", min=0.0, help="Simulated seconds after start before --fault and --error-rate apply."),
 ) -> None:
     """Simulate a continuous-batching engine (vLLM-like) behind an OpenAI-compatible API."""
     from tailguard.errors import ConfigError
     from tailguard.sim.cost import EngineConfig
+    from tailguard.sim.fault import Faults
 
     try:
         config = EngineConfig.from_preset(
@@ -46,19 +61,23 @@ def sim(
             max_model_len=max_model_len, kv_cache_tokens=kv_cache_tokens,
             enable_prefix_caching=enable_prefix_caching, scheduling_policy=scheduling_policy,
             output_length=output_length, seed=seed,
-        )
+        ).slowed(slowdown)
+        faults = Faults(fault, error_rate, fault_after_s)  # type: ignore[arg-type]  # checked by Faults
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
-    _run(config, host, port, time_scale, model_name)
+    _run(config, host, port, time_scale, model_name, slowdown, faults)
 
 
-def _run(config: EngineConfig, host: str, port: int, time_scale: float, model_name: str) -> None:
+def _run(config: EngineConfig, host: str, port: int, time_scale: float, model_name: str | None, slowdown: float,
+         faults: Faults) -> None:
     import asyncio
     import contextlib
     import signal
 
-    from tailguard.sim.server import RunningSim, serve
+    from tailguard.sim.server import DEFAULT_MODEL_NAME, RunningSim, serve
+
+    served = model_name if model_name is not None else DEFAULT_MODEL_NAME
 
     def ready(sim: RunningSim) -> None:
         c = config
@@ -66,7 +85,9 @@ def _run(config: EngineConfig, host: str, port: int, time_scale: float, model_na
             f"tailguard sim listening on {sim.url} (OpenAI base URL {sim.url}/v1; max_num_seqs={c.max_num_seqs} "
             f"max_num_batched_tokens={c.max_num_batched_tokens} max_model_len={c.max_model_len} "
             f"kv_cache_tokens={c.kv_cache_tokens} policy={c.scheduling_policy} "
-            f"prefix_caching={c.enable_prefix_caching} time_scale={time_scale})",
+            f"prefix_caching={c.enable_prefix_caching} time_scale={time_scale} slowdown={slowdown} "
+            f"model={served}{'' if model_name is not None else ' (any model asked)'} fault={faults.fault or 'none'} "
+            f"error_rate={faults.error_rate})",
             err=True,
         )
 
@@ -79,7 +100,8 @@ def _run(config: EngineConfig, host: str, port: int, time_scale: float, model_na
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, task.cancel)
         with contextlib.suppress(asyncio.CancelledError):
-            await serve(config, host, port, time_scale, model_name, ready=ready)
+            await serve(config, host, port, time_scale, served, ready=ready, faults=faults,
+                        strict_model=model_name is not None)
 
     try:
         try:

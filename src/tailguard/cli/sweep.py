@@ -113,13 +113,20 @@ async def run_http(sw: "Sweep", plan: Plan, backend: str | None) -> None:
                 sw.add(i, await bench_to_dir(cfg, _folder(sw, value, seed, plan.out), console=None, label=label))
 
 
-def _base_gateway(config: Path | None, backend_kind: str, max_concurrency: int) -> dict[str, Any]:
+def _base_gateway(config: Path | None, backend_kind: str, max_concurrency: int, fleet: bool) -> dict[str, Any]:
+    """The config's settings over one engine; with `fleet` (the DES), over the backends the config
+    names when it names several, each a simulated engine (its max_concurrency by default the
+    engine's slots)."""
     import yaml
 
     base: dict[str, Any] = yaml.safe_load(config.read_text()) if config is not None else {}
     base = base or {}
-    base["backends"] = [{"name": ENGINE, "url": "http://127.0.0.1:1", "kind": backend_kind,
-                         "max_concurrency": max_concurrency}]
+    named = base.get("backends") or []
+    if fleet and len(named) > 1:
+        base["backends"] = [{"max_concurrency": max_concurrency, **b} for b in named]
+    else:
+        base["backends"] = [{"name": ENGINE, "url": "http://127.0.0.1:1", "kind": backend_kind,
+                             "max_concurrency": max_concurrency}]
     return base
 
 
@@ -140,7 +147,8 @@ def sweep(
     target: str = typer.Option("des", help="des: the discrete-event simulator; sim: the HTTP simulator behind a gateway"),
     backend: Optional[str] = typer.Option(None, help="A real engine's URL: a gateway in front, restarted per value"),
     backend_kind: str = typer.Option("vllm", help="The --backend's kind (vllm, sglang, llamacpp, tgi, openai)"),
-    config: Optional[Path] = typer.Option(None, help="Gateway YAML the sweep starts from (classes, scheduler)"),
+    config: Optional[Path] = typer.Option(None, help="Gateway YAML the sweep starts from (classes, scheduler; on "
+                                                     "--target des, its backends: several are a simulated fleet)"),
     workload: str = typer.Option("seed-mixed", help="Built-in workload name or a YAML file"),
     concurrency: Optional[int] = typer.Option(None, help="Closed loop: N clients"),
     rate: Optional[float] = typer.Option(None, help="Open loop: requests per second (wall seconds over HTTP)"),
@@ -170,11 +178,14 @@ def sweep(
             raise ConfigError("give --concurrency N or --rate R")
         sw = Sweep(st, parse_values(st, values), [Slo.parse(s) for s in slo], seed, min_repeats, max_repeats, tolerance)
         kind = backend_kind if backend is not None else "sim"
-        plan = Plan(workload, requests, concurrency, rate, _base_gateway(config, kind, max_num_seqs), preset,
+        des = backend is None and target == "des"
+        plan = Plan(workload, requests, concurrency, rate, _base_gateway(config, kind, max_num_seqs, des), preset,
                     max_num_seqs, time_scale, out)
-        if backend is None and target == "des":
+        if des:
             run_des(sw, plan)
-            how = f"On the discrete-event simulator ({preset}, max_num_seqs {max_num_seqs}), virtual time."
+            engines = len(plan.gateway["backends"])
+            fleet = f", a fleet of {engines} engines as the config names them" if engines > 1 else ""
+            how = f"On the discrete-event simulator ({preset}, max_num_seqs {max_num_seqs}{fleet}), virtual time."
         else:
             run_async(run_http(sw, plan, backend))
             how = (f"Against {backend} behind a gateway restarted per value." if backend is not None else

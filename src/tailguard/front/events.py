@@ -11,7 +11,7 @@ written down and replayed (`tailguard serve --record`, `tailguard replay`), and 
     Arrive(id, cls, est_tokens, model=, prefix=) -> Start | Reject (refused on arrival)
     Opened(id)    (its upstream is open)         -> Suspend of a victim, Start of the waiter
     Generated(id, tokens)  (preemptible only)    -> nothing: what a preemption weighs
-    Failed(id, kind, delivered=, answered=)      -> Start again (a retry; resumed: a migration), Ejected
+    Failed(id, kind, delivered=, answered=)      -> Start again (a retry; resumed: a migration), Wait, Ejected
     FirstContent(id, backend)                    -> Drop of a hedge's other attempt
     Finished(id, outcome, tokens=)  (once)       -> Start of whoever gets the slot, HealthChanged
     Probed(backend, ok, busy=), KindLearned      -> HealthChanged, Start
@@ -172,6 +172,16 @@ class Start:
 
 
 @dataclass(frozen=True, slots=True)
+class Wait:
+    """Request `id`'s attempt failed and no backend that may take its retry or continuation is
+    free now: it waits in the queue, holding no slot, its client kept; a `Start(resumed=True)`
+    follows when one is (or a `Reject` past its wait bound). The driver retries it from the start
+    if none of the answer went out yet, else continues it from its text."""
+
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
 class Suspend:
     """Stop request `id` on `backend` now (close its upstream so the engine frees its slot and
     KV); it waits in the queue for its continuation, its client connection kept open."""
@@ -240,7 +250,7 @@ class Retired:
     backend: str
 
 
-Decision = Start | Suspend | Reject | Hedge | Drop | HealthChanged | Ejected | Readmitted | Retired
+Decision = Start | Wait | Suspend | Reject | Hedge | Drop | HealthChanged | Ejected | Readmitted | Retired
 
 
 class WrongEvent(TailguardError):

@@ -30,7 +30,7 @@ from tailguard.front.ejection import Ejector
 from tailguard.front.events import (
     Arrive, Close, Decision, Drop, Ejected, Event, Failed, Finished, FirstContent, Generated, HealthChanged, Hedge,
     KindLearned, Loaded, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend, Tick,
-    WrongEvent,
+    Wait, WrongEvent,
 )
 from tailguard.front.hedging import Hedger
 from tailguard.front.limits import CallerLimits, Standing
@@ -54,7 +54,7 @@ class State(enum.Enum):
 class _Req:
     __slots__ = ("pending", "state", "backend", "bound_at", "preemptible", "max_tokens", "suspendable",
                  "preemptions", "attempts", "tried", "fresh_retried", "caller", "generated", "route", "hedge",
-                 "first", "continuable", "migrations")
+                 "first", "continuable", "migrations", "avoid", "must_continue")
 
     def __init__(self, pending: Pending, preemptible: bool, max_tokens: int | None, caller: str | None,
                  route: Route, continuable: bool = False) -> None:
@@ -77,6 +77,8 @@ class _Req:
         self.hedge: str | None = None  # the backend of its second attempt while it is hedged
         self.first = False  # its first content came
         self.migrations = 0  # continued on another backend after its own died or stalled mid-answer
+        self.avoid: set[str] = set()  # backends it failed on, skipped while it waits for another
+        self.must_continue = False  # waiting to be continued: only a kind that can continue takes it
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,14 +300,16 @@ class Front:
         if where is Retry.CONTINUE:
             self._migrate(r, stale_connection(ev.kind, ev.answered), now)
             return
-        if r.attempts >= self._max_attempts or where is Retry.NO:
+        if r.attempts >= self._max_attempts or where is Retry.NO or not self._budget.try_withdraw(now):
             return
+        r.attempts += 1
         target = self._retry_target(r, where, now)
-        if target is None or not self._budget.try_withdraw(now):
+        if target is None:
+            if self._could_take(r, must_continue=False):
+                self._wait(r, now, must_continue=False)
             return
         if target == old:
             r.fresh_retried = True
-        r.attempts += 1
         self._restart(r, target, now, resumed=False)
 
     def _migrate(self, r: _Req, stale: bool, now: float) -> None:
@@ -315,12 +319,42 @@ class Front:
         within the retry budget; with no such backend free now it ends where it is. A
         continuation whose connection was `stale` goes to the same backend once more (not a move:
         not counted)."""
+        if (not stale and r.migrations >= self._params.retry.max_migrations) or not self._budget.try_withdraw(now):
+            return
         target = self._migration_target(r, stale, now)
-        if target is None or not self._budget.try_withdraw(now):
+        if target is None:
+            if r.migrations < self._params.retry.max_migrations and self._could_take(r, must_continue=True):
+                r.migrations += 1
+                self._wait(r, now, must_continue=True)
             return
         if target != r.backend:
             r.migrations += 1
         self._restart(r, target, now, resumed=True)
+
+    def _could_take(self, r: _Req, must_continue: bool) -> bool:
+        """Whether some backend other than those it failed on (and able to continue, if it must)
+        could take it once a slot frees: else waiting would only delay its error."""
+        avoid = {*r.avoid, r.backend}
+        members = self._router.usable(self._slots, self._router.serving(self._slots, self._classes[r.pending.cls],
+                                                                        r.route))
+        return any(s.name not in avoid and (s.cfg.continues or not must_continue) for s in members)
+
+    def _wait(self, r: _Req, now: float, must_continue: bool) -> None:
+        """Its retry or continuation finds no backend free now: it waits in the queue, holding no
+        slot, its client kept, for one that may take it (not one it failed on; one that can
+        continue a generation when some of the answer went out already), within its class's
+        wait bound, as a suspended request does. A backend that fails costs no request another
+        could serve a moment later."""
+        p = r.pending
+        self._candidates.pop(p.id, None)
+        r.avoid.add(r.backend)
+        r.state, r.suspendable, r.must_continue = State.SUSPENDED, False, must_continue
+        again = Pending(p.id, p.cls, p.rank, p.est_tokens, p.arrived_at, now + self._classes[p.cls].max_queue_wait_s)
+        r.pending = again
+        self._queue.requeue(again, now)
+        self._out.append(Wait(p.id))
+        self._release(r.backend, p)  # after the Wait: a retiring backend may leave with this release
+        self._pump(now, True)  # its slot, freed, may go to someone else
 
     def _migration_target(self, r: _Req, stale: bool, now: float) -> str | None:
         """The least loaded backend it has not failed on whose kind can continue a generation
@@ -542,9 +576,18 @@ class Front:
     def _choose(self, r: _Req, now: float, exclude: Collection[str] = ()) -> str | None:
         """Where `r` may go now. A suspended request's continuation needs a backend whose kind
         can continue a generation (in a mixed fleet, not every backend can)."""
-        if r.state is State.SUSPENDED:
-            exclude = [*exclude, *(s.name for s in self._slots if not s.cfg.continues)]
-        return self._router.choose(self._slots, self._classes[r.pending.cls], r.pending, r.route, now, exclude)
+        return self._router.choose(self._slots, self._classes[r.pending.cls], r.pending, r.route, now,
+                                   [*exclude, *self._barred(r)])
+
+    def _barred(self, r: _Req) -> list[str]:
+        """Backends a waiting request may not go to: those it failed on, and, to be continued,
+        those whose kind cannot continue a generation."""
+        if r.state is not State.SUSPENDED:
+            return []
+        barred = list(r.avoid)
+        if r.must_continue:
+            barred += [s.name for s in self._slots if not s.cfg.continues]
+        return barred
 
     def _retry_target(self, r: _Req, where: Retry, now: float) -> str | None:
         if (where is Retry.SAME_OR_OTHER and not r.fresh_retried and self._slots.takes_new(r.backend)
@@ -613,6 +656,7 @@ class Front:
         # Only a slot the head may use is worth freeing: its model, its pools, healthy, not ejected.
         allowed = {s.name for s in self._router.usable(slots, self._router.serving(slots, self._classes[head.cls],
                                                                                      wanted.route))}
+        allowed.difference_update(self._barred(wanted))
 
         def fits(c: Candidate) -> bool:
             return (c.backend in allowed and slots.fits_after_release(c.backend, head.cls, c.cls)
@@ -637,7 +681,7 @@ class Front:
         p = r.pending
         self._release(r.backend, p)
         del self._candidates[p.id]
-        r.state, r.suspendable = State.SUSPENDED, False
+        r.state, r.suspendable, r.must_continue = State.SUSPENDED, False, True
         r.preemptions += 1
         # Queued again with its first arrival (aging counts from there) and a fresh wait bound.
         again = Pending(p.id, p.cls, p.rank, p.est_tokens, p.arrived_at, now + self._classes[p.cls].max_queue_wait_s)

@@ -80,24 +80,29 @@ class Router:
     # --- which backends may take it -------------------------------------------------------------
 
     def serving(self, slots: BackendPool, cls: ClassSpec, route: Route) -> list[BackendState]:
-        """Backends that serve the request's model in its class's pools, whatever their health.
-        Those known to serve it are preferred to those whose models are not known yet (the first
-        moments after a start, before each backend's /v1/models is read). Where the whole fleet
-        serves one model, a request naming another is not the gateway's to refuse: it goes
-        through as named (vLLM answers its own 404; llama-server serves any name), as it would
-        with no gateway in front."""
+        """Backends that may serve the request's model in its class's pools, whatever their
+        health (`tiers`, flattened)."""
+        return [s for tier in self.tiers(slots, cls, route) for s in tier]
+
+    def tiers(self, slots: BackendPool, cls: ClassSpec, route: Route) -> list[list[BackendState]]:
+        """Those backends in the order they are tried: known to serve the model first, then those
+        whose models are not known (yet: the first moments after a start, before each backend's
+        /v1/models is read; or never, a server that lists none). Where the whole fleet serves one
+        model, a request naming another is not the gateway's to refuse: it goes through as named
+        (vLLM answers its own 404; llama-server serves any name), as it would with no gateway in
+        front, to a backend that may serve it first."""
         pools = cls.pools
         model = route.model
         members = [s for s in slots if not s.retiring and (not pools or s.cfg.pool in pools)]
         if model is None:
-            return members
+            return [members]
         found = [s for s in members if s.serves(model)]
         known = [s for s in found if s.knows_models()]
         if known:
-            return known
+            return [known, [s for s in found if not s.knows_models()]]
         if _one_model(slots):
-            return members  # a fleet of one model: a name nobody lists goes through, the engine decides
-        return found
+            return [found, [s for s in members if not s.serves(model)]]
+        return [found]
 
     def usable(self, slots: BackendPool, members: list[BackendState]) -> list[BackendState]:
         """The healthy ones of `members` a request may go to: those not ejected, unless fewer than
@@ -113,12 +118,14 @@ class Router:
     def choose(self, slots: BackendPool, cls: ClassSpec, pending: Pending, route: Route, now: float,
                exclude: Collection[str] = ()) -> str | None:
         """The backend for `pending`, or None when none that may take it has room for its class."""
-        usable = self.usable(slots, self.serving(slots, cls, route))
-        for pool in cls.pools or (None,):
-            cands = [s for s in usable if (pool is None or s.cfg.pool == pool) and s.name not in exclude
-                     and slots.has_capacity(s.name, pending.cls)]
-            if cands:
-                return self._pick(cands, route, pending.est_tokens, now).name
+        tiers = self.tiers(slots, cls, route)
+        kept = {s.name for s in self.usable(slots, [s for tier in tiers for s in tier])}  # one panic judgement
+        for tier in tiers:
+            for pool in cls.pools or (None,):
+                cands = [s for s in tier if s.name in kept and (pool is None or s.cfg.pool == pool)
+                         and s.name not in exclude and slots.has_capacity(s.name, pending.cls)]
+                if cands:
+                    return self._pick(cands, route, pending.est_tokens, now).name
         return None
 
     def bound(self, backend: str, route: Route) -> None:

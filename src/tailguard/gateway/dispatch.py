@@ -20,8 +20,9 @@ from functools import partial
 from tailguard.clock import monotonic
 from tailguard.errors import APIError, NotFound, Overloaded, RateLimited
 from tailguard.front.events import (
-    Arrive, Close, Decision, Ejected, Event, Failed, Finished, Generated, HealthChanged, KindLearned, Loaded, Opened,
-    Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend, Tick,
+    Arrive, Close, Decision, Drop, Ejected, Event, Failed, Finished, FirstContent, Generated, HealthChanged, Hedge,
+    KindLearned, Loaded, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend, Tick,
+    Wait,
 )
 from tailguard.front.front import Front
 from tailguard.front.params import FrontParams
@@ -131,21 +132,42 @@ class Dispatcher:
         ticket.upstream_opened(on_suspend)
         self._handle(Opened(ticket.id))
 
-    def failed(self, ticket: Request, kind: FailureKind, *, delivered: bool, answered: bool) -> Start | None:
+    def failed(self, ticket: Request, kind: FailureKind, *, delivered: bool, answered: bool) -> Start | Wait | None:
         """An attempt failed. The `Start` when the front sends it again (`ticket.backend` then
-        names where; `resumed`: it continues from its text there); None: the caller ends the
-        request."""
+        names where; `resumed`: it continues from its text there); `Wait` when it waits for a
+        backend first (`resume` then returns once it has one); None: the caller ends the request."""
         ticket.upstream_closed()
         ticket.attempt_failed(kind)
         failed_on = ticket.backend
         decisions = self._handle(Failed(ticket.id, kind, delivered, answered))
-        start = next((d for d in decisions if isinstance(d, Start) and d.id == ticket.id), None)
-        if start is not None:
-            if not start.resumed:  # a continuation elsewhere is a migration (tailguard_migrations_total)
-                self._metrics.retries.labels(failed_on, kind).inc()
-        elif retry_of(kind, delivered, answered) is not Retry.NO:
+        if ticket.hedged is not None:  # its attempt failed while hedged: the hedge's is its own now
+            ticket.backend, ticket.hedged = ticket.hedged, None
+        decision = next((d for d in decisions if isinstance(d, (Start, Wait)) and d.id == ticket.id), None)
+        # Sent again from the start (now, or once a backend frees) is a retry; continued from its
+        # text elsewhere is a migration (tailguard_migrations_total).
+        if isinstance(decision, Start) and not decision.resumed or isinstance(decision, Wait) and not delivered:
+            self._metrics.retries.labels(failed_on, kind).inc()
+        elif decision is None and retry_of(kind, delivered, answered) is not Retry.NO:
             self._metrics.retries_denied.labels(failed_on, kind).inc()
-        return start
+        return decision
+
+    def hedges(self, cls: str) -> bool:
+        """Whether requests of `cls` may be hedged (their exchange races for the first content)."""
+        return self.front.hedges(cls)
+
+    def first_content(self, ticket: Request, backend: str) -> str | None:
+        """The first content came from `backend`. The backend whose attempt must stop now (the
+        hedge's other one), or None."""
+        decisions = self._handle(FirstContent(ticket.id, backend))
+        return next((d.backend for d in decisions if isinstance(d, Drop) and d.id == ticket.id), None)
+
+    def hedge_failed(self, ticket: Request, backend: str, kind: FailureKind, *, answered: bool) -> None:
+        """One attempt of a hedged request failed (or was abandoned) while the other goes on."""
+        if ticket.hedged is not None and not ticket.ended:
+            self._handle(Failed(ticket.id, kind, False, answered, backend))
+            if backend == ticket.backend:
+                ticket.backend = ticket.hedged
+            ticket.hedged = None
 
     def generated(self, ticket: Request, tokens: int) -> None:
         """A running preemptible request's generated tokens so far (what a preemption weighs)."""
@@ -227,6 +249,15 @@ class Dispatcher:
                 self._start(d)
             elif isinstance(d, Suspend):
                 self._suspend(self._tickets[d.id])
+            elif isinstance(d, Wait):
+                self._tickets[d.id].waiter = self._loop.create_future()  # `resume` waits on it
+            elif isinstance(d, Hedge):
+                self._hedge(d)
+            elif isinstance(d, Drop):
+                t = self._tickets[d.id]
+                if d.backend == t.backend and t.hedged is not None:
+                    t.backend = t.hedged  # the hedge won: the request's backend from now on
+                t.hedged = None
             elif isinstance(d, Reject):
                 self._reject(d)
             elif isinstance(d, (HealthChanged, Ejected, Readmitted)):
@@ -263,6 +294,16 @@ class Dispatcher:
         t.started(d.backend, d.resumed, monotonic())
         if t.waiter is not None and not t.waiter.done():
             t.waiter.set_result(None)
+
+    def _hedge(self, d: Hedge) -> None:
+        """The front sends the request to a second backend too: its exchange, racing for the first
+        content, is told where."""
+        t = self._tickets[d.id]
+        t.hedged = d.backend
+        self._metrics.hedges.labels(t.cls, "sent").inc()
+        w = t.hedge_waiter
+        if w is not None and not w.done():
+            w.set_result(d.backend)
 
     def _suspend(self, t: Request) -> None:
         assert t.on_suspend is not None and t.progress is not None

@@ -25,7 +25,9 @@ from tailguard.front.intake import Accepted, OutputEstimator
 from tailguard.front.params import ClassSpec
 from tailguard.front.retry import continues_after
 from tailguard.gateway.config import BackendConfig
+from tailguard.front.events import Wait
 from tailguard.gateway.dispatch import Dispatcher
+from tailguard.gateway.hedge import Race
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.metrics import GatewayMetrics, response_headers
 from tailguard.gateway.request import Request
@@ -63,6 +65,11 @@ def _refused_continuation(backend: str, us: UpstreamStatus) -> RelayError:
     except (orjson.JSONDecodeError, KeyError, TypeError):
         pass
     return RelayError(FailureKind.STATUS, f"Backend '{backend}' refused to continue the answer ({us.status}): {said}")
+
+
+# What a hedged request's race may hold of an attempt before its first content (a preamble of
+# comments or role chunks), as the relay's own preamble bound.
+_RACE_LIMIT = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +174,8 @@ class Exchange:
                                              traceparent=None if rec.trace is None else rec.trace.traceparent())
                 self._wd.answered()
                 rec.upstream_headers_at = monotonic()
+                if self._hedged():
+                    up, backend = await self._race(up, backend)
                 if rec.progress is not None and not rec.progress.lazy:
                     ctx.dispatcher.upstream_open(rec, up.close)
                 return await (self._relay(up, backend) if job.parsed.stream else self._assemble(up))
@@ -174,7 +183,7 @@ class Exchange:
                 await self._suspended()
             except RelayError as err:
                 ctx.metrics.upstream_errors.labels(backend.name, err.kind).inc()
-                if not self._again(err.kind, answered=up is not None):
+                if not await self._again(err.kind, answered=up is not None):
                     raise
             except UpstreamStatus as us:
                 if self.sink.started:
@@ -183,12 +192,30 @@ class Exchange:
                 # which also tells the front the backend is alive.
                 return Ending(Outcome.CLIENT_ERROR, us.status, "upstream_4xx", passthrough=us)
             except asyncio.CancelledError:
-                if not self._deadline(backend, answered=up is not None):
+                if not await self._deadline(backend, answered=up is not None):
                     raise  # not ours: the consumer left
             finally:
                 rec.upstream_closed()  # closed below: a suspension has nothing to stop
                 if up is not None:
                     up.close()  # no-op after release(); otherwise aborts the engine's request
+
+    def _hedged(self) -> bool:
+        """A first attempt of a hedged class: it races for its first content (`gateway.hedge`)."""
+        return (self._resumed is None and not self._retried and not self.sink.started
+                and self.ctx.dispatcher.hedges(self.job.cls.name))
+
+    async def _race(self, up: H1Response, backend: BackendConfig) -> tuple[H1Response, BackendConfig]:
+        ctx, job = self.ctx, self.job
+
+        async def open_hedge(other: BackendConfig) -> H1Response:
+            async with asyncio.timeout(self._to.connect_s + self._to.header_s):
+                return await ctx.upstream.open(other, job.endpoint, self._body(other), job.req_id, self._to.connect_s)
+
+        def count(cls: str, outcome: str) -> None:
+            ctx.metrics.hedges.labels(cls, outcome).inc()
+
+        race = Race(ctx.dispatcher, ctx.backends, self.rec, job.cls.name, open_hedge, _RACE_LIMIT, count)
+        return await race.run(up, backend)
 
     def _body(self, backend: BackendConfig) -> bytes:
         job = self.job
@@ -199,7 +226,7 @@ class Exchange:
             backend=backend, rank=job.cls.rank, count_tokens=self.rec.progress is not None,
         )
 
-    def _deadline(self, backend: BackendConfig, answered: bool) -> bool:
+    async def _deadline(self, backend: BackendConfig, answered: bool) -> bool:
         """A cancellation arrived. False when it is not a deadline of ours (the consumer left);
         True when the front sends the request again (a server that never even answered); else
         the deadline raises `RelayError`."""
@@ -207,25 +234,39 @@ class Exchange:
         if kind is None:
             return False
         self.ctx.metrics.upstream_errors.labels(backend.name, kind).inc()
-        if self._again(kind, answered):
+        if await self._again(kind, answered):
             return True
         raise RelayError(kind, _TIMEOUT_TEXT[kind].format(backend=backend.name), status=504)
 
-    def _again(self, kind: FailureKind, answered: bool) -> bool:
+    async def _again(self, kind: FailureKind, answered: bool) -> bool:
         """Tell the front the attempt failed; True when it goes again: from the start on a new
         connection (a retry), or (`Start(resumed=True)`) on another backend from the text the
-        consumer already has, since its backend died or stalled mid-answer (a migration)."""
+        consumer already has, since its backend died or stalled mid-answer (a migration). With
+        no backend free for it now, it first waits for one (`Wait`), as a suspension does."""
         old = self.rec.backend
         start = self.ctx.dispatcher.failed(self.rec, kind, delivered=self._delivered(), answered=answered)
         if start is None:
             return False
-        if start.resumed and start.backend != old:
+        if isinstance(start, Wait):
+            await self._waiting()
+            moved = self._delivered()  # the rest of an answer under way, or the whole one afresh
+        else:
+            moved = start.resumed and start.backend != old
+        if moved:
             self.rec.migrations += 1
             self.ctx.metrics.migrations.labels(self.job.cls.name, kind).inc()
             self._continue()
         else:  # a retry, or a continuation's stale connection: the same body on a fresh connection
             self._retried = True
         return True
+
+    async def _waiting(self) -> None:
+        """Wait, holding no slot and with no deadline running, until the front gives it a
+        backend again (`Overloaded` past its wait bound); a stream's client keeps its response."""
+        self._wd.stop()
+        waited_at = monotonic()
+        await self.ctx.dispatcher.resume(self.rec)
+        self._wd.total_at += monotonic() - waited_at
 
     def _continue(self) -> None:
         """The next attempt continues the generation from its text so far (after a suspension or

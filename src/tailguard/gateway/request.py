@@ -60,6 +60,7 @@ class Request:
     attempts: int = 0
     preemptions: int = 0
     migrations: int = 0  # continued on another backend after its own died mid-answer (the exchange)
+    hedged: str | None = None  # the backend of its second attempt, once the front hedged it
     bound_at: float | None = None  # its first Start
     # Upstream and chunks.
     upstream_headers_at: float | None = None
@@ -78,6 +79,7 @@ class Request:
     completion: str | None = None
     # The driver's handle, from admission to its end.
     waiter: asyncio.Future[None] | None = None
+    hedge_waiter: asyncio.Future[str] | None = None  # set by its exchange while a hedge may come
     progress: Progress | None = None  # its text is tracked: it may be suspended
     on_suspend: Callable[[], None] | None = None  # set by its relay while an upstream is open
     ended: bool = False  # it left the front (finished, or rejected by the front itself)

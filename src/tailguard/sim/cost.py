@@ -119,6 +119,17 @@ class EngineConfig:
             p.append("cost coefficients must be >= 0, with a_s > 0 so every step takes time")
         return p
 
+    def slowed(self, factor: float) -> EngineConfig:
+        """The same engine with every step `factor` times as long: a slower card, or one that
+        shares its GPU (a fleet's slow host). Its metrics still say what it does, in simulated
+        seconds; `time_scale` is what stretches the wall clock."""
+        if not factor > 0:
+            raise ConfigError(f"a slowdown must be > 0, got {factor!r}")
+        c = self.cost
+        return dataclasses.replace(self, cost=CostModel(
+            c.a_s * factor, c.b_s_per_prefill_token * factor, c.c_s_per_decode_seq * factor,
+            c.d_s_per_kv_token * factor))
+
     @property
     def num_kv_blocks(self) -> int:
         return self.kv_cache_tokens // self.block_size

@@ -2,12 +2,25 @@
 out, on a `VirtualClock` (no sleeping, no I/O).
 
 Optionally the gateway's front (`tailguard.front.front.Front`, the very object `tailguard serve`
-drives) stands in front of the engine: arrivals go into it, and its decisions are carried out on
-the engine model: `Start` adds a request to the engine, `Suspend` aborts it there (slot and KV
-freed at once; its blocks stay in the prefix cache), `Reject` ends it. A suspended request
-started again re-enters the engine as its continuation: prompt = original prompt + tokens
-generated so far, max_tokens = what is left, with the same `kv_key`, so the engine's prefix cache
-finds what its first run left. The front's backend is this one engine.
+drives) stands in front of the engines: arrivals go into it, and its decisions are carried out on
+the engine models: `Start(id, backend)` adds a request to that backend's engine, `Suspend` aborts
+it there (slot and KV freed at once; its blocks stay in the prefix cache), `Reject` ends it. A
+request started again after it generated tokens (a suspended one, or one the front continues
+after its backend failed) re-enters an engine as its continuation: prompt = original prompt +
+tokens generated so far, max_tokens = what is left, with the same `kv_key`, so the engine's prefix
+cache finds what its first run left.
+
+Behind the front stands one engine (`run`) or a fleet (`run_fleet`): several `Host`s, each with
+its own engine (preset, speed, prefix cache), the models it serves and its faults, named as the
+front names its backends. A host that dies (`dies_at`, a SIGKILL) fails the requests it holds
+(`Failed(disconnect, delivered=<tokens already produced>)`) and refuses every later one
+(`Failed(connect)`) until it is back (`revives_at`); a hung host (`Faults(fault="hang")`, accepts and
+never answers) fails each request at the response-header deadline (`header_timeout_s`); one with
+an error rate fails that share with a 500 (`Failed(status)`). The front decides what follows (a
+`Start` elsewhere, or nothing: the request ends with `Finished(UPSTREAM_ERROR)`); a request for a
+model its host does not serve ends as vLLM answers it, a 404 (`model_not_found`). With `probes`,
+each host's health page is probed as the gateway probes it (`Probed` to the front: a dead host
+refuses at once, one that hangs on everything times out).
 
 A `Gate` (the gateway's intake, as `sweep/virtual.py` applies it) may stand before the front: it
 classifies, caps or refuses each request, and sizes its job, at the instant the request arrives,
@@ -18,9 +31,11 @@ or later (a client refused with a `Retry-After` waits at least that long before 
 
 Time runs like the HTTP server's: a step starting at t ends at t + duration; requests arriving
 meanwhile join the engine's waiting queue at their arrival instant and are considered from the
-next step; tokens and finishes take effect at the step's end. The engine cannot abort a request
-mid-step, so decisions made during a step never preempt (`preempt=False`); the front is asked
-again at the step's end.
+next step; tokens and finishes take effect at the step's end. Every engine steps on its own. An
+engine cannot abort a request mid-step, so the front preempts only at a step's end or while every
+engine is idle (`preempt=False` otherwise); a victim whose own engine is mid-step then loses that
+step's work for it (its token of that step is not delivered), as a real engine drops what an
+aborted request's last step computed.
 """
 
 from __future__ import annotations
@@ -33,13 +48,38 @@ from dataclasses import dataclass
 from typing import Iterable, Protocol
 
 from tailguard.clock import VirtualClock
-from tailguard.front.events import Arrive, Decision, Finished, Generated, Opened, Reject, Start, Suspend, Tick
+from tailguard.front.events import (
+    Arrive, Decision, Drop, Failed, Finished, FirstContent, Generated, Hedge, Loaded, Opened, Probed, Reject, Served,
+    Start, Suspend, Tick, Wait,
+)
 from tailguard.front.front import Front
 from tailguard.front.intake import Accepted
 from tailguard.sim.engine import Admitted, Engine, FirstToken, Preempted, RequestFinished, SimRequest, Step
-from tailguard.types import Outcome
+from tailguard.sim.fault import ErrorSpread, Faults
+from tailguard.types import FailureKind, Outcome
+from tailguard.wire.prefix import BLOCK_CHARS, MAX_BLOCKS
+
+# How a request at a hung host fails: no response head by the gateway's deadline (its
+# `timeouts.header_s`), which the front reads as a hung server.
+HUNG = FailureKind.TIMEOUT_HEADER
+DEFAULT_HEADER_TIMEOUT_S = 5.0
+# The gateway hashes a prompt in blocks of BLOCK_CHARS characters (`wire.prefix`), about a quarter
+# as many tokens by its estimate; an arrival's keys are the engine's 16-token blocks, so every
+# fourth of them is the chain the gateway's router sees.
+_PREFIX_STRIDE = BLOCK_CHARS // 4 // 16
 
 
+@dataclass(slots=True, frozen=True)
+class Probing:
+    """The gateway's active health probes (its `health.interval_s` and `timeout_s`): each host
+    is probed at once and then every `interval_s`."""
+
+    interval_s: float = 5.0
+    timeout_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not (self.interval_s > 0 and self.timeout_s > 0):
+            raise ValueError(f"probe interval and timeout must be > 0, got {self.interval_s}, {self.timeout_s}")
 @dataclass(slots=True, frozen=True)
 class Arrival:
     """A timed request. `cls` matters only with a front (whose class table gives its rank and
@@ -58,6 +98,7 @@ class Arrival:
     caller: str | None = None  # whose request (the front's limits per caller), as an API key names it
     accepted: Accepted | None = None
     refused: str | None = None
+    model: str | None = None  # the model it asks for (an alias resolved); a host that does not serve it answers 404
 
     @property
     def resumable(self) -> bool:
@@ -65,11 +106,15 @@ class Arrival:
 
     def arrive(self) -> Arrive:
         """What the front is told: the request as the intake accepted it or, made by hand, sized
-        by its own `max_tokens` (a plain text generation)."""
+        by its own `max_tokens` (a plain text generation); with its model and its prompt's
+        chained block hashes as the gateway would hash them."""
+        prefix = self.block_hashes[_PREFIX_STRIDE - 1::_PREFIX_STRIDE][:MAX_BLOCKS]
         acc = self.accepted
         if acc is None:
-            return Arrive(self.id, self.cls, self.prompt_tokens + self.max_tokens, True, self.max_tokens, self.caller)
-        return Arrive(self.id, self.cls, acc.est_tokens, acc.resumable, acc.max_tokens, self.caller)
+            return Arrive(self.id, self.cls, self.prompt_tokens + self.max_tokens, True, self.max_tokens, self.caller,
+                          self.model, prefix)
+        return Arrive(self.id, self.cls, acc.est_tokens, acc.resumable, acc.max_tokens, self.caller, self.model,
+                      prefix)
 
 
 class Gate(Protocol):
@@ -90,7 +135,9 @@ class Timeline:
 
     `queue_s` runs from arrival to the engine first scheduling the request (the front queue plus
     the engine's own queue); `front_queue_s` is the part spent in the front scheduler.
-    `token_times` is filled only when `run(..., record_tokens=True)`.
+    `token_times` is filled only when `run(..., record_tokens=True)`. `backend` is the host of its
+    last attempt (a hedge's winner); `failures` counts its attempts that failed (a dead, hung or
+    failing host), `hedges` the second attempts the front sent beside its first.
     """
 
     id: str
@@ -111,6 +158,9 @@ class Timeline:
     preemptions: int = 0  # by the engine (KV pressure)
     suspensions: int = 0  # by the front (gateway preemption)
     token_times: list[float] | None = None
+    backend: str | None = None
+    failures: int = 0
+    hedges: int = 0
 
     @property
     def queue_s(self) -> float | None:
@@ -135,6 +185,26 @@ class Timeline:
         return (self.finished_at - self.first_token_at) / (self.output_tokens - 1)
 
 
+@dataclass(slots=True, frozen=True)
+class Host:
+    """One engine of a fleet, named as the front names the backend it stands for.
+
+        hosts = [Host("a", Engine(cfg)), Host("slow", Engine(cfg.slowed(5))),
+                 Host("b", Engine(cfg), dies_at=7.0, revives_at=30.0),
+                 Host("hung", Engine(cfg), faults=Faults(fault="hang"))]
+
+    `models`: what it serves (empty: whatever is asked); `faults`: what `tailguard sim` would do
+    wrong with the same options (hang, or hang on completions only; a share of 500s); `dies_at`:
+    the instant its process dies (SIGKILL: what it holds fails, and its KV and prefix cache are
+    lost; every later connection is refused) and `revives_at` when it is back, empty."""
+
+    name: str
+    engine: Engine
+    models: tuple[str, ...] = ()
+    faults: Faults = Faults()
+    dies_at: float | None = None
+    revives_at: float | None = None
+
 
 def run(
     engine: Engine,
@@ -146,14 +216,53 @@ def run(
     follow_up: Callable[[Timeline, float], Arrival | None] | None = None,
     gate: Gate | None = None,
 ) -> list[Timeline]:
-    """Run every arrival to its end; Timelines come back in the order the arrivals were given
-    (then those of follow-ups, in the order they were sent).
+    """Run every arrival through one engine to its end; Timelines come back in the order the
+    arrivals were given (then those of follow-ups, in the order they were sent).
 
     Without `front`, each request enters the engine at its arrival. With it, the front decides
     when each goes in (and may suspend and reject); it must have exactly one backend, this
     engine. `follow_up(timeline, now)` is called when a request ends and may return the next
     arrival (at `now`). `gate` decides what each arrival asks of the front, as it arrives.
     """
+    if front is not None and len(front.params.backends) != 1:
+        raise ValueError("the discrete-event run of one engine drives a front with exactly one backend; "
+                         "give a fleet of hosts to run_fleet for more")
+    name = front.params.backends[0].name if front is not None else "engine"
+    return run_fleet([Host(name, engine)], arrivals, clock, front, record_tokens=record_tokens,
+                     follow_up=follow_up, gate=gate)
+
+
+def run_fleet(
+    hosts: Sequence[Host],
+    arrivals: Iterable[Arrival],
+    clock: VirtualClock,
+    front: Front | None = None,
+    *,
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+    probes: Probing | None = None,
+    record_tokens: bool = False,
+    follow_up: Callable[[Timeline, float], Arrival | None] | None = None,
+    gate: Gate | None = None,
+) -> list[Timeline]:
+    """`run` over a fleet: the front's `Start(id, backend)` picks the host; its backends must be
+    exactly the hosts' names. `header_timeout_s` is the gateway's response-header deadline, after
+    which a request at a hung host fails; `probes` adds the gateway's health probes. Without a
+    front there must be one host that never fails."""
+    names = [h.name for h in hosts]
+    if not hosts or len(set(names)) != len(names):
+        raise ValueError(f"a fleet needs hosts with distinct names, got {names}")
+    if front is None:
+        if len(hosts) != 1 or hosts[0].dies_at is not None or hosts[0].faults != Faults() or probes is not None:
+            raise ValueError("without a front, a run drives one host that never fails (nobody would route or retry)")
+    else:
+        served = sorted(b.name for b in front.params.backends)
+        if served != sorted(names):
+            raise ValueError(f"the front's backends {served} must be the fleet's hosts {sorted(names)}")
+    if header_timeout_s <= 0:
+        raise ValueError(f"header_timeout_s must be > 0, got {header_timeout_s}")
+    stalled = [h.name for h in hosts if h.faults.fault == "stall"]
+    if stalled:
+        raise ValueError(f"hosts {stalled} stall: not modeled on virtual time (it has no idle deadline per request)")
     given = list(arrivals)
     timelines: list[Timeline] = []
     by_id: dict[str, Timeline] = {}
@@ -172,140 +281,359 @@ def run(
     if pending and pending[0][0] < clock.now():
         first = pending[0][2]
         raise ValueError(f"arrival {first.id!r} at {first.at} is before the clock ({clock.now()})")
-    if front is not None and len(front.params.backends) != 1:
-        raise ValueError("the discrete-event run drives a front with exactly one backend (its engine)")
-    r = _Run(engine, clock, front, by_id, pending, record_tokens)
+    r = _Driver(hosts, clock, front, by_id, pending, record_tokens, header_timeout_s, probes)
     r.follow_up, r.timelines, r.gate = follow_up, timelines, gate
     r.loop()
     return timelines
 
 
+class _Host:
+    """A host while the run goes: its engine, the step in flight, whether it is dead."""
+
+    __slots__ = ("name", "engine", "models", "faults", "errors", "dead", "step", "cut")
+
+    def __init__(self, h: Host) -> None:
+        self.name = h.name
+        self.engine = h.engine
+        self.models = frozenset(h.models)
+        self.faults = h.faults
+        self.errors = ErrorSpread(h.faults)
+        self.dead = False
+        self.step: Step | None = None  # in flight until its end is popped from the agenda
+        self.cut: set[str] = set()  # aborted mid-step: the step in flight delivers nothing to them
+
+    def produced(self, req_id: str) -> int:
+        """Tokens `req_id` has received from this engine: its count there, less the token of the
+        step in flight (not delivered before the step ends; a request that finishes in it has
+        left the engine already, and counts from its finish)."""
+        n = self.engine.output_tokens(req_id)
+        step = self.step
+        if step is not None and req_id in step.emitted:
+            if n == 0:
+                n = next(ev.output_tokens for ev in step.events
+                         if isinstance(ev, RequestFinished) and ev.req_id == req_id)
+            n -= 1
+        return n
+
+
 class _Live:
-    """A front-dispatched preemptible request while it is in the engine or suspended."""
+    """A front-dispatched request from its first `Start` to its end: where it runs (and, while
+    hedged, where its second attempt runs) and what earlier runs generated."""
 
-    __slots__ = ("arrival", "kv_key", "base_tokens")
+    __slots__ = ("arrival", "kv_key", "base_tokens", "host", "attempt", "hedge", "hedge_attempt", "tries")
 
-    def __init__(self, arrival: Arrival, kv_key: int) -> None:
+    def __init__(self, arrival: Arrival, kv_key: int | None) -> None:
         self.arrival = arrival
-        self.kv_key = kv_key  # the engine's name for its content: each run finds what the last left cached
-        self.base_tokens = 0  # generated in earlier runs
+        # The engine's name for its content (preemptible requests only): each run finds what the
+        # last left cached.
+        self.kv_key = kv_key
+        self.base_tokens = 0  # generated in earlier runs (suspended, or failed after producing)
+        self.host: _Host | None = None  # None while queued again (suspended, or being retried)
+        self.hedge: _Host | None = None  # its second attempt's, while hedged
+        # Attempts are numbered (`tries` so far), so a header deadline of one that ended finds
+        # the request moved on.
+        self.attempt = self.hedge_attempt = self.tries = 0
+
+    def promote_hedge(self) -> None:
+        """The first attempt is gone: the hedge is the request's attempt from now on."""
+        self.host, self.attempt, self.hedge = self.hedge, self.hedge_attempt, None
 
 
-class _Run:
+@dataclass(slots=True, frozen=True)
+class _StepEnd:
+    host: _Host
+    step: Step
+
+
+@dataclass(slots=True, frozen=True)
+class _HeaderDeadline:
+    req_id: str
+    attempt: int
+
+
+# What falls due, in the order of things at the same instant (after arrivals and wake-ups): a
+# probe sent as a host dies finds it dead. The last four happen to a host whatever its requests
+# do, and a run with only those left is over.
+_STEP_END, _HEADER_DEADLINE, _DEATH, _REVIVAL, _PROBE_TIMEOUT, _PROBE = range(6)
+_Due = _StepEnd | _HeaderDeadline | _Host
+
+
+class _Driver:
     """One run's state; a class so the hot loop reads locals, not closures."""
 
     def __init__(
-        self, engine: Engine, clock: VirtualClock, front: Front | None,
-        by_id: dict[str, Timeline], pending: list[tuple[float, int, Arrival]], record: bool,
+        self, hosts: Sequence[Host], clock: VirtualClock, front: Front | None,
+        by_id: dict[str, Timeline], pending: list[tuple[float, int, Arrival]], record: bool, header_timeout_s: float,
+        probes: Probing | None,
     ) -> None:
-        self.engine = engine
+        self.hosts = {h.name: _Host(h) for h in hosts}
         self.clock = clock
         self.front = front
         self.by_id = by_id
         self.pending = pending  # arrivals to come: a heap of (at, sequence, arrival)
         self.record = record
+        self.header_timeout_s = header_timeout_s
+        # Step ends, header deadlines, deaths, revivals and probes: a heap of (at, order, sequence, what).
+        self.agenda: list[tuple[float, int, int, _Due]] = []
+        self.seq = 0
+        self.probes = probes
+        for h in hosts:
+            host = self.hosts[h.name]
+            if h.revives_at is not None and (h.dies_at is None or h.revives_at <= h.dies_at):
+                raise ValueError(f"host {h.name!r} revives at {h.revives_at}: only after it dies ({h.dies_at})")
+            if h.dies_at is not None:
+                self._schedule(h.dies_at, _DEATH, host)
+            if h.revives_at is not None:
+                self._schedule(h.revives_at, _REVIVAL, host)
+            if probes is not None:
+                self._schedule(clock.now(), _PROBE, host)
+        self.stepping = 0  # hosts with a step in flight
+        self.alive = len(hosts)  # hosts not dead: while all of them are stepping, none can begin a step
         self.waiting: dict[str, Arrival] = {}  # in the front, waiting for a Start
-        self.max_model_len = engine.config.max_model_len
-        self.in_step = False
-        self.live: dict[str, _Live] = {}  # preemptible requests dispatched and not finished
+        self.max_model_len = max(h.engine.config.max_model_len for h in hosts)
+        self.live: dict[str, _Live] = {}  # front-dispatched requests not ended
+        self.tracked: dict[str, _Live] = {}  # those of them that may be suspended
         self.kv_keys = 0  # the next kv_key to give a preemptible request
         self.follow_up: Callable[[Timeline, float], Arrival | None] | None = None
         self.gate: Gate | None = None
         self.timelines: list[Timeline] = []
+
+    def _schedule(self, at: float, order: int, what: _Due) -> None:
+        heapq.heappush(self.agenda, (at, order, self.seq, what))
+        self.seq += 1
 
     def _tell_progress(self, now: float) -> None:
         """What the front weighs in a preemption: the tokens each running preemptible request
         has generated. Told at a step's end, only while requests wait (a preemption is weighed
         then only; decisions during a step never preempt), so the front's counts are current at
         every moment it may preempt."""
-        front, engine, waiting = self.front, self.engine, self.waiting
+        front, waiting = self.front, self.waiting
         assert front is not None
-        for rid, lv in self.live.items():
-            if rid not in waiting:
-                front.handle(Generated(rid, lv.base_tokens + engine.output_tokens(rid)), now)
+        for rid, lv in self.tracked.items():
+            if rid not in waiting and lv.host is not None:
+                front.handle(Generated(rid, lv.base_tokens + lv.host.engine.output_tokens(rid)), now)
+
+    def _tell_served(self) -> None:
+        """The models each host lists, as the gateway's first probes read them."""
+        front = self.front
+        for h in self.hosts.values():
+            if front is not None and h.models:
+                self._apply(front.handle(Served(h.name, tuple(sorted(h.models))), self.clock.now()))
 
     def loop(self) -> None:
-        """Run until nothing is pending: idle turns jump to the next arrival or front wake-up,
-        busy turns run one engine step with what arrives during it, then the step's outcome."""
-        engine = self.engine
+        """Until nothing is pending, take the next thing that happens: a front wake-up, an
+        arrival, a step's end, a header deadline, a host's death or revival, a probe. Once
+        everything at an instant is done, each idle engine with work starts a step there. At one
+        instant a wake-up goes first while every engine is idle, and after the arrivals otherwise
+        (a request arriving as its queue bound passes is still counted), and both before a step's
+        end."""
+        pending, agenda, front, clock = self.pending, self.agenda, self.front, self.clock
+        inf, heappop = math.inf, heapq.heappop
+        self._tell_served()
         while True:
-            if engine.idle():
-                if not self._idle_turn():
-                    return
-                continue
-            now = self.clock.now()
-            step = engine.step(now)
-            end = now + step.duration_s
-            if step.duration_s == 0.0 and not step.events:
-                raise RuntimeError("the engine made no progress while busy")
-            self._during_step(end)
-            self._step_ended(step, now, end)
-
-    def _idle_turn(self) -> bool:
-        """The engine is idle: go to the next arrivals (all at that instant) or the front's next
-        wake-up, whichever is first. False when there is nothing left."""
-        pending, front, clock = self.pending, self.front, self.clock
-        next_at = pending[0][0] if pending else math.inf
-        wake = front.next_wakeup() if front is not None else None
-        if wake is not None and wake <= next_at:
-            clock.advance_to(max(wake, clock.now()))
-            self._tick()
-            return True
-        if next_at == math.inf:
-            if front is not None and len(front):
-                raise RuntimeError("requests are stuck in the front with the engine idle")
-            return False
-        clock.advance_to(next_at)
-        while pending and pending[0][0] <= next_at:  # everyone arriving at this instant
-            self._arrive(heapq.heappop(pending)[2])
-        return True
-
-    def _during_step(self, end: float) -> None:
-        """Arrivals (and front-queue expiries) during a step that ends at `end`, in time order.
-        The step's outcome is fixed already, so preemptions wait for its end (at most one step
-        late)."""
-        pending, front, clock = self.pending, self.front, self.clock
-        self.in_step = True
-        while True:
-            next_at = pending[0][0] if pending else math.inf
+            # The hot loop: locals and plain comparisons (a DES run takes millions of turns).
+            now = clock.now()
+            t = t_arr = pending[0][0] if pending else inf
+            t_wake = inf
             if front is not None:
                 wake = front.next_wakeup()
-                if wake is not None and wake < next_at and wake <= end:
-                    clock.advance_to(max(wake, clock.now()))
-                    self._tick()
-                    continue
-            if next_at > end:
-                break
-            clock.advance_to(next_at)
-            self._arrive(heapq.heappop(pending)[2])
-        clock.advance_to(end)
-        self.in_step = False
+                if wake is not None:
+                    t_wake = wake if wake > now else now
+                    if t_wake < t:
+                        t = t_wake
+            if agenda and agenda[0][0] < t:
+                t = agenda[0][0]
+            if t > now and self.stepping < self.alive and self._begin_steps(now):
+                continue
+            if t == inf:
+                if front is not None and len(front):
+                    raise RuntimeError("requests are stuck in the front with every engine idle")
+                return
+            clock.advance_to(t)
+            if t_wake == t and (not self.stepping or t_arr > t):
+                self._tick()
+            elif t_arr == t:
+                self._arrive(heappop(pending)[2])
+            else:
+                _, order, _, what = heappop(agenda)
+                if isinstance(what, _StepEnd):
+                    if what.host.step is what.step:  # not a step its host's death discarded
+                        self._step_ended(what.host, what.step, t)
+                elif isinstance(what, _HeaderDeadline):
+                    self._header_deadline(what.req_id, what.attempt)
+                elif self._all_done():
+                    return
+                else:
+                    self._host_due(order, what, t)
 
-    def _step_ended(self, step: Step, now: float, end: float) -> None:
-        """A step that began at `now` ended at `end`: its tokens' times, its events on each
-        request's timeline, and what the front can start now (preemption included)."""
+    def _begin_steps(self, now: float) -> bool:
+        """Each live engine that is idle and has work starts a step at `now`. False if none did."""
+        began = False
+        for h in self.hosts.values():
+            if h.step is not None or h.dead or h.engine.idle():
+                continue
+            step = h.engine.step(now)
+            if step.duration_s == 0.0 and not step.events:
+                raise RuntimeError(f"the engine of {h.name!r} made no progress while busy")
+            h.step = step
+            self.stepping += 1
+            self._schedule(now + step.duration_s, _STEP_END, _StepEnd(h, step))
+            began = True
+        return began
+
+    def _step_ended(self, h: _Host, step: Step, end: float) -> None:
+        """`h`'s step ended at `end`: its tokens' times, its events on each request's timeline
+        (but those of requests aborted mid-step), and what the front can start now (preemption
+        included)."""
+        h.step = None
+        self.stepping -= 1
+        cut = h.cut
+        if cut:
+            h.cut = set()
         by_id, front = self.by_id, self.front
         if self.record:
             for rid in step.emitted:
+                if cut and rid in cut:
+                    continue
                 times = by_id[rid].token_times
                 assert times is not None
                 times.append(end)
         for ev in step.events:
+            if cut and ev.req_id in cut:
+                continue
             tl = by_id[ev.req_id]
             if isinstance(ev, RequestFinished):
                 self._finished(tl, ev, end)
             elif isinstance(ev, FirstToken):
                 if tl.first_token_at is None:
                     tl.first_token_at = end
+                    if front is not None:  # its TTFT sample; a hedge's winner
+                        self._apply(front.handle(FirstContent(ev.req_id, h.name), end))
             elif isinstance(ev, Admitted):
                 if not ev.resumed and tl.admitted_at is None:
-                    tl.admitted_at = now
+                    tl.admitted_at = step.started_at
                     tl.cached_tokens = ev.cached_tokens
             elif isinstance(ev, Preempted):
                 tl.preemptions += 1
         if front is not None and len(front):
             self._tell_progress(end)
             self._apply(front.handle(Tick(), end))
+
+    # --- faults ----------------------------------------------------------------------------
+
+    def _all_done(self) -> bool:
+        """Nothing is left to arrive, wait or run: deaths and probes no longer matter."""
+        front = self.front
+        return (not self.pending and not self.live and (front is None or not len(front))
+                and all(h.engine.idle() for h in self.hosts.values()))
+
+    def _host_due(self, order: int, h: _Host, t: float) -> None:
+        """What happens to `h` whatever its requests do: it dies, revives, or is probed."""
+        if order == _DEATH:
+            self._die(h)
+        elif order == _REVIVAL:
+            h.dead = False
+            self.alive += 1
+        elif order == _PROBE_TIMEOUT:
+            self._probed(h, False, t)
+        else:
+            probes = self.probes
+            assert probes is not None
+            self._schedule(t + probes.interval_s, _PROBE, h)
+            if h.faults.hangs(False, t) and not h.dead:
+                self._schedule(t + probes.timeout_s, _PROBE_TIMEOUT, h)
+            else:
+                self._probed(h, not h.dead, t)
+
+    def _probed(self, h: _Host, ok: bool, t: float) -> None:
+        """A probe's answer, with the engine's own count of what it runs and queues (its load
+        page, read with the probe) when it answered."""
+        front = self.front
+        assert front is not None
+        self._apply(front.handle(Probed(h.name, ok), t, preempt=not self.stepping))
+        if ok:
+            e = h.engine
+            self._apply(front.handle(Loaded(h.name, e.num_running + e.num_waiting), t, preempt=not self.stepping))
+
+    def _die(self, h: _Host) -> None:
+        """`h`'s process died: its step in flight is lost, and what it held fails; a request
+        that had its response head (every request an engine took: it answers a stream at once)
+        fails as a stream cut short, one at a hung host as a broken connection."""
+        t = self.clock.now()
+        held = [(rid, lv) for rid, lv in self.live.items() if lv.host is h or lv.hedge is h]
+        produced = {rid: h.produced(rid) for rid, _ in held}
+        produced_in_engine = {rid for rid, _ in held if h.engine.has(rid)}
+        h.dead = True
+        self.alive -= 1
+        if h.step is not None:
+            h.step = None
+            self.stepping -= 1
+        h.cut.clear()
+        h.engine.crash(t)
+        for rid, lv in held:
+            if lv.host is h or lv.hedge is h:  # not moved by what an earlier failure led to
+                # a request with no engine run there was hung: no response head, its connection reset
+                hung = rid not in produced_in_engine
+                kind = FailureKind.RESET if hung else FailureKind.DISCONNECT
+                self._fail(rid, lv, h, kind, not hung, produced[rid], t)
+
+    def _header_deadline(self, rid: str, attempt: int) -> None:
+        lv = self.live.get(rid)
+        if lv is None:
+            return
+        for h, n in ((lv.host, lv.attempt), (lv.hedge, lv.hedge_attempt)):
+            if h is not None and n == attempt and not h.engine.has(rid):  # still no answer
+                self._fail(rid, lv, h, HUNG, False, 0, self.clock.now())
+
+    def _fail(self, rid: str, lv: _Live, h: _Host, kind: FailureKind, answered: bool, produced: int,
+              t: float) -> None:
+        """The attempt at `h` failed after `produced` tokens. Of a hedged request, the other
+        attempt goes on; else the front decides whether it goes again and, if not, it ends here
+        as an upstream error with what it had generated."""
+        front = self.front
+        assert front is not None
+        tl = self.by_id[rid]
+        tl.failures += 1
+        if lv.hedge is not None:
+            if h is lv.host:
+                lv.promote_hedge()
+                assert lv.host is not None
+                tl.backend = lv.host.name
+            else:
+                lv.hedge = None
+            self._apply(front.handle(Failed(rid, kind, False, answered, h.name), t, preempt=not self.stepping))
+            return
+        lv.base_tokens += produced
+        lv.host = None
+        self.waiting[rid] = lv.arrival
+        decisions = front.handle(Failed(rid, kind, lv.base_tokens > 0, answered), t, preempt=not self.stepping)
+        if any(isinstance(d, (Start, Wait)) and d.id == rid for d in decisions):  # again, now or once one is free
+            self._apply(decisions)
+            return
+        del self.waiting[rid]
+        tl.output_tokens = lv.base_tokens
+        self._forget(rid)
+        ended = front.handle(Finished(rid, Outcome.UPSTREAM_ERROR, tl.prompt_tokens + lv.base_tokens), t)
+        self._apply([*decisions, *ended])
+        self._end(tl, Outcome.UPSTREAM_ERROR, kind.value, t)
+
+    def _refuse(self, rid: str, reason: str, t: float) -> None:
+        """The engine answered `rid` with a 4xx (a model it does not serve, a context too long
+        for it): the request ends as a client error, and its backend is alive."""
+        front = self.front
+        assert front is not None
+        lv = self.live.get(rid)
+        if lv is not None and lv.hedge is not None:  # the other attempt stops with it
+            for h in (lv.host, lv.hedge):
+                if h is not None:
+                    self._abort(h, rid, t)
+        self._forget(rid)
+        self._apply(front.handle(Finished(rid, Outcome.CLIENT_ERROR, 0), t))
+        self._end(self.by_id[rid], Outcome.CLIENT_ERROR, reason, t)
+
+    def _forget(self, rid: str) -> None:
+        self.live.pop(rid, None)
+        self.tracked.pop(rid, None)
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -318,8 +646,10 @@ class _Run:
             lv = self.live.pop(ev.req_id, None)
             if lv is not None:
                 tl.output_tokens += lv.base_tokens
+                self.tracked.pop(ev.req_id, None)
         if self.front is not None:
-            self._apply(self.front.handle(Finished(ev.req_id, Outcome.SUCCESS, tl.prompt_tokens + tl.output_tokens), end))
+            tokens = tl.prompt_tokens + tl.output_tokens
+            self._apply(self.front.handle(Finished(ev.req_id, Outcome.SUCCESS, tokens), end))
         if self.gate is not None:
             self.gate.finished(tl)
         if self.follow_up is not None:
@@ -366,17 +696,19 @@ class _Run:
             return
         front = self.front
         if front is None:
-            self._dispatch(a, t)
+            [h] = self.hosts.values()
+            tl.dispatched_at, tl.backend = t, h.name
+            h.engine.add(SimRequest(a.id, a.prompt_tokens, a.max_tokens, a.priority, a.block_hashes), t)
             return
         self.waiting[a.id] = a
-        self._apply(front.handle(a.arrive(), t, preempt=not self.in_step))
+        self._apply(front.handle(a.arrive(), t, preempt=not self.stepping))
 
     def _tick(self) -> None:
         assert self.front is not None
-        self._apply(self.front.handle(Tick(), self.clock.now(), preempt=not self.in_step))
+        self._apply(self.front.handle(Tick(), self.clock.now(), preempt=not self.stepping))
 
     def _apply(self, decisions: Sequence[Decision]) -> None:
-        """Carry out the front's decisions (and those they lead to) on the engine model."""
+        """Carry out the front's decisions (and those they lead to) on the engine models."""
         if not decisions:
             return
         front = self.front
@@ -386,38 +718,94 @@ class _Run:
         while todo:
             d = todo.popleft()
             if isinstance(d, Start):
-                a = self.waiting.pop(d.id)
-                self._dispatch(a, t)
-                if d.id in self.live:
-                    todo.extend(front.handle(Opened(d.id), t, preempt=not self.in_step))
+                if self._start(d, t):
+                    todo.extend(front.handle(Opened(d.id), t, preempt=not self.stepping))
+            elif isinstance(d, Hedge):
+                self.by_id[d.id].hedges += 1
+                self._send(d.id, self.live[d.id], self.hosts[d.backend], t, hedge=True)
+            elif isinstance(d, Drop):
+                self._drop(d.id, self.hosts[d.backend], t)
             elif isinstance(d, Suspend):
                 self._suspend(d.id, t)
             elif isinstance(d, Reject):
                 self.waiting.pop(d.id, None)
-                self.live.pop(d.id, None)
+                self._forget(d.id)
                 self._end(self.by_id[d.id], Outcome.REJECTED, d.reason, t, d.retry_after_s)
 
     def _suspend(self, req_id: str, t: float) -> None:
         lv = self.live[req_id]
-        lv.base_tokens += self.engine.output_tokens(req_id)
-        self.engine.abort(req_id, t)
+        h = lv.host
+        assert h is not None
+        lv.base_tokens += h.produced(req_id)
+        self._abort(h, req_id, t)
+        lv.host = None
         self.by_id[req_id].suspensions += 1
         self.waiting[req_id] = lv.arrival
 
-    def _dispatch(self, a: Arrival, t: float) -> None:
-        tl = self.by_id[a.id]
-        kv_key = None
+    def _drop(self, req_id: str, h: _Host, t: float) -> None:
+        """The other attempt of a hedge won: the one at `h` stops now."""
+        lv = self.live[req_id]
+        if h is lv.host:
+            lv.promote_hedge()
+            assert lv.host is not None
+            self.by_id[req_id].backend = lv.host.name
+        else:
+            lv.hedge = None
+        self._abort(h, req_id, t)
+
+    @staticmethod
+    def _abort(h: _Host, req_id: str, t: float) -> None:
+        """Stop `req_id` in `h`'s engine; mid-step, that step delivers nothing more to it."""
+        if h.step is not None:
+            h.cut.add(req_id)
+        h.engine.abort(req_id, t)
+
+    def _start(self, d: Start, t: float) -> bool:
+        """Send a request where the front says: True when its engine took it, its upstream is
+        open and it may be suspended (the front is told `Opened`)."""
+        a = self.waiting.pop(d.id)
         front = self.front
-        if front is not None and front.tracks(a.cls, a.resumable):
-            lv = self.live.get(a.id)
-            if lv is None:
-                lv = self.live[a.id] = _Live(a, self.kv_keys)
+        assert front is not None
+        lv = self.live.get(d.id)
+        if lv is None:
+            tracked = front.tracks(a.cls, a.resumable)
+            lv = self.live[d.id] = _Live(a, self.kv_keys if tracked else None)
+            if tracked:
+                self.tracked[d.id] = lv
                 self.kv_keys += 1
-            kv_key = lv.kv_key
-            if lv.base_tokens:  # resumed: the continuation of what it generated so far
-                self.engine.add(SimRequest(a.id, a.prompt_tokens + lv.base_tokens, a.max_tokens - lv.base_tokens,
-                                           a.priority, a.block_hashes, kv_key), t)
-                return
+        tl = self.by_id[d.id]
         if tl.dispatched_at is None:
             tl.dispatched_at = t
-        self.engine.add(SimRequest(a.id, a.prompt_tokens, a.max_tokens, a.priority, a.block_hashes, kv_key), t)
+        return self._send(d.id, lv, self.hosts[d.backend], t, hedge=False) and lv.kv_key is not None
+
+    def _send(self, rid: str, lv: _Live, h: _Host, t: float, hedge: bool) -> bool:
+        """An attempt of `rid` at `h` (its only one, or a hedge's second): True when the engine
+        took it. It answers in the order the simulator's server does: refused when dead, then
+        a hang, a drawn 500, the engine's 404."""
+        lv.tries += 1
+        if hedge:
+            lv.hedge, lv.hedge_attempt = h, lv.tries
+        else:
+            lv.host, lv.attempt = h, lv.tries
+            self.by_id[rid].backend = h.name
+        a = lv.arrival
+        if h.dead:
+            self._fail(rid, lv, h, FailureKind.CONNECT, False, 0, t)
+            return False
+        if h.faults.hangs(True, t):
+            self._schedule(t + self.header_timeout_s, _HEADER_DEADLINE, _HeaderDeadline(rid, lv.tries))
+            return False
+        if h.errors.fails(t):
+            self._fail(rid, lv, h, FailureKind.STATUS, True, 0, t)
+            return False
+        if a.model is not None and h.models and a.model not in h.models:
+            self._refuse(rid, "model_not_found", t)
+            return False
+        done = lv.base_tokens
+        req = SimRequest(a.id, a.prompt_tokens + done, a.max_tokens - done, a.priority, a.block_hashes, lv.kv_key)
+        try:
+            h.engine.add(req, t)
+        except ValueError:  # past this engine's context length (a fleet's engines may differ)
+            self._refuse(rid, "context_length", t)
+            return False
+        return True

@@ -237,8 +237,19 @@ class Engine:
         self.finished_total["abort"] += 1
         return True
 
+    def crash(self, now: float) -> None:
+        """The engine's process died: every request it held is gone (counted as aborted) and so
+        is its prefix cache; the other counters go on, so a run that restarts it reads them whole."""
+        for req_id in list(self._seqs):
+            self.abort(req_id, now)
+        self.kv = KVCache(self.config.num_kv_blocks, self.config.enable_prefix_caching)
+
     def idle(self) -> bool:
         return not self._seqs
+
+    def has(self, req_id: str) -> bool:
+        """Whether `req_id` is in the engine (waiting or running)."""
+        return req_id in self._seqs
 
     def output_tokens(self, req_id: str) -> int:
         """Tokens generated so far by a request in the engine (0 if unknown or not started)."""

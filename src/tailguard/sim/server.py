@@ -8,9 +8,11 @@ client goes) and starting and stopping a server.
 Endpoints behave like vLLM's where a client or the gateway can tell: `/v1/chat/completions` and
 `/v1/completions` (stream and non-stream, `stream_options.include_usage`, `usage`, finish_reason
 "length"), `/v1/models` (its model lists the `time_scale`), `/health`, `/version` (naming itself),
-`/metrics` (`vllm:*`). Body `priority` is vLLM's (lower runs earlier) and, as in vLLM, a non-zero
-priority is refused unless the policy is "priority". A missing `max_tokens` means "up to
-max_model_len". Every generated token is the text " tok" (one token by the bytes/4 estimate). A
+`/metrics` (`vllm:*`). Started with a model name of its own (`strict_model`), it answers a request
+for another model with vLLM's 404 (`model_not_found`); otherwise it serves whatever model is asked.
+`faults` make it hang or fail on purpose (`tailguard.sim.fault`). Body `priority` is vLLM's (lower
+runs earlier) and, as in vLLM, a non-zero priority is refused unless the policy is "priority". A
+missing `max_tokens` means "up to max_model_len". Every generated token is the text " tok" (one token by the bytes/4 estimate). A
 client that disconnects has its request aborted at once when the server runs with
 `handler_cancellation=True` (as `serve` and `start_sim` do); otherwise a stream is aborted at its
 next write.
@@ -27,18 +29,21 @@ from typing import AsyncIterator, Callable
 
 from aiohttp import web
 from aiohttp.hdrs import CONTENT_TYPE as CONTENT_TYPE_HEADER
+from aiohttp.typedefs import Handler
 
 from tailguard import __version__
 from tailguard.errors import APIError, BadRequest, PayloadTooLarge
 from tailguard.sim.answer import Chunks, response_body
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.engine import Engine, SimRequest
+from tailguard.sim.fault import Faults
 from tailguard.sim.metrics import CONTENT_TYPE
 from tailguard.sim.request import block_keys, output_budget
 from tailguard.sim.state import Live, SimState, engine_loop
 from tailguard.wire import openai as wire
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+DEFAULT_MODEL_NAME = "tailguard-sim"
 SIM = web.AppKey("tailguard.sim", SimState)
 
 
@@ -83,6 +88,7 @@ async def _generate(request: web.Request, endpoint: wire.Endpoint) -> web.Stream
     try:
         raw = await _read_body(request)
         parsed = wire.parse_request(raw, endpoint)
+        _check_model(state, parsed.body.get("model"))
         wire.validate_engine_fields(parsed.body)
         max_tokens = output_budget(state.config, parsed)
         acc = _Accepted(state.new_id("chatcmpl" if endpoint == "chat" else "cmpl"), parsed, parsed.prompt_tokens,
@@ -114,6 +120,35 @@ async def _generate(request: web.Request, endpoint: wire.Endpoint) -> web.Stream
         del state.lives[acc.id]
         if not live.done:
             engine.abort(acc.id, clock.now())  # client gone or shutdown: free its slot and KV now
+
+
+def _check_model(state: SimState, model: object) -> None:
+    """vLLM checks the model first: one it does not serve is a 404 (a missing one is its own)."""
+    if state.strict_model and model not in (None, "", state.model_name):
+        raise APIError(f"The model `{model}` does not exist.", status=404, type="invalid_request_error",
+                       param="model", code="model_not_found")
+
+
+_COMPLETIONS = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+
+@web.middleware
+async def _misbehave(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The faults asked for: a request that hangs is read and then never answered (until the
+    server shuts down), a completion drawn to fail gets a 500 before the engine sees it."""
+    state = request.app[SIM]
+    completion = request.path in _COMPLETIONS
+    if state.faults.hangs(completion, state.clock.now()):
+        with contextlib.suppress(web.HTTPException, web.RequestPayloadError):
+            await request.read()
+        await state.closed.wait()
+        return _error(_unavailable(state))
+    if completion and state.errors.fails(state.clock.now()):
+        with contextlib.suppress(web.HTTPException, web.RequestPayloadError):
+            await request.read()
+        return _error(APIError("The simulator failed this request on purpose (--error-rate).", status=500,
+                               type="server_error"))
+    return await handler(request)
 
 
 async def _complete(state: SimState, acc: _Accepted, live: Live) -> web.Response:
@@ -190,6 +225,7 @@ async def _on_startup(app: web.Application) -> None:
 async def _on_shutdown(app: web.Application) -> None:
     state = app[SIM]
     state.closing = True
+    state.closed.set()
     state.wake_all()
     if state.task is not None:
         state.task.cancel()
@@ -199,12 +235,12 @@ async def _on_shutdown(app: web.Application) -> None:
 
 
 def create_app(
-    config: EngineConfig, *, time_scale: float = 1.0, model_name: str = "tailguard-sim",
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    config: EngineConfig, *, time_scale: float = 1.0, model_name: str = DEFAULT_MODEL_NAME,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, faults: Faults = Faults(), strict_model: bool = False,
 ) -> web.Application:
     """The simulator app; serve it with `handler_cancellation=True` so disconnects abort at once."""
-    app = web.Application(client_max_size=max_body_bytes)
-    state = SimState(config, time_scale, model_name, max_body_bytes)
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[_misbehave] if faults != Faults() else [])
+    state = SimState(config, time_scale, model_name, max_body_bytes, faults, strict_model)
     app[SIM] = state
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/completions", _completions)
@@ -238,7 +274,8 @@ DEFAULT_PRESET = "h100-llama8b"
 
 async def start_sim(
     config: EngineConfig | None = None, *, preset: str | None = None, host: str = "127.0.0.1", port: int = 0,
-    time_scale: float = 1.0, model_name: str = "tailguard-sim", max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    time_scale: float = 1.0, model_name: str = DEFAULT_MODEL_NAME, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    faults: Faults = Faults(), strict_model: bool = False,
 ) -> RunningSim:
     """Serve a simulator on this event loop; port 0 picks a free port. Call `close()` when done.
 
@@ -247,7 +284,8 @@ async def start_sim(
         config = EngineConfig.from_preset(preset or DEFAULT_PRESET)
     elif preset is not None:
         raise ValueError("give either config or preset, not both")
-    app = create_app(config, time_scale=time_scale, model_name=model_name, max_body_bytes=max_body_bytes)
+    app = create_app(config, time_scale=time_scale, model_name=model_name, max_body_bytes=max_body_bytes,
+                     faults=faults, strict_model=strict_model)
     runner = web.AppRunner(app, handle_signals=False, handler_cancellation=True, access_log=None,
                            shutdown_timeout=5.0)
     await runner.setup()
@@ -264,11 +302,13 @@ async def start_sim(
 @asynccontextmanager
 async def running_sim(
     config: EngineConfig | None = None, *, preset: str | None = None, host: str = "127.0.0.1", port: int = 0,
-    time_scale: float = 1.0, model_name: str = "tailguard-sim", max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    time_scale: float = 1.0, model_name: str = DEFAULT_MODEL_NAME, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    faults: Faults = Faults(), strict_model: bool = False,
 ) -> AsyncIterator[RunningSim]:
     """`async with running_sim(cfg, time_scale=0.05) as sim:` ... `sim.url`; stopped on exit."""
     sim = await start_sim(config, preset=preset, host=host, port=port, time_scale=time_scale,
-                          model_name=model_name, max_body_bytes=max_body_bytes)
+                          model_name=model_name, max_body_bytes=max_body_bytes, faults=faults,
+                          strict_model=strict_model)
     try:
         yield sim
     finally:
@@ -277,10 +317,12 @@ async def running_sim(
 
 async def serve(
     config: EngineConfig, host: str = "127.0.0.1", port: int = 8000, time_scale: float = 1.0,
-    model_name: str = "tailguard-sim", ready: Callable[[RunningSim], None] | None = None,
+    model_name: str = DEFAULT_MODEL_NAME, ready: Callable[[RunningSim], None] | None = None,
+    faults: Faults = Faults(), strict_model: bool = False,
 ) -> None:
     """Serve until cancelled (the CLI's entrypoint); `ready` is called once the port is bound."""
-    sim = await start_sim(config, host=host, port=port, time_scale=time_scale, model_name=model_name)
+    sim = await start_sim(config, host=host, port=port, time_scale=time_scale, model_name=model_name,
+                          faults=faults, strict_model=strict_model)
     try:
         if ready is not None:
             ready(sim)

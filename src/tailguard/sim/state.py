@@ -17,6 +17,7 @@ import time
 from tailguard.clock import ScaledClock
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.engine import Admitted, Engine, FirstToken, RequestFinished, Step
+from tailguard.sim.fault import ErrorSpread, Faults
 from tailguard.sim.metrics import SimMetrics
 
 _log = logging.getLogger("tailguard.sim")
@@ -40,8 +41,12 @@ class Live:
 class SimState:
     """Everything one simulator app owns: the engine, its clock, live requests and metrics."""
 
-    def __init__(self, config: EngineConfig, time_scale: float, model_name: str, max_body_bytes: int) -> None:
+    def __init__(self, config: EngineConfig, time_scale: float, model_name: str, max_body_bytes: int,
+                 faults: Faults, strict_model: bool) -> None:
         self.config = config
+        self.faults = faults
+        self.errors = ErrorSpread(faults)
+        self.strict_model = strict_model  # a request for another model is a 404, as vLLM answers it
         self.max_body_bytes = max_body_bytes
         self.engine = Engine(config)
         self.clock = ScaledClock(time_scale)
@@ -50,6 +55,7 @@ class SimState:
         self.lives: dict[str, Live] = {}
         self.kick = asyncio.Event()
         self.closing = False
+        self.closed = asyncio.Event()  # set on shutdown: what a hung handler waits for
         self.broken = False
         self.task: asyncio.Task[None] | None = None
         self.created = int(time.time())
@@ -100,6 +106,9 @@ async def _step_forever(state: SimState) -> None:
     engine, clock, metrics = state.engine, state.clock, state.metrics
     t = clock.now()
     while True:
+        if state.faults.stalls(clock.now()):
+            await state.closed.wait()  # wedged: streams stay open with nothing more until shutdown
+            return
         if engine.idle():
             state.kick.clear()
             await state.kick.wait()

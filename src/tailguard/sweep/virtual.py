@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from tailguard.sim.des import Arrival, Timeline
     from tailguard.sim.engine import Engine
 
-DES_URL = "des://engine"
+ENGINE = "engine"  # the one engine's name when no gateway names it
+DES_URL = f"des://{ENGINE}"
 REJECT_STATUS = {Outcome.REJECTED: 503, Outcome.CLIENT_ERROR: 400}
 
 
@@ -103,7 +104,7 @@ class IntakeGate:
                 cls = self.intake.classify(asked)
                 a = replace(a, cls=cls.name, caller=self.intake.caller(asked.api_key))
                 accepted = self.intake.accept(asked, cls, self.estimator.estimate(cls.name))
-                a = replace(a, accepted=accepted)
+                a = replace(a, accepted=accepted, model=accepted.model)
                 sent = replace(sent, body=accepted.body, max_tokens=accepted.max_tokens)
             return replace(a, max_tokens=output_budget(self.engine, sent))
         except BadRequest as e:  # refused by the gateway or, later, by the engine: a 400 either way
@@ -114,15 +115,15 @@ class IntakeGate:
 
 
 def simulate(engine_cfg: EngineConfig, gateway: GatewayConfig | None, planned: list[Planned],
-             follow_up: Callable[[str, float], Planned | None] | None) -> tuple[list[Timeline], Engine]:
+             follow_up: Callable[[str, float], Planned | None] | None) -> tuple[list[Timeline], list[Engine]]:
     """The one call into the DES: the gateway's intake and front (queue, slot shares,
-    preemption, as `tailguard serve` builds them from `gateway`) in front of the engine, which
-    stands for the config's first backend, taken as one that can continue a generation (the
+    preemption, routing, retries, as `tailguard serve` builds them from `gateway`) in front of
+    one engine per backend the config names, each taken as one that can continue a generation (the
     simulator can). `follow_up(ended_id, now)` may send the next request of a closed loop; a
     client whose request was refused sends it when the `Retry-After` it was given has passed."""
     from tailguard.clock import VirtualClock
     from tailguard.front.front import Front
-    from tailguard.sim.des import Timeline, run
+    from tailguard.sim.des import Host, Timeline, run_fleet
     from tailguard.sim.engine import Engine
 
     gate = IntakeGate(engine_cfg, gateway)
@@ -135,14 +136,13 @@ def simulate(engine_cfg: EngineConfig, gateway: GatewayConfig | None, planned: l
         wait = tl.retry_after_s if tl.outcome is Outcome.REJECTED else None
         return gate.arrival(nxt, None if wait is None else now + wait)
 
-    engine = Engine(engine_cfg)
-    front = None
-    if gateway is not None:
-        first = gateway.backends[0]
-        front = Front(gateway.model_copy(update={"backends": [first]}).front_params({first.name: True}))
-    timelines = run(engine, [gate.arrival(p) for p in planned], VirtualClock(), front, record_tokens=True,
-                    follow_up=follow if follow_up is not None else None, gate=gate)
-    return timelines, engine
+    backends = gateway.backends if gateway is not None else []
+    hosts = ([Host(b.name, Engine(engine_cfg), models=tuple(b.models or ())) for b in backends]
+             or [Host(ENGINE, Engine(engine_cfg))])
+    front = Front(gateway.front_params({h.name: True for h in hosts})) if gateway is not None else None
+    timelines = run_fleet(hosts, [gate.arrival(p) for p in planned], VirtualClock(), front, record_tokens=True,
+                          follow_up=follow if follow_up is not None else None, gate=gate)
+    return timelines, [h.engine for h in hosts]
 
 
 class _Source:
@@ -192,15 +192,15 @@ def record_of(i: int, tl: Timeline, cls: str, behind_gateway: bool) -> RequestRe
         error_kind=None if ok else "http", error=None if ok else tl.reject_reason,
         first_token_at=tl.first_token_at, chunk_at=list(tl.token_times or []), output_tokens=tl.output_tokens,
         usage_output_tokens=tl.output_tokens, prompt_tokens=tl.prompt_tokens, max_tokens=tl.max_tokens,
-        queue_ms=queue_ms, backend="engine" if behind_gateway else None,
+        queue_ms=queue_ms, backend=tl.backend if behind_gateway else None,
         server_class=tl.cls if behind_gateway and tl.cls != NO_CLASS else None,  # its X-Tailguard-Class
     )
 
 
-def engine_evidence(timelines: list[Timeline], engine: Engine) -> EngineEvidence:
-    """What the engine's /metrics would have shown over the run, from the DES's own record:
-    the engine's queue is each request's wait from dispatch to admission (Little's law gives its
-    time-average length)."""
+def engine_evidence(timelines: list[Timeline], engines: list[Engine]) -> EngineEvidence:
+    """What the engines' /metrics would have shown over the run, summed over a fleet, from the
+    DES's own record: the engines' queue is each request's wait from dispatch to admission
+    (Little's law gives its time-average length)."""
     waits = [(tl.dispatched_at if tl.dispatched_at is not None else tl.arrived_at, tl.admitted_at)
              for tl in timelines if tl.admitted_at is not None]
     span = max((tl.finished_at or 0.0) for tl in timelines) - min(tl.arrived_at for tl in timelines)
@@ -211,11 +211,11 @@ def engine_evidence(timelines: list[Timeline], engine: Engine) -> EngineEvidence
         peak = max(peak, depth)
     queued = sum(b - a for a, b in waits)
     return EngineEvidence(
-        snapshots=len(timelines), running_max=float(engine.config.max_num_seqs),
+        snapshots=len(timelines), running_max=float(sum(e.config.max_num_seqs for e in engines)),
         waiting_mean=queued / span if span > 0 else 0.0, waiting_max=float(peak), kv_usage_max=None,
-        preemptions=float(engine.preemptions_total),
-        prefix_queried_tokens=float(engine.prefix_queried_tokens_total),
-        prefix_hit_tokens=float(engine.prefix_hit_tokens_total),
+        preemptions=float(sum(e.preemptions_total for e in engines)),
+        prefix_queried_tokens=float(sum(e.prefix_queried_tokens_total for e in engines)),
+        prefix_hit_tokens=float(sum(e.prefix_hit_tokens_total for e in engines)),
         queue_time_mean_s=queued / len(waits) if waits else None, prefill_time_mean_s=None,
         successes=float(sum(tl.outcome is Outcome.SUCCESS for tl in timelines)),
     )
@@ -226,7 +226,7 @@ def run_virtual(vr: VirtualRun) -> tuple[list[RequestRecord], dict[str, Any], En
     engine's evidence for `tailguard doctor`."""
     src = _Source(vr)
     planned, follow = _planned(vr, src)
-    timelines, engine = simulate(vr.engine, vr.gateway, planned, follow)
+    timelines, engines = simulate(vr.engine, vr.gateway, planned, follow)
     records = [record_of(i, tl, src.wl_class[tl.id], vr.gateway is not None) for i, tl in enumerate(timelines)]
     meta: dict[str, Any] = {
         "url": DES_URL, "mode": "closed" if vr.concurrency is not None else "open",
@@ -235,4 +235,4 @@ def run_virtual(vr: VirtualRun) -> tuple[list[RequestRecord], dict[str, Any], En
         "max_dispatch_lag_s": 0.005, "loop_lag_s": {"p50": 0.0, "p99": 0.0, "max": 0.0, "samples": 0},
         "times_in": "simulated seconds (discrete-event run)",
     }
-    return records, meta, engine_evidence(timelines, engine)
+    return records, meta, engine_evidence(timelines, engines)

@@ -18,7 +18,7 @@ import pytest
 
 from tailguard.front.events import (
     Arrive, Drop, Ejected, Failed, Finished, FirstContent, HealthChanged, Hedge, Opened, Probed, Readmitted, Reconfigure,
-    Reject, Retired, Start, Suspend, Tick,
+    Reject, Retired, Start, Suspend, Tick, Wait,
 )
 from tailguard.front.front import Front
 from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, HedgeParams, PreemptionParams
@@ -72,6 +72,10 @@ class Driver:
             elif isinstance(d, Suspend):
                 assert self.running.pop(d.id) == d.backend
                 self.waiting.add(d.id)
+            elif isinstance(d, Wait):
+                assert d.id in self.running and d.id not in self.hedged, d
+                del self.running[d.id]
+                self.waiting.add(d.id)
             elif isinstance(d, Reject):
                 self.waiting.discard(d.id)
                 assert d.id not in self.running, f"{d} rejects a running request"
@@ -113,13 +117,13 @@ def step(rng: random.Random, drv: Driver, n: int, now: float) -> None:
         hedge = drv.hedged.get(req_id)
         if hedge is not None:  # one of its two attempts fails: the other goes on alone
             failed = rng.choice((hedge, drv.running[req_id]))
-            drv.apply(f.handle(Failed(req_id, rng.choice(KINDS), answered=rng.random() < 0.5, backend=failed), now))
-            del drv.hedged[req_id]
+            del drv.hedged[req_id]  # the driver stops that attempt as it tells the front
             drv.running[req_id] = hedge if failed != hedge else drv.running[req_id]
+            drv.apply(f.handle(Failed(req_id, rng.choice(KINDS), answered=rng.random() < 0.5, backend=failed), now))
             return
         decisions = list(f.handle(Failed(req_id, rng.choice(KINDS), answered=rng.random() < 0.5), now))
         drv.apply(decisions)
-        if not any(isinstance(d, Start) and d.id == req_id for d in decisions):
+        if not any(isinstance(d, (Start, Wait)) and d.id == req_id for d in decisions):
             drv.running.pop(req_id)  # not retried: the driver ends it
             drv.apply(f.handle(Finished(req_id, Outcome.UPSTREAM_ERROR), now))
     elif roll < 0.72 and drv.running:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tailguard.front.events import Arrive, Failed, Finished, Start
+from tailguard.front.events import Arrive, Failed, Finished, Start, Wait
 from tailguard.front.front import Front, State
 from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, HealthParams, QueueParams, RetryParams
 from tailguard.front.retry import Retry, retry_of
@@ -118,14 +118,16 @@ def test_only_to_a_backend_whose_kind_can_continue_a_generation() -> None:
     assert died(f, on["a"], 1.0) == []  # `o` has room but (a plain OpenAI server) cannot continue
 
 
-def test_with_every_slot_taken_it_ends_and_its_slot_goes_to_whoever_waits() -> None:
-    """A waiting request means no slot is free: the stream cannot move, and it ends."""
+def test_with_every_slot_taken_it_waits_for_one_where_it_did_not_fail_and_continues_there() -> None:
+    """No slot free elsewhere: the stream waits in the queue (`Wait`), its slot going to whoever
+    waits, and continues on the next backend that frees one, never the one it failed on."""
     f = fleet(BackendSpec("a", max_concurrency=1, continues=True), BackendSpec("b", max_concurrency=1, continues=True))
     assert stream(f, "c1", 0.0) == "a"
     assert stream(f, "c2", 0.1) == "b"
     assert list(f.handle(Arrive("c3", "interactive", 60, resumable=True), 0.5)) == []  # queued
-    assert died(f, "c1", 1.0) == []
-    assert list(f.handle(Finished("c1", Outcome.UPSTREAM_ERROR), 1.0)) == [Start("c3", "a")]
+    assert died(f, "c1", 1.0) == [Wait("c1")]  # a is free, but c1 failed there (and, older, goes first)
+    assert list(f.handle(Finished("c2", Outcome.SUCCESS), 1.5)) == [Start("c1", "b", resumed=True),
+                                                                     Start("c3", "a")]
 
 
 def test_the_retry_budget_bounds_migrations() -> None:

@@ -12,7 +12,7 @@ import pytest
 from tailguard.front.events import (
     Arrive, Close, Drop, Ejected, Failed, Finished, FirstContent, Generated, HealthChanged, Hedge, KindLearned, Loaded,
     Opened, Probed, Readmitted, Reconfigure, Reject, Served,
-    Retired, Start, Suspend, Tick,
+    Retired, Start, Suspend, Tick, Wait,
 )
 from tailguard.front.params import (
     BackendSpec, CallerSpec, ClassSpec, FrontParams, HealthParams, PreemptionParams, QueueParams, RetryParams,
@@ -44,7 +44,7 @@ EVENTS = [
     Close(), Reconfigure(PARAMS),
 ]
 DECISIONS = [Start("r1", "a", resumed=True), Suspend("r1", "a"), Reject("r2", RejectReason.RATE_LIMIT_TOKENS, 12.5),
-             Hedge("r3", "b"), Drop("r3", "a"), HealthChanged("b", False), Ejected("a", 30.0, 3, FailureKind.CONNECT, 1), Readmitted("a"), Retired("a")]
+             Hedge("r3", "b"), Drop("r3", "a"), Wait("r3"), HealthChanged("b", False), Ejected("a", 30.0, 3, FailureKind.CONNECT, 1), Readmitted("a"), Retired("a")]
 SEEN = Observation("r1", "bulk", Outcome.SUCCESS, 100, 900, 10.0, 19.5, bound_at=10.25, first_content_at=10.5,
                    backend="a", caller="alice", attempts=2, preemptions=1)
 

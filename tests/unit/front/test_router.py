@@ -85,7 +85,7 @@ def test_only_backends_serving_the_model_take_it() -> None:
     rt = router()
     llama = Route("llama")
     assert {take(rt, pool, route=llama) for _ in range(4)} == {"a"}  # known to serve it, before c (not known)
-    assert take(rt, pool, route=llama) is None  # a is full: c is not tried while a serves it
+    assert take(rt, pool, route=llama) == "c"  # a is full: c, which may serve it, next
     pool.learn_models("c", ["mistral"])
     assert rt.choose(pool, SPECS["interactive"], pending(), Route("qwen"), 0.0) == "b"
     assert rt.choose(pool, SPECS["interactive"], pending(), Route("mistral"), 0.0) == "c"

@@ -195,6 +195,22 @@ def test_prefix_cache_hit_skips_the_shared_prefill() -> None:
     assert e.prefix_hit_tokens_total == 512 and e.prefix_queried_tokens_total == 1040
 
 
+def test_a_crash_drops_every_request_and_the_prefix_cache_but_keeps_the_counters() -> None:
+    prefix = prefix_block_hashes("system-prompt", 512)
+    e = Engine(config(enable_prefix_caching=True, max_num_batched_tokens=1024))
+    e.add(SimRequest("done", 520, 2, block_hashes=prefix), now=0.0)
+    drive(e)
+    for i in range(3):
+        e.add(SimRequest(f"held{i}", 520, 50, block_hashes=prefix), now=1.0)
+    e.step(1.0)
+    e.crash(1.1)
+    assert e.idle() and e.num_running == 0 and e.kv.used_blocks == 0 and e.audit() == []
+    assert e.finished_total["abort"] == 3 and e.prefix_hit_tokens_total == 3 * 512
+    e.add(SimRequest("after", 520, 2, block_hashes=prefix), now=2.0)
+    [adm] = [ev for _, ev in events_of(drive(e, t=2.0), Admitted)]
+    assert adm.cached_tokens == 0  # restarted empty: nothing of the prefix is cached any more
+
+
 def test_full_prefix_hit_still_computes_the_last_token() -> None:
     prefix = prefix_block_hashes("doc", 64)
     e = Engine(config(enable_prefix_caching=True))

@@ -14,7 +14,7 @@ from tailguard.front.params import CapMode, ServiceTier
 from tailguard.gateway.config.auth import ApiKeyConfig, AuthConfig
 from tailguard.gateway.config.backends import BackendConfig, BackendKind
 from tailguard.gateway.config.classes import ClassConfig, default_classes
-from tailguard.gateway.config.fleet import EjectionConfig, RoutingConfig
+from tailguard.gateway.config.fleet import EjectionConfig, HedgingConfig, RoutingConfig
 from tailguard.gateway.config.gateway import GatewayConfig
 from tailguard.gateway.config.loading import load_config
 from tailguard.gateway.config.scheduler import OutputEstimateConfig, SchedulerConfig, SchedulerPolicy
@@ -23,6 +23,6 @@ from tailguard.gateway.config.upstream import HealthConfig, RetryConfig, Timeout
 
 __all__ = [
     "ApiKeyConfig", "AuthConfig", "BackendConfig", "BackendKind", "CapMode", "ClassConfig", "EjectionConfig",
-    "GatewayConfig", "HealthConfig", "OutputEstimateConfig", "RetryConfig", "RoutingConfig", "SchedulerConfig",
+    "GatewayConfig", "HedgingConfig", "HealthConfig", "OutputEstimateConfig", "RetryConfig", "RoutingConfig", "SchedulerConfig",
     "SchedulerPolicy", "ServiceTier", "TelemetryConfig", "TimeoutsConfig", "default_classes", "load_config",
 ]

@@ -1,6 +1,6 @@
 """The sections of the gateway's config on how requests spread over a fleet: `RoutingConfig`
-(which backend of a pool takes a request) and `EjectionConfig` (passive health: backends taken
-out after failing requests in a row). Apart from the backends themselves (backends.py) because
+(which backend of a pool takes a request), `EjectionConfig` (passive health: backends taken
+out after failing requests in a row) and `HedgingConfig` (a second attempt for a slow start). Apart from the backends themselves (backends.py) because
 they apply to every pool alike."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from tailguard.gateway.config.base import _Model
 
 _ROUTING = fp.RoutingParams()
 _EJECTION = fp.EjectionParams()
+_HEDGING = fp.HedgeParams()
 
 
 class RoutingConfig(_Model):
@@ -89,3 +90,33 @@ class EjectionConfig(_Model):
 
     def params(self) -> fp.EjectionParams:
         return fp.EjectionParams(**self.model_dump())
+
+
+class HedgingConfig(_Model):
+    """Hedged requests ("The Tail at Scale"): a request of a hedged class with no first token after
+    its class's recent TTFT quantile goes to a second backend too; the first to stream wins."""
+
+    enabled: bool = Field(default=_HEDGING.enabled, description="Hedge requests of `classes` (off by default).")
+    classes: list[str] = Field(default_factory=lambda: list(_HEDGING.classes),
+                               description="The classes whose requests are hedged.")
+    quantile: float = Field(
+        default=_HEDGING.quantile, gt=0, lt=1,
+        description="The quantile of the class's recent TTFTs on their backends (from the start upstream to "
+        "the first content) after which a request with no content is hedged.",
+    )
+    factor: float = Field(default=_HEDGING.factor, gt=0, description="Times the quantile: the hedge delay.")
+    min_delay_s: float = Field(default=_HEDGING.min_delay_s, ge=0, description="The hedge delay's floor.")
+    min_samples: int = Field(
+        default=_HEDGING.min_samples, ge=1,
+        description="TTFTs the class must have before any of its requests is hedged.",
+    )
+    max_share: float = Field(
+        default=_HEDGING.max_share, gt=0, le=1,
+        description="Hedges may be at most this share of the class's requests of the last 10 s: a fleet slow "
+        "everywhere is not sent twice its load.",
+    )
+
+    def params(self) -> fp.HedgeParams:
+        return fp.HedgeParams(enabled=self.enabled, classes=tuple(self.classes), quantile=self.quantile,
+                              factor=self.factor, min_delay_s=self.min_delay_s, min_samples=self.min_samples,
+                              max_share=self.max_share)

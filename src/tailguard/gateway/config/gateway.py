@@ -19,7 +19,7 @@ from tailguard.gateway.config.auth import AuthConfig, _fingerprint
 from tailguard.gateway.config.backends import BackendConfig
 from tailguard.gateway.config.base import _INTAKE, _Model
 from tailguard.gateway.config.classes import ClassConfig, default_classes
-from tailguard.gateway.config.fleet import EjectionConfig, RoutingConfig
+from tailguard.gateway.config.fleet import EjectionConfig, HedgingConfig, RoutingConfig
 from tailguard.gateway.config.problems import validate
 from tailguard.gateway.config.scheduler import SchedulerConfig
 from tailguard.gateway.config.telemetry import TelemetryConfig
@@ -78,6 +78,7 @@ class GatewayConfig(_Model):
     )
     routing: RoutingConfig = Field(default_factory=RoutingConfig, description="Routing within a pool.")
     ejection: EjectionConfig = Field(default_factory=EjectionConfig, description="Passive health (ejection).")
+    hedging: HedgingConfig = Field(default_factory=HedgingConfig, description="Hedged requests (off by default).")
 
     def front_params(self, continues: dict[str, bool] | None = None) -> fp.FrontParams:
         """The front's parameters; `continues` maps a backend to whether its kind can continue a
@@ -93,6 +94,7 @@ class GatewayConfig(_Model):
             callers=self.auth.callers(),
             routing=self.routing.params(),
             ejection=self.ejection.params(),
+            hedging=self.hedging.params(),
         )
 
     def intake_params(self) -> fp.IntakeParams:
@@ -133,6 +135,9 @@ class GatewayConfig(_Model):
                     f"auth: {label} has default_class {key_cfg.default_class!r}, not a configured class (known: {listing})"
                 )
         _no_duplicates([b.name for b in self.backends], "backend")
+        for name in self.hedging.classes if self.hedging.enabled else ():
+            if name not in known:
+                raise ValueError(f"hedging.classes names unknown class {name!r} (known: {listing})")
         for alias, target in self.aliases.items():
             if target in self.aliases:
                 raise ValueError(f"aliases.{alias} names {target!r}, itself an alias: name the served model")

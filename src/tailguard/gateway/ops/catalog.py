@@ -80,6 +80,8 @@ METRICS: tuple[MetricSpec, ...] = (
     _c("tailguard_migrations", "Streams continued on another backend after theirs died or stalled mid-answer, by "
        "the failure that moved them (reset, disconnect, timeout_idle); a client's own cancel is never one.",
        "class", "reason"),
+    _c("tailguard_hedges", "Hedged requests' second attempts: `sent`, then `won` (its content came first), `lost` "
+       "(the first attempt's did) or `failed`.", "class", "outcome"),
     _g("tailguard_class_queue_bound_seconds", "Each class's longest queue wait (`max_queue_wait_s`): queue wait "
        "over it is a refusal, so wait / bound is how close the class is to shedding.", "class"),
     _g("tailguard_class_queue_limit", "Each class's longest queue (`max_queue_len`).", "class"),

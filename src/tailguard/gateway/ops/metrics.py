@@ -45,6 +45,7 @@ RETRYABLE = tuple(k for k in FailureKind if retry_of(k, delivered=False, answere
 MIGRATING = tuple(k for k in FailureKind if continues_after(k, answered=True))  # a stream moved mid-answer
 EJECTING = tuple(k for k in FailureKind if hurts_health(k, answered=False))  # failures that count to eject
 DEFAULT_POOL = "default"  # the pool of a backend that names none (front.params.BackendSpec.pool)
+HEDGE_OUTCOMES = ("sent", "won", "lost", "failed")  # tailguard_hedges{outcome}
 HEALTH_CHANGES = ("unhealthy", "healthy", "ejected", "readmitted")  # tailguard_backend_health_changes{to}
 
 # A `_created` series beside every counter is prometheus_client's default and nobody's habit: it
@@ -176,6 +177,7 @@ class GatewayMetrics:
         self.unclassified = f["tailguard_unclassified_requests"]
         self.preemptions = f["tailguard_preemptions"]
         self.migrations = f["tailguard_migrations"]
+        self.hedges = f["tailguard_hedges"]
         self.health_changes = f["tailguard_backend_health_changes"]
         self.ejections = f["tailguard_backend_ejections"]
         self.backend_healthy = f["tailguard_backend_healthy"]
@@ -194,7 +196,7 @@ class GatewayMetrics:
         self._pool_of: dict[str, str] = {}
         self._class_pool: dict[str, str] = {}
         self._class_counters = ((self.requests, tuple(Outcome)), (self.rejected, tuple(RejectReason)),
-                                (self.migrations, MIGRATING))
+                                (self.migrations, MIGRATING), (self.hedges, HEDGE_OUTCOMES))
         self._backend_counters = ((self.upstream_errors, tuple(FailureKind)), (self.retries, RETRYABLE),
                                   (self.retries_denied, RETRYABLE), (self.health_changes, HEALTH_CHANGES),
                                   (self.ejections, EJECTING))

@@ -124,6 +124,13 @@ class H1Response:
             raise self._error
         return self._ended and not self._chunks
 
+    def unread(self, data: bytes) -> None:
+        """Put back `data`, read already, to be read (or pushed) again first: a hedge's race
+        reads each attempt up to its first content before the winner is relayed."""
+        if data:
+            self._chunks.insert(0, data)
+            self._size += len(data)
+
     def release(self) -> None:
         """Done with the response: its connection goes back to the pool if the response ended
         and the connection may be kept, else it is closed."""
