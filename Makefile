@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-real bench bench-real engines lint clean prometheus deploy observe
+.PHONY: demo test test-real test-sdk bench bench-real engines lint clean prometheus deploy observe
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,9 @@ bench-real: $(ENGINES_STAMP)
 
 test-real: $(STAMP)
 	$(PY) -m pytest -q -m real tests/real
+
+test-sdk: $(STAMP)
+	$(PY) -m pytest -q -m sdk tests/functional/test_client_openai_range.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info src/*.egg-info

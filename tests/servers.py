@@ -9,12 +9,14 @@ from aiohttp import web
 
 
 @asynccontextmanager
-async def running(app: web.Application, **runner_kwargs: Any) -> AsyncIterator[str]:
+async def running(app: web.Application, runner: web.AppRunner | None = None, **runner_kwargs: Any
+                  ) -> AsyncIterator[str]:
     """Serve `app` on 127.0.0.1 at an ephemeral port; yields its base URL (no trailing slash).
 
     `runner_kwargs` go to `web.AppRunner` (e.g. `handler_cancellation=True`, which the gateway
-    and the simulator need to notice a client that disconnects while nothing is being written)."""
-    runner = web.AppRunner(app, handle_signals=False, **runner_kwargs)
+    and the simulator need to notice a client that disconnects while nothing is being written),
+    unless a `runner` is given (the gateway's own, `gateway.http.app.gateway_runner`)."""
+    runner = runner or web.AppRunner(app, handle_signals=False, **runner_kwargs)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

@@ -18,7 +18,7 @@ PURE = {
     "types", "errors", "settings", "retry_budget", "wire.sse", "wire.openai", "wire.tokens", "wire.chunks", "wire.join",
     "sim.cost", "sim.kv", "sim.engine", "sim.request", "sim.answer", "sim.fault",
     "front.params", "front.admission", "front.queue", "front.slots", "front.router", "front.preemption", "front.retry", "front.events", "front.front",
-    "front.intake", "front.recording", "front.replay", "sim.fit", "gateway.http.classes", "gateway.upstream.backends",
+    "front.intake", "front.recording", "front.replay", "front.adaptive", "sim.fit", "gateway.http.classes", "gateway.upstream.backends",
     "gateway.config", "gateway.ops.live", "gateway.ops.catalog", "gateway.ops.capacity",
     "gateway.ops.panels", "gateway.ops.alerts", "gateway.upstream.resume", "gateway.upstream.kinds", "sim.des",
     "gateway.config.base", "gateway.config.classes", "gateway.config.backends", "gateway.config.scheduler",
@@ -26,7 +26,7 @@ PURE = {
     "gateway.config.loading",
     "bench.workload", "bench.stats", "bench.dataset", "bench.recorder", "bench.compare", "bench.configs", "bench.attribution",
     "doctor.finding", "doctor.evidence", "doctor.facts", "doctor.rules", "doctor.diagnosis", "sweep.virtual", "sweep.search",
-    "sweep.traffic", "sweep.whatif",
+    "sweep.traffic", "sweep.whatif", "sweep.observed",
     "client.retry", "client.timeouts", "client.chunks", "client.assembly",
 }
 IO_MODULES = ("asyncio", "aiohttp", "prometheus_client", "time", "socket", "uvloop", "httpx", "httpx2", "anyio")

@@ -7,7 +7,7 @@ setting keeps its name when the list is reordered: `classes[batch].max_tokens_ca
 
     changes = diff(flatten(old), flatten(new))
     print("\\n".join(str(c) for c in changes))   # classes[batch].max_tokens_cap: 4096 -> 2048
-    print("\\n".join(described(flatten(old), flatten(new))))   # the same, a whole item added or removed in one line
+    print("\\n".join(described(flatten(old), flatten(new))))   # the same, a group added or removed whole in one line
 """
 
 from __future__ import annotations
@@ -68,23 +68,41 @@ def diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
 
 
 def described(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """`diff` as lines to read, with a named item added or removed whole (a backend, a class) as
-    one line: `backends[b]: added (url http://127.0.0.1:8001, max_concurrency 4)` (its settings
-    that are set), or `backends[a]: removed`. An item on both sides shows setting by setting."""
+    """`diff` as lines to read, with anything added or removed whole (a backend, a class, an API
+    key, a section) as one line: `backends[b]: added (url http://127.0.0.1:8001, max_concurrency 4)`
+    (its settings that are set), or `auth.api_keys.1f2e3d: removed`. What both sides hold shows
+    setting by setting."""
     lines: list[str] = []
     done: set[str] = set()
     for c in diff(old, new):
-        item = item_of(c.name)
-        if item is None or (_holds(old, item) and _holds(new, item)):
+        if (c.old, c.new) in (({}, UNSET), (UNSET, {})):
+            continue  # an empty group that gained or lost its first items: those are the lines
+        whole = _absent_prefix(c.name, new if c.new == UNSET else old)
+        if whole is None:
             lines.append(str(c))
-        elif item not in done:
-            done.add(item)
-            if _holds(new, item):
-                shown = [f"{n[len(item) + 1:]} {_text(v)}" for n, v in new.items() if n.startswith(item + ".") and v is not None]
-                lines.append(f"{item}: added ({', '.join(shown)})")
+        elif whole not in done:
+            done.add(whole)
+            if c.old == UNSET:
+                shown = [f"{n[len(whole):].lstrip('.')} {_text(v)}" for n, v in new.items() if _within(n, whole) and v is not None]
+                lines.append(f"{whole}: added ({', '.join(shown)})" if shown else f"{whole}: added")
             else:
-                lines.append(f"{item}: removed")
+                lines.append(f"{whole}: removed")
     return lines
+
+
+def _absent_prefix(name: str, side: Mapping[str, Any]) -> str | None:
+    """The shortest group above the setting `name` (`auth`, `auth.api_keys`, `auth.api_keys.k`)
+    of which `side` holds nothing; None when `side` holds some of each (only the leaf differs)."""
+    cuts = [i for i, ch in enumerate(name) if ch in ".[" and i > 0 and name[i - 1] != "."]
+    for cut in cuts:
+        group = name[:cut]
+        if not any(n == group or _within(n, group) for n in side):
+            return group
+    return None
+
+
+def _within(name: str, group: str) -> bool:
+    return name.startswith(group) and name[len(group):len(group) + 1] in (".", "[")
 
 
 def item_of(name: str) -> str | None:
@@ -92,11 +110,6 @@ def item_of(name: str) -> str | None:
     `backends[b]`; None for a setting outside such a list."""
     item, sep, _ = name.partition("].")
     return item + "]" if sep else None
-
-
-def _holds(flat: Mapping[str, Any], item: str) -> bool:
-    prefix = item + "."
-    return any(n.startswith(prefix) for n in flat)
 
 
 def _text(value: Any) -> str:

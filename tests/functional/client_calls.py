@@ -39,10 +39,11 @@ async def call(kind: str, base_url: str | list[str], *, stream: bool = True, tim
     if kind == "sync":
         return await asyncio.to_thread(_sync_call, base_url, options, args)
     out = Outcome()
-    start = time.monotonic()
     async with async_openai_client(base_url=base_url, **options) as client:
+        completions = client.chat.completions  # the SDK's lazy imports, before the clock starts
+        start = time.monotonic()
         try:
-            got = await client.chat.completions.create(**args)
+            got = await completions.create(**args)
             if stream:
                 async for ch in got:
                     out.texts.extend(c.delta.content for c in ch.choices if c.delta.content)
@@ -56,10 +57,11 @@ async def call(kind: str, base_url: str | list[str], *, stream: bool = True, tim
 
 def _sync_call(base_url: str | list[str], options: dict[str, Any], args: dict[str, Any]) -> Outcome:
     out = Outcome()
-    start = time.monotonic()
     with openai_client(base_url=base_url, **options) as client:
+        completions = client.chat.completions  # the SDK's lazy imports, before the clock starts
+        start = time.monotonic()
         try:
-            got = client.chat.completions.create(**args)
+            got = completions.create(**args)
             if args["stream"]:
                 for ch in got:
                     out.texts.extend(c.delta.content for c in ch.choices if c.delta.content)

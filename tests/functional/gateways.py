@@ -15,7 +15,7 @@ from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from tailguard.gateway.config import BackendConfig, ClassConfig, GatewayConfig
-from tailguard.gateway.http.app import create_app
+from tailguard.gateway.http.app import create_app, gateway_runner
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.server import RunningSim, running_sim
 from tests.servers import running
@@ -64,7 +64,7 @@ async def gateway(
         ]
         gw_cfg = GatewayConfig.model_validate({"backends": [b.model_dump() for b in backends], **cfg})
         app = create_app(gw_cfg, record=record)
-        url = await stack.enter_async_context(running(app, handler_cancellation=True))
+        url = await stack.enter_async_context(running(app, runner=gateway_runner(app)))
         yield Stack(url, app, started)
 
 

@@ -59,14 +59,16 @@ async def test_a_target_that_cannot_be_measured_is_one_line_and_no_load(tmp_path
         code, out = await run(*bench, "--url", sim.url + "/api")
         assert code == 1 and one_line(out) == (f"error: GET {sim.url}/api/v1/models answered 404 Not Found: is "
                                                f"{sim.url}/api the base URL of an OpenAI-compatible server?")
-        code, out = await run(*bench, "--url", sim.url)  # simulated time, and no --time-scale said
-        assert code == 1 and one_line(out) == (f"error: {sim.url} runs on simulated time (time scale {SCALE:g}): "
-                                               f"pass --time-scale {SCALE:g} to report simulated seconds, or "
-                                               "--time-scale 1 for wall seconds")
+        assert ended_total(await scrape(sim)) == 0
+        code, out = await run(*bench, "--url", sim.url, "--time-scale", "0.5")  # contradicts the simulator
+        assert code == 1 and one_line(out) == f"error: --time-scale 0.5, but {sim.url} says its time scale is {SCALE:g}"
         assert ended_total(await scrape(sim)) == 0
     async with gateway(scale=SCALE) as gw:  # the gateway lists its simulator's time scale as its own
-        code, out = await run(*bench, "--url", gw.url)
-        assert code == 1 and one_line(out).startswith(f"error: {gw.url} runs on simulated time (time scale {SCALE:g})")
+        ran = tmp_path / "ran"
+        code, out = await run(*bench[:-1], str(ran), "--url", gw.url, "--quiet")  # taken at its word, and said
+        assert code == 0 and (f"times in simulated seconds: {gw.url} announced time scale {SCALE:g} "
+                              "(--time-scale 1 reports wall seconds)") in out, out
+        assert orjson.loads((ran / "run.json").read_bytes())["time_scale"] == SCALE
     app = keyed_app()
     async with running(app) as url:
         code, out = await run(*bench, "--url", url)

@@ -41,6 +41,17 @@ async def test_a_server_that_never_answers_is_a_first_token_timeout(kind: str) -
 
 
 @pytest.mark.parametrize("kind", KINDS)
+async def test_a_first_token_timeout_over_two_tries_says_both(kind: str) -> None:
+    out, hits = await against(kind, "hang", retry=RetryPolicy(max_attempts=2, base_delay=0.01))
+    err = out.error
+    assert isinstance(err, FirstTokenTimeout) and err.attempts == 2 and len(hits) == 2
+    said = str(err)
+    assert "; gave up after 2 tries (no tries left): try 1 to http" in said
+    assert said.count("first_token deadline of 0.2 s ran out after") == 3  # the last try, then each try in the list
+    assert [t.split(" to ")[0] for t in err.tries] == ["try 1", "try 2"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 async def test_keepalives_after_the_role_chunk_do_not_hold_off_the_first_token_deadline(kind: str) -> None:
     out, hits = await against(kind, "role_then_keepalive")
     _fired(out.error, FirstTokenTimeout, out.elapsed_s)

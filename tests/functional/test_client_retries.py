@@ -9,7 +9,7 @@ import math
 import openai
 import pytest
 
-from tailguard.client import RateLimited, RetryBudget, RetryPolicy, Unavailable
+from tailguard.client import ConnectionFailed, RateLimited, RetryBudget, RetryPolicy, StreamBroken, Unavailable
 from tests.functional.client_calls import KINDS, against, call
 from tests.functional.client_faults import fault_server
 from tests.functional.gateways import dead_url
@@ -46,7 +46,8 @@ async def test_an_absurd_retry_after_raises_at_once(kind: str) -> None:
     err = out.error
     assert isinstance(err, RateLimited) and isinstance(err, openai.RateLimitError)
     assert err.gave_up == "retry_after_too_long" and err.retry_after_s == 198300 and err.attempts == 1
-    assert err.reason == "queue_full" and "(queue_full)" in str(err) and "retry_after_too_long" in str(err)
+    assert err.reason == "queue_full" and "(queue_full)" in str(err)
+    assert "gave up after 1 try (the server asked for a longer wait than max_retry_after): try 1 to http" in str(err)
     assert len(hits) == 1 and out.elapsed_s < LATE
 
 
@@ -68,7 +69,8 @@ async def test_a_reset_connection_is_retried(kind: str) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_reset_after_content_reached_the_caller_is_not_retried(kind: str) -> None:
     out, hits = await against(kind, "content_then_reset", retry=FAST)
-    assert isinstance(out.error, openai.APIConnectionError)
+    assert isinstance(out.error, openai.APIConnectionError) and isinstance(out.error, StreamBroken)
+    assert "/content_then_reset/v1/chat/completions broke off after 1 content chunks" in str(out.error)
     assert out.texts == ["one"]
     assert len(hits) == 1
 
@@ -89,6 +91,10 @@ async def test_retries_stop_after_max_attempts_and_follow_the_backoff(kind: str)
     err = out.error
     assert isinstance(err, Unavailable) and isinstance(err, openai.InternalServerError)
     assert err.attempts == 4 and err.gave_up == "attempts" and err.reason == "queue_full"
+    said = str(err)
+    assert said.startswith("503 (queue_full): ") and "; gave up after 4 tries (no tries left): try 1 to http" in said
+    assert [t.split(":", 1)[0].split(" to ")[0] for t in err.tries] == ["try 1", "try 2", "try 3", "try 4"]
+    assert all("/503_always/v1/chat/completions: 503 (queue_full)" in t for t in err.tries), err.tries
     gaps = _gaps(hits)
     assert len(gaps) == 3
     for gap, window in zip(gaps, (0.05, 0.1, 0.1)):  # Retry-After 0 + full jitter in [0, window]
@@ -117,6 +123,13 @@ async def test_a_failed_try_goes_to_the_next_base_url(kind: str) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_connection_refused_everywhere_is_an_api_connection_error(kind: str) -> None:
     async with asyncio.timeout(5):
-        out = await call(kind, f"{dead_url()}/v1", retry=RetryPolicy(max_attempts=2, base_delay=0.01))
-    assert isinstance(out.error, openai.APIConnectionError)
-    assert not isinstance(out.error, openai.APITimeoutError)
+        dead = dead_url()
+        out = await call(kind, f"{dead}/v1", retry=RetryPolicy(max_attempts=2, base_delay=0.01))
+    err = out.error
+    assert isinstance(err, openai.APIConnectionError) and isinstance(err, ConnectionFailed)
+    assert not isinstance(err, openai.APITimeoutError)
+    # not the SDK's bare "Connection error.": where, how many tries, and why each failed
+    assert str(err).startswith(f"could not reach {dead}/v1/chat/completions: gave up after 2 tries (no tries left): ")
+    assert len(err.tries) == 2 and err.attempts == 2
+    for n, t in enumerate(err.tries, 1):
+        assert t.startswith(f"try {n} to {dead}/v1/chat/completions: cannot connect ("), t

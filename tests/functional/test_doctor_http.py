@@ -190,6 +190,17 @@ async def test_a_proxy_that_buffers_sse_is_found_and_a_direct_run_is_not(tmp_pat
     assert "buffered_stream" not in kinds["direct"]
 
 
+async def test_an_overloaded_simulator_straight_is_queueing_not_buffering(tmp_path: Path) -> None:
+    """Straight to `tailguard sim` (which sends each token as it makes it) at several times what
+    its 4 slots serve: each chat queues for most of its time and then decodes at once, the shape a
+    buffering proxy gives; the run knows its target named itself the simulator, so doctor says
+    overload and not buffered_stream."""
+    async with running_sim(engine(max_num_seqs=4), time_scale=SCALE) as sim, asyncio.timeout(60):
+        cfg = BenchConfig(url=sim.url, workload=CHATS, rate=1000.0, requests=300, seed=1, time_scale=SCALE)
+        found = {f.kind: f for f in await diagnosed(sim.url, cfg, tmp_path, [])}
+    assert "overload" in found and "buffered_stream" not in found, list(found)
+
+
 async def test_a_server_that_serializes_requests_is_found_by_the_engines_own_queue_time(tmp_path: Path) -> None:
     """The article's table 10 row "stuck at high concurrency: a thread pool or a lock": a proxy
     that lets one stream through at a time, before the simulator. The client sees long waits for

@@ -154,3 +154,39 @@ async def test_diff_of_two_files_needs_no_gateway(tmp_path: Path) -> None:
     async with asyncio.timeout(30):
         assert await tailguard("config", "diff", str(a), str(b)) == (0, "scheduler.policy: ranked-sjf -> fcfs\n")
         assert await tailguard("config", "diff", str(a), str(a)) == (0, "no setting differs\n")
+
+
+async def test_diff_status_and_rollback_see_the_edited_file(tmp_path: Path) -> None:
+    path = tmp_path / "gw.yaml"
+    c = ["-c", str(path)]
+    async with asyncio.timeout(60), running_sim(engine(), time_scale=SCALE) as sim:
+        path.write_text(gateway_yaml(sim.url, 2, 4096))
+        async with serving(path) as (_, url):
+            base, _ = await config_of(url)
+            assert (await tailguard("config", "mark-good", *c))[0] == 0
+            path.write_text(gateway_yaml(sim.url, 2, 2048))  # edited, not applied yet
+            edited = (await tailguard("config", "status", *c))[1].splitlines()[2].split()[1]
+            assert await tailguard("config", "diff", *c) == (0, (
+                f"from the running config 1 ({base}) to the file {path}:\n"
+                "classes[batch].max_tokens_cap: 4096 -> 2048\n"))
+            code, out = await tailguard("config", "status", *c)
+            assert code == 0 and out.splitlines()[:3] == [
+                f"running   {base}  config 1", f"baseline  {base}  config 1", f"file      {edited}  {path}"]
+            assert "the file differs from what runs" in out and edited != base
+
+            assert (await tailguard("config", "reload", *c))[0] == 0
+            code, out = await tailguard("config", "rollback", *c)
+            assert code == 0 and f"config 1 ({base}) applied" in out, out
+            assert f"warning: {path} still differs from config 1" in out
+            assert "  classes[batch].max_tokens_cap: 4096 -> 2048\n" in out and "--write" in out
+
+            edited_text = path.read_text()
+            code, out = await tailguard("config", "rollback", "--write", *c)
+            assert code == 0 and f"wrote config 1 into {path}" in out and "warning" not in out, out
+            assert (tmp_path / "gw.yaml.bak").read_text() == edited_text
+            assert await tailguard("config", "diff", *c) == (
+                0, f"from the running config 1 ({base}) to the file {path}:\nno setting differs\n")
+            code, out = await tailguard("config", "status", *c)
+            assert out.splitlines()[2].split()[1] == base and "differs" not in out
+        code, out = await tailguard("config", "status", *c)
+        assert out.splitlines()[0] == f"last run  {base}  config 1"

@@ -43,3 +43,12 @@ def test_an_item_added_or_removed_whole_reads_as_one_line() -> None:
     assert described(old, new) == ["backends[a].url: http://h:1 -> http://h:2",
                                    "backends[b]: added (url http://h:3, max_concurrency 4)", "port: 1 -> 2"]
     assert described(new, old) == ["backends[a].url: http://h:2 -> http://h:1", "backends[b]: removed", "port: 2 -> 1"]
+
+
+def test_a_key_added_or_removed_reads_as_one_line() -> None:
+    old = flatten({"auth": {"api_keys": {}}, "port": 1})
+    new = flatten({"auth": {"api_keys": {"fp1": {"name": "app", "default_class": "batch", "rpm_limit": None}}}, "port": 1})
+    assert described(old, new) == ["auth.api_keys.fp1: added (name app, default_class batch)"]
+    assert described(new, old) == ["auth.api_keys.fp1: removed"]
+    assert described(flatten({"port": 1}), flatten({"port": 1, "otel": {"endpoint": "http://c:4317"}})) == [
+        "otel: added (endpoint http://c:4317)"]

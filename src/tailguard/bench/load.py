@@ -33,7 +33,7 @@ from tailguard.bench.recorder import RequestRecord
 from tailguard.bench.workload import (
     ArrivalProcess, PlannedRequest, RequestFactory, Workload, load_workload, schedule,
 )
-from tailguard.bench.target import base_url, gateway_config, probe, time_scale_for
+from tailguard.bench.target import base_url, engine_name, gateway_config, probe, time_scale_for
 from tailguard.bench.validity import DEFAULT_MAX_DISPATCH_LAG_S
 from tailguard.errors import ConfigError
 
@@ -72,7 +72,7 @@ class BenchConfig:
     # Against the simulator run at --time-scale X, pass X: recorded times are divided by it, so
     # every latency reads in simulated seconds (what the modelled GPU would deliver). Validity
     # keeps its wall-clock meaning: the threshold is converted the same way. None: not given,
-    # which a target that says it runs on simulated time refuses (`target.time_scale_for`).
+    # the scale the target announces, else 1 (`target.time_scale_for`).
     time_scale: float | None = None
     # Wall seconds requests in flight may take to finish after `stop` is set.
     interrupt_grace_s: float = 5.0
@@ -144,10 +144,13 @@ async def run_bench(config: BenchConfig, progress: Callable[[Progress], None] | 
                              model=config.model)
         time_scale = time_scale_for(config.time_scale, target.time_scale, url)
         gateway = await gateway_config(session, url, api_key=config.api_key, timeout_s=config.timeouts.connect_s + 5.0)
+        engine = None if gateway is not None else await engine_name(session, url, timeout_s=config.timeouts.connect_s + 5.0)
         factory = RequestFactory(workload, seed=config.seed, model=target.model, base_dir=base_dir)
         run = _Run(config, workload, factory, session, target.model, progress, stop)
         result = await run.go()
     result.meta["gateway_config"] = gateway
+    result.meta["target_time_scale"] = target.time_scale  # announced by a simulator (or a gateway before one)
+    result.meta["engine"] = engine  # what the target says it is at /version, when no gateway was in front
     if time_scale != 1.0:
         rescale(result, time_scale)
     return result

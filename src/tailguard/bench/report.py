@@ -76,7 +76,8 @@ def load_run(run_dir: Path) -> tuple[list[RequestRecord], dict[str, Any]]:
     """A saved run: its records and its run.json (an empty description if run.json is missing)."""
     path = run_dir / REQUESTS_FILE
     if not path.is_file():
-        raise ConfigError(f"{run_dir} is not a bench output folder: {REQUESTS_FILE} is missing")
+        raise ConfigError(f"{run_dir} is not a bench output folder: {REQUESTS_FILE} is missing (give the folder "
+                          "a `tailguard bench --out DIR` run wrote)")
     meta_path = run_dir / RUN_FILE
     meta: dict[str, Any] = orjson.loads(meta_path.read_bytes()) if meta_path.is_file() else {}
     try:
@@ -125,4 +126,8 @@ async def bench_to_dir(config: BenchConfig, out_dir: Path, *, console: Console |
         result = await run_bench(config, stop=stop)
     if label is not None:
         result.meta["label"] = label
+    announced = result.meta.get("target_time_scale")
+    if console is not None and config.time_scale is None and announced not in (None, 1.0):
+        console.print(f"times in simulated seconds: {config.url} announced time scale {announced:g} "
+                      "(--time-scale 1 reports wall seconds)", soft_wrap=True)
     return write_outputs(result, out_dir, console=console if tables else None)

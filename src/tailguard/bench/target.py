@@ -73,6 +73,18 @@ async def gateway_config(session: aiohttp.ClientSession, url: str, *, api_key: s
     return data if isinstance(data, dict) and isinstance(data.get("hash"), str) else None
 
 
+async def engine_name(session: aiohttp.ClientSession, url: str, *, timeout_s: float) -> str | None:
+    """The engine a server names itself as at `GET /version` (`tailguard sim`: `tailguard-sim`),
+    recorded so doctor knows a run that went straight to the simulator; None from anything else."""
+    try:
+        async with asyncio.timeout(timeout_s), session.get(f"{url}/version") as resp:
+            data = orjson.loads(await resp.read()) if resp.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+        return None
+    engine = data.get("engine") if isinstance(data, dict) else None
+    return engine if isinstance(engine, str) else None
+
+
 def _os_reason(e: aiohttp.ClientConnectorError) -> str:
     if isinstance(e.os_error, ConnectionRefusedError):
         return "connection refused (nothing listens there: is the server running, on that port?)"
@@ -108,13 +120,14 @@ def read_model_list(where: str, body: bytes, model: str | None) -> Target:
 
 
 def time_scale_for(given: float | None, reported: float | None, url: str) -> float:
-    """The time scale to report in. A target on simulated time (`reported` != 1) needs it said:
-    without `--time-scale` every latency would silently read in wall seconds."""
+    """The time scale to report in: the one given, else the one the target announces (`tailguard
+    sim` lists it on its model, and a gateway in front lists its simulator's), so a run against a
+    simulator reads in simulated seconds unless `--time-scale 1` asks for wall seconds. A given
+    scale that contradicts the announced one is an error: one of the two is wrong."""
     if reported is None or reported == 1.0:
         return 1.0 if given is None else given
     if given is None:
-        raise TargetError(f"{url} runs on simulated time (time scale {reported:g}): pass --time-scale {reported:g} "
-                          "to report simulated seconds, or --time-scale 1 for wall seconds")
+        return reported
     if given not in (1.0, reported):
         raise TargetError(f"--time-scale {given:g}, but {url} says its time scale is {reported:g}")
     return given

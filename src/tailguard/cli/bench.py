@@ -66,7 +66,8 @@ def bench_run(
     workload: str = typer.Option("seed-mixed", help="Built-in workload name or a YAML file"),
     out: Path = typer.Option(Path("bench-out"), help="Output folder"),
     concurrency: Optional[int] = typer.Option(None, help="Closed loop: N clients, each sends when its last reply ends"),
-    rate: Optional[float] = typer.Option(None, help="Open loop: requests per second"),
+    rate: Optional[float] = typer.Option(None, help="Open loop: requests per wall second (against a simulator at "
+                                         "--time-scale 0.25, 1 is 0.25 per simulated second)"),
     arrival: str = typer.Option("poisson", help="Open-loop arrivals: constant, poisson or gamma"),
     burstiness: float = typer.Option(1.0, help="gamma shape: 1 is Poisson, below 1 burstier"),
     requests: Optional[int] = typer.Option(None, help="Measured requests (warm-up comes on top); default 200"),
@@ -80,8 +81,8 @@ def bench_run(
     timeout: float = typer.Option(600.0, help="Seconds from send to the end of the reply"),
     max_dispatch_lag_ms: float = typer.Option(5.0, help="Dispatch lag P99 above this (wall ms) marks the run invalid"),
     time_scale: Optional[float] = typer.Option(
-        None, help="Target is `tailguard sim --time-scale X`: pass X to report simulated seconds (timeouts stay "
-                   "wall seconds); required when the target says it runs on simulated time, 1 for wall seconds"),
+        None, help="Report in simulated seconds of a `tailguard sim --time-scale X` (timeouts stay wall seconds); "
+                   "default: the scale the target announces, else 1; 1 for wall seconds"),
     interrupt_grace: float = typer.Option(5.0, help="On Ctrl-C or SIGTERM: seconds requests in flight get to finish"),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar"),
     scrape: list[str] = typer.Option([], "--scrape", help="Snapshot this server's /metrics during the run into "

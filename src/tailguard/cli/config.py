@@ -1,10 +1,12 @@
-"""`tailguard config list | mark-good | diff | rollback | reload`: the configs a gateway applied
-(kept in its state directory, `tailguard.gateway.ops.store`), the known-good baseline, what changed
-between two, and a running gateway sent back to the baseline (or any stored config) live."""
+"""`tailguard config list | status | mark-good | diff | rollback | reload`: the configs a gateway
+applied (kept in its state directory, `tailguard.gateway.ops.store`), the known-good baseline, what
+changed between two or between what runs and the file, and a running gateway sent back to the
+baseline (or any stored config) live, with the file told when it would bring the change back."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 import uuid
@@ -15,7 +17,7 @@ import typer
 
 if TYPE_CHECKING:
     from tailguard.gateway.config import GatewayConfig
-    from tailguard.gateway.ops.store import ConfigStore
+    from tailguard.gateway.ops.store import ConfigStore, Entry
 
 _CONFIG = typer.Option(None, "--config", "-c", help="The gateway's tailguard.yaml (its state is beside it).")
 _STATE = typer.Option(None, "--state-dir", help="The gateway's state directory (as given to `serve --state-dir`).")
@@ -26,6 +28,7 @@ def register(app: typer.Typer) -> None:
     config = typer.Typer(help="Applied configs, the known-good baseline, diff and live rollback.",
                          add_completion=False, no_args_is_help=True, rich_markup_mode=None)
     config.command("list")(list_configs)
+    config.command("status")(status)
     config.command("mark-good")(mark_good)
     config.command("diff")(diff)
     config.command("rollback")(rollback)
@@ -82,20 +85,67 @@ def mark_good(n: Optional[int] = typer.Argument(None, help="Config number (defau
     typer.echo(f"config {entry.n} ({entry.hash}) is the known-good baseline")
 
 
-def diff(a: str = typer.Argument("good", help="A config number, `good`, `current`, or a YAML file."),
-         b: str = typer.Argument("current", help="The same, compared against A."),
+def diff(a: Optional[str] = typer.Argument(None, help="A config number, `good`, `current`, or a YAML file "
+                                                      "(default: what runs, compared with the --config file)."),
+         b: Optional[str] = typer.Argument(None, help="The same, compared against A (default: `current`)."),
          config: Optional[Path] = _CONFIG, state_dir: Optional[Path] = _STATE) -> None:
-    """What changed from A to B, setting by setting in the YAML's dotted names."""
+    """What changed from A to B, setting by setting in the YAML's dotted names. With neither: from
+    the config the gateway runs to the --config file, which is what a reload would apply."""
     from tailguard.errors import ConfigError
+    from tailguard.gateway.config import load_config
     from tailguard.settings import described, flatten
 
     try:
         store = _store(config, state_dir) if config is not None or state_dir is not None else None
-        old, new = _resolve(a, store), _resolve(b, store)
+        if a is None and b is None:
+            if config is None or store is None:
+                raise ConfigError("give --config FILE to compare it with what runs, or two configs: "
+                                  "tailguard config diff good current -c FILE")
+            entry = store.current()
+            typer.echo(f"from {_applied(store, entry.n)} config {entry.n} ({entry.hash}) to the file {config}:")
+            old, new = entry.load(), load_config(config)
+        else:
+            old, new = _resolve(a or "good", store), _resolve(b or "current", store)
     except ConfigError as e:
         _fail(str(e))
     found = described(flatten(old.settings()), flatten(new.settings()))
     typer.echo("\n".join(found) if found else "no setting differs")
+
+
+def _applied(store: ConfigStore, n: int) -> str:
+    """How to name stored config `n`: the running one, or (with no gateway up) the one applied last."""
+    from tailguard.errors import ConfigError
+
+    try:
+        store.running_pid()
+    except ConfigError:
+        return "the last applied (no gateway runs now)"
+    return "the running" if store.current().n == n else "stored"
+
+
+def status(config: Optional[Path] = _CONFIG, state_dir: Optional[Path] = _STATE) -> None:
+    """The running, baseline and file configs side by side (number and hash), and what to do when
+    the file is not what runs."""
+    from tailguard.errors import ConfigError
+    from tailguard.gateway.config import load_config
+
+    store = _store(config, state_dir)
+    try:
+        running = store.current()
+        good = store.good()
+        on_disk = None if config is None else load_config(config).digest()
+        up = _applied(store, running.n) == "the running"
+    except ConfigError as e:
+        _fail(str(e))
+    rows = [("running" if up else "last run", f"config {running.n}", running.hash),
+            ("baseline", "none marked" if good is None else f"config {good.n}", "-" if good is None else good.hash)]
+    if on_disk is not None:
+        rows.append(("file", str(config), on_disk))
+    for what, name, h in rows:
+        typer.echo(f"{what:<9} {h:<12}  {name}")
+    if on_disk is not None and on_disk != running.hash:
+        typer.echo(f"the file differs from what runs: `tailguard config diff -c {config}` shows how; "
+                   f"`tailguard config reload -c {config}` applies it")
 
 
 def _resolve(which: str, store: ConfigStore | None) -> GatewayConfig:
@@ -117,9 +167,12 @@ def _resolve(which: str, store: ConfigStore | None) -> GatewayConfig:
 
 
 def rollback(to: Optional[int] = typer.Option(None, "--to", help="Config number (default: the baseline)."),
+             write: bool = typer.Option(False, "--write", help="Also put the restored config in the --config file "
+                                        "(the file as it was is kept beside it, as FILE.bak)."),
              config: Optional[Path] = _CONFIG, state_dir: Optional[Path] = _STATE) -> None:
     """Return the running gateway to the known-good baseline (or config N), live: queued and
-    running requests are kept."""
+    running requests are kept. Says when the --config file still holds the change, which the next
+    reload or restart would bring back."""
     from tailguard.errors import ConfigError
 
     store = _store(config, state_dir)
@@ -130,39 +183,70 @@ def rollback(to: Optional[int] = typer.Option(None, "--to", help="Config number 
                 raise ConfigError(f"no baseline marked in {store.root} (tailguard config mark-good N)")
             to = good.n
         entry = store.get(to)
+        if write and config is None:
+            raise ConfigError("--write needs the file: give --config FILE")
         _signal_and_wait(store, {"n": entry.n, "how": f"rollback to {entry.n}"})
+        if config is not None:
+            _settle_file(config, entry, write)
     except ConfigError as e:
         _fail(str(e))
 
 
-def reload(config: Optional[Path] = _CONFIG, state_dir: Optional[Path] = _STATE) -> None:
+def _settle_file(config: Path, entry: Entry, write: bool) -> None:
+    """After a rollback: write `entry` into the file (keeping the old file), or warn when the file
+    differs from it, naming the settings the next reload or restart would bring back."""
+    from tailguard.gateway.config import load_config
+    from tailguard.settings import described, flatten
+
+    changes = described(flatten(entry.load().settings()), flatten(load_config(config).settings()))
+    if not changes:
+        return
+    if write:
+        kept = config.with_name(config.name + ".bak")
+        shutil.copy2(config, kept)
+        shutil.copyfile(entry.path, config)
+        typer.echo(f"wrote config {entry.n} into {config} (it was kept as {kept})")
+        return
+    typer.echo(f"warning: {config} still differs from config {entry.n}, which runs now; the next reload or "
+               f"restart brings back:\n  " + "\n  ".join(changes) +
+               f"\nrun `tailguard config rollback --to {entry.n} --write -c {config}` to write config {entry.n} into it "
+               "(keeping the file as it is beside it)", err=True)
+
+
+def reload(config: Optional[Path] = _CONFIG, state_dir: Optional[Path] = _STATE,
+           allow_auth_change: bool = typer.Option(
+               False, "--allow-auth-change",
+               help="Apply the file even if it removes every API key (auth off); refused otherwise.")) -> None:
     """Make the running gateway read its --config file again (as SIGHUP does), and say how it went."""
     from tailguard.errors import ConfigError
 
     try:
-        _signal_and_wait(_store(config, state_dir), None)
+        _signal_and_wait(_store(config, state_dir), {"how": "reload", "allow_auth_change": allow_auth_change})
     except ConfigError as e:
         _fail(str(e))
 
 
-def _signal_and_wait(store: ConfigStore, request: dict[str, object] | None) -> None:
+def _signal_and_wait(store: ConfigStore, request: dict[str, object]) -> None:
     """Leave the request, SIGHUP the gateway, and wait for its result (at most `_WAIT_S`)."""
     from tailguard.errors import ConfigError
 
     pid = store.running_pid()
     ident = uuid.uuid4().hex
     store.take_json(store.result_file)  # an old result must not be read as ours
-    if request is not None:
-        store.write_json(store.request_file, {"id": ident, **request})
+    # Made for the config running now, and now: the gateway ignores a leftover request.
+    history = store.history()
+    made_for = history[-1].hash if history else None
+    store.write_json(store.request_file, {"id": ident, "made_for": made_for, "at": time.time(), **request})
     started = time.monotonic()
     os.kill(pid, signal.SIGHUP)
     while time.monotonic() - started < _WAIT_S:
         result = store.take_json(store.result_file)
-        if result is not None and (request is None or result.get("id") == ident):
+        if result is not None and result.get("id") == ident:
             took = time.monotonic() - started
             if not result.get("ok"):
                 raise ConfigError(f"the gateway kept its config: {result.get('error')}")
             typer.echo(f"config {result.get('n')} ({result.get('hash')}) applied by pid {pid} in {took:.2f} s")
             return
         time.sleep(0.02)
-    raise ConfigError(f"no answer from the gateway (pid {pid}) within {_WAIT_S:g} s")
+    raise ConfigError(f"no answer from the gateway (pid {pid}) within {_WAIT_S:g} s: its log says why; "
+                      f"`tailguard config status` shows which config it runs")

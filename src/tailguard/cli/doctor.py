@@ -81,7 +81,7 @@ def doctor(
     except ConfigError as e:
         _fail(str(e))
     gw, eng = snapshots(run_dir, gateway_metrics, engine_metrics)
-    found = diagnose(records, meta, engine=engine_evidence(eng), gateway=gateway_evidence(gw))
+    found = diagnose(records, meta, engine=engine_evidence(eng), gateway=gateway_evidence(gw), run_dir=str(run_dir))
     out: dict[str, Any] = dict(findings_json(found))
     config = _config_since(against, records, meta)
     if config is not None:

@@ -6,8 +6,9 @@ gateway restarted per value; writes every run, sweep.json, sweep.html and pareto
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -38,6 +39,23 @@ class Plan:
         return 0.25 if self.time_scale is None else self.time_scale
 
 
+@dataclass
+class Progress:
+    """One line on stderr per run: the value, and about how long is left (the runs still needed
+    at the least, at the mean time of a run so far), so a sweep of minutes is not silent."""
+
+    sw: "Sweep"
+    started: float = field(default_factory=time.monotonic)
+    runs: int = 0
+
+    def done(self, index: int, seed: int) -> None:
+        self.runs += 1
+        took = time.monotonic() - self.started
+        left_s = self.sw.runs_left() * took / self.runs
+        typer.echo(f"[{index + 1}/{len(self.sw.values)}] {self.sw.setting.label}={self.sw.values[index]} seed {seed} "
+                   f"measured; {self.runs} runs in {took:.1f} s, about {left_s:.0f} s left", err=True)
+
+
 def _folder(sw: "Sweep", value: Any, seed: int, out: Path) -> Path:
     return out / f"{sw.setting.label.replace(':', '-')}={value}" / f"seed{seed}"
 
@@ -53,6 +71,7 @@ def run_des(sw: "Sweep", plan: Plan) -> None:
     from tailguard.sweep.virtual import VirtualRun, run_virtual
 
     workload, _ = load_workload(plan.workload)
+    progress = Progress(sw)
     while (nxt := sw.next_run()) is not None:
         i, value, seed = nxt
         gw, eng = apply(sw.setting, value, plan.gateway, {"max_num_seqs": plan.max_num_seqs})
@@ -61,6 +80,7 @@ def run_des(sw: "Sweep", plan: Plan) -> None:
         records, meta, _ = run_virtual(vr)
         meta["label"] = f"{sw.setting.label}={value}"
         sw.add(i, write_outputs(RunResult(records, meta), _folder(sw, value, seed, plan.out), html=False))
+        progress.done(i, seed)
 
 
 @contextlib.asynccontextmanager
@@ -100,6 +120,7 @@ async def run_http(sw: "Sweep", plan: Plan, backend: str | None) -> None:
     from tailguard.bench.report import bench_to_dir
     from tailguard.sweep.search import apply
 
+    progress = Progress(sw)
     while (nxt := sw.next_run()) is not None:
         i, value, _ = nxt
         gw, eng = apply(sw.setting, value, plan.gateway, {"max_num_seqs": plan.max_num_seqs})
@@ -111,6 +132,7 @@ async def run_http(sw: "Sweep", plan: Plan, backend: str | None) -> None:
                                   requests=plan.requests, seed=seed,
                                   time_scale=plan.sim_time_scale if backend is None else plan.time_scale)
                 sw.add(i, await bench_to_dir(cfg, _folder(sw, value, seed, plan.out), console=None, label=label))
+                progress.done(i, seed)
 
 
 def _base_gateway(config: Path | None, backend_kind: str, max_concurrency: int, fleet: bool) -> dict[str, Any]:
@@ -175,8 +197,12 @@ def sweep(
         st = Setting.parse(setting)
         _check(st, backend, target)
         if (concurrency is None) == (rate is None):
-            raise ConfigError("give --concurrency N or --rate R")
-        sw = Sweep(st, parse_values(st, values), [Slo.parse(s) for s in slo], seed, min_repeats, max_repeats, tolerance)
+            raise ConfigError("give one of --concurrency N (a closed loop of N clients) or --rate R (open loop, "
+                              "requests per second)")
+        sw = Sweep(st, parse_values(st, values), [Slo.parse(s) for s in slo], seed, min_repeats, max_repeats, tolerance,
+                   clients=concurrency)
+        for warning in result(sw)["warnings"]:
+            typer.echo(f"warning: {warning}", err=True)
         kind = backend_kind if backend is not None else "sim"
         des = backend is None and target == "des"
         plan = Plan(workload, requests, concurrency, rate, _base_gateway(config, kind, max_num_seqs, des), preset,
@@ -204,19 +230,29 @@ def sweep(
     _print(res, console())
 
 
+def _columns(res: dict[str, Any]) -> list[tuple[str, str]]:
+    """(class, metric) of each P99 column: every class's E2E, and beside it what an SLO judges."""
+    classes = sorted({c for p in res["points"] for c in p["p99"]})
+    judged = [(s["cls"], s["metric"]) for s in res["slo"] if s["metric"] != "e2e_s"]
+    return [col for c in classes for col in [(c, "e2e_s"), *[j for j in judged if j[0] == c]]]
+
+
 def _print(res: dict[str, Any], con: Any) -> None:
     from rich.table import Table
 
     t = Table(title=f"sweep of {res['setting']}")
-    classes = sorted({c for p in res["points"] for c in p["p99"]})
-    for col in ["value", "runs", "tokens/s", *[f"{c} P99 E2E" for c in classes], "SLO"]:
+    cols = _columns(res)
+    for col in ["value", "runs", "tokens/s", *[f"{c} P99 {m.removesuffix('_s').upper()}" for c, m in cols], "SLO"]:
         t.add_column(col, justify="right")
     for p in res["points"]:
-        cells = [f"{(p['p99'].get(c, {}).get('e2e_s', {}).get('mean') or float('nan')):.3f}" for c in classes]
+        cells = [f"{(p['p99'].get(c, {}).get(m, {}).get('mean') or float('nan')):.3f}" for c, m in cols]
         t.add_row(str(p["value"]), str(p["runs"]), f"{p['throughput_tokens_per_s']:.0f}", *cells,
                   "ok" if p["meets_slo"] else "miss")
     con.print(t)
-    con.print(f"knee: {res['knee']}; recommended: [bold]{res['recommended']}[/] ({res['reason']})")
+    knee = f"knee: {res['knee']}" if res["knee"] is not None else f"no knee: {res['no_knee']}"
+    con.print(f"{knee}; recommended: [bold]{res['recommended']}[/] ({res['reason']})")
+    for warning in res["warnings"]:
+        con.print(f"[yellow]warning:[/] {warning}")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,5 +1,6 @@
 """tailguard.client: the openai SDK with staged deadlines, retries that back off and read
-Retry-After, and a retry budget. Imports only the standard library, httpx2 and openai.
+Retry-After, and a retry budget. Imports only the standard library, openai and the HTTP library
+it is built on (httpx2; httpx before openai 3).
 
     from tailguard.client import openai_client, Timeouts, RetryPolicy
     client = openai_client(base_url="http://127.0.0.1:8080/v1", api_key="...",
@@ -11,8 +12,8 @@ The pieces, for an `openai.OpenAI(http_client=...)` built by hand: `RetryTranspo
 
 from tailguard.client.async_transport import AsyncRetryTransport
 from tailguard.client.exceptions import (
-    ConnectTimeout, DeadlineExceeded, FirstTokenTimeout, IdleTimeout, RateLimited, Rejected, TotalTimeout,
-    Unavailable,
+    ConnectionFailed, ConnectTimeout, DeadlineExceeded, FirstTokenTimeout, IdleTimeout, RateLimited, Rejected,
+    StreamBroken, TotalTimeout, Unavailable,
 )
 from tailguard.client.flow import ClientState
 from tailguard.client.retry import RetryPolicy, parse_retry_after
@@ -22,7 +23,7 @@ from tailguard.client.timeouts import Timeouts
 from tailguard.retry_budget import RetryBudget
 
 __all__ = [
-    "AsyncRetryTransport", "ClientState", "ConnectTimeout", "DeadlineExceeded", "FirstTokenTimeout",
-    "IdleTimeout", "RateLimited", "Rejected", "RetryBudget", "RetryPolicy", "RetryTransport", "Timeouts",
+    "AsyncRetryTransport", "ClientState", "ConnectionFailed", "ConnectTimeout", "DeadlineExceeded", "FirstTokenTimeout",
+    "IdleTimeout", "RateLimited", "Rejected", "RetryBudget", "RetryPolicy", "RetryTransport", "StreamBroken", "Timeouts",
     "TotalTimeout", "Unavailable", "async_openai_client", "client_state", "openai_client", "parse_retry_after",
 ]

@@ -2,7 +2,7 @@
 
     transport = AsyncRetryTransport(ClientState(Timeouts(), RetryPolicy(), RetryBudget(), (base_url,)))
     client = openai.AsyncOpenAI(base_url=base_url, max_retries=0,
-                                http_client=httpx2.AsyncClient(transport=transport))
+                                http_client=httpx.AsyncClient(transport=transport))
 
 Each read of the body waits at most until the try's next deadline (anyio's `fail_after`, so it
 works under asyncio and trio), which keep-alive bytes do not move.
@@ -15,22 +15,22 @@ import time
 from typing import AsyncIterator
 
 import anyio
-import httpx2
 
 from tailguard.client.exceptions import DeadlineExceeded
 from tailguard.client.flow import (
     LIMITS, Call, ClientState, Progress, TryFailed, connect_failure, deadline_failure, release_read_timeout,
     status_failure,
 )
+from tailguard.client.httplib import httpx
 from tailguard.client.retry import GiveUp
 
 
-class AsyncRetryTransport(httpx2.AsyncBaseTransport):
-    def __init__(self, state: ClientState, inner: httpx2.AsyncBaseTransport | None = None) -> None:
+class AsyncRetryTransport(httpx.AsyncBaseTransport):
+    def __init__(self, state: ClientState, inner: httpx.AsyncBaseTransport | None = None) -> None:
         self._state = state
-        self._inner = inner or httpx2.AsyncHTTPTransport(limits=LIMITS)
+        self._inner = inner or httpx.AsyncHTTPTransport(limits=LIMITS)
 
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         await request.aread()
         call = self._state.start_call(request)
         while True:
@@ -42,13 +42,13 @@ class AsyncRetryTransport(httpx2.AsyncBaseTransport):
                     raise call.give_up(failed, decision.reason) from None
                 await anyio.sleep(decision.delay_s)
 
-    async def _try(self, call: Call) -> httpx2.Response:
+    async def _try(self, call: Call) -> httpx.Response:
         request, progress = call.request()
         try:
             response = await self._inner.handle_async_request(request)
-        except httpx2.ReadTimeout:
+        except httpx.ReadTimeout:
             raise deadline_failure(request, progress.deadlines, time.monotonic()) from None
-        except httpx2.TransportError as err:
+        except httpx.TransportError as err:
             raise connect_failure(request, err, self._state.timeouts.connect, progress.deadlines.sent_at) from err
         if response.status_code != 200:
             body = await _read_all(response)
@@ -61,16 +61,16 @@ class AsyncRetryTransport(httpx2.AsyncBaseTransport):
         await stream.prefetch()
         if progress.assembler is not None:
             return progress.assembled(response)
-        return httpx2.Response(200, headers=response.headers, stream=stream, extensions=response.extensions)
+        return httpx.Response(200, headers=response.headers, stream=stream, extensions=response.extensions)
 
     async def aclose(self) -> None:
         await self._inner.aclose()
 
 
-class _AsyncDeadlineStream(httpx2.AsyncByteStream):
+class _AsyncDeadlineStream(httpx.AsyncByteStream):
     """A response body read under its try's deadlines."""
 
-    def __init__(self, response: httpx2.Response, progress: Progress) -> None:
+    def __init__(self, response: httpx.Response, progress: Progress) -> None:
         self._response = response
         self._raw = response.aiter_raw()
         self._progress = progress
@@ -85,7 +85,7 @@ class _AsyncDeadlineStream(httpx2.AsyncByteStream):
                 if chunk is None:
                     break
                 self._buffer.append(chunk)
-        except (DeadlineExceeded, httpx2.TransportError) as err:
+        except (DeadlineExceeded, httpx.TransportError) as err:
             await self.aclose()
             raise TryFailed(None, None, err) from None
 
@@ -93,8 +93,11 @@ class _AsyncDeadlineStream(httpx2.AsyncByteStream):
         buffered, self._buffer = self._buffer, []
         for piece in buffered:
             yield piece
-        while (chunk := await self._next()) is not None:
-            yield chunk
+        try:
+            while (chunk := await self._next()) is not None:
+                yield chunk
+        except httpx.TransportError as err:
+            raise self._progress.broken(err) from err
 
     async def _next(self) -> bytes | None:
         if self._done:
@@ -116,11 +119,11 @@ class _AsyncDeadlineStream(httpx2.AsyncByteStream):
         await self._response.aclose()
 
 
-async def _read_all(response: httpx2.Response) -> bytes:
+async def _read_all(response: httpx.Response) -> bytes:
     """An error response's body (within the try's read timeout); lost if the server breaks off."""
     try:
         return await response.aread()
-    except httpx2.TransportError:
+    except httpx.TransportError:
         return b""
     finally:
         await response.aclose()

@@ -53,18 +53,20 @@ class StreamScan:
         scan.tokens()                  # usage.completion_tokens if sent, else content chunks
     """
 
-    __slots__ = ("_decoder", "content_chunks", "completion_tokens")
+    __slots__ = ("_decoder", "content_chunks", "completion_tokens", "done")
 
     def __init__(self) -> None:
         self._decoder = SSEDecoder()
         self.content_chunks = 0
         self.completion_tokens: int | None = None
+        self.done = False  # `data: [DONE]` arrived: the answer is whole
 
     def feed(self, data: bytes) -> int:
         """Content chunks completed by `data`."""
         found = 0
         for event in self._decoder.feed(data):
             if event.data == DONE:
+                self.done = True
                 continue
             try:
                 obj = json.loads(event.data)

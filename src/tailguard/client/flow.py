@@ -15,18 +15,19 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import httpx2
-
 from tailguard.client.assembly import Assembler, streaming_body
 from tailguard.client.chunks import StreamScan, request_fields
-from tailguard.client.exceptions import DEADLINE_ERRORS, DeadlineExceeded, RateLimited, Rejected, Unavailable
+from tailguard.client.exceptions import (
+    DEADLINE_ERRORS, ConnectionFailed, DeadlineExceeded, RateLimited, Rejected, StreamBroken, Unavailable,
+)
+from tailguard.client.httplib import httpx
 from tailguard.client.retry import RETRY_STATUSES, GiveUp, GiveUpReason, Retry, RetryPolicy, parse_retry_after
 from tailguard.client.timeouts import Deadlines, Expired, Speed, Timeouts
 from tailguard.retry_budget import RetryBudget
 
 # The connection pool openai's own client uses: a pool smaller than the callers would make
 # calls wait for a connection, which is no deadline of ours.
-LIMITS = httpx2.Limits(max_connections=1000, max_keepalive_connections=100)
+LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
 
 
 @dataclass
@@ -42,7 +43,7 @@ class ClientState:
     speed: Speed = field(default_factory=Speed)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def start_call(self, request: httpx2.Request) -> Call:
+    def start_call(self, request: httpx.Request) -> Call:
         """A call of `request`, whose body has been read."""
         with self.lock:
             if self.budget is not None:
@@ -69,15 +70,17 @@ class TryFailed(Exception):
 class Call:
     """One call: which base URL each try goes to and whether a failed try is retried."""
 
-    def __init__(self, state: ClientState, original: httpx2.Request) -> None:
+    def __init__(self, state: ClientState, original: httpx.Request) -> None:
         self._state = state
         self._original = original
         self.fields = request_fields(original.method, original.url.path, original.content)
         self._body = streaming_body(original.content) if self.fields.assembles else original.content
         self.attempts = 0
         self._url = 0
+        self._sent: httpx.Request = original  # the last try's request
+        self.tries: list[str] = []  # per failed try: its URL and what went wrong
 
-    def request(self) -> tuple[httpx2.Request, Progress]:
+    def request(self) -> tuple[httpx.Request, Progress]:
         """The next try's request, and the progress of its response under this try's deadlines."""
         self.attempts += 1
         t, fields = self._state.timeouts, self.fields
@@ -92,10 +95,12 @@ class Call:
         read = None if remaining == float("inf") else remaining
         timeout = {"connect": t.connect, "read": read, "write": t.connect, "pool": t.connect}
         request = _rebase(self._original, self._body, self._state.base_urls, self._url, timeout)
+        self._sent = request
         assembler = Assembler(chat=fields.endpoint == "chat") if fields.assembles else None
         return request, Progress(request, deadlines, self._state, assembler)
 
     def after(self, failed: TryFailed) -> Retry | GiveUp:
+        self.tries.append(f"try {self.attempts} to {self._sent.url}: {_what_went_wrong(failed.final)}")
         state = self._state
         with state.lock:
             decision = state.policy.decide(self.attempts, failed.status, failed.retry_after_s, state.rng)
@@ -109,12 +114,23 @@ class Call:
         return decision
 
     def give_up(self, failed: TryFailed, reason: GiveUpReason) -> Exception:
-        if isinstance(failed.final, Rejected):
-            failed.final.stopped(self.attempts, reason)
-        return failed.final
+        """The error the caller gets: the last try's, telling every try."""
+        final = failed.final
+        if isinstance(final, (Rejected, DeadlineExceeded)):
+            final.stopped(self.attempts, reason, self.tries)
+            return final
+        return ConnectionFailed(self._sent, self.attempts, reason, self.tries)
 
-def _rebase(request: httpx2.Request, body: bytes, urls: tuple[str, ...], index: int,
-            timeout: dict[str, float | None]) -> httpx2.Request:
+
+def _what_went_wrong(err: Exception) -> str:
+    if isinstance(err, (Rejected, DeadlineExceeded)):
+        return err.detail()
+    if isinstance(err, httpx.ConnectError):
+        return f"cannot connect ({str(err) or type(err).__name__})"
+    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+
+def _rebase(request: httpx.Request, body: bytes, urls: tuple[str, ...], index: int,
+            timeout: dict[str, float | None]) -> httpx.Request:
     url = str(request.url)
     if index and url.startswith(urls[0].rstrip("/")):
         url = urls[index].rstrip("/") + url[len(urls[0].rstrip("/")):]
@@ -122,15 +138,15 @@ def _rebase(request: httpx2.Request, body: bytes, urls: tuple[str, ...], index: 
     headers = request.headers.copy()
     headers.pop("host", None)  # the next base URL may name another host
     headers.pop("content-length", None)
-    return httpx2.Request(request.method, url, headers=headers, content=body, extensions=extensions)
+    return httpx.Request(request.method, url, headers=headers, content=body, extensions=extensions)
 
 
-def status_failure(request: httpx2.Request, status: int, headers: httpx2.Headers, body: bytes) -> TryFailed | None:
+def status_failure(request: httpx.Request, status: int, headers: httpx.Headers, body: bytes) -> TryFailed | None:
     """A response with a retryable status as a failed try, or None for any other response."""
     if status not in RETRY_STATUSES:
         return None
     retry_after = parse_retry_after(headers, time.time())
-    response = httpx2.Response(status, headers=headers, content=body, request=request)
+    response = httpx.Response(status, headers=headers, content=body, request=request)
     try:
         parsed: object = json.loads(body) if body else None
     except ValueError:
@@ -140,7 +156,7 @@ def status_failure(request: httpx2.Request, status: int, headers: httpx2.Headers
     return TryFailed(status, retry_after, final)
 
 
-def deadline_failure(request: httpx2.Request, deadlines: Deadlines, now: float,
+def deadline_failure(request: httpx.Request, deadlines: Deadlines, now: float,
                      expired: Expired | None = None) -> TryFailed:
     """A deadline ran out before content reached the caller (a timeout from the socket layer
     can fire a hair before our own arithmetic says so: then it is the next deadline's)."""
@@ -148,17 +164,17 @@ def deadline_failure(request: httpx2.Request, deadlines: Deadlines, now: float,
     return TryFailed(None, None, err)
 
 
-def deadline_error(request: httpx2.Request, deadlines: Deadlines, now: float,
+def deadline_error(request: httpx.Request, deadlines: Deadlines, now: float,
                    expired: Expired | None = None) -> DeadlineExceeded:
     found = expired or deadlines.expired(now) or deadlines.expired(max(now, deadlines.next_at() or now))
     assert found is not None, "a deadline error needs an armed deadline"
     return DEADLINE_ERRORS[found.phase](request, found, deadlines.content_chunks)
 
 
-def connect_failure(request: httpx2.Request, err: httpx2.TransportError, connect_s: float | None,
+def connect_failure(request: httpx.Request, err: httpx.TransportError, connect_s: float | None,
                     started_at: float) -> TryFailed:
     """A connection that timed out, was refused or was reset before a response."""
-    if isinstance(err, httpx2.ConnectTimeout) and connect_s is not None:
+    if isinstance(err, httpx.ConnectTimeout) and connect_s is not None:
         final: Exception = DEADLINE_ERRORS["connect"](
             request, Expired("connect", connect_s, time.monotonic() - started_at), 0)
         return TryFailed(None, None, final)
@@ -170,13 +186,14 @@ class Progress:
     """A response body read under a try's deadlines: each piece is scanned for content, which
     moves the deadlines, and a deadline that has run out raises. Both transports' streams use it."""
 
-    def __init__(self, request: httpx2.Request, deadlines: Deadlines, state: ClientState,
+    def __init__(self, request: httpx.Request, deadlines: Deadlines, state: ClientState,
                  assembler: Assembler | None) -> None:
         self.request = request
         self.deadlines = deadlines
         self.scan = StreamScan()
         self.assembler = assembler
         self._state = state
+        self._ended = False
 
     def took(self, chunk: bytes, now: float) -> None:
         if self.assembler is not None:
@@ -184,32 +201,44 @@ class Progress:
         found = self.scan.feed(chunk)
         if found:
             self.deadlines.on_content(now, found)
+        if self.scan.done:
+            # The answer is whole: learn from it now, since an SDK may stop reading at `[DONE]`
+            # (openai before 3.x does) and never reach the end of the body; no deadline is left.
+            self.ended(now)
+            return
         expired = self.deadlines.expired(now)
         if expired is not None:
             raise deadline_error(self.request, self.deadlines, now, expired)
 
     def ended(self, now: float) -> None:
-        self._state.learned(self.scan, self.deadlines, now)
+        """The answer ended well (its `[DONE]`, or the end of the body): learn its speed, once."""
+        if not self._ended:
+            self._ended = True
+            self._state.learned(self.scan, self.deadlines, now)
 
     def timed_out(self, now: float) -> DeadlineExceeded:
         return deadline_error(self.request, self.deadlines, now)
+
+    def broken(self, err: Exception) -> StreamBroken:
+        """The connection failed after the caller got content."""
+        return StreamBroken(self.request, self.scan.content_chunks, err)
 
     def prefetched(self) -> bool:
         """Whether what was read so far may be handed to the caller: the first content chunk of a
         stream, the whole of an assembled call."""
         return self.assembler is None and self.scan.content_chunks > 0
 
-    def assembled(self, response: httpx2.Response) -> httpx2.Response:
+    def assembled(self, response: httpx.Response) -> httpx.Response:
         """The joined response of a non-stream call, as the server would have sent it."""
         assert self.assembler is not None
-        headers = httpx2.Headers(response.headers)
+        headers = httpx.Headers(response.headers)
         for name in ("content-length", "transfer-encoding", "content-encoding"):
             headers.pop(name, None)
         headers["content-type"] = "application/json"
-        return httpx2.Response(200, headers=headers, content=self.assembler.finish(), extensions=response.extensions)
+        return httpx.Response(200, headers=headers, content=self.assembler.finish(), extensions=response.extensions)
 
 
-def release_read_timeout(request: httpx2.Request) -> None:
+def release_read_timeout(request: httpx.Request) -> None:
     """From the body on, the try's own deadlines bound each read, not httpx's read timeout,
     which would restart with every keep-alive byte. httpcore reads the timeout dict again when
     the body starts, so clearing it here (after the headers) takes effect for the body alone."""

@@ -10,11 +10,11 @@ from __future__ import annotations
 import random
 from typing import Any, Sequence
 
-import httpx2
 import openai
 
 from tailguard.client.async_transport import AsyncRetryTransport
 from tailguard.client.flow import ClientState
+from tailguard.client.httplib import httpx
 from tailguard.client.retry import RetryPolicy
 from tailguard.client.sync_transport import RetryTransport
 from tailguard.client.timeouts import Timeouts
@@ -44,7 +44,7 @@ def openai_client(*, base_url: str | Sequence[str], timeouts: Timeouts | None = 
                                retry=RetryPolicy(max_attempts=4, base_delay=1.0, max_delay=8.0))
     """
     state = client_state(base_url, timeouts, retry, budget, seed)
-    http = httpx2.Client(transport=RetryTransport(state))
+    http = httpx.Client(transport=RetryTransport(state))
     return openai.OpenAI(base_url=state.base_urls[0], max_retries=0, http_client=http, **openai_kwargs)
 
 
@@ -53,5 +53,5 @@ def async_openai_client(*, base_url: str | Sequence[str], timeouts: Timeouts | N
                         seed: int | None = None, **openai_kwargs: Any) -> openai.AsyncOpenAI:
     """The same as `openai_client`, for `openai.AsyncOpenAI`."""
     state = client_state(base_url, timeouts, retry, budget, seed)
-    http = httpx2.AsyncClient(transport=AsyncRetryTransport(state))
+    http = httpx.AsyncClient(transport=AsyncRetryTransport(state))
     return openai.AsyncOpenAI(base_url=state.base_urls[0], max_retries=0, http_client=http, **openai_kwargs)

@@ -1,7 +1,7 @@
 """The sync driver: an httpx transport that gives `openai.OpenAI` staged deadlines and retries.
 
     transport = RetryTransport(ClientState(Timeouts(), RetryPolicy(), RetryBudget(), (base_url,)))
-    client = openai.OpenAI(base_url=base_url, max_retries=0, http_client=httpx2.Client(transport=transport))
+    client = openai.OpenAI(base_url=base_url, max_retries=0, http_client=httpx.Client(transport=transport))
 
 A streamed response is returned to the SDK only once its first content chunk has arrived, so a
 try that stalls before it (a queue, a hang, keep-alives) can still be retried; from then on the
@@ -14,24 +14,23 @@ import socket
 import time
 from typing import Iterator
 
-import httpx2
-
 from tailguard.client.flow import (
     LIMITS, Call, ClientState, Progress, TryFailed, connect_failure, deadline_failure, release_read_timeout,
     status_failure,
 )
+from tailguard.client.httplib import httpx
 from tailguard.client.retry import GiveUp
 from tailguard.client.exceptions import DeadlineExceeded
 from tailguard.client.watchdog import Watchdog
 
 
-class RetryTransport(httpx2.BaseTransport):
-    def __init__(self, state: ClientState, inner: httpx2.BaseTransport | None = None) -> None:
+class RetryTransport(httpx.BaseTransport):
+    def __init__(self, state: ClientState, inner: httpx.BaseTransport | None = None) -> None:
         self._state = state
-        self._inner = inner or httpx2.HTTPTransport(limits=LIMITS)
+        self._inner = inner or httpx.HTTPTransport(limits=LIMITS)
         self._watchdog = Watchdog()
 
-    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
         request.read()
         call = self._state.start_call(request)
         while True:
@@ -43,13 +42,13 @@ class RetryTransport(httpx2.BaseTransport):
                     raise call.give_up(failed, decision.reason) from None
                 time.sleep(decision.delay_s)
 
-    def _try(self, call: Call) -> httpx2.Response:
+    def _try(self, call: Call) -> httpx.Response:
         request, progress = call.request()
         try:
             response = self._inner.handle_request(request)
-        except httpx2.ReadTimeout:
+        except httpx.ReadTimeout:
             raise deadline_failure(request, progress.deadlines, time.monotonic()) from None
-        except httpx2.TransportError as err:
+        except httpx.TransportError as err:
             raise connect_failure(request, err, self._state.timeouts.connect, progress.deadlines.sent_at) from err
         if response.status_code != 200:
             body = _read_all(response)
@@ -62,17 +61,17 @@ class RetryTransport(httpx2.BaseTransport):
         stream.prefetch()
         if progress.assembler is not None:
             return progress.assembled(response)
-        return httpx2.Response(200, headers=response.headers, stream=stream, extensions=response.extensions)
+        return httpx.Response(200, headers=response.headers, stream=stream, extensions=response.extensions)
 
     def close(self) -> None:
         self._watchdog.close()
         self._inner.close()
 
 
-class _DeadlineStream(httpx2.SyncByteStream):
+class _DeadlineStream(httpx.SyncByteStream):
     """A response body read under its try's deadlines; the watchdog wakes a read that stalls."""
 
-    def __init__(self, response: httpx2.Response, progress: Progress, watchdog: Watchdog) -> None:
+    def __init__(self, response: httpx.Response, progress: Progress, watchdog: Watchdog) -> None:
         self._response = response
         self._raw = response.iter_raw()
         self._progress = progress
@@ -90,15 +89,18 @@ class _DeadlineStream(httpx2.SyncByteStream):
                 if chunk is None:
                     break
                 self._buffer.append(chunk)
-        except (DeadlineExceeded, httpx2.TransportError) as err:
+        except (DeadlineExceeded, httpx.TransportError) as err:
             self.close()
             raise TryFailed(None, None, err) from None
 
     def __iter__(self) -> Iterator[bytes]:
         buffered, self._buffer = self._buffer, []
         yield from buffered
-        while (chunk := self._next()) is not None:
-            yield chunk
+        try:
+            while (chunk := self._next()) is not None:
+                yield chunk
+        except httpx.TransportError as err:
+            raise self._progress.broken(err) from err
 
     def _next(self) -> bytes | None:
         if self._done:
@@ -107,7 +109,7 @@ class _DeadlineStream(httpx2.SyncByteStream):
             chunk = next(self._raw)
         except StopIteration:
             chunk = None
-        except httpx2.TransportError:
+        except httpx.TransportError:
             if self._watchdog.fired(self._key):
                 raise self._progress.timed_out(time.monotonic()) from None
             raise
@@ -127,17 +129,17 @@ class _DeadlineStream(httpx2.SyncByteStream):
         self._response.close()
 
 
-def _read_all(response: httpx2.Response) -> bytes:
+def _read_all(response: httpx.Response) -> bytes:
     """An error response's body (within the try's read timeout); lost if the server breaks off."""
     try:
         return response.read()
-    except httpx2.TransportError:
+    except httpx.TransportError:
         return b""
     finally:
         response.close()
 
 
-def _socket(response: httpx2.Response) -> socket.socket | None:
+def _socket(response: httpx.Response) -> socket.socket | None:
     stream = response.extensions.get("network_stream")
     sock = stream.get_extra_info("socket") if stream is not None else None
     return sock if isinstance(sock, socket.socket) else None

@@ -1,18 +1,21 @@
 """The numbers doctor's rules read, computed once from a run's records and summary (pure, no I/O).
 
 Per class: sizes, failures by kind, the slowest 1%'s attribution, and the median request's share
-of time spent queued; for the run: the pooled median ITL, whether a gateway was in front, and
-what the workload declared (shared system prompts).
+of time spent queued; for the run: the pooled median ITL, whether a gateway was in front and what
+it was told (its recorded settings), what the workload declared (shared system prompts), and
+where the run is, so the commands doctor proposes name it.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
 from tailguard.bench.attribution import mean_parts, slowest
+from tailguard.bench.configs import run_config
 from tailguard.bench.recorder import RequestRecord
 from tailguard.bench.stats import measured
 
@@ -47,10 +50,52 @@ class ClassFacts:
     median_gateway_s: float  # the median request's wait in the gateway
     others_in_flight_at_tail: float  # other classes' requests in flight when the slowest 1% were sent
     records: tuple[RequestRecord, ...]
+    server_class: str | None = None  # the gateway's class for it (X-Tailguard-Class), most often seen
 
     def ratio(self, metric: str) -> float | None:
         p50, p99 = getattr(self, f"{metric}_p50"), getattr(self, f"{metric}_p99")
         return p99 / p50 if p50 and p99 is not None else None
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    url: str
+    kind: str
+    max_concurrency: int
+
+
+@dataclass(frozen=True)
+class GatewayView:
+    """What the run's gateway was told, from the settings the bench recorded (`GET /config`):
+    read before proposing a change, so doctor does not propose what is on already and fills its
+    commands with the values that ran."""
+
+    ranks: dict[str, int]  # gateway class -> rank (lower is served first)
+    preemptible: frozenset[str]
+    preemption: bool
+    policy: str
+    backends: tuple[Backend, ...]
+
+    @classmethod
+    def of(cls, settings: dict[str, Any] | None) -> GatewayView | None:
+        if not settings:
+            return None
+        sched = settings.get("scheduler") or {}
+        classes = settings.get("classes") or []
+        return cls(
+            ranks={c["name"]: int(c.get("rank", 0)) for c in classes},
+            preemptible=frozenset(c["name"] for c in classes if c.get("preemptible")),
+            preemption=bool(sched.get("preemption")), policy=str(sched.get("policy", "ranked-sjf")),
+            backends=tuple(Backend(b["name"], b["url"], b.get("kind") or "auto", int(b.get("max_concurrency") or 0))
+                           for b in settings.get("backends") or []))
+
+    def waits_by_design(self, low: ClassFacts, high: ClassFacts) -> bool:
+        """`low` is a class the gateway was told to serve after `high` (a higher rank)."""
+        if low.server_class is None or high.server_class is None:
+            return False
+        ranks = self.ranks
+        return low.server_class in ranks and high.server_class in ranks and ranks[low.server_class] > ranks[high.server_class]
 
 
 @dataclass(frozen=True)
@@ -62,6 +107,8 @@ class RunFacts:
     validity_reason: str | None
     meta: dict[str, Any]
     summary: dict[str, Any]
+    gateway: GatewayView | None = None
+    run_dir: str = "."  # the run's folder, as the user named it
 
     @property
     def requests(self) -> int:
@@ -102,10 +149,12 @@ def class_facts(name: str, recs: list[RequestRecord], everyone: Sequence[Request
         median_gateway_s=median([(r.attribution or {}).get("gateway_queue_s", 0.0) for r in recs]) if recs else 0.0,
         others_in_flight_at_tail=(sum(_in_flight_at(r.sent_at, others) for r in tail) / len(tail)) if tail else 0.0,
         records=tuple(recs),
+        server_class=next(iter(Counter(r.server_class for r in recs if r.server_class).most_common(1)), (None,))[0],
     )
 
 
-def run_facts(records: Sequence[RequestRecord], meta: dict[str, Any], summary: dict[str, Any]) -> RunFacts:
+def run_facts(records: Sequence[RequestRecord], meta: dict[str, Any], summary: dict[str, Any],
+              run_dir: str = ".") -> RunFacts:
     """`records` carry their attribution (`bench.attribution.attribute_all`)."""
     rec = measured(records)
     classes = {name: class_facts(name, [r for r in rec if r.cls == name], rec, group)
@@ -116,6 +165,7 @@ def run_facts(records: Sequence[RequestRecord], meta: dict[str, Any], summary: d
         classes=classes, itl_p50=median(gaps) if gaps else None,
         behind_gateway=sum(r.queue_ms is not None or bool(r.server_timing_s) for r in rec) > len(rec) / 2,
         valid=bool(v.get("valid", True)), validity_reason=v.get("reason"), meta=meta, summary=summary,
+        gateway=GatewayView.of((run_config(rec, meta) or {}).get("settings")), run_dir=run_dir,
     )
 
 

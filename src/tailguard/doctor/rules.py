@@ -28,6 +28,8 @@ Rule = Callable[[RunFacts, "EngineEvidence | None", "GatewayEvidence | None"], "
 def _s(v: float | None) -> str:
     if v is None:
         return "n/a"
+    if v < 0.01:
+        return f"{v * 1000:.1f} ms"  # a simulated decode step is a few ms: "0 ms" would say nothing
     return f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s"
 
 
@@ -39,14 +41,63 @@ def _pct(v: float) -> str:
     return f"{v * 100:.0f}%"
 
 
-def bench_command(f: RunFacts, url: str | None = None, out: str = "after") -> str:
-    """The `tailguard bench` command that repeats this run (optionally at another URL)."""
+def bench_command(f: RunFacts, url: str | None = None, out: str | None = None) -> str:
+    """The `tailguard bench` command that repeats this run (optionally at another URL), writing
+    beside it (`RUN-after` unless `out` says)."""
     m = f.meta
     w = (m.get("workload") or {}).get("name", "seed-mixed")
-    load = f"--concurrency {m['concurrency']}" if m.get("concurrency") else f"--rate {m.get('rate')}"
     size = f"--requests {m['requests']}" if m.get("requests") else f"--duration {m.get('duration_s')}"
     ts = f" --time-scale {m['time_scale']}" if m.get("time_scale", 1.0) != 1.0 else ""
-    return f"tailguard bench --url {url or m.get('url', 'URL')} --workload {w} {load} {size} --seed {m.get('seed', 0)}{ts} --out {out}"
+    return (f"tailguard bench --url {url or m.get('url', 'URL')} --workload {w} {_load(f)} {size} "
+            f"--seed {m.get('seed', 0)}{ts} --out {out or _after(f)}")
+
+
+def _load(f: RunFacts) -> str:
+    m = f.meta
+    return f"--concurrency {m['concurrency']}" if m.get("concurrency") else f"--rate {m.get('rate')}"
+
+
+def _after(f: RunFacts) -> str:
+    return f"{f.run_dir.rstrip('/')}-after"
+
+
+def compare_command(f: RunFacts, after: str | None = None) -> str:
+    return f"tailguard bench compare {f.run_dir} {after or _after(f)}"
+
+
+def slo_target(c: ClassFacts, metric: str) -> str:
+    """An SLO to sweep against: 3x the class's P50 (the low end of a healthy tail, 3-5x)."""
+    p50 = getattr(c, f"{metric}_p50") or 0.0
+    return f"{c.name}:{metric}_s={max(3 * p50, 0.001):.3g}"
+
+
+def _engine(f: RunFacts) -> tuple[str, str] | None:
+    """(URL, kind) of the engine behind the run: the gateway's first backend, or the run's own URL
+    when it went straight to the engine."""
+    if f.gateway is not None and f.gateway.backends:
+        b = f.gateway.backends[0]
+        return b.url, b.kind
+    return (f.meta["url"], "vllm") if not f.behind_gateway and f.meta.get("url") else None
+
+
+def sweep_command(f: RunFacts, setting: str, values: str, slo: str) -> str:
+    """`tailguard sweep` of one setting at this run's load, against its engine behind a gateway
+    restarted per value (on the discrete-event simulator when the engine is unknown)."""
+    w = (f.meta.get("workload") or {}).get("name", "seed-mixed")
+    where = ""
+    found = _engine(f)
+    if found is not None:
+        url, kind = found
+        where = f" --backend {url} --backend-kind {kind}"
+        if f.meta.get("time_scale", 1.0) != 1.0:
+            where += f" --time-scale {f.meta['time_scale']}"
+    return (f"tailguard sweep --setting {setting} --values {values} --slo {slo} --workload {w} {_load(f)}"
+            f"{where} --out {f.run_dir.rstrip('/')}-sweep")
+
+
+def _cap(f: RunFacts) -> int | None:
+    """The first backend's max_concurrency as the run's gateway had it."""
+    return f.gateway.backends[0].max_concurrency if f.gateway is not None and f.gateway.backends else None
 
 
 def _by_output(f: RunFacts) -> tuple[ClassFacts, ClassFacts] | None:
@@ -73,16 +124,14 @@ def head_of_line(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence
     if short.rejected or short.timeouts:
         against.append(f"{short.name} also lost {short.rejected + short.timeouts} requests to refusals or timeouts")
     if f.behind_gateway:
-        step = (f"the gateway is in front already: let it hold fewer {long.name} requests (a lower `max_share` or "
-                f"`max_tokens_cap` for their class, `preemption: true`), or lower `max_concurrency`")
-        check = (f"tailguard sweep --setting max_concurrency --values 2..32 --slo {short.name}:e2e_s=<target> "
-                 "--backend <engine URL>")
+        step, check = _hold_fewer(f, short, long)
     else:
+        slots, said = _engine_slots(engine)
         step = ("put `tailguard serve` in front of the engine: the ranked-sjf policy with `max_concurrency` equal "
-                f"to the engine's max_num_seqs, so a {short.name} request waits for the next free slot, not behind "
-                f"every queued {long.name} request")
-        check = (f"tailguard serve --backend {f.meta.get('url', 'URL')} --max-concurrency <max_num_seqs>; "
-                 f"{bench_command(f, 'http://127.0.0.1:8080', 'after')}; tailguard bench compare <this run> after")
+                f"to the engine's max_num_seqs ({said}), so a {short.name} request waits for the next free slot, "
+                f"not behind every queued {long.name} request")
+        check = (f"tailguard serve --backend {f.meta.get('url', 'URL')} --max-concurrency {slots}; "
+                 f"{bench_command(f, 'http://127.0.0.1:8080')}; {compare_command(f)}")
     return Finding(
         "head_of_line", "high",
         symptom=(f"{short.name} E2E P99 {_s(short.e2e_p99)} vs P50 {_s(short.e2e_p50)} (P99/P50 {_x(short.ratio('e2e'))}, "
@@ -97,6 +146,33 @@ def head_of_line(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence
     )
 
 
+def _engine_slots(engine: EngineEvidence | None) -> tuple[int, str]:
+    """The engine's batch slots as far as the run shows them, and how that is known."""
+    if engine is not None and engine.running_max:
+        return int(engine.running_max), f"it ran at most {engine.running_max:.0f} at once"
+    return 8, "8 is the gateway's default: use the engine's own --max-num-seqs if it differs"
+
+
+def _hold_fewer(f: RunFacts, short: ClassFacts, long: ClassFacts) -> tuple[str, str]:
+    """Behind the gateway already: the next change, from what it was told (nothing it has on
+    already), and the sweep that checks it."""
+    ways = []
+    view = f.gateway
+    cls = long.server_class or long.name
+    if view is None or not (view.preemption and cls in view.preemptible):
+        ways.append(f"`preemption: true` with `preemptible: true` on the {cls} class")
+    ways.append(f"a `max_share` below 1 or a lower `max_tokens_cap` for the {cls} class")
+    cap = _cap(f)
+    if cap is not None and cap > 1:
+        ways.append(f"a lower `max_concurrency` than {cap}")
+        values = f"{max(1, cap // 4)}..{cap}"
+    else:
+        ways.append("a lower `max_concurrency`")
+        values = "2..16"
+    step = f"the gateway is in front already: let it hold fewer {long.name} requests: " + ", or ".join(ways)
+    return step, sweep_command(f, "max_concurrency", values, slo_target(short, "e2e"))
+
+
 def _ttft_slow(f: RunFacts) -> list[ClassFacts]:
     if f.itl_p50 is None:
         return []
@@ -105,8 +181,25 @@ def _ttft_slow(f: RunFacts) -> list[ClassFacts]:
             and c.ttft_p99 > TTFT_HIGH_ITLS * step and c.ttft_p99 >= TTFT_OF_E2E * c.e2e_p99]
 
 
+def _cap_values(f: RunFacts) -> str:
+    """max_concurrency values around the run's own (or 2..32 when it had none)."""
+    cap = _cap(f)
+    return f"{max(1, cap // 4)}..{cap * 2}" if cap else "2..32"
+
+
+def _by_design(f: RunFacts, c: ClassFacts) -> bool:
+    """`c` waited in the gateway because the gateway was told to serve another class of the run
+    first, and lost nothing to it: the intended queueing of a lower class, not a fault."""
+    if f.gateway is None or c.rejected + c.timeouts >= FAIL_SHARE * max(c.count, 1):
+        return False
+    if c.ttft_tail.get("gateway_queue_s", 0.0) < c.ttft_tail.get("engine_queue_s", 0.0):
+        return False
+    view = f.gateway
+    return any(view.waits_by_design(c, o) for o in f.classes.values() if o is not c and o.count)
+
+
 def queueing(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence | None) -> Finding | None:
-    slow = [c for c in _ttft_slow(f) if share(c.ttft_tail, QUEUE_PARTS, TTFT_PARTS) >= QUEUED]
+    slow = [c for c in _ttft_slow(f) if share(c.ttft_tail, QUEUE_PARTS, TTFT_PARTS) >= QUEUED and not _by_design(f, c)]
     if not slow:
         return None
     c = max(slow, key=lambda c: c.ttft_p99 or 0.0)
@@ -122,7 +215,7 @@ def queueing(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence | N
         cause=f"the first token waits in the {where}'s queue, not in prefill",
         next_step=("shorten the queue: fewer requests in flight per engine (a gateway `max_concurrency` that binds), "
                    "a priority for this class, or more capacity"),
-        check="tailguard sweep --setting max_concurrency --values 2..32 --slo " f"{c.name}:ttft_s=<target>",
+        check=sweep_command(f, "max_concurrency", _cap_values(f), slo_target(c, "ttft")),
         evidence_for=tuple(evid),
     )
 
@@ -151,10 +244,18 @@ def hidden_queue(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence
                "lock or a small worker pool in the server's HTTP layer or a proxy, or a connection limit"),
         next_step=("find the serialization: run the same load straight to the engine's port and compare TTFT; "
                    "check the proxy's or server's worker and connection limits"),
-        check=bench_command(f, url="ENGINE_URL", out="straight") + "  # then: tailguard bench compare <this run> straight",
+        check=_straight_check(f),
         evidence_for=(f"the engine ran at most {engine.running_max or 0:.0f} requests at once",
                       f"{_pct(share(c.ttft_tail, ('engine_queue_s',), TTFT_PARTS))} of the slowest TTFTs was waiting"),
     )
+
+
+def _straight_check(f: RunFacts) -> str:
+    """The run again straight to its engine, then compared; the engine's URL from the gateway's
+    settings (a run straight to the engine repeats at its own URL)."""
+    found = _engine(f)
+    straight = f"{f.run_dir.rstrip('/')}-straight"
+    return f"{bench_command(f, url=found[0] if found else None, out=straight)}; {compare_command(f, straight)}"
 
 
 def prefill(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence | None) -> Finding | None:
@@ -173,7 +274,7 @@ def prefill(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence | No
         cause="long prompts: the first token waits for the prompt's own prefill",
         next_step=("shorten what is prefilled: enable the engine's prefix cache for shared prefixes, cap the prompt "
                    "(`max_prompt_tokens`), or send long-prompt work as its own class"),
-        check=bench_command(f) + "  # with prefix caching on, then: tailguard bench compare <this run> after",
+        check=f"{bench_command(f)}  # with prefix caching on; then {compare_command(f)}",
         evidence_for=tuple(evid),
     )
 
@@ -211,7 +312,8 @@ def starvation(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence |
     refused = starved.rejected / starved.count
     waits_more = starved.median_gateway_s >= LONG_VS_SHORT * max(favoured.median_gateway_s, 1e-3)
     if not ((starved.median_gateway_share >= QUEUED and waits_more) or refused >= FAIL_SHARE) \
-            or (favoured.ratio("e2e") or 0.0) >= TAIL_RATIO or favoured.rejected > FAIL_SHARE * favoured.count:
+            or (favoured.ratio("e2e") or 0.0) >= TAIL_RATIO or favoured.rejected > FAIL_SHARE * favoured.count \
+            or _by_design(f, starved):
         return None
     return Finding(
         "starvation", "medium",
@@ -221,7 +323,7 @@ def starvation(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence |
         cause=f"priorities: {favoured.name} takes the slots as fast as they free, so {starved.name} runs only in the gaps",
         next_step=(f"reserve capacity for {starved.name}: a `min_share` for its class, or `aging_s` so a waiting "
                    f"request gains priority with time"),
-        check=f"tailguard sweep --setting aging_s --values 1,5,10,30 --slo {favoured.name}:e2e_s=<target>",
+        check=sweep_command(f, "aging_s", "1,5,10,30", slo_target(favoured, "e2e")),
         evidence_for=(f"{favoured.name} is served well: E2E P99/P50 {_x(favoured.ratio('e2e'))}, P99 {_s(favoured.e2e_p99)}",),
     )
 
@@ -269,7 +371,7 @@ def kv_pressure(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence 
         cause="the KV cache is full: the engine preempts running sequences and recomputes them",
         next_step=("hold fewer sequences in the engine at once (a lower `max_num_seqs`, or a gateway "
                    "`max_concurrency` below it) or shorten `max_model_len`; more KV memory if you have it"),
-        check="tailguard sweep --setting max_concurrency --values 2..32 --engine-metrics",
+        check=sweep_command(f, "max_concurrency", _cap_values(f), slo_target(stalled, "e2e")),
         evidence_for=(f"engine preemptions during the run: {engine.preemptions or 0:.0f}",
                       f"KV cache usage max {_pct(engine.kv_usage_max or 0)} over {engine.snapshots} snapshots"),
     )
@@ -291,7 +393,7 @@ def cap_above_engine(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvid
         next_step=("set the backend's `max_concurrency` to the engine's max_num_seqs"
                    + (f" (it ran at most {engine.running_max:.0f} at once)" if engine and engine.running_max else "")
                    + ", so waiting happens in the gateway's queue"),
-        check="tailguard sweep --setting max_concurrency --values 2..32 --backend <engine URL>",
+        check=sweep_command(f, "max_concurrency", _cap_values(f), slo_target(c, "e2e")),
         evidence_for=(f"the engine's own queue held up to {max(seen):.0f} requests"
                       + (f" (mean {engine.waiting_mean or 0:.2f} over {engine.snapshots} engine snapshots)" if engine else
                          " (the gateway's tailguard_backend_engine_requests{state=\"waiting\"})"),),
@@ -313,7 +415,8 @@ def prefix_misses(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidenc
         symptom=f"{seen}, though {', '.join(shared)} send a shared system prompt ({_pct(expected)} of a prompt)",
         cause="shared prefixes are prefilled again for every request",
         next_step="enable the engine's prefix cache (vLLM: --enable-prefix-caching; `tailguard sim --enable-prefix-caching`)",
-        check=bench_command(f) + "  # against the engine with prefix caching on, then tailguard doctor after --engine-metrics URL",
+        check=(f"{bench_command(f)}  # against the engine with prefix caching on; then tailguard doctor {_after(f)} "
+               f"--engine-metrics {(_engine(f) or (f.meta.get('url', 'URL'),))[0]}"),
         evidence_for=(f"prefix-cache tokens queried {engine.prefix_queried_tokens:.0f}, hit {engine.prefix_hit_tokens or 0:.0f}",),
     )
 
@@ -332,6 +435,7 @@ def generator_bound(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvide
     )
 
 
+SIMULATOR = "tailguard-sim"  # what `tailguard sim` answers at /version (the bench records it as `engine`)
 BURST_MIN_CHUNKS = 8  # a stream this long cannot arrive in one read unless something held it back
 BURST_SPAN = 0.05  # all of its chunks within 5% of its E2E...
 BURST_TTFT = 0.8  # ...and its first token after 80% of it: the stream came in one burst at the end
@@ -339,7 +443,11 @@ BURST_TTFT = 0.8  # ...and its first token after 80% of it: the stream came in o
 
 def buffered_stream(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence | None) -> Finding | None:
     """Streams that arrive whole at their end: something between the client and the engine
-    buffers SSE (the article's table 10: a proxy buffering the stream)."""
+    buffers SSE (the article's table 10: a proxy buffering the stream). Not on a run straight to
+    `tailguard sim`, which sends each token as it makes it: there, such a stream queued for most
+    of its time and then decoded quickly, which is what `queueing` and `overload` are about."""
+    if not f.behind_gateway and f.meta.get("engine") == SIMULATOR:
+        return None
     long = [r for c in f.classes.values() for r in c.records
             if r.ok and r.stream and len(r.chunk_at) >= BURST_MIN_CHUNKS and r.ttft_s is not None and r.e2e_s > 0]
     burst = [r for r in long if r.chunk_at[-1] - r.chunk_at[0] < BURST_SPAN * r.e2e_s

@@ -15,6 +15,7 @@ written down and replayed (`tailguard serve --record`, `tailguard replay`), and 
     FirstContent(id, backend)                    -> Drop of a hedge's other attempt
     Finished(id, outcome, tokens=)  (once)       -> Start of whoever gets the slot, HealthChanged
     Probed(backend, ok, busy=), KindLearned      -> HealthChanged, Start
+    Observed(backend, ttft_s=, itl_s=)           -> Start when an adaptive cap grew
     Served(backend, models), Loaded(backend, n)  -> Start (what it serves, the engine's own load)
     Tick()  (at `next_wakeup()`)                 -> Reject(QUEUE_TIMEOUT), Readmitted, Hedge, Start
     Close()                                      -> Reject(SHUTTING_DOWN) for every queued request
@@ -113,6 +114,18 @@ class Probed:
 
 
 @dataclass(frozen=True, slots=True)
+class Observed:
+    """A request on `backend` showed these latencies: `ttft_s` from its `Start` to its first
+    content (so the gateway's queue wait is never in it), `itl_s` its mean gap between content
+    chunks. Either may be None (no content, one chunk). What an adaptive cap learns from
+    (`front.adaptive`); keyed by backend, like `Probed`, so a late sample is never a wrong event."""
+
+    backend: str
+    ttft_s: float | None = None
+    itl_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class KindLearned:
     """The backend's kind is known: whether it can continue a generation (its requests may then
     be suspended, and it keeps no reserved slots)."""
@@ -156,8 +169,8 @@ class Reconfigure:
     params: FrontParams
 
 
-Event = (Arrive | Opened | Generated | Failed | FirstContent | Finished | Probed | KindLearned | Served | Loaded
-         | Tick | Close | Reconfigure)
+Event = (Arrive | Opened | Generated | Failed | FirstContent | Finished | Probed | Observed | KindLearned | Served
+         | Loaded | Tick | Close | Reconfigure)
 
 # --- decisions ------------------------------------------------------------------------------
 

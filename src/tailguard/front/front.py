@@ -29,8 +29,8 @@ from tailguard.errors import ConfigError
 from tailguard.front.ejection import Ejector
 from tailguard.front.events import (
     Arrive, Close, Decision, Drop, Ejected, Event, Failed, Finished, FirstContent, Generated, HealthChanged, Hedge,
-    KindLearned, Loaded, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend, Tick,
-    Wait, WrongEvent,
+    KindLearned, Loaded, Observed, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend,
+    Tick, Wait, WrongEvent,
 )
 from tailguard.front.hedging import Hedger
 from tailguard.front.limits import CallerLimits, Standing
@@ -96,6 +96,7 @@ class BackendView:
     ejected: bool = False  # out for a while after failed requests in a row (`front.ejection`)
     pool: str = "default"
     models: tuple[str, ...] | None = None  # what it serves, configured or listed (None: not known)
+    cap: int = 0  # the in-flight cap in force: `max_concurrency`, or the adaptive one
 
     @property
     def state(self) -> str:
@@ -135,8 +136,9 @@ class Front:
         self._handlers: dict[type, Callable[[Any, float, bool], None]] = {
             Arrive: self._arrive, Opened: self._opened, Generated: self._generated, Failed: self._failed,
             FirstContent: self._first_content,
-            Finished: self._finished, Probed: self._probed, KindLearned: self._kind_learned, Served: self._served,
-            Loaded: self._loaded, Tick: self._tick, Close: self._close, Reconfigure: self._reconfigure,
+            Finished: self._finished, Probed: self._probed, Observed: self._observed, KindLearned: self._kind_learned,
+            Served: self._served, Loaded: self._loaded, Tick: self._tick, Close: self._close,
+            Reconfigure: self._reconfigure,
         }
 
     # --- the chokepoint ---------------------------------------------------------------------
@@ -211,8 +213,8 @@ class Front:
     def backend(self, name: str) -> BackendView:
         s = self._slots[name]
         models = s.cfg.models or (tuple(sorted(s.learned_models)) if s.learned_models is not None else None)
-        return BackendView(s.name, s.healthy, s.retiring, s.in_flight, s.cfg.max_concurrency, s.cfg.reserve(),
-                           s.probed, s.failures, self._ejector.ejected(name), s.cfg.pool, models)
+        return BackendView(s.name, s.healthy, s.retiring, s.in_flight, s.cfg.max_concurrency, s.cfg.reserve(s.cap),
+                           s.probed, s.failures, self._ejector.ejected(name), s.cfg.pool, models, s.cap)
 
     def is_healthy(self, backend: str) -> bool:
         return self._slots.is_healthy(backend)
@@ -473,6 +475,13 @@ class Front:
                 self._pump(now, True)
         elif not ev.busy and self._slots.mark_failure(ev.backend):
             self._out.append(HealthChanged(ev.backend, False))
+
+    def _observed(self, ev: Observed, now: float, preempt: bool) -> None:
+        """A latency sample moves an adaptive backend's cap; a cap that grew lets the queue in.
+        It suspends nothing itself (a preemption is weighed at the next event that may preempt):
+        a sample may come between two ends of one engine step, before the second is told."""
+        if self._slots.observe(ev.backend, ev.ttft_s, ev.itl_s):
+            self._pump(now, False)
 
     def _kind_learned(self, ev: KindLearned, now: float, preempt: bool) -> None:
         """Whether the backend can continue a generation sets its reservation and whether

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tailguard.front.adaptive import AdaptiveParams
+
 CapMode = Literal["clamp", "reject"]
 RoutingPolicy = Literal["prefix-affinity", "least-tokens", "p2c", "round-robin"]
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]  # OpenAI's
@@ -65,23 +67,28 @@ class BackendSpec:
     """One backend's slots. `continues` says whether its kind can resume a generation from its
     text (then preemption protects higher ranks); `reserved_slots` is how many slots only the
     top rank may take (None: none where `continues`, else a quarter of the slots, at least one,
-    so that a burst of long jobs can never hold every slot of an engine nobody can preempt)."""
+    so that a burst of long jobs can never hold every slot of an engine nobody can preempt).
+    `adaptive`: the cap moves between its bounds from the backend's latency (`front.adaptive`),
+    starting at `max_concurrency` unless it names its own start."""
 
     name: str
     max_concurrency: int = 8
     weight: float = 1.0
     continues: bool = False
     reserved_slots: int | None = None
+    adaptive: AdaptiveParams | None = None
     models: tuple[str, ...] = ()  # the models it serves as configured (empty: as its /v1/models says, or any)
     pool: str = "default"
 
-    def reserve(self) -> int:
-        """Slots kept for the top rank."""
+    def reserve(self, cap: int | None = None) -> int:
+        """Slots kept for the top rank out of `cap` in flight (default `max_concurrency`; an
+        adaptive backend's reservation follows its cap)."""
+        cap = self.max_concurrency if cap is None else cap
         if self.reserved_slots is not None:
-            return min(self.reserved_slots, self.max_concurrency - 1)
-        if self.continues or self.max_concurrency < 2:
+            return min(self.reserved_slots, cap - 1)
+        if self.continues or cap < 2:
             return 0
-        return max(1, self.max_concurrency // 4)
+        return max(1, cap // 4)
 
 
 @dataclass(frozen=True, slots=True)

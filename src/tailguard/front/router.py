@@ -9,8 +9,8 @@ retry's earlier backends) and has a slot its class may take (`front.slots`). Amo
 - `least-tokens`: the least load, where load is the estimated tokens in flight there (prompt +
   output of each request it runs) and this request's own, plus what the engine itself reports
   running and waiting beyond the gateway's own requests (other clients' work; a reading older
-  than `engine_load_ttl_s` counts as none), over its capacity: `max_concurrency` x `weight` x its
-  speed. Speed is 1 unless the backend has served clearly slower than its peers: seconds per
+  than `engine_load_ttl_s` counts as none), over its capacity: its cap in force (`max_concurrency`,
+  or its adaptive cap) x `weight` x its speed. Speed is 1 unless the backend has served clearly slower than its peers: seconds per
   estimated token (a running average over at least `slow_min_samples` requests, the latest within
   `slow_ttl_s`) more than `slow_factor` x the candidates' median; then the median over its own.
   So a host that serves 5x slower gets a request only when its peers hold 5x its work (less
@@ -186,7 +186,7 @@ class Router:
     def _capacity(self, s: BackendState, ref: float | None, now: float) -> float:
         """Slots x weight x speed: the reference cost over its own, where it is more than
         `slow_factor` x the reference; else 1."""
-        cap = s.cfg.max_concurrency * s.cfg.weight
+        cap = s.cap * s.cfg.weight
         if ref is None:
             return cap
         cost = self._cost(s, now)

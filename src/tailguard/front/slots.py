@@ -4,8 +4,9 @@ health; pure, no I/O.
 The front is its only writer (acquire/release as it binds and ends requests, mark_failure/
 mark_success from probes and connection errors); the router and the scheduler's admissibility
 check read it. Slot shares are enforced here: a class may hold, together with every class ranked
-after it, at most `floor(max_concurrency * max_share)` slots of a backend (at least one), so the
-remainder stays free for higher-ranked classes. A backend whose kind cannot continue a
+after it, at most `floor(cap * max_share)` slots of a backend (at least one), so the remainder
+stays free for higher-ranked classes. A backend's cap is its `max_concurrency`, or where it is
+`adaptive`, the cap its latency has set (`front.adaptive`); shares and reservation follow it. A backend whose kind cannot continue a
 generation also keeps `BackendSpec.reserve()` slots for the top rank: nothing can be suspended
 there, so without a reservation a burst of long jobs would make a chat wait for one to end.
 
@@ -20,6 +21,7 @@ import math
 from dataclasses import replace
 from collections.abc import Iterable, Iterator, Sequence
 
+from tailguard.front.adaptive import AdaptiveCap
 from tailguard.front.params import BackendSpec, ClassSpec, HealthParams
 
 
@@ -28,7 +30,7 @@ class BackendState:
 
     __slots__ = ("cfg", "name", "in_flight", "by_class", "healthy", "failures", "successes", "last_acquired",
                  "retiring", "probed", "tokens", "learned_models", "engine_queued", "engine_read_at", "cost",
-                 "cost_samples", "cost_at")
+                 "cost_samples", "cost_at", "adaptive", "cap")
 
     def __init__(self, cfg: BackendSpec, class_names: Iterable[str]) -> None:
         self.cfg = cfg
@@ -52,6 +54,8 @@ class BackendState:
         self.cost: float | None = None
         self.cost_samples = 0  # requests that running average is made of
         self.cost_at = 0.0  # when it last changed
+        self.adaptive = None if cfg.adaptive is None else AdaptiveCap(cfg.adaptive, cfg.max_concurrency)
+        self.cap = cfg.max_concurrency  # in force: set with the shares (`BackendPool._set_slots`)
 
     def serves(self, model: str | None) -> bool:
         """Whether a request for `model` may go here: the configured models if any, else those
@@ -85,8 +89,8 @@ class BackendPool:
         self._set_classes(cls_list)
         self._states: dict[str, BackendState] = {b.name: BackendState(b, self._classes) for b in backends}
         self._slots: dict[tuple[str, str], int] = {}
-        for b in backends:
-            self._set_slots(b)
+        for s in self._states.values():
+            self._set_slots(s)
         self._health = health or HealthParams()
         self._seq = 0
 
@@ -99,13 +103,25 @@ class BackendPool:
         }
         self._top_rank = min(c.rank for c in cls_list)
 
-    def _set_slots(self, b: BackendSpec) -> None:
-        reserve = b.reserve()
+    def _set_slots(self, s: BackendState) -> None:
+        """The backend's cap in force and, from it, each class's share and the reservation."""
+        b = s.cfg
+        cap = s.cap = b.max_concurrency if s.adaptive is None else s.adaptive.cap
+        reserve = b.reserve(cap)
         for c in self._classes.values():
-            n = max(1, math.floor(b.max_concurrency * c.max_share + 1e-9))
+            n = max(1, math.floor(cap * c.max_share + 1e-9))
             if c.rank > self._top_rank:
-                n = min(n, b.max_concurrency - reserve)
+                n = min(n, cap - reserve)
             self._slots[(b.name, c.name)] = n
+
+    def observe(self, backend: str, ttft_s: float | None, itl_s: float | None) -> bool:
+        """A latency sample of `backend`: True when it moved the backend's adaptive cap (and
+        with it the shares). A backend with a fixed cap, or one that has left, ignores it."""
+        s = self._states.get(backend)
+        if s is None or s.adaptive is None or s.adaptive.observe(ttft_s, itl_s, s.in_flight) == s.cap:
+            return False
+        self._set_slots(s)
+        return True
 
     def reconfigure(
         self, backends: Sequence[BackendSpec], classes: Iterable[ClassSpec], health: HealthParams,
@@ -127,7 +143,9 @@ class BackendPool:
                 s.cfg, s.retiring = b, False
             else:
                 s.cfg = replace(b, continues=s.cfg.continues)
-            self._set_slots(s.cfg)
+            if s.adaptive is None or s.adaptive.params != b.adaptive:  # new settings: learnt anew
+                s.adaptive = None if b.adaptive is None else AdaptiveCap(b.adaptive, b.max_concurrency)
+            self._set_slots(s)
         named = {b.name for b in backends}
         for s in self._states.values():
             if s.name not in named:
@@ -148,7 +166,7 @@ class BackendPool:
         s = self._states.get(backend)  # None: removed meanwhile
         if s is not None and s.cfg.continues != continues:
             s.cfg = replace(s.cfg, continues=continues)
-            self._set_slots(s.cfg)
+            self._set_slots(s)
 
     def __iter__(self) -> Iterator[BackendState]:
         return iter(self._states.values())
@@ -170,7 +188,7 @@ class BackendPool:
     def has_capacity(self, backend: str, cls: str) -> bool:
         """A free slot on `backend` that `cls` may take (health is the router's concern)."""
         s = self._states[backend]
-        if s.in_flight >= s.cfg.max_concurrency or s.retiring:
+        if s.in_flight >= s.cap or s.retiring:
             return False
         held = 0
         for name in self._share_group[cls]:
@@ -181,7 +199,7 @@ class BackendPool:
         """Would a request of `cls` have a slot on `backend` once one request of `freed_cls` left
         it? (The check a preemption makes before suspending anything.)"""
         s = self._states[backend]
-        if s.by_class[freed_cls] <= 0 or s.in_flight - 1 >= s.cfg.max_concurrency or s.retiring:
+        if s.by_class[freed_cls] <= 0 or s.in_flight - 1 >= s.cap or s.retiring:
             return False
         group = self._share_group[cls]
         held = sum(s.by_class[name] for name in group) - (1 if freed_cls in group else 0)

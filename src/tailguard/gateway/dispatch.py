@@ -21,8 +21,8 @@ from tailguard.clock import monotonic
 from tailguard.errors import APIError, NotFound, Overloaded, RateLimited
 from tailguard.front.events import (
     Arrive, Close, Decision, Drop, Ejected, Event, Failed, Finished, FirstContent, Generated, HealthChanged, Hedge,
-    KindLearned, Loaded, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend, Tick,
-    Wait,
+    KindLearned, Loaded, Observed, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend,
+    Tick, Wait,
 )
 from tailguard.front.front import Front
 from tailguard.front.params import FrontParams
@@ -55,6 +55,10 @@ def overloaded(reason: RejectReason, retry_after_s: float, message: str | None =
     return Overloaded(text, code=reason, retry_after_s=retry_after_s, headers=headers)
 
 
+def _adaptive(params: FrontParams) -> frozenset[str]:
+    return frozenset(b.name for b in params.backends if b.adaptive is not None)
+
+
 class Dispatcher:
     """Carries events into the front and its decisions out.
 
@@ -74,6 +78,7 @@ class Dispatcher:
         self.healthy: dict[str, bool] = {b.name: b.healthy for b in self.front.backends()}
         self._metrics = metrics
         self._loop = loop
+        self._adaptive = _adaptive(params)  # backends whose cap learns from their requests' latency
         self._tickets: dict[str, Request] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
@@ -183,7 +188,22 @@ class Dispatcher:
         del self._tickets[ticket.id]
         if ticket.waiter is not None and not ticket.waiter.done():
             ticket.waiter.cancel()
+        if ticket.backend in self._adaptive:
+            self._observe(ticket)
         self._handle(Finished(ticket.id, outcome, tokens))
+
+    def _observe(self, t: Request) -> None:
+        """What the ended request showed of its backend's latency, for its adaptive cap: TTFT from
+        its one `Start` (so its wait in the gateway's queue is not in it; a retry's, a
+        continuation's or a hedge's start is not on the record, so those give none) and its mean
+        gap between content chunks (none across a suspension)."""
+        first, last = t.first_content_at, t.last_content_at
+        if first is None or t.preemptions:
+            return
+        start = t.bound_at if t.attempts == 1 and not self.front.hedges(t.cls) else None
+        ttft = first - start if start is not None else None
+        itl = (last - first) / (t.content_chunks - 1) if last is not None and t.content_chunks > 1 else None
+        self._handle(Observed(t.backend, ttft, itl))
 
     def probe(self, backend: str, ok: bool, *, busy: bool = False) -> None:
         self._handle(Probed(backend, ok, busy))
@@ -212,6 +232,7 @@ class Dispatcher:
         """A live reload: the front takes the new parameters (raising `ConfigError`, nothing
         changed, when they need a restart) and whoever they let in starts now."""
         self._handle(Reconfigure(params))
+        self._adaptive = _adaptive(params)
         for b in self.front.backends():
             self.healthy.setdefault(b.name, b.healthy)
 
@@ -230,6 +251,7 @@ class Dispatcher:
             m.queue_length.labels(spec.name).set(front.queue_len(spec.name))
         for b in front.backends():
             m.inflight_of(b.name).set(b.in_flight)
+            m.concurrency_limit.labels(b.name).set(b.cap)
 
     # --- decisions ----------------------------------------------------------------------------
 

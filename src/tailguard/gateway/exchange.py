@@ -119,6 +119,7 @@ class Exchange:
         self.job, self.rec, self.sink, self.ctx = job, rec, sink, ctx
         assert rec.bound_at is not None
         self._to = to = ctx.live.cfg.timeouts  # kept for every attempt: a reload meanwhile changes nothing here
+        self._limits = ctx.live.cfg.limits
         self._wd = Watchdog(ctx.loop, total_at=rec.bound_at + to.total_s, idle_s=to.idle_s)
         rec.watchdog = self._wd
         self._tally = Tally(rec, self._wd, ctx.metrics.cls(job.cls.name).itl)  # across attempts and runs
@@ -170,7 +171,7 @@ class Exchange:
             up = None
             try:
                 up = await ctx.upstream.open(backend, job.endpoint, body, job.req_id, self._to.connect_s,
-                                             fresh=self._retried,
+                                             self._limits, fresh=self._retried,
                                              traceparent=None if rec.trace is None else rec.trace.traceparent())
                 self._wd.answered()
                 rec.upstream_headers_at = monotonic()
@@ -183,6 +184,8 @@ class Exchange:
                 await self._suspended()
             except RelayError as err:
                 ctx.metrics.upstream_errors.labels(backend.name, err.kind).inc()
+                if err.kind == FailureKind.PROTOCOL:
+                    ctx.upstream.said_once(backend.name, err)
                 if not await self._again(err.kind, answered=up is not None):
                     raise
             except UpstreamStatus as us:
@@ -209,7 +212,8 @@ class Exchange:
 
         async def open_hedge(other: BackendConfig) -> H1Response:
             async with asyncio.timeout(self._to.connect_s + self._to.header_s):
-                return await ctx.upstream.open(other, job.endpoint, self._body(other), job.req_id, self._to.connect_s)
+                return await ctx.upstream.open(other, job.endpoint, self._body(other), job.req_id, self._to.connect_s,
+                                             self._limits)
 
         def count(cls: str, outcome: str) -> None:
             ctx.metrics.hedges.labels(cls, outcome).inc()
@@ -286,7 +290,8 @@ class Exchange:
         if self._stream is None:
             tier = job.tier.encode() if job.tier is not None else None
             self._stream = StreamRelay(self.sink, job.endpoint, self._tally, job.parsed.include_usage,
-                                       lambda: response_headers(rec), progress=rec.progress, service_tier=tier)
+                                       lambda: response_headers(rec), self._limits, progress=rec.progress,
+                                       service_tier=tier)
         await self._stream.run(up)
         self._finish_tokens()
         up.release()
@@ -297,7 +302,7 @@ class Exchange:
 
     async def _assemble(self, up: H1Response) -> Ending:
         if self._asm is None:
-            self._asm = Assembler(self.job.endpoint, self._tally, progress=self.rec.progress,
+            self._asm = Assembler(self.job.endpoint, self._tally, self._limits, progress=self.rec.progress,
                                   service_tier=self.job.tier)
         payload = await self._asm.run(up)
         up.release()

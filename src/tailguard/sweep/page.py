@@ -40,10 +40,17 @@ def knee_figure(res: dict[str, Any]) -> Figure:
     right.set_ylabel(f"{cls} P99 {metric} (s)", color="#d62728")
     if bound is not None:
         right.axhline(bound, color="#d62728", alpha=0.4, linestyle=":")
-    for key, mark in (("knee", "knee"), ("recommended", "recommended")):
-        if res[key] is not None:
-            ax.axvline(labels.index(str(res[key])), color="#555", alpha=0.5, linestyle="-." if key == "knee" else "-")
-            ax.annotate(mark, (labels.index(str(res[key])), ax.get_ylim()[1]), fontsize=9, va="top")
+    marks = [(key, labels.index(str(res[key]))) for key in ("knee", "recommended") if res[key] is not None]
+    for key, x in marks:
+        ax.axvline(x, color="#555", alpha=0.5, linestyle="-." if key == "knee" else "-")
+    # One label per line, and one for both when the knee is the recommendation: two at the same
+    # place would print over each other.
+    at: dict[int, list[str]] = {}
+    for key, x in marks:
+        at.setdefault(x, []).append(key)
+    for row, (x, keys) in enumerate(sorted(at.items())):
+        ax.annotate(" and ".join(keys), (x, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -12 * (row + 1)),
+                    textcoords="offset points", fontsize=9)
     ax.grid(True, alpha=0.3)
     return fig
 
@@ -54,16 +61,28 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
             if not any(l2 <= l and t2 >= t and (l2, t2) != (l, t) for l2, t2 in points)]
 
 
+def _labelled(res: dict[str, Any], cls: str, metric: str) -> tuple[list[tuple[float, float]], list[str]]:
+    """The points to plot and their labels, values that measured the same (a cap that never
+    binds) joined in one label at one point, with the knee and the recommendation named."""
+    by_xy: dict[tuple[float, float], list[str]] = {}
+    for p in res["points"]:
+        lat = _p99(p, cls, metric)
+        if lat is not None:
+            marks = [key for key in ("knee", "recommended") if res[key] == p["value"]]
+            name = str(p["value"]) + (f" ({', '.join(marks)})" if marks else "")
+            by_xy.setdefault((round(lat, 6), round(p["throughput_tokens_per_s"], 3)), []).append(name)
+    return list(by_xy), [", ".join(names) for names in by_xy.values()]
+
+
 def pareto_figure(res: dict[str, Any]) -> Figure:
     cls, metric, bound = watched(res)
-    pts = [(p, _p99(p, cls, metric)) for p in res["points"]]
-    xy = [(lat, p["throughput_tokens_per_s"]) for p, lat in pts if lat is not None]
-    names = [str(p["value"]) for p, lat in pts if lat is not None]
+    xy, names = _labelled(res, cls, metric)
     fig = Figure(figsize=(7, 4.5))
     ax = fig.subplots()
     ax.scatter([x for x, _ in xy], [y for _, y in xy], color="#1f77b4")
-    for (x, y), n in zip(xy, names):
-        ax.annotate(n, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    for k, ((x, y), n) in enumerate(sorted(zip(xy, names))):
+        # Neighbours along the latency axis take turns above and below their point.
+        ax.annotate(n, (x, y), textcoords="offset points", xytext=(4, 5 if k % 2 == 0 else -12), fontsize=8)
     front = sorted((xy[i] for i in pareto_front(xy)))
     ax.plot([x for x, _ in front], [y for _, y in front], color="#2ca02c", label="Pareto front")
     if bound is not None:
@@ -83,7 +102,8 @@ th,td{padding:3px 10px;border-bottom:1px solid #eee;text-align:right}th{backgrou
 <h1>tailguard sweep: {{ r.setting }}</h1>
 <p>{{ how }}</p>
 <p><b>Recommended: {{ r.recommended if r.recommended is not none else "none" }}</b>: {{ r.reason }}.
-Knee of the throughput curve: {{ r.knee if r.knee is not none else "none found" }}.</p>
+{% if r.knee is not none %}Knee of the throughput curve: {{ r.knee }}.{% else %}No knee: {{ r.no_knee }}.{% endif %}</p>
+{% for w in r.warnings %}<p><b>Warning:</b> {{ w }}.</p>{% endfor %}
 <img alt="throughput and P99 against the value" src="data:image/png;base64,{{ knee_png }}">
 <img alt="Pareto front" src="data:image/png;base64,{{ pareto_png }}">
 <table><tr><th class="l">value</th><th>runs</th><th>output tokens/s</th>{% for c in classes %}<th>{{ c }} P99 E2E</th><th>{{ c }} P99 TTFT</th>{% endfor %}<th>meets SLO</th></tr>

@@ -20,6 +20,8 @@ from tailguard.errors import ConfigError
 from tailguard.gateway.config import GatewayConfig
 
 GATEWAY_SETTINGS = ("max_concurrency", "max_tokens_cap", "policy", "aging_s", "preemption")
+SLOTS = ("max_concurrency", "max_num_seqs")  # caps on requests at once: closed-loop clients bound them
+METRICS = ("e2e_s", "ttft_s", "itl_s", "tpot_s")
 ENGINE_SETTINGS = ("max_num_seqs", "prefix_caching")  # only when the engine is the simulator
 NUMERIC = ("max_concurrency", "max_tokens_cap", "aging_s", "max_num_seqs")
 # Two-sided 95% Student t quantiles by degrees of freedom (n - 1): repeats are few.
@@ -95,7 +97,9 @@ def apply(setting: Setting, value: Any, gateway: dict[str, Any], engine: dict[st
         classes = gw.setdefault("classes", _default_classes())
         match = [c for c in classes if c["name"] == setting.cls]
         if not match:
-            raise ConfigError(f"no class {setting.cls!r} in the gateway config")
+            known = ", ".join(c["name"] for c in classes)
+            raise ConfigError(f"--setting {setting.label}: no class {setting.cls!r} in the gateway config (its classes: "
+                              f"{known}); name one of them, or give --config with the class")
         match[0]["max_tokens_cap"] = value
     elif setting.name in ("policy", "aging_s", "preemption"):
         gw.setdefault("scheduler", {})[setting.name] = value
@@ -122,7 +126,7 @@ class Slo:
             slo = cls(name, metric, float(bound))
         except ValueError:
             raise ConfigError(f"--slo {text!r}: CLASS:METRIC=SECONDS, e.g. chat:e2e_s=2.0") from None
-        if slo.metric not in ("e2e_s", "ttft_s", "itl_s", "tpot_s"):
+        if slo.metric not in METRICS:
             raise ConfigError(f"--slo {text!r}: the metric is one of e2e_s, ttft_s, itl_s, tpot_s")
         return slo
 
@@ -164,13 +168,15 @@ class Sweep:
     min_repeats: int = 2
     max_repeats: int = 5
     tolerance: float = 0.1
+    clients: int | None = None  # a closed loop's clients; None in an open loop
     points: list[Point] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.values:
-            raise ConfigError("--values is empty")
+            raise ConfigError("--values gave no value: give a list (1,2,4) or a range (2..32)")
         if not 1 <= self.min_repeats <= self.max_repeats:
-            raise ConfigError("repeats: 1 <= min <= max")
+            raise ConfigError(f"--min-repeats {self.min_repeats} and --max-repeats {self.max_repeats}: "
+                              "give 1 <= min <= max")
         self.points = [Point(v) for v in self.values]
 
     def watched(self, summary: dict[str, Any]) -> list[tuple[str, str]]:
@@ -198,6 +204,17 @@ class Sweep:
                 return i, pt.value, self.seed + len(pt.summaries)
         return None
 
+    def runs_left(self) -> int:
+        """Runs still needed at the least: each unsettled value up to its minimum, or one more."""
+        return sum(max(1, self.min_repeats - len(pt.summaries)) for pt in self.points if not self.settled(pt))
+
+    def unbound(self) -> list[Any]:
+        """The values of a slot cap at or above the clients sent: nothing ever waits for such a
+        cap, so they all measure the same thing."""
+        if self.clients is None or self.setting.name not in SLOTS:
+            return []
+        return [v for v in self.values if v >= self.clients]
+
     def add(self, index: int, summary: dict[str, Any]) -> None:
         self.points[index].summaries.append(summary)
 
@@ -213,15 +230,39 @@ class Sweep:
 def knee(xs: list[float], ys: list[float]) -> int | None:
     """Kneedle's knee of a rising, flattening curve: the point farthest above the chord from
     the first to the last point, both axes scaled to [0, 1]. None for fewer than three points
-    or a flat curve."""
-    if len(xs) < 3 or max(ys) == min(ys) or max(xs) == min(xs):
-        return None
+    or a curve with no such point (`knee_or_why` says which)."""
+    return knee_or_why(xs, ys)[0]
+
+
+def knee_or_why(xs: list[float], ys: list[float]) -> tuple[int | None, str]:
+    """The knee's index, or None and a sentence saying why there is none."""
+    if len(xs) < 3:
+        return None, f"a knee needs three values or more ({len(xs)} measured)"
+    if max(xs) == min(xs):
+        return None, "every value is the same"
+    if max(ys) == min(ys):
+        return None, "throughput is the same at every value: this setting does not limit it under this load"
     xn = [(x - xs[0]) / (xs[-1] - xs[0]) for x in xs]
     yn = [(y - min(ys)) / (max(ys) - min(ys)) for y in ys]
     chord = [yn[0] + (yn[-1] - yn[0]) * x for x in xn]
     gaps = [y - c for y, c in zip(yn, chord)]
     best = max(range(len(xs)), key=lambda i: gaps[i])
-    return best if gaps[best] > 0 else None
+    if gaps[best] <= 0:
+        return None, ("throughput does not flatten over these values (it rises at least as fast at the end): "
+                      "sweep larger values")
+    return best, ""
+
+
+def _metrics(sw: Sweep) -> list[str]:
+    """The P99s a point keeps: E2E and TTFT always, and whatever an SLO judges."""
+    return [m for m in METRICS if m in ("e2e_s", "ttft_s") or any(s.metric == m for s in sw.slos)]
+
+
+def _knee(sw: Sweep, rows: list[dict[str, Any]]) -> tuple[Any, str]:
+    if sw.setting.name not in NUMERIC:
+        return None, f"{sw.setting.label} is not a number: its values have no knee"
+    k, why = knee_or_why([float(v) for v in sw.values], [r["throughput_tokens_per_s"] for r in rows])
+    return (None, why) if k is None else (sw.values[k], "")
 
 
 def result(sw: Sweep) -> dict[str, Any]:
@@ -232,12 +273,11 @@ def result(sw: Sweep) -> dict[str, Any]:
                                "meets_slo": sw.meets(pt), "p99": {}}
         for cls in sorted({c for s in pt.summaries for c in s.get("classes", {})}):
             row["p99"][cls] = {}
-            for m in ("e2e_s", "ttft_s"):
+            for m in _metrics(sw):
                 mu, half = interval(pt.p99s(cls, m))
                 row["p99"][cls][m] = {"mean": None if math.isnan(mu) else mu, "ci95_half": None if math.isinf(half) else half}
         rows.append(row)
-    k = knee([float(v) for v in sw.values], [r["throughput_tokens_per_s"] for r in rows]) \
-        if sw.setting.name in NUMERIC else None
+    k, no_knee = _knee(sw, rows)
     ok = [r for r in rows if r["meets_slo"]]
     rec, why = None, "no value meets the SLO: offer less load, or sweep another setting"
     if ok:
@@ -247,5 +287,28 @@ def result(sw: Sweep) -> dict[str, Any]:
                f"throughput ({best:.0f} tokens/s) among those meeting " +
                (", ".join(f"{s.cls} P99 {s.metric} <= {s.bound_s:g} s" for s in sw.slos) or "no SLO (none given)"))
     return {"setting": sw.setting.label, "values": sw.values, "slo": [vars(s) for s in sw.slos], "points": rows,
-            "knee": None if k is None else sw.values[k], "recommended": None if rec is None else rec["value"],
-            "reason": why}
+            "knee": k, "no_knee": no_knee, "recommended": None if rec is None else rec["value"],
+            "reason": why, "warnings": _warnings(sw)}
+
+
+def _warnings(sw: Sweep) -> list[str]:
+    return _unmeasured(sw) + _unbound(sw)
+
+
+def _unmeasured(sw: Sweep) -> list[str]:
+    """An SLO on a class the runs do not have can never be met: say so, with the classes they have."""
+    have = sorted({c for pt in sw.points for s in pt.summaries for c in s.get("classes", {})})
+    if not have:
+        return []
+    return [f"--slo {s.cls}:{s.metric}={s.bound_s:g} judges class {s.cls!r}, which the workload does not send (its "
+            f"classes: {', '.join(have)}): no value can meet it; name one of those" for s in sw.slos if s.cls not in have]
+
+
+def _unbound(sw: Sweep) -> list[str]:
+    same = sw.unbound()
+    if not same:
+        return []
+    return [f"{sw.setting.label} {', '.join(str(v) for v in same)}: at or above the {sw.clients} clients sent, such "
+            f"a cap never binds, so {'these values measure' if len(same) > 1 else 'this value measures'} the same "
+            f"thing as no cap; send more clients than the largest value (--concurrency) or sweep values below "
+            f"{sw.clients}"]

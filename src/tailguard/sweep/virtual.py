@@ -234,5 +234,8 @@ def run_virtual(vr: VirtualRun) -> tuple[list[RequestRecord], dict[str, Any], En
         "workload": vr.workload.model_dump(mode="json"), "slo": vr.workload.slos(), "time_scale": 1.0,
         "max_dispatch_lag_s": 0.005, "loop_lag_s": {"p50": 0.0, "p99": 0.0, "max": 0.0, "samples": 0},
         "times_in": "simulated seconds (discrete-event run)",
+        # what a bench run records from the gateway's /config, so doctor reads what the front was told
+        "gateway_config": None if vr.gateway is None else {
+            "hash": vr.gateway.digest(), "n": None, "settings": vr.gateway.settings()},
     }
     return records, meta, engine_evidence(timelines, engines)

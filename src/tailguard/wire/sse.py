@@ -10,6 +10,12 @@ The decoder works on bytes and never parses JSON: callers that relay a stream lo
 bytes of each event and parse only what they need (usually just the final usage chunk). `frame`
 is the relay's zero-copy form: whole events as one buffer of the bytes read plus their end
 offsets; `feed` parses those events' fields.
+
+Linear in the bytes received whatever an event's size: a partial event is kept as its pieces,
+and each new piece is searched for an event's end on its own (with the last few bytes before
+it), so the pieces are joined once, when the event is whole, not re-joined and re-scanned on
+every read. With `max_event_bytes`, an event that grows past it raises `EventTooLarge`: a
+backend that never ends its event cannot grow whoever reads it without bound.
 """
 
 from __future__ import annotations
@@ -25,6 +31,13 @@ _DONE_BLOCKS = (b"data: [DONE]", b"data:[DONE]")
 _EVENT_END = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 _BOM = b"\xef\xbb\xbf"
+# An event's end is at most 4 bytes (CRLF CRLF): a new piece ends the kept event only where an
+# end starts in the kept bytes' last 3 bytes or in the piece itself.
+_END_REACH = 3
+
+
+class EventTooLarge(ValueError):
+    """One event grew past the decoder's `max_event_bytes` without ending."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -48,18 +61,27 @@ class SSEDecoder:
     A relay that forwards bytes uses `frame(chunk)` and `flush_raw()` instead (see there).
     """
 
-    __slots__ = ("_buf", "_started")
+    __slots__ = ("_buf", "_size", "_started", "max_event_bytes")
 
-    def __init__(self) -> None:
-        self._buf = b""
+    def __init__(self, max_event_bytes: int | None = None) -> None:
+        self._buf: list[bytes] = []  # the pieces of a partial event, in order
+        self._size = 0  # their length in all
         self._started = False
+        self.max_event_bytes = max_event_bytes
 
     def frame(self, data: bytes) -> tuple[bytes, list[int]]:
         """The whole events the stream now holds, as `(buf, ends)`: `buf` is the bytes of those
         events back to back as they came, and event i is `buf[ends[i-1]:ends[i]]` (from 0 for
         the first), blank line included. `buf` is `data` itself when `data` ends on an event's
-        end and nothing was kept from before: an LF stream read event by event is never copied."""
-        buf = self._join(data) if self._buf or not self._started else data
+        end and nothing was kept from before: an LF stream read event by event is never copied.
+        Raises `EventTooLarge` when the event in progress passes `max_event_bytes`."""
+        if self._buf:
+            if not self._ends_event(data):
+                self._keep(data)
+                return b"", []
+            buf = self._join(data)
+        else:
+            buf = data if self._started else self._join(data)
         # An int's `in` is one memchr, with no argument parsing (a bytes needle is first tried
         # as an index, which raises and costs more than a find): the LF-only check costs little.
         if 0x0D not in buf:
@@ -72,15 +94,32 @@ class SSEDecoder:
         pos = ends[-1] if ends else 0
         if pos == len(buf):
             return buf, ends
-        self._buf = buf[pos:]
+        self._keep(buf[pos:])
         return buf[:pos], ends
+
+    def _ends_event(self, data: bytes) -> bool:
+        """Whether `data` completes the kept partial event: searched in `data` and the kept
+        bytes' last few only, so a long event costs each of its bytes one search."""
+        if 0x0A not in data and 0x0D not in data:
+            return False
+        return _EVENT_END.search(self._buf[-1][-_END_REACH:] + data) is not None
+
+    def _keep(self, piece: bytes) -> None:
+        if not piece:
+            return
+        self._buf.append(piece)
+        self._size += len(piece)
+        if self.max_event_bytes is not None and self._size > self.max_event_bytes:
+            size, self._buf, self._size = self._size, [], 0
+            raise EventTooLarge(f"an event of over {self.max_event_bytes} bytes ({size} so far) without its end")
 
     def _join(self, data: bytes) -> bytes:
         """`data` after what was kept from the last read; at the stream's start, without a BOM."""
-        buf, self._buf = self._buf + data, b""
+        buf = b"".join((*self._buf, data)) if self._buf else data
+        self._buf, self._size = [], 0
         if not self._started and buf:
             if len(buf) < len(_BOM) and _BOM.startswith(buf):
-                self._buf = buf  # maybe the start of a BOM: wait for more
+                self._keep(buf)  # maybe the start of a BOM: wait for more
                 return b""
             self._started = True
             if buf.startswith(_BOM):
@@ -90,8 +129,8 @@ class SSEDecoder:
     def flush_raw(self) -> bytes:
         """At EOF: what is left of a last event, ended with a blank line (LF) so whoever it is
         passed on to dispatches it too; b"" if only line ends were left."""
-        rest, self._buf = self._buf, b""
-        rest = rest.rstrip(b"\r\n")
+        rest = b"".join(self._buf).rstrip(b"\r\n")
+        self._buf, self._size = [], 0
         return rest + b"\n\n" if rest else b""
 
     def feed(self, data: bytes) -> list[SSEEvent]:

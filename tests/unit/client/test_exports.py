@@ -12,7 +12,7 @@ from tailguard.client import exceptions
 def test_all_lists_exactly_the_public_names() -> None:
     public = {n for n in vars(client) if not n.startswith("_")} - {
         "annotations", "async_transport", "exceptions", "flow", "retry", "sdk", "sync_transport", "timeouts",
-        "assembly", "chunks", "watchdog"}
+        "assembly", "chunks", "watchdog", "httplib"}
     assert set(client.__all__) == public
 
 

@@ -28,9 +28,14 @@ def engine(**kw: Any) -> EngineConfig:
     return EngineConfig.from_preset("h100-llama8b", **{"max_num_seqs": 8, **kw})
 
 
-def gateway(max_concurrency: int, **scheduler: Any) -> GatewayConfig:
-    return GatewayConfig.model_validate({"scheduler": scheduler, "backends": [
-        {"name": "engine", "url": "http://127.0.0.1:1", "kind": "sim", "max_concurrency": max_concurrency}]})
+def gateway(max_concurrency: int, batch_wait_s: float | None = None, **scheduler: Any) -> GatewayConfig:
+    """The default classes, with the batch class's wait bound `batch_wait_s` when given."""
+    backends = [{"name": "engine", "url": "http://127.0.0.1:1", "kind": "sim", "max_concurrency": max_concurrency}]
+    classes = [c.model_dump() for c in GatewayConfig.model_validate({"backends": backends}).classes]
+    for c in classes:
+        if c["name"] == "batch" and batch_wait_s is not None:
+            c["max_queue_wait_s"] = batch_wait_s
+    return GatewayConfig.model_validate({"scheduler": scheduler, "classes": classes, "backends": backends})
 
 
 def wl(name: str) -> Workload:
@@ -55,9 +60,12 @@ SCENARIOS = {
     "kv_pressure": VirtualRun(engine(kv_cache_tokens=6000, max_model_len=4096), wl("seed-mixed"), 600, rate=3.0, seed=1),
     # the gateway lets 32 through to an engine with 8 slots: the engine queues, in its own order
     "cap_above_engine": VirtualRun(engine(), wl("seed-mixed"), 2000, gateway=gateway(32), rate=3.0, seed=1),
-    # ranked-sjf at full load: chats take every slot as it frees, reports wait
-    "starvation": VirtualRun(engine(), CHAT_HEAVY, 2000, gateway=gateway(8, preemption=False), rate=38.0, seed=1),
+    # ranked-sjf at full load: chats take every slot as it frees, reports wait past their bound and are refused
+    "starvation": VirtualRun(engine(), CHAT_HEAVY, 2000, gateway=gateway(8, preemption=False, batch_wait_s=5.0),
+                             rate=38.0, seed=1),
 }
+# the same without the bound: the reports wait, as the gateway was told to make them, and lose nothing
+BATCH_WAITS = VirtualRun(engine(), CHAT_HEAVY, 2000, gateway=gateway(8, preemption=False), rate=38.0, seed=1)
 
 
 @pytest.mark.parametrize("kind", sorted(SCENARIOS))
@@ -82,6 +90,26 @@ def test_head_of_line_comes_first_and_proposes_the_gateway() -> None:
 ], ids=["chat-half-load", "seed-mixed-behind-the-gateway"])
 def test_a_healthy_run_has_no_finding(vr: VirtualRun) -> None:
     assert findings(vr) == []
+
+
+def test_intended_batch_queueing_is_no_fault() -> None:
+    kinds = [f.kind for f in findings(BATCH_WAITS)]
+    assert "starvation" not in kinds and all(
+        "report" not in f.symptom for f in findings(BATCH_WAITS) if f.kind == "queueing"), kinds
+
+
+def test_commands_are_filled_with_the_runs_own_values() -> None:
+    records, meta, engine_ev = run_virtual(SCENARIOS["cap_above_engine"])
+    for f in diagnose(records, meta, engine=engine_ev, run_dir="runs/today"):
+        assert "<" not in f.check and "URL" not in f.check, f.check
+        assert "runs/today" in f.check, f.check
+    behind = {f.kind: f for f in diagnose(records, meta, engine=engine_ev)}
+    # the gateway had preemption on and its batch class preemptible (the defaults): not proposed again
+    assert "preemption" not in behind["head_of_line"].next_step
+    assert "a lower `max_concurrency` than 32" in behind["head_of_line"].next_step
+    records, meta, engine_ev = run_virtual(SCENARIOS["head_of_line"])
+    first = diagnose(records, meta, engine=engine_ev, run_dir="runs/before")[0]
+    assert "--max-concurrency 8;" in first.check and "tailguard bench compare runs/before runs/before-after" in first.check
 
 
 def test_kinds_are_the_documented_list() -> None:

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from tailguard.front.adaptive import AdaptiveParams
 from tailguard.front.events import (
     Arrive, Close, Drop, Ejected, Failed, Finished, FirstContent, Generated, HealthChanged, Hedge, KindLearned, Loaded,
-    Opened, Probed, Readmitted, Reconfigure, Reject, Served,
-    Retired, Start, Suspend, Tick, Wait,
+    Observed, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend, Tick, Wait,
 )
 from tailguard.front.params import (
     BackendSpec, CallerSpec, ClassSpec, FrontParams, HealthParams, PreemptionParams, QueueParams, RetryParams,
@@ -27,7 +27,8 @@ PARAMS = FrontParams(
     classes=[ClassSpec("chat", rank=0, max_queue_len=7, max_queue_wait_s=2.5, max_share=0.5, min_share=0.25),
              ClassSpec("bulk", rank=3, preemptible=True)],
     backends=[BackendSpec("a", max_concurrency=3, weight=2.0, continues=True, reserved_slots=1),
-              BackendSpec("b")],
+              BackendSpec("b", adaptive=AdaptiveParams(min_cap=2, max_cap=40, initial=5, smoothing=0.3, tolerance=1.2,
+                                                       long_window=300, short_window=5))],
     queue=QueueParams(policy="fcfs", aging_s=3.0, sjf_size_ratio=2.0, drain_ewma_weight=0.3, retry_after_min_s=0.5,
                       retry_after_max_s=9.0),
     preemption=PreemptionParams(enabled=False, max_preemptions_per_request=2, min_run_s=0.1),
@@ -40,7 +41,8 @@ EVENTS = [
     Arrive("r3", "chat", 60, model="llama", prefix=(11, -7, 2**63 - 1)), Served("a", ("llama", "qwen")),
     Served("b", None), Loaded("a", 7), FirstContent("r3", "b"), Failed("r3", FailureKind.RESET, backend="a"),
     Opened("r1"), Generated("r1", 17), Failed("r1", FailureKind.TIMEOUT_FIRST_TOKEN, delivered=True, answered=True),
-    Finished("r1", Outcome.CLIENT_GONE, tokens=300), Probed("a", False, busy=True), KindLearned("b", True), Tick(),
+    Finished("r1", Outcome.CLIENT_GONE, tokens=300), Probed("a", False, busy=True), Observed("b", 0.25, 0.0125),
+    Observed("a", itl_s=0.5), KindLearned("b", True), Tick(),
     Close(), Reconfigure(PARAMS),
 ]
 DECISIONS = [Start("r1", "a", resumed=True), Suspend("r1", "a"), Reject("r2", RejectReason.RATE_LIMIT_TOKENS, 12.5),

@@ -170,4 +170,4 @@ def test_keys_are_callers_by_name_and_limits_go_to_the_front_once_per_caller() -
         "sk-3": {"rpm_limit": 5}, "sk-4": {"name": "free"}}}})
     callers = {c.name: (c.requests_per_minute, c.tokens_per_minute) for c in cfg.front_params().callers}
     fingerprint = cfg.auth.api_keys["sk-3"].caller("sk-3")
-    assert callers == {"reports": (None, 1000), fingerprint: (5, None)} and fingerprint.startswith("sha256:")
+    assert callers == {"reports": (None, 1000), fingerprint: (5, None)} and fingerprint.startswith("key:")

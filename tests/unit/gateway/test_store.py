@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tailguard.errors import ConfigError
-from tailguard.gateway.config import GatewayConfig
+from tailguard.gateway.config import AdaptiveConfig, GatewayConfig
 from tailguard.gateway.ops.reload import restart_needed
 from tailguard.gateway.ops.store import ConfigStore, default_state_dir
 
@@ -70,6 +70,8 @@ def test_a_reload_refuses_what_only_a_start_reads_and_takes_the_rest() -> None:
     moved = cfg(backends=[cfg().backends[0].model_copy(update={"url": "http://127.0.0.1:10", "max_concurrency": 4,
                                                                 "api_key": "sk-2", "model": "m2"})])
     assert restart_needed(cfg(), moved) == []  # the next attempt and probe go to the new address
+    learning = cfg(backends=[cfg().backends[0].model_copy(update={"adaptive": AdaptiveConfig(min=2, max=32)})])
+    assert restart_needed(cfg(), learning) == [] and restart_needed(learning, cfg()) == []  # the front swaps its cap
     retyped = cfg(backends=[cfg().backends[0].model_copy(update={"kind": "vllm"})])
     assert [c.name for c in restart_needed(cfg(), retyped)] == ["backends[a].kind"]
     assert [c.name for c in restart_needed(cfg(), cfg(port=1))] == ["port"]

@@ -23,6 +23,7 @@ import orjson
 import pytest
 
 from tailguard.clock import monotonic
+from tailguard.gateway.config import LimitsConfig
 from tailguard.gateway.ops.metrics import ChunkHistogram
 from tailguard.gateway.request import Request
 from tailguard.gateway.sink import ChunkQueue
@@ -137,7 +138,7 @@ def _relay(watchdog: Watchdog, sink: ChunkQueue, *, client_usage: bool = False, 
     """The relay as the exchange builds it; its headers say when the first content was seen."""
     times = _times()
     return StreamRelay(sink, "chat", Tally(times, watchdog, ChunkHistogram((0.001, 1.0))), client_usage,
-                       lambda: {"x-first-content-at": str(times.first_content_at)}, progress=progress,
+                       lambda: {"x-first-content-at": str(times.first_content_at)}, LimitsConfig(), progress=progress,
                        service_tier=service_tier)
 
 

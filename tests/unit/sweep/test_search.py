@@ -8,7 +8,7 @@ import pytest
 
 from tailguard.errors import ConfigError
 from tailguard.gateway.config import GatewayConfig
-from tailguard.sweep.search import Setting, Slo, Sweep, apply, knee, parse_values, result
+from tailguard.sweep.search import Setting, Slo, Sweep, apply, knee, knee_or_why, parse_values, result
 
 
 def test_values() -> None:
@@ -65,5 +65,40 @@ def test_knee_of_a_rising_then_flat_curve() -> None:
     xs = [2.0, 4, 6, 8, 10, 12, 16]
     assert knee(xs, [2, 4, 6, 8, 8, 8, 8]) == 3
     assert knee(xs, [1.0] * 7) is None
+    assert knee_or_why(xs, [1.0] * 7) == (
+        None, "throughput is the same at every value: this setting does not limit it under this load")
+    assert "sweep larger values" in knee_or_why(xs, [1, 2, 3, 4, 5, 6, 8])[1]
+    assert knee_or_why(xs[:2], [1, 2]) == (None, "a knee needs three values or more (2 measured)")
     with pytest.raises(ConfigError):
         Slo.parse("chat:latency=1")
+
+
+def test_values_at_or_above_the_clients_sent_are_named_and_the_table_keeps_what_an_slo_judges() -> None:
+    sw = Sweep(Setting.parse("max_concurrency"), [4, 8, 16], [Slo.parse("chat:tpot_s=0.05")], min_repeats=2,
+               max_repeats=2, clients=8)
+    assert sw.runs_left() == 6
+    for i in (0, 1, 2):
+        sw.add(i, {**summary(1.0, 100.0), "classes": {"chat": {"e2e_s": {"p99": 1.0}, "tpot_s": {"p99": 0.04}}}})
+    assert sw.runs_left() == 3
+    res = result(sw)
+    assert res["points"][0]["p99"]["chat"]["tpot_s"]["mean"] == 0.04
+    assert res["knee"] is None and res["no_knee"].startswith("throughput is the same at every value")
+    assert res["warnings"] == ["max_concurrency 8, 16: at or above the 8 clients sent, such a cap never binds, so "
+                               "these values measure the same thing as no cap; send more clients than the largest "
+                               "value (--concurrency) or sweep values below 8"]
+    open_loop = Sweep(Setting.parse("max_concurrency"), [4, 8], [])
+    assert result(open_loop)["warnings"] == []
+    assert result(Sweep(Setting.parse("policy"), ["fcfs", "ranked-sjf"], []))["no_knee"] == (
+        "policy is not a number: its values have no knee")
+
+
+def test_errors_and_warnings_name_the_thing_and_the_next_step() -> None:
+    with pytest.raises(ConfigError, match=r"no class 'chats' in the gateway config \(its classes: interactive, batch\)"):
+        apply(Setting.parse("max_tokens_cap:chats"), 512, {}, {})
+    with pytest.raises(ConfigError, match=r"--min-repeats 3 and --max-repeats 2: give 1 <= min <= max"):
+        Sweep(Setting.parse("max_concurrency"), [4], [], min_repeats=3, max_repeats=2)
+    sw = Sweep(Setting.parse("max_concurrency"), [4], [Slo.parse("interactive:e2e_s=1")], min_repeats=1, max_repeats=1)
+    sw.add(0, summary(1.0, 100.0))
+    assert result(sw)["warnings"] == [
+        "--slo interactive:e2e_s=1 judges class 'interactive', which the workload does not send (its classes: chat): "
+        "no value can meet it; name one of those"]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from tailguard.wire.sse import DONE, SSEDecoder, SSEEvent, encode_event, is_done
+from tailguard.wire.sse import DONE, EventTooLarge, SSEDecoder, SSEEvent, encode_event, is_done
 
 # One stream with every kind of line the spec allows, written with "\n" and re-ended below.
 STREAM = (
@@ -113,3 +115,30 @@ def test_is_done_only_for_the_done_event() -> None:
 def test_encode_roundtrip() -> None:
     d = SSEDecoder()
     assert [e.data for e in d.feed(encode_event(b'{"x":1}'))] == [b'{"x":1}']
+
+
+def test_a_100_mb_event_in_4_kib_pieces_is_decoded_in_linear_time() -> None:
+    """A backend that sends one endless event: each piece is searched once and the pieces joined
+    once (re-joining and re-scanning the whole event per read took 6.7 s for 8 MB, so 100 MB
+    would take about 17 minutes; linear work is well under a second)."""
+    d = SSEDecoder()
+    piece = b"x" * 4096
+    started = time.perf_counter()
+    assert d.feed(b"data: ") == []
+    for _ in range(100 * 1024 * 1024 // 4096):
+        assert d.frame(piece) == (b"", [])
+    events = d.feed(b"\r\n\r\n")
+    assert time.perf_counter() - started < 10.0
+    assert len(events) == 1 and len(events[0].data) == 100 * 1024 * 1024
+
+
+@pytest.mark.parametrize("end", ENDS.values(), ids=ENDS.keys())
+def test_an_event_past_max_event_bytes_raises_and_smaller_ones_pass(end: bytes) -> None:
+    d = SSEDecoder(max_event_bytes=1024)
+    small = b"data: " + b"y" * 1000 + end + end
+    assert [len(e.data) for e in d.feed(small * 3)] == [1000] * 3  # many events in one read: each is small
+    assert d.feed(b"data: " + b"z" * 1000) == []
+    with pytest.raises(EventTooLarge, match="over 1024 bytes"):
+        d.feed(b"z" * 100)
+    with pytest.raises(EventTooLarge):
+        SSEDecoder(max_event_bytes=1024).feed(b"data: " + b"z" * 2000 + end)  # one read, no end yet

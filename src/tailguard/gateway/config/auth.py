@@ -1,15 +1,12 @@
-"""The `auth` section of the gateway's config: the client API keys (`AuthConfig`, `ApiKeyConfig`)
-and `_fingerprint`, how a secret is shown wherever settings are shown. Its own module because it
-is the only section holding client secrets."""
+"""The `auth` section of the gateway's config: the client API keys (`AuthConfig`, `ApiKeyConfig`).
+Its own module because it is the only section holding client secrets."""
 
 from __future__ import annotations
-
-import hashlib
 
 from pydantic import Field, model_validator
 
 from tailguard.front.params import CallerSpec, KeySpec
-from tailguard.gateway.config.base import _Model
+from tailguard.gateway.config.base import _Model, fingerprint
 
 
 class ApiKeyConfig(_Model):
@@ -35,7 +32,7 @@ class ApiKeyConfig(_Model):
     )
 
     def caller(self, key: str) -> str:
-        return self.name if self.name is not None else _fingerprint(key)
+        return self.name if self.name is not None else fingerprint(key)
 
     def spec(self, key: str) -> KeySpec:
         return KeySpec(caller=self.caller(key), default_class=self.default_class)
@@ -48,6 +45,12 @@ class AuthConfig(_Model):
         default_factory=dict,
         description="Accepted keys (`Authorization: Bearer <key>`), each with optional settings. "
         "When non-empty, a request without a listed key gets 401.",
+    )
+    allow_keyless: bool = Field(
+        default=False,
+        description="Confirms that this config means to serve anyone without a key. A live reload that removes "
+        "every key (a half-written file cut off before `auth:` reads as exactly that) is refused without it, "
+        "or without `tailguard config reload --allow-auth-change`.",
     )
 
     @model_validator(mode="after")
@@ -70,6 +73,3 @@ class AuthConfig(_Model):
                  for key, k in self.api_keys.items() if k.rpm_limit or k.tpm_limit}
         return list(found.values())
 
-
-def _fingerprint(secret: str) -> str:
-    return "sha256:" + hashlib.sha256(secret.encode()).hexdigest()[:8]

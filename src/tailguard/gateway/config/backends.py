@@ -7,12 +7,41 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from tailguard.front import params as fp
-from tailguard.gateway.config.base import _BACKEND, _Model
+from tailguard.front.adaptive import AdaptiveParams
+from tailguard.gateway.config.base import _ADAPTIVE, _BACKEND, _Model
 
 BackendKind = Literal["auto", "vllm", "llamacpp", "sglang", "tgi", "openai", "sim"]
+
+class AdaptiveConfig(_Model):
+    """`adaptive:` on a backend: its in-flight cap moves between `min` and `max` from its TTFT and
+    ITL (`tailguard.front.adaptive`); `adaptive: true` is this with its defaults."""
+
+    min: int = Field(default=_ADAPTIVE.min_cap, ge=1, description="The lowest the cap goes.")
+    max: int = Field(default=_ADAPTIVE.max_cap, ge=1, description="The highest the cap goes.")
+    initial: int | None = Field(
+        default=_ADAPTIVE.initial, ge=1,
+        description="Where the cap starts (unset: the backend's `max_concurrency`); it starts there again "
+        "after a reload that changes `adaptive`.")
+    smoothing: float = Field(
+        default=_ADAPTIVE.smoothing, gt=0, le=1,
+        description="The share of each new estimate the cap takes: lower moves slower and swings less.")
+    tolerance: float = Field(
+        default=_ADAPTIVE.tolerance, ge=1,
+        description="How far the recent TTFT or ITL may rise over its long-term average before the cap falls.")
+
+    @model_validator(mode="after")
+    def _bounds_ok(self) -> AdaptiveConfig:
+        if self.min > self.max:
+            raise ValueError(f"adaptive min ({self.min}) is above max ({self.max})")
+        return self
+
+    def spec(self) -> AdaptiveParams:
+        return AdaptiveParams(min_cap=self.min, max_cap=self.max, initial=self.initial, smoothing=self.smoothing,
+                              tolerance=self.tolerance)
+
 
 _BACKEND_NAME = re.compile(r"^[A-Za-z0-9_.:-]+$")
 
@@ -49,6 +78,11 @@ class BackendConfig(_Model):
         default=_BACKEND.weight, gt=0,
         description="Relative capacity when routing: load is compared as in-flight / (max_concurrency * weight).",
     )
+    adaptive: AdaptiveConfig | None = Field(
+        default=None,
+        description="Let the in-flight cap move between bounds from this backend's latency (TTFT from the "
+        "request's start upstream, and ITL), starting at `max_concurrency`: `true`, or `{min: 2, max: 64}`. "
+        "The cap in force is in `/health` and `tailguard_backend_concurrency_limit`.")
     api_key: str | None = Field(default=None, description="Sent upstream as `Authorization: Bearer <key>`.")
     model: str | None = Field(default=None, description="If set, replaces the request's `model` on the way upstream.")
     models: list[str] | None = Field(
@@ -66,7 +100,16 @@ class BackendConfig(_Model):
         """The front's view; `continues` comes from the kind (named, or detected later)."""
         return fp.BackendSpec(name=self.name, max_concurrency=self.max_concurrency, weight=self.weight,
                               continues=continues, reserved_slots=self.reserved_slots,
-                              models=tuple(self.models or ()), pool=self.pool)
+                              models=tuple(self.models or ()), pool=self.pool,
+                              adaptive=None if self.adaptive is None else self.adaptive.spec())
+
+    @field_validator("adaptive", mode="before")
+    @classmethod
+    def _adaptive_flag(cls, v: object) -> object:
+        """`adaptive: true` is the defaults, `false` none."""
+        if v is True:
+            return {}
+        return None if v is False else v
 
     @field_validator("name")
     @classmethod

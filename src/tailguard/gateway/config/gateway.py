@@ -15,11 +15,12 @@ from tailguard import settings
 from tailguard.errors import ConfigError
 from tailguard.front import params as fp
 from tailguard.front.params import ServiceTier
-from tailguard.gateway.config.auth import AuthConfig, _fingerprint
+from tailguard.gateway.config.auth import AuthConfig
 from tailguard.gateway.config.backends import BackendConfig
-from tailguard.gateway.config.base import _INTAKE, _Model
+from tailguard.gateway.config.base import _INTAKE, _Model, fingerprint
 from tailguard.gateway.config.classes import ClassConfig, default_classes
 from tailguard.gateway.config.fleet import EjectionConfig, HedgingConfig, RoutingConfig
+from tailguard.gateway.config.limits import LimitsConfig
 from tailguard.gateway.config.problems import validate
 from tailguard.gateway.config.scheduler import SchedulerConfig
 from tailguard.gateway.config.telemetry import TelemetryConfig
@@ -79,6 +80,8 @@ class GatewayConfig(_Model):
     routing: RoutingConfig = Field(default_factory=RoutingConfig, description="Routing within a pool.")
     ejection: EjectionConfig = Field(default_factory=EjectionConfig, description="Passive health (ejection).")
     hedging: HedgingConfig = Field(default_factory=HedgingConfig, description="Hedged requests (off by default).")
+    limits: LimitsConfig = Field(default_factory=LimitsConfig,
+                                 description="Bytes and seconds a backend or a client may cost the gateway.")
 
     def front_params(self, continues: dict[str, bool] | None = None) -> fp.FrontParams:
         """The front's parameters; `continues` maps a backend to whether its kind can continue a
@@ -107,10 +110,10 @@ class GatewayConfig(_Model):
         fingerprint: what the config's hash covers, what `/config` shows and a bench run records,
         and what `tailguard config diff` compares. A changed key still shows as changed."""
         data = self.model_dump(mode="json")
-        data["auth"]["api_keys"] = {_fingerprint(k): v for k, v in data["auth"]["api_keys"].items()}
+        data["auth"]["api_keys"] = {fingerprint(k): v for k, v in data["auth"]["api_keys"].items()}
         for b in data["backends"]:
             if b.get("api_key"):
-                b["api_key"] = _fingerprint(b["api_key"])
+                b["api_key"] = fingerprint(b["api_key"])
         return data
 
     def digest(self) -> str:

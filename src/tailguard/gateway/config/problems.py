@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from tailguard.errors import ConfigError
+from tailguard.gateway.config.base import fingerprint
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -30,10 +31,15 @@ def validate(model: type[M], data: dict[str, Any], source: str) -> M:
 
 
 def _loc_text(loc: tuple[int | str, ...], data: Any) -> str:
-    """`('classes', 1, 'rank')` -> `classes[1] (batch).rank`: the name makes list entries findable."""
+    """`('classes', 1, 'rank')` -> `classes[1] (batch).rank`: the name makes list entries findable.
+    A client key, the name of its own setting, is shown by its fingerprint: the message goes to
+    logs and terminals."""
     out = ""
     node: Any = data
+    after: int | str | None = None
     for part in loc:
+        shown = fingerprint(part) if after == "api_keys" and isinstance(part, str) else part
+        after = part
         if isinstance(part, int):
             out += f"[{part}]"
             node = node[part] if isinstance(node, list) and part < len(node) else None
@@ -42,6 +48,6 @@ def _loc_text(loc: tuple[int | str, ...], data: Any) -> str:
         elif part == "[key]":
             out += " (as a key)"  # pydantic's marker: the mapping key itself is wrong
         else:
-            out += f".{part}" if out else str(part)
+            out += f".{shown}" if out else str(shown)
             node = node.get(part) if isinstance(node, dict) else None
     return out

@@ -30,6 +30,7 @@ from tailguard.gateway.exchange import Context
 from tailguard.gateway.http.classes import ClassTable
 from tailguard.gateway.http.models import fleet_models, one_model
 from tailguard.gateway.http.proxy import REQUEST_ID, Proxy, client_request_id, error_response
+from tailguard.gateway.http.server import GatewayRunner, raise_file_limit, reserved_only
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.logfmt import FORMATTERS
 from tailguard.gateway.ops.log_buffer import BufferedLineHandler
@@ -58,7 +59,7 @@ def create_app(cfg: GatewayConfig, *, record: Path | None = None) -> web.Applica
     `record`, the front's events and decisions are written there (`gateway.ops.recorder`)."""
     if not cfg.backends:
         raise ValueError("the gateway needs at least one backend")
-    app = web.Application(client_max_size=cfg.max_body_bytes, middlewares=[_openai_errors])
+    app = web.Application(client_max_size=cfg.max_body_bytes, middlewares=[_openai_errors, reserved_only])
     app[LIVE] = Live.of(cfg)
     if record is not None:
         app[RECORD] = record
@@ -130,7 +131,7 @@ async def _health(request: web.Request) -> web.Response:
     views = list(front.backends())
     backends = {s.name: {"state": s.state, "healthy": s.healthy, "ejected": s.ejected, "retiring": s.retiring,
                          "kind": kinds[s.name].kind, "pool": s.pool, "models": s.models,
-                         "in_flight": s.in_flight, "max_concurrency": s.max_concurrency,
+                         "in_flight": s.in_flight, "max_concurrency": s.max_concurrency, "cap": s.cap,
                          "reserved_slots": s.reserved_slots,
                          # The engine's own count, as its last probe read it `age_s` ago (not live).
                          "engine": ({"running": load[s.name].running, "waiting": load[s.name].waiting,
@@ -249,6 +250,13 @@ def reloader_of(app: web.Application, store: ConfigStore | None = None,
     return Reloader(app[LIVE], parts, store, reread)
 
 
+def gateway_runner(app: web.Application) -> GatewayRunner:
+    """The runner that serves a gateway app: aiohttp's, with the client-side limits
+    (`gateway.http.server`) and the handler cancellation a departed client needs."""
+    return GatewayRunner(app, app[LIVE], app[METRICS], handle_signals=False, handler_cancellation=True,
+                         access_log=None)
+
+
 def _say_what_it_finds(cfg: GatewayConfig) -> None:
     """From the moment it listens, the gateway's own log (what its probes find, what changes) goes
     to stderr at INFO, in `cfg.log_format`; before, a failed start says one line only."""
@@ -289,7 +297,8 @@ async def serve(
             logger.propagate = False
         logger.setLevel(logging.INFO)
     app = create_app(cfg, record=record)
-    runner = web.AppRunner(app, handle_signals=False, handler_cancellation=True, access_log=None)
+    raise_file_limit(cfg)
+    runner = gateway_runner(app)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024)
     try:

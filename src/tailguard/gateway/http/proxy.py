@@ -22,6 +22,7 @@ from tailguard.clock import monotonic
 from tailguard.errors import APIError, BadRequest, PayloadTooLarge
 from tailguard.front.intake import NO_CLASS, Asked, bearer_key
 from tailguard.gateway.config import GatewayConfig
+from tailguard.gateway.dispatch import overloaded
 from tailguard.gateway.exchange import Context, Ending, Exchange, Job
 from tailguard.gateway.http.classes import ClassTable
 from tailguard.gateway.ops.metrics import access_log, record_finish, response_headers
@@ -29,7 +30,7 @@ from tailguard.gateway.ops.tracing import Tracer
 from tailguard.gateway.request import Request
 from tailguard.gateway.sink import ResponseSink, Sink
 from tailguard.gateway.upstream.client import UPSTREAM_PATHS
-from tailguard.types import Outcome
+from tailguard.types import Outcome, RejectReason
 from tailguard.wire.openai import (
     Endpoint, ParsedRequest, error_body, error_headers, is_json_media_type, parse_request,
 )
@@ -73,6 +74,7 @@ class Proxy:
         self._ctx = ctx
         self._dispatcher = ctx.dispatcher
         self._metrics = ctx.metrics
+        self._queued_bytes = 0  # bodies of the requests waiting for a slot
         self._estimator = ctx.estimator
         self._ids = itertools.count()
         self._id_prefix = f"tg-{os.getpid():x}-{os.urandom(3).hex()}-"
@@ -170,10 +172,12 @@ class Proxy:
         progress = self._dispatcher.progress(cls.name, accepted.resumable)
         # Hashed only where a choice between backends can use it: one backend needs no affinity.
         prefix = prefix_blocks(parsed.prompt_text()) if self._affine else ()
+        self._hold_queued(len(raw), cls.name)
         try:
             await self._dispatcher.admit(t, accepted.est_tokens, progress=progress, max_tokens=accepted.max_tokens,
                                          prefix=prefix)
         finally:  # let in or refused, the answer says where the caller's limits stand
+            self._queued_bytes -= len(raw)
             if t.caller is not None:
                 t.rate_headers = self._dispatcher.rate_headers(t.caller)
         try:
@@ -186,6 +190,17 @@ class Proxy:
             return ending
         finally:
             self._dispatcher.release(t, t.outcome, t.used_tokens())
+
+    def _hold_queued(self, size: int, cls: str) -> None:
+        """Count a body about to wait for a slot against `limits.max_queued_body_bytes`: the
+        queue's length alone lets a few thousand large bodies fill the host (a parsed body costs
+        several times its bytes). Past the budget: 503 `queue_full` with Retry-After."""
+        budget = self._cfg.limits.max_queued_body_bytes
+        if self._queued_bytes + size > budget:
+            self._metrics.rejected.labels(cls, RejectReason.QUEUE_FULL).inc()
+            raise overloaded(RejectReason.QUEUE_FULL, 1.0, f"The gateway's queue holds its budget of {budget} bytes "
+                             "of request bodies; retry later.")
+        self._queued_bytes += size
 
     async def _read_body(self, request: web.Request) -> bytes:
         """The whole body, within `max_body_bytes` and `body_timeout_s`. A body too large is

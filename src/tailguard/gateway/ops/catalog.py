@@ -89,6 +89,8 @@ METRICS: tuple[MetricSpec, ...] = (
     _g("tailguard_inflight", "Requests bound to a backend and not yet finished.", "backend"),
     _g("tailguard_backend_max_concurrency", "Each backend's cap on requests in flight: inflight / this is its "
        "saturation.", "backend"),
+    _g("tailguard_backend_concurrency_limit", "The in-flight cap in force on a backend: its `max_concurrency`, or "
+       "where it is `adaptive`, the cap its latency has set.", "backend"),
     _g("tailguard_backend_healthy", "1 if a backend takes requests: its health probes succeed and it is not "
        "ejected.", "backend"),
     _c("tailguard_backend_health_changes", "Changes of a backend's health, each once: `unhealthy` and `healthy` "
@@ -111,6 +113,9 @@ METRICS: tuple[MetricSpec, ...] = (
        "bound: the requests that ended there per second plus the backlog drained within the tightest bound, "
        "times their service time, over one backend's slots.", "pool"),
     _g("tailguard_capacity_ready", "Backends of each pool healthy, not ejected, taking requests now.", "pool"),
+    _c("tailguard_connections_closed", "Client connections the gateway closed on its own: header_timeout (no "
+       "whole request head in time), evicted_idle (an idle one closed at the cap for a new one), over_cap "
+       "(refused: every connection busy and the reserve taken).", "reason"),
     # Callers, only when keys are configured: a bounded label.
     _c("tailguard_caller_requests", "Requests by caller and terminal outcome.", "caller", "outcome"),
     _c("tailguard_caller_tokens", "Tokens by caller: prompt and output (from upstream usage, else the estimate "

@@ -169,6 +169,8 @@ class GatewayMetrics:
         self.prompt_tokens = f["tailguard_prompt_tokens"]
         self.output_tokens = f["tailguard_output_tokens"]
         self.inflight = f["tailguard_inflight"]
+        self.concurrency_limit = f["tailguard_backend_concurrency_limit"]
+        self.connections_closed = f["tailguard_connections_closed"]
         self.rejected = f["tailguard_rejected"]
         self.upstream_errors = f["tailguard_upstream_errors"]
         self.retries = f["tailguard_retries"]
@@ -238,6 +240,7 @@ class GatewayMetrics:
         kind = self._kinds.pop(backend, None)
         cap = self.families["tailguard_backend_max_concurrency"]
         for gauge, labels in ((self.backend_healthy, (backend,)), (self.inflight, (backend,)), (cap, (backend,)),
+                              (self.concurrency_limit, (backend,)),
                               (self.engine_requests, (backend, "running")), (self.engine_requests, (backend, "waiting")),
                               (self.backend_kind, (backend, kind or ""))):
             try:

@@ -85,10 +85,14 @@ PANELS: tuple[Panel, ...] = (
           "The same words as X-Tailguard-Reject-Reason and the access log's reason.",
           (Query(_rate("tailguard_rejected_total", "class, reason", C), "{{class}} {{reason}}"),)),
     # Backends and fleet.
-    Panel("Backends and fleet", "Saturation (in flight / cap)", "percentunit",
+    Panel("Backends and fleet", "Saturation (in flight / cap in force)", "percentunit",
           "At 100% the gateway's queue holds the rest: the cap binds, as it should under load.",
           (Query(f"sum by (backend) (tailguard_inflight{{{B}}}) / sum by (backend) "
-                 f"(tailguard_backend_max_concurrency{{{B}}})", "{{backend}}"),)),
+                 f"(tailguard_backend_concurrency_limit{{{B}}})", "{{backend}}"),)),
+    Panel("Backends and fleet", "Cap in force and configured", "short",
+          "An adaptive backend's cap as its latency sets it, under its configured max_concurrency.",
+          (Query(f"max by (backend) (tailguard_backend_concurrency_limit{{{B}}})", "{{backend}} in force"),
+           Query(f"max by (backend) (tailguard_backend_max_concurrency{{{B}}})", "{{backend}} configured"))),
     Panel("Backends and fleet", "Health and kind", "short",
           "1 while a backend's probes succeed; the kind it is treated as.",
           (Query(f"max by (backend) (tailguard_backend_healthy{{{B}}})", "{{backend}} healthy"),
@@ -139,6 +143,9 @@ PANELS: tuple[Panel, ...] = (
                  "{{gen_ai_operation_name}} duration"))),
     Panel("OpenTelemetry GenAI", "gen_ai.client.token.usage P50", "short", "Tokens per request, input and output.",
           (Query(_p(0.5, "gen_ai_client_token_usage", "gen_ai_token_type"), "{{gen_ai_token_type}}"),)),
+    Panel("Process", "Connections closed by the gateway", "reqps",
+          "Slow or idle clients cut (header_timeout, evicted_idle) and connections refused at the cap (over_cap).",
+          (Query(_rate("tailguard_connections_closed_total", "reason"), "{{reason}}"),)),
     # The gateway's own process.
     Panel("Process", "Memory and CPU", "short", "Resident memory (MiB) and CPU (cores) of each gateway process.",
           (Query("process_resident_memory_bytes / 1048576", "{{instance}} RSS MiB"),

@@ -14,11 +14,15 @@ settings named, and the gateway keeps what it had.
 
 SIGHUP triggers it (`serve` installs the handler): the stored config that `tailguard config
 rollback` (or `reload --to N`) asked for in the state directory, else the `--config` file read again.
+A request names the config it was made for and when: a leftover one is ignored. A config that
+would switch auth off (every key removed) is refused unless it says so (`auth.allow_keyless`) or
+the asker confirmed it (`tailguard config reload --allow-auth-change`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -41,9 +45,10 @@ log = logging.getLogger("tailguard.gateway")
 # What a backend may change live: the front's slots, and where and how requests reach it (read
 # by each new attempt and probe; one in flight keeps its connection). Its kind decides what the
 # front may do with its requests, and is what a restart is for.
-_LIVE_BACKEND = frozenset({"max_concurrency", "weight", "reserved_slots", "url", "api_key", "model"})
+_LIVE_BACKEND = frozenset({"max_concurrency", "weight", "reserved_slots", "adaptive", "url", "api_key", "model"})
 _RESTART = frozenset({"host", "port", "max_body_bytes", "access_log", "log_prompts"})
 _RESTART_PREFIXES = ("scheduler.output_estimate.",)
+REQUEST_TTL_S = 60.0  # a reload request older than this is a leftover, not the asker's
 
 
 def restart_needed(old: GatewayConfig, new: GatewayConfig) -> list[Change]:
@@ -57,8 +62,18 @@ def _needs_restart(name: str, kept_backends: set[str]) -> bool:
     item = item_of(name)
     if item is not None and item.startswith("backends["):
         field = name[len(item) + 1:]
-        return item[len("backends["):-1] in kept_backends and field not in _LIVE_BACKEND
+        return item[len("backends["):-1] in kept_backends and field.split(".", 1)[0] not in _LIVE_BACKEND
     return name in _RESTART or name.startswith(_RESTART_PREFIXES)
+
+
+def _auth_kept(old: GatewayConfig, new: GatewayConfig) -> None:
+    """Refuse a config that would switch auth off unasked: from keys to none, unless it says
+    `auth.allow_keyless` (a file cut off before its `auth:` section parses as just that)."""
+    if old.auth.api_keys and not new.auth.api_keys and not new.auth.allow_keyless:
+        raise ConfigError(
+            f"the new config has no auth.api_keys, so anyone could call the gateway without a key (it has "
+            f"{len(old.auth.api_keys)} now); if that is meant, set auth.allow_keyless: true in it or run "
+            "`tailguard config reload --allow-auth-change`; if the file was being written, reload once it is whole")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +94,13 @@ class Reloader:
                  reread: Callable[[], GatewayConfig] | None) -> None:
         self.live, self._parts, self._store, self._reread = live, parts, store, reread
 
-    def apply(self, cfg: GatewayConfig) -> None:
+    def apply(self, cfg: GatewayConfig, *, allow_auth_change: bool = False) -> None:
         """Make `cfg` the running config, or raise `ConfigError` and change nothing."""
         blocked = restart_needed(self.live.cfg, cfg)
         if blocked:
             raise ConfigError("these settings need a restart of the gateway: " + "; ".join(str(c) for c in blocked))
+        if not allow_auth_change:
+            _auth_kept(self.live.cfg, cfg)
         p, kept = self._parts, {b.name for b in self.live.cfg.backends}
         # A kept backend keeps the kind detected (`auto`) or configured (unchanged); a new one
         # starts as at start.
@@ -108,10 +125,10 @@ class Reloader:
         old = self.live.hash
         result: dict[str, Any] = {"id": None}  # the asker's id, so it knows the answer is its own
         try:
-            request = store.take_json(store.request_file) if store is not None else None
+            request = self._request()
             result["id"] = request.get("id") if request else None
             cfg, how = self._wanted(request)
-            self.apply(cfg)
+            self.apply(cfg, allow_auth_change=bool(request and request.get("allow_auth_change")))
         except (ConfigError, OSError, ValueError, KeyError) as e:  # a refusal, or an unreadable request
             log.error("config not applied, the gateway keeps %s: %s", old, e)
             self._answer({**result, "ok": False, "error": str(e) or type(e).__name__})
@@ -132,8 +149,25 @@ class Reloader:
             except OSError as e:
                 log.error("cannot leave the reload's result in %s: %s", self._store.root, e)
 
+    def _request(self) -> dict[str, Any] | None:
+        """The request `tailguard config` left for this SIGHUP, unless it is stale: made for
+        another running config, or long ago (a leftover of a CLI that died must not override
+        the file at the next bare SIGHUP)."""
+        if self._store is None:
+            return None
+        request = self._store.take_json(self._store.request_file)
+        if request is None:
+            return None
+        made_for, at = request.get("made_for"), request.get("at")
+        age_s = time.time() - at if isinstance(at, (int, float)) else None
+        if made_for != self.live.hash or age_s is None or not 0 <= age_s <= REQUEST_TTL_S:
+            log.warning("ignored a stale reload request in %s (made for config %s, %s ago)", self._store.root,
+                        made_for, "?" if age_s is None else f"{age_s:.0f} s")
+            return None
+        return request
+
     def _wanted(self, request: dict[str, Any] | None) -> tuple[GatewayConfig, str]:
-        if request is not None and self._store is not None:
+        if request is not None and "n" in request and self._store is not None:
             n = int(request["n"])
             return self._store.get(n).load(), str(request.get("how") or f"apply {n}")
         if self._reread is None:

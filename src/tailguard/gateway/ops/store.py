@@ -9,13 +9,17 @@ baseline, the running gateway's pid, and the reload hand-over between `tailguard
 
 Configs are stored by content: applying one equal to a stored config applies that number again
 (the history says when), so a rollback does not grow the list. Files are private to the user
-(0600 in a 0700 directory): a config holds client and backend keys.
+(0600 in a 0700 directory): a config holds client and backend keys. A directory of the user's
+that others may write to is made 0700 again; one of another user's is refused; no file is
+opened through a symbolic link (someone who planted one would have the gateway write keys there).
+Keep the directory out of version control (`.tailguard/` in `.gitignore`).
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,7 +105,7 @@ class ConfigStore:
             _write_private(entry.path, yaml.safe_dump(data, sort_keys=False).encode())
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         line = orjson.dumps({"n": entry.n, "hash": h, "at": now, "how": how}) + b"\n"
-        fd = os.open(self._history, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = os.open(self._history, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "ab") as f:
             f.write(line)
         return entry
@@ -172,18 +176,35 @@ class ConfigStore:
     def take_json(self, path: Path) -> dict[str, Any] | None:
         """Read and remove a hand-over file; None when there is none."""
         try:
-            data = orjson.loads(path.read_bytes())
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as f:
+                data = orjson.loads(f.read())
             path.unlink()
         except FileNotFoundError:
             return None
         return data if isinstance(data, dict) else None
 
     def _make_dirs(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._configs.mkdir(exist_ok=True, mode=0o700)
+        for d in (self.root, self._configs):
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            _private_dir(d)
+
+
+def _private_dir(d: Path) -> None:
+    """`d` is a real directory only its owner may write to: ours is made 0700 (a 0777 one kept
+    its mode before), another user's that others may write to is refused."""
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"state directory {d} is not a directory (a symbolic link?): refusing to keep keys there")
+    if st.st_uid == os.getuid():
+        if stat.S_IMODE(st.st_mode) != 0o700:
+            os.chmod(d, 0o700)
+    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ConfigError(f"state directory {d} belongs to another user and others may write to it: "
+                          "refusing to keep keys there")
 
 
 def _write_private(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(data)

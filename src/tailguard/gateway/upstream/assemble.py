@@ -1,6 +1,8 @@
 """The non-streaming answer: reads an upstream SSE stream into one `chat.completion` or
 `text_completion` body. The joining is `wire.join`'s, the client's too; this adds the reading
-(deadlines, the tally, a preemptible request's progress) and the usage the gateway counted."""
+(deadlines, the tally, a preemptible request's progress, the bounds on what a backend may make it
+hold: `limits.max_answer_bytes` of stream in all, `limits.max_event_bytes` an event) and the usage
+the gateway counted."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ from dataclasses import dataclass, field
 import orjson
 
 from tailguard.clock import monotonic
-from tailguard.gateway.upstream.client import RelayError, Suspended
+from tailguard.gateway.config import LimitsConfig
+from tailguard.gateway.upstream.client import RelayError, Suspended, stream_failure
 from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.upstream.resume import Progress
 from tailguard.gateway.upstream.tally import Tally
@@ -17,7 +20,7 @@ from tailguard.types import FailureKind
 from tailguard.wire.chunks import delta_text, has_content, running_usage
 from tailguard.wire.join import ChunkJoiner
 from tailguard.wire.openai import Endpoint
-from tailguard.wire.sse import DONE, SSEDecoder
+from tailguard.wire.sse import DONE, EventTooLarge, SSEDecoder
 
 
 @dataclass(slots=True)
@@ -26,9 +29,11 @@ class Assembler:
 
     endpoint: Endpoint
     tally: Tally
+    limits: LimitsConfig
     progress: Progress | None = None  # set for preemptible requests
     service_tier: str | None = None  # the tier to report, when the request named one
     joiner: ChunkJoiner = field(init=False)
+    read_bytes: int = 0  # of stream, over every run of a resumed request
 
     def __post_init__(self) -> None:
         self.joiner = ChunkJoiner(chat=self.endpoint == "chat")
@@ -36,7 +41,7 @@ class Assembler:
     async def run(self, up: H1Response) -> bytes:
         """Assemble until the upstream ends. A preemptible request's assembler outlives a
         suspension (`Suspended`) and keeps accumulating over the resumed run."""
-        dec = SSEDecoder()
+        dec = SSEDecoder(self.limits.max_event_bytes)
         prog = self.progress
         self.tally.start_run()
         done = False
@@ -44,6 +49,7 @@ class Assembler:
             while data := await up.readany():
                 if prog is not None and prog.suspended:
                     raise Suspended()
+                self._count(len(data))
                 now = monotonic()
                 self.tally.watchdog.last_at = now
                 for ev in dec.feed(data):
@@ -52,10 +58,10 @@ class Assembler:
             for ev in dec.flush():
                 done = done or ev.data == DONE
                 self._absorb(ev.data, monotonic())
-        except UpstreamBroke as e:
-            if prog is not None and prog.suspended:
+        except (UpstreamBroke, EventTooLarge) as e:
+            if isinstance(e, UpstreamBroke) and prog is not None and prog.suspended:
                 raise Suspended() from None
-            raise RelayError(FailureKind.DISCONNECT, f"Backend closed the stream early: {e}") from None
+            raise stream_failure(e) from None
         if prog is not None and prog.suspended and not done:
             raise Suspended()
         error = self.joiner.error
@@ -65,6 +71,14 @@ class Assembler:
             usage = self.tally.usage
             usage.prompt_tokens, usage.completion_tokens = prog.client_usage(usage.prompt_tokens, usage.completion_tokens)
         return self.body()
+
+    def _count(self, n: int) -> None:
+        """The answer is held until it ends: bounded, or a backend that never ends it would grow
+        the gateway until `total_s`."""
+        self.read_bytes += n
+        if self.read_bytes > self.limits.max_answer_bytes:
+            raise RelayError(FailureKind.PROTOCOL, f"Backend sent over {self.limits.max_answer_bytes} bytes for one "
+                             "non-stream answer (limits.max_answer_bytes)")
 
     def _absorb(self, data: bytes, now: float) -> None:
         if data == DONE:

@@ -6,6 +6,8 @@ opened, and the exceptions that say how an attempt ended: `RelayError` (its `kin
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 from typing import Any
 
 import aiohttp
@@ -13,17 +15,43 @@ import httptools
 import orjson
 
 from tailguard.errors import APIError, GatewayError
-from tailguard.gateway.config import BackendConfig
+from tailguard.gateway.config import BackendConfig, LimitsConfig
 from tailguard.gateway.upstream.backends import prepare_body
 from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.upstream.kinds import get_kind
 from tailguard.gateway.upstream.pool import Pool, origin_of
 from tailguard.types import FailureKind
-from tailguard.wire.openai import Endpoint
+from tailguard.wire.openai import Endpoint, error_body
+from tailguard.wire.sse import EventTooLarge
 
 UPSTREAM_PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-# Largest upstream error body passed back to a client (a 4xx is small; a runaway one is cut).
+# Largest upstream error body read (a 4xx is small; a runaway one is cut).
 _MAX_ERROR_BODY = 64 * 1024
+# What an error message passed on from a backend may say: one line, this long at most, with
+# anything that looks like a credential blanked (a token after Bearer, OpenAI/HF-style keys).
+_REASON_CHARS = 200
+_SECRET_LIKE = re.compile(r"(?i)(?:bearer|token|key|password|secret)[\s:=\"']+\S+|\b(?:sk|hf|ghp|xox[a-z])[-_][\w-]{6,}")
+_NOT_PRINTABLE = re.compile(r"[^\x20-\x7e\u00a0-\uffff]+")
+
+log = logging.getLogger("tailguard.gateway")
+
+
+class BodyTooLarge(aiohttp.ClientPayloadError):
+    """A probe's or the model list's answer passed `limits.max_probe_bytes` (an aiohttp client
+    error, so whoever reads one treats it as any failed read)."""
+
+
+async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body of a small answer (a probe, a load page, `/v1/models`), refused past `limit`
+    bytes as they arrive, so a backend that answers endlessly costs at most `limit`."""
+    if resp.content_length is not None and resp.content_length > limit:
+        raise BodyTooLarge(f"answer of {resp.content_length} bytes is over the limit of {limit}")
+    out = bytearray()
+    async for piece in resp.content.iter_any():
+        out += piece
+        if len(out) > limit:
+            raise BodyTooLarge(f"answer over the limit of {limit} bytes")
+    return bytes(out)
 
 
 class RelayError(GatewayError):
@@ -45,13 +73,23 @@ class RelayError(GatewayError):
 
 class UpstreamStatus(GatewayError):
     """The upstream answered with an error status before streaming (e.g. a 400 for a context
-    overflow); the client gets the same status and body."""
+    overflow); the client gets the same status, and the body `sanitized_error` made of it."""
 
     def __init__(self, status: int, body: bytes, content_type: str) -> None:
         super().__init__(f"upstream status {status}")
         self.status = status
         self.body = body
         self.content_type = content_type
+
+
+def stream_failure(e: UpstreamBroke | EventTooLarge) -> RelayError:
+    """How a stream being read failed: cut off (`DISCONNECT`) or an event past its bound
+    (`PROTOCOL`: the backend broke the protocol, as a malformed answer does). An attempt's
+    failure, whether or not the client has seen bytes: the front decides what follows (a retry,
+    a continuation on another backend, or the end of the client's stream with an error event)."""
+    if isinstance(e, EventTooLarge):
+        return RelayError(FailureKind.PROTOCOL, f"Backend sent {e} (limits.max_event_bytes)")
+    return RelayError(FailureKind.DISCONNECT, f"Backend closed the stream early: {e}")
 
 
 class Suspended(GatewayError):
@@ -96,17 +134,19 @@ class Upstream:
             # A gateway keeps no cookies: one backend's Set-Cookie must never ride on another request.
             cookie_jar=aiohttp.DummyCookieJar(),
         )
+        self._said: set[tuple[str, str]] = set()  # (backend, failure kind) logged already
 
     async def close(self) -> None:
         self.pool.close()
         await self.session.close()
 
     async def open(
-        self, backend: BackendConfig, endpoint: Endpoint, body: bytes, req_id: str, connect_s: float, *,
-        fresh: bool = False, traceparent: str | None = None,
+        self, backend: BackendConfig, endpoint: Endpoint, body: bytes, req_id: str, connect_s: float,
+        limits: LimitsConfig, *, fresh: bool = False, traceparent: str | None = None,
     ) -> H1Response:
         """Send the request (`fresh`: on a new connection, opened within `connect_s`; `traceparent`:
-        the W3C trace context of this attempt); returns a 2xx streaming response.
+        the W3C trace context of this attempt); returns a 2xx streaming response whose head is
+        within `limits.max_response_head_bytes`.
         Raises `RelayError` (connect failures, resets, redirects, 5xx) or `UpstreamStatus` (4xx,
         passed back to the client)."""
         origin = origin_of(backend.url)
@@ -127,7 +167,8 @@ class Upstream:
             raise RelayError(FailureKind.CONNECT, f"Backend '{backend.name}' is unreachable: {e}") from None
         keep = kind_headers.get("Connection", "").lower() != "close"
         try:
-            resp = await conn.request(origin.head("POST", UPSTREAM_PATHS[endpoint], headers, len(body)), body, keep=keep)
+            resp = await conn.request(origin.head("POST", UPSTREAM_PATHS[endpoint], headers, len(body)), body, keep=keep,
+                                      max_head=limits.max_response_head_bytes)
         except UpstreamBroke as e:
             # Reset or closed before an answer: typically a pooled keep-alive connection the
             # backend had just closed (the front tries it again on a fresh connection).
@@ -138,12 +179,21 @@ class Upstream:
             conn.abort()  # cancelled (a deadline, the client gone) while waiting for the answer
             raise
         if resp.status >= 300:
-            await self._refused(backend, resp)
+            await self._refused(backend, resp, limits.pass_backend_errors)
         return resp
 
-    async def _refused(self, backend: BackendConfig, resp: H1Response) -> None:
+    def said_once(self, backend: str, err: RelayError) -> None:
+        """Log a failure of a backend, once per backend and kind: a hostile backend repeats
+        itself, and the log must not grow with it (the metric counts every time)."""
+        if (backend, err.kind) not in self._said:
+            self._said.add((backend, err.kind))
+            log.warning("backend %s: %s (said once; tailguard_upstream_errors_total counts each)", backend, err.message)
+
+    async def _refused(self, backend: BackendConfig, resp: H1Response, passthrough: bool) -> None:
         """An error status: a redirect, 5xx or 429 is that backend's failure (retried elsewhere),
-        a 4xx is the client's, passed back as it came."""
+        a 4xx is the client's, passed back with its message sanitized (as it came, with
+        `passthrough`). A 5xx body is the backend's business (a traceback, its credentials):
+        only its status goes on, unless `passthrough`."""
         try:
             payload = await resp.read(_MAX_ERROR_BODY)
         except UpstreamBroke:
@@ -155,7 +205,38 @@ class Upstream:
                              f"{resp.headers.get('location', '?')}); set its url to where the API is",
                              status=502)
         if resp.status >= 500 or resp.status == 429:
-            raise RelayError(
-                FailureKind.STATUS, f"Backend '{backend.name}' answered {resp.status}: {payload[:500].decode('utf-8', 'replace')}",
-                status=502)
-        raise UpstreamStatus(resp.status, payload, resp.headers.get("content-type", "application/json"))
+            said = f": {payload[:500].decode('utf-8', 'replace')}" if passthrough else ""
+            raise RelayError(FailureKind.STATUS, f"Backend '{backend.name}' answered {resp.status}{said}", status=502)
+        if passthrough:
+            raise UpstreamStatus(resp.status, payload, resp.headers.get("content-type", "application/json"))
+        raise UpstreamStatus(resp.status, sanitized_error(resp.status, payload, backend), "application/json")
+
+
+def sanitized_error(status: int, payload: bytes, backend: BackendConfig) -> bytes:
+    """A backend's 4xx as OpenAI's error body: its type, code and param when it sent them in
+    OpenAI's shape (a client acts on `context_length_exceeded`), and its message cut to one line
+    of 200 characters with anything credential-like blanked; never the body itself."""
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        data = None
+    err = data.get("error") if isinstance(data, dict) else None
+    fields = err if isinstance(err, dict) else data if isinstance(data, dict) else {}
+    said = [m for m in (fields.get("message"), err, fields.get("detail")) if isinstance(m, str)]  # OpenAI, TGI, FastAPI
+    text = _sanitized(said[0] if said else "", backend) or f"Backend '{backend.name}' refused the request ({status})."
+    return error_body(APIError(text, status=status, type=_short(fields.get("type")) or "invalid_request_error",
+                               code=_short(fields.get("code")), param=_short(fields.get("param"))))
+
+
+def _sanitized(text: str, backend: BackendConfig) -> str:
+    if backend.api_key:
+        text = text.replace(backend.api_key, "[redacted]")
+    text = _SECRET_LIKE.sub("[redacted]", _NOT_PRINTABLE.sub(" ", text)).strip()
+    return text if len(text) <= _REASON_CHARS else text[:_REASON_CHARS - 3] + "..."
+
+
+def _short(value: object) -> str | None:
+    """An error's type, code or param as passed on: a short word, or nothing."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    return value if isinstance(value, str) and re.fullmatch(r"[\w.\[\]-]{1,64}", value) else None

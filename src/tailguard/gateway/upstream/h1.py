@@ -27,7 +27,12 @@ from tailguard.clock import monotonic
 from tailguard.errors import GatewayError
 
 _HIGH_WATER = 64 * 1024
-_MAX_HEAD = 64 * 1024  # aiohttp's client allows 8 KiB a line; a whole head past this is refused
+# Most of the body `readany` hands out at once. A backend that floods fills a 256 KiB socket read
+# at a time, and a reader that parses every event of it (a non-stream answer, a preamble) would
+# hold the event loop for tens of milliseconds; in slices, with the loop run between them, every
+# other request and `/health` keep being served.
+_SLICE = 16 * 1024
+MAX_HEAD = 64 * 1024  # the default bound of a response's head (`limits.max_response_head_bytes`)
 
 
 class UpstreamBroke(GatewayError):
@@ -41,7 +46,7 @@ class UpstreamBroke(GatewayError):
 class H1Response:
     """One response being received on an `H1Connection`."""
 
-    __slots__ = ("conn", "status", "headers", "_chunks", "_size", "_ended", "_error", "_waiter", "_push")
+    __slots__ = ("conn", "status", "headers", "_chunks", "_size", "_ended", "_error", "_waiter", "_push", "_sliced")
 
     def __init__(self, conn: H1Connection) -> None:
         self.conn = conn
@@ -53,6 +58,7 @@ class H1Response:
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._push: Callable[[bytes], bool] | None = None
+        self._sliced = False  # the last `readany` left bytes it had: the loop runs before the next
 
     # -- the protocol's side -------------------------------------------------------------------
 
@@ -82,16 +88,41 @@ class H1Response:
     async def readany(self) -> bytes:
         """The body's next bytes (all that has arrived), or b"" once it ended. Raises
         `UpstreamBroke` when the connection ended before it."""
+        if self._sliced:
+            self._sliced = False
+            await asyncio.sleep(0)
         while not self._chunks:
             if self._error is not None:
                 raise self._error
             if self._ended:
                 return b""
             await self._wait()
+        if self._size > _SLICE:
+            return self._slice()
         data = b"".join(self._chunks) if len(self._chunks) > 1 else self._chunks[0]
         self._chunks.clear()
         self._size = 0
         return data
+
+    def _slice(self) -> bytes:
+        """The first `_SLICE` bytes of a large buffer (whole pieces where they fit); the rest
+        stays for the next `readany`, after the loop has run."""
+        chunks = self._chunks
+        out: list[bytes] = []
+        n = 0
+        while n < _SLICE:
+            piece = chunks[0]
+            if n + len(piece) > _SLICE:
+                cut = _SLICE - n
+                out.append(piece[:cut])
+                chunks[0] = piece[cut:]
+                n = _SLICE
+            else:
+                out.append(chunks.pop(0))
+                n += len(piece)
+        self._size -= n
+        self._sliced = True
+        return b"".join(out)
 
     async def read(self, limit: int) -> bytes:
         """The body up to `limit` bytes (an error answer's)."""
@@ -160,19 +191,24 @@ class H1Connection(asyncio.Protocol):
         self._delimited = False  # the body has a length or is chunked (else: until the close)
         self._keep = False  # the connection may carry another request after this response
         self._head_size = 0  # bytes of this response's header lines so far
+        self._read_in_head = 0  # bytes of the reads that ended with the head still incomplete
+        self._max_head = MAX_HEAD
         self._paused = False
 
-    async def request(self, head: bytes, body: bytes, *, keep: bool = True) -> H1Response:
+    async def request(self, head: bytes, body: bytes, *, keep: bool = True, max_head: int = MAX_HEAD) -> H1Response:
         """Send one request (`keep`: it did not ask for the connection's close); returns once
         the response's headers are in. Raises `UpstreamBroke` when the connection ends first,
-        `httptools.HttpParserError` on a malformed answer."""
+        `httptools.HttpParserError` on a malformed answer or one whose head passes `max_head`
+        bytes (counted as they arrive: llhttp keeps a header value it has not seen the end of,
+        so a value that never ends would grow without bound)."""
         assert self.transport is not None and self._resp is None
         if self.closed:
             raise UpstreamBroke("Connection closed", answered=False)
         self._resp = H1Response(self)
         self._complete = self._delimited = False
         self._keep = keep
-        self._head_size = 0
+        self._head_size = self._read_in_head = 0
+        self._max_head = max_head
         self._head = self.loop.create_future()
         self.transport.write(head + body)
         try:
@@ -186,17 +222,21 @@ class H1Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        if self._resp is None or self._complete:
+        resp = self._resp
+        if resp is None or self._complete:
             # Bytes on an idle connection, or after the answer ended (a server's 408 before it
             # closes one, say), answer nothing: the connection is not trusted with another request.
-            if self._resp is None:
+            if resp is None:
                 self.abort()
             self._keep = False
             return
         try:
             self._parser.feed_data(data)
+            if not resp.status:  # still in the head: what llhttp holds of it grows with each read
+                self._read_in_head += len(data)
+                self._check_head(self._read_in_head)
         except httptools.HttpParserError as e:
-            answered = bool(self._resp.status)  # past the head: the body is what broke
+            answered = bool(resp.status)  # past the head: the body is what broke
             self._fail(UpstreamBroke(f"Malformed response body: {e}", answered=True) if answered else e)
             self.abort()
 
@@ -218,12 +258,15 @@ class H1Connection(asyncio.Protocol):
         if self._complete:  # a second message after the answer, in the same read: never reused
             self._keep = False
 
+    def _check_head(self, size: int) -> None:
+        if size > self._max_head:  # a runaway backend must not grow the gateway's memory
+            raise httptools.HttpParserError(f"response head over {self._max_head} bytes")
+
     def on_header(self, name: bytes, value: bytes) -> None:
         resp = self._resp
         if resp is not None and not self._complete:
             self._head_size += len(name) + len(value)
-            if self._head_size > _MAX_HEAD:  # a runaway backend must not grow the gateway's memory
-                raise ValueError(f"response headers over {_MAX_HEAD} bytes")
+            self._check_head(self._head_size)
             key = name.decode("latin-1").lower()
             resp.headers[key] = value.decode("latin-1")
             if key in ("content-length", "transfer-encoding"):

@@ -23,6 +23,7 @@ from tailguard.gateway.config import BackendConfig
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.metrics import GatewayMetrics
+from tailguard.gateway.upstream.client import read_capped
 from tailguard.gateway.upstream.kinds import DETECT_PATHS, EngineLoad, detect_kind, get_kind
 
 log = logging.getLogger("tailguard.gateway")
@@ -161,7 +162,7 @@ class Probes:
         try:
             async with self.session.get(backend.url + path, timeout=aiohttp.ClientTimeout(total=timeout_s),
                                         headers=headers) as resp:
-                body = await resp.read()
+                body = await read_capped(resp, self.live.cfg.limits.max_probe_bytes)
                 return body if 200 <= resp.status < 300 else _Failed(f"status {resp.status}", answered=True)
         except asyncio.TimeoutError:
             return _Failed(f"no answer within {timeout_s:g} s", timed_out=True)

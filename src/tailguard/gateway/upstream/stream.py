@@ -5,9 +5,11 @@ The fast path never parses JSON per chunk, and runs in the upstream connection's
 content chunks are recognised by their bytes (`wire.chunks`) and only the usage chunk is parsed.
 Bytes that precede the first content chunk (the role-only delta) are held back until it arrives,
 so the response headers can carry the TTFT and a failure before any content can still be retried
-on another backend. A preemptible request takes the tracked path instead, which parses every
-event to keep the text so far; one that may only be moved to another backend if its own dies
-mid-answer keeps the fast path and its content events raw (`Progress.keep`), parsed only then.
+on another backend; they are bounded (`limits.max_preamble_bytes`), as is each event
+(`limits.max_event_bytes`) and what is drained past the end. A preemptible request takes the
+tracked path instead, which parses every event to keep the text so far; one that may only be
+moved to another backend if its own dies mid-answer keeps the fast path and its content events
+raw (`Progress.keep`), parsed only then.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import orjson
 
 from tailguard.clock import monotonic
 from tailguard.errors import APIError
+from tailguard.gateway.config import LimitsConfig
 from tailguard.gateway.sink import ClientGone, Sink
-from tailguard.gateway.upstream.client import RelayError, Suspended
+from tailguard.gateway.upstream.client import RelayError, Suspended, stream_failure
 from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.upstream.resume import Progress
 from tailguard.gateway.upstream.tally import Tally
@@ -29,14 +32,11 @@ from tailguard.wire.chunks import (
     delta_text, has_content, has_usage, is_error, parse, role_only, running_usage, with_service_tier,
 )
 from tailguard.wire.openai import Endpoint, error_body
-from tailguard.wire.sse import DONE, DONE_EVENT, SSEDecoder, SSEEvent, encode_event, events_of, is_done
+from tailguard.wire.sse import DONE, DONE_EVENT, EventTooLarge, SSEDecoder, SSEEvent, encode_event, events_of, is_done
 
-
-def _broken_off(e: Exception) -> RelayError:
-    """The upstream broke off before its answer ended: an attempt's failure, whether or not the
-    client has seen bytes. The front decides what follows: a retry, a continuation on another
-    backend, or the end of the client's stream with an error event (`StreamRelay.fail`)."""
-    return RelayError(FailureKind.DISCONNECT, f"Backend closed the stream early: {e}")
+# What a stream may still send after its `[DONE]`, drained so its connection can be reused; past
+# this the connection is closed instead.
+_DRAIN_BYTES = 64 * 1024
 
 
 def _event_json(data: bytes, start: int, end: int) -> object:
@@ -56,14 +56,16 @@ class StreamRelay:
     tally: Tally
     client_usage: bool
     make_headers: Callable[[], dict[str, str]]
+    limits: LimitsConfig
     upstream_error: bool = False
     ended: bool = False  # the client's response is complete (eof written)
     progress: Progress | None = None  # set for preemptible requests: the text so far is tracked
     # A preemptible request's chunk id from its first run: a resumed run's chunks are given it
     # back, so the client sees one response id throughout.
     stream_id: str | None = None
-    # Bytes before the first content chunk (the role-only delta), sent with it.
+    # Bytes before the first content chunk (the role-only delta), sent with it; `held_bytes` long.
     held: list[bytes] = field(default_factory=list)
+    held_bytes: int = 0
     service_tier: bytes | None = None  # the tier to report, when the request named one
     # The callback relay's state (`_chunk`): this run's decoder, the events it handed back, and
     # whether the client's buffer is full.
@@ -81,14 +83,16 @@ class StreamRelay:
         than the backend writes) comes back here and takes `_emit`."""
         self.tally.start_run()
         self.held.clear()  # a failed attempt's preamble is not this one's
+        self.held_bytes = 0
         prog = self.progress
         if prog is not None and not prog.lazy:
             if self.stream_id is None:
                 self.stream_id = prog.first_id  # (a lazy first run's, continued after a migration)
             await self._run_tracked(up, prog)
             return
-        self._dec = dec = SSEDecoder()
+        self._dec = dec = SSEDecoder(self.limits.max_event_bytes)
         sink, wd = self.sink, self.tally.watchdog
+        drained = 0
         try:
             while True:
                 if sink.started and not self.ended and self.service_tier is None:
@@ -109,13 +113,16 @@ class StreamRelay:
                 now = monotonic()
                 wd.last_at = now
                 if self.ended:
-                    continue  # past [DONE]: drain so the connection can be reused
+                    drained += len(data)  # past [DONE]: drain so the connection can be reused
+                    if drained > _DRAIN_BYTES:
+                        return  # not worth it: the caller closes it
+                    continue
                 buf, ends = dec.frame(data)
                 if ends:
                     await self._emit(*self._scan(buf, ends), now)
-        except UpstreamBroke as e:
+        except (UpstreamBroke, EventTooLarge) as e:
             if not self.ended:
-                raise _broken_off(e) from None
+                raise stream_failure(e) from None
         await self._eof(dec)
 
     def _chunk(self, data: bytes) -> bool:
@@ -144,7 +151,7 @@ class StreamRelay:
         stops with `Suspended` once the dispatcher has preempted the request."""
         clock = monotonic
         wd, read = self.tally.watchdog, up.readany
-        dec = SSEDecoder()
+        dec = SSEDecoder(self.limits.max_event_bytes)
         try:
             while data := await read():
                 if prog.suspended and not self.ended:
@@ -153,11 +160,11 @@ class StreamRelay:
                 wd.last_at = now
                 if not self.ended:
                     await self._emit(*self._track(dec.feed(data), prog), now)
-        except UpstreamBroke as e:
-            if prog.suspended and not self.ended:
+        except (UpstreamBroke, EventTooLarge) as e:
+            if isinstance(e, UpstreamBroke) and prog.suspended and not self.ended:
                 raise Suspended() from None
             if not self.ended:
-                raise _broken_off(e) from None
+                raise stream_failure(e) from None
         if prog.suspended and not self.ended:
             raise Suspended()
         await self._eof(dec)
@@ -272,10 +279,15 @@ class StreamRelay:
         if not self.sink.started:
             if chunk:
                 self.held.append(chunk)
+                self.held_bytes += len(chunk)
             if tally.times.first_content_at is None and not last:
+                if self.held_bytes > self.limits.max_preamble_bytes:
+                    raise RelayError(FailureKind.PROTOCOL, f"Backend sent {self.held_bytes} bytes without content, "
+                                     f"over limits.max_preamble_bytes ({self.limits.max_preamble_bytes})")
                 return
             first = b"".join(self.held)
             self.held.clear()
+            self.held_bytes = 0
             await self._start(first, eof=last)
         elif self.ended:
             return

@@ -1,0 +1,211 @@
+"""The gateway's listening side: what a client's connection may cost it, on top of aiohttp's
+server. nginx closes what aiohttp keeps, so this does what nginx does by default:
+
+- a header deadline (`client_header_timeout`): a connection whose request head is not in within
+  `limits.header_timeout_s` of its opening, or of its next request's first byte, is closed; a
+  socket that sends nothing is closed then too;
+- idle keep-alive connections closed after `limits.keepalive_timeout_s` (`keepalive_timeout`);
+- a cap on open connections (`worker_connections`): at the cap the longest-idle connection is
+  closed for the new one; with none idle, the new one may ask only for `/health` and `/metrics`
+  (`limits.reserved_connections` of them, so an operator still sees the gateway), and past that
+  it is closed at once; the process's open-file limit is raised at start to fit;
+- a request aiohttp's parser refuses (too many headers, an over-long line, `Content-Length` with
+  `Transfer-Encoding`, a bad chunk size) answered in OpenAI's error shape, without echoing the
+  input, and counted (`tailguard_requests_total{class="none",outcome="client_error"}`).
+
+    runner = gateway_runner(app)   # instead of web.AppRunner(app, ...)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from tailguard.clock import monotonic
+from tailguard.errors import APIError
+from tailguard.gateway.config import GatewayConfig, LimitsConfig
+from tailguard.gateway.ops.live import Live
+from tailguard.gateway.ops.metrics import GatewayMetrics
+from tailguard.wire.openai import error_body
+
+log = logging.getLogger("tailguard.gateway")
+
+# What a connection kept above the cap may ask for.
+RESERVED_PATHS = frozenset({"/health", "/metrics"})
+_SAY_EVERY_S = 60.0  # a refused connection is logged at most this often (the metric counts each)
+_FILES_BESIDES_CLIENTS = 256  # open files the gateway needs besides its clients' connections
+
+
+class GatewayProtocol(RequestHandler):
+    """aiohttp's request handler with a header deadline and a parser error in OpenAI's shape."""
+
+    # aiohttp's handler has __slots__; these are this connection's own.
+    __slots__ = ("reserve_only", "_header_timer", "_header_timeout_s", "_gw")
+
+    def __init__(self, server: GatewayServer, *, header_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(server, **kwargs)
+        self.reserve_only = False  # opened above the cap: /health and /metrics only
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._header_timeout_s = header_timeout_s
+        self._gw = server
+
+    @property
+    def idle(self) -> bool:
+        """No request in hand or parsed and waiting: a kept-alive connection, or one that has
+        not sent a whole head yet (or anything at all)."""
+        return self._current_request is None and not self._messages and not self._force_close
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._start_header_clock()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._stop_header_clock()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        before = self._request_count
+        super().data_received(data)
+        if self._request_count != before:
+            self._stop_header_clock()  # a whole head is in: the body has its own deadline
+        elif self._current_request is None and self._header_timer is None:
+            self._start_header_clock()  # the first bytes of a kept-alive connection's next request
+
+    def _start_header_clock(self) -> None:
+        self._header_timer = self._loop.call_later(self._header_timeout_s, self._header_late)
+
+    def _stop_header_clock(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_late(self) -> None:
+        self._header_timer = None
+        if self._current_request is None and self.transport is not None:
+            self._gw.closed("header_timeout")
+            self.force_close()
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        """aiohttp's own answer to a request it could not parse or handle, in OpenAI's shape,
+        saying nothing of what was sent (aiohttp's text echoes the offending input)."""
+        if status >= 500:
+            return super().handle_error(request, status, exc, message)
+        self._gw.malformed(status)
+        err = APIError("The request is not valid HTTP/1.1 (a header too long or too many, conflicting framing, "
+                       "or a bad chunk).", status=status, type="invalid_request_error", code="malformed_request")
+        resp = web.Response(status=status, body=error_body(err), content_type="application/json")
+        resp.force_close()
+        return resp
+
+
+class GatewayServer(web.Server):
+    """aiohttp's server making `GatewayProtocol`s, counting them against the live cap."""
+
+    def __init__(self, *args: Any, live: Live, metrics: GatewayMetrics, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._live = live
+        self._metrics = metrics
+        self._said_at = -_SAY_EVERY_S
+        # Open connections, oldest first; aiohttp's own table keeps closed ones until their
+        # handler's task has ended, which would make the count and the search for an idle one slow.
+        self._open: dict[GatewayProtocol, None] = {}
+
+    def __call__(self) -> GatewayProtocol:
+        limits = self._live.cfg.limits
+        return GatewayProtocol(self, loop=self._loop, keepalive_timeout=limits.keepalive_timeout_s,
+                               header_timeout_s=limits.header_timeout_s, **self._kwargs)
+
+    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+        super().connection_made(handler, transport)
+        assert isinstance(handler, GatewayProtocol)
+        limits = self._live.cfg.limits
+        if len(self._open) >= limits.max_connections and not self._evict_idle():
+            if len(self._open) >= limits.max_connections + limits.reserved_connections:
+                self.closed("over_cap")
+                transport.abort()
+                return
+            handler.reserve_only = True
+        self._open[handler] = None
+
+    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
+        self._open.pop(handler, None)  # type: ignore[call-overload]
+        super().connection_lost(handler, exc)
+
+    def _evict_idle(self) -> bool:
+        """Close the oldest idle connection to make room (nginx reuses idle keep-alive ones
+        when it runs out); False when every connection is busy."""
+        for h in self._open:
+            if h.idle and not h.reserve_only:
+                del self._open[h]
+                self.closed("evicted_idle")
+                h.force_close()
+                return True
+        return False
+
+    def closed(self, reason: str) -> None:
+        """A connection the gateway closed on its own (counted; the cap's refusals also logged,
+        once a minute)."""
+        self._metrics.connections_closed.labels(reason).inc()
+        if reason != "header_timeout" and reason != "evicted_idle":
+            now = monotonic()
+            if now - self._said_at >= _SAY_EVERY_S:
+                self._said_at = now
+                log.warning("client connections at the cap (limits.max_connections %d + reserved %d): new ones are "
+                            "refused (tailguard_connections_closed_total{reason=\"%s\"} counts them)",
+                            self._live.cfg.limits.max_connections, self._live.cfg.limits.reserved_connections,
+                            reason)
+
+    def malformed(self, status: int) -> None:
+        """A request the parser refused: it never had a class, so it is counted by its status."""
+        self._metrics.unclassified.labels(str(status)).inc()
+
+
+class GatewayRunner(web.AppRunner):
+    """An `AppRunner` whose server is a `GatewayServer`."""
+
+    def __init__(self, app: web.Application, live: Live, metrics: GatewayMetrics, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._live, self._metrics = live, metrics
+
+    async def _make_server(self) -> web.Server:
+        plain = await super()._make_server()  # the app started, its handler's arguments gathered
+        return GatewayServer(plain.request_handler, request_factory=plain.request_factory,
+                             handler_cancellation=plain.handler_cancellation, loop=plain._loop,
+                             live=self._live, metrics=self._metrics, **plain._kwargs)
+
+
+@web.middleware
+async def reserved_only(request: web.Request, handler: Any) -> web.StreamResponse:
+    """A connection opened above the cap serves `/health` and `/metrics` only."""
+    protocol = request.protocol
+    if isinstance(protocol, GatewayProtocol) and protocol.reserve_only and request.path not in RESERVED_PATHS:
+        raise APIError("The gateway has too many open connections; try again shortly.", status=503,
+                       type="server_error", code="too_many_connections", retry_after_s=1.0,
+                       headers={"Connection": "close"})
+    resp: web.StreamResponse = await handler(request)
+    return resp
+
+
+def raise_file_limit(cfg: GatewayConfig) -> None:
+    """Raise the open-file limit to what the gateway may use (its connection cap and reserve,
+    its backends' connections, its files), as far as the hard limit allows; say so when that is
+    short of it, since at the file limit `accept` fails and nothing else can answer."""
+    need = _files_needed(cfg.limits, sum(b.max_concurrency for b in cfg.backends))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        if target < need:
+            log.warning("open-file limit %d is below the %d the gateway may use (limits.max_connections %d): "
+                        "raise the hard limit (ulimit -Hn, LimitNOFILE=) or lower max_connections",
+                        target, need, cfg.limits.max_connections)
+
+
+def _files_needed(limits: LimitsConfig, backend_slots: int) -> int:
+    return limits.max_connections + limits.reserved_connections + backend_slots + _FILES_BESIDES_CLIENTS

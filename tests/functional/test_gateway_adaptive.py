@@ -1,0 +1,45 @@
+"""Adaptive caps over HTTP (issue 16, point 7): a real simulator that runs 8 sequences at once
+behind a gateway whose cap on it is `adaptive`; the cap it learns from the requests' latency is
+what /health and /metrics say, started above what the engine runs (it falls) and below (it rises)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tailguard.gateway.config import BackendConfig
+from tailguard.sim.server import running_sim
+from tests.functional.gateways import SCALE, engine, gateway, health, sample, scrape
+
+HC = {"interval_s": 0.5}
+
+
+async def chats(url: str, n: int, concurrency: int) -> None:
+    """`n` streamed chats of 32 tokens, `concurrency` at a time; each must succeed."""
+    sem = asyncio.Semaphore(concurrency)
+    body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x " * 200}], "max_tokens": 32,
+                            "stream": True}
+
+    async def one(s: aiohttp.ClientSession) -> None:
+        async with sem, s.post(f"{url}/v1/chat/completions", json=body) as r:
+            assert r.status == 200
+            await r.read()
+
+    async with aiohttp.ClientSession() as s:
+        await asyncio.gather(*(one(s) for _ in range(n)))
+
+
+@pytest.mark.parametrize(("start", "moves"), [(32, "falls"), (2, "rises")])
+async def test_the_cap_learns_from_latency_and_is_said_in_health_and_metrics(start: int, moves: str) -> None:
+    async with asyncio.timeout(60), running_sim(engine(max_num_seqs=8), time_scale=SCALE) as sim:
+        backend = BackendConfig.model_validate({"name": "sim", "url": sim.url, "kind": "sim", "max_concurrency": start,
+                                                "adaptive": {"min": 2, "max": 64}})
+        async with gateway(sims=0, extra_backends=[backend], health=HC) as gw:
+            assert (await health(gw.url))["backends"]["sim"]["cap"] == start
+            await chats(gw.url, 300, 48)
+            cap = (await health(gw.url))["backends"]["sim"]["cap"]
+            assert (cap < start) if moves == "falls" else (cap > start), cap
+            assert sample(await scrape(gw.url), "tailguard_backend_concurrency_limit", backend="sim") == cap
