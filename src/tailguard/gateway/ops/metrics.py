@@ -45,6 +45,7 @@ RETRYABLE = tuple(k for k in FailureKind if retry_of(k, delivered=False, answere
 MIGRATING = tuple(k for k in FailureKind if continues_after(k, answered=True))  # a stream moved mid-answer
 EJECTING = tuple(k for k in FailureKind if hurts_health(k, answered=False))  # failures that count to eject
 DEFAULT_POOL = "default"  # the pool of a backend that names none (front.params.BackendSpec.pool)
+CONNECTION_CLOSES = ("header_timeout", "evicted_idle", "over_cap")  # tailguard_connections_closed{reason}
 HEDGE_OUTCOMES = ("sent", "won", "lost", "failed")  # tailguard_hedges{outcome}
 HEALTH_CHANGES = ("unhealthy", "healthy", "ejected", "readmitted")  # tailguard_backend_health_changes{to}
 
@@ -192,6 +193,8 @@ class GatewayMetrics:
         self.genai_duration: ChunkHistograms = f["gen_ai_server_request_duration_seconds"]
         self.genai_tokens: ChunkHistograms = f["gen_ai_client_token_usage"]
         f["tailguard_build_info"].labels(__version__, platform.python_version()).set(1)
+        for reason in CONNECTION_CLOSES:  # at 0 from the start, so rate() sees the first one
+            self.connections_closed.labels(reason)
         # The capacity signal per pool; a request is counted in its backend's pool (the pool of
         # each backend, and the first pool of each class for one never bound, as the last scrape saw them).
         self.capacity: dict[str, CapacitySignal] = {}
