@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-real test-sdk bench bench-real engines lint clean
+.PHONY: demo test test-real test-sdk bench bench-real engines lint clean prometheus deploy observe
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,19 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# Debian's prometheus and promtool, for the alert-rule checks and the real-Prometheus test.
+prometheus:
+	bash deploy/prometheus/install.sh
+
+# The Grafana dashboard and the alert rules, regenerated from the metric catalog.
+deploy: $(STAMP)
+	$(PY) deploy/generate.py
+
+# A real Prometheus scraping a gateway and a simulator under a short bench load: every panel and
+# rule expression must return data, and the panels are drawn to docs/observability/*.png.
+observe: $(STAMP) prometheus
+	TAILGUARD_OBSERVE_PNG=$(CURDIR)/docs/observability $(PY) -m pytest -q tests/functional/test_observe_prometheus.py
 
 lint: $(STAMP)
 	$(PY) -m mypy

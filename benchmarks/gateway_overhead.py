@@ -21,13 +21,14 @@ With `--baseline-python PATH`, that arm runs on another interpreter (a venv with
 installed), e.g. to compare Python versions; with both, REV on that interpreter. With `--record`,
 the gateway arm records its front's events (`tailguard serve --record`) and the baseline does not:
 `--record --baseline-python .venv/bin/python` is the recording's cost, on and off side by side.
+`--telemetry` does the same for OpenTelemetry traces (the gateway arm exports them to a sink).
 
     .venv/bin/python benchmarks/gateway_overhead.py [--rate 30] [--seconds 30] [--sweep-seconds 10] [--no-nginx]
-        [--baseline-rev REV] [--baseline-python PATH] [--record]
+        [--baseline-rev REV] [--baseline-python PATH] [--record] [--telemetry]
 
 Writes benchmarks/results/gateway_overhead.{json,md} (with a baseline arm:
 gateway_overhead_vs_baseline.{json,md}, or gateway_overhead_vs_python.{json,md} for an interpreter;
-`_record` added to the name with `--record`).
+`_record` added to the name with `--record`, `_telemetry` with `--telemetry`).
 """
 
 from __future__ import annotations
@@ -224,6 +225,19 @@ def within_limit(res: dict[str, Any]) -> bool:
     return bool(a["ttft_p99"] <= LIMIT_MS and a["e2e_p99"] <= LIMIT_MS and res["arms"]["gateway"]["errors"] == 0)
 
 
+# An OTLP/HTTP receiver that accepts every export and keeps nothing: what the traces cost the
+# gateway, not what a collector does with them. Prints its port.
+OTLP_SINK = """
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.send_response(200); self.send_header("Content-Length", "0"); self.end_headers()
+    def log_message(self, *a): pass
+s = ThreadingHTTPServer(("127.0.0.1", 0), H); print(s.server_address[1], flush=True); s.serve_forever()
+"""
+
+
 async def run(args: argparse.Namespace, baseline_src: Path | None) -> dict[str, Any]:
     load_before = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="tg-overhead-"))
@@ -237,12 +251,17 @@ async def run(args: argparse.Namespace, baseline_src: Path | None) -> dict[str, 
     py = sys.executable
     logs = [open(tmp / f"{n}.log", "wb") for n in ("sim", "gateway", "nginx", "baseline")]
     procs: list[subprocess.Popen[bytes]] = []
+    sink = subprocess.Popen([py, "-c", OTLP_SINK], stdout=subprocess.PIPE, text=True) if args.telemetry else None
     procs.append(subprocess.Popen(
         [py, "-m", "tailguard", "sim", "--port", str(sim_port), "--preset", args.preset, "--max-num-seqs", "4096",
          "--time-scale", "1"], stdout=subprocess.DEVNULL, stderr=logs[0]))
     record = ["--record", str(tmp / "front.jsonl")] if args.record else []
+    gw_env = dict(os.environ)
+    if sink is not None:  # traces go to it through the standard variable (the baseline has none)
+        assert sink.stdout is not None
+        gw_env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = f"http://127.0.0.1:{int(sink.stdout.readline())}/v1/traces"
     gw = subprocess.Popen([py, "-m", "tailguard", "serve", "--config", str(tmp / "tailguard.yaml"), *record],
-                          stdout=subprocess.DEVNULL, stderr=logs[1])
+                          stdout=subprocess.DEVNULL, stderr=logs[1], env=gw_env)
     procs.append(gw)
     urls = {"straight": f"{sim_url}/v1/chat/completions", "gateway": f"{gw_url}/v1/chat/completions"}
     pids = {"gateway": [gw.pid]}
@@ -251,7 +270,9 @@ async def run(args: argparse.Namespace, baseline_src: Path | None) -> dict[str, 
         base_port = free_port()
         (tmp / "baseline.yaml").write_text((tmp / "tailguard.yaml").read_text().replace(f"port: {gw_port}",
                                                                                        f"port: {base_port}", 1))
-        env = {**os.environ, **({"PYTHONPATH": str(baseline_src)} if baseline_src is not None else {})}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        if baseline_src is not None:
+            env["PYTHONPATH"] = str(baseline_src)
         base = subprocess.Popen([args.baseline_python or py, "-m", "tailguard", "serve", "--config",
                                  str(tmp / "baseline.yaml")], stdout=subprocess.DEVNULL, stderr=logs[3], env=env)
         procs.append(base)
@@ -294,6 +315,11 @@ async def run(args: argparse.Namespace, baseline_src: Path | None) -> dict[str, 
             for s in sessions.values():
                 await s.close()
     finally:
+        if sink is not None:
+            sink.terminate()
+            sink.wait()
+            assert sink.stdout is not None
+            sink.stdout.close()
         for p in procs:
             p.terminate()
         for p in procs:
@@ -313,7 +339,9 @@ async def run(args: argparse.Namespace, baseline_src: Path | None) -> dict[str, 
             "preset": args.preset, "time_scale": 1.0, "tokens_per_response": TOKENS, "prompt_tokens": 104,
             "arms": list(urls), "assignment": "rotating per request, one simulator", "arrivals": "open-loop Poisson",
             "gateway": "tailguard serve, ranked-sjf, max_concurrency 4096 (never binds), access log to a file"
-                       + (", recording its front's events (--record)" if args.record else ""),
+                       + (", recording its front's events (--record)" if args.record else "")
+                       + (", exporting OpenTelemetry traces to a sink on loopback (--telemetry)"
+                          if args.telemetry else ""),
             "recording": recording,
             "nginx": "nginx 1 worker, proxy_buffering off, upstream keepalive, access log to a file" if nginx else None,
             "baseline": _baseline_text(args),
@@ -454,6 +482,9 @@ def main() -> None:
     p.add_argument("--no-nginx", dest="nginx", action="store_false", help="skip the nginx reference arm")
     p.add_argument("--baseline-rev", help="also run the gateway at this git revision as an arm (before/after)")
     p.add_argument("--baseline-python", help="run the baseline arm on this interpreter (a venv's python)")
+    p.add_argument("--telemetry", action="store_true",
+                   help="the gateway arm exports OpenTelemetry traces (to a sink on loopback), the baseline arm "
+                   "does not: with --baseline-python (this venv's python) the traces' cost side by side")
     p.add_argument("--record", action="store_true",
                    help="the gateway arm records its front's events (tailguard serve --record), the baseline arm "
                    "does not: with --baseline-python (this venv's python) the recording's cost side by side")
@@ -471,6 +502,8 @@ def main() -> None:
             "gateway_overhead_vs_python" if args.baseline_python else "gateway_overhead")
     if args.record:
         stem += "_record"
+    if args.telemetry:
+        stem += "_telemetry"
     (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=2) + "\n")
     (RESULTS / f"{stem}.md").write_text(markdown(res))
     print(markdown(res))

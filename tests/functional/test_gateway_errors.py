@@ -54,8 +54,10 @@ async def test_bad_input_is_an_openai_4xx_and_the_gateway_keeps_serving(
         assert ok.choices[0].message.content == " tok tok"
         m = await scrape(gw.url)
     assert sample(m, "tailguard_requests_total", **{"class": "interactive", "outcome": "success"}) == 1
+    # Refused before it had a class: counted once, by status, with no placeholder class.
+    assert sample(m, "tailguard_unclassified_requests_total", status=str(status)) == 1
     assert sum(v for (name, labels), v in m.items()
-               if name == "tailguard_requests_total" and ("outcome", "client_error") in labels) == 1
+               if name == "tailguard_requests_total" and ("outcome", "client_error") in labels) == 0
 
 
 async def test_unknown_route_and_method_are_openai_errors() -> None:

@@ -114,7 +114,7 @@ async def test_a_request_the_parser_refuses_is_an_openai_400_that_echoes_nothing
         assert err["code"] == "malformed_request" and err["type"] == "invalid_request_error"
         assert b"secret" not in body and b"zz" not in body
         m = await scrape(gw.url)
-        assert sample(m, "tailguard_requests_total", **{"class": "none", "outcome": "client_error"}) == 1
+        assert sample(m, "tailguard_unclassified_requests_total", status="400") == 1  # no class: by status
 
 
 async def test_at_the_cap_idle_connections_make_room_and_busy_ones_leave_only_health() -> None:

@@ -156,13 +156,11 @@ async def _gateway(cfg: GatewayConfig, first_line: str | None, store: ConfigStor
 
     listening = False
 
-    def ready(url: str) -> None:
+    def ready(url: str) -> None:  # the gateway's own start line is in its log
         nonlocal listening
         listening = True
         if first_line is not None:
             typer.echo(first_line, err=True)
-        names = ", ".join(f"{b.name}={b.url}" for b in cfg.backends)
-        typer.echo(f"tailguard gateway listening on {url} ({cfg.scheduler.policy}; backends: {names})", err=True)
 
     try:
         await serve_gateway(cfg, ready=ready, store=store, reread=reread, record=record)

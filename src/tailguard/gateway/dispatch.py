@@ -26,6 +26,7 @@ from tailguard.front.events import (
 )
 from tailguard.front.front import Front
 from tailguard.front.params import FrontParams
+from tailguard.front.retry import Retry, retry_of
 from tailguard.gateway.ops.metrics import GatewayMetrics
 from tailguard.gateway.ops.recorder import Recorder
 from tailguard.gateway.request import Request
@@ -141,10 +142,19 @@ class Dispatcher:
         names where; `resumed`: it continues from its text there); `Wait` when it waits for a
         backend first (`resume` then returns once it has one); None: the caller ends the request."""
         ticket.upstream_closed()
+        ticket.attempt_failed(kind)
+        failed_on = ticket.backend
         decisions = self._handle(Failed(ticket.id, kind, delivered, answered))
         if ticket.hedged is not None:  # its attempt failed while hedged: the hedge's is its own now
             ticket.backend, ticket.hedged = ticket.hedged, None
-        return next((d for d in decisions if isinstance(d, (Start, Wait)) and d.id == ticket.id), None)
+        decision = next((d for d in decisions if isinstance(d, (Start, Wait)) and d.id == ticket.id), None)
+        # Sent again from the start (now, or once a backend frees) is a retry; continued from its
+        # text elsewhere is a migration (tailguard_migrations_total).
+        if isinstance(decision, Start) and not decision.resumed or isinstance(decision, Wait) and not delivered:
+            self._metrics.retries.labels(failed_on, kind).inc()
+        elif decision is None and retry_of(kind, delivered, answered) is not Retry.NO:
+            self._metrics.retries_denied.labels(failed_on, kind).inc()
+        return decision
 
     def hedges(self, cls: str) -> bool:
         """Whether requests of `cls` may be hedged (their exchange races for the first content)."""

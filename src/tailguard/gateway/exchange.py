@@ -171,7 +171,8 @@ class Exchange:
             up = None
             try:
                 up = await ctx.upstream.open(backend, job.endpoint, body, job.req_id, self._to.connect_s,
-                                             self._limits, fresh=self._retried)
+                                             self._limits, fresh=self._retried,
+                                             traceparent=None if rec.trace is None else rec.trace.traceparent())
                 self._wd.answered()
                 rec.upstream_headers_at = monotonic()
                 if self._hedged():

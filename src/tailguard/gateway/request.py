@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from tailguard.clock import monotonic
 from tailguard.errors import APIError, Overloaded
@@ -27,6 +28,17 @@ from tailguard.front.intake import NO_CLASS
 from tailguard.gateway.upstream.resume import Progress
 from tailguard.gateway.upstream.watchdog import Watchdog
 from tailguard.types import Outcome
+from tailguard.wire.openai import Endpoint
+
+
+class TraceHook(Protocol):
+    """What a request's trace is told as its record changes (`gateway.ops.tracing` implements it;
+    a request without a trace has None, and nothing is called)."""
+
+    def started(self, backend: str, resumed: bool, now: float) -> None: ...
+    def suspended(self, now: float) -> None: ...
+    def failed(self, kind: str, now: float) -> None: ...
+    def traceparent(self) -> str | None: ...  # the W3C header for the attempt running now
 
 
 @dataclass(slots=True)
@@ -35,6 +47,10 @@ class Request:
 
     id: str
     arrived_at: float
+    endpoint: Endpoint = "chat"  # the route it came in by (gen_ai.operation.name)
+    request_id: str = ""  # x-request-id: the client's own (sanitized), else `id`; sent upstream
+    client: str | None = None  # the peer's address
+    user_agent: str | None = None
     cls: str = NO_CLASS
     caller: str | None = None  # its API key's name, when keys are configured
     model: str | None = None  # the model it names (an alias resolved)
@@ -68,6 +84,7 @@ class Request:
     on_suspend: Callable[[], None] | None = None  # set by its relay while an upstream is open
     ended: bool = False  # it left the front (finished, or rejected by the front itself)
     watchdog: Watchdog | None = None  # its deadlines; `last_at` is when its backend last sent bytes
+    trace: TraceHook | None = None  # its OpenTelemetry spans, when telemetry is on
 
     # --- written by the dispatcher, from the front's decisions --------------------------------
 
@@ -78,6 +95,8 @@ class Request:
             self.attempts += 1
         if self.bound_at is None:
             self.bound_at = now
+        if self.trace is not None:
+            self.trace.started(backend, resumed, now)
 
     def suspended(self) -> None:
         """A `Suspend`: its upstream is closed, and it waits in the queue again."""
@@ -85,6 +104,13 @@ class Request:
         hook, self.on_suspend = self.on_suspend, None
         if hook is not None:
             hook()
+        if self.trace is not None:
+            self.trace.suspended(monotonic())
+
+    def attempt_failed(self, kind: str) -> None:
+        """An upstream attempt failed (before the front says whether it goes again)."""
+        if self.trace is not None:
+            self.trace.failed(kind, monotonic())
 
     # --- its upstream, as the exchange opens and closes it ----------------------------------
 
@@ -103,7 +129,9 @@ class Request:
 
     def refused(self, err: APIError) -> None:
         outcome = Outcome.REJECTED if isinstance(err, Overloaded) else Outcome.CLIENT_ERROR
-        self.end(outcome, err.status, err.code)
+        # The front's word when it refused (a 429's code is OpenAI's `rate_limit_exceeded`), so
+        # the access log, the header and tailguard_rejected_total{reason} say the same.
+        self.end(outcome, err.status, err.headers.get("X-Tailguard-Reject-Reason", err.code))
 
     def finish(self) -> None:
         """Its last instant, once (the exchange sets it when the answer ends, else the proxy)."""

@@ -7,7 +7,7 @@ fingerprinted and their digest, and `quick()` (the config behind `tailguard serv
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -23,6 +23,7 @@ from tailguard.gateway.config.fleet import EjectionConfig, HedgingConfig, Routin
 from tailguard.gateway.config.limits import LimitsConfig
 from tailguard.gateway.config.problems import validate
 from tailguard.gateway.config.scheduler import SchedulerConfig
+from tailguard.gateway.config.telemetry import TelemetryConfig
 from tailguard.gateway.config.upstream import HealthConfig, RetryConfig, TimeoutsConfig
 
 class GatewayConfig(_Model):
@@ -61,10 +62,16 @@ class GatewayConfig(_Model):
     )
     access_log: bool = Field(default=True, description="Write one JSON line per request to stderr (written "
                                                        "together every 0.2 s).")
+    log_format: Literal["json", "text"] = Field(
+        default="json", description="The gateway's own log lines (start, stop, probes, reloads) on stderr: one JSON "
+        "object a line with ts, level and event (`json`), or the same fields as plain text for a terminal (`text`).",
+    )
     log_prompts: bool = Field(
         default=False, description="Include prompt and completion text in the access log (off: metadata only)."
     )
     retries: RetryConfig = Field(default_factory=RetryConfig, description="Retries that lose nothing.")
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig,
+                                       description="OpenTelemetry traces of each request (off by default).")
     aliases: dict[str, str] = Field(
         default_factory=dict,
         description="Model names clients may use for a served model, e.g. `{chat: llama-3-8b}`: a request "

@@ -14,12 +14,14 @@ import asyncio
 import logging
 import signal
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable
 
 import orjson
 from aiohttp import web
 
+from tailguard.clock import monotonic
 from tailguard.errors import APIError
 from tailguard.front.intake import OutputEstimator, bearer_key
 from tailguard.gateway.config import BackendConfig, GatewayConfig
@@ -27,14 +29,16 @@ from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.exchange import Context
 from tailguard.gateway.http.classes import ClassTable
 from tailguard.gateway.http.models import fleet_models, one_model
-from tailguard.gateway.http.proxy import Proxy, error_response
+from tailguard.gateway.http.proxy import REQUEST_ID, Proxy, client_request_id, error_response
 from tailguard.gateway.http.server import GatewayRunner, raise_file_limit, reserved_only
 from tailguard.gateway.ops.live import Live
+from tailguard.gateway.ops.logfmt import FORMATTERS
 from tailguard.gateway.ops.log_buffer import BufferedLineHandler
-from tailguard.gateway.ops.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, GatewayMetrics
+from tailguard.gateway.ops.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, GatewayMetrics, route_access_log
 from tailguard.gateway.ops.recorder import Recorder
 from tailguard.gateway.ops.reload import Parts, Reloader
 from tailguard.gateway.ops.store import ConfigStore
+from tailguard.gateway.ops.tracing import Tracer
 from tailguard.gateway.upstream.backends import resolved
 from tailguard.gateway.upstream.client import Upstream
 from tailguard.gateway.upstream.kinds import get_kind
@@ -87,8 +91,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     app[UPSTREAM] = upstream
     app[BACKENDS] = backends
     estimator = OutputEstimator(cfg.scheduler.output_estimate.params())
+    tracer = Tracer.of(cfg)
     app[PROXY] = Proxy(cfg, ClassTable(cfg), Context(
-        dispatcher, upstream, backends, metrics, app[LIVE], estimator, loop, keep_text=cfg.log_prompts))
+        dispatcher, upstream, backends, metrics, app[LIVE], estimator, loop, keep_text=cfg.log_prompts), tracer)
     for b in backends.values():
         metrics.add_backend(b.name, b.kind)
     app[PROBES] = Probes(app[LIVE], backends, dispatcher, upstream.session, metrics)
@@ -101,6 +106,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await upstream.close()
         if recorder is not None:
             recorder.close()
+        if tracer is not None:
+            await asyncio.to_thread(tracer.shutdown)  # the last spans are exported, off the loop
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:
@@ -113,19 +120,22 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 
 async def _health(request: web.Request) -> web.Response:
     """Each backend as the gateway knows it (`state`: unknown until a probe has answered, failing,
-    unhealthy, ejected or healthy; why its last probe failed; its pool and models), and overall: `ok` when every backend taking
+    unhealthy, ejected or healthy; why its last probe failed; its pool and models; the engine's own counts
+    with their age), the moment of the answer (`at`, RFC 3339), and overall: `ok` when every backend taking
     requests is healthy and known, `degraded` while some are not (the gateway still serves),
     `unavailable` (503) when none takes requests."""
     front = request.app[DISPATCHER].front
     kinds = request.app[BACKENDS]
     probes = request.app[PROBES]
-    load = probes.load
+    load, now = probes.load, monotonic()
     views = list(front.backends())
     backends = {s.name: {"state": s.state, "healthy": s.healthy, "ejected": s.ejected, "retiring": s.retiring,
                          "kind": kinds[s.name].kind, "pool": s.pool, "models": s.models,
                          "in_flight": s.in_flight, "max_concurrency": s.max_concurrency, "cap": s.cap,
                          "reserved_slots": s.reserved_slots,
-                         "engine": ({"running": load[s.name].running, "waiting": load[s.name].waiting}
+                         # The engine's own count, as its last probe read it `age_s` ago (not live).
+                         "engine": ({"running": load[s.name].running, "waiting": load[s.name].waiting,
+                                     "age_s": round(now - probes.load_at[s.name], 3)}
                                     if s.name in load else None),
                          "probe_error": probes.last_error.get(s.name)}
                 for s in views}
@@ -133,14 +143,16 @@ async def _health(request: web.Request) -> web.Response:
     all_known = all(s.state == "healthy" for s in views if not s.retiring)
     status = "unavailable" if not ok else "ok" if all_known else "degraded"
     live = request.app[LIVE]
-    body = {"status": status, "queued": len(request.app[DISPATCHER]), "backends": backends,
-            "config": {"hash": live.hash, "n": live.n}}
+    body = {"status": status, "at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+            "queued": len(request.app[DISPATCHER]), "backends": backends, "config": {"hash": live.hash, "n": live.n}}
     return web.Response(status=200 if ok else 503, body=orjson.dumps(body), content_type="application/json")
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    request.app[DISPATCHER].export_gauges()
-    body = request.app[METRICS].render()
+    dispatcher, metrics = request.app[DISPATCHER], request.app[METRICS]
+    dispatcher.export_gauges()
+    metrics.export_state(dispatcher.front, request.app[LIVE], monotonic())
+    body = metrics.render()
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
@@ -174,8 +186,18 @@ async def _config(request: web.Request) -> web.Response:
 
 async def _config_header(request: web.Request, response: web.StreamResponse) -> None:
     """Every response, errors and streams included, names the config its request arrived under
-    (whose class table and caps it got), even when a reload came while it waited for a slot."""
+    (whose class table and caps it got), even when a reload came while it waited for a slot, and
+    carries its `x-request-id` (OpenAI's header, which the SDKs show their users)."""
     response.headers["X-Tailguard-Config"] = request.get(ARRIVED_UNDER) or request.app[LIVE].hash
+    response.headers["x-request-id"] = _request_id(request)
+
+
+def _request_id(request: web.Request) -> str:
+    """The request's id: the proxy's (set as it arrived), else the client's, else a new one."""
+    rid = request.get(REQUEST_ID)
+    if rid is None:
+        rid = request[REQUEST_ID] = client_request_id(request.headers) or request.app[PROXY].new_id()
+    return rid
 
 
 BACKENDS = web.AppKey("backends", dict[str, BackendConfig])
@@ -197,12 +219,21 @@ async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamRe
         code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(e.status)
         err = APIError(f"{e.reason}: {request.method} {request.path}", status=e.status,
                        type="invalid_request_error", code=code)
-        return error_response(err)
+        return _logged(request, error_response(err), code)
     except APIError as e:
-        return error_response(e)
+        return _logged(request, error_response(e), e.code)
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
         return error_response(APIError("Internal gateway error.", status=500, code="internal_error"))
+
+
+def _logged(request: web.Request, response: web.Response, reason: str | None) -> web.Response:
+    """An error answered outside the generation routes, written to the access log as they are."""
+    if request.app[LIVE].cfg.access_log:
+        route_access_log(request_id=_request_id(request), method=request.method, path=request.path,
+                         status=response.status, reason=reason, client=request.remote,
+                         user_agent=request.headers.get("User-Agent"))
+    return response
 
 
 def _bound_port(site: web.TCPSite, configured: int) -> int:
@@ -226,15 +257,25 @@ def gateway_runner(app: web.Application) -> GatewayRunner:
                          access_log=None)
 
 
-def _say_what_it_finds() -> None:
+def _say_what_it_finds(cfg: GatewayConfig) -> None:
     """From the moment it listens, the gateway's own log (what its probes find, what changes) goes
-    to stderr at INFO; before, a failed start says one line only."""
+    to stderr at INFO, in `cfg.log_format`; before, a failed start says one line only."""
     gateway_log = logging.getLogger("tailguard.gateway")
     if not gateway_log.handlers:
         said = logging.StreamHandler(sys.stderr)
-        said.setFormatter(logging.Formatter("%(message)s"))
+        said.setFormatter(FORMATTERS[cfg.log_format]())
         gateway_log.addHandler(said)
     gateway_log.setLevel(logging.INFO)
+
+
+def _started(cfg: GatewayConfig, live: Live, url: str) -> None:
+    """The start line: where it listens, which config (number and hash), its backends, auth."""
+    names = ", ".join(f"{b.name}={b.url}" for b in cfg.backends)
+    log.info("tailguard gateway listening on %s (%s; backends: %s)", url, cfg.scheduler.policy, names,
+             extra={"event": "start", "fields": {
+                 "url": url, "config": {"n": live.n, "hash": live.hash}, "auth": bool(cfg.auth.api_keys),
+                 "backends": [{"name": b.name, "url": b.url, "kind": b.kind, "max_concurrency": b.max_concurrency}
+                              for b in cfg.backends]}})
 
 
 async def serve(
@@ -265,7 +306,7 @@ async def serve(
     except BaseException:
         await runner.cleanup()  # its probes stop now: nothing of a gateway that never listened goes on
         raise
-    _say_what_it_finds()
+    _say_what_it_finds(cfg)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     reloader = reloader_of(app, store, reread)
@@ -283,10 +324,13 @@ async def serve(
             app[LIVE].n = store.record(cfg, "start").n
             store.write_pid()
         url = f"http://{cfg.host}:{_bound_port(site, cfg.port)}"
+        _started(cfg, app[LIVE], url)
         if ready is not None:
             ready(url)
         await stop.wait()
     finally:
+        log.info("tailguard gateway stopping: no new requests; queued ones are answered 503",
+                 extra={"event": "stop", "fields": {"config": {"n": app[LIVE].n, "hash": app[LIVE].hash}}})
         for sig in installed:
             loop.remove_signal_handler(sig)
         if store is not None:

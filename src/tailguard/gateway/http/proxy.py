@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import logging
 import os
+import re
 from collections.abc import Mapping
 
 from aiohttp import web
@@ -25,6 +26,7 @@ from tailguard.gateway.dispatch import overloaded
 from tailguard.gateway.exchange import Context, Ending, Exchange, Job
 from tailguard.gateway.http.classes import ClassTable
 from tailguard.gateway.ops.metrics import access_log, record_finish, response_headers
+from tailguard.gateway.ops.tracing import Tracer
 from tailguard.gateway.request import Request
 from tailguard.gateway.sink import ResponseSink, Sink
 from tailguard.gateway.upstream.client import UPSTREAM_PATHS
@@ -35,6 +37,21 @@ from tailguard.wire.openai import (
 from tailguard.wire.prefix import prefix_blocks
 
 log = logging.getLogger("tailguard.gateway")
+
+REQUEST_ID = web.RequestKey("request_id", str)  # x-request-id of the response, once known
+_MAX_REQUEST_ID = 128
+_MAX_UA = 256
+# What a client's X-Request-Id may carry into logs and upstream headers: the characters of UUIDs,
+# OpenAI's `req_...` ids and the usual tracing ids; anything else is dropped.
+_NOT_ID = re.compile(r"[^A-Za-z0-9._:+=/@-]")
+
+
+def client_request_id(headers: Mapping[str, str]) -> str | None:
+    """The client's `X-Request-Id`, bounded and sanitized; None when absent or nothing is left."""
+    raw = headers.get("X-Request-Id")
+    if not raw:
+        return None
+    return _NOT_ID.sub("", raw[: _MAX_REQUEST_ID * 2])[:_MAX_REQUEST_ID] or None
 
 
 def error_response(err: APIError, extra: dict[str, str] | None = None) -> web.Response:
@@ -48,9 +65,10 @@ class Proxy:
     """The request handler shared by `/v1/chat/completions` and `/v1/completions`."""
 
     def __init__(
-        self, cfg: GatewayConfig, classes: ClassTable, ctx: Context,
+        self, cfg: GatewayConfig, classes: ClassTable, ctx: Context, tracer: Tracer | None = None,
     ) -> None:
         self._cfg = cfg
+        self._tracer = tracer  # None: telemetry off, and no request carries a trace
         self._affine = _affine(cfg)
         self._classes = classes
         self._ctx = ctx
@@ -72,7 +90,9 @@ class Proxy:
         self._affine = _affine(cfg)
 
     async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-        t = self._arrived()
+        t = self._arrived(endpoint, client_request_id(request.headers))
+        request[REQUEST_ID] = t.request_id
+        t.client, t.user_agent = request.remote, request.headers.get("User-Agent", "")[:_MAX_UA] or None
         try:
             api_key = bearer_key(request.headers)
             self._classes.authenticate(api_key)  # before the body: a stranger's body is never read
@@ -99,7 +119,7 @@ class Proxy:
     ) -> Ending:
         """A request from inside the process (a batch runner, a hedge): the same way as an HTTP
         one (classified, capped, queued, counted and logged once), its output into `sink`."""
-        t = self._arrived()
+        t = self._arrived(endpoint)
         try:
             return await self._serve(body, endpoint, headers or {}, None, sink, t)
         except APIError as err:
@@ -108,9 +128,15 @@ class Proxy:
         finally:
             self._account(t, "POST", UPSTREAM_PATHS[endpoint])
 
-    def _arrived(self) -> Request:
-        """A request's record, which `_account` counts and logs once."""
-        return Request(f"{self._id_prefix}{next(self._ids):x}", monotonic())
+    def new_id(self) -> str:
+        """A gateway-made request id: unique in this process, and across processes in practice."""
+        return f"{self._id_prefix}{next(self._ids):x}"
+
+    def _arrived(self, endpoint: Endpoint, request_id: str | None = None) -> Request:
+        """A request's record, which `_account` counts and logs once. Its `id` is always the
+        gateway's own (the front's key); `request_id` is the client's when it sent one."""
+        rid = self.new_id()
+        return Request(rid, monotonic(), endpoint, request_id or rid)
 
     def _account(self, t: Request, method: str, path: str) -> None:
         """The request left (the `finally` of every way in): counted and logged once. A plain
@@ -121,6 +147,9 @@ class Proxy:
             self._dispatcher.recorder.request(t)
         if self._cfg.access_log:
             access_log(t, method=method, path=path, logged_text=self._cfg.log_prompts)
+        if self._tracer is not None:
+            backend = self._ctx.backends.get(t.backend)
+            self._tracer.end(t, None if backend is None else backend.kind, None if backend is None else backend.model)
 
     async def _serve(
         self, raw: bytes, endpoint: Endpoint, headers: Mapping[str, str], api_key: str | None, sink: Sink,
@@ -128,12 +157,15 @@ class Proxy:
     ) -> Ending:
         """Parse, classify, cap, wait for a slot, run the exchange; the slot is released once."""
         parsed = parse_request(raw, endpoint)
+        t.model = parsed.model
         if self._cfg.log_prompts:
             t.prompt_text = parsed.prompt_text()
         intake = self._classes.intake
         asked = Asked.of(parsed, headers, api_key)
         cls = intake.classify(asked)
         t.cls, t.caller = cls.name, intake.caller(api_key)
+        if self._tracer is not None:
+            self._tracer.begin(t, headers)
         t.prompt_tokens = parsed.prompt_tokens
         accepted = intake.accept(asked, cls, self._estimator.estimate(cls.name))
         t.model = accepted.model
@@ -152,7 +184,7 @@ class Proxy:
             assert t.bound_at is not None
             self._metrics.cls(cls.name).queue_wait.observe(t.bound_at - t.arrived_at)
             tier = self._classes.served_tier(parsed.body.get("service_tier"), cls)
-            job = Job(t.id, endpoint, raw, parsed, accepted, cls, tier)
+            job = Job(t.request_id, endpoint, raw, parsed, accepted, cls, tier)
             ending = await Exchange(job, t, sink, self._ctx).run()
             t.end(ending.outcome, ending.status, ending.reason, ending.completion)
             return ending

@@ -28,11 +28,9 @@ from aiohttp.web_protocol import RequestHandler
 
 from tailguard.clock import monotonic
 from tailguard.errors import APIError
-from tailguard.front.intake import NO_CLASS
 from tailguard.gateway.config import GatewayConfig, LimitsConfig
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.metrics import GatewayMetrics
-from tailguard.types import Outcome
 from tailguard.wire.openai import error_body
 
 log = logging.getLogger("tailguard.gateway")
@@ -98,7 +96,7 @@ class GatewayProtocol(RequestHandler):
         saying nothing of what was sent (aiohttp's text echoes the offending input)."""
         if status >= 500:
             return super().handle_error(request, status, exc, message)
-        self._gw.malformed()
+        self._gw.malformed(status)
         err = APIError("The request is not valid HTTP/1.1 (a header too long or too many, conflicting framing, "
                        "or a bad chunk).", status=status, type="invalid_request_error", code="malformed_request")
         resp = web.Response(status=status, body=error_body(err), content_type="application/json")
@@ -163,8 +161,9 @@ class GatewayServer(web.Server):
                             self._live.cfg.limits.max_connections, self._live.cfg.limits.reserved_connections,
                             reason)
 
-    def malformed(self) -> None:
-        self._metrics.cls(NO_CLASS).requests(Outcome.CLIENT_ERROR).inc()
+    def malformed(self, status: int) -> None:
+        """A request the parser refused: it never had a class, so it is counted by its status."""
+        self._metrics.unclassified.labels(str(status)).inc()
 
 
 class GatewayRunner(web.AppRunner):

@@ -1,32 +1,58 @@
 """What the gateway tells operators: `tailguard_*` Prometheus collectors on a per-app registry,
-the `Server-Timing` and `X-Tailguard-*` response headers, and one JSON access-log line per request.
+registered from the one table of metrics (`gateway.ops.catalog`), the `Server-Timing` and
+`X-Tailguard-*` response headers, and one JSON access-log line per request.
 
-The registry is per app so two gateways in one process (tests, benchmarks) never share counters.
+The registry is per app so two gateways in one process (tests, benchmarks) never share counters;
+it carries the standard process, platform and GC collectors too, so memory and CPU are there.
 Per-chunk work is one histogram observation through a label child fetched once per request.
 """
 
 from __future__ import annotations
 
 import logging
+import platform
+from datetime import datetime, timezone
 from bisect import bisect_left
 from typing import Any, Iterator
 
 import orjson
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+import prometheus_client
+from prometheus_client import (
+    CollectorRegistry, Counter, Gauge, GCCollector, PlatformCollector, ProcessCollector, generate_latest,
+)
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 
+from tailguard import __version__
+from tailguard.front.front import BackendView, Front
+from tailguard.front.intake import NO_CLASS
+from tailguard.front.retry import Retry, continues_after, hurts_health, retry_of
+from tailguard.gateway.ops.capacity import CapacitySignal
+from tailguard.gateway.ops.catalog import METRICS, MetricSpec
+from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.log_buffer import BufferedLineHandler
 from tailguard.gateway.request import Request
-from tailguard.types import Outcome
+from tailguard.types import FailureKind, Outcome, RejectReason
 
 ACCESS_LOGGER = "tailguard.access"
 METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
+# gen_ai.operation.name of each endpoint (OpenTelemetry GenAI conventions).
+GENAI_OPERATION = {"chat": "chat", "completions": "text_completion"}
+# Failure kinds the front may send again (of an attempt that delivered nothing and was never
+# answered): the retry counters' label values.
+RETRYABLE = tuple(k for k in FailureKind if retry_of(k, delivered=False, answered=False) is not Retry.NO)
+MIGRATING = tuple(k for k in FailureKind if continues_after(k, answered=True))  # a stream moved mid-answer
+EJECTING = tuple(k for k in FailureKind if hurts_health(k, answered=False))  # failures that count to eject
+DEFAULT_POOL = "default"  # the pool of a backend that names none (front.params.BackendSpec.pool)
+CONNECTION_CLOSES = ("header_timeout", "evicted_idle", "over_cap")  # tailguard_connections_closed{reason}
+HEDGE_OUTCOMES = ("sent", "won", "lost", "failed")  # tailguard_hedges{outcome}
+HEALTH_CHANGES = ("unhealthy", "healthy", "ejected", "readmitted")  # tailguard_backend_health_changes{to}
 
-# Seconds. Latency buckets span a loopback relay (ms) to a long generation (minutes).
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5.0)
+# A `_created` series beside every counter is prometheus_client's default and nobody's habit: it
+# doubles the series and Prometheus ignores it. The switch is process-wide; the gateway's process
+# (and the simulator's, which serves the same habits) wants it off.
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 _access_log = logging.getLogger(ACCESS_LOGGER)
 
@@ -58,30 +84,31 @@ class ChunkHistogram:
 class ChunkHistograms:
     """A labelled family of `ChunkHistogram`s, collected as a Prometheus histogram."""
 
-    def __init__(self, name: str, doc: str, label: str, bounds: tuple[float, ...], registry: CollectorRegistry) -> None:
-        self.name, self.doc, self.label, self.bounds = name, doc, label, bounds
-        self._children: dict[str, ChunkHistogram] = {}
+    def __init__(self, spec: MetricSpec, registry: CollectorRegistry) -> None:
+        self.spec = spec
+        self._children: dict[tuple[str, ...], ChunkHistogram] = {}
         registry.register(self)
 
-    def labels(self, value: str) -> ChunkHistogram:
-        h = self._children.get(value)
+    def labels(self, *values: str) -> ChunkHistogram:
+        h = self._children.get(values)
         if h is None:
-            h = self._children[value] = ChunkHistogram(self.bounds)
+            h = self._children[values] = ChunkHistogram(self.spec.buckets)
         return h
 
     def describe(self) -> list[Metric]:
-        return [HistogramMetricFamily(self.name, self.doc, labels=[self.label])]
+        return [HistogramMetricFamily(self.spec.name, self.spec.help, labels=list(self.spec.labels))]
 
     def collect(self) -> Iterator[Metric]:
-        fam = HistogramMetricFamily(self.name, self.doc, labels=[self.label])
-        for value, h in self._children.items():
+        spec = self.spec
+        fam = HistogramMetricFamily(spec.name, spec.help, labels=list(spec.labels))
+        for values, h in self._children.items():
             buckets: list[tuple[str, float]] = []
             acc = 0
-            for bound, c in zip(self.bounds, h.counts):
+            for bound, c in zip(spec.buckets, h.counts):
                 acc += c
                 buckets.append((repr(float(bound)), acc))
             buckets.append(("+Inf", acc + h.counts[-1]))
-            fam.add_metric([value], buckets, h.sum)
+            fam.add_metric(list(values), buckets, h.sum)
         yield fam
 
 
@@ -110,8 +137,17 @@ class ClassMetrics:
         return c
 
 
+def _collector(spec: MetricSpec, registry: CollectorRegistry) -> Any:
+    """The collector `spec` describes. Histograms are lock-free (`ChunkHistograms`):
+    prometheus_client's takes a lock per bucket and per sum, a share of a request's fixed cost."""
+    if spec.kind == "histogram":
+        return ChunkHistograms(spec, registry)
+    make = Counter if spec.kind == "counter" else Gauge
+    return make(spec.name, spec.help, list(spec.labels), registry=registry)
+
+
 class GatewayMetrics:
-    """All `tailguard_*` collectors of one gateway app.
+    """All `tailguard_*` collectors of one gateway app, one per `catalog.METRICS` entry.
 
         m = GatewayMetrics()
         m.cls("interactive").requests(Outcome.SUCCESS).inc()
@@ -121,76 +157,58 @@ class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.queue_length = Gauge(
-            "tailguard_queue_length", "Requests waiting in the gateway queue.", ["class"], registry=r)
-        # The per-request histograms are lock-free too: prometheus_client's takes a lock per
-        # bucket and per sum, and three of them per request are a share of its fixed cost.
-        self.queue_wait = ChunkHistograms(
-            "tailguard_queue_wait_seconds", "Time from arrival to being bound to a backend.", "class",
-            LATENCY_BUCKETS, r)
-        self.ttft = ChunkHistograms(
-            "tailguard_ttft_seconds", "Arrival to the first chunk carrying generated content.", "class",
-            LATENCY_BUCKETS, r)
-        self.itl = ChunkHistograms(
-            "tailguard_itl_seconds", "Gaps between content chunks, per chunk.", "class", ITL_BUCKETS, r)
-        self.e2e = ChunkHistograms(
-            "tailguard_e2e_seconds", "Arrival to the last byte sent to the client.", "class", LATENCY_BUCKETS, r)
-        self.prompt_tokens = Counter(
-            "tailguard_prompt_tokens", "Prompt tokens (from upstream usage, else the estimate).", ["class"],
-            registry=r)
-        self.output_tokens = Counter(
-            "tailguard_output_tokens", "Generated tokens (from upstream usage, else content chunks).", ["class"],
-            registry=r)
-        self.inflight = Gauge(
-            "tailguard_inflight", "Requests bound to a backend and not yet finished.", ["backend"], registry=r)
-        self.concurrency_limit = Gauge(
-            "tailguard_backend_concurrency_limit", "The in-flight cap in force on a backend: its "
-            "`max_concurrency`, or where it is `adaptive`, the cap its latency has set.", ["backend"], registry=r)
-        self.rejected = Counter(
-            "tailguard_rejected", "Requests refused by admission or expired in the queue.", ["class", "reason"],
-            registry=r)
-        self.upstream_errors = Counter(
-            "tailguard_upstream_errors", "Failed upstream attempts by kind (connect, status, timeout, ...).",
-            ["backend", "kind"], registry=r)
-        self.requests = Counter(
-            "tailguard_requests", "Requests by terminal outcome; each request is counted once.",
-            ["class", "outcome"], registry=r)
-        self.connections_closed = Counter(
-            "tailguard_connections_closed", "Client connections the gateway closed on its own: header_timeout "
-            "(no whole request head in time), evicted_idle (an idle one closed at the cap for a new one), "
-            "over_cap (refused: every connection busy and the reserve taken).", ["reason"], registry=r)
-        self.preemptions = Counter(
-            "tailguard_preemptions", "Running requests suspended to free a slot for higher-priority work "
-            "(each is resumed later where it stopped).", ["class"], registry=r)
-        self.migrations = Counter(
-            "tailguard_migrations", "Streams continued on another backend after theirs died or stalled "
-            "mid-answer, by the failure that moved them (reset, disconnect, timeout_idle); a client's own "
-            "cancel is never one.", ["class", "reason"], registry=r)
-        self.backend_healthy = Gauge(
-            "tailguard_backend_healthy", "1 if a backend takes requests: its health probes succeed and it is "
-            "not ejected.", ["backend"], registry=r)
-        self.hedges = Counter(
-            "tailguard_hedges", "Hedged requests' second attempts: `sent`, then `won` (its content came first), "
-            "`lost` (the first attempt's did) or `failed`.", ["class", "outcome"], registry=r)
-        self.health_changes = Counter(
-            "tailguard_backend_health_changes", "Changes of a backend's health, each once: `unhealthy` and `healthy` "
-            "(active probes), `ejected` and `readmitted` (passive).", ["backend", "to"], registry=r)
-        self.ejections = Counter(
-            "tailguard_backend_ejections", "Backends taken out for a while after failing requests in a row "
-            "(passive health), by the kind of the last failure.", ["backend", "kind"], registry=r)
-        self.engine_requests = Gauge(
-            "tailguard_backend_engine_requests", "Requests the engine itself reports running and waiting "
-            "(its own load page, read with each health probe); waiting above 0 means the gateway's cap is "
-            "above the engine's slots.", ["backend", "state"], registry=r)
-        self.backend_kind = Gauge(
-            "tailguard_backend_kind", "1 for the kind each backend is treated as (named in the config, or "
-            "detected when `auto`).", ["backend", "kind"], registry=r)
-        # Metering by caller (an API key's name), only when keys are configured: a bounded label.
-        self.caller_requests = Counter(
-            "tailguard_caller_requests", "Requests by caller and terminal outcome.", ["caller", "outcome"], registry=r)
-        self.caller_tokens = Counter(
-            "tailguard_caller_tokens", "Tokens by caller: prompt and output (from upstream usage, else the "
-            "estimate and content chunks).", ["caller", "kind"], registry=r)
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self.families: dict[str, Any] = {spec.name: _collector(spec, r) for spec in METRICS}
+        f = self.families
+        self.queue_length = f["tailguard_queue_length"]
+        self.queue_wait: ChunkHistograms = f["tailguard_queue_wait_seconds"]
+        self.ttft: ChunkHistograms = f["tailguard_ttft_seconds"]
+        self.itl: ChunkHistograms = f["tailguard_itl_seconds"]
+        self.e2e: ChunkHistograms = f["tailguard_e2e_seconds"]
+        self.prompt_tokens = f["tailguard_prompt_tokens"]
+        self.output_tokens = f["tailguard_output_tokens"]
+        self.inflight = f["tailguard_inflight"]
+        self.concurrency_limit = f["tailguard_backend_concurrency_limit"]
+        self.connections_closed = f["tailguard_connections_closed"]
+        self.rejected = f["tailguard_rejected"]
+        self.upstream_errors = f["tailguard_upstream_errors"]
+        self.retries = f["tailguard_retries"]
+        self.retries_denied = f["tailguard_retries_denied"]
+        self.requests = f["tailguard_requests"]
+        self.unclassified = f["tailguard_unclassified_requests"]
+        self.preemptions = f["tailguard_preemptions"]
+        self.migrations = f["tailguard_migrations"]
+        self.hedges = f["tailguard_hedges"]
+        self.health_changes = f["tailguard_backend_health_changes"]
+        self.ejections = f["tailguard_backend_ejections"]
+        self.backend_healthy = f["tailguard_backend_healthy"]
+        self.engine_requests = f["tailguard_backend_engine_requests"]
+        self.backend_kind = f["tailguard_backend_kind"]
+        self.caller_requests = f["tailguard_caller_requests"]
+        self.caller_tokens = f["tailguard_caller_tokens"]
+        self.genai_ttft: ChunkHistograms = f["gen_ai_server_time_to_first_token_seconds"]
+        self.genai_tpot: ChunkHistograms = f["gen_ai_server_time_per_output_token_seconds"]
+        self.genai_duration: ChunkHistograms = f["gen_ai_server_request_duration_seconds"]
+        self.genai_tokens: ChunkHistograms = f["gen_ai_client_token_usage"]
+        f["tailguard_build_info"].labels(__version__, platform.python_version()).set(1)
+        for reason in CONNECTION_CLOSES:  # at 0 from the start, so rate() sees the first one
+            self.connections_closed.labels(reason)
+        # The capacity signal per pool; a request is counted in its backend's pool (the pool of
+        # each backend, and the first pool of each class for one never bound, as the last scrape saw them).
+        self.capacity: dict[str, CapacitySignal] = {}
+        self._pool_of: dict[str, str] = {}
+        self._class_pool: dict[str, str] = {}
+        self._class_counters = ((self.requests, tuple(Outcome)), (self.rejected, tuple(RejectReason)),
+                                (self.migrations, MIGRATING), (self.hedges, HEDGE_OUTCOMES))
+        self._backend_counters = ((self.upstream_errors, tuple(FailureKind)), (self.retries, RETRYABLE),
+                                  (self.retries_denied, RETRYABLE), (self.health_changes, HEALTH_CHANGES),
+                                  (self.ejections, EJECTING))
+        self._zeroed_classes: set[str] = set()
+        self._zeroed_backends: set[str] = set()
+        self._bounded: set[str] = set()  # classes whose bound and limit gauges are set
+        self._config: tuple[str, str] | None = None
         self._classes: dict[str, ClassMetrics] = {}
         self._inflight: dict[str, Any] = {}
         self._kinds: dict[str, str] = {}
@@ -223,7 +241,8 @@ class GatewayMetrics:
         """A removed backend has left: its gauges go (its counters stay, as history)."""
         self._inflight.pop(backend, None)
         kind = self._kinds.pop(backend, None)
-        for gauge, labels in ((self.backend_healthy, (backend,)), (self.inflight, (backend,)),
+        cap = self.families["tailguard_backend_max_concurrency"]
+        for gauge, labels in ((self.backend_healthy, (backend,)), (self.inflight, (backend,)), (cap, (backend,)),
                               (self.concurrency_limit, (backend,)),
                               (self.engine_requests, (backend, "running")), (self.engine_requests, (backend, "waiting")),
                               (self.backend_kind, (backend, kind or ""))):
@@ -231,6 +250,68 @@ class GatewayMetrics:
                 gauge.remove(*labels)
             except KeyError:  # never set
                 pass
+
+    def export_state(self, front: Front, live: Live, now: float) -> None:
+        """What a scrape reads from the front and the running config rather than counting as it
+        happens: caps, class bounds, the config's identity and the capacity signal."""
+        f = self.families
+        cap = f["tailguard_backend_max_concurrency"]
+        views = [b for b in front.backends() if not b.retiring]
+        for b in views:
+            cap.labels(b.name).set(b.max_concurrency)
+            self._zeros(b.name, self._zeroed_backends, self._backend_counters)
+        bound, limit = f["tailguard_class_queue_bound_seconds"], f["tailguard_class_queue_limit"]
+        names = {spec.name for spec in front.params.classes}
+        for gone in self._bounded - names:  # a reload removed the class: its bounds no longer hold
+            bound.remove(gone)
+            limit.remove(gone)
+        self._bounded = names
+        for spec in front.params.classes:
+            self._zeros(spec.name, self._zeroed_classes, self._class_counters)
+            bound.labels(spec.name).set(spec.max_queue_wait_s)
+            limit.labels(spec.name).set(spec.max_queue_len)
+        self._export_capacity(front, views, now)
+        config = (str(live.n) if live.n is not None else "", live.hash)
+        if config != self._config:
+            if self._config is not None:
+                f["tailguard_config_info"].remove(*self._config)
+            f["tailguard_config_info"].labels(*config).set(1)
+            self._config = config
+
+    def pool_of(self, t: Request) -> str:
+        """The pool a request that ended counts in: its backend's, else its class's first."""
+        return self._pool_of.get(t.backend) or self._class_pool.get(t.cls) or DEFAULT_POOL
+
+    def _export_capacity(self, front: Front, views: list[BackendView], now: float) -> None:
+        """Per pool: its backends' mean slots, its classes' queue and tightest bound, the signal."""
+        f = self.families
+        self._pool_of = {b.name: b.pool for b in views}
+        specs = front.params.classes
+        self._class_pool = {spec.name: spec.pools[0] if spec.pools else DEFAULT_POOL for spec in specs}
+        pools = sorted({b.pool for b in views})
+        for gone in set(self.capacity) - set(pools):  # a reload took the pool's last backend away
+            del self.capacity[gone]
+            f["tailguard_capacity_needed"].remove(gone)
+            f["tailguard_capacity_ready"].remove(gone)
+        for pool in pools:
+            members = [b for b in views if b.pool == pool]
+            served = [spec for spec in specs if self._class_pool[spec.name] == pool] or list(specs)
+            queued = sum(front.queue_len(spec.name) for spec in served)
+            bound_s = min(spec.max_queue_wait_s for spec in served)
+            slots = sum(b.max_concurrency for b in members) / len(members)
+            signal = self.capacity.setdefault(pool, CapacitySignal())
+            f["tailguard_capacity_needed"].labels(pool).set(signal.needed(now, queued, bound_s, slots))
+            f["tailguard_capacity_ready"].labels(pool).set(sum(1 for b in members if b.healthy and not b.ejected))
+
+    def _zeros(self, name: str, done: set[str], counters: tuple[tuple[Any, tuple[str, ...]], ...]) -> None:
+        """A class's or backend's counters, at 0 from its first scrape: `rate()` and `increase()`
+        then count its first refusal, retry or failure, which a series born at 1 would hide."""
+        if name in done:
+            return
+        done.add(name)
+        for counter, values in counters:
+            for value in values:
+                counter.labels(name, value)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -266,25 +347,47 @@ def response_headers(t: Request) -> dict[str, str]:
 
 
 def record_finish(m: GatewayMetrics, t: Request) -> None:
-    """Everything observed once when a request ends (its one outcome, tokens, TTFT, E2E)."""
+    """Everything observed once when a request ends (its one outcome, tokens, TTFT, E2E). A
+    request refused before it had a class is counted by status alone: no placeholder class."""
+    if t.cls == NO_CLASS:
+        m.unclassified.labels(str(t.status)).inc()
+        return
     outcome = t.outcome
     c = m.cls(t.cls)
     c.requests(outcome).inc()
-    if t.finished_at is not None:
-        c.e2e.observe(t.finished_at - t.arrived_at)
+    op = GENAI_OPERATION[t.endpoint]
+    end = t.finished_at if t.finished_at is not None else t.arrived_at
+    c.e2e.observe(end - t.arrived_at)
+    m.genai_duration.labels(op, t.cls).observe(end - t.arrived_at)
     if t.first_content_at is not None:
-        c.ttft.observe(t.first_content_at - t.arrived_at)
+        ttft_s = t.first_content_at - t.arrived_at
+        c.ttft.observe(ttft_s)
+        if outcome is Outcome.SUCCESS:
+            m.genai_ttft.labels(op, t.cls).observe(ttft_s)
+            if t.output_tokens > 1:
+                m.genai_tpot.labels(op, t.cls).observe((end - t.first_content_at) / (t.output_tokens - 1))
+    pool = m.pool_of(t)
+    signal = m.capacity.get(pool)
+    if signal is None:
+        signal = m.capacity[pool] = CapacitySignal()
+    signal.ended(end, None if t.bound_at is None else end - t.bound_at)
     prompt = t.prompt_tokens if t.answered else 0  # no engine took it: its prompt cost nothing
     if prompt:
         c.prompt_tokens.inc(prompt)
+        m.genai_tokens.labels(op, "input").observe(prompt)
     if t.output_tokens:
         c.output_tokens.inc(t.output_tokens)
+        m.genai_tokens.labels(op, "output").observe(t.output_tokens)
     if t.caller is not None:
         m.caller_requests.labels(t.caller, outcome.value).inc()
         if prompt:
             m.caller_tokens.labels(t.caller, "prompt").inc(prompt)
         if t.output_tokens:
             m.caller_tokens.labels(t.caller, "output").inc(t.output_tokens)
+
+
+def _now_rfc3339() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
 def access_log(t: Request, *, method: str, path: str, logged_text: bool = False) -> None:
@@ -295,12 +398,15 @@ def access_log(t: Request, *, method: str, path: str, logged_text: bool = False)
     end = t.finished_at if t.finished_at is not None else t.arrived_at
     # `outcome` goes in as it is: orjson writes an enum member as its value, without the lookup.
     rec: dict[str, Any] = {
-        "id": t.id, "method": method, "path": path, "status": t.status, "outcome": t.outcome,
-        "class": t.cls, "backend": t.backend, "attempts": t.attempts,
+        "ts": _now_rfc3339(), "level": "info", "event": "access",
+        "id": t.id, "request_id": t.request_id, "method": method, "path": path, "status": t.status,
+        "outcome": t.outcome, "class": None if t.cls == NO_CLASS else t.cls, "model": t.model,
+        "backend": t.backend, "attempts": t.attempts,
         "queue_ms": None if t.bound_at is None else round((t.bound_at - t.arrived_at) * 1000.0, 3),
         "ttft_ms": None if t.first_content_at is None else round((t.first_content_at - t.arrived_at) * 1000.0, 3),
         "e2e_ms": round((end - t.arrived_at) * 1000.0, 3),
         "prompt_tokens": t.prompt_tokens, "output_tokens": t.output_tokens, "preemptions": t.preemptions,
+        "client": t.client, "user_agent": t.user_agent,
     }
     if t.reason is not None:
         rec["reason"] = t.reason
@@ -315,6 +421,20 @@ def access_log(t: Request, *, method: str, path: str, logged_text: bool = False)
             rec["prompt"] = t.prompt_text
         if t.completion is not None:
             rec["completion"] = t.completion
+    _write_access(rec)
+
+
+def route_access_log(*, request_id: str, method: str, path: str, status: int, reason: str | None,
+                     client: str | None, user_agent: str | None) -> None:
+    """The access line of a request no generation route took (a 404, a 405, a body too large
+    for the route): so every status the gateway answers is in the log."""
+    if _access_log.isEnabledFor(logging.INFO):
+        _write_access({"ts": _now_rfc3339(), "level": "info", "event": "access", "request_id": request_id,
+                       "method": method, "path": path, "status": status, "reason": reason, "client": client,
+                       "user_agent": user_agent})
+
+
+def _write_access(rec: dict[str, Any]) -> None:
     line = orjson.dumps(rec).decode()
     handlers = _access_log.handlers
     if len(handlers) == 1 and type(handlers[0]) is BufferedLineHandler and not _access_log.filters:

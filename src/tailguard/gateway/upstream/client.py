@@ -142,10 +142,11 @@ class Upstream:
 
     async def open(
         self, backend: BackendConfig, endpoint: Endpoint, body: bytes, req_id: str, connect_s: float,
-        limits: LimitsConfig, *, fresh: bool = False,
+        limits: LimitsConfig, *, fresh: bool = False, traceparent: str | None = None,
     ) -> H1Response:
-        """Send the request (`fresh`: on a new connection, opened within `connect_s`); returns a
-        2xx streaming response whose head is within `limits.max_response_head_bytes`.
+        """Send the request (`fresh`: on a new connection, opened within `connect_s`; `traceparent`:
+        the W3C trace context of this attempt); returns a 2xx streaming response whose head is
+        within `limits.max_response_head_bytes`.
         Raises `RelayError` (connect failures, resets, redirects, 5xx) or `UpstreamStatus` (4xx,
         passed back to the client)."""
         origin = origin_of(backend.url)
@@ -154,6 +155,8 @@ class Upstream:
                    **kind_headers}
         if backend.api_key:
             headers["Authorization"] = f"Bearer {backend.api_key}"
+        if traceparent is not None:  # the engine's own spans join the request's trace
+            headers["traceparent"] = traceparent
         try:
             conn = await self.pool.connection(origin, connect_s, fresh=fresh)
         except TimeoutError:

@@ -50,6 +50,7 @@ class Probes:
         self.live, self.backends, self.dispatcher, self.session, self.metrics = live, backends, dispatcher, session, metrics
         self.load: dict[str, EngineLoad] = {}  # the engine's own count, from its last load page
         self.models: dict[str, list[dict[str, Any]]] = {}  # each backend's /v1/models entries, as it gave them
+        self.load_at: dict[str, float] = {}  # when that page was read (its figures' age in /health)
         # Why the last health probe of each backend failed (None once one succeeds): logged when it
         # turns a backend unhealthy and shown in `/health`, so "unhealthy" always says why.
         self.last_error: dict[str, str | None] = {}
@@ -76,6 +77,7 @@ class Probes:
             self.load.pop(name, None)
             self.models.pop(name, None)
             self._asked.discard(name)
+            self.load_at.pop(name, None)
             self.last_error.pop(name, None)
             self._undetected.pop(name, None)
         for b in added:
@@ -223,6 +225,7 @@ class Probes:
             if load is not None:
                 self.load[backend.name] = load
                 self.dispatcher.loaded(backend.name, load.running + load.waiting)
+                self.load_at[backend.name] = monotonic()
                 self.metrics.engine_requests.labels(backend.name, "running").set(load.running)
                 self.metrics.engine_requests.labels(backend.name, "waiting").set(load.waiting)
                 return

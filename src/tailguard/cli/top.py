@@ -1,0 +1,133 @@
+"""`tailguard top URL`: a live view of a running gateway, refreshed each second: per class its
+queue, admitted and rejected per second and TTFT over the last minute; per backend its load over
+its cap, health, kind and the engine's own counts; the busiest callers. It reads /metrics and
+/health only, so it works against any gateway it can reach, and never changes anything."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+    from tailguard.doctor.window import Window
+
+REFRESH_S = 1.0
+FETCH_TIMEOUT_S = 2.0
+TOP_CALLERS = 5
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    """One GET, bounded in time; an error status is an answer (a 503 /health still has a body)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as r:
+            return r.status, r.read(4 << 20)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(4 << 20)
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.0f} ms" if v < 10 else f"{v:.1f} s"
+
+
+def _view(url: str, window: Window, health: dict[str, Any]) -> RenderableType:
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    w = window
+    status = health.get("status", "?")
+    style = {"ok": "green", "degraded": "yellow"}.get(status, "red")
+    config = health.get("config") or {}
+    head = Text.assemble(("tailguard top ", "bold"), url, "  ", (status, style),
+                         f"  config {config.get('hash', '?')}  queued {health.get('queued', 0)}")
+
+    classes = Table(title="classes (rates over the last minute)", title_justify="left", expand=False)
+    for col in ("class", "queue", "admitted/s", "rejected/s", "TTFT P50", "TTFT P99"):
+        classes.add_column(col, justify="left" if col == "class" else "right")
+    queue = w.gauge("tailguard_queue_length", "class")
+    admitted = w.rate("tailguard_requests_total", "class", exclude={"outcome": "rejected"})
+    rejected = w.rate("tailguard_rejected_total", "class")
+    p50 = w.quantile("tailguard_ttft_seconds", 0.5, "class")
+    p99 = w.quantile("tailguard_ttft_seconds", 0.99, "class")
+    for cls in sorted(set(queue) | set(admitted)):
+        classes.add_row(cls, f"{queue.get(cls, 0):.0f}", f"{admitted.get(cls, 0.0):.1f}",
+                        f"{rejected.get(cls, 0.0):.1f}", _ms(p50.get(cls)), _ms(p99.get(cls)))
+
+    backends = Table(title="backends", title_justify="left")
+    for col in ("backend", "kind", "health", "in flight", "engine run/wait"):
+        backends.add_column(col, justify="right" if col in ("in flight", "engine run/wait") else "left")
+    for name, b in sorted((health.get("backends") or {}).items()):
+        engine = b.get("engine")
+        state = b.get("state", "?")
+        backends.add_row(name, b.get("kind", "?"), Text(state, "green" if state == "healthy" else "yellow"),
+                         f"{b.get('in_flight', 0)}/{b.get('max_concurrency', 0)}",
+                         f"{engine['running']}/{engine['waiting']}" if engine else "-")
+
+    from tailguard.doctor.window import top
+
+    callers = Table(title="top callers", title_justify="left")
+    for col in ("caller", "requests/s", "tokens/s"):
+        callers.add_column(col, justify="left" if col == "caller" else "right")
+    tokens = w.rate("tailguard_caller_tokens_total", "caller")
+    for caller, rate in top(w.rate("tailguard_caller_requests_total", "caller"), TOP_CALLERS):
+        callers.add_row(caller, f"{rate:.1f}", f"{tokens.get(caller, 0.0):.0f}")
+    parts: list[RenderableType] = [head, classes, backends]
+    if callers.row_count:
+        parts.append(callers)
+    parts.append(Text("Ctrl-C to quit", "dim"))
+    return Group(*parts)
+
+
+def _unreachable(url: str, error: str) -> RenderableType:
+    from rich.text import Text
+
+    return Text.assemble(("tailguard top ", "bold"), url, "\n", (f"gateway unreachable: {error}", "bold red"),
+                         f"\ntrying again every {REFRESH_S:g} s; Ctrl-C to quit")
+
+
+def _frame(url: str, window: Window) -> RenderableType:
+    """One refresh: fetch both pages, fold /metrics into the window, draw."""
+    import json
+
+    from tailguard.doctor.metrics import parse
+
+    try:
+        status, page = _get(f"{url}/metrics")
+        if status != 200:
+            return _unreachable(url, f"GET /metrics answered {status}")
+        window.add(time.monotonic(), parse(page.decode("utf-8", "replace")))
+        _, body = _get(f"{url}/health")
+        health = json.loads(body)
+    except (OSError, ValueError) as e:
+        return _unreachable(url, str(getattr(e, "reason", None) or e))
+    return _view(url, window, health if isinstance(health, dict) else {})
+
+
+def top_cmd(url: str = typer.Argument(..., help="The gateway's base URL, e.g. http://127.0.0.1:8080")) -> None:
+    """Watch a running gateway: classes, backends and callers, refreshed each second."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from tailguard.doctor.window import Window
+
+    url = url.rstrip("/")
+    window = Window(span_s=60.0)
+    console = Console()
+    try:
+        with Live(_frame(url, window), console=console, refresh_per_second=4, transient=False) as live:
+            while True:
+                time.sleep(REFRESH_S)
+                live.update(_frame(url, window))
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how one leaves: no traceback, exit 0
+
+
+def register(app: typer.Typer) -> None:
+    app.command("top")(top_cmd)

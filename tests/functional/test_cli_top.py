@@ -1,0 +1,102 @@
+"""`tailguard top` as a user runs it: in a pseudo-terminal 80 columns wide, against a real gateway
+under load; it shows every field, says when the gateway is unreachable, and leaves on Ctrl-C."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pty
+import re
+import signal
+import time
+from typing import Any
+
+from openai import AsyncOpenAI
+
+from tests.cli import TAILGUARD
+from tests.functional.gateways import dead_url, gateway
+
+CHAT = [{"role": "user", "content": "hi"}]
+_ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+class Terminal:
+    """`tailguard top URL` on a pty of its own (its controlling terminal, so Ctrl-C is a keypress)."""
+
+    def __init__(self, url: str) -> None:
+        env = {**os.environ, "COLUMNS": "80", "LINES": "40", "TERM": "xterm-256color"}
+        pid, fd = pty.fork()
+        if pid == 0:  # the child: nothing but exec
+            os.execve(TAILGUARD, [TAILGUARD, "top", url], env)
+        self.pid, self.fd = pid, fd
+        self.out = b""
+
+    def read_for(self, seconds: float) -> str:
+        """Everything shown in the next `seconds`, escape codes removed."""
+        end = time.monotonic() + seconds
+        os.set_blocking(self.fd, False)
+        while time.monotonic() < end:
+            try:
+                self.out += os.read(self.fd, 65536)
+            except BlockingIOError:
+                time.sleep(0.05)
+            except OSError:  # the child has gone: its end of the pty closed
+                break
+        return _ANSI.sub(b"", self.out).decode("utf-8", "replace")
+
+    def ctrl_c(self, limit_s: float = 10.0) -> int:
+        os.write(self.fd, b"\x03")
+        end = time.monotonic() + limit_s
+        while time.monotonic() < end:
+            self.read_for(0.1)
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                os.close(self.fd)
+                return os.waitstatus_to_exitcode(status)
+        self.kill()
+        raise AssertionError("tailguard top did not leave on Ctrl-C")
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
+async def _load(url: str, stop: asyncio.Event) -> None:
+    async with AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-app", max_retries=0) as c:
+        while not stop.is_set():
+            await c.chat.completions.create(model="m", messages=CHAT, max_tokens=4)
+            await asyncio.sleep(0.05)
+
+
+async def test_top_shows_classes_backends_and_callers_and_leaves_on_ctrl_c() -> None:
+    cfg: dict[str, Any] = {"auth": {"api_keys": {"sk-app": {"name": "app"}}}}
+    async with asyncio.timeout(40), gateway(**cfg) as gw:
+        stop = asyncio.Event()
+        load = asyncio.create_task(_load(gw.url, stop))
+        term = Terminal(gw.url)
+        try:
+            screen = await asyncio.to_thread(term.read_for, 3.5)
+            code = await asyncio.to_thread(term.ctrl_c)
+        finally:
+            term.kill()
+            stop.set()
+            await load
+    for field in ("classes", "interactive", "admitted/s", "rejected/s", "TTFT P99", "backends", "sim0", "healthy",
+                  "/8", "engine run/wait", "top callers", "app", "Ctrl-C to quit"):
+        assert field in screen, f"{field!r} not shown:\n{screen[-3000:]}"
+    assert code == 0 and "Traceback" not in screen
+    assert max(len(line) for line in screen.splitlines()) <= 80
+
+
+def test_top_says_when_the_gateway_is_unreachable() -> None:
+    term = Terminal(dead_url())
+    try:
+        screen = term.read_for(2.0)
+        code = term.ctrl_c()
+    finally:
+        term.kill()
+    assert "gateway unreachable" in screen and "trying again" in screen
+    assert code == 0 and "Traceback" not in screen

@@ -1,0 +1,46 @@
+"""A request's spans from its record's changes, with the SDK's in-memory exporter and literal
+instants on the gateway's clock: the queue, a failed attempt, its retry, a suspension and the
+continuation, each under the root, and the root's GenAI attributes."""
+
+from __future__ import annotations
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from tailguard.gateway.ops.tracing import Tracer
+from tailguard.gateway.request import Request
+from tailguard.types import Outcome
+
+
+def test_spans_follow_the_record() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = Tracer(provider)
+    t = Request("tg-1", 100.0, "chat", "req-1", model="llama", cls="batch")
+    tracer.begin(t, {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
+    assert t.trace is not None
+    t.started("a", False, 100.5)  # out of the queue
+    assert (t.trace.traceparent() or "").startswith("00-4bf92f3577b34da6a3ce929d0e0e4736-")
+    t.trace.failed("connect", 100.6)
+    t.started("b", False, 100.6)  # the retry
+    t.trace.suspended(101.0)
+    t.started("b", True, 102.0)  # the continuation
+    t.upstream_headers_at, t.prompt_tokens, t.output_tokens, t.finished_at = 100.7, 12, 30, 103.0
+    t.end(Outcome.SUCCESS, 200, None)
+    tracer.end(t, "vllm", None)
+    spans = {s.name + ("+" if s.attributes and s.attributes.get("tailguard.resumed") else ""): s
+             for s in exporter.get_finished_spans()}
+    root = spans["chat llama"]
+    assert root.parent is not None and f"{root.parent.span_id:016x}" == "00f067aa0ba902b7"
+    assert [(n, (s.end_time - s.start_time) / 1e9) for n, s in sorted(spans.items(), key=lambda kv: kv[1].start_time)
+            if s is not root] == [("queue", 0.5), ("upstream a", 0.1), ("upstream b", 0.4), ("suspended", 1.0),
+                                  ("upstream b+", 1.0)]
+    assert spans["upstream a"].attributes["error.type"] == "connect"
+    assert spans["upstream b"].attributes["tailguard.retry_reason"] == "connect"
+    assert spans["upstream b"].attributes["tailguard.suspended"] is True
+    a = root.attributes
+    assert (a["gen_ai.request.model"], a["gen_ai.provider.name"], a["gen_ai.usage.input_tokens"],
+            a["gen_ai.usage.output_tokens"], a["tailguard.class"]) == ("llama", "vllm", 12, 30, "batch")
+    assert (root.end_time - root.start_time) / 1e9 == 3.0
