@@ -27,6 +27,7 @@ import contextlib
 import json
 import platform
 import random
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -38,8 +39,8 @@ import yaml
 
 from tailguard.cli.experiment import free_port, spawned
 
-import sys
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from open_loop import first_token  # noqa: E402  beside this script
 from sim_des_speed import pct  # noqa: E402  one nearest-rank percentile for all
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -64,21 +65,8 @@ class Sent:
 
 
 async def one(session: aiohttp.ClientSession, url: str, prompt: str, at: float, t0: float, out: Sent) -> None:
-    await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
-    start = t0 + at
-    body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": MAX_TOKENS,
-            "stream": True}
-    try:
-        async with session.post(url + "/v1/chat/completions", json=body) as resp:
-            if resp.status != 200:
-                out.error = f"{resp.status}: {(await resp.read())[:200]!r}"
-                return
-            async for line in resp.content:
-                if out.ttft is None and line.startswith(b"data: {") and b'"content":"' in line \
-                        and b'"content":""' not in line:
-                    out.ttft = time.perf_counter() - start
-    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-        out.error = f"{type(e).__name__}: {e}"
+    body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": MAX_TOKENS, "stream": True}
+    out.ttft, out.error = await first_token(session, url, body, at, t0)
 
 
 async def load(url: str, rate: float, seconds: float, seed: int) -> list[Sent]:

@@ -57,3 +57,23 @@ async def send(session: aiohttp.ClientSession, url: str, cls: str, max_tokens: i
         r.end = time.perf_counter() - start
     except aiohttp.ClientError as e:
         r.error = repr(e)
+
+
+async def first_token(session: aiohttp.ClientSession, url: str, body: dict[str, object], at: float,
+                      t0: float) -> tuple[float | None, str | None]:
+    """Send the streamed chat `body` at t0 + at; the time from then to its first content chunk
+    (None if none came) and its error (None if it ended well)."""
+    await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
+    start = t0 + at
+    ttft: float | None = None
+    try:
+        async with session.post(url + "/v1/chat/completions", json=body) as resp:
+            if resp.status != 200:
+                return None, f"{resp.status}: {(await resp.read())[:200]!r}"
+            async for line in resp.content:
+                if ttft is None and line.startswith(b"data: {") and b'"content":"' in line \
+                        and b'"content":""' not in line:
+                    ttft = time.perf_counter() - start
+    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        return ttft, f"{type(e).__name__}: {e}"
+    return ttft, None
