@@ -27,6 +27,12 @@ class LimitsConfig(_Model):
         description="Bytes a stream may send before its first content (role chunk, comments, keep-alives), which "
         "the gateway holds until that content comes; past it the attempt fails as a protocol error.",
     )
+    max_preamble_s: float = Field(
+        default=60.0, gt=0,
+        description="Seconds a stream may keep sending bytes (comments, keep-alives, empty chunks) without content, "
+        "counted from its second such read; past it the attempt fails as a protocol error. Shorter than "
+        "`timeouts.first_token_s`, which a long prefill needs: a role chunk and then silence is not bounded here.",
+    )
     max_answer_bytes: int = Field(
         default=64 * MiB, ge=64 * KiB,
         description="Bytes of stream a non-stream answer may be assembled from (32k tokens with logprobs fit); "

@@ -55,6 +55,7 @@ class Assembler:
                 for ev in dec.feed(data):
                     done = done or ev.data == DONE
                     self._absorb(ev.data, now)
+                self.tally.no_content(now, self.limits)  # (nothing once this run's content has come)
             for ev in dec.flush():
                 done = done or ev.data == DONE
                 self._absorb(ev.data, monotonic())

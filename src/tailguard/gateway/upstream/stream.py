@@ -281,9 +281,7 @@ class StreamRelay:
                 self.held.append(chunk)
                 self.held_bytes += len(chunk)
             if tally.times.first_content_at is None and not last:
-                if self.held_bytes > self.limits.max_preamble_bytes:
-                    raise RelayError(FailureKind.PROTOCOL, f"Backend sent {self.held_bytes} bytes without content, "
-                                     f"over limits.max_preamble_bytes ({self.limits.max_preamble_bytes})")
+                self._bound_preamble(now)
                 return
             first = b"".join(self.held)
             self.held.clear()
@@ -295,6 +293,14 @@ class StreamRelay:
             await self._end(chunk)
         elif chunk:
             await self._write(chunk)
+
+    def _bound_preamble(self, now: float) -> None:
+        """Bytes keep coming and none is content: bounded in size and in time (`Tally.no_content`)."""
+        limits = self.limits
+        if self.held_bytes > limits.max_preamble_bytes:
+            raise RelayError(FailureKind.PROTOCOL, f"Backend sent {self.held_bytes} bytes without content, "
+                             f"over limits.max_preamble_bytes ({limits.max_preamble_bytes})")
+        self.tally.no_content(now, limits)
 
     async def _start(self, first: bytes, eof: bool) -> None:
         self.ended = eof

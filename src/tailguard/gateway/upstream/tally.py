@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tailguard.gateway.config.limits import LimitsConfig
 from tailguard.gateway.ops.metrics import ChunkHistogram
 from tailguard.gateway.request import Request
+from tailguard.gateway.upstream.client import RelayError
 from tailguard.gateway.upstream.watchdog import Watchdog
+from tailguard.types import FailureKind
 from tailguard.wire.chunks import Usage
 
 
@@ -25,9 +28,27 @@ class Tally:
     itl: ChunkHistogram
     usage: Usage = field(default_factory=Usage)
     run_started: bool = False
+    # Reads of this run that brought bytes but no content yet, and when the second came: a role
+    # chunk and then silence is a long prefill; bytes that keep coming without content are not.
+    empty_reads: int = 0
+    empty_since: float = 0.0
 
     def start_run(self) -> None:
         self.run_started = False
+        self.empty_reads = 0
+
+    def no_content(self, now: float, limits: LimitsConfig) -> None:
+        """A read before this run's first content brought none: past `limits.max_preamble_s` from
+        the second such read, the attempt fails (shorter than the first-token deadline, which a
+        long prefill needs)."""
+        if self.run_started:
+            return
+        self.empty_reads += 1
+        if self.empty_reads == 2:
+            self.empty_since = now
+        elif self.empty_reads > 2 and now - self.empty_since > limits.max_preamble_s:
+            raise RelayError(FailureKind.PROTOCOL, f"Backend kept sending bytes without content for "
+                             f"{now - self.empty_since:.1f} s, over limits.max_preamble_s ({limits.max_preamble_s:g})")
 
     def content(self, now: float, n: int = 1) -> None:
         """`n` content chunks arrived in one read at `now`: the first has the gap since the last
