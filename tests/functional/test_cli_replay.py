@@ -78,3 +78,8 @@ async def test_a_broken_file_exits_2_naming_its_line(recording: Path, tmp_path: 
 async def test_serve_refuses_a_recording_it_cannot_write_before_it_starts(tmp_path: Path) -> None:
     code, out = await run("serve", "--sim", "--record", str(tmp_path / "no-such-dir" / "front.jsonl"))
     assert code == 2 and out.startswith("error: --record ") and "No such file or directory" in out, out
+
+
+async def test_a_missing_recording_says_which_file_and_what_to_give(tmp_path: Path) -> None:
+    code, out = await run("replay", str(tmp_path / "none.jsonl"))
+    assert code == 2 and "none.jsonl: No such file or directory" in out and "tailguard serve --record FILE" in out, out

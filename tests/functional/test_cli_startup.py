@@ -95,8 +95,9 @@ async def test_serve_on_a_busy_port_is_one_line() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         code, out = await run("serve", "--sim", "--port", str(port), "--sim-time-scale", "0.05")
-        assert code == 1 and one_line(out) == f"error: cannot listen on 127.0.0.1:{port}: address already in use"
+        busy = f"error: cannot listen on 127.0.0.1:{port}: address already in use; choose another with"
+        assert code == 1 and one_line(out) == f"{busy} --port (0 picks a free one)"
         code, out = await run("serve", "--sim", "--port", "0", "--sim-port", str(port))
-        assert code == 1 and one_line(out) == f"error: cannot listen on 127.0.0.1:{port}: address already in use (--sim-port)"
+        assert code == 1 and one_line(out) == f"{busy} --sim-port (0 picks a free one)"
         code, out = await run("sim", "--port", str(port))
-        assert code == 1 and one_line(out) == f"error: cannot listen on 127.0.0.1:{port}: address already in use"
+        assert code == 1 and one_line(out) == f"{busy} --port (0 picks a free one)"

@@ -47,10 +47,11 @@ def _root(
     """tailguard: a priority gateway, an honest load generator and an engine simulator."""
 
 
-def listen_error(host: str, port: int, e: OSError) -> str:
-    """One line for a port that cannot be had: asyncio's message repeats the address, keep its cause."""
+def listen_error(host: str, port: int, e: OSError, option: str = "--port") -> str:
+    """One line for a port that cannot be had, and what to do: asyncio's message repeats the
+    address, keep its cause."""
     cause = str(e.strerror or e).rsplit(": ", 1)[-1]
-    return f"cannot listen on {host}:{port}: {cause}"
+    return f"cannot listen on {host}:{port}: {cause}; choose another with {option} (0 picks a free one)"
 
 
 def main() -> None:

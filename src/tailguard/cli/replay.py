@@ -43,7 +43,8 @@ def replay(
         with open(recording, encoding="utf-8") as f:
             rec = read(f)
     except OSError as e:
-        typer.echo(f"error: {recording}: {e.strerror or e}", err=True)
+        typer.echo(f"error: {recording}: {e.strerror or e}; give a recording that `tailguard serve --record FILE` "
+                   "(or `tailguard demo --record`) wrote", err=True)
         raise typer.Exit(2) from None
     except RecordingError as e:
         typer.echo(f"error: {recording}: {e}", err=True)

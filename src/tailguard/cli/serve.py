@@ -136,7 +136,7 @@ async def _main(cfg: GatewayConfig, sim: bool, preset: str | None, time_scale: f
         try:
             running = await stack.enter_async_context(running_sim(engine, time_scale=time_scale, port=sim_port))
         except OSError as e:
-            raise CannotListen(listen_error("127.0.0.1", sim_port, e) + " (--sim-port)") from None
+            raise CannotListen(listen_error("127.0.0.1", sim_port, e, "--sim-port")) from None
         def on_sim(c: GatewayConfig) -> GatewayConfig:
             first = c.backends[0].model_copy(update={"url": running.url, "kind": "sim", "name": "sim"})
             return c.model_copy(update={"backends": [first]})
