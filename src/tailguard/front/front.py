@@ -131,6 +131,7 @@ class Front:
         self._reqs: dict[str, _Req] = {}
         self._candidates: dict[str, _Req] = {}  # running preemptible requests
         self._out: list[Decision] = []
+        self._may_preempt = True
         self._closed = False
         # Each event's handler by its type: one dict lookup per event, not a chain of isinstance.
         self._handlers: dict[type, Callable[[Any, float, bool], None]] = {
@@ -149,6 +150,7 @@ class Front:
         engine cannot abort mid-step). Raises `WrongEvent` (the front unchanged) for an event
         its state does not allow."""
         out = self._out = []  # built per call: a failed call leaks nothing into the next
+        self._may_preempt = preempt  # what every pump this event leads to may do
         self._handlers[type(event)](event, now, preempt)
         return out if out else NOTHING
 
@@ -356,7 +358,7 @@ class Front:
         self._queue.requeue(again, now)
         self._out.append(Wait(p.id))
         self._release(r.backend, p)  # after the Wait: a retiring backend may leave with this release
-        self._pump(now, True)  # its slot, freed, may go to someone else
+        self._pump(now, self._may_preempt)  # its slot, freed, may go to someone else
 
     def _migration_target(self, r: _Req, stale: bool, now: float) -> str | None:
         """The least loaded backend it has not failed on whose kind can continue a generation
@@ -383,7 +385,7 @@ class Front:
         self._out.append(Start(r.pending.id, target, resumed))
         if target != old:  # after the Start: a retiring `old` may leave with this release
             self._release(old, r.pending)
-        self._pump(now, True)
+        self._pump(now, self._may_preempt)
 
     def _hedge_failed(self, r: _Req, ev: Failed, now: float) -> None:
         """One attempt of a hedged request failed while the other runs: that one goes on alone
@@ -395,7 +397,7 @@ class Front:
         other = r.hedge if failed == r.backend else r.backend
         r.backend, r.hedge = other, None
         self._release(failed, r.pending)
-        self._pump(now, True)
+        self._pump(now, self._may_preempt)
 
     def _first_content(self, ev: FirstContent, now: float, preempt: bool) -> None:
         """The first content came from `ev.backend`. Unhedged: its TTFT on its backend is a
@@ -414,7 +416,7 @@ class Front:
         r.backend, r.hedge = ev.backend, None
         self._out.append(Drop(ev.id, loser))
         self._release(loser, r.pending)
-        self._pump(now, True)
+        self._pump(now, self._may_preempt)
 
     def _hedge_due(self, now: float) -> None:
         """Requests still without content past their hedge delay go to a second backend too,
@@ -459,7 +461,7 @@ class Front:
             self._queue.remove(ev.id, now)
         if r.state is not State.QUEUED:  # it was dispatched once: a completion for the drain rate
             self._queue.on_finish(p.cls if r.state is State.RUNNING else None, ev.outcome, now)
-        self._pump(now, True)
+        self._pump(now, self._may_preempt)
 
     def _probed(self, ev: Probed, now: float, preempt: bool) -> None:
         """A health probe. One that timed out while the backend was delivering bytes to
@@ -472,7 +474,7 @@ class Front:
         if ev.ok:
             if self._slots.mark_success(ev.backend):
                 self._out.append(HealthChanged(ev.backend, True))
-                self._pump(now, True)
+                self._pump(now, self._may_preempt)
         elif not ev.busy and self._slots.mark_failure(ev.backend):
             self._out.append(HealthChanged(ev.backend, False))
 
@@ -487,12 +489,12 @@ class Front:
         """Whether the backend can continue a generation sets its reservation and whether
         requests on it may be suspended."""
         self._slots.set_continues(ev.backend, ev.continues)
-        self._pump(now, True)
+        self._pump(now, self._may_preempt)
 
     def _served(self, ev: Served, now: float, preempt: bool) -> None:
         """What the backend serves is known: requests waiting for its models may go there."""
         self._slots.learn_models(ev.backend, ev.models)
-        self._pump(now, True)
+        self._pump(now, self._may_preempt)
 
     def _loaded(self, ev: Loaded, now: float, preempt: bool) -> None:
         self._slots.engine_load(ev.backend, ev.queued, now)
@@ -548,7 +550,7 @@ class Front:
             if r.preemptible and not self.may_suspend(r.pending.cls):
                 r.preemptible = r.suspendable = False
                 self._candidates.pop(req_id, None)
-        self._pump(now, True)
+        self._pump(now, self._may_preempt)
 
     # --- checks -----------------------------------------------------------------------------
 

@@ -508,7 +508,7 @@ class _Driver:
                 if tl.first_token_at is None:
                     tl.first_token_at = end
                     if front is not None:  # its TTFT sample; a hedge's winner
-                        self._apply(front.handle(FirstContent(ev.req_id, h.name), end))
+                        self._apply(front.handle(FirstContent(ev.req_id, h.name), end, preempt=False))
             elif isinstance(ev, Admitted):
                 if not ev.resumed and tl.admitted_at is None:
                     tl.admitted_at = step.started_at
@@ -648,8 +648,10 @@ class _Driver:
                 tl.output_tokens += lv.base_tokens
                 self.tracked.pop(ev.req_id, None)
         if self.front is not None:
+            # No preemption yet: another request of this step may be told its end next, and must
+            # not be suspended first; the step's Tick lets the front preempt once all are in.
             tokens = tl.prompt_tokens + tl.output_tokens
-            self._apply(self.front.handle(Finished(ev.req_id, Outcome.SUCCESS, tokens), end))
+            self._apply(self.front.handle(Finished(ev.req_id, Outcome.SUCCESS, tokens), end, preempt=False))
         if self.gate is not None:
             self.gate.finished(tl)
         if self.follow_up is not None:

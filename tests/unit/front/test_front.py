@@ -249,3 +249,17 @@ def test_a_suspended_request_resumes_only_where_a_generation_can_be_continued() 
     assert f.state("b1") is State.SUSPENDED and f.backend("plain").in_flight == 0
     f.handle(Finished("c1", Outcome.SUCCESS), 0.5)
     assert f.state("b1") is State.RUNNING and f.backend("engine").in_flight == 1
+
+
+def test_an_end_told_without_preemption_suspends_nothing_until_an_event_that_may() -> None:
+    """The DES tells a step's ends with `preempt=False` (another request ending in the same step
+    must not be suspended before its own end is told), then a `Tick` that may preempt."""
+    f = make(BackendSpec("a", max_concurrency=2, continues=True))
+    for b in ("b1", "b2"):
+        batch(f, b, 0.0)
+        f.handle(Opened(b), 0.0)
+    f.handle(Arrive("c1", "interactive", 50), 0.5, preempt=False)  # mid-step: waits
+    f.handle(Arrive("c2", "interactive", 50), 0.5, preempt=False)
+    assert list(f.handle(Finished("b1", Outcome.SUCCESS), 1.0, preempt=False)) == [Start("c1", "a")]
+    assert f.state("b2") is State.RUNNING  # c2 still waits: b2 might be ending in this very step
+    assert list(f.handle(Tick(), 1.0)) == [Suspend("b2", "a"), Start("c2", "a")]
