@@ -39,7 +39,7 @@ from tailguard.front.preemption import Candidate, PreemptionPolicy
 from tailguard.front.queue import Pending, carry_over, make_scheduler
 from tailguard.front.retry import Retry, hurts_health, retry_budget, retry_of, stale_connection
 from tailguard.front.router import NO_ROUTE, Route, Router
-from tailguard.front.slots import BackendPool
+from tailguard.front.slots import BackendPool, BackendState
 from tailguard.types import FailureKind, Outcome, RejectReason
 
 NOTHING: Sequence[Decision] = ()
@@ -134,7 +134,7 @@ class Front:
         self._may_preempt = True
         self._closed = False
         # Each event's handler by its type: one dict lookup per event, not a chain of isinstance.
-        self._handlers: dict[type, Callable[[Any, float, bool], None]] = {
+        self._handlers: dict[type, Callable[[Any, float], None]] = {
             Arrive: self._arrive, Opened: self._opened, Generated: self._generated, Failed: self._failed,
             FirstContent: self._first_content,
             Finished: self._finished, Probed: self._probed, Observed: self._observed, KindLearned: self._kind_learned,
@@ -151,7 +151,7 @@ class Front:
         its state does not allow."""
         out = self._out = []  # built per call: a failed call leaks nothing into the next
         self._may_preempt = preempt  # what every pump this event leads to may do
-        self._handlers[type(event)](event, now, preempt)
+        self._handlers[type(event)](event, now)
         return out if out else NOTHING
 
     # --- views ------------------------------------------------------------------------------
@@ -230,7 +230,7 @@ class Front:
 
     # --- events -----------------------------------------------------------------------------
 
-    def _arrive(self, ev: Arrive, now: float, preempt: bool) -> None:
+    def _arrive(self, ev: Arrive, now: float) -> None:
         spec = self._classes.get(ev.cls)
         if spec is None:
             raise WrongEvent(ev, f"unknown class (known: {', '.join(self._classes)})")
@@ -253,7 +253,7 @@ class Front:
         route = Route(ev.model, ev.prefix) if ev.model is not None or ev.prefix else NO_ROUTE
         kept = self.tracks(ev.cls, ev.resumable)
         self._reqs[req_id] = _Req(pending, kept and self.may_suspend(ev.cls), ev.max_tokens, caller, route, kept)
-        self._pump(now, preempt)
+        self._pump(now, self._may_preempt)
 
     def _refusal(self, ev: Arrive, now: float) -> Reject | None:
         """Why a request is refused before it is queued (shut down, a model nobody serves,
@@ -274,7 +274,7 @@ class Front:
         not yet known may serve it: it is not refused, it waits for one that does)."""
         return all(s.knows_models() and not s.serves(model) for s in self._slots if not s.retiring)
 
-    def _opened(self, ev: Opened, now: float, preempt: bool) -> None:
+    def _opened(self, ev: Opened, now: float) -> None:
         """A running request's upstream is open, so a `Suspend` can stop it now. A request
         waiting for a slot may take this one's at once."""
         r = self._running(ev, ev.id)
@@ -282,12 +282,12 @@ class Front:
             return
         r.suspendable = True
         if len(self._queue):
-            self._pump(now, preempt)
+            self._pump(now, self._may_preempt)
 
-    def _generated(self, ev: Generated, now: float, preempt: bool) -> None:
+    def _generated(self, ev: Generated, now: float) -> None:
         self._running(ev, ev.id).generated = ev.tokens
 
-    def _failed(self, ev: Failed, now: float, preempt: bool) -> None:
+    def _failed(self, ev: Failed, now: float) -> None:
         """An attempt failed. A `Start` when it is worth trying again (same backend on a fresh
         connection, or another), within `max_attempts` and the retry budget, or a
         `Start(resumed=True)` on another backend when its backend died mid-answer (`_migrate`);
@@ -339,9 +339,7 @@ class Front:
         """Whether some backend other than those it failed on (and able to continue, if it must)
         could take it once a slot frees: else waiting would only delay its error."""
         avoid = {*r.avoid, r.backend}
-        members = self._router.usable(self._slots, self._router.serving(self._slots, self._classes[r.pending.cls],
-                                                                        r.route))
-        return any(s.name not in avoid and (s.cfg.continues or not must_continue) for s in members)
+        return any(s.name not in avoid and (s.cfg.continues or not must_continue) for s in self._reach(r))
 
     def _wait(self, r: _Req, now: float, must_continue: bool) -> None:
         """Its retry or continuation finds no backend free now: it waits in the queue, holding no
@@ -369,8 +367,7 @@ class Front:
             return r.backend
         if r.migrations >= self._params.retry.max_migrations:
             return None
-        cannot = [s.name for s in slots if not s.cfg.continues]
-        return self._choose(r, now, exclude=[*r.tried, r.backend, *cannot])
+        return self._choose(r, now, exclude=[*r.tried, r.backend, *self._cannot_continue()])
 
     def _restart(self, r: _Req, target: str, now: float, resumed: bool) -> None:
         """Send a running request's next attempt (or continuation) to `target`, moving its slot
@@ -399,7 +396,7 @@ class Front:
         self._release(failed, r.pending)
         self._pump(now, self._may_preempt)
 
-    def _first_content(self, ev: FirstContent, now: float, preempt: bool) -> None:
+    def _first_content(self, ev: FirstContent, now: float) -> None:
         """The first content came from `ev.backend`. Unhedged: its TTFT on its backend is a
         sample of its class's. Hedged: that attempt wins, the other is dropped at once."""
         r = self._running(ev, ev.id)
@@ -434,7 +431,7 @@ class Front:
             r.tried.append(target)
             self._out.append(Hedge(req_id, target))
 
-    def _finished(self, ev: Finished, now: float, preempt: bool) -> None:
+    def _finished(self, ev: Finished, now: float) -> None:
         """The request ended (success, error, timeout, client gone): the one event that ends a
         request the front has not rejected itself. An engine that answered, even with a 4xx the
         client caused, is alive."""
@@ -463,7 +460,7 @@ class Front:
             self._queue.on_finish(p.cls if r.state is State.RUNNING else None, ev.outcome, now)
         self._pump(now, self._may_preempt)
 
-    def _probed(self, ev: Probed, now: float, preempt: bool) -> None:
+    def _probed(self, ev: Probed, now: float) -> None:
         """A health probe. One that timed out while the backend was delivering bytes to
         requests in flight (`busy`) counts neither way: an engine too loaded to answer its health
         page promptly is not a dead one, and taking the only backend out would strand everything
@@ -478,28 +475,28 @@ class Front:
         elif not ev.busy and self._slots.mark_failure(ev.backend):
             self._out.append(HealthChanged(ev.backend, False))
 
-    def _observed(self, ev: Observed, now: float, preempt: bool) -> None:
+    def _observed(self, ev: Observed, now: float) -> None:
         """A latency sample moves an adaptive backend's cap; a cap that grew lets the queue in.
         It suspends nothing itself (a preemption is weighed at the next event that may preempt):
         a sample may come between two ends of one engine step, before the second is told."""
         if self._slots.observe(ev.backend, ev.ttft_s, ev.itl_s):
             self._pump(now, False)
 
-    def _kind_learned(self, ev: KindLearned, now: float, preempt: bool) -> None:
+    def _kind_learned(self, ev: KindLearned, now: float) -> None:
         """Whether the backend can continue a generation sets its reservation and whether
         requests on it may be suspended."""
         self._slots.set_continues(ev.backend, ev.continues)
         self._pump(now, self._may_preempt)
 
-    def _served(self, ev: Served, now: float, preempt: bool) -> None:
+    def _served(self, ev: Served, now: float) -> None:
         """What the backend serves is known: requests waiting for its models may go there."""
         self._slots.learn_models(ev.backend, ev.models)
         self._pump(now, self._may_preempt)
 
-    def _loaded(self, ev: Loaded, now: float, preempt: bool) -> None:
+    def _loaded(self, ev: Loaded, now: float) -> None:
         self._slots.engine_load(ev.backend, ev.queued, now)
 
-    def _tick(self, ev: Tick, now: float, preempt: bool) -> None:
+    def _tick(self, ev: Tick, now: float) -> None:
         """Requests past their queue bound leave with `queue_timeout`; ejections that are over
         end; the rest are bound to whatever became free."""
         for p in self._queue.expire(now):
@@ -508,9 +505,9 @@ class Front:
         for backend in self._ejector.returns(now):
             self._out.append(Readmitted(backend))
         self._hedge_due(now)
-        self._pump(now, preempt)
+        self._pump(now, self._may_preempt)
 
-    def _close(self, ev: Close, now: float, preempt: bool) -> None:
+    def _close(self, ev: Close, now: float) -> None:
         self._closed = True
         for req_id, r in list(self._reqs.items()):
             if r.state is not State.RUNNING:
@@ -518,7 +515,7 @@ class Front:
                 del self._reqs[req_id]
                 self._out.append(Reject(req_id, RejectReason.SHUTTING_DOWN, 1.0))
 
-    def _reconfigure(self, ev: Reconfigure, now: float, preempt: bool) -> None:
+    def _reconfigure(self, ev: Reconfigure, now: float) -> None:
         """Swap in new parameters for the same classes, keeping every queued, running and
         suspended request: queued ones keep their place in arrival order and their wait bound (a
         new policy re-sorts them, with no admission check), running ones keep their slot even
@@ -597,8 +594,18 @@ class Front:
             return []
         barred = list(r.avoid)
         if r.must_continue:
-            barred += [s.name for s in self._slots if not s.cfg.continues]
+            barred += self._cannot_continue()
         return barred
+
+    def _reach(self, r: _Req) -> list[BackendState]:
+        """The backends that may take `r` whatever their free slots: its model, its pools,
+        healthy, not ejected (or in panic)."""
+        serving = self._router.serving(self._slots, self._classes[r.pending.cls], r.route)
+        return self._router.usable(self._slots, serving)
+
+    def _cannot_continue(self) -> list[str]:
+        """Backends whose kind cannot continue a generation: none may take a continuation."""
+        return [s.name for s in self._slots if not s.cfg.continues]
 
     def _retry_target(self, r: _Req, where: Retry, now: float) -> str | None:
         if (where is Retry.SAME_OR_OTHER and not r.fresh_retried and self._slots.takes_new(r.backend)
@@ -665,8 +672,7 @@ class Front:
             return False
 
         # Only a slot the head may use is worth freeing: its model, its pools, healthy, not ejected.
-        allowed = {s.name for s in self._router.usable(slots, self._router.serving(slots, self._classes[head.cls],
-                                                                                     wanted.route))}
+        allowed = {s.name for s in self._reach(wanted)}
         allowed.difference_update(self._barred(wanted))
 
         def fits(c: Candidate) -> bool:

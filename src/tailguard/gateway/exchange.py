@@ -314,13 +314,10 @@ class Exchange:
         """The front preempted this request: wait, with no deadline running and the consumer's
         response open, until it has a slot again; the loop then sends the continuation. Raises
         `Overloaded` when it expires in the queue."""
-        wd, progress = self._wd, self.rec.progress
+        progress = self.rec.progress
         assert progress is not None
-        wd.stop()
-        suspended_at = monotonic()
-        await self.ctx.dispatcher.resume(self.rec)
+        await self._waiting()
         progress.suspended = False
-        wd.total_at += monotonic() - suspended_at
         self._continue()
 
     def _finish_tokens(self) -> None:

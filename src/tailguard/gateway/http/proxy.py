@@ -171,7 +171,7 @@ class Proxy:
         t.model = accepted.model
         progress = self._dispatcher.progress(cls.name, accepted.resumable)
         # Hashed only where a choice between backends can use it: one backend needs no affinity.
-        prefix = prefix_blocks(parsed.prompt_text()) if self._affine else ()
+        prefix = prefix_blocks(t.prompt_text or parsed.prompt_text()) if self._affine else ()  # (kept: log_prompts)
         self._hold_queued(len(raw), cls.name)
         try:
             await self._dispatcher.admit(t, accepted.est_tokens, progress=progress, max_tokens=accepted.max_tokens,
