@@ -20,7 +20,7 @@ import aiohttp
 import openai
 import pytest
 from aiohttp import web
-from openai import AsyncOpenAI
+from openai import APIStatusError, AsyncOpenAI
 
 from tailguard.gateway.config import GatewayConfig
 from tailguard.gateway.http.app import create_app
@@ -39,8 +39,10 @@ def config(*backends: tuple[EngineProcess, int], **extra: Any) -> GatewayConfig:
         # Generous probe timeout: a busy vLLM on two shared cores can take seconds to answer /health.
         "health": {"interval_s": 0.5, "timeout_s": 10.0},
         # A loopback connect takes microseconds, but the gateway shares the test's event loop, and
-        # on a starved CI machine that loop woke too late for the default 5 s (a 504 in CI).
-        "timeouts": {"connect_s": STEP_S},
+        # on a starved CI machine that loop woke too late for the default 5 s (a 504 in CI). The same
+        # holds for the response head: a 9 s late wake-up failed a queued vLLM stream under the
+        # default `header_s` of 5 s (these tests are about the engines, not about hung hosts).
+        "timeouts": {"connect_s": STEP_S, "header_s": STEP_S},
         "backends": [{"name": f"{p.name}-{p.port}", "url": p.base_url, "kind": p.kind, "max_concurrency": n}
                      for p, n in backends],
     }
@@ -101,7 +103,8 @@ async def wait_for(check: Callable[[], Any], what: str, timeout_s: float = 15.0,
     while True:
         for task in senders:
             if task.done() and not task.cancelled() and task.exception() is not None:
-                raise AssertionError(f"a request failed while waiting for {what}") from task.exception()
+                error = task.exception()
+                raise AssertionError(f"a request failed while waiting for {what}: {described(error)}") from error
         try:
             async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
                 if await check():
@@ -112,6 +115,14 @@ async def wait_for(check: Callable[[], Any], what: str, timeout_s: float = 15.0,
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}{await explained(explain)}")
         await asyncio.sleep(0.05)
+
+
+def described(error: BaseException | None) -> str:
+    """A request's failure in one line: a CI log cuts the chained traceback before the status and
+    body an `APIStatusError` carries."""
+    if isinstance(error, APIStatusError):
+        return f"{type(error).__name__} {error.status_code}: {error.message}"
+    return repr(error)
 
 
 async def explained(explain: Callable[[], Awaitable[str]] | None) -> str:
