@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from typing import Any, TypeGuard
 
+import orjson
+
 _KEYS = (b'"token_ids":', b'"prompt_token_ids":')
+_COMPACT_IDS = b'"token_ids":['  # (not `"prompt_token_ids":[`: the quote comes right before)
 _COMMA, _SPACE, _BRACKET_OPEN = 0x2C, 0x20, 0x5B
 
 
@@ -47,6 +50,21 @@ def without_token_ids(data: bytes) -> bytes:
             data = data[:start] + data[end:]
             i = data.find(key, start)
     return data
+
+
+def ids_in(event: bytes) -> list[int] | None:
+    """The generated ids of one whole compact event, found by its bytes (a relay's fast path, as
+    `wire.chunks.content_text` reads its text), or None where only a parse can tell."""
+    i = event.find(_COMPACT_IDS)
+    if i < 0 or event.find(_COMPACT_IDS, i + 1) >= 0:
+        return None
+    start = i + len(_COMPACT_IDS) - 1
+    end = event.find(b"]", start)
+    try:
+        ids = orjson.loads(event[start:end + 1]) if end > 0 else None
+    except orjson.JSONDecodeError:
+        return None
+    return ids if _int_list(ids) else None
 
 
 def generated_ids(obj: dict[str, Any]) -> list[int] | None:

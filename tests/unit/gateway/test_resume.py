@@ -148,3 +148,15 @@ def test_by_text_where_an_id_is_missing_or_a_stop_string_may_hold_text_back() ->
     asked = Progress()
     asked.run_on(gives_ids=True, client_ids=True)  # the client asked for the ids: it sees them
     assert not asked.hide_ids and asked.ids == []
+
+
+def test_a_lazy_stream_reads_each_chunks_ids_by_its_bytes_in_order() -> None:
+    """Unparsed, as the relay's fast path passes them: the ids of compact chunks read by their
+    bytes, any other block kept raw and parsed in order, the ids in the order of the text."""
+    prog = Progress(lazy=True)
+    prog.run_on(gives_ids=True, client_ids=False)
+    first = encode_event(b'{"id":"x1","choices":[{"delta":{"role":"assistant","content":""}}],"prompt_token_ids":[1,2]}')
+    prog.keep(first + encode_event(b'{"id":"x1","choices":[{"delta":{"content":"a"},"token_ids":[10]}]}'), chat=True)
+    prog.keep(encode_event(b'{"id":"x1","choices":[{"delta":{"content":"\\"b"},"token_ids":[11]}]}'), chat=True)
+    prog.keep(encode_event(b'{"id":"x1","choices":[{"delta":{"content":"c"},"token_ids":[12]}]}'), chat=True)
+    assert (prog.text(), prog.ids, prog.prompt_ids, prog.shown_ids) == ('a"bc', [10, 11, 12], [1, 2], 3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from tailguard.wire.token_ids import as_chat_chunk, generated_ids, prompt_ids, shows_text, without_token_ids
+from tailguard.wire.token_ids import as_chat_chunk, generated_ids, ids_in, prompt_ids, shows_text, without_token_ids
 
 
 @pytest.mark.parametrize("event, clean", [
@@ -42,3 +42,10 @@ def test_a_completion_chunk_in_chat_shape() -> None:
                          "choices": [{"index": 0, "text": "", "finish_reason": "length"}], "usage": None})
     assert out == {"id": "c", "object": "chat.completion.chunk", "usage": None,
                    "choices": [{"index": 0, "finish_reason": "length", "delta": {}, "logprobs": None}]}
+
+
+def test_a_compact_events_ids_read_by_its_bytes() -> None:
+    assert ids_in(b'data: {"choices":[{"delta":{"content":"a"},"token_ids":[5,6]}]}\n\n') == [5, 6]
+    assert ids_in(b'data: {"choices":[{"delta":{"content":"a"}}],"prompt_token_ids":[1]}\n\n') is None
+    two = b'data: {"choices":[{"token_ids":[5]}]}\n\ndata: {"choices":[{"token_ids":[6]}]}\n\n'
+    assert ids_in(two) is None  # more than one event: only a parse can tell

@@ -27,7 +27,7 @@ from typing import Any
 from tailguard.wire.chunks import content_text, delta_text, has_content, parse, running_usage
 from tailguard.wire.openai import Endpoint
 from tailguard.wire.sse import SSEDecoder
-from tailguard.wire.token_ids import as_chat_chunk, generated_ids, prompt_ids, shows_text
+from tailguard.wire.token_ids import as_chat_chunk, generated_ids, ids_in, prompt_ids, shows_text
 from tailguard.wire.tokens import CHAT_MESSAGE_OVERHEAD_TOKENS, text_tokens
 
 # Raw blocks a lazy stream keeps before parsing them: bounds its memory to about this many
@@ -122,16 +122,20 @@ class Progress:
     def keep(self, events: bytes, chat: bool) -> None:
         """Whole SSE events, some carrying content, passed to the client unparsed (`lazy`). The
         first is parsed at once (its response id); then a lone compact content chunk's text is
-        read by its bytes (`wire.chunks.content_text`), and any other block kept raw (every
-        block, while token ids are kept: only a parse reads them)."""
-        text = content_text(events, chat) if self.tokens and self.ids is None else None
-        if text is None:
+        read by its bytes (`wire.chunks.content_text`, and its token ids by `wire.token_ids.ids_in`
+        while they are kept), and any other block kept raw."""
+        text = content_text(events, chat) if self.tokens else None
+        ids = ids_in(events) if text is not None and self.ids is not None else None
+        if text is None or (self.ids is not None and ids is None):
             self.raw.append(events)
             if not self.tokens or len(self.raw) >= _RAW_BLOCKS:
                 self.decode(chat)
             return
         if self.raw:
             self.decode(chat)  # what came before it first, in order
+        if ids is not None and self.ids is not None:
+            self.ids.extend(ids)
+            self.shown_ids = len(self.ids)  # (content_text found text: it showed)
         self.add(text)
 
     def decode(self, chat: bool) -> None:
