@@ -39,6 +39,11 @@ ACCESS_LOGGER = "tailguard.access"
 METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
 # gen_ai.operation.name of each endpoint (OpenTelemetry GenAI conventions).
 GENAI_OPERATION = {"chat": "chat", "completions": "text_completion"}
+# gen_ai.token.modality of a request's prompt and of its output. Engines give one usage count, not
+# one per modality: a chat prompt may hold images, so its modality is not known (the conventions'
+# `unknown`); a completions prompt and every answer of these routes are text.
+INPUT_MODALITY = {"completions": "text"}
+UNKNOWN_PROVIDER = "unknown"  # gen_ai.provider.name is required: a backend whose kind is not known yet
 # Failure kinds the front may send again (of an attempt that delivered nothing and was never
 # answered): the retry counters' label values.
 RETRYABLE = tuple(k for k in FailureKind if retry_of(k, delivered=False, answered=False) is not Retry.NO)
@@ -110,6 +115,34 @@ class ChunkHistograms:
             buckets.append(("+Inf", acc + h.counts[-1]))
             fam.add_metric(list(values), buckets, h.sum)
         yield fam
+
+
+class GenAIUsage:
+    """One (operation, provider)'s token children of the GenAI families, bound once: a request
+    that ends makes one dict lookup for them all (`GatewayMetrics.genai_usage`)."""
+
+    __slots__ = ("input", "output", "usage_input", "usage_output", "spent_input", "spent_output")
+
+    def __init__(self, m: GatewayMetrics, op: str, provider: str, input_modality: str) -> None:
+        f = m.families
+        self.input = f["gen_ai_client_inference_usage_input_tokens"].labels(op, provider)
+        self.output = f["gen_ai_client_inference_usage_output_tokens"].labels(op, provider)
+        self.usage_input = m.genai_tokens.labels(op, provider, "input")
+        self.usage_output = m.genai_tokens.labels(op, provider, "output")
+        self.spent_input = f["gen_ai_client_inference_usage_detailed_input_tokens"].labels(op, provider,
+                                                                                            input_modality)
+        self.spent_output = f["gen_ai_client_inference_usage_detailed_output_tokens"].labels(op, provider, "text")
+
+    def record(self, prompt_tokens: int, output_tokens: int) -> None:
+        """The tokens of one request an engine answered: its prompt, and its output if it made any."""
+        if prompt_tokens:
+            self.input.observe(prompt_tokens)
+            self.usage_input.observe(prompt_tokens)
+            self.spent_input.inc(prompt_tokens)
+        if output_tokens:
+            self.output.observe(output_tokens)
+            self.usage_output.observe(output_tokens)
+            self.spent_output.inc(output_tokens)
 
 
 class ClassMetrics:
@@ -212,6 +245,16 @@ class GatewayMetrics:
         self._classes: dict[str, ClassMetrics] = {}
         self._inflight: dict[str, Any] = {}
         self._kinds: dict[str, str] = {}
+        self._genai: dict[tuple[str, str], GenAIUsage] = {}
+
+    def genai_usage(self, endpoint: str, backend: str) -> GenAIUsage:
+        """The GenAI token children of a request by its route and the kind of its backend."""
+        op = GENAI_OPERATION[endpoint]
+        provider = self._kinds.get(backend, UNKNOWN_PROVIDER)
+        u = self._genai.get((op, provider))
+        if u is None:
+            u = self._genai[op, provider] = GenAIUsage(self, op, provider, INPUT_MODALITY.get(endpoint, "unknown"))
+        return u
 
     def cls(self, name: str) -> ClassMetrics:
         c = self._classes.get(name)
@@ -241,8 +284,7 @@ class GatewayMetrics:
         """A removed backend has left: its gauges go (its counters stay, as history)."""
         self._inflight.pop(backend, None)
         kind = self._kinds.pop(backend, None)
-        cap = self.families["tailguard_backend_max_concurrency"]
-        for gauge, labels in ((self.backend_healthy, (backend,)), (self.inflight, (backend,)), (cap, (backend,)),
+        for gauge, labels in ((self.backend_healthy, (backend,)), (self.inflight, (backend,)),
                               (self.concurrency_limit, (backend,)),
                               (self.engine_requests, (backend, "running")), (self.engine_requests, (backend, "waiting")),
                               (self.backend_kind, (backend, kind or ""))):
@@ -255,10 +297,8 @@ class GatewayMetrics:
         """What a scrape reads from the front and the running config rather than counting as it
         happens: caps, class bounds, the config's identity and the capacity signal."""
         f = self.families
-        cap = f["tailguard_backend_max_concurrency"]
         views = [b for b in front.backends() if not b.retiring]
         for b in views:
-            cap.labels(b.name).set(b.max_concurrency)
             self._zeros(b.name, self._zeroed_backends, self._backend_counters)
         bound, limit = f["tailguard_class_queue_bound_seconds"], f["tailguard_class_queue_limit"]
         names = {spec.name for spec in front.params.classes}
@@ -372,12 +412,12 @@ def record_finish(m: GatewayMetrics, t: Request) -> None:
         signal = m.capacity[pool] = CapacitySignal()
     signal.ended(end, None if t.bound_at is None else end - t.bound_at)
     prompt = t.prompt_tokens if t.answered else 0  # no engine took it: its prompt cost nothing
+    if t.answered:  # the GenAI conventions count usage of operations that ran
+        m.genai_usage(t.endpoint, t.backend).record(prompt, t.output_tokens)
     if prompt:
         c.prompt_tokens.inc(prompt)
-        m.genai_tokens.labels(op, "input").observe(prompt)
     if t.output_tokens:
         c.output_tokens.inc(t.output_tokens)
-        m.genai_tokens.labels(op, "output").observe(t.output_tokens)
     if t.caller is not None:
         m.caller_requests.labels(t.caller, outcome.value).inc()
         if prompt:
