@@ -137,6 +137,8 @@ class StreamRelay:
             return True  # part of an event: the decoder keeps it
         if len(ends) == 1 and has_content(buf, 0, ends[0]):
             tally.content(now, 1)
+            if tally.traced:
+                tally.answer_end(buf, 0, ends[0])
             if self.progress is not None:
                 self.progress.keep(buf, self.endpoint == "chat")
             if self.sink.write_nowait(buf):
@@ -186,6 +188,8 @@ class StreamRelay:
         content = 0
         drop: tuple[int, int] | None = None
         pos = last_start = 0
+        if self.tally.traced:
+            self.tally.answer_end(buf, 0, len(buf))
         for end in ends:
             if has_content(buf, pos, end):
                 content += 1
@@ -219,6 +223,8 @@ class StreamRelay:
             if not isinstance(obj, dict):
                 out.append(ev.raw)
                 continue
+            if self.tally.traced:
+                self.tally.answer_end(ev.data, 0, len(ev.data))
             raw = self._same_id(ev.raw, obj)
             if isinstance(obj.get("error"), dict):
                 self.upstream_error = True
