@@ -108,7 +108,7 @@ METRICS: tuple[MetricSpec, ...] = (
        "backend", "kind"),
     _c("tailguard_retries_denied", "Failed attempts of a kind that may be retried which were not: the attempts "
        "limit, no other backend to try, or the retry budget spent.", "backend", "kind"),
-    # The autoscaler's signal (`gateway.ops.capacity`).
+    # The autoscaler's signal (`front.capacity`).
     _g("tailguard_capacity_needed", "Backends each pool needs to keep every class it serves inside its queue "
        "bound: the requests that ended there per second plus the backlog drained within the tightest bound, "
        "times their service time, over one backend's slots.", "pool"),

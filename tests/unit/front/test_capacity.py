@@ -3,7 +3,7 @@ tightest bound, over one backend's slots."""
 
 from __future__ import annotations
 
-from tailguard.gateway.ops.capacity import CapacitySignal
+from tailguard.front.capacity import CapacitySignal
 
 
 def _steady(signal: CapacitySignal, rate: float, service_s: float, until: float) -> None:
