@@ -19,7 +19,7 @@ PURE = {
     "sim.cost", "sim.kv", "sim.engine", "sim.request", "sim.answer", "sim.fault",
     "front.params", "front.admission", "front.queue", "front.slots", "front.router", "front.preemption", "front.retry", "front.events", "front.front",
     "front.intake", "front.recording", "front.replay", "front.adaptive", "sim.fit", "gateway.http.classes", "gateway.upstream.backends",
-    "gateway.config", "gateway.ops.live", "gateway.ops.catalog", "gateway.ops.capacity",
+    "gateway.config", "gateway.ops.live", "gateway.ops.catalog", "front.capacity",
     "gateway.ops.panels", "gateway.ops.alerts", "gateway.upstream.resume", "gateway.upstream.kinds", "sim.des",
     "gateway.config.base", "gateway.config.classes", "gateway.config.backends", "gateway.config.scheduler",
     "gateway.config.upstream", "gateway.config.auth", "gateway.config.telemetry", "gateway.config.gateway", "gateway.config.problems",

@@ -165,7 +165,7 @@ class Proxy:
         cls = intake.classify(asked)
         t.cls, t.caller = cls.name, intake.caller(api_key)
         if self._tracer is not None:
-            self._tracer.begin(t, headers)
+            self._tracer.begin(t, headers, parsed)
         t.prompt_tokens = parsed.prompt_tokens
         accepted = intake.accept(asked, cls, self._estimator.estimate(cls.name))
         t.model = accepted.model

@@ -138,6 +138,8 @@ class StreamRelay:
             return True  # part of an event: the decoder keeps it
         if len(ends) == 1 and has_content(buf, 0, ends[0]):
             tally.content(now, 1)
+            if tally.traced:
+                tally.answer_end(buf, 0, ends[0])
             prog = self.progress
             if prog is not None:
                 prog.keep(buf, self.endpoint == "chat")
@@ -190,6 +192,8 @@ class StreamRelay:
         content = 0
         drop: tuple[int, int] | None = None
         pos = last_start = 0
+        if self.tally.traced:
+            self.tally.answer_end(buf, 0, len(buf))
         for end in ends:
             if has_content(buf, pos, end):
                 content += 1
@@ -226,6 +230,8 @@ class StreamRelay:
             if not isinstance(obj, dict):
                 out.append(ev.raw)
                 continue
+            if self.tally.traced:
+                self.tally.answer_end(ev.data, 0, len(ev.data))
             shaped = prog.absorb(obj)  # its token ids kept; a continuation by ids back in chat's shape
             raw = ev.raw if shaped is obj else encode_event(orjson.dumps(shaped))
             raw = self._same_id(raw, shaped)
