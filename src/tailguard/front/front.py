@@ -54,7 +54,7 @@ class State(enum.Enum):
 class _Req:
     __slots__ = ("pending", "state", "backend", "bound_at", "preemptible", "max_tokens", "suspendable",
                  "preemptions", "attempts", "tried", "fresh_retried", "caller", "generated", "route", "hedge",
-                 "first", "continuable", "migrations", "avoid", "must_continue")
+                 "first", "continuable", "migrations", "avoid", "must_continue", "held")
 
     def __init__(self, pending: Pending, preemptible: bool, max_tokens: int | None, caller: str | None,
                  route: Route, continuable: bool = False) -> None:
@@ -79,6 +79,7 @@ class _Req:
         self.migrations = 0  # continued on another backend after its own died or stalled mid-answer
         self.avoid: set[str] = set()  # backends it failed on, skipped while it waits for another
         self.must_continue = False  # waiting to be continued: only a kind that can continue takes it
+        self.held = 0  # tokens reserved against its caller's tpm_limit, settled once as it leaves
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,11 +249,11 @@ class Front:
             return
         self._budget.record_call(now)
         self._hedger.arrived(ev.cls, now)
-        if caller is not None:
-            self._limits.take_request(caller, now)
         route = Route(ev.model, ev.prefix) if ev.model is not None or ev.prefix else NO_ROUTE
         kept = self.tracks(ev.cls, ev.resumable)
-        self._reqs[req_id] = _Req(pending, kept and self.may_suspend(ev.cls), ev.max_tokens, caller, route, kept)
+        r = self._reqs[req_id] = _Req(pending, kept and self.may_suspend(ev.cls), ev.max_tokens, caller, route, kept)
+        if caller is not None:  # its one reservation, which its retries and continuations share
+            r.held = self._limits.take(caller, ev.est_tokens, now)
         self._pump(now, self._may_preempt)
 
     def _refusal(self, ev: Arrive, now: float) -> Reject | None:
@@ -266,7 +267,7 @@ class Front:
             return Reject(ev.id, RejectReason.MODEL_NOT_FOUND, 0.0)
         if not self._router.usable(self._slots, serving):
             return Reject(ev.id, RejectReason.NO_HEALTHY_BACKEND, self.retry_after_s())
-        limited = self._limits.refusal(ev.caller, now) if ev.caller is not None else None
+        limited = self._limits.refusal(ev.caller, ev.est_tokens, now) if ev.caller is not None else None
         return Reject(ev.id, limited.reason, limited.retry_after_s) if limited is not None else None
 
     def _nobody_serves(self, model: str) -> bool:
@@ -439,8 +440,8 @@ class Front:
         if r is None:
             raise WrongEvent(ev, "not in the front (ended twice, or rejected)")
         self._hedger.disarm(ev.id)
-        if ev.tokens and r.caller is not None:
-            self._limits.charge(r.caller, ev.tokens, now)
+        if r.caller is not None:
+            self._limits.settle(r.caller, r.held, ev.tokens, now)
         p = r.pending
         if r.state is State.RUNNING:
             if r.hedge is not None:  # ended before either attempt streamed: both go
@@ -500,7 +501,7 @@ class Front:
         """Requests past their queue bound leave with `queue_timeout`; ejections that are over
         end; the rest are bound to whatever became free."""
         for p in self._queue.expire(now):
-            del self._reqs[p.id]
+            self._left(self._reqs.pop(p.id), now)
             self._out.append(Reject(p.id, RejectReason.QUEUE_TIMEOUT, self.retry_after_s()))
         for backend in self._ejector.returns(now):
             self._out.append(Readmitted(backend))
@@ -512,7 +513,7 @@ class Front:
         for req_id, r in list(self._reqs.items()):
             if r.state is not State.RUNNING:
                 self._queue.remove(req_id, now)
-                del self._reqs[req_id]
+                self._left(self._reqs.pop(req_id), now)
                 self._out.append(Reject(req_id, RejectReason.SHUTTING_DOWN, 1.0))
 
     def _reconfigure(self, ev: Reconfigure, now: float) -> None:
@@ -548,6 +549,12 @@ class Front:
                 r.preemptible = r.suspendable = False
                 self._candidates.pop(req_id, None)
         self._pump(now, self._may_preempt)
+
+    def _left(self, r: _Req, now: float) -> None:
+        """A request the front refused after letting it in (expired, shut down) is charged what it
+        generated before (a suspended one's earlier runs), and its caller gets back the rest."""
+        if r.caller is not None:
+            self._limits.settle(r.caller, r.held, r.generated, now)
 
     # --- checks -----------------------------------------------------------------------------
 

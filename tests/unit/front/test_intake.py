@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from tailguard.errors import BadRequest
-from tailguard.front.intake import Accepted, Asked, Intake, OutputEstimator, bearer_key, header, resumable
+from tailguard.front.intake import Accepted, Asked, Intake, OutputEstimator, bearer_key, header, key_id, resumable
 from tailguard.front.params import ClassSpec, IntakeParams, KeySpec, OutputEstimateParams, default_classes
 from tailguard.wire.openai import parse_request
 
@@ -29,6 +29,9 @@ def accept(asked: Asked, cls: ClassSpec, output_estimate_tokens: int = 0) -> Acc
 
 
 def intake(classes: list[ClassSpec] | None = None, **kw: Any) -> Intake:
+    """An intake whose `keys` are given by the keys themselves (it holds them by digest)."""
+    if "keys" in kw:
+        kw["keys"] = {key_id(k): spec for k, spec in kw["keys"].items()}
     return Intake(IntakeParams(classes=classes or default_classes(), **kw))
 
 
