@@ -45,6 +45,11 @@ from tailguard.types import FailureKind, Outcome, RejectReason
 NOTHING: Sequence[Decision] = ()
 
 
+def _weights(params: FrontParams) -> dict[str, float]:
+    """Each caller's fair-share weight (`front.fairshare`)."""
+    return {c.name: c.weight for c in params.callers if c.weight != 1.0}
+
+
 class State(enum.Enum):
     QUEUED = "queued"
     RUNNING = "running"
@@ -120,7 +125,7 @@ class Front:
     def __init__(self, params: FrontParams) -> None:
         self._params = params
         self._classes = {c.name: c for c in params.classes}
-        self._queue = make_scheduler(params.queue, params.classes)
+        self._queue = make_scheduler(params.queue, params.classes, _weights(params))
         self._slots = BackendPool(params.backends, params.classes, params.health)
         self._ejector = Ejector(params.ejection)
         self._router = Router(params.routing, self._ejector)
@@ -242,7 +247,8 @@ class Front:
         if refused is not None:
             self._out.append(refused)
             return
-        pending = Pending(req_id, ev.cls, spec.rank, ev.est_tokens, now, now + spec.max_queue_wait_s)
+        pending = Pending(req_id, ev.cls, spec.rank, ev.est_tokens, now, now + spec.max_queue_wait_s, caller,
+                          ev.max_tokens)
         queued = self._queue.push(pending, now)
         if queued is not None:
             self._out.append(Reject(req_id, queued.reason, queued.retry_after_s))
@@ -442,6 +448,7 @@ class Front:
         self._hedger.disarm(ev.id)
         if r.caller is not None:
             self._limits.settle(r.caller, r.held, ev.tokens, now)
+        self._queue.settled(ev.id, ev.tokens)
         p = r.pending
         if r.state is State.RUNNING:
             if r.hedge is not None:  # ended before either attempt streamed: both go
@@ -527,7 +534,7 @@ class Front:
         `ConfigError`, and nothing changed. A changed retry budget starts afresh."""
         params = ev.params
         _same_names("classes", [c.name for c in self._params.classes], [c.name for c in params.classes])
-        self._queue = carry_over(self._queue, params.queue, params.classes)  # an unknown policy fails here
+        self._queue = carry_over(self._queue, params.queue, params.classes, _weights(params))  # unknown policy: fails here
         if params.retry != self._params.retry:
             self._budget = retry_budget(params.retry)
         self._limits.reconfigure(params.callers)
@@ -555,6 +562,7 @@ class Front:
         generated before (a suspended one's earlier runs), and its caller gets back the rest."""
         if r.caller is not None:
             self._limits.settle(r.caller, r.held, r.generated, now)
+        self._queue.settled(r.pending.id, r.generated)
 
     # --- checks -----------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ are counted as `other` in Prometheus, never here.
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import threading
 import time
@@ -62,6 +63,8 @@ class Meter:
     """
 
     def __init__(self, path: Path | None, clock: Callable[[], float] = time.time) -> None:
+        if path is not None:  # private, as everything in the state directory (its journal files follow it)
+            os.close(os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600))
         self._db = sqlite3.connect(str(path) if path is not None else ":memory:", check_same_thread=False,
                                    isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL" if path is not None else "PRAGMA journal_mode=MEMORY")
