@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +159,44 @@ async def test_metrics_stay_open_on_loopback_by_default() -> None:
     async with asyncio.timeout(30), gateway(auth=auth) as gw, aiohttp.ClientSession() as s:
         assert (await get(s, gw.url + "/metrics", None))[0] == 200
         assert (await get(s, gw.url + "/config", "sk-app"))[0] == 403  # no admin key configured: nobody
+
+
+PROMPT_MARK = "zebra-umbrella-4417"  # a prompt's text, to look for in the logs
+
+
+async def test_no_key_and_no_prompt_text_in_any_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    """Every way a request can go (served, streamed then dropped, refused 401/403/429, admin routes
+    allowed and refused), then every log record of the run, with all its fields, is searched."""
+    caplog.set_level(logging.DEBUG)
+    keys = {**KEYS, "sk-limited-5c1d": {"name": "limited", "rpm_limit": 1}}
+    auth = {"api_keys": keys, "admin_keys": [ADMIN_KEY], "open_metrics": "keys"}
+    chat = [{"role": "user", "content": f"tell me about {PROMPT_MARK}"}]
+    secrets = [k for k in keys if not k.startswith("sha256:")] + [ADMIN_KEY, HASHED, "sk-unknown-77aa"]
+    async with asyncio.timeout(30), gateway(auth=auth, access_log=True) as gw, aiohttp.ClientSession() as s:
+        async with client(gw.url, "sk-batch") as batch, client(gw.url, HASHED) as hashed, \
+                client(gw.url, "sk-limited-5c1d") as limited, client(gw.url, "sk-unknown-77aa") as unknown, \
+                client(gw.url, "sk-m") as m_only:
+            assert (await hashed.chat.completions.create(model="m", messages=chat, max_tokens=3)).choices
+            stream = await hashed.chat.completions.create(model="m", messages=chat, max_tokens=500, stream=True)
+            await anext(aiter(stream))
+            await stream.close()
+            for call, error in ((batch.chat.completions.create(model="m", messages=chat, max_tokens=3,
+                                                               service_tier="priority"), openai.PermissionDeniedError),
+                                (m_only.chat.completions.create(model="x", messages=chat), openai.PermissionDeniedError),
+                                (unknown.chat.completions.create(model="m", messages=chat), openai.AuthenticationError)):
+                with pytest.raises(error):
+                    await call
+            await limited.chat.completions.create(model="m", messages=chat, max_tokens=1)
+            with pytest.raises(openai.RateLimitError):
+                await limited.chat.completions.create(model="m", messages=chat, max_tokens=1)
+        for key in (ADMIN_KEY, "sk-batch", "sk-unknown-77aa", None):
+            for path in ("/admin/config", "/admin/usage", "/metrics"):
+                await get(s, gw.url + path, key)
+    # The access log was captured: its lines name callers, by name.
+    assert any("hashed" in rec.getMessage() for rec in caplog.records)
+    assert any("class_not_allowed" in rec.getMessage() for rec in caplog.records)
+    for rec in caplog.records:
+        text = rec.getMessage() + repr(rec.__dict__)
+        assert PROMPT_MARK not in text, text[:300]
+        for secret in secrets:
+            assert secret not in text, f"{secret!r} in {text[:300]!r}"
