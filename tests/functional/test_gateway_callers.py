@@ -19,9 +19,11 @@ import pytest
 from openai import AsyncOpenAI
 
 from tailguard.gateway.config import GatewayConfig
-from tailguard.gateway.http.app import ADMIN, LIVE, reloader_of
+from tailguard.gateway.http.app import ADMIN, LIVE, create_app, gateway_runner, reloader_of
 from tailguard.gateway.ops.store import ConfigStore
-from tests.functional.gateways import classes, gateway, until
+from tailguard.sim.server import running_sim
+from tests.functional.gateways import classes, engine, gateway, until
+from tests.servers import running
 
 CHAT = [{"role": "user", "content": "hi"}]
 ADMIN_KEY = "adm-0123456789abcdef"
@@ -200,3 +202,28 @@ async def test_no_key_and_no_prompt_text_in_any_log_line(caplog: pytest.LogCaptu
         assert PROMPT_MARK not in text, text[:300]
         for secret in secrets:
             assert secret not in text, f"{secret!r} in {text[:300]!r}"
+
+
+async def test_usage_per_caller_survives_a_restart_of_the_gateway(tmp_path: Path) -> None:
+    """Two runs of a gateway on one state directory: what the first served, and what it refused,
+    is at `/admin/usage` in the second."""
+    auth = {"api_keys": {"sk-app": {"name": "app", "rpm_limit": 2}, "sk-web": {"name": "web"}},
+            "admin_keys": [ADMIN_KEY]}
+    head = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    async with asyncio.timeout(30), running_sim(engine(), time_scale=0.02) as sim:
+        cfg = GatewayConfig.model_validate({"auth": auth, "backends": [{"name": "sim", "url": sim.url, "kind": "sim"}]})
+        app = create_app(cfg, state_dir=tmp_path / "state")
+        async with running(app, runner=gateway_runner(app)) as url, client(url, "sk-app") as c, \
+                client(url, "sk-web") as w:
+            for _ in range(2):
+                await c.chat.completions.create(model="m", messages=CHAT, max_tokens=4)
+            with pytest.raises(openai.RateLimitError):
+                await c.chat.completions.create(model="m", messages=CHAT, max_tokens=4)
+            await w.chat.completions.create(model="m", messages=CHAT, max_tokens=2, extra_headers={
+                "X-Tailguard-Class": "batch"})
+        app = create_app(cfg, state_dir=tmp_path / "state")  # the same directory, a new process's state
+        async with running(app, runner=gateway_runner(app)) as url, aiohttp.ClientSession() as s:
+            async with s.get(f"{url}/admin/usage", headers=head) as r:
+                rows = (await r.json())["data"]
+    got = {(r["caller"], r["class"]): (r["requests"], r["output_tokens"], r["rejections"]) for r in rows}
+    assert got == {("app", "interactive"): (3, 8, {"rate_limit_requests": 1}), ("web", "batch"): (1, 2, {})}
