@@ -46,7 +46,7 @@ class Admin:
         if refusal is not None:
             raise RateLimited("Too many requests to the admin routes; retry later.", code="rate_limit_exceeded",
                               retry_after_s=refusal.retry_after_s)
-        self._limit.take("admin", 0, now)
+        self._limit.settle("admin", self._limit.take("admin", 0, now), 0, now)  # a request, nothing held
         auth = cfg.auth
         if not auth.api_keys and not auth.admin_keys:
             return
