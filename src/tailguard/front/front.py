@@ -46,6 +46,11 @@ from tailguard.types import Outcome, RejectReason
 NOTHING: Sequence[Decision] = ()
 
 
+def _weights(params: FrontParams) -> dict[str, float]:
+    """Each caller's fair-share weight (`front.fairshare`)."""
+    return {c.name: c.weight for c in params.callers if c.weight != 1.0}
+
+
 class Front(Recovery):
     """Queue, slot ledger, routing, health, preemption, retries, shedding and callers' limits
     in one object, changed only through `handle`; drivers read it through the views below."""
@@ -53,7 +58,7 @@ class Front(Recovery):
     def __init__(self, params: FrontParams) -> None:
         self._params = params
         self._classes = {c.name: c for c in params.classes}
-        self._queue = make_scheduler(params.queue, params.classes)
+        self._queue = make_scheduler(params.queue, params.classes, _weights(params))
         self._slots = BackendPool(params.backends, params.classes, params.health)
         self._ejector = Ejector(params.ejection)
         self._router = Router(params.routing, self._ejector)
@@ -175,18 +180,20 @@ class Front(Recovery):
         if refused is not None:
             self._out.append(refused)
             return
-        pending = Pending(req_id, ev.cls, spec.rank, ev.est_tokens, now, now + spec.max_queue_wait_s)
+        pending = Pending(req_id, ev.cls, spec.rank, ev.est_tokens, now, now + spec.max_queue_wait_s, caller,
+                          ev.max_tokens)
         queued = self._queue.push(pending, now)
         if queued is not None:
             self._out.append(Reject(req_id, queued.reason, queued.retry_after_s))
             return
         self._budget.record_call(now)
         self._hedger.arrived(ev.cls, now)
-        if caller is not None:
-            self._limits.take_request(caller, now)
         route = Route(ev.model, ev.prefix) if ev.model is not None or ev.prefix else NO_ROUTE
         kept = self.tracks(ev.cls, ev.resumable)
-        self._reqs[req_id] = Tracked(pending, kept and self.may_suspend(ev.cls), ev.max_tokens, caller, route, kept)
+        r = self._reqs[req_id] = Tracked(pending, kept and self.may_suspend(ev.cls), ev.max_tokens, caller, route,
+                                         kept)
+        if caller is not None:  # its one reservation, which its retries and continuations share
+            r.held = self._limits.take(caller, ev.est_tokens, now)
         self._pump(now, self._may_preempt)
 
     def _refusal(self, ev: Arrive, now: float) -> Reject | None:
@@ -200,7 +207,7 @@ class Front(Recovery):
             return Reject(ev.id, RejectReason.MODEL_NOT_FOUND, 0.0)
         if not self._router.usable(self._slots, serving):
             return Reject(ev.id, RejectReason.NO_HEALTHY_BACKEND, self.retry_after_s())
-        limited = self._limits.refusal(ev.caller, now) if ev.caller is not None else None
+        limited = self._limits.refusal(ev.caller, ev.est_tokens, now) if ev.caller is not None else None
         return Reject(ev.id, limited.reason, limited.retry_after_s) if limited is not None else None
 
     def _nobody_serves(self, model: str) -> bool:
@@ -264,8 +271,9 @@ class Front(Recovery):
         if r is None:
             raise WrongEvent(ev, "not in the front (ended twice, or rejected)")
         self._hedger.disarm(ev.id)
-        if ev.tokens and r.caller is not None:
-            self._limits.charge(r.caller, ev.tokens, now)
+        if r.caller is not None:
+            self._limits.settle(r.caller, r.held, ev.tokens, now)
+        self._queue.settled(ev.id, ev.tokens)
         p = r.pending
         if r.state is State.RUNNING:
             if r.hedge is not None:  # ended before either attempt streamed: both go
@@ -325,7 +333,7 @@ class Front(Recovery):
         """Requests past their queue bound leave with `queue_timeout`; ejections that are over
         end; the rest are bound to whatever became free."""
         for p in self._queue.expire(now):
-            del self._reqs[p.id]
+            self._left(self._reqs.pop(p.id), now)
             self._out.append(Reject(p.id, RejectReason.QUEUE_TIMEOUT, self.retry_after_s()))
         for backend in self._ejector.returns(now):
             self._out.append(Readmitted(backend))
@@ -337,7 +345,7 @@ class Front(Recovery):
         for req_id, r in list(self._reqs.items()):
             if r.state is not State.RUNNING:
                 self._queue.remove(req_id, now)
-                del self._reqs[req_id]
+                self._left(self._reqs.pop(req_id), now)
                 self._out.append(Reject(req_id, RejectReason.SHUTTING_DOWN, 1.0))
 
     def _reconfigure(self, ev: Reconfigure, now: float) -> None:
@@ -351,7 +359,7 @@ class Front(Recovery):
         `ConfigError`, and nothing changed. A changed retry budget starts afresh."""
         params = ev.params
         _same_names("classes", [c.name for c in self._params.classes], [c.name for c in params.classes])
-        self._queue = carry_over(self._queue, params.queue, params.classes)  # an unknown policy fails here
+        self._queue = carry_over(self._queue, params.queue, params.classes, _weights(params))  # unknown policy: fails here
         if params.retry != self._params.retry:
             self._budget = retry_budget(params.retry)
         self._limits.reconfigure(params.callers)
@@ -373,6 +381,13 @@ class Front(Recovery):
                 r.preemptible = r.suspendable = False
                 self._candidates.pop(req_id, None)
         self._pump(now, self._may_preempt)
+
+    def _left(self, r: Tracked, now: float) -> None:
+        """A request the front refused after letting it in (expired, shut down) is charged what it
+        generated before (a suspended one's earlier runs), and its caller gets back the rest."""
+        if r.caller is not None:
+            self._limits.settle(r.caller, r.held, r.generated, now)
+        self._queue.settled(r.pending.id, r.generated)
 
     # --- checks -----------------------------------------------------------------------------
 

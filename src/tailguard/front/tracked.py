@@ -22,7 +22,7 @@ class Tracked:
 
     __slots__ = ("pending", "state", "backend", "bound_at", "preemptible", "max_tokens", "suspendable",
                  "preemptions", "attempts", "tried", "fresh_retried", "caller", "generated", "route", "hedge",
-                 "first", "continuable", "migrations", "avoid", "must_continue")
+                 "first", "continuable", "migrations", "avoid", "must_continue", "held")
 
     def __init__(self, pending: Pending, preemptible: bool, max_tokens: int | None, caller: str | None,
                  route: Route, continuable: bool = False) -> None:
@@ -47,6 +47,7 @@ class Tracked:
         self.migrations = 0  # continued on another backend after its own died or stalled mid-answer
         self.avoid: set[str] = set()  # backends it failed on, skipped while it waits for another
         self.must_continue = False  # waiting to be continued: only a kind that can continue takes it
+        self.held = 0  # tokens reserved against its caller's tpm_limit, settled once as it leaves
 
 
 @dataclass(frozen=True, slots=True)

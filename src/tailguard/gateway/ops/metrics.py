@@ -32,6 +32,7 @@ from tailguard.front.retry import Retry, continues_after, hurts_health, retry_of
 from tailguard.gateway.ops.catalog import METRICS, MetricSpec
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.log_buffer import BufferedLineHandler
+from tailguard.gateway.ops.metering import CallerLabels
 from tailguard.gateway.request import Request
 from tailguard.types import FailureKind, Outcome, RejectReason
 
@@ -220,6 +221,7 @@ class GatewayMetrics:
         self.backend_kind = f["tailguard_backend_kind"]
         self.caller_requests = f["tailguard_caller_requests"]
         self.caller_tokens = f["tailguard_caller_tokens"]
+        self.caller_label = CallerLabels()
         self.genai_ttft: ChunkHistograms = f["gen_ai_server_time_to_first_token_seconds"]
         self.genai_tpot: ChunkHistograms = f["gen_ai_server_time_per_output_token_seconds"]
         self.genai_duration: ChunkHistograms = f["gen_ai_server_request_duration_seconds"]
@@ -400,11 +402,12 @@ def record_finish(m: GatewayMetrics, t: Request) -> None:
     if t.output_tokens:
         c.output_tokens.inc(t.output_tokens)
     if t.caller is not None:
-        m.caller_requests.labels(t.caller, outcome.value).inc()
+        caller = m.caller_label(t.caller)  # `other` past the first callers seen: bounded series
+        m.caller_requests.labels(caller, outcome.value).inc()
         if prompt:
-            m.caller_tokens.labels(t.caller, "prompt").inc(prompt)
+            m.caller_tokens.labels(caller, "prompt").inc(prompt)
         if t.output_tokens:
-            m.caller_tokens.labels(t.caller, "output").inc(t.output_tokens)
+            m.caller_tokens.labels(caller, "output").inc(t.output_tokens)
 
 
 def _now_rfc3339() -> str:
