@@ -253,7 +253,7 @@ def reloader_of(app: web.Application, store: ConfigStore | None = None,
 def gateway_runner(app: web.Application) -> GatewayRunner:
     """The runner that serves a gateway app: aiohttp's, with the client-side limits
     (`gateway.http.server`) and the handler cancellation a departed client needs."""
-    return GatewayRunner(app, app[LIVE], app[METRICS], handle_signals=False, handler_cancellation=True,
+    return GatewayRunner(app, app[LIVE], app[METRICS], lambda: app[PROXY], handle_signals=False, handler_cancellation=True,
                          access_log=None)
 
 
