@@ -76,11 +76,12 @@ def frame(data: bytes) -> bytes:
 class LeanSink:
     """The client's answer on a lean connection: an SSE stream, or one JSON body."""
 
-    __slots__ = ("_conn", "_always", "started", "ended")
+    __slots__ = ("_conn", "_always", "_t", "started", "ended")
 
     def __init__(self, conn: Connection, always: Mapping[str, str]) -> None:
         self._conn = conn
         self._always = always
+        self._t: asyncio.Transport | None = None  # the stream's transport, once it has begun
         self.started = False
         self.ended = False
 
@@ -96,11 +97,14 @@ class LeanSink:
         h = head(200, {**SSE_HEADERS, **headers}, self._always, "Transfer-Encoding: chunked", self._conn.closes_after)
         t.write(h + frame(first) + (LAST_CHUNK if eof else b""))
         self.ended = eof
+        self._t = t
 
     def write_nowait(self, data: bytes) -> bool:
         """Hand one chunk to the client's transport; False when the client reads slower than we
         write and the caller should `await drain()`. Raises `ClientGone` once it has left."""
-        t = self._transport()
+        t = self._t  # the relay's per-chunk call: one attribute, no method, before the write
+        if t is None or t.is_closing():
+            raise ClientGone()
         t.write(b"%x\r\n%b\r\n" % (len(data), data))
         return t.get_write_buffer_size() < HIGH_WATER
 
