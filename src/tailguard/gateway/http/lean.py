@@ -22,6 +22,7 @@ answer's last byte, while its handler still counts and logs it, is read once the
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable
 from typing import Protocol, cast
 
@@ -223,6 +224,10 @@ class LeanProtocol(asyncio.Protocol):
             t.abort()
             return
         self.reserve_only = admitted is None
+        sock = t.get_extra_info("socket")
+        if sock is not None:  # as aiohttp's handler: chunks go out as written, dead peers are found
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         t.set_write_buffer_limits(high=HIGH_WATER)
         peer = t.get_extra_info("peername")
         self.remote = peer[0] if isinstance(peer, tuple) else None
