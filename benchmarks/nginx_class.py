@@ -198,6 +198,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("nginx is not installed: `make nginx`")
     load_before = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="tg-nginx-class-"))
+    tmp.chmod(0o755)  # nginx's workers (not root) read the static answer from here
     procs = Procs(tmp)
     try:
         sim_port = free_port()
