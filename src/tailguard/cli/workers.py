@@ -57,8 +57,14 @@ def run_workers(n: int, worker: Callable[[int], None]) -> int:
 
 def _supervise(pids: list[int]) -> int:
     alive = set(pids)
+    stopping = False  # every worker was told to stop: a second SIGTERM would find its handler gone
 
     def forward(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        if signum != signal.SIGHUP:
+            if stopping:
+                return
+            stopping = True
         for pid in alive:
             try:
                 os.kill(pid, signum)
