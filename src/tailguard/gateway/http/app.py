@@ -27,6 +27,7 @@ from tailguard.front.intake import OutputEstimator, bearer_key
 from tailguard.gateway.config import BackendConfig, GatewayConfig
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.exchange import Context
+from tailguard.gateway.http.batches import BATCH_DIR, add_routes as add_batch_routes, batches_lifecycle
 from tailguard.gateway.http.classes import ClassTable
 from tailguard.gateway.http.models import fleet_models, one_model
 from tailguard.gateway.http.proxy import REQUEST_ID, Proxy, client_request_id, error_response
@@ -73,6 +74,8 @@ def create_app(cfg: GatewayConfig, *, record: Path | None = None) -> web.Applica
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/config", _config)
+    app.cleanup_ctx.append(batches_lifecycle(lambda a: a[LIVE].cfg.batches, PROXY, DISPATCHER, METRICS))
+    add_batch_routes(app)
     return app
 
 
@@ -297,6 +300,8 @@ async def serve(
             logger.propagate = False
         logger.setLevel(logging.INFO)
     app = create_app(cfg, record=record)
+    if store is not None:
+        app[BATCH_DIR] = store.root / "batches"
     raise_file_limit(cfg)
     runner = gateway_runner(app)
     await runner.setup()
