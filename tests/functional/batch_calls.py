@@ -4,11 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import io
+import re
+import signal
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
+import yaml
+from aiohttp import web
 from openai import AsyncOpenAI
 from openai.types import Batch
+
+from tailguard.sim.server import create_app as create_sim_app
+from tests.functional.gateways import engine
+from tests.servers import running
 
 MODEL = "tailguard-sim"
 
@@ -48,3 +62,82 @@ async def lines_of(client: AsyncOpenAI, file_id: str | None) -> list[dict[str, A
         return []
     content = await client.files.content(file_id)
     return [orjson.loads(ln) for ln in content.content.splitlines() if ln.strip()]
+
+
+_CID = re.compile(r"line-\d{5}")
+
+
+@dataclass
+class CountingSim:
+    """A real simulator whose every arriving request is counted by the custom_id in its prompt."""
+
+    url: str
+    arrived: Counter[str]
+
+
+@asynccontextmanager
+async def counting_sim(scale: float = 0.02, max_num_seqs: int = 64) -> AsyncIterator[CountingSim]:
+    arrived: Counter[str] = Counter()
+
+    @web.middleware
+    async def count(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.method == "POST":
+            m = _CID.search((await request.read()).decode(errors="replace"))
+            if m:
+                arrived[m.group(0)] += 1
+        resp: web.StreamResponse = await handler(request)
+        return resp
+
+    app = create_sim_app(engine(max_num_seqs=max_num_seqs), time_scale=scale, model_name=MODEL)
+    app.middlewares.append(count)
+    async with running(app, handler_cancellation=True) as url:
+        yield CountingSim(url, arrived)
+
+
+@dataclass
+class GatewayProcess:
+    url: str
+    proc: asyncio.subprocess.Process
+
+    def kill(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGKILL)
+
+
+@asynccontextmanager
+async def gateway_process(config: Path) -> AsyncIterator[GatewayProcess]:
+    """`tailguard serve --config config` as its own process, once it listens; killed at the end."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tailguard", "serve", "--config", str(config),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    drain: asyncio.Task[None] | None = None
+    try:
+        assert proc.stderr is not None
+        said = []
+        async with asyncio.timeout(30):
+            while not (m := re.search(r"listening on (http://127\.0\.0\.1:\d+)", line := (
+                    await proc.stderr.readline()).decode())):
+                said.append(line)
+                assert line, f"tailguard serve did not start: {''.join(said)}"
+        drain = asyncio.create_task(_drain(proc.stderr))
+        yield GatewayProcess(m.group(1), proc)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+        if drain is not None:
+            drain.cancel()
+
+
+async def _drain(stream: asyncio.StreamReader) -> None:
+    while await stream.read(65536):
+        pass
+
+
+def gateway_config(path: Path, sim_url: str, batches: dict[str, Any], max_concurrency: int = 32) -> Path:
+    """A `tailguard.yaml` for one simulator with batches on, written to `path`."""
+    cfg = {"port": 0, "access_log": False, "log_format": "text", "auth": {"api_keys": {"k": {"name": "alice"}}},
+           "backends": [{"name": "sim", "url": sim_url, "kind": "sim", "max_concurrency": max_concurrency}],
+           "batches": {"poll_s": 0.2, **batches}}
+    path.write_text(yaml.safe_dump(cfg))
+    return path
