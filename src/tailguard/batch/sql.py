@@ -76,6 +76,10 @@ class SqlJournal:
 
     def _open(self) -> None:
         self._db = self._connect()
+        self._tables()
+        self._after_open()
+
+    def _tables(self) -> None:
         b, r = self.BLOB, self.REAL
         for ddl in (
             "CREATE TABLE IF NOT EXISTS files (id TEXT PRIMARY KEY, owner TEXT NOT NULL, purpose TEXT NOT NULL, "
@@ -90,7 +94,6 @@ class SqlJournal:
             "CREATE INDEX IF NOT EXISTS files_by_owner ON files (owner, created_at)",
         ):
             self._x(ddl)
-        self._after_open()
 
     async def close(self) -> None:
         def shut() -> None:
