@@ -20,6 +20,7 @@ from aiohttp import web
 from openai import AsyncOpenAI
 from openai.types import Batch
 
+from tailguard.sim.fault import Faults
 from tailguard.sim.server import create_app as create_sim_app
 from tests.functional.gateways import engine
 from tests.servers import running
@@ -76,7 +77,8 @@ class CountingSim:
 
 
 @asynccontextmanager
-async def counting_sim(scale: float = 0.02, max_num_seqs: int = 64) -> AsyncIterator[CountingSim]:
+async def counting_sim(scale: float = 0.02, max_num_seqs: int = 64, faults: Faults = Faults()
+                       ) -> AsyncIterator[CountingSim]:
     arrived: Counter[str] = Counter()
 
     @web.middleware
@@ -88,8 +90,8 @@ async def counting_sim(scale: float = 0.02, max_num_seqs: int = 64) -> AsyncIter
         resp: web.StreamResponse = await handler(request)
         return resp
 
-    app = create_sim_app(engine(max_num_seqs=max_num_seqs), time_scale=scale, model_name=MODEL)
-    app.middlewares.append(count)
+    app = create_sim_app(engine(max_num_seqs=max_num_seqs), time_scale=scale, model_name=MODEL, faults=faults)
+    app.middlewares.insert(0, count)  # before the faults: a request answered 500 arrived too
     async with running(app, handler_cancellation=True) as url:
         yield CountingSim(url, arrived)
 

@@ -15,8 +15,12 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
-from tests.functional.batch_calls import MODEL, input_file, lines_of, submit, until_status
+from tailguard.gateway.config import GatewayConfig
+from tailguard.gateway.http.app import create_app, gateway_runner
+from tailguard.sim.fault import Faults
+from tests.functional.batch_calls import MODEL, counting_sim, input_file, lines_of, submit, until_status
 from tests.functional.gateways import engine, gateway, sample, scrape
+from tests.servers import running
 
 KEYS = {"k": {"name": "alice"}, "other": {"name": "bob"}}
 
@@ -155,3 +159,28 @@ async def test_another_key_sees_nothing(tmp_path: Path) -> None:
         async with AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="nobody", max_retries=0) as nobody:
             with pytest.raises(openai.AuthenticationError):
                 await nobody.batches.list()
+
+
+async def test_transient_failures_are_retried_inside_the_batch_and_retry_takes_only_the_failed(tmp_path: Path) -> None:
+    # Every other completion is a 500 and the gateway itself does not retry: the batch does, per line.
+    async with counting_sim(faults=Faults(error_rate=0.5)) as sim:
+        cfg = GatewayConfig.model_validate({
+            "backends": [{"name": "sim", "url": sim.url, "kind": "sim", "max_concurrency": 16}],
+            "retries": {"max_attempts": 1}, "ejection": {"enabled": False}, "auth": {"api_keys": KEYS},
+            "batches": {"dir": str(tmp_path), "poll_s": 0.2, "line_attempts": 3, "retry_base_s": 0.05}})
+        app = create_app(cfg)
+        async with running(app, runner=gateway_runner(app)) as url, \
+                AsyncOpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0) as client:
+            batch = await submit(client, input_file(200))
+            async with asyncio.timeout(60):
+                done = await until_status(client, batch.id, "completed", "failed")
+            assert done.status == "completed" and done.request_counts is not None
+            out, err = await lines_of(client, done.output_file_id), await lines_of(client, done.error_file_id)
+            assert len(out) + len(err) == 200 and len(out) >= 150  # one try each would leave about 100
+            assert sum(sim.arrived.values()) > 200 and max(sim.arrived.values()) <= 3
+            assert all(sim.arrived[e["custom_id"]] == 3 and e["response"]["status_code"] == 502 for e in err), \
+                [(sim.arrived[e["custom_id"]], e["response"]) for e in err]
+            if err:
+                again = await client.post(f"/batches/{batch.id}/retry", cast_to=openai.types.Batch)
+                retried = (await client.files.content(again.input_file_id)).content.splitlines()
+                assert sorted(orjson.loads(ln)["custom_id"] for ln in retried) == sorted(e["custom_id"] for e in err)
