@@ -33,7 +33,7 @@ class BatchesConfig(_Model):
     max_lines: int = Field(default=50_000, ge=1, description="Most lines in a batch input file (OpenAI's: 50,000).")
     max_window_s: float = Field(
         default=86_400.0, gt=0,
-        description="Longest `completion_window` a batch may ask for (`24h`, or any `<n>s|m|h` up to this); lines not "
+        description="Longest `completion_window` a batch may ask for (`24h`, or `<n>s`, `<n>m`, `<n>h` up to this); lines not "
         "run by then end as `batch_expired`.",
     )
     file_retention_s: float = Field(
