@@ -23,6 +23,7 @@ from openai.types import Batch
 from tailguard.sim.fault import Faults
 from tailguard.sim.server import create_app as create_sim_app
 from tests.functional.gateways import engine
+from tests.functional.sim_processes import _drain
 from tests.servers import running
 
 MODEL = "tailguard-sim"
@@ -55,6 +56,12 @@ async def until_status(client: AsyncOpenAI, batch_id: str, *statuses: str, step_
         b = await client.batches.retrieve(batch_id)
         if b.status in statuses:
             return b
+        await asyncio.sleep(step_s)
+
+
+async def until_completed(client: AsyncOpenAI, batch_id: str, n: int, step_s: float = 0.05) -> None:
+    """Until at least `n` lines of the batch are completed (the caller bounds the wait)."""
+    while (b := await client.batches.retrieve(batch_id)).request_counts is None or b.request_counts.completed < n:
         await asyncio.sleep(step_s)
 
 
@@ -129,11 +136,6 @@ async def gateway_process(config: Path) -> AsyncIterator[GatewayProcess]:
         await proc.wait()
         if drain is not None:
             drain.cancel()
-
-
-async def _drain(stream: asyncio.StreamReader) -> None:
-    while await stream.read(65536):
-        pass
 
 
 def gateway_config(path: Path, sim_url: str, batches: dict[str, Any], max_concurrency: int = 32) -> Path:

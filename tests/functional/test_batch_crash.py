@@ -12,7 +12,7 @@ from pathlib import Path
 from openai import AsyncOpenAI
 
 from tests.functional.batch_calls import (
-    counting_sim, gateway_config, gateway_process, input_file, lines_of, submit, until_status,
+    counting_sim, gateway_config, gateway_process, input_file, lines_of, submit, until_completed, until_status,
 )
 
 N = 1000
@@ -33,9 +33,7 @@ async def test_sigkill_halfway_then_restart_completes_without_replaying_done_lin
         async with gateway_process(config) as gw, client(gw.url) as c:
             batch = await submit(c, input_file(N))
             async with asyncio.timeout(60):
-                while (b := await c.batches.retrieve(batch.id)).request_counts is None or \
-                        b.request_counts.completed < N // 2:
-                    await asyncio.sleep(0.05)
+                await until_completed(c, batch.id, N // 2)
             gw.kill()
             await gw.proc.wait()
         await asyncio.sleep(0.3)  # what the dead gateway had sent has arrived

@@ -11,7 +11,7 @@ import psycopg
 from openai import AsyncOpenAI
 
 from tests.functional.batch_calls import (
-    counting_sim, gateway_config, gateway_process, input_file, lines_of, submit, until_status,
+    counting_sim, gateway_config, gateway_process, input_file, lines_of, submit, until_completed, until_status,
 )
 from tests.functional.postgres_server import postgres_server
 
@@ -32,9 +32,7 @@ async def test_two_replicas_share_a_batch_and_the_survivor_takes_the_dead_ones_l
                 async with gateway_process(b_cfg) as b:
                     batch = await submit(ca, input_file(N))
                     async with asyncio.timeout(60):
-                        while (got := await ca.batches.retrieve(batch.id)).request_counts is None or \
-                                got.request_counts.completed < N // 2:
-                            await asyncio.sleep(0.05)
+                        await until_completed(ca, batch.id, N // 2)
                     b.kill()
                     await b.proc.wait()
                 with psycopg.connect(url) as db:

@@ -233,7 +233,14 @@ class BatchRun:
         now = int(time.time())
         ids = {"output_file_id": await self._file(rec, bytes(out), now, "output") if out else None,
                "error_file_id": await self._file(rec, bytes(err), now, "error") if err else None}
-        if await self.j.transition(self.id, (rec.status,), final, now, ids) is None:
+        ended = await self.j.transition(self.id, (rec.status,), final, now, ids)
+        if ended is not None:
+            done = await self.j.get_batch(self.id)
+            total, completed = (done.total, done.completed) if done is not None else (0, 0)
+            log.info("batch %s %s: %d of %d lines completed", self.id, final, completed, total,
+                     extra={"event": "batch", "fields": {"batch": self.id, "status": final, "total": total,
+                                                         "completed": completed, "failed": total - completed}})
+        else:
             for fid in ids.values():  # another replica finished it first: its files stand
                 if fid is not None:
                     await self.r.files.delete(fid)
