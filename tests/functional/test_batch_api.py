@@ -50,6 +50,10 @@ async def test_a_large_batch_completes_with_one_output_line_per_custom_id(tmp_pa
         metrics = await scrape(gw.url)
         assert sample(metrics, "tailguard_batch_tokens_total", kind="completion") == sum(
             o["response"]["body"]["usage"]["completion_tokens"] for o in out)
+        assert sample(metrics, "tailguard_batch_line_attempts_total") >= 2000
+        async with asyncio.timeout(5):  # the gauges are as of the runner's last poll
+            while sample(await scrape(gw.url), "tailguard_batches", status="completed") != 1:
+                await asyncio.sleep(0.05)
         listed = await client.batches.list(limit=1)
         assert [b.id for b in listed.data] == [batch.id]
 

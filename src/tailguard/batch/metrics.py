@@ -1,6 +1,6 @@
 """The batch runner's Prometheus collector: lines of the active batches by state, batches by
 status (both as of the runner's last poll of the journal), line attempts sent and tokens used
-by this process's lines. Registered on the gateway's own registry, read when /metrics is scraped."""
+by this process's lines, and an ETA at this process's pace. Registered on the gateway's own registry, read when /metrics is scraped."""
 
 from __future__ import annotations
 
@@ -35,3 +35,7 @@ class BatchCollector(Collector):
         for kind, n in r.tokens.items():
             tokens.add_metric([kind], n)
         yield tokens
+        eta = r.eta_s()
+        if eta is not None:
+            yield GaugeMetricFamily("tailguard_batch_eta_seconds", "Seconds until the open lines of the active batches "
+                                    "are done at this gateway's pace over its last 60 polls.", value=eta)

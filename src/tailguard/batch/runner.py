@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,6 +34,7 @@ from tailguard.gateway.config import BatchesConfig
 log = logging.getLogger("tailguard.gateway")
 
 _TICK_S = 0.05  # how often a running batch looks again for room in the front
+_RATE_SAMPLES = 60  # polls the ETA's pace is measured over
 TRANSIENT = frozenset({408, 429, 500, 502, 503, 504})
 
 
@@ -67,6 +69,19 @@ class Runner:
         self.tokens = {"prompt": 0, "completion": 0}  # what this process's lines used (a metric)
         self.lines_by_state: dict[str, int] = {}  # of the active batches, as of the last poll (a metric)
         self.batches_by_status: dict[str, int] = {}
+        self.ended = 0  # lines this process recorded done or failed
+        self._rate_samples: deque[tuple[float, int]] = deque(maxlen=_RATE_SAMPLES)
+
+    def eta_s(self) -> float | None:
+        """Seconds until the open lines of the active batches are done at this process's pace over
+        the last minute or so; None before there is a pace to go by."""
+        if len(self._rate_samples) < 2:
+            return None
+        (t0, n0), (t1, n1) = self._rate_samples[0], self._rate_samples[-1]
+        if n1 <= n0 or t1 <= t0:
+            return None
+        open_lines = self.lines_by_state.get("queued", 0) + self.lines_by_state.get("running", 0)
+        return open_lines / ((n1 - n0) / (t1 - t0))
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._supervise(), name="batch-runner")
@@ -95,6 +110,7 @@ class Runner:
                         self._runs[batch_id] = asyncio.create_task(self._guarded(batch_id), name=f"batch-{batch_id}")
                 self.lines_by_state, self.batches_by_status = await self.journal.tally()
                 now = time.time()
+                self._rate_samples.append((now, self.ended))
                 if now - last_renew >= self.cfg.lease_s / 3:
                     last_renew = now
                     await self.journal.renew(self.holder, now, self.cfg.lease_s)
@@ -200,7 +216,8 @@ class BatchRun:
                 body = {"error": {"message": answer.body[:1000].decode(errors="replace"), "type": "server_error"}}
             self._count_usage(body)
             result = output_line(line.custom_id, answer.status, body, answer.request_id)
-            await self.j.finish(line, self.r.holder, ok, orjson.dumps(result))
+            if await self.j.finish(line, self.r.holder, ok, orjson.dumps(result)):
+                self.r.ended += 1
         self.wake.set()
 
     def _count_usage(self, body: object) -> None:
