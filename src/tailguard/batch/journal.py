@@ -70,6 +70,10 @@ class Journal(Protocol):
         """Record a line's result once: False when the line is no longer this holder's."""
         ...
 
+    async def release(self, holder: str) -> None:
+        """Queue again every line `holder` is running (a gateway stopping on purpose)."""
+        ...
+
     async def again(self, line: Line, holder: str, not_before: float) -> None:
         """Queue the line again for a retry at `not_before` (a transient failure)."""
         ...

@@ -87,12 +87,16 @@ class Runner:
         self._task = asyncio.create_task(self._supervise(), name="batch-runner")
 
     async def stop(self) -> None:
+        """Stop every run; the lines this process was running are queued again at once (another
+        replica, or this gateway's next start, runs them without waiting for their leases)."""
         tasks = [t for t in (self._task, *self._runs.values()) if t is not None]
         for t in tasks:
             t.cancel()
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+        with contextlib.suppress(Exception):
+            await self.journal.release(self.holder)
 
     def wake(self, batch_id: str | None = None) -> None:
         """A batch was created or asked to cancel: act now rather than at the next poll."""
@@ -163,9 +167,14 @@ class BatchRun:
             await self._finalize(rec)
 
     async def _validate(self, rec: BatchRecord) -> BatchRecord | None:
-        data = await self.r.files.read(rec.input_file_id)
-        checked = check(data, rec.endpoint, self.r.cfg.max_lines)
         now = int(time.time())
+        try:
+            data = await self.r.files.read(rec.input_file_id)
+        except FileNotFoundError:  # deleted after the batch was made
+            return await self.j.transition(self.id, ("validating",), "failed", now, {"errors": [{
+                "code": "file_not_found", "message": f"The input file {rec.input_file_id} no longer exists.",
+                "param": "input_file_id", "line": None}]})
+        checked = check(data, rec.endpoint, self.r.cfg.max_lines)
         if checked.errors:
             return await self.j.transition(self.id, ("validating",), "failed", now, {"errors": checked.errors})
         await self.j.start(self.id, checked.lines, now)

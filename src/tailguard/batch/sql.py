@@ -222,6 +222,10 @@ class SqlJournal:
                               (DONE if ok else FAILED, result, line.batch_id, line.idx, RUNNING, holder))
         return bool(cur.rowcount)
 
+    async def release(self, holder: str) -> None:
+        await self._run(self._x, "UPDATE lines SET state = ?, holder = NULL WHERE holder = ? AND state = ?",
+                        (QUEUED, holder, RUNNING))
+
     async def again(self, line: Line, holder: str, not_before: float) -> None:
         await self._run(self._x, "UPDATE lines SET state = ?, not_before = ?, holder = NULL WHERE batch_id = ? "
                         "AND idx = ? AND state = ? AND holder = ?",

@@ -37,6 +37,8 @@ async def test_claims_results_and_reopening(tmp_path: Path) -> None:
     await j.open()  # the crash's survivors: C's running lines are queued again at once
     again = await j.claim("batch_1", 10, "D", now=21.0, lease_s=5.0)
     assert [(x.custom_id, x.attempts) for x in again] == [("c1", 3), ("c2", 3), ("c3", 3), ("c4", 3)]
+    await j.release("D")  # D stops on purpose: its lines are anyone's at once
+    assert [x.custom_id for x in await j.claim("batch_1", 1, "E", now=21.0, lease_s=5.0)] == ["c1"]
     assert await j.close_open("batch_1", "batch_cancelled", "x") == 4
     rec = await j.get_batch("batch_1")
     assert rec is not None and (rec.total, rec.completed, rec.failed) == (5, 1, 4)
