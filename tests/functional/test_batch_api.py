@@ -188,3 +188,16 @@ async def test_transient_failures_are_retried_inside_the_batch_and_retry_takes_o
                 again = await client.post(f"/batches/{batch.id}/retry", cast_to=openai.types.Batch)
                 retried = (await client.files.content(again.input_file_id)).content.splitlines()
                 assert sorted(orjson.loads(ln)["custom_id"] for ln in retried) == sorted(e["custom_id"] for e in err)
+
+
+async def test_lists_page_as_openai_does(tmp_path: Path) -> None:
+    async with batch_gateway(tmp_path) as gw, gw.client() as client:
+        made = [(await submit(client, input_file(1))).id for _ in range(3)]
+        first = await client.batches.list(limit=2)
+        assert len(first.data) == 2 and first.has_more
+        rest = await client.batches.list(limit=2, after=first.data[-1].id)
+        assert len(rest.data) == 1 and not rest.has_more
+        assert sorted(b.id for b in [*first.data, *rest.data]) == sorted(made)
+        assert sorted([b.id async for b in client.batches.list(limit=1)]) == sorted(made)  # the SDK's own paging
+        files = await client.files.list(limit=2)
+        assert len(files.data) == 2 and files.has_more
