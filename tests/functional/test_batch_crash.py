@@ -30,15 +30,18 @@ def journal_states(path: Path) -> dict[str, str]:
 async def test_sigkill_halfway_then_restart_completes_without_replaying_done_lines(tmp_path: Path) -> None:
     async with counting_sim() as sim:
         config = gateway_config(tmp_path / "tailguard.yaml", sim.url, {"dir": str(tmp_path / "batches")})
+        journal = tmp_path / "batches" / "journal.sqlite3"
         async with gateway_process(config) as gw, client(gw.url) as c:
             batch = await submit(c, input_file(N))
             async with asyncio.timeout(60):
                 await until_completed(c, batch.id, N // 2)
+                while "running" not in journal_states(journal).values():  # kill it with lines on the engine
+                    await asyncio.sleep(0.005)
             gw.kill()
             await gw.proc.wait()
         await asyncio.sleep(0.3)  # what the dead gateway had sent has arrived
         before = dict(sim.arrived)
-        states = journal_states(tmp_path / "batches" / "journal.sqlite3")
+        states = journal_states(journal)
         done = {cid for cid, s in states.items() if s in ("done", "failed")}
         running = {cid for cid, s in states.items() if s == "running"}
         assert N // 2 <= len(done) < N and running, (len(done), len(running))

@@ -18,6 +18,11 @@ from tests.functional.postgres_server import postgres_server
 N = 1000
 
 
+def running_holders(url: str) -> set[str]:
+    with psycopg.connect(url) as db:
+        return {r[0] for r in db.execute("SELECT DISTINCT holder FROM lines WHERE state = 'running'")}
+
+
 def client(url: str) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=f"{url}/v1", api_key="k", max_retries=2)
 
@@ -33,17 +38,17 @@ async def test_two_replicas_share_a_batch_and_the_survivor_takes_the_dead_ones_l
                     batch = await submit(ca, input_file(N))
                     async with asyncio.timeout(60):
                         await until_completed(ca, batch.id, N // 2)
+                        while len(running_holders(url)) < 2:  # kill it with lines on the engine from both
+                            await asyncio.sleep(0.005)
                     b.kill()
                     await b.proc.wait()
                 with psycopg.connect(url) as db:
-                    holders = dict(db.execute("SELECT holder, COUNT(*) FROM lines WHERE state = 'running' "
-                                              "GROUP BY holder").fetchall())
                     done = {r[0] for r in db.execute("SELECT custom_id FROM lines WHERE state IN ('done', 'failed')")}
                     b_running = {r[0] for r in db.execute(
                         "SELECT custom_id FROM lines WHERE state = 'running' AND holder LIKE %s",
                         (f"%-{b.proc.pid}-%",))}
                 before = dict(sim.arrived)
-                assert len(holders) == 2 and b_running, holders  # both replicas were running lines
+                assert b_running  # the dead replica's lines wait for their leases to end
                 async with asyncio.timeout(90):
                     final = await until_status(ca, batch.id, "completed", "failed", "expired", step_s=0.2)
                 assert final.status == "completed" and final.request_counts is not None
