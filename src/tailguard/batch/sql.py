@@ -147,6 +147,10 @@ class SqlJournal:
             return None if row is None else self._counted(_record(row))
         return await self._run(get)
 
+    async def status(self, batch_id: str) -> str | None:
+        row = await self._run(lambda: self._x("SELECT status FROM batches WHERE id = ?", (batch_id,)).fetchone())
+        return None if row is None else str(row[0])
+
     def _counted(self, rec: BatchRecord) -> BatchRecord:
         rows = self._x("SELECT state, COUNT(*) FROM lines WHERE batch_id = ? GROUP BY state", (rec.id,)).fetchall()
         by = {s: int(n) for s, n in rows}
