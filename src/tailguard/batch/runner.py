@@ -189,13 +189,17 @@ class BatchRun:
                                     "completion window expired.")
             await self._finalize(rec, "expired")
             return None
-        room = self.r.front.room()
-        if room > 0:
-            for line in await self.j.claim(self.id, room, self.r.holder, now, self.r.cfg.lease_s):
+        # Add lines until `ahead` of them wait: lines that find a free slot start at once and leave
+        # the queue short, so this goes on while slots are free and stops when they are not.
+        while (room := self.r.front.room()) > 0:
+            claimed = await self.j.claim(self.id, room, self.r.holder, now, self.r.cfg.lease_s)
+            for line in claimed:
                 task = asyncio.create_task(self._line(line, rec.endpoint))
                 self.lines.add(task)
                 task.add_done_callback(self.lines.discard)
             await asyncio.sleep(0)  # the new lines enter the front before the next look at its room
+            if len(claimed) < room:
+                break  # no more lines are due now
         if not self.lines and await self.j.open_lines(self.id) == 0:
             return await self.j.transition(self.id, ("in_progress",), "finalizing", int(time.time()))
         self.wake.clear()
