@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import io
 import re
-import signal
 import sys
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -23,7 +22,7 @@ from openai.types import Batch
 from tailguard.sim.fault import Faults
 from tailguard.sim.server import create_app as create_sim_app
 from tests.functional.gateways import engine
-from tests.functional.sim_processes import _drain
+from tests.functional.sim_processes import SimProcess, _drain
 from tests.servers import running
 
 MODEL = "tailguard-sim"
@@ -103,18 +102,8 @@ async def counting_sim(scale: float = 0.02, max_num_seqs: int = 64, faults: Faul
         yield CountingSim(url, arrived)
 
 
-@dataclass
-class GatewayProcess:
-    url: str
-    proc: asyncio.subprocess.Process
-
-    def kill(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGKILL)
-
-
 @asynccontextmanager
-async def gateway_process(config: Path) -> AsyncIterator[GatewayProcess]:
+async def gateway_process(config: Path) -> AsyncIterator[SimProcess]:
     """`tailguard serve --config config` as its own process, once it listens; killed at the end."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tailguard", "serve", "--config", str(config),
@@ -129,7 +118,7 @@ async def gateway_process(config: Path) -> AsyncIterator[GatewayProcess]:
                 said.append(line)
                 assert line, f"tailguard serve did not start: {''.join(said)}"
         drain = asyncio.create_task(_drain(proc.stderr))
-        yield GatewayProcess(m.group(1), proc)
+        yield SimProcess(m.group(1), proc)  # a process at a URL that a test may SIGKILL
     finally:
         if proc.returncode is None:
             proc.kill()
