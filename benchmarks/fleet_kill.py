@@ -82,6 +82,14 @@ async def one(session: aiohttp.ClientSession, url: str, at: float, t0: float, ou
     out.ended = time.perf_counter()
 
 
+async def token_id_prompts(session: aiohttp.ClientSession, sim: str) -> int:
+    """Requests a simulator got with a prompt of token ids: the continuations sent by ids."""
+    async with session.get(sim + "/metrics") as r:
+        page = await r.text()
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in page.splitlines()
+               if line.startswith("tailguard_sim_token_id_prompts_total"))
+
+
 async def main(args: argparse.Namespace) -> None:
     logs = RESULTS / "logs" / "fleet_kill"
     logs.mkdir(parents=True, exist_ok=True)
@@ -110,6 +118,7 @@ async def main(args: argparse.Namespace) -> None:
             kill = time.perf_counter()
             killed_at = kill - t0
             await asyncio.gather(*tasks)
+            by_ids = sum([await token_id_prompts(session, u) for i, u in enumerate(urls) if i != 1])
     expected = " tok" * MAX_TOKENS
 
     def summary(group: list[Stream]) -> dict[str, Any]:
@@ -137,10 +146,12 @@ async def main(args: argparse.Namespace) -> None:
             return "-" if v is None else f"{v:.0f} ms"
         lines.append(f"| {name} | {r['streams']} | {r['whole']} | {r['one_id']} | {r['usage_exact']} | "
                      f"{ms(r['longest_pause_ms_p50'])} | {ms(r['longest_pause_ms_max'])} |")
-    lines += ["", f"streams lost: {lost} of {len(streams)} (target 0)", ""]
+    lines += ["", f"continued by token ids (prompts of token ids the survivors got): {by_ids}",
+              f"streams lost: {lost} of {len(streams)} (target 0)", ""]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "fleet_kill.json").write_text(json.dumps({"machine": platform.platform(), "args": vars(args),
-                                                         "killed_at_s": killed_at, "runs": runs, "lost": lost}, indent=2))
+                                                         "killed_at_s": killed_at, "runs": runs, "by_token_ids": by_ids,
+                                                         "lost": lost}, indent=2))
     (RESULTS / "fleet_kill.md").write_text("\n".join(lines))
     print("\n".join(lines))
 

@@ -8,6 +8,7 @@
     ├── APIError               answered to an HTTP client as an OpenAI-style error body
     │   ├── BadRequest         400: malformed, missing or wrongly typed fields
     │   ├── Unauthorized       401: an API key the gateway does not know (gateway/http/classes.py)
+    │   ├── Forbidden          403: a known key asking for a class, model or route it may not use
     │   ├── NotFound           404: a model no backend serves, a route the gateway does not have
     │   ├── PayloadTooLarge    413: body over the configured limit
     │   └── Overloaded         503 with Retry-After: rejected by admission
@@ -77,6 +78,14 @@ class APIError(TailguardError):
 class BadRequest(APIError):
     status = 400
     type = "invalid_request_error"
+
+
+class Forbidden(APIError):
+    """A known key asked for what it may not use (a class, a model, an admin route): OpenAI's
+    `PermissionDeniedError`."""
+
+    status = 403
+    type = "permission_error"
 
 
 class NotFound(APIError):

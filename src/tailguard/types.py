@@ -54,3 +54,4 @@ class RejectReason(enum.StrEnum):
     SHUTTING_DOWN = "shutting_down"
     RATE_LIMIT_REQUESTS = "rate_limit_requests"  # its caller's requests per minute
     RATE_LIMIT_TOKENS = "rate_limit_tokens"  # its caller's tokens per minute
+    RATE_LIMIT_PARALLEL = "rate_limit_parallel"  # its caller's requests at once (`max_parallel_requests`)

@@ -127,12 +127,12 @@ async def test_cancel_passes_through_cancelling_and_keeps_partial_output(tmp_pat
 
 async def test_an_expired_window_keeps_finished_lines_and_retry_runs_exactly_the_rest(tmp_path: Path) -> None:
     async with batch_gateway(tmp_path, max_concurrency=4) as gw, gw.client() as client:
-        batch = await submit(client, input_file(150, max_tokens=400), window="1s")
+        batch = await submit(client, input_file(200, max_tokens=400), window="2s")
         async with asyncio.timeout(30):
             expired = await until_status(client, batch.id, "expired", "completed")
         assert expired.status == "expired" and expired.expired_at
         out, err = await lines_of(client, expired.output_file_id), await lines_of(client, expired.error_file_id)
-        assert out and err and len(out) + len(err) == 150
+        assert out and err and len(out) + len(err) == 200
         assert {e["error"]["code"] for e in err} == {"batch_expired"}
         again = await client.post(f"/batches/{batch.id}/retry", body={"completion_window": "1h"},
                                   cast_to=openai.types.Batch)

@@ -47,13 +47,14 @@ async def test_metrics_follow_prometheus_habits(caplog: pytest.LogCaptureFixture
     assert len(build) == 1 and dict(build[0][1])["version"]
     config = [dict(k[1]) for k in samples if k[0] == "tailguard_config_info"]
     assert len(config) == 1 and len(config[0]["hash"]) >= 8
-    assert sample(samples, "tailguard_backend_max_concurrency", backend="sim0") == 8
-    assert sample(samples, "tailguard_backend_max_concurrency", backend="dead") == 4
+    assert sample(samples, "tailguard_backend_concurrency_limit", backend="sim0") == 8
+    assert sample(samples, "tailguard_backend_concurrency_limit", backend="dead") == 4
     assert sample(samples, "tailguard_class_queue_bound_seconds", **{"class": "interactive"}) > 0
     assert sample(samples, "tailguard_retries_total", backend="dead", kind="connect") >= 1
     assert sample(samples, "tailguard_capacity_ready", pool="default") >= 1
     assert sample(samples, "gen_ai_server_time_to_first_token_seconds_count",
                   gen_ai_operation_name="chat", **{"class": "interactive"}) == 2
+    _check_genai_usage(samples)
     # One word for one refusal: the header, the metric and the access log.
     reason = over.value.response.headers["x-tailguard-reject-reason"]
     assert sample(samples, "tailguard_rejected_total", **{"class": "interactive", "reason": reason}) == 1
@@ -65,3 +66,20 @@ async def test_metrics_follow_prometheus_habits(caplog: pytest.LogCaptureFixture
 async def _page(url: str) -> str:
     async with aiohttp.ClientSession() as s, s.get(f"{url}/metrics") as r:
         return await r.text()
+
+
+def _check_genai_usage(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> None:
+    """The OpenTelemetry GenAI token families (gen-ai-inference-usage-metrics.md) count the two
+    answered chats: each made 2 tokens of output, on the simulator (kind `sim`, the provider)."""
+    chat = {"gen_ai_operation_name": "chat", "gen_ai_provider_name": "sim"}
+    assert sample(samples, "gen_ai_client_inference_usage_output_tokens_count", **chat) == 2
+    assert sample(samples, "gen_ai_client_inference_usage_output_tokens_sum", **chat) == 4
+    assert sample(samples, "gen_ai_client_inference_usage_output_tokens_bucket", le="4.0", **chat) == 2
+    assert sample(samples, "gen_ai_client_inference_usage_output_tokens_bucket", le="1.0", **chat) == 0
+    prompts = sample(samples, "gen_ai_client_inference_usage_input_tokens_sum", **chat)
+    assert prompts > 0 and sample(samples, "gen_ai_client_inference_usage_input_tokens_count", **chat) == 2
+    assert sample(samples, "gen_ai_client_inference_usage_detailed_output_tokens_total", gen_ai_token_modality="text",
+                  **chat) == 4
+    assert sample(samples, "gen_ai_client_inference_usage_detailed_input_tokens_total",
+                  gen_ai_token_modality="unknown", **chat) == prompts
+    assert sample(samples, "gen_ai_client_token_usage_sum", gen_ai_token_type="output", **chat) == 4

@@ -68,6 +68,8 @@ async def test_a_trace_shows_queue_attempts_a_retry_and_a_suspension(tmp_path: P
                 n += 1
                 if n == 20:  # the batch stream runs on the only slot: a chat takes it
                     await c.chat.completions.create(model="m", messages=CHAT, max_tokens=4)
+            async for _ in await c.chat.completions.create(model="m", messages=CHAT, max_tokens=6, stream=True):
+                pass  # a plain stream: relayed chunk by chunk, untouched
         # Each gateway has stopped: its exporter flushed every span before it did.
         spans = [json.loads(line) for line in out.read_text().splitlines()]
 
@@ -87,6 +89,10 @@ async def test_a_trace_shows_queue_attempts_a_retry_and_a_suspension(tmp_path: P
     assert a["gen_ai.provider.name"] == "sim" and a["gen_ai.usage.output_tokens"] == 4
     assert a["gen_ai.usage.input_tokens"] > 0 and a["tailguard.class"] == "interactive"
     assert a["tailguard.outcome"] == "success" and a["tailguard.attempts"] >= 2
+    # How the answer ended, read from the simulator's chunks (non-stream: assembled at the gateway).
+    assert a["gen_ai.response.finish_reasons"] == ["length"] and a["gen_ai.response.id"].startswith("chatcmpl")
+    assert a["gen_ai.response.model"] == "m" and a["gen_ai.request.max_tokens"] == 4
+    assert a["gen_ai.request.stream"] is False
     children = [s for s in by_trace[trace_id] if s["parent_span_id"] == root["span_id"]]
     names = [s["name"] for s in sorted(children, key=lambda s: s["start"])]
     assert names[0] == "queue" and names[-1] == "upstream sim0" and "upstream flaky" in names
@@ -100,5 +106,15 @@ async def test_a_trace_shows_queue_attempts_a_retry_and_a_suspension(tmp_path: P
     kids = sorted((s for s in by_trace[batch_root["trace_id"]] if s["parent_span_id"] == batch_root["span_id"]),
                   key=lambda s: s["start"])
     assert batch_root["attributes"]["tailguard.preemptions"] == 1
+    # A stream suspended and continued: one id, the first run's, and the one finish reason of the end.
+    assert batch_root["attributes"]["gen_ai.response.finish_reasons"] == ["length"]
+    assert batch_root["attributes"]["gen_ai.response.id"].startswith("chatcmpl")
+    assert batch_root["attributes"]["gen_ai.request.stream"] is True
+    chat_roots = [s for s in by_trace.values() for s in s if s["name"] == "chat m" and s["parent_span_id"] == ""]
+    assert all(s["attributes"]["gen_ai.response.finish_reasons"] == ["length"] for s in chat_roots
+               if s["attributes"]["tailguard.outcome"] == "success")
+    plain = [s["attributes"] for s in chat_roots if s["attributes"].get("gen_ai.request.max_tokens") == 6]
+    assert len(plain) == 1 and plain[0]["gen_ai.request.stream"] is True
+    assert plain[0]["gen_ai.response.finish_reasons"] == ["length"] and plain[0]["gen_ai.usage.output_tokens"] == 6
     assert [s["name"] for s in kids][-3:] == ["upstream sim0", "suspended", "upstream sim0"]
     assert kids[-3]["attributes"]["tailguard.suspended"] is True and kids[-1]["attributes"]["tailguard.resumed"]

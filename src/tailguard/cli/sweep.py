@@ -162,7 +162,8 @@ def _check(setting: "Setting", backend: str | None, target: str) -> None:
 
 
 def sweep(
-    setting: str = typer.Option(..., help="max_concurrency, max_tokens_cap:CLASS, policy, aging_s, preemption; "
+    setting: str = typer.Option(..., help="max_concurrency, max_tokens_cap:CLASS, policy, aging_s, preemption, "
+                                          "fair_share; "
                                           "on the simulator also max_num_seqs, prefix_caching"),
     values: str = typer.Option(..., help="2..32, 2..32:x2, 1,5,10, on,off or policy names"),
     slo: list[str] = typer.Option([], help="CLASS:METRIC=SECONDS on the class's P99, e.g. chat:e2e_s=1.5 (repeatable)"),

@@ -17,16 +17,21 @@ The gateway (`gateway/http/proxy.py`) reads a request off HTTP, the discrete-eve
 Classes, in order of precedence: the `X-Tailguard-Class` header, then OpenAI's `service_tier`,
 then the caller's API key default, then `default_class`. A name the client states explicitly and
 the gateway does not know is a 400 (a silent fallback would hide a client bug behind slow answers).
+A key that lists its `allowed_classes` gets a class it names outside them refused with a 403, or
+lowered to its best allowed class when its key says `lower`; a default outside them is lowered
+silently (the client named nothing). A key that lists its `allowed_models` gets any other model
+refused with a 403 (LiteLLM's `models` on a virtual key).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, get_args
 
-from tailguard.errors import BadRequest
-from tailguard.front.params import ClassSpec, IntakeParams, OutputEstimateParams, ServiceTier
+from tailguard.errors import BadRequest, Forbidden
+from tailguard.front.params import ClassSpec, IntakeParams, KeySpec, OutputEstimateParams, ServiceTier
 from tailguard.wire.openai import Endpoint, ParsedRequest
 
 CLASS_HEADER = "X-Tailguard-Class"
@@ -38,6 +43,13 @@ NO_CLASS = "none"  # the class of a request refused before it had one (a metrics
 _NOT_RESUMABLE = ("tools", "functions", "tool_choice", "response_format", "guided_json", "guided_regex",
                   "guided_choice", "guided_grammar", "structured_outputs", "logprobs", "top_logprobs", "echo",
                   "best_of", "suffix")
+
+
+def key_id(api_key: str) -> str:
+    """How a key is found: its SHA-256 hex digest. Keys are held and looked up only by digest, so
+    no comparison ever runs over a secret's bytes (where an early mismatch would time out sooner
+    on a closer guess); the lookup's timing tells only about a digest, which cannot be inverted."""
+    return hashlib.sha256(api_key.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def header(headers: Mapping[str, str], name: str) -> str | None:
@@ -109,6 +121,11 @@ class Intake:
             key: (self._by_name[k.default_class] if k.default_class is not None else None)
             for key, k in params.keys.items()
         }
+        # Each restricted key's allowed classes, and its best (lowest-rank) one.
+        self._allowed: dict[str, tuple[frozenset[str], ClassSpec]] = {
+            key: (frozenset(k.allowed_classes), min((self._by_name[n] for n in k.allowed_classes), key=_rank))
+            for key, k in params.keys.items() if k.allowed_classes
+        }
 
     def _tier_map(self, ordered: Sequence[ClassSpec]) -> dict[str, ClassSpec | None]:
         first, last = ordered[0], ordered[-1]
@@ -128,13 +145,51 @@ class Intake:
         """The class `service_tier` `tier` puts a request in; None for `auto` or an unknown tier."""
         return self._tiers.get(tier)
 
+    def key(self, api_key: str | None) -> KeySpec | None:
+        """What a presented key may do; None when it is not a configured key (or there is none)."""
+        return self.params.keys.get(key_id(api_key)) if api_key is not None and self.params.keys else None
+
     def caller(self, api_key: str | None) -> str | None:
         """Whose request it is: its key's name (metering, limits); None without a known key."""
-        k = self.params.keys.get(api_key) if api_key is not None else None
+        k = self.key(api_key)
         return k.caller if k is not None else None
 
     def classify(self, asked: Asked) -> ClassSpec:
-        """The request's class; raises `BadRequest` for an unknown header class or service tier."""
+        """The request's class; raises `BadRequest` for an unknown header class or service tier,
+        `Forbidden` for a class its key may not use (unless the key lowers it)."""
+        named = self._asked_class(asked)
+        digest = key_id(asked.api_key) if asked.api_key is not None and self._allowed else None
+        allowed = self._allowed.get(digest) if digest is not None else None
+        if named is None:
+            cls = self._key_default(asked)
+            return cls if allowed is None or cls.name in allowed[0] else allowed[1]
+        if allowed is None or named.name in allowed[0]:
+            return named
+        k = self.params.keys[digest] if digest is not None else None
+        if k is not None and k.lower:
+            return allowed[1]
+        raise Forbidden(f"This API key may not use class '{named.name}'; it may use: "
+                        f"{', '.join(sorted(allowed[0]))}.", param=CLASS_HEADER, code="class_not_allowed")
+
+    def allow_model(self, asked: Asked) -> None:
+        """Raise `Forbidden` when the request's key lists its models and this one is not among them."""
+        k = self.key(asked.api_key)
+        if k is None or k.allowed_models is None:
+            return
+        model = asked.body.get("model")
+        if not isinstance(model, str) or model not in k.allowed_models:
+            shown = model[:64] if isinstance(model, str) else model
+            raise Forbidden(f"This API key may not use model {shown!r}.", param="model", code="model_not_allowed")
+
+    def _key_default(self, asked: Asked) -> ClassSpec:
+        if asked.api_key is not None and self._key_defaults:
+            by_key = self._key_defaults.get(key_id(asked.api_key))
+            if by_key is not None:
+                return by_key
+        return self._default
+
+    def _asked_class(self, asked: Asked) -> ClassSpec | None:
+        """The class the request names itself (header, then `service_tier`), or None."""
         if asked.class_header is not None:
             return self._named(asked.class_header.strip())
         tier = asked.body.get("service_tier")
@@ -144,14 +199,8 @@ class Intake:
                     f"'service_tier' must be one of {', '.join(SERVICE_TIERS)}; got {tier!r}.",
                     param="service_tier", code="invalid_value",
                 )
-            by_tier = self._tiers[tier]
-            if by_tier is not None:
-                return by_tier
-        if asked.api_key is not None:
-            by_key = self._key_defaults.get(asked.api_key)
-            if by_key is not None:
-                return by_key
-        return self._default
+            return self._tiers[tier]
+        return None
 
     def _named(self, name: str) -> ClassSpec:
         cls = self._by_name.get(name)
@@ -166,7 +215,8 @@ class Intake:
     def accept(self, asked: Asked, cls: ClassSpec, output_estimate_tokens: int) -> Accepted:
         """Apply `cls`'s prompt bound and output cap, size the job (`output_estimate_tokens`
         per choice when it has no limit) and resolve the model's alias; raises `BadRequest` (400)
-        on a violation."""
+        on a violation, `Forbidden` (403) for a model its key may not use."""
+        self.allow_model(asked)
         model = asked.body.get("model")
         model = model if isinstance(model, str) else None
         target = self.params.aliases.get(model) if model is not None else None
@@ -199,6 +249,10 @@ class Intake:
             if v is not None and v > cap:
                 clamped[name] = cap
         return _accepted(asked, cap, clamped, cap, model)
+
+
+def _rank(cls: ClassSpec) -> int:
+    return cls.rank
 
 
 def _bound_prompt(asked: Asked, cls: ClassSpec) -> None:

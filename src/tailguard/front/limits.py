@@ -1,16 +1,21 @@
-"""Requests and tokens per minute per caller: a token bucket each, told the time; pure, no I/O.
+"""Requests per minute, tokens per minute and requests at once per caller: a bucket each, told
+the time; pure, no I/O.
 
 A caller is an API key's name. Its request bucket holds `requests_per_minute` and refills at a
-sixtieth of that per second: a request is let in while it holds one, and takes it (Envoy's
-local rate limit, LiteLLM's `rpm_limit`). Its token bucket holds `tokens_per_minute`; what a
-request costs is known only when it ends (prompt and generated tokens), so it is charged then and
-may leave the bucket in debt, and the caller's next requests wait until the debt is paid back
-(LiteLLM's `tpm_limit` counts usage the same way). A refusal says when the caller may try again.
+sixtieth of that per second: a request is let in while it holds one, and takes it (Envoy's local
+rate limit, LiteLLM's `rpm_limit`). Its token bucket holds `tokens_per_minute` and works by
+reservation, as TensorZero's and SGLang's model gateway's limiters do: a request arriving reserves
+what it may cost (its prompt estimate plus its capped output limit) and is let in only if every
+one of its caller's buckets can give what it needs at once, else none is touched; when it ends,
+whatever the outcome, the reservation is settled against what it really used: the unused part
+goes back, an overrun (an estimate that fell short) is taken as debt. A request needing more than
+a whole minute's tokens waits for a full bucket, then takes it all and the rest as debt. A caller
+also holds at most `max_parallel` requests queued or running. A refusal says when it may try again.
 
     limits = CallerLimits([CallerSpec("reports", requests_per_minute=60, tokens_per_minute=100_000)])
-    refusal = limits.refusal("reports", now)     # None, or why and for how long
-    limits.take_request("reports", now)          # once the request is in
-    limits.charge("reports", tokens, now)        # when it ends
+    refusal = limits.refusal("reports", need_tokens, now)   # None, or why and for how long
+    held = limits.take("reports", need_tokens, now)         # once the request is in
+    limits.settle("reports", held, used_tokens, now)        # exactly once, when it ends
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from tailguard.types import RejectReason
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    reason: RejectReason  # RATE_LIMIT_REQUESTS | RATE_LIMIT_TOKENS
+    reason: RejectReason  # RATE_LIMIT_REQUESTS | RATE_LIMIT_TOKENS | RATE_LIMIT_PARALLEL
     retry_after_s: float
 
 
@@ -33,7 +38,7 @@ class Standing:
     """Where one of a caller's limits stands: what OpenAI's `x-ratelimit-*` headers say."""
 
     limit: int
-    remaining: int  # whole requests or tokens the bucket holds now (0 in debt)
+    remaining: int  # whole requests or tokens the bucket holds now, reservations taken (0 in debt)
     reset_s: float  # until the bucket is full again
 
 
@@ -58,8 +63,9 @@ class _Bucket:
         return self.level
 
     def wait_s(self, need: float, now: float) -> float:
-        """Seconds until the bucket holds `need` (0 when it does now)."""
-        short = need - self.refill(now)
+        """Seconds until the bucket holds `need`, or its whole capacity if `need` is more (0
+        when it does now)."""
+        short = min(need, self.capacity) - self.refill(now)
         return short / self.rate if short > 0 else 0.0
 
     def standing(self, now: float) -> Standing:
@@ -72,16 +78,19 @@ class _Bucket:
 
 
 class _Caller:
-    __slots__ = ("requests", "tokens")
+    __slots__ = ("requests", "tokens", "max_parallel", "in_flight")
 
     def __init__(self, spec: CallerSpec) -> None:
         self.requests = _Bucket(spec.requests_per_minute) if spec.requests_per_minute else None
         self.tokens = _Bucket(spec.tokens_per_minute) if spec.tokens_per_minute else None
+        self.max_parallel = spec.max_parallel
+        self.in_flight = 0
 
     def follow(self, spec: CallerSpec) -> None:
         """New limits, keeping what the caller has used (a bucket shrinks to its new capacity)."""
         self.requests = _resized(self.requests, spec.requests_per_minute)
         self.tokens = _resized(self.tokens, spec.tokens_per_minute)
+        self.max_parallel = spec.max_parallel
 
 
 def _resized(bucket: _Bucket | None, per_minute: int | None) -> _Bucket | None:
@@ -93,6 +102,10 @@ def _resized(bucket: _Bucket | None, per_minute: int | None) -> _Bucket | None:
     return bucket
 
 
+def _limited(spec: CallerSpec) -> bool:
+    return bool(spec.requests_per_minute or spec.tokens_per_minute or spec.max_parallel)
+
+
 class CallerLimits:
     """The buckets of every caller that has limits (see the module docstring). A caller with
     none is never refused; a request with no caller (no keys configured) is never asked about."""
@@ -102,10 +115,11 @@ class CallerLimits:
         self.reconfigure(specs)
 
     def reconfigure(self, specs: Iterable[CallerSpec]) -> None:
-        """A live reload: new limits apply from now, and a caller keeps what it has used."""
+        """A live reload: new limits apply from now, and a caller keeps what it has used and
+        what it holds (requests in flight settle against the buckets they reserved from)."""
         callers: dict[str, _Caller] = {}
         for s in specs:
-            if not (s.requests_per_minute or s.tokens_per_minute):
+            if not _limited(s):
                 continue
             c = self._callers.get(s.name)
             if c is None:
@@ -115,34 +129,51 @@ class CallerLimits:
             callers[s.name] = c
         self._callers = callers
 
-    def refusal(self, caller: str, now: float) -> Refusal | None:
-        """Why `caller` may not send a request now, or None."""
+    def refusal(self, caller: str, need_tokens: int, now: float) -> Refusal | None:
+        """Why `caller` may not send a request reserving `need_tokens` now, or None."""
         c = self._callers.get(caller)
         if c is None:
             return None
+        if c.max_parallel is not None and c.in_flight >= c.max_parallel:
+            # No bucket says when one ends: a second is what a client polling for it waits.
+            return Refusal(RejectReason.RATE_LIMIT_PARALLEL, 1.0)
         if c.requests is not None:
             wait = c.requests.wait_s(1.0, now)
             if wait > 0:
                 return Refusal(RejectReason.RATE_LIMIT_REQUESTS, wait)
         if c.tokens is not None:
-            # In debt: wait until it is paid back and a little is free again.
-            wait = c.tokens.wait_s(min(1.0, c.tokens.capacity), now)
+            wait = c.tokens.wait_s(max(1.0, need_tokens), now)
             if wait > 0:
                 return Refusal(RejectReason.RATE_LIMIT_TOKENS, wait)
         return None
 
-    def take_request(self, caller: str, now: float) -> None:
+    def take(self, caller: str, need_tokens: int, now: float) -> int:
+        """Let a request in (after `refusal` said None at this `now`): one request, a place in
+        flight and `need_tokens` reserved. Returns the tokens it holds, to give `settle`."""
         c = self._callers.get(caller)
-        if c is not None and c.requests is not None:
+        if c is None:
+            return 0
+        c.in_flight += 1
+        if c.requests is not None:
             c.requests.refill(now)
             c.requests.level -= 1.0
+        if c.tokens is None or need_tokens <= 0:
+            return 0
+        c.tokens.refill(now)
+        c.tokens.level -= need_tokens
+        return need_tokens
 
-    def charge(self, caller: str, tokens: int, now: float) -> None:
-        """A request of `caller` ended having used `tokens` (prompt and generated)."""
+    def settle(self, caller: str, held_tokens: int, used_tokens: int, now: float) -> None:
+        """A request of `caller` that `take` let in ended, whatever the outcome, having used
+        `used_tokens` (prompt and generated): what it held and did not use goes back, what it used
+        past that is taken."""
         c = self._callers.get(caller)
-        if c is not None and c.tokens is not None and tokens > 0:
+        if c is None:
+            return  # its limits were removed while it ran
+        c.in_flight = max(0, c.in_flight - 1)
+        if c.tokens is not None and held_tokens != used_tokens:
             c.tokens.refill(now)
-            c.tokens.level -= tokens
+            c.tokens.level = min(c.tokens.capacity, c.tokens.level + held_tokens - used_tokens)
 
     def standing(self, caller: str, now: float) -> tuple[Standing | None, Standing | None]:
         """Where the caller's request and token limits stand (None: no such limit)."""

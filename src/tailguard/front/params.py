@@ -51,6 +51,9 @@ class QueueParams:
     drain_ewma_weight: float = 0.1
     retry_after_min_s: float = 1.0
     retry_after_max_s: float = 300.0
+    fair_share: bool = False  # callers share each rank by tokens served (`front.fairshare`, VTC)
+    fair_input_price: float = 1.0  # a prompt token's weight in a caller's virtual counter
+    fair_output_price: float = 2.0  # a generated token's (VTC's default prices)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,11 +181,14 @@ class RetryParams:
 @dataclass(frozen=True, slots=True)
 class CallerSpec:
     """One caller's limits (an API key's name): requests and tokens (prompt and generated) per
-    minute; None is no limit."""
+    minute, requests queued or running at once (None: no limit), and its weight when callers
+    share a class fairly (`front.fairshare`)."""
 
     name: str
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
+    max_parallel: int | None = None
+    weight: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,11 +209,16 @@ class FrontParams:
 
 @dataclass(frozen=True, slots=True)
 class KeySpec:
-    """What a client API key says about its requests: whose they are (`caller`) and their class
-    when neither header nor `service_tier` names one (`default_class`)."""
+    """What a client API key says about its requests: whose they are (`caller`), their class
+    when neither header nor `service_tier` names one (`default_class`), the classes and models
+    it may use (None: any), and whether a class it may not use is lowered to its best allowed
+    one (`lower`) or refused."""
 
     caller: str
     default_class: str | None = None
+    allowed_classes: tuple[str, ...] | None = None
+    lower: bool = False
+    allowed_models: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +230,7 @@ class IntakeParams:
     classes: Sequence[ClassSpec]
     default_class: str = "interactive"
     service_tier_map: Mapping[ServiceTier, str] = field(default_factory=dict)
-    keys: Mapping[str, KeySpec] = field(default_factory=dict)
+    keys: Mapping[str, KeySpec] = field(default_factory=dict)  # by the key's SHA-256 hex digest (`intake.key_id`)
     aliases: Mapping[str, str] = field(default_factory=dict)  # model name a client uses -> the served one
 
 

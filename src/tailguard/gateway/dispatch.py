@@ -43,7 +43,8 @@ _REJECT_TEXT = {
     RejectReason.NO_HEALTHY_BACKEND: "No healthy backend is available.",
     RejectReason.SHUTTING_DOWN: "The gateway is shutting down.",
 }  # a caller's own limits (RATE_LIMIT_*) are worded from where they stand: `Dispatcher._rate_message`
-_RATE_TYPES = {RejectReason.RATE_LIMIT_REQUESTS: "requests", RejectReason.RATE_LIMIT_TOKENS: "tokens"}
+_RATE_TYPES = {RejectReason.RATE_LIMIT_REQUESTS: "requests", RejectReason.RATE_LIMIT_TOKENS: "tokens",
+               RejectReason.RATE_LIMIT_PARALLEL: "requests"}
 
 
 def overloaded(reason: RejectReason, retry_after_s: float, message: str | None = None) -> Overloaded:
@@ -361,6 +362,9 @@ class Dispatcher:
 
     def _rate_message(self, d: Reject, caller: str) -> str:
         """OpenAI's words for a rate limit: which limit, its use, and when to try again."""
+        if d.reason is RejectReason.RATE_LIMIT_PARALLEL:
+            return (f"Rate limit reached for caller '{caller}' on requests at once (max_parallel_requests). "
+                    f"Please try again in {duration_text(d.retry_after_s)}.")
         requests, tokens = self.front.standing(caller, monotonic())
         per_requests = d.reason is RejectReason.RATE_LIMIT_REQUESTS
         s = requests if per_requests else tokens

@@ -71,6 +71,10 @@ class Request:
     output_tokens: int = 0
     output_estimated: bool = False  # counted from content chunks: the engine never said
     content_chunks: int = 0
+    # What the answer said of its end, read only for a traced request (its span's
+    # gen_ai.response.finish_reasons and gen_ai.response.id; `Tally.answer_end`).
+    finish_reasons: tuple[str, ...] = ()
+    response_id: str | None = None
     # How it ended: if nothing else is recorded, its task was cancelled (the client left).
     outcome: Outcome = Outcome.CLIENT_GONE
     status: int = 499

@@ -26,6 +26,11 @@ A `Gate` (the gateway's intake, as `sweep/virtual.py` applies it) may stand befo
 classifies, caps or refuses each request, and sizes its job, at the instant the request arrives,
 and learns from each one that ends well, as the gateway's intake and output estimate do.
 
+`scaling` adds engines while the run goes, as an autoscaler that follows the gateway's capacity
+signal (`front.capacity`, `tailguard_capacity_needed`) would: it reads the signal every
+`interval_s`, asks for the engines missing, and each joins the front (`Reconfigure`, as a reload
+adds a backend) `provision_s` after it was asked for.
+
 `follow_up` turns the run into a closed loop: each request's end may send the next one, at once
 or later (a client refused with a `Retry-After` waits at least that long before it tries again).
 
@@ -44,14 +49,15 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Protocol
 
 from tailguard.clock import VirtualClock
 from tailguard.front.events import (
     Arrive, Decision, Drop, Failed, Finished, FirstContent, Generated, Hedge, Loaded, Opened, Probed, Reject, Served,
-    Start, Suspend, Tick, Wait,
+    Reconfigure, Start, Suspend, Tick, Wait,
 )
+from tailguard.front.capacity import Capacity
 from tailguard.front.front import Front
 from tailguard.front.intake import Accepted
 from tailguard.sim.engine import Admitted, Engine, FirstToken, Preempted, RequestFinished, SimRequest, Step
@@ -206,6 +212,37 @@ class Host:
     revives_at: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Scaled:
+    """One engine an autoscaler asked for: when, what the signal said then, when it took requests."""
+
+    name: str
+    asked_at: float
+    needed: int
+    ready_at: float
+
+
+@dataclass(slots=True)
+class Scaling:
+    """Engines added mid-run as `tailguard_capacity_needed` asks, as a KEDA or HPA autoscaler on
+    it would (deploy/keda/scaledobject.yaml): every `interval_s` the signal of the first backend's
+    pool is read (`front.capacity`, the gateway's own code and window), and when it needs more
+    engines than are ready or on their way, the missing ones are asked for; each takes requests
+    `provision_s` later (a pod scheduled, an engine loading its weights), configured as the
+    first backend is. It only scales up, to at most `max_hosts`; `added` says what it did.
+
+        scaling = Scaling(lambda name: Host(name, Engine(cfg)), interval_s=15.0, provision_s=30.0)
+        run_fleet(hosts, arrivals, clock, front, scaling=scaling); scaling.added
+    """
+
+    make: Callable[[str], Host]
+    interval_s: float = 15.0
+    provision_s: float = 30.0
+    max_hosts: int = 64
+    window_s: float = 60.0  # the signal's window (the gateway's default)
+    added: list[Scaled] = field(default_factory=list)
+
+
 def run(
     engine: Engine,
     arrivals: Iterable[Arrival],
@@ -243,11 +280,15 @@ def run_fleet(
     record_tokens: bool = False,
     follow_up: Callable[[Timeline, float], Arrival | None] | None = None,
     gate: Gate | None = None,
+    scaling: Scaling | None = None,
 ) -> list[Timeline]:
     """`run` over a fleet: the front's `Start(id, backend)` picks the host; its backends must be
     exactly the hosts' names. `header_timeout_s` is the gateway's response-header deadline, after
-    which a request at a hung host fails; `probes` adds the gateway's health probes. Without a
-    front there must be one host that never fails."""
+    which a request at a hung host fails; `probes` adds the gateway's health probes; `scaling`
+    adds hosts as the capacity signal asks. Without a front there must be one host that never
+    fails."""
+    if scaling is not None and front is None:
+        raise ValueError("scaling follows the front's capacity signal: it needs a front")
     names = [h.name for h in hosts]
     if not hosts or len(set(names)) != len(names):
         raise ValueError(f"a fleet needs hosts with distinct names, got {names}")
@@ -283,6 +324,9 @@ def run_fleet(
         raise ValueError(f"arrival {first.id!r} at {first.at} is before the clock ({clock.now()})")
     r = _Driver(hosts, clock, front, by_id, pending, record_tokens, header_timeout_s, probes)
     r.follow_up, r.timelines, r.gate = follow_up, timelines, gate
+    if scaling is not None:
+        r.scaler = _Scaler(scaling, len(hosts))
+        r._schedule(clock.now() + scaling.interval_s, _SCALE, r.scaler)
     r.loop()
     return timelines
 
@@ -355,7 +399,22 @@ class _HeaderDeadline:
 # probe sent as a host dies finds it dead. The last four happen to a host whatever its requests
 # do, and a run with only those left is over.
 _STEP_END, _HEADER_DEADLINE, _DEATH, _REVIVAL, _PROBE_TIMEOUT, _PROBE = range(6)
-_Due = _StepEnd | _HeaderDeadline | _Host
+_SCALE = 6  # the autoscaler reads the signal (`_Scaler`), or (with a Host) an engine it asked for is up
+
+
+class _Scaler:
+    """The autoscaler's state in a run: the capacity signal, the engines on their way."""
+
+    __slots__ = ("scaling", "capacity", "hosts", "coming")
+
+    def __init__(self, scaling: Scaling, hosts: int) -> None:
+        self.scaling = scaling
+        self.capacity = Capacity(scaling.window_s)
+        self.hosts = hosts  # in the fleet or on their way
+        self.coming = 0  # asked for, not up yet
+
+
+_Due = _StepEnd | _HeaderDeadline | _Host | _Scaler | Host
 
 
 class _Driver:
@@ -397,6 +456,7 @@ class _Driver:
         self.follow_up: Callable[[Timeline, float], Arrival | None] | None = None
         self.gate: Gate | None = None
         self.timelines: list[Timeline] = []
+        self.scaler: _Scaler | None = None
 
     def _schedule(self, at: float, order: int, what: _Due) -> None:
         heapq.heappush(self.agenda, (at, order, self.seq, what))
@@ -461,6 +521,8 @@ class _Driver:
                         self._step_ended(what.host, what.step, t)
                 elif isinstance(what, _HeaderDeadline):
                     self._header_deadline(what.req_id, what.attempt)
+                elif isinstance(what, (_Scaler, Host)):
+                    self._scale(what, t)
                 elif self._all_done():
                     return
                 else:
@@ -518,6 +580,53 @@ class _Driver:
         if front is not None and len(front):
             self._tell_progress(end)
             self._apply(front.handle(Tick(), end))
+
+    # --- scaling ---------------------------------------------------------------------------
+
+    def _scale(self, what: _Scaler | Host, t: float) -> None:
+        """The autoscaler reads the signal (and comes back in `interval_s` while work is left),
+        or an engine it asked for is up: it joins the front as a reload adds a backend."""
+        sc, front = self.scaler, self.front
+        assert sc is not None and front is not None
+        if isinstance(what, Host):
+            sc.coming -= 1
+            self._join(what, t)
+            return
+        if self._all_done():
+            return
+        self._schedule(t + sc.scaling.interval_s, _SCALE, sc)
+        pool = front.params.backends[0].pool
+        reading = sc.capacity.measure(front, t).get(pool)
+        if reading is None:
+            return
+        for _ in range(min(reading.needed - reading.ready - sc.coming, sc.scaling.max_hosts - sc.hosts)):
+            host = sc.scaling.make(f"scaled{sc.hosts}")
+            sc.hosts += 1
+            sc.coming += 1
+            ready_at = t + sc.scaling.provision_s
+            sc.scaling.added.append(Scaled(host.name, t, reading.needed, ready_at))
+            self._schedule(ready_at, _SCALE, host)
+
+    def _join(self, host: Host, t: float) -> None:
+        front = self.front
+        assert front is not None
+        if host.name in self.hosts:
+            raise ValueError(f"scaling made a host named {host.name!r} twice")
+        h = self.hosts[host.name] = _Host(host)
+        self.alive += 1
+        self.max_model_len = max(self.max_model_len, host.engine.config.max_model_len)
+        params = front.params
+        spec = replace(params.backends[0], name=host.name)
+        self._apply(front.handle(Reconfigure(replace(params, backends=[*params.backends, spec])), t,
+                                 preempt=not self.stepping))
+        if self.probes is not None:
+            self._schedule(t, _PROBE, h)
+
+    def _ended(self, tl: Timeline, t: float) -> None:
+        """A request ended: the capacity signal counts it (its service time, if it ran)."""
+        if self.scaler is not None:
+            service_s = None if tl.dispatched_at is None else t - tl.dispatched_at
+            self.scaler.capacity.ended(tl.backend, tl.cls, t, service_s)
 
     # --- faults ----------------------------------------------------------------------------
 
@@ -654,6 +763,7 @@ class _Driver:
             self._apply(self.front.handle(Finished(ev.req_id, Outcome.SUCCESS, tokens), end, preempt=False))
         if self.gate is not None:
             self.gate.finished(tl)
+        self._ended(tl, end)
         if self.follow_up is not None:
             self._follow(tl, end)
 
@@ -681,6 +791,7 @@ class _Driver:
 
     def _end(self, tl: Timeline, outcome: Outcome, reason: str, t: float, retry_after_s: float | None = None) -> None:
         tl.outcome, tl.reject_reason, tl.finished_at, tl.retry_after_s = outcome, reason, t, retry_after_s
+        self._ended(tl, t)
         if self.follow_up is not None:
             self._follow(tl, t)
 

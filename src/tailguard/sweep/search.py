@@ -19,7 +19,7 @@ from typing import Any
 from tailguard.errors import ConfigError
 from tailguard.gateway.config import GatewayConfig
 
-GATEWAY_SETTINGS = ("max_concurrency", "max_tokens_cap", "policy", "aging_s", "preemption")
+GATEWAY_SETTINGS = ("max_concurrency", "max_tokens_cap", "policy", "aging_s", "preemption", "fair_share")
 SLOTS = ("max_concurrency", "max_num_seqs")  # caps on requests at once: closed-loop clients bound them
 METRICS = ("e2e_s", "ttft_s", "itl_s", "tpot_s")
 ENGINE_SETTINGS = ("max_num_seqs", "prefix_caching")  # only when the engine is the simulator
@@ -56,8 +56,8 @@ class Setting:
 
 def parse_values(setting: Setting, text: str) -> list[Any]:
     """`2..32` (every integer), `2..32:x2` (doubling), `2..32:4` (step 4), or a list `1,5,10`;
-    `on,off` for preemption and prefix caching, policy names for the policy."""
-    if setting.name in ("preemption", "prefix_caching"):
+    `on,off` for preemption, fair sharing and prefix caching, policy names for the policy."""
+    if setting.name in ("preemption", "prefix_caching", "fair_share"):
         flags = {"on": True, "true": True, "off": False, "false": False}
         try:
             return [flags[v.strip().lower()] for v in text.split(",")]
@@ -101,7 +101,7 @@ def apply(setting: Setting, value: Any, gateway: dict[str, Any], engine: dict[st
             raise ConfigError(f"--setting {setting.label}: no class {setting.cls!r} in the gateway config (its classes: "
                               f"{known}); name one of them, or give --config with the class")
         match[0]["max_tokens_cap"] = value
-    elif setting.name in ("policy", "aging_s", "preemption"):
+    elif setting.name in ("policy", "aging_s", "preemption", "fair_share"):
         gw.setdefault("scheduler", {})[setting.name] = value
     elif setting.name == "max_num_seqs":
         eng["max_num_seqs"] = value

@@ -90,6 +90,50 @@ def has_usage(data: bytes, start: int = 0, end: int | None = None) -> bool:
     return j < end and data[j] == _BRACE
 
 
+_FINISH_KEY = b'"finish_reason":'
+_ID_KEY = b'"id":"'
+MAX_FINISH_REASON = 64  # bytes of one reason kept: a hostile backend's string is cut there
+MAX_RESPONSE_ID = 128
+
+
+def _string_at(data: bytes, j: int, end: int, limit: int) -> tuple[str | None, int]:
+    """The JSON string value opening at data[j] (cut to `limit` bytes) and where it closes; None
+    (and j) if a string does not open there (`null`) or does not close before `end`."""
+    if j >= end or data[j] != _QUOTE:
+        return None, j
+    k = data.find(b'"', j + 1, end)
+    if k < 0:
+        return None, j
+    return data[j + 1:min(k, j + 1 + limit)].decode(errors="replace"), k
+
+
+def finish_reasons(data: bytes, start: int = 0, end: int | None = None) -> list[str]:
+    """Every non-null `finish_reason` in data[start:end], in order (one per choice that ended in
+    the chunk), found by its bytes; each cut to MAX_FINISH_REASON. Reason words hold no escapes."""
+    if end is None:
+        end = len(data)
+    out: list[str] = []
+    i = data.find(_FINISH_KEY, start, end)
+    while i >= 0:
+        j = i + len(_FINISH_KEY)
+        while j < end and data[j] == _SPACE:
+            j += 1
+        reason, j = _string_at(data, j, end, MAX_FINISH_REASON)
+        if reason is not None:
+            out.append(reason)
+        i = data.find(_FINISH_KEY, j, end)
+    return out
+
+
+def response_id(data: bytes, start: int = 0, end: int | None = None) -> str | None:
+    """The first `"id":"..."` in data[start:end]: a stream's first event is its response's, whose
+    top-level `id` comes before any tool call's (OpenAI, vLLM, llama.cpp); cut to MAX_RESPONSE_ID."""
+    if end is None:
+        end = len(data)
+    i = data.find(_ID_KEY, start, end)
+    return None if i < 0 else _string_at(data, i + len(_ID_KEY) - 1, end, MAX_RESPONSE_ID)[0]
+
+
 def content_text(event: bytes, chat: bool) -> str | None:
     """The text of one whole content event in the compact shape engines send (`"content":"..."`
     in a chat delta, `"text":"..."` in a completion; one choice, one data line), found by its

@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from tailguard.errors import BadRequest
-from tailguard.front.intake import Accepted, Asked, Intake, OutputEstimator, bearer_key, header, resumable
+from tailguard.errors import BadRequest, Forbidden
+from tailguard.front.intake import Accepted, Asked, Intake, OutputEstimator, bearer_key, header, key_id, resumable
 from tailguard.front.params import ClassSpec, IntakeParams, KeySpec, OutputEstimateParams, default_classes
 from tailguard.wire.openai import parse_request
 
@@ -29,6 +29,9 @@ def accept(asked: Asked, cls: ClassSpec, output_estimate_tokens: int = 0) -> Acc
 
 
 def intake(classes: list[ClassSpec] | None = None, **kw: Any) -> Intake:
+    """An intake whose `keys` are given by the keys themselves (it holds them by digest)."""
+    if "keys" in kw:
+        kw["keys"] = {key_id(k): spec for k, spec in kw["keys"].items()}
     return Intake(IntakeParams(classes=classes or default_classes(), **kw))
 
 
@@ -220,3 +223,41 @@ def test_api_key_default_comes_before_default_class_and_names_the_caller() -> No
     assert classify(i, None, "reports") == "batch"
     assert classify(i, None, "someone-else") == "interactive"
     assert (i.caller("reports"), i.caller("someone-else"), i.caller(None)) == ("reporting", None, None)
+
+
+# --- what a key may use ----------------------------------------------------------------------------
+
+def test_a_key_restricted_to_batch_is_refused_or_lowered_whichever_way_it_names_interactive() -> None:
+    i = intake(keys={"strict": KeySpec("nightly", default_class="batch", allowed_classes=("batch",)),
+                     "soft": KeySpec("web", allowed_classes=("batch",), lower=True),
+                     "free": KeySpec("free")})
+    for named in ({"header_class": "interactive"}, {"service_tier": "priority"}, {"service_tier": "default"}):
+        with pytest.raises(Forbidden) as refused:
+            classify(i, api_key="strict", **named)
+        assert refused.value.status == 403 and refused.value.code == "class_not_allowed"
+        assert classify(i, api_key="soft", **named) == "batch"
+        assert classify(i, api_key="free", **named) == "interactive"
+    assert classify(i, api_key="strict") == "batch"
+    assert classify(i, api_key="soft") == "batch"  # the gateway's default is not allowed: the best that is
+    assert classify(i, "batch", api_key="strict") == "batch"
+    with pytest.raises(BadRequest):  # an unknown class is still a 400, before any key rule
+        classify(i, "nope", api_key="strict")
+
+
+def test_the_best_allowed_class_is_the_lowest_rank() -> None:
+    classes = [ClassSpec(name="interactive", rank=0), ClassSpec(name="standard", rank=1), ClassSpec(name="batch", rank=2)]
+    i = intake(classes, keys={"k": KeySpec("k", allowed_classes=("batch", "standard"), lower=True)})
+    assert classify(i, "interactive", api_key="k") == "standard"
+
+
+def test_a_key_is_held_to_its_models_as_the_client_names_them() -> None:
+    i = intake(keys={"k": KeySpec("k", allowed_models=frozenset({"small"})), "any": KeySpec("any")},
+               aliases={"small": "llama-8b"})
+    cls = i.classify(chat())
+    assert i.accept(replace(chat(model="small"), api_key="k"), cls, 10).model == "llama-8b"  # through its alias
+    for model in ("llama-8b", "m"):
+        with pytest.raises(Forbidden) as refused:
+            i.accept(replace(chat(model=model), api_key="k"), cls, 10)
+        assert refused.value.code == "model_not_allowed"
+    assert i.accept(replace(chat(model="m"), api_key="any"), cls, 10).model == "m"
+    assert i.key("k") is not None and i.key("unknown") is None and i.key(None) is None

@@ -107,7 +107,7 @@ scheduler: {policy: fcfs, aging_s: 3}
     ("classes:\n  - {name: interactive, min_share: -0.1}\n", "min_share: Input should be greater than or equal to 0"),
     ("scheduler: {sjf_size_ratio: 0.5}\n", "scheduler.sjf_size_ratio: Input should be greater than or equal to 1"),
     ("auth: {api_keys: {k1: {name: ops, rpm_limit: 10}, k2: {name: ops, rpm_limit: 20}}}\n",
-     "keys named 'ops' share their limits, so they must give the same rpm_limit and tpm_limit"),
+     "keys named 'ops' share their limits, so they must give the same rpm_limit, tpm_limit, max_parallel_requests and weight"),
     ("auth: {api_keys: {k: {tpm_limit: 0}}}\n", "tpm_limit: Input should be greater than or equal to 1"),
 ])
 def test_invalid_files_name_the_field_and_the_problem(tmp_path: Path, text: str, expected: str) -> None:

@@ -19,13 +19,12 @@ def _series(m: GatewayMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], 
             for fam in text_string_to_metric_families(m.render().decode()) for s in fam.samples}
 
 
-def test_a_scrape_sets_caps_bounds_zeros_and_config_and_forgets_what_went() -> None:
+def test_a_scrape_sets_bounds_zeros_and_config_and_forgets_what_went() -> None:
     m = GatewayMetrics()
     both = Front(FrontParams([ClassSpec("chat", max_queue_wait_s=2.0), ClassSpec("bulk", rank=1)],
                              [BackendSpec("x", max_concurrency=6)]))
     m.export_state(both, Live(CFG, "aaaa", 1), 0.0)
     s = _series(m)
-    assert s[("tailguard_backend_max_concurrency", (("backend", "x"),))] == 6
     assert s[("tailguard_class_queue_bound_seconds", (("class", "chat"),))] == 2.0
     assert s[("tailguard_rejected_total", (("class", "bulk"), ("reason", "queue_full")))] == 0
     assert s[("tailguard_retries_total", (("backend", "x"), ("kind", "connect")))] == 0

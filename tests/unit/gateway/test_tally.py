@@ -13,7 +13,7 @@ import pytest
 from tailguard.clock import monotonic
 from tailguard.gateway.ops.metrics import ChunkHistogram
 from tailguard.gateway.request import Request
-from tailguard.gateway.upstream.tally import Tally
+from tailguard.gateway.upstream.tally import MAX_CHOICES, Tally
 from tailguard.gateway.upstream.watchdog import Watchdog
 from tailguard.wire.chunks import Usage
 
@@ -99,3 +99,25 @@ def test_usage_counts_come_from_the_last_chunk_that_has_them() -> None:
         assert u.read(obj) is False
     assert (u.prompt_tokens, u.completion_tokens) == (7, 12)
     assert Usage().read({"choices": []}) is True  # usage-only in shape, with nothing to count
+
+
+async def test_a_traced_request_keeps_how_its_answer_ended() -> None:
+    """Only a traced request's chunks are scanned: the first event's id, then each finish reason,
+    bounded in number whatever a backend sends."""
+    wd = Watchdog(asyncio.get_running_loop(), total_at=monotonic() + 3600, idle_s=3600)
+    untraced = Tally(_times(), wd, ChunkHistogram(BOUNDS))
+    assert not untraced.traced
+    times = _times()
+    times.trace = object()  # type: ignore[assignment]  # any hook: the tally only asks whether there is one
+    t = Tally(times, wd, ChunkHistogram(BOUNDS))
+    assert t.traced
+    role = b'data: {"id":"chatcmpl-1","choices":[{"delta":{"role":"assistant"},"finish_reason":null}]}\n\n'
+    last = b'data: {"id":"chatcmpl-1","choices":[{"delta":{"content":"x"},"finish_reason":"length"}]}\n\n'
+    t.answer_end(role, 0, len(role))
+    assert (times.response_id, times.finish_reasons) == ("chatcmpl-1", ())
+    t.answer_end(last, 0, len(last))
+    assert times.finish_reasons == ("length",)
+    many = b'{"id":"other",' + b'"finish_reason":"stop",' * 300 + b'}'
+    t.answer_end(many, 0, len(many))
+    assert times.response_id == "chatcmpl-1" and len(times.finish_reasons) == MAX_CHOICES
+    wd.stop()

@@ -11,6 +11,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tailguard.gateway.ops.tracing import Tracer
 from tailguard.gateway.request import Request
 from tailguard.types import Outcome
+from tailguard.wire.openai import validate_body
 
 
 def test_spans_follow_the_record() -> None:
@@ -28,6 +29,7 @@ def test_spans_follow_the_record() -> None:
     t.trace.suspended(101.0)
     t.started("b", True, 102.0)  # the continuation
     t.upstream_headers_at, t.prompt_tokens, t.output_tokens, t.finished_at = 100.7, 12, 30, 103.0
+    t.response_id, t.finish_reasons = "chatcmpl-9", ("stop",)
     t.end(Outcome.SUCCESS, 200, None)
     tracer.end(t, "vllm", None)
     spans = {s.name + ("+" if s.attributes and s.attributes.get("tailguard.resumed") else ""): s
@@ -43,4 +45,29 @@ def test_spans_follow_the_record() -> None:
     a = root.attributes
     assert (a["gen_ai.request.model"], a["gen_ai.provider.name"], a["gen_ai.usage.input_tokens"],
             a["gen_ai.usage.output_tokens"], a["tailguard.class"]) == ("llama", "vllm", 12, 30, "batch")
+    assert (a["gen_ai.operation.name"], a["gen_ai.response.model"], a["gen_ai.response.id"],
+            a["gen_ai.response.finish_reasons"]) == ("chat", "llama", "chatcmpl-9", ("stop",))
     assert (root.end_time - root.start_time) / 1e9 == 3.0
+
+
+def test_the_request_attributes_and_a_provider_not_yet_known() -> None:
+    """The gen_ai.request.* attributes come from the validated body; a request that never reached a
+    backend still names a provider (the conventions require one) and has no finish reason."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = Tracer(provider)
+    body = {"model": "m", "prompt": "hi", "max_tokens": 7, "n": 2, "temperature": 0.5, "seed": 3, "stream": True}
+    t = Request("tg-2", 10.0, "completions", "req-2", model="m")
+    tracer.begin(t, {}, validate_body(body, "completions"))
+    t.finished_at = 10.5
+    t.end(Outcome.REJECTED, 503, "queue_full")
+    tracer.end(t, None, None)
+    (root,) = [s for s in exporter.get_finished_spans() if s.parent is None]
+    a = dict(root.attributes or {})
+    assert root.name == "text_completion m"
+    assert {k: a[k] for k in a if k.startswith("gen_ai.request.")} == {
+        "gen_ai.request.stream": True, "gen_ai.request.max_tokens": 7, "gen_ai.request.choice.count": 2,
+        "gen_ai.request.temperature": 0.5, "gen_ai.request.seed": 3, "gen_ai.request.model": "m"}
+    assert a["gen_ai.provider.name"] == "unknown" and a["error.type"] == "queue_full"
+    assert "gen_ai.response.finish_reasons" not in a and "gen_ai.response.id" not in a

@@ -17,6 +17,7 @@ def test_values() -> None:
     assert parse_values(mc, "2..32:x2") == [2, 4, 8, 16, 32]
     assert parse_values(mc, "2..10:4") == [2, 6, 10]
     assert parse_values(Setting.parse("preemption"), "on,off") == [True, False]
+    assert parse_values(Setting.parse("fair_share"), "off,on") == [False, True]
     assert parse_values(Setting.parse("aging_s"), "1,2.5") == [1.0, 2.5]
     with pytest.raises(ConfigError):
         parse_values(mc, "two")
@@ -29,14 +30,15 @@ def test_values() -> None:
 def test_each_setting_lands_where_the_gateway_config_takes_it() -> None:
     base: dict[str, Any] = {"backends": [{"name": "e", "url": "http://127.0.0.1:1", "max_concurrency": 8}]}
     for text, value in (("max_concurrency", 4), ("max_tokens_cap:batch", 512), ("policy", "fcfs"),
-                        ("aging_s", 5.0), ("preemption", False)):
+                        ("aging_s", 5.0), ("preemption", False), ("fair_share", True)):
         gw, eng = apply(Setting.parse(text), value, base, {})
         cfg = GatewayConfig.model_validate(gw)
         assert eng == {}
         assert {"max_concurrency": lambda: cfg.backends[0].max_concurrency,
                 "max_tokens_cap:batch": lambda: next(c for c in cfg.classes if c.name == "batch").max_tokens_cap,
                 "policy": lambda: cfg.scheduler.policy, "aging_s": lambda: cfg.scheduler.aging_s,
-                "preemption": lambda: cfg.scheduler.preemption}[text]() == value
+                "preemption": lambda: cfg.scheduler.preemption,
+                "fair_share": lambda: cfg.scheduler.fair_share}[text]() == value
     assert base["backends"][0]["max_concurrency"] == 8  # the base is not changed
     assert apply(Setting.parse("prefix_caching"), True, base, {})[1] == {"enable_prefix_caching": True}
 

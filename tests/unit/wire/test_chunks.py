@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tailguard.wire.chunks import Usage, content_text, delta_text, has_content, has_usage, is_error, parse, usage_of
+from tailguard.wire.chunks import (
+    MAX_FINISH_REASON, Usage, content_text, delta_text, finish_reasons, has_content, has_usage, is_error, parse,
+    response_id, usage_of,
+)
 from tailguard.wire.openai import chat_chunk, completion_chunk, usage_dict
 from tailguard.wire.sse import encode_event
 
@@ -85,3 +88,19 @@ def test_content_text_reads_the_compact_chunk_as_a_parse_would(text: str) -> Non
 ])
 def test_content_text_leaves_anything_else_to_a_parse(event: bytes) -> None:
     assert content_text(event, chat=True) is None
+
+
+def test_finish_reasons_and_response_id_are_read_from_bytes() -> None:
+    two = (b'data: {"id":"chatcmpl-7","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"length"},'
+           b'{"index":1,"delta":{},"finish_reason": "stop"},{"index":2,"finish_reason":null}]}\n\n')
+    assert finish_reasons(two) == ["length", "stop"]
+    assert response_id(two) == "chatcmpl-7"
+    # Only the range is read; a role chunk has none; a hostile reason is cut.
+    assert finish_reasons(two, 0, two.index(b"length")) == []
+    assert finish_reasons(b'data: {"choices":[{"delta":{"role":"assistant"},"finish_reason":null}]}') == []
+    assert finish_reasons(b'{"finish_reason":"' + b"x" * 500 + b'"}') == ["x" * MAX_FINISH_REASON]
+    assert finish_reasons(b'{"finish_reason":"unterminated') == []
+    # llama.cpp writes `choices` first: still the top-level id, the first one in the event.
+    llama = b'data: {"choices":[{"finish_reason":null,"index":0,"delta":{"role":"assistant"}}],"id":"chatcmpl-x"}'
+    assert response_id(llama) == "chatcmpl-x"
+    assert response_id(b'data: {"choices":[]}') is None

@@ -1,24 +1,55 @@
-"""The `auth` section of the gateway's config: the client API keys (`AuthConfig`, `ApiKeyConfig`).
-Its own module because it is the only section holding client secrets."""
+"""The `auth` section of the gateway's config: the client API keys (`AuthConfig`, `ApiKeyConfig`)
+and the admin keys. Its own module because it is the only section holding client secrets.
+
+A key is written as itself or as `sha256:<64 hex digits>` (its SHA-256, so the file need not
+hold the secret; LiteLLM stores its virtual keys hashed the same way). Either way the gateway
+keeps only digests and looks a presented key up by its digest (`front.intake.key_id`)."""
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+import re
+from typing import Literal
 
+from pydantic import Field, field_validator, model_validator
+
+from tailguard.front.intake import key_id
 from tailguard.front.params import CallerSpec, KeySpec
 from tailguard.gateway.config.base import _Model, fingerprint
 
+_HASHED = re.compile(r"sha256:[0-9a-f]{64}")
+MAX_KEY_CHARS = 256  # a longer key is refused before it is hashed (a header may hold 8 KB)
+
+
+def _digest(key: str) -> str:
+    """The SHA-256 hex digest a configured key stands for (its own, or the one it names)."""
+    return key[7:] if _HASHED.fullmatch(key) else key_id(key)
+
 
 class ApiKeyConfig(_Model):
-    """What one client API key may do."""
+    """What one client API key may do (field names as LiteLLM's virtual keys where it has one)."""
 
     name: str | None = Field(
-        default=None,
+        default=None, max_length=64,
         description="The caller this key belongs to: its label in logs and metrics, and what its limits are "
         "counted by (keys with one name share them). Unset: the key's fingerprint (the key itself is never logged).",
     )
     default_class: str | None = Field(
         default=None, description="Class for this key's requests when neither header nor `service_tier` names one."
+    )
+    allowed_classes: list[str] | None = Field(
+        default=None, min_length=1,
+        description="The classes this key's requests may be in (None: every class). A request naming another, by "
+        "header or `service_tier`, is handled as `on_disallowed_class` says.",
+    )
+    on_disallowed_class: Literal["reject", "lower"] = Field(
+        default="reject",
+        description="A request naming a class outside `allowed_classes`: `reject` answers 403 `class_not_allowed`; "
+        "`lower` serves it in the best-ranked allowed class (its caps apply).",
+    )
+    allowed_models: list[str] | None = Field(
+        default=None,
+        description="The models this key may name, as the client names them (None: any); another is 403 "
+        "`model_not_allowed` (LiteLLM's `models`).",
     )
     rpm_limit: int | None = Field(
         default=None, ge=1,
@@ -27,15 +58,31 @@ class ApiKeyConfig(_Model):
     )
     tpm_limit: int | None = Field(
         default=None, ge=1,
-        description="Tokens per minute, prompt and generated, counted as each request ends: a caller over it is "
-        "refused with 429 until its use falls back under (LiteLLM's `tpm_limit`).",
+        description="Tokens per minute, prompt and generated. Each request reserves its prompt estimate plus its "
+        "capped `max_tokens` on arrival and is refunded what it did not use when it ends, whatever the outcome; "
+        "a request the bucket cannot hold now is refused with 429 and Retry-After (TensorZero's reservation).",
+    )
+    max_parallel_requests: int | None = Field(
+        default=None, ge=1,
+        description="Requests of the caller queued or running at once; one more is 429 (LiteLLM's name).",
+    )
+    weight: float = Field(
+        default=1.0, gt=0,
+        description="The caller's share under `scheduler.fair_share`: backlogged callers of one class are served "
+        "tokens in proportion to their weights.",
     )
 
     def caller(self, key: str) -> str:
         return self.name if self.name is not None else fingerprint(key)
 
     def spec(self, key: str) -> KeySpec:
-        return KeySpec(caller=self.caller(key), default_class=self.default_class)
+        return KeySpec(caller=self.caller(key), default_class=self.default_class,
+                       allowed_classes=tuple(self.allowed_classes) if self.allowed_classes is not None else None,
+                       lower=self.on_disallowed_class == "lower",
+                       allowed_models=frozenset(self.allowed_models) if self.allowed_models is not None else None)
+
+    def limits(self, key: str) -> CallerSpec:
+        return CallerSpec(self.caller(key), self.rpm_limit, self.tpm_limit, self.max_parallel_requests, self.weight)
 
 
 class AuthConfig(_Model):
@@ -43,8 +90,18 @@ class AuthConfig(_Model):
 
     api_keys: dict[str, ApiKeyConfig] = Field(
         default_factory=dict,
-        description="Accepted keys (`Authorization: Bearer <key>`), each with optional settings. "
-        "When non-empty, a request without a listed key gets 401.",
+        description="Accepted keys (`Authorization: Bearer <key>`), each with optional settings; a key may be "
+        "written as `sha256:<hex digest>`. When non-empty, a request without a listed key gets 401.",
+    )
+    admin_keys: list[str] = Field(
+        default_factory=list,
+        description="Keys (or `sha256:<hex>` digests) for `/config`, `/admin/*` and, unless `open_metrics` says "
+        "otherwise, `/metrics`. With client keys but no admin key, those routes are refused to everyone.",
+    )
+    open_metrics: Literal["keys", "loopback", "always"] = Field(
+        default="loopback",
+        description="Who may read `/metrics` when keys are configured: `keys` an admin key only; `loopback` also "
+        "any client on 127.0.0.1/::1 (a Prometheus on the same host); `always` anyone.",
     )
     allow_keyless: bool = Field(
         default=False,
@@ -53,23 +110,44 @@ class AuthConfig(_Model):
         "or without `tailguard config reload --allow-auth-change`.",
     )
 
+    @field_validator("api_keys")
+    @classmethod
+    def _key_sizes(cls, keys: dict[str, ApiKeyConfig]) -> dict[str, ApiKeyConfig]:
+        for key in keys:
+            if not key or len(key) > MAX_KEY_CHARS or not key.isprintable() or " " in key:
+                raise ValueError(f"an api key must be 1 to {MAX_KEY_CHARS} printable characters without spaces "
+                                 f"({fingerprint(key)} is not)")
+        return keys
+
     @model_validator(mode="after")
     def _one_limit_per_caller(self) -> AuthConfig:
-        seen: dict[str, tuple[int | None, int | None]] = {}
+        seen: dict[str, CallerSpec] = {}
+        digests: set[str] = set()
         for key, k in self.api_keys.items():
-            limits = (k.rpm_limit, k.tpm_limit)
-            if seen.setdefault(k.caller(key), limits) != limits:
-                raise ValueError(f"keys named {k.caller(key)!r} share their limits, so they must give the same "
-                                 "rpm_limit and tpm_limit")
+            spec = k.limits(key)
+            if seen.setdefault(spec.name, spec) != spec:
+                raise ValueError(f"keys named {spec.name!r} share their limits, so they must give the same "
+                                 "rpm_limit, tpm_limit, max_parallel_requests and weight")
+            if _digest(key) in digests:
+                raise ValueError(f"{fingerprint(key)} is listed twice (once as itself, once as its sha256)")
+            digests.add(_digest(key))
+        for admin in self.admin_keys:
+            if not _HASHED.fullmatch(admin) and not 16 <= len(admin) <= MAX_KEY_CHARS:
+                raise ValueError(f"an admin key must be 16 to {MAX_KEY_CHARS} characters, or sha256:<hex> "
+                                 f"({fingerprint(admin)} is not)")
+            if _digest(admin) in digests:
+                raise ValueError(f"{fingerprint(admin)} is both a client key and an admin key")
         return self
 
     def keys(self) -> dict[str, KeySpec]:
-        """Each key with whose it is and its default class (`tailguard.front.intake`)."""
-        return {key: k.spec(key) for key, k in self.api_keys.items()}
+        """Each key's digest with whose it is and what it may use (`tailguard.front.intake`)."""
+        return {_digest(key): k.spec(key) for key, k in self.api_keys.items()}
+
+    def admin_digests(self) -> frozenset[str]:
+        return frozenset(_digest(k) for k in self.admin_keys)
 
     def callers(self) -> list[CallerSpec]:
-        """Each caller with limits, once."""
-        found = {k.caller(key): CallerSpec(k.caller(key), k.rpm_limit, k.tpm_limit)
-                 for key, k in self.api_keys.items() if k.rpm_limit or k.tpm_limit}
-        return list(found.values())
-
+        """Each caller with limits or a weight of its own, once."""
+        found = {k.caller(key): k.limits(key) for key, k in self.api_keys.items()}
+        return [s for s in found.values() if s.requests_per_minute or s.tokens_per_minute or s.max_parallel
+                or s.weight != 1.0]

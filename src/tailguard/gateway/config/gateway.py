@@ -114,6 +114,7 @@ class GatewayConfig(_Model):
         and what `tailguard config diff` compares. A changed key still shows as changed."""
         data = self.model_dump(mode="json")
         data["auth"]["api_keys"] = {fingerprint(k): v for k, v in data["auth"]["api_keys"].items()}
+        data["auth"]["admin_keys"] = [fingerprint(k) for k in data["auth"]["admin_keys"]]
         for b in data["backends"]:
             if b.get("api_key"):
                 b["api_key"] = fingerprint(b["api_key"])
@@ -140,6 +141,14 @@ class GatewayConfig(_Model):
                 raise ValueError(
                     f"auth: {label} has default_class {key_cfg.default_class!r}, not a configured class (known: {listing})"
                 )
+            for name in key_cfg.allowed_classes or ():
+                if name not in known:
+                    raise ValueError(f"auth: {key_cfg.name or 'an api key'} allows class {name!r}, not a configured "
+                                     f"class (known: {listing})")
+            if key_cfg.allowed_classes is not None and key_cfg.default_class is not None \
+                    and key_cfg.default_class not in key_cfg.allowed_classes:
+                raise ValueError(f"auth: {key_cfg.name or 'an api key'} has default_class "
+                                 f"{key_cfg.default_class!r}, which its allowed_classes do not include")
         _no_duplicates([b.name for b in self.backends], "backend")
         for name in self.hedging.classes if self.hedging.enabled else ():
             if name not in known:

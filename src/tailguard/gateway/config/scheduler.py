@@ -78,10 +78,22 @@ class SchedulerConfig(_Model):
     retry_after_min_s: float = Field(default=_QUEUE.retry_after_min_s, gt=0, description="Smallest `Retry-After` ever sent.")
     retry_after_max_s: float = Field(default=_QUEUE.retry_after_max_s, gt=0, description="Largest `Retry-After` ever sent.")
 
+    fair_share: bool = Field(
+        default=_QUEUE.fair_share,
+        description="Callers waiting in one rank are served in proportion to their `weight` by tokens consumed "
+        "(a virtual token counter per caller, VTC), shortest job first within each caller's own requests. "
+        "Needs the `ranked-sjf` policy.",
+    )
+    fair_input_price: float = Field(
+        default=_QUEUE.fair_input_price, gt=0, description="What a prompt token adds to its caller's counter.")
+    fair_output_price: float = Field(
+        default=_QUEUE.fair_output_price, gt=0, description="What a generated token adds to its caller's counter.")
+
     def queue_params(self) -> fp.QueueParams:
         return fp.QueueParams(policy=self.policy, aging_s=self.aging_s, sjf_size_ratio=self.sjf_size_ratio,
                               drain_ewma_weight=self.drain_ewma_weight, retry_after_min_s=self.retry_after_min_s,
-                              retry_after_max_s=self.retry_after_max_s)
+                              retry_after_max_s=self.retry_after_max_s, fair_share=self.fair_share,
+                              fair_input_price=self.fair_input_price, fair_output_price=self.fair_output_price)
 
     def preemption_params(self) -> fp.PreemptionParams:
         return fp.PreemptionParams(enabled=self.preemption, min_run_s=self.min_run_s,
@@ -91,4 +103,6 @@ class SchedulerConfig(_Model):
     def _retry_bounds(self) -> SchedulerConfig:
         if self.retry_after_min_s > self.retry_after_max_s:
             raise ValueError("retry_after_min_s is above retry_after_max_s")
+        if self.fair_share and self.policy != "ranked-sjf":
+            raise ValueError(f"fair_share needs the ranked-sjf policy, not {self.policy!r}")
         return self

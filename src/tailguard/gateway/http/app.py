@@ -27,13 +27,16 @@ from tailguard.front.intake import OutputEstimator, bearer_key
 from tailguard.gateway.config import BackendConfig, GatewayConfig
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.exchange import Context
-from tailguard.gateway.http.batches import BATCH_DIR, add_routes as add_batch_routes, batches_lifecycle
+from tailguard.gateway.http import admin as adm
+from tailguard.gateway.http.batches import add_routes as add_batch_routes, batches_lifecycle
 from tailguard.gateway.http.classes import ClassTable
 from tailguard.gateway.http.models import fleet_models, one_model
 from tailguard.gateway.http.proxy import REQUEST_ID, Proxy, client_request_id, error_response
 from tailguard.gateway.http.server import GatewayRunner, raise_file_limit, reserved_only
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.logfmt import FORMATTERS
+from tailguard.gateway.ops.metering import FILE_NAME as USAGE_FILE
+from tailguard.gateway.ops.metering import Meter
 from tailguard.gateway.ops.log_buffer import BufferedLineHandler
 from tailguard.gateway.ops.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, GatewayMetrics, route_access_log
 from tailguard.gateway.ops.recorder import Recorder
@@ -51,19 +54,25 @@ DISPATCHER = web.AppKey("dispatcher", Dispatcher)
 UPSTREAM = web.AppKey("upstream", Upstream)
 PROXY = web.AppKey("proxy", Proxy)
 RECORD = web.AppKey("record", Path)  # where `--record` writes the front's events (absent: not recording)
+ADMIN = web.AppKey("admin", adm.Admin)
+STATE_DIR = web.AppKey("state_dir", Path)  # where usage is kept across restarts (absent: in memory)
+METER = web.AppKey("meter", Meter)
 
 log = logging.getLogger("tailguard.gateway")
 
 
-def create_app(cfg: GatewayConfig, *, record: Path | None = None) -> web.Application:
+def create_app(cfg: GatewayConfig, *, record: Path | None = None, state_dir: Path | None = None) -> web.Application:
     """The gateway for `cfg`. State is built on startup (it needs the running loop). With
-    `record`, the front's events and decisions are written there (`gateway.ops.recorder`)."""
+    `record`, the front's events and decisions are written there (`gateway.ops.recorder`); with
+    `state_dir`, usage per caller is kept there across restarts (`gateway.ops.metering`)."""
     if not cfg.backends:
         raise ValueError("the gateway needs at least one backend")
     app = web.Application(client_max_size=cfg.max_body_bytes, middlewares=[_openai_errors, reserved_only])
     app[LIVE] = Live.of(cfg)
     if record is not None:
         app[RECORD] = record
+    if state_dir is not None:
+        app[STATE_DIR] = state_dir
     app[METRICS] = GatewayMetrics()
     app.cleanup_ctx.append(_lifecycle)
     app.on_response_prepare.append(_config_header)
@@ -74,7 +83,12 @@ def create_app(cfg: GatewayConfig, *, record: Path | None = None) -> web.Applica
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/config", _config)
-    app.cleanup_ctx.append(batches_lifecycle(lambda a: a[LIVE].cfg.batches, PROXY, DISPATCHER, METRICS))
+    app[ADMIN] = adm.Admin()
+    app.router.add_get("/admin/config", _config)
+    app.router.add_get("/admin/usage", _admin_usage)
+    app.router.add_post("/admin/reload", _admin_reload)
+    app.router.add_post("/admin/rollback", _admin_rollback)
+    app.cleanup_ctx.append(batches_lifecycle(lambda a: a[LIVE].cfg.batches, PROXY, DISPATCHER, METRICS, STATE_DIR))
     add_batch_routes(app)
     return app
 
@@ -99,11 +113,17 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         dispatcher, upstream, backends, metrics, app[LIVE], estimator, loop, keep_text=cfg.log_prompts), tracer)
     for b in backends.values():
         metrics.add_backend(b.name, b.kind)
+    state_dir = app.get(STATE_DIR)
+    if state_dir is not None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+    meter = app[METER] = app[PROXY].meter = Meter(state_dir / USAGE_FILE if state_dir is not None else None)
+    flushing = loop.create_task(meter.run())
     app[PROBES] = Probes(app[LIVE], backends, dispatcher, upstream.session, metrics)
     app[PROBES].start()
     try:
         yield
     finally:
+        flushing.cancel()
         await app[PROBES].stop()
         dispatcher.close()
         await upstream.close()
@@ -111,6 +131,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
             recorder.close()
         if tracer is not None:
             await asyncio.to_thread(tracer.shutdown)  # the last spans are exported, off the loop
+        await meter.close()  # the last rows are written
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:
@@ -152,6 +173,7 @@ async def _health(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
+    _admin_only(request, metrics=True)
     dispatcher, metrics = request.app[DISPATCHER], request.app[METRICS]
     dispatcher.export_gauges()
     metrics.export_state(dispatcher.front, request.app[LIVE], monotonic())
@@ -179,12 +201,34 @@ async def _model(request: web.Request) -> web.Response:
 
 
 async def _config(request: web.Request) -> web.Response:
-    """The running config's settings, secrets as fingerprints, behind the same keys as
-    generation: what `tailguard bench` records so two runs' settings can be compared."""
-    request.app[PROXY].classes.authenticate(bearer_key(request.headers))
+    """The running config's settings, secrets as fingerprints, behind an admin key (`/config`
+    and `/admin/config`): what `tailguard bench` records so two runs' settings can be compared."""
+    _admin_only(request)
     live = request.app[LIVE]
-    body = {"hash": live.hash, "n": live.n, "settings": live.cfg.settings()}
-    return web.Response(body=orjson.dumps(body), content_type="application/json")
+    return web.Response(body=adm.config_body(live.cfg, live.hash, live.n), content_type="application/json")
+
+
+def _admin_only(request: web.Request, *, metrics: bool = False) -> None:
+    request.app[ADMIN].admit(request, request.app[LIVE].cfg, request.app[PROXY].classes, metrics=metrics)
+
+
+async def _admin_usage(request: web.Request) -> web.Response:
+    """Usage per caller, class and model over `since`..`until` (Unix seconds; `gateway.ops.metering`)."""
+    _admin_only(request)
+    since, until = adm.query_float(request, "since"), adm.query_float(request, "until")
+    caller = request.query.get("caller")
+    rows = await request.app[METER].usage(since, until, caller[:64] if caller is not None else None)
+    return web.Response(body=orjson.dumps({"object": "list", "data": rows}), content_type="application/json")
+
+
+async def _admin_reload(request: web.Request) -> web.Response:
+    _admin_only(request)
+    return request.app[ADMIN].reload(adm.reload_request(await adm.json_body(request)))
+
+
+async def _admin_rollback(request: web.Request) -> web.Response:
+    _admin_only(request)
+    return request.app[ADMIN].reload(adm.rollback_request(await adm.json_body(request)))
 
 
 async def _config_header(request: web.Request, response: web.StreamResponse) -> None:
@@ -299,9 +343,7 @@ async def serve(
             logger.addHandler(handler)
             logger.propagate = False
         logger.setLevel(logging.INFO)
-    app = create_app(cfg, record=record)
-    if store is not None:
-        app[BATCH_DIR] = store.root / "batches"
+    app = create_app(cfg, record=record, state_dir=store.root if store is not None else None)
     raise_file_limit(cfg)
     runner = gateway_runner(app)
     await runner.setup()
@@ -314,7 +356,7 @@ async def serve(
     _say_what_it_finds(cfg)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    reloader = reloader_of(app, store, reread)
+    reloader = app[ADMIN].reloader = reloader_of(app, store, reread)
     handlers: dict[signal.Signals, Callable[[], None]] = {
         signal.SIGINT: stop.set, signal.SIGTERM: stop.set, signal.SIGHUP: reloader.on_signal}
     installed: list[signal.Signals] = []

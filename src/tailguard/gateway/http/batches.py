@@ -36,7 +36,6 @@ from tailguard.gateway.ops.metrics import GatewayMetrics
 from tailguard.gateway.sink import ChunkQueue
 from tailguard.wire.openai import error_body
 
-BATCH_DIR = web.AppKey("batch_dir", Path)  # set by `serve` from the state directory when `batches.dir` is unset
 _WINDOW = re.compile(r"^(\d+)([smh])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600}
 _MAX_METADATA = 16
@@ -111,12 +110,14 @@ def journal_for(cfg: BatchesConfig, root: Path) -> Journal:
 
 def batches_lifecycle(live_cfg: Callable[[web.Application], BatchesConfig], proxy: web.AppKey[Proxy],
                       dispatcher: web.AppKey[Dispatcher], metrics: web.AppKey[GatewayMetrics],
-                      ) -> Callable[[web.Application], AsyncIterator[None]]:
-    """The cleanup context that opens the journal and runs the runner while the app runs."""
+                      state_dir: web.AppKey[Path]) -> Callable[[web.Application], AsyncIterator[None]]:
+    """The cleanup context that opens the journal and runs the runner while the app runs; without
+    `batches.dir`, the journal and files go in `batches/` of the gateway's state directory."""
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         cfg = live_cfg(app)
-        root = cfg.dir or app.get(BATCH_DIR)
+        state = app.get(state_dir)
+        root = cfg.dir or (state / "batches" if state is not None else None)
         if not cfg.enabled or root is None:
             yield
             return

@@ -10,6 +10,7 @@ from tailguard.errors import APIError
 from tailguard.front.intake import Intake
 from tailguard.front.params import ClassSpec
 from tailguard.gateway.config import GatewayConfig
+from tailguard.gateway.config.auth import MAX_KEY_CHARS
 
 
 class Unauthorized(APIError):
@@ -28,6 +29,7 @@ class ClassTable:
     def __init__(self, cfg: GatewayConfig) -> None:
         self.intake = Intake(cfg.intake_params())
         self.auth_required: bool = bool(cfg.auth.api_keys)
+        self.admin: frozenset[str] = cfg.auth.admin_digests()  # the admin keys' digests (`gateway.http.admin`)
 
     def served_tier(self, requested: object, cls: ClassSpec) -> str | None:
         """The `service_tier` a response reports when the request named one: the tier asked for
@@ -48,5 +50,5 @@ class ClassTable:
             raise Unauthorized(
                 "This gateway requires an API key: send 'Authorization: Bearer <key>'.", code="missing_api_key"
             )
-        if api_key not in self.intake.params.keys:
+        if len(api_key) > MAX_KEY_CHARS or self.intake.key(api_key) is None:
             raise Unauthorized("Incorrect API key provided.", code="invalid_api_key")

@@ -25,6 +25,7 @@ from tailguard.gateway.config import GatewayConfig
 from tailguard.gateway.dispatch import overloaded
 from tailguard.gateway.exchange import Context, Ending, Exchange, Job
 from tailguard.gateway.http.classes import ClassTable
+from tailguard.gateway.ops.metering import Meter
 from tailguard.gateway.ops.metrics import access_log, record_finish, response_headers
 from tailguard.gateway.ops.tracing import Tracer
 from tailguard.gateway.request import Request
@@ -78,6 +79,7 @@ class Proxy:
         self._estimator = ctx.estimator
         self._ids = itertools.count()
         self._id_prefix = f"tg-{os.getpid():x}-{os.urandom(3).hex()}-"
+        self.meter: Meter | None = None  # usage per caller, set by the app (`gateway.ops.metering`)
 
     @property
     def classes(self) -> ClassTable:
@@ -143,6 +145,8 @@ class Proxy:
         call rather than a context manager, whose generator machinery costs more per request."""
         t.finish()
         record_finish(self._metrics, t)
+        if self.meter is not None and (t.caller is not None or t.cls != NO_CLASS):
+            self.meter.record(t)
         if self._dispatcher.recorder is not None:  # `--record`: its sizes and instants, for a what-if
             self._dispatcher.recorder.request(t)
         if self._cfg.access_log:
@@ -162,10 +166,11 @@ class Proxy:
             t.prompt_text = parsed.prompt_text()
         intake = self._classes.intake
         asked = Asked.of(parsed, headers, api_key)
+        t.caller = intake.caller(api_key)  # before its class: a class it may not use is its caller's refusal
         cls = intake.classify(asked)
-        t.cls, t.caller = cls.name, intake.caller(api_key)
+        t.cls = cls.name
         if self._tracer is not None:
-            self._tracer.begin(t, headers)
+            self._tracer.begin(t, headers, parsed)
         t.prompt_tokens = parsed.prompt_tokens
         accepted = intake.accept(asked, cls, self._estimator.estimate(cls.name))
         t.model = accepted.model

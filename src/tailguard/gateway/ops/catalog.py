@@ -87,10 +87,10 @@ METRICS: tuple[MetricSpec, ...] = (
     _g("tailguard_class_queue_limit", "Each class's longest queue (`max_queue_len`).", "class"),
     # Per backend.
     _g("tailguard_inflight", "Requests bound to a backend and not yet finished.", "backend"),
-    _g("tailguard_backend_max_concurrency", "Each backend's cap on requests in flight: inflight / this is its "
-       "saturation.", "backend"),
+    # One cap gauge: the cap in force is the one that binds (a fixed `max_concurrency` is in force as it
+    # is), so inflight / it is the saturation; the configured ceiling of an adaptive cap is in the config.
     _g("tailguard_backend_concurrency_limit", "The in-flight cap in force on a backend: its `max_concurrency`, or "
-       "where it is `adaptive`, the cap its latency has set.", "backend"),
+       "where it is `adaptive`, the cap its latency has set; inflight / this is its saturation.", "backend"),
     _g("tailguard_backend_healthy", "1 if a backend takes requests: its health probes succeed and it is not "
        "ejected.", "backend"),
     _c("tailguard_backend_health_changes", "Changes of a backend's health, each once: `unhealthy` and `healthy` "
@@ -108,7 +108,7 @@ METRICS: tuple[MetricSpec, ...] = (
        "backend", "kind"),
     _c("tailguard_retries_denied", "Failed attempts of a kind that may be retried which were not: the attempts "
        "limit, no other backend to try, or the retry budget spent.", "backend", "kind"),
-    # The autoscaler's signal (`gateway.ops.capacity`).
+    # The autoscaler's signal (`front.capacity`).
     _g("tailguard_capacity_needed", "Backends each pool needs to keep every class it serves inside its queue "
        "bound: the requests that ended there per second plus the backlog drained within the tightest bound, "
        "times their service time, over one backend's slots.", "pool"),
@@ -132,7 +132,19 @@ METRICS: tuple[MetricSpec, ...] = (
     _h("gen_ai_server_request_duration_seconds", "gen_ai.server.request.duration: arrival to the last byte, "
        "every request.", GENAI_DURATION_BUCKETS, "gen_ai_operation_name", "class"),
     _h("gen_ai_client_token_usage", "gen_ai.client.token.usage: tokens per request, by gen_ai_token_type "
-       "(input, output).", GENAI_TOKEN_BUCKETS, "gen_ai_operation_name", "gen_ai_token_type"),
+       "(input, output).", GENAI_TOKEN_BUCKETS, "gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_token_type"),
+    # The conventions' inference usage family (gen-ai-inference-usage-metrics.md): per-request histograms,
+    # input and output apart, and counters of the tokens spent by modality; requests an engine answered.
+    _h("gen_ai_client_inference_usage_input_tokens", "gen_ai.client.inference.usage.input_tokens: prompt tokens "
+       "per request an engine answered.", GENAI_TOKEN_BUCKETS, "gen_ai_operation_name", "gen_ai_provider_name"),
+    _h("gen_ai_client_inference_usage_output_tokens", "gen_ai.client.inference.usage.output_tokens: generated "
+       "tokens per request an engine answered.", GENAI_TOKEN_BUCKETS, "gen_ai_operation_name", "gen_ai_provider_name"),
+    _c("gen_ai_client_inference_usage_detailed_input_tokens", "gen_ai.client.inference.usage.detailed.input_tokens: "
+       "prompt tokens spent, by gen_ai_token_modality.", "gen_ai_operation_name", "gen_ai_provider_name",
+       "gen_ai_token_modality"),
+    _c("gen_ai_client_inference_usage_detailed_output_tokens", "gen_ai.client.inference.usage.detailed.output_tokens: "
+       "generated tokens spent, by gen_ai_token_modality.", "gen_ai_operation_name", "gen_ai_provider_name",
+       "gen_ai_token_modality"),
 )
 
 BY_NAME = {m.name: m for m in METRICS}

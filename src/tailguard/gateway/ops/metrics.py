@@ -25,13 +25,14 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 
 from tailguard import __version__
-from tailguard.front.front import BackendView, Front
+from tailguard.front.capacity import Capacity
+from tailguard.front.front import Front
 from tailguard.front.intake import NO_CLASS
 from tailguard.front.retry import Retry, continues_after, hurts_health, retry_of
-from tailguard.gateway.ops.capacity import CapacitySignal
 from tailguard.gateway.ops.catalog import METRICS, MetricSpec
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.log_buffer import BufferedLineHandler
+from tailguard.gateway.ops.metering import CallerLabels
 from tailguard.gateway.request import Request
 from tailguard.types import FailureKind, Outcome, RejectReason
 
@@ -39,12 +40,16 @@ ACCESS_LOGGER = "tailguard.access"
 METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
 # gen_ai.operation.name of each endpoint (OpenTelemetry GenAI conventions).
 GENAI_OPERATION = {"chat": "chat", "completions": "text_completion"}
+# gen_ai.token.modality of a request's prompt and of its output. Engines give one usage count, not
+# one per modality: a chat prompt may hold images, so its modality is not known (the conventions'
+# `unknown`); a completions prompt and every answer of these routes are text.
+INPUT_MODALITY = {"completions": "text"}
+UNKNOWN_PROVIDER = "unknown"  # gen_ai.provider.name is required: a backend whose kind is not known yet
 # Failure kinds the front may send again (of an attempt that delivered nothing and was never
 # answered): the retry counters' label values.
 RETRYABLE = tuple(k for k in FailureKind if retry_of(k, delivered=False, answered=False) is not Retry.NO)
 MIGRATING = tuple(k for k in FailureKind if continues_after(k, answered=True))  # a stream moved mid-answer
 EJECTING = tuple(k for k in FailureKind if hurts_health(k, answered=False))  # failures that count to eject
-DEFAULT_POOL = "default"  # the pool of a backend that names none (front.params.BackendSpec.pool)
 CONNECTION_CLOSES = ("header_timeout", "evicted_idle", "over_cap")  # tailguard_connections_closed{reason}
 HEDGE_OUTCOMES = ("sent", "won", "lost", "failed")  # tailguard_hedges{outcome}
 HEALTH_CHANGES = ("unhealthy", "healthy", "ejected", "readmitted")  # tailguard_backend_health_changes{to}
@@ -110,6 +115,34 @@ class ChunkHistograms:
             buckets.append(("+Inf", acc + h.counts[-1]))
             fam.add_metric(list(values), buckets, h.sum)
         yield fam
+
+
+class GenAIUsage:
+    """One (operation, provider)'s token children of the GenAI families, bound once: a request
+    that ends makes one dict lookup for them all (`GatewayMetrics.genai_usage`)."""
+
+    __slots__ = ("input", "output", "usage_input", "usage_output", "spent_input", "spent_output")
+
+    def __init__(self, m: GatewayMetrics, op: str, provider: str, input_modality: str) -> None:
+        f = m.families
+        self.input = f["gen_ai_client_inference_usage_input_tokens"].labels(op, provider)
+        self.output = f["gen_ai_client_inference_usage_output_tokens"].labels(op, provider)
+        self.usage_input = m.genai_tokens.labels(op, provider, "input")
+        self.usage_output = m.genai_tokens.labels(op, provider, "output")
+        self.spent_input = f["gen_ai_client_inference_usage_detailed_input_tokens"].labels(op, provider,
+                                                                                            input_modality)
+        self.spent_output = f["gen_ai_client_inference_usage_detailed_output_tokens"].labels(op, provider, "text")
+
+    def record(self, prompt_tokens: int, output_tokens: int) -> None:
+        """The tokens of one request an engine answered: its prompt, and its output if it made any."""
+        if prompt_tokens:
+            self.input.observe(prompt_tokens)
+            self.usage_input.observe(prompt_tokens)
+            self.spent_input.inc(prompt_tokens)
+        if output_tokens:
+            self.output.observe(output_tokens)
+            self.usage_output.observe(output_tokens)
+            self.spent_output.inc(output_tokens)
 
 
 class ClassMetrics:
@@ -188,6 +221,7 @@ class GatewayMetrics:
         self.backend_kind = f["tailguard_backend_kind"]
         self.caller_requests = f["tailguard_caller_requests"]
         self.caller_tokens = f["tailguard_caller_tokens"]
+        self.caller_label = CallerLabels()
         self.genai_ttft: ChunkHistograms = f["gen_ai_server_time_to_first_token_seconds"]
         self.genai_tpot: ChunkHistograms = f["gen_ai_server_time_per_output_token_seconds"]
         self.genai_duration: ChunkHistograms = f["gen_ai_server_request_duration_seconds"]
@@ -195,11 +229,9 @@ class GatewayMetrics:
         f["tailguard_build_info"].labels(__version__, platform.python_version()).set(1)
         for reason in CONNECTION_CLOSES:  # at 0 from the start, so rate() sees the first one
             self.connections_closed.labels(reason)
-        # The capacity signal per pool; a request is counted in its backend's pool (the pool of
-        # each backend, and the first pool of each class for one never bound, as the last scrape saw them).
-        self.capacity: dict[str, CapacitySignal] = {}
-        self._pool_of: dict[str, str] = {}
-        self._class_pool: dict[str, str] = {}
+        # The capacity signal per pool (`front.capacity`, the same code the DES's autoscaler reads).
+        self.capacity = Capacity()
+        self._pools: set[str] = set()  # pools whose capacity gauges are set
         self._class_counters = ((self.requests, tuple(Outcome)), (self.rejected, tuple(RejectReason)),
                                 (self.migrations, MIGRATING), (self.hedges, HEDGE_OUTCOMES))
         self._backend_counters = ((self.upstream_errors, tuple(FailureKind)), (self.retries, RETRYABLE),
@@ -212,6 +244,16 @@ class GatewayMetrics:
         self._classes: dict[str, ClassMetrics] = {}
         self._inflight: dict[str, Any] = {}
         self._kinds: dict[str, str] = {}
+        self._genai: dict[tuple[str, str], GenAIUsage] = {}
+
+    def genai_usage(self, endpoint: str, backend: str) -> GenAIUsage:
+        """The GenAI token children of a request by its route and the kind of its backend."""
+        op = GENAI_OPERATION[endpoint]
+        provider = self._kinds.get(backend, UNKNOWN_PROVIDER)
+        u = self._genai.get((op, provider))
+        if u is None:
+            u = self._genai[op, provider] = GenAIUsage(self, op, provider, INPUT_MODALITY.get(endpoint, "unknown"))
+        return u
 
     def cls(self, name: str) -> ClassMetrics:
         c = self._classes.get(name)
@@ -241,8 +283,7 @@ class GatewayMetrics:
         """A removed backend has left: its gauges go (its counters stay, as history)."""
         self._inflight.pop(backend, None)
         kind = self._kinds.pop(backend, None)
-        cap = self.families["tailguard_backend_max_concurrency"]
-        for gauge, labels in ((self.backend_healthy, (backend,)), (self.inflight, (backend,)), (cap, (backend,)),
+        for gauge, labels in ((self.backend_healthy, (backend,)), (self.inflight, (backend,)),
                               (self.concurrency_limit, (backend,)),
                               (self.engine_requests, (backend, "running")), (self.engine_requests, (backend, "waiting")),
                               (self.backend_kind, (backend, kind or ""))):
@@ -255,10 +296,8 @@ class GatewayMetrics:
         """What a scrape reads from the front and the running config rather than counting as it
         happens: caps, class bounds, the config's identity and the capacity signal."""
         f = self.families
-        cap = f["tailguard_backend_max_concurrency"]
         views = [b for b in front.backends() if not b.retiring]
         for b in views:
-            cap.labels(b.name).set(b.max_concurrency)
             self._zeros(b.name, self._zeroed_backends, self._backend_counters)
         bound, limit = f["tailguard_class_queue_bound_seconds"], f["tailguard_class_queue_limit"]
         names = {spec.name for spec in front.params.classes}
@@ -270,7 +309,7 @@ class GatewayMetrics:
             self._zeros(spec.name, self._zeroed_classes, self._class_counters)
             bound.labels(spec.name).set(spec.max_queue_wait_s)
             limit.labels(spec.name).set(spec.max_queue_len)
-        self._export_capacity(front, views, now)
+        self._export_capacity(front, now)
         config = (str(live.n) if live.n is not None else "", live.hash)
         if config != self._config:
             if self._config is not None:
@@ -278,30 +317,18 @@ class GatewayMetrics:
             f["tailguard_config_info"].labels(*config).set(1)
             self._config = config
 
-    def pool_of(self, t: Request) -> str:
-        """The pool a request that ended counts in: its backend's, else its class's first."""
-        return self._pool_of.get(t.backend) or self._class_pool.get(t.cls) or DEFAULT_POOL
-
-    def _export_capacity(self, front: Front, views: list[BackendView], now: float) -> None:
-        """Per pool: its backends' mean slots, its classes' queue and tightest bound, the signal."""
+    def _export_capacity(self, front: Front, now: float) -> None:
+        """The capacity signal's reading of each pool; a pool a reload emptied loses its gauges."""
         f = self.families
-        self._pool_of = {b.name: b.pool for b in views}
-        specs = front.params.classes
-        self._class_pool = {spec.name: spec.pools[0] if spec.pools else DEFAULT_POOL for spec in specs}
-        pools = sorted({b.pool for b in views})
-        for gone in set(self.capacity) - set(pools):  # a reload took the pool's last backend away
-            del self.capacity[gone]
-            f["tailguard_capacity_needed"].remove(gone)
-            f["tailguard_capacity_ready"].remove(gone)
-        for pool in pools:
-            members = [b for b in views if b.pool == pool]
-            served = [spec for spec in specs if self._class_pool[spec.name] == pool] or list(specs)
-            queued = sum(front.queue_len(spec.name) for spec in served)
-            bound_s = min(spec.max_queue_wait_s for spec in served)
-            slots = sum(b.max_concurrency for b in members) / len(members)
-            signal = self.capacity.setdefault(pool, CapacitySignal())
-            f["tailguard_capacity_needed"].labels(pool).set(signal.needed(now, queued, bound_s, slots))
-            f["tailguard_capacity_ready"].labels(pool).set(sum(1 for b in members if b.healthy and not b.ejected))
+        needed, ready = f["tailguard_capacity_needed"], f["tailguard_capacity_ready"]
+        readings = self.capacity.measure(front, now)
+        for gone in self._pools - set(readings):
+            needed.remove(gone)
+            ready.remove(gone)
+        self._pools = set(readings)
+        for pool, r in readings.items():
+            needed.labels(pool).set(r.needed)
+            ready.labels(pool).set(r.ready)
 
     def _zeros(self, name: str, done: set[str], counters: tuple[tuple[Any, tuple[str, ...]], ...]) -> None:
         """A class's or backend's counters, at 0 from its first scrape: `rate()` and `increase()`
@@ -366,24 +393,21 @@ def record_finish(m: GatewayMetrics, t: Request) -> None:
             m.genai_ttft.labels(op, t.cls).observe(ttft_s)
             if t.output_tokens > 1:
                 m.genai_tpot.labels(op, t.cls).observe((end - t.first_content_at) / (t.output_tokens - 1))
-    pool = m.pool_of(t)
-    signal = m.capacity.get(pool)
-    if signal is None:
-        signal = m.capacity[pool] = CapacitySignal()
-    signal.ended(end, None if t.bound_at is None else end - t.bound_at)
+    m.capacity.ended(t.backend, t.cls, end, None if t.bound_at is None else end - t.bound_at)
     prompt = t.prompt_tokens if t.answered else 0  # no engine took it: its prompt cost nothing
+    if t.answered:  # the GenAI conventions count usage of operations that ran
+        m.genai_usage(t.endpoint, t.backend).record(prompt, t.output_tokens)
     if prompt:
         c.prompt_tokens.inc(prompt)
-        m.genai_tokens.labels(op, "input").observe(prompt)
     if t.output_tokens:
         c.output_tokens.inc(t.output_tokens)
-        m.genai_tokens.labels(op, "output").observe(t.output_tokens)
     if t.caller is not None:
-        m.caller_requests.labels(t.caller, outcome.value).inc()
+        caller = m.caller_label(t.caller)  # `other` past the first callers seen: bounded series
+        m.caller_requests.labels(caller, outcome.value).inc()
         if prompt:
-            m.caller_tokens.labels(t.caller, "prompt").inc(prompt)
+            m.caller_tokens.labels(caller, "prompt").inc(prompt)
         if t.output_tokens:
-            m.caller_tokens.labels(t.caller, "output").inc(t.output_tokens)
+            m.caller_tokens.labels(caller, "output").inc(t.output_tokens)
 
 
 def _now_rfc3339() -> str:

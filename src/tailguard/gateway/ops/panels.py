@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from tailguard.gateway.ops.catalog import METRICS, STANDARD
 
 # Grafana's template variables and what stands for "all" when an expression runs outside Grafana.
-VARIABLES = {"class": "tailguard_requests_total", "backend": "tailguard_backend_max_concurrency",
+VARIABLES = {"class": "tailguard_requests_total", "backend": "tailguard_backend_concurrency_limit",
              "caller": "tailguard_caller_requests_total"}
 RATE = "$__rate_interval"
 
@@ -89,10 +89,11 @@ PANELS: tuple[Panel, ...] = (
           "At 100% the gateway's queue holds the rest: the cap binds, as it should under load.",
           (Query(f"sum by (backend) (tailguard_inflight{{{B}}}) / sum by (backend) "
                  f"(tailguard_backend_concurrency_limit{{{B}}})", "{{backend}}"),)),
-    Panel("Backends and fleet", "Cap in force and configured", "short",
-          "An adaptive backend's cap as its latency sets it, under its configured max_concurrency.",
-          (Query(f"max by (backend) (tailguard_backend_concurrency_limit{{{B}}})", "{{backend}} in force"),
-           Query(f"max by (backend) (tailguard_backend_max_concurrency{{{B}}})", "{{backend}} configured"))),
+    Panel("Backends and fleet", "Cap in force and in flight", "short",
+          "Each backend's cap in force (its max_concurrency, or an adaptive cap as its latency sets it) and "
+          "the requests in flight under it.",
+          (Query(f"max by (backend) (tailguard_backend_concurrency_limit{{{B}}})", "{{backend}} cap"),
+           Query(f"max by (backend) (tailguard_inflight{{{B}}})", "{{backend}} in flight"))),
     Panel("Backends and fleet", "Health and kind", "short",
           "1 while a backend's probes succeed; the kind it is treated as.",
           (Query(f"max by (backend) (tailguard_backend_healthy{{{B}}})", "{{backend}} healthy"),
@@ -143,6 +144,21 @@ PANELS: tuple[Panel, ...] = (
                  "{{gen_ai_operation_name}} duration"))),
     Panel("OpenTelemetry GenAI", "gen_ai.client.token.usage P50", "short", "Tokens per request, input and output.",
           (Query(_p(0.5, "gen_ai_client_token_usage", "gen_ai_token_type"), "{{gen_ai_token_type}}"),)),
+    Panel("OpenTelemetry GenAI", "gen_ai.client.inference.usage P99 per request", "short",
+          "Input and output tokens per request an engine answered, by provider (the backend's kind): the "
+          "outliers that fill a KV cache.",
+          (Query(_p(0.99, "gen_ai_client_inference_usage_input_tokens", "gen_ai_provider_name"),
+                 "{{gen_ai_provider_name}} input"),
+           Query(_p(0.99, "gen_ai_client_inference_usage_output_tokens", "gen_ai_provider_name"),
+                 "{{gen_ai_provider_name}} output"))),
+    Panel("OpenTelemetry GenAI", "gen_ai.client.inference.usage.detailed tokens per second", "short",
+          "Tokens spent, by provider and modality (chat prompts are `unknown`: engines give one count).",
+          (Query(_rate("gen_ai_client_inference_usage_detailed_input_tokens_total",
+                       "gen_ai_provider_name, gen_ai_token_modality"),
+                 "{{gen_ai_provider_name}} input {{gen_ai_token_modality}}"),
+           Query(_rate("gen_ai_client_inference_usage_detailed_output_tokens_total",
+                       "gen_ai_provider_name, gen_ai_token_modality"),
+                 "{{gen_ai_provider_name}} output {{gen_ai_token_modality}}"))),
     Panel("Process", "Connections closed by the gateway", "reqps",
           "Slow or idle clients cut (header_timeout, evicted_idle) and connections refused at the cap (over_cap).",
           (Query(_rate("tailguard_connections_closed_total", "reason"), "{{reason}}"),)),

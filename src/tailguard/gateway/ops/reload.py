@@ -121,18 +121,27 @@ class Reloader:
 
     def on_signal(self) -> None:
         """SIGHUP: apply what was asked for, record it, and leave the result for the asker."""
-        store = self._store
-        old = self.live.hash
-        result: dict[str, Any] = {"id": None}  # the asker's id, so it knows the answer is its own
         try:
             request = self._request()
-            result["id"] = request.get("id") if request else None
+        except (OSError, ValueError) as e:
+            log.error("config not applied, the gateway keeps %s: %s", self.live.hash, e)
+            self._answer({"id": None, "ok": False, "error": str(e) or type(e).__name__})
+            return
+        self._answer(self.run(request))
+
+    def run(self, request: dict[str, Any] | None) -> dict[str, Any]:
+        """Apply what `request` asks for (`n`: a stored config, else the file again; `how`;
+        `allow_auth_change`), record it, and return the result: what SIGHUP leaves for
+        `tailguard config` and what `POST /admin/reload` and `/admin/rollback` answer."""
+        store = self._store
+        old = self.live.hash
+        result: dict[str, Any] = {"id": request.get("id") if request else None}  # so the asker knows it is its own
+        try:
             cfg, how = self._wanted(request)
             self.apply(cfg, allow_auth_change=bool(request and request.get("allow_auth_change")))
         except (ConfigError, OSError, ValueError, KeyError) as e:  # a refusal, or an unreadable request
             log.error("config not applied, the gateway keeps %s: %s", old, e)
-            self._answer({**result, "ok": False, "error": str(e) or type(e).__name__})
-            return
+            return {**result, "ok": False, "error": str(e) or type(e).__name__}
         if store is not None:
             try:
                 self.live.n = store.record(cfg, how).n
@@ -140,7 +149,7 @@ class Reloader:
                 self.live.n = None
                 log.error("config %s applied but not stored in %s: %s", self.live.hash, store.root, e)
         log.warning("config %s applied (%s; was %s)", self.live.hash, how, old)
-        self._answer({**result, "ok": True, "n": self.live.n, "hash": self.live.hash})
+        return {**result, "ok": True, "n": self.live.n, "hash": self.live.hash}
 
     def _answer(self, result: dict[str, Any]) -> None:
         if self._store is not None:
@@ -167,6 +176,11 @@ class Reloader:
         return request
 
     def _wanted(self, request: dict[str, Any] | None) -> tuple[GatewayConfig, str]:
+        if request is not None and request.get("good") and self._store is not None:
+            good = self._store.good()
+            if good is None:
+                raise ConfigError(f"no baseline marked in {self._store.root} (tailguard config mark-good N)")
+            return good.load(), f"rollback to {good.n}"
         if request is not None and "n" in request and self._store is not None:
             n = int(request["n"])
             return self._store.get(n).load(), str(request.get("how") or f"apply {n}")

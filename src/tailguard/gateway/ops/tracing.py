@@ -26,13 +26,36 @@ from tailguard import __version__
 from tailguard.clock import monotonic
 from tailguard.errors import ConfigError
 from tailguard.gateway.config import GatewayConfig
-from tailguard.gateway.ops.metrics import GENAI_OPERATION
+from tailguard.gateway.ops.metrics import GENAI_OPERATION, UNKNOWN_PROVIDER
 from tailguard.gateway.request import Request
 from tailguard.types import Outcome
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span
+
+    from tailguard.wire.openai import ParsedRequest
+
+# The request's sampling fields, as the conventions name them (gen-ai-spans.md, inference).
+_SAMPLING = {"temperature": "gen_ai.request.temperature", "top_p": "gen_ai.request.top_p",
+             "presence_penalty": "gen_ai.request.presence_penalty",
+             "frequency_penalty": "gen_ai.request.frequency_penalty", "seed": "gen_ai.request.seed"}
+
+
+def request_attributes(parsed: ParsedRequest) -> dict[str, Any]:
+    """The root span's gen_ai.request.* attributes from a validated body: streaming, the output
+    limit, the choice count where it is not 1, and the sampling fields the client set."""
+    attrs: dict[str, Any] = {"gen_ai.request.stream": parsed.stream}
+    if parsed.max_tokens is not None:
+        attrs["gen_ai.request.max_tokens"] = parsed.max_tokens
+    if parsed.n != 1:
+        attrs["gen_ai.request.choice.count"] = parsed.n
+    body = parsed.body
+    for field, key in _SAMPLING.items():
+        v = body.get(field)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            attrs[key] = v
+    return attrs
 
 
 def endpoint_of(cfg: GatewayConfig, env: Mapping[str, str] = os.environ) -> str | None:
@@ -77,13 +100,14 @@ class Tracer:
     def ns(self, at: float) -> int:
         return int(at * 1e9) + self._offset_ns
 
-    def begin(self, t: Request, headers: Mapping[str, str]) -> None:
+    def begin(self, t: Request, headers: Mapping[str, str], parsed: ParsedRequest | None = None) -> None:
         """The request's trace, from its arrival, child of the caller's `traceparent` if any."""
         from opentelemetry.trace import SpanKind
 
         parent = self._propagator.extract(headers)
         root = self._tracer.start_span(GENAI_OPERATION[t.endpoint], context=parent, kind=SpanKind.SERVER,
-                                       start_time=self.ns(t.arrived_at))
+                                       start_time=self.ns(t.arrived_at),
+                                       attributes=None if parsed is None else request_attributes(parsed))
         t.trace = RequestTrace(self, root, t.arrived_at)
 
     def end(self, t: Request, provider: str | None, response_model: str | None) -> None:
@@ -157,16 +181,19 @@ class RequestTrace:
         if t.model:
             root.update_name(f"{op} {t.model}")
         attrs: dict[str, Any] = {
-            "gen_ai.operation.name": op, "tailguard.class": t.cls, "tailguard.outcome": t.outcome.value,
+            "gen_ai.operation.name": op, "gen_ai.provider.name": provider or UNKNOWN_PROVIDER,
+            "tailguard.class": t.cls, "tailguard.outcome": t.outcome.value,
             "tailguard.attempts": t.attempts, "tailguard.preemptions": t.preemptions,
             "http.response.status_code": t.status, "gen_ai.usage.output_tokens": t.output_tokens,
         }
         optional = {"gen_ai.request.model": t.model, "gen_ai.response.model": response_model or t.model,
-                    "gen_ai.provider.name": provider, "tailguard.caller": t.caller,
+                    "gen_ai.response.id": t.response_id, "tailguard.caller": t.caller,
                     "tailguard.reason": t.reason}
         attrs.update({k: v for k, v in optional.items() if v is not None})
         if t.answered:
             attrs["gen_ai.usage.input_tokens"] = t.prompt_tokens
+        if t.finish_reasons:
+            attrs["gen_ai.response.finish_reasons"] = t.finish_reasons
         root.set_attributes(attrs)
         if t.outcome is not Outcome.SUCCESS:
             root.set_attribute("error.type", t.reason or t.outcome.value)

@@ -33,6 +33,7 @@ from tailguard.wire.chunks import (
 )
 from tailguard.wire.openai import Endpoint, error_body
 from tailguard.wire.sse import DONE, DONE_EVENT, EventTooLarge, SSEDecoder, SSEEvent, encode_event, events_of, is_done
+from tailguard.wire.token_ids import without_token_ids
 
 # What a stream may still send after its `[DONE]`, drained so its connection can be reused; past
 # this the connection is closed instead.
@@ -137,8 +138,13 @@ class StreamRelay:
             return True  # part of an event: the decoder keeps it
         if len(ends) == 1 and has_content(buf, 0, ends[0]):
             tally.content(now, 1)
-            if self.progress is not None:
-                self.progress.keep(buf, self.endpoint == "chat")
+            if tally.traced:
+                tally.answer_end(buf, 0, ends[0])
+            prog = self.progress
+            if prog is not None:
+                prog.keep(buf, self.endpoint == "chat")
+                if prog.hide_ids:
+                    buf = without_token_ids(buf)
             if self.sink.write_nowait(buf):
                 return True
             self._blocked = True
@@ -186,6 +192,8 @@ class StreamRelay:
         content = 0
         drop: tuple[int, int] | None = None
         pos = last_start = 0
+        if self.tally.traced:
+            self.tally.answer_end(buf, 0, len(buf))
         for end in ends:
             if has_content(buf, pos, end):
                 content += 1
@@ -196,10 +204,13 @@ class StreamRelay:
                 self.upstream_error = True
             last_start, pos = pos, end
         last = content < len(ends) and is_done(buf, last_start, pos)  # [DONE] is not content
-        if content and self.progress is not None:
-            self.progress.keep(buf, self.endpoint == "chat")
+        prog = self.progress
+        if prog is not None and (content or prog.wants_ids()):
+            prog.keep(buf, self.endpoint == "chat")
         if drop is not None:
             buf = buf[:drop[0]] + buf[drop[1]:]
+        if prog is not None and prog.hide_ids:
+            buf = without_token_ids(buf)
         return buf, content, last
 
     def _track(self, events: list[SSEEvent], prog: Progress) -> tuple[bytes, int, bool]:
@@ -219,7 +230,12 @@ class StreamRelay:
             if not isinstance(obj, dict):
                 out.append(ev.raw)
                 continue
-            raw = self._same_id(ev.raw, obj)
+            if self.tally.traced:
+                self.tally.answer_end(ev.data, 0, len(ev.data))
+            shaped = prog.absorb(obj)  # its token ids kept; a continuation by ids back in chat's shape
+            raw = ev.raw if shaped is obj else encode_event(orjson.dumps(shaped))
+            raw = self._same_id(raw, shaped)
+            obj = shaped
             if isinstance(obj.get("error"), dict):
                 self.upstream_error = True
                 out.append(raw)
@@ -234,7 +250,8 @@ class StreamRelay:
                     out.append(usage)
             elif not (self.sink.started and not self.tally.run_started and role_only(obj)):
                 out.append(raw)  # (else a resumed run's preamble: the client has had it)
-        return b"".join(out), content, last
+        data = b"".join(out)
+        return (without_token_ids(data) if prog.hide_ids else data), content, last
 
     def _same_id(self, raw: bytes, obj: dict[str, Any]) -> bytes:
         """A resumed run's chunk with the first run's id, which its engine named anew."""

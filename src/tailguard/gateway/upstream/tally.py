@@ -12,7 +12,9 @@ from tailguard.gateway.request import Request
 from tailguard.gateway.upstream.client import RelayError
 from tailguard.gateway.upstream.watchdog import Watchdog
 from tailguard.types import FailureKind
-from tailguard.wire.chunks import Usage
+from tailguard.wire.chunks import Usage, finish_reasons, response_id
+
+MAX_CHOICES = 128  # finish reasons kept per request (OpenAI's `n` is at most 128)
 
 
 @dataclass(slots=True)
@@ -32,6 +34,12 @@ class Tally:
     # chunk and then silence is a long prefill; bytes that keep coming without content are not.
     empty_reads: int = 0
     empty_since: float = 0.0
+    # A traced request's chunks are scanned for how its answer ended (`answer_end`); an untraced
+    # one's never are, so telemetry off costs the relay one attribute read per chunk.
+    traced: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.traced = self.times.trace is not None
 
     def start_run(self) -> None:
         self.run_started = False
@@ -65,3 +73,14 @@ class Tally:
         if n > 1:
             self.itl.observe_zeros(n - 1)
         t.last_content_at = now
+
+    def answer_end(self, data: bytes, start: int, end: int) -> None:
+        """A traced request's event(s) in data[start:end]: the response id (from the first event
+        that has one) and each choice's finish reason, onto the record."""
+        t = self.times
+        if t.response_id is None:
+            t.response_id = response_id(data, start, end)
+        if len(t.finish_reasons) < MAX_CHOICES:
+            reasons = finish_reasons(data, start, end)
+            if reasons:
+                t.finish_reasons = (t.finish_reasons + tuple(reasons))[:MAX_CHOICES]

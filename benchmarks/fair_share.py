@@ -1,0 +1,173 @@
+"""One caller flooding at 5x its share against three well-behaved callers, with and without
+token-fair sharing (`scheduler.fair_share`, VTC), in the discrete-event simulator and over HTTP
+(the real gateway in front of the real simulator, in process, on loopback).
+
+Each well-behaved caller sends `rate` chats a second (Poisson), the flood `5 x rate`; one class,
+one engine of `slots` sequences behind a gateway cap of `slots`. What is compared: the
+well-behaved callers' TTFT (P50, P99) against their solo baseline (the three alone), and what the
+flood is served. Prints and writes benchmarks/results/fair_share.{json,md}.
+
+    cd benchmarks && ../.venv/bin/python fair_share.py [--seconds 120] [--http-seconds 20] [--rate 1.5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from tailguard.clock import VirtualClock
+from tailguard.front.front import Front
+from tailguard.front.params import BackendSpec, CallerSpec, ClassSpec, FrontParams, QueueParams
+from tailguard.gateway.config import GatewayConfig
+from tailguard.gateway.http.app import create_app, gateway_runner
+from tailguard.sim.cost import EngineConfig
+from tailguard.sim.des import Arrival, run
+from tailguard.sim.engine import Engine
+from tailguard.sim.server import running_sim
+from tailguard.wire.sse import SSEDecoder
+
+from sim_des_speed import pct  # beside this script: one nearest-rank percentile for all benchmarks
+
+RESULTS = Path(__file__).resolve().parent / "results"
+CALLERS = ("w1", "w2", "w3")
+FLOOD = "flood"
+PROMPT, OUTPUT = 512, 128
+WAIT_S = 600.0  # the class's queue bound: long enough that the flood queues rather than is refused
+
+
+def load(seconds: float, rate: float, flood: bool, seed: int) -> list[tuple[float, str]]:
+    """(instant, caller) of every request, Poisson per caller, seeded."""
+    rng = random.Random(seed)
+    out: list[tuple[float, str]] = []
+    for caller, r in [(c, rate) for c in CALLERS] + ([(FLOOD, 5 * rate)] if flood else []):
+        t = rng.expovariate(r)
+        while t < seconds:
+            out.append((t, caller))
+            t += rng.expovariate(r)
+    return sorted(out)
+
+
+def engine_cfg(slots: int) -> EngineConfig:
+    return EngineConfig.from_preset("h100-llama8b", max_num_seqs=slots, max_model_len=4096, kv_cache_tokens=262144)
+
+
+def summary(ttft: dict[str, list[float]], seconds: float) -> dict[str, Any]:
+    good = [v for c in CALLERS for v in ttft.get(c, [])]
+    return {"well_behaved_ttft_p50_s": pct(good, 0.5), "well_behaved_ttft_p99_s": pct(good, 0.99),
+            "well_behaved_served": len(good), "flood_served_per_s": len(ttft.get(FLOOD, [])) / seconds}
+
+
+def des(args: argparse.Namespace, flood: bool, fair: bool) -> dict[str, Any]:
+    front = Front(FrontParams(
+        classes=[ClassSpec(name="interactive", max_queue_len=100_000, max_queue_wait_s=WAIT_S)],
+        backends=[BackendSpec("engine", max_concurrency=args.slots, continues=True)],
+        queue=QueueParams(fair_share=fair), callers=[CallerSpec(c) for c in (*CALLERS, FLOOD)]))
+    arrivals = [Arrival(f"{c}-{i}", at=t, prompt_tokens=PROMPT, max_tokens=OUTPUT, caller=c)
+                for i, (t, c) in enumerate(load(args.seconds, args.rate, flood, args.seed))]
+    ttft: dict[str, list[float]] = {}
+    for tl in run(Engine(engine_cfg(args.slots)), arrivals, VirtualClock(), front):
+        if tl.ttft_s is not None and tl.arrived_at >= args.seconds * 0.1:  # past the warm-up
+            ttft.setdefault(tl.id.split("-")[0], []).append(tl.ttft_s)
+    return summary(ttft, args.seconds * 0.9)
+
+
+async def one(s: aiohttp.ClientSession, url: str, caller: str, due: float, t0: float, scale: float,
+              ttft: dict[str, list[float]]) -> None:
+    await asyncio.sleep(max(0.0, t0 + due * scale - time.monotonic()))
+    body = {"model": "m", "messages": [{"role": "user", "content": "x " * (PROMPT - 8)}], "max_tokens": OUTPUT,
+            "stream": True}
+    async with s.post(url, json=body, headers={"Authorization": f"Bearer sk-{caller}"}) as r:
+        if r.status != 200:
+            await r.read()
+            return
+        dec = SSEDecoder()
+        async for chunk in r.content.iter_any():
+            for ev in dec.feed(chunk):
+                if b'"content":"' in ev.data and b'"content":""' not in ev.data:
+                    ttft.setdefault(caller, []).append((time.monotonic() - t0) / scale - due)
+                    await r.read()
+                    return
+
+
+async def http(args: argparse.Namespace, flood: bool, fair: bool) -> dict[str, Any]:
+    scale, seconds = args.time_scale, args.http_seconds
+    ttft: dict[str, list[float]] = {}
+    async with running_sim(engine_cfg(args.slots), time_scale=scale) as sim:
+        cfg = GatewayConfig.model_validate({
+            "port": 0, "access_log": False,
+            "classes": [{"name": "interactive", "rank": 0, "max_queue_len": 100_000, "max_queue_wait_s": WAIT_S}],
+            "scheduler": {"fair_share": fair},
+            "auth": {"api_keys": {f"sk-{c}": {"name": c} for c in (*CALLERS, FLOOD)}},
+            "backends": [{"name": "sim", "url": sim.url, "kind": "sim", "max_concurrency": args.slots}]})
+        app = create_app(cfg)
+        runner = gateway_runner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        try:
+            conn = aiohttp.TCPConnector(limit=0)
+            async with aiohttp.ClientSession(connector=conn) as s:
+                t0 = time.monotonic()
+                await asyncio.gather(*(one(s, url, c, t, t0, scale, ttft)
+                                       for t, c in load(seconds, args.rate, flood, args.seed)
+                                       if t >= 0))
+        finally:
+            await runner.cleanup()
+    return summary(ttft, seconds)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=120.0, help="simulated seconds of the DES runs")
+    ap.add_argument("--http-seconds", type=float, default=20.0, help="engine seconds of the HTTP runs (0: none)")
+    ap.add_argument("--time-scale", type=float, default=1.0,
+                    help="wall seconds per engine second over HTTP (below 1, the one process running gateway, "
+                    "engine and clients falls behind on a small machine)")
+    ap.add_argument("--rate", type=float, default=1.5, help="chats a second of each well-behaved caller")
+    ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    runs: dict[str, Any] = {}
+    for label, flood, fair in (("solo", False, False), ("flood, ranked-sjf", True, False),
+                               ("flood, fair_share", True, True)):
+        runs[f"des: {label}"] = des(args, flood, fair)
+        print(f"des: {label}", json.dumps(runs[f"des: {label}"]), flush=True)
+    if args.http_seconds > 0:
+        for label, flood, fair in (("solo", False, False), ("flood, ranked-sjf", True, False),
+                                   ("flood, fair_share", True, True)):
+            runs[f"http: {label}"] = asyncio.run(http(args, flood, fair))
+            print(f"http: {label}", json.dumps(runs[f"http: {label}"]), flush=True)
+    write(args, runs)
+
+
+def write(args: argparse.Namespace, runs: dict[str, Any]) -> None:
+    doc = {"benchmark": "fair_share", "command": " ".join(["benchmarks/fair_share.py", *sys.argv[1:]]),
+           "machine": platform.platform(), "args": vars(args), "runs": runs}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "fair_share.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    lines = [f"# fair_share\n\n`{doc['command']}` ({doc['machine']})\n",
+             f"Three callers at {args.rate:g} chats/s each ({PROMPT}-token prompts, {OUTPUT} output tokens), "
+             f"a fourth at 5x that; one engine of {args.slots} sequences (h100-llama8b), gateway cap {args.slots}.\n",
+             "| run | well-behaved TTFT P50 (s) | P99 (s) | well-behaved served | flood served / s |",
+             "|---|---|---|---|---|"]
+    for name, r in runs.items():
+        lines.append(f"| {name} | {r['well_behaved_ttft_p50_s']:.3f} | {r['well_behaved_ttft_p99_s']:.3f} | "
+                     f"{r['well_behaved_served']} | {r['flood_served_per_s']:.2f} |")
+    (RESULTS / "fair_share.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

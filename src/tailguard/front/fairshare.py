@@ -1,0 +1,81 @@
+"""Token-fair sharing between callers: a virtual token counter per caller, in the spirit of VTC
+(Sheng et al., "Fairness in Serving Large Language Models", OSDI 2024; the artifact's
+`slora/server/router/vtc_req_queue.py`); pure, no I/O.
+
+Each caller's counter grows by the service it is given, divided by its weight: prompt tokens at
+`input_price`, generated tokens at `output_price` (VTC's defaults: 1 and 2). Among callers with
+requests waiting, the one with the least counter goes next, so backlogged callers are served in
+proportion to their weights. A caller that comes back from idle is lifted to the least counter
+of those still waiting, so it can neither bank its idle time nor be starved for it.
+
+A gateway learns what a request generated only as it ends, so a dispatch charges what it is
+expected to cost (its prompt and its capped output limit) and its end corrects that to what it
+really used, the prediction-then-correction variant the VTC paper describes for systems that
+do not see each token.
+
+    vtc = VirtualCounters(weights={"team-a": 2.0})
+    vtc.arrived("team-a", backlogged=["team-b"])    # lifted to team-b's counter if it was idle
+    vtc.dispatched("r1", "team-a", prompt_tokens=300, output_tokens=200)
+    vtc.ended("r1", used_tokens=410)                # 300 prompt + 110 generated, not 200
+    order = vtc.least(["team-a", "team-b"])         # who goes next
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+ANONYMOUS = ""  # the counter of requests with no caller (no keys configured)
+
+
+class VirtualCounters:
+    """Per-caller virtual token counters with weights (see the module docstring)."""
+
+    def __init__(self, weights: Mapping[str, float] | None = None, input_price: float = 1.0,
+                 output_price: float = 2.0) -> None:
+        self.weights = dict(weights or {})
+        self.input_price, self.output_price = input_price, output_price
+        self.counters: dict[str, float] = {}
+        self._charged: dict[str, tuple[str, int, float]] = {}  # request -> (caller, prompt, charged)
+
+    def counter(self, caller: str) -> float:
+        return self.counters.get(caller, 0.0)
+
+    def arrived(self, caller: str, backlogged: Iterable[str]) -> None:
+        """`caller` has requests waiting again, after none: lift it to the least counter of the
+        callers in `backlogged` (the others with requests waiting)."""
+        floor = min((self.counters.get(c, 0.0) for c in backlogged if c != caller), default=None)
+        if floor is not None and floor > self.counters.get(caller, 0.0):
+            self.counters[caller] = floor
+
+    def least(self, callers: Iterable[str]) -> list[str]:
+        """`callers` in the order they should be served: least counter first, ties by name."""
+        return sorted(callers, key=lambda c: (self.counters.get(c, 0.0), c))
+
+    def dispatched(self, req_id: str, caller: str, prompt_tokens: int, output_tokens: int) -> None:
+        """Request `req_id` of `caller` got a slot: charge what it is expected to cost. Once per
+        request (a resumed or retried run is the same request)."""
+        if req_id in self._charged:
+            return
+        cost = (prompt_tokens * self.input_price + output_tokens * self.output_price) / self._weight(caller)
+        self.counters[caller] = self.counters.get(caller, 0.0) + cost
+        self._charged[req_id] = (caller, prompt_tokens, cost)
+
+    def ended(self, req_id: str, used_tokens: int) -> None:
+        """Request `req_id` ended having used `used_tokens` (prompt and generated; 0 when no
+        engine answered it): its charge becomes what it really cost."""
+        charged = self._charged.pop(req_id, None)
+        if charged is None:
+            return  # never dispatched: it cost nothing
+        caller, prompt, cost = charged
+        real = 0.0
+        if used_tokens > 0:
+            real = (min(prompt, used_tokens) * self.input_price
+                    + max(0, used_tokens - prompt) * self.output_price) / self._weight(caller)
+        self.counters[caller] = self.counters.get(caller, 0.0) + real - cost
+
+    def reweigh(self, weights: Mapping[str, float]) -> None:
+        """A reload: new weights apply to what is charged from now; counters are kept."""
+        self.weights = dict(weights)
+
+    def _weight(self, caller: str) -> float:
+        return self.weights.get(caller, 1.0)

@@ -1,0 +1,119 @@
+"""The routes for operators, not callers: `/config`, `/metrics`' guard, and `/admin/*` (the
+running config with secrets masked, usage per caller, live reload and rollback), each behind
+an admin key once keys are configured, and all of them rate-limited per gateway.
+
+Who may call them (`auth.admin_keys`, `auth.open_metrics`): with no key configured at all, anyone,
+as every route; otherwise an admin key, sent as `Authorization: Bearer <key>`: none or an
+unknown one is 401, a client key 403 (LiteLLM's master key plays the same part). `/metrics` may be
+left open to loopback clients, where a Prometheus on the same host scrapes it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from tailguard.clock import monotonic
+from tailguard.errors import APIError, BadRequest, Forbidden, RateLimited
+from tailguard.front.intake import bearer_key, key_id
+from tailguard.front.limits import CallerLimits
+from tailguard.front.params import CallerSpec
+from tailguard.gateway.config import GatewayConfig
+from tailguard.gateway.config.auth import MAX_KEY_CHARS
+from tailguard.gateway.http.classes import ClassTable, Unauthorized
+from tailguard.gateway.ops.reload import Reloader
+
+ADMIN_RPM = 600  # a bucket of 600 requests, refilled at 10 a second: enough for any dashboard, not for a guesser
+LOOPBACK = frozenset({"127.0.0.1", "::1"})
+_MAX_QUERY_VALUE = 64
+
+
+class Admin:
+    """The admin routes' state: the rate limit they share, and the reloader once the gateway
+    serves (`app.serve` sets it; an app hosted otherwise answers reloads with 409)."""
+
+    def __init__(self) -> None:
+        self.reloader: Reloader | None = None
+        self._limit = CallerLimits([CallerSpec("admin", requests_per_minute=ADMIN_RPM)])
+
+    def admit(self, request: web.Request, cfg: GatewayConfig, classes: ClassTable, *, metrics: bool = False) -> None:
+        """Raise unless this request may use an operator route: rate-limited first, so a key
+        guesser is slowed down as much as a dashboard gone wild."""
+        now = monotonic()
+        refusal = self._limit.refusal("admin", 0, now)
+        if refusal is not None:
+            raise RateLimited("Too many requests to the admin routes; retry later.", code="rate_limit_exceeded",
+                              retry_after_s=refusal.retry_after_s)
+        self._limit.settle("admin", self._limit.take("admin", 0, now), 0, now)  # a request, nothing held
+        auth = cfg.auth
+        if not auth.api_keys and not auth.admin_keys:
+            return
+        if metrics and (auth.open_metrics == "always" or (auth.open_metrics == "loopback" and request.remote in LOOPBACK)):
+            return
+        key = bearer_key(request.headers)
+        if key is None:
+            raise Unauthorized("This route requires an admin key: send 'Authorization: Bearer <key>'.",
+                               code="missing_api_key")
+        if len(key) <= MAX_KEY_CHARS and key_id(key) in classes.admin:
+            return
+        if len(key) <= MAX_KEY_CHARS and classes.intake.key(key) is not None:
+            raise Forbidden("This route requires an admin key (auth.admin_keys); a client key may not use it.",
+                            code="admin_key_required")
+        raise Unauthorized("Incorrect API key provided.", code="invalid_api_key")
+
+    def reload(self, request: dict[str, Any]) -> web.Response:
+        """Apply a reload or rollback on the loop, as SIGHUP does (the front is changed only
+        from the loop's thread)."""
+        if self.reloader is None:
+            raise APIError("This gateway was not started by `tailguard serve`: it has nothing to reload from.",
+                           status=409, type="invalid_request_error", code="no_reload")
+        result = self.reloader.run(request)
+        return web.Response(status=200 if result["ok"] else 409, body=orjson.dumps(result),
+                            content_type="application/json")
+
+
+def config_body(cfg: GatewayConfig, digest: str, n: int | None) -> bytes:
+    """The running config: number, hash and settings, every secret as its fingerprint."""
+    return orjson.dumps({"hash": digest, "n": n, "settings": cfg.settings()})
+
+
+async def json_body(request: web.Request) -> dict[str, Any]:
+    """A small JSON object body, or {} for none; 400 otherwise."""
+    raw = await request.content.read(4096)
+    if not raw.strip():
+        return {}
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise BadRequest("The body must be a JSON object.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise BadRequest("The body must be a JSON object.", code="invalid_json")
+    return body
+
+
+def reload_request(body: dict[str, Any]) -> dict[str, Any]:
+    allow = body.get("allow_auth_change", False)
+    if not isinstance(allow, bool):
+        raise BadRequest("'allow_auth_change' must be true or false.", param="allow_auth_change")
+    return {"how": "reload (admin)", "allow_auth_change": allow}
+
+
+def rollback_request(body: dict[str, Any]) -> dict[str, Any]:
+    to = body.get("to")
+    if to is None:
+        return {"good": True}
+    if not isinstance(to, int) or isinstance(to, bool) or to < 1:
+        raise BadRequest("'to' must be a stored config's number.", param="to")
+    return {"n": to, "how": f"rollback to {to} (admin)"}
+
+
+def query_float(request: web.Request, name: str) -> float | None:
+    value = request.query.get(name)
+    if value is None:
+        return None
+    try:
+        return float(value[:_MAX_QUERY_VALUE])
+    except ValueError:
+        raise BadRequest(f"'{name}' must be a number of seconds since the epoch.", param=name) from None
