@@ -28,6 +28,7 @@ PURE = {
     "doctor.finding", "doctor.evidence", "doctor.facts", "doctor.rules", "doctor.diagnosis", "sweep.virtual", "sweep.search",
     "sweep.traffic", "sweep.whatif", "sweep.observed",
     "client.retry", "client.timeouts", "client.chunks", "client.assembly",
+    "batch.records", "batch.validation", "batch.retry", "batch.journal", "gateway.config.batches",
 }
 IO_MODULES = ("asyncio", "aiohttp", "prometheus_client", "time", "socket", "uvloop", "httpx", "httpx2", "anyio")
 # part -> parts it must never import
@@ -42,6 +43,8 @@ FORBIDDEN_PARTS = {
     "wire": ("tailguard.gateway", "tailguard.sim", "tailguard.bench", "tailguard.client", "tailguard.cli"),
     # doctor reads bench runs and the servers' pages; it never runs or imports a server
     "doctor": ("tailguard.gateway", "tailguard.sim", "tailguard.client", "tailguard.cli", "tailguard.sweep"),
+    # batch jobs run through the gateway's own front; they know no simulator, bench or client
+    "batch": ("tailguard.sim", "tailguard.bench", "tailguard.client", "tailguard.cli", "tailguard.gateway.http"),
     # sweep drives the simulator on virtual time and measures with bench's statistics; processes live in cli/
     "sweep": ("tailguard.client", "tailguard.cli"),
     # a leaf both the front and the light client import: it imports no part

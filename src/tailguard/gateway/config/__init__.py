@@ -12,6 +12,7 @@ loading.py (`load_config`). Every public name is importable from here.
 
 from tailguard.front.params import CapMode, ServiceTier
 from tailguard.gateway.config.auth import ApiKeyConfig, AuthConfig
+from tailguard.gateway.config.batches import BatchesConfig
 from tailguard.gateway.config.backends import AdaptiveConfig, BackendConfig, BackendKind
 from tailguard.gateway.config.classes import ClassConfig, default_classes
 from tailguard.gateway.config.fleet import EjectionConfig, HedgingConfig, RoutingConfig
@@ -23,7 +24,7 @@ from tailguard.gateway.config.telemetry import TelemetryConfig
 from tailguard.gateway.config.upstream import HealthConfig, RetryConfig, TimeoutsConfig
 
 __all__ = [
-    "AdaptiveConfig", "ApiKeyConfig", "AuthConfig", "BackendConfig", "BackendKind", "CapMode", "ClassConfig",
+    "AdaptiveConfig", "ApiKeyConfig", "AuthConfig", "BackendConfig", "BackendKind", "BatchesConfig", "CapMode", "ClassConfig",
     "EjectionConfig", "GatewayConfig", "HedgingConfig", "HealthConfig", "LimitsConfig", "OutputEstimateConfig",
     "RetryConfig", "RoutingConfig", "SchedulerConfig",
     "SchedulerPolicy", "ServiceTier", "TelemetryConfig", "TimeoutsConfig", "default_classes", "load_config",

@@ -17,6 +17,7 @@ from tailguard.front import params as fp
 from tailguard.front.params import ServiceTier
 from tailguard.gateway.config.auth import AuthConfig
 from tailguard.gateway.config.backends import BackendConfig
+from tailguard.gateway.config.batches import BatchesConfig
 from tailguard.gateway.config.base import _INTAKE, _Model, fingerprint
 from tailguard.gateway.config.classes import ClassConfig, default_classes
 from tailguard.gateway.config.fleet import EjectionConfig, HedgingConfig, RoutingConfig
@@ -82,6 +83,8 @@ class GatewayConfig(_Model):
     hedging: HedgingConfig = Field(default_factory=HedgingConfig, description="Hedged requests (off by default).")
     limits: LimitsConfig = Field(default_factory=LimitsConfig,
                                  description="Bytes and seconds a backend or a client may cost the gateway.")
+    batches: BatchesConfig = Field(default_factory=BatchesConfig,
+                                   description="OpenAI's Files and Batches API: journal, files, limits (docs/batch.md).")
 
     def front_params(self, continues: dict[str, bool] | None = None) -> fp.FrontParams:
         """The front's parameters; `continues` maps a backend to whether its kind can continue a
@@ -150,6 +153,8 @@ class GatewayConfig(_Model):
         for name in self.hedging.classes if self.hedging.enabled else ():
             if name not in known:
                 raise ValueError(f"hedging.classes names unknown class {name!r} (known: {listing})")
+        if self.batches.line_class is not None and self.batches.line_class not in known:
+            raise ValueError(f"batches.line_class names unknown class {self.batches.line_class!r} (known: {listing})")
         for alias, target in self.aliases.items():
             if target in self.aliases:
                 raise ValueError(f"aliases.{alias} names {target!r}, itself an alias: name the served model")

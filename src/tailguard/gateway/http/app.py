@@ -28,6 +28,7 @@ from tailguard.gateway.config import BackendConfig, GatewayConfig
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.exchange import Context
 from tailguard.gateway.http import admin as adm
+from tailguard.gateway.http.batches import add_routes as add_batch_routes, batches_lifecycle
 from tailguard.gateway.http.classes import ClassTable
 from tailguard.gateway.http.models import fleet_models, one_model
 from tailguard.gateway.http.proxy import REQUEST_ID, Proxy, client_request_id, error_response
@@ -87,6 +88,8 @@ def create_app(cfg: GatewayConfig, *, record: Path | None = None, state_dir: Pat
     app.router.add_get("/admin/usage", _admin_usage)
     app.router.add_post("/admin/reload", _admin_reload)
     app.router.add_post("/admin/rollback", _admin_rollback)
+    app.cleanup_ctx.append(batches_lifecycle(lambda a: a[LIVE].cfg.batches, PROXY, DISPATCHER, METRICS, STATE_DIR))
+    add_batch_routes(app)
     return app
 
 

@@ -1,0 +1,287 @@
+"""Runs every active batch to its end: validates its input, claims its lines from the journal as
+the front has room for them, runs each through the gateway's own request path as the batch
+class, records each result as it comes, retries transient failures with backoff, and writes the
+output and error files. Nothing lives only in memory: a runner that dies is replaced by the
+next one reading the same journal (docs/batch.md, "What survives what").
+
+The runner consumes a `Front` (the gateway's side, built in `gateway/http/batches.py`): how
+many lines may enter now, and running one. Keeping only `ahead` lines waiting in the batch
+class's queue, and adding one whenever fewer wait, lets the front's own slots and preemption
+decide how many run, instead of a fixed number (llm-d's batch gateway polls the scheduler's
+fullness from outside for the same end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+import orjson
+
+from tailguard.batch.files import FileStore
+from tailguard.batch.journal import Journal
+from tailguard.batch.records import BatchRecord, FileRecord, Line, new_id, output_line
+from tailguard.batch.retry import retry_delay_s
+from tailguard.batch.validation import check
+from tailguard.gateway.config import BatchesConfig
+
+log = logging.getLogger("tailguard.gateway")
+
+_TICK_S = 0.05  # how often a running batch looks again for room in the front
+_RATE_SAMPLES = 60  # polls the ETA's pace is measured over
+TRANSIENT = frozenset({408, 429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What one line got: the status and body its client would have got, and the request's id."""
+
+    status: int
+    body: bytes
+    request_id: str
+
+
+class Front(Protocol):
+    def room(self) -> int:
+        """How many more lines may enter the front now."""
+        ...
+
+    async def run(self, line: Line, endpoint: str) -> Answer: ...
+
+
+class Runner:
+    """Starts a task per active batch (found in the journal every `poll_s`, or told by `wake`)."""
+
+    def __init__(self, journal: Journal, files: FileStore, front: Front, cfg: BatchesConfig) -> None:
+        self.journal, self.files, self.front, self.cfg = journal, files, front, cfg
+        self.holder = f"{os.uname().nodename}-{os.getpid()}-{os.urandom(4).hex()}"
+        self._runs: dict[str, asyncio.Task[None]] = {}
+        self._wakes: dict[str, asyncio.Event] = {}
+        self._found = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.sent = 0  # line attempts handed to the front by this process (a metric)
+        self.tokens = {"prompt": 0, "completion": 0}  # what this process's lines used (a metric)
+        self.lines_by_state: dict[str, int] = {}  # of the active batches, as of the last poll (a metric)
+        self.batches_by_status: dict[str, int] = {}
+        self.ended = 0  # lines this process recorded done or failed
+        self._rate_samples: deque[tuple[float, int]] = deque(maxlen=_RATE_SAMPLES)
+
+    def eta_s(self) -> float | None:
+        """Seconds until the open lines of the active batches are done at this process's pace over
+        the last minute or so; None before there is a pace to go by."""
+        if len(self._rate_samples) < 2:
+            return None
+        (t0, n0), (t1, n1) = self._rate_samples[0], self._rate_samples[-1]
+        if n1 <= n0 or t1 <= t0:
+            return None
+        open_lines = self.lines_by_state.get("queued", 0) + self.lines_by_state.get("running", 0)
+        return open_lines / ((n1 - n0) / (t1 - t0))
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._supervise(), name="batch-runner")
+
+    async def stop(self) -> None:
+        """Stop every run; the lines this process was running are queued again at once (another
+        replica, or this gateway's next start, runs them without waiting for their leases)."""
+        tasks = [t for t in (self._task, *self._runs.values()) if t is not None]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        with contextlib.suppress(Exception):
+            await self.journal.release(self.holder)
+
+    def wake(self, batch_id: str | None = None) -> None:
+        """A batch was created or asked to cancel: act now rather than at the next poll."""
+        if batch_id is not None and batch_id in self._wakes:
+            self._wakes[batch_id].set()
+        self._found.set()
+
+    async def _supervise(self) -> None:
+        last_renew = 0.0
+        while True:
+            try:
+                for batch_id in await self.journal.active_batches():
+                    if batch_id not in self._runs:
+                        self._wakes[batch_id] = asyncio.Event()
+                        self._runs[batch_id] = asyncio.create_task(self._guarded(batch_id), name=f"batch-{batch_id}")
+                self.lines_by_state, self.batches_by_status = await self.journal.tally()
+                now = time.time()
+                self._rate_samples.append((now, self.ended))
+                if now - last_renew >= self.cfg.lease_s / 3:
+                    last_renew = now
+                    await self.journal.renew(self.holder, now, self.cfg.lease_s)
+                    await self._expire_files(int(now))
+            except Exception:
+                log.exception("batch runner: reading the journal failed; trying again")
+            self._found.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.cfg.poll_s):
+                    await self._found.wait()
+
+    async def _guarded(self, batch_id: str) -> None:
+        try:
+            await BatchRun(self, batch_id, self._wakes[batch_id]).run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("batch %s: its run stopped; it resumes at the next poll", batch_id)
+            await asyncio.sleep(self.cfg.poll_s)
+        finally:
+            self._runs.pop(batch_id, None)
+            self._wakes.pop(batch_id, None)
+
+    async def _expire_files(self, now: int) -> None:
+        for f in await self.journal.expired_files(now):
+            await self.files.delete(f.id)
+            await self.journal.delete_file(f.id)
+
+
+class BatchRun:
+    """One batch, from wherever the journal says it stands to a final status."""
+
+    def __init__(self, runner: Runner, batch_id: str, wake: asyncio.Event) -> None:
+        self.r, self.id, self.wake = runner, batch_id, wake
+        self.j = runner.journal
+        self.lines: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        rec = await self.j.get_batch(self.id)
+        if rec is None:
+            return
+        if rec.status == "validating":
+            rec = await self._validate(rec)
+        try:
+            while rec is not None and rec.status == "in_progress":
+                rec = await self._step(rec)
+        finally:
+            await self._drop_lines()
+        if rec is not None and rec.status in ("finalizing", "cancelling"):
+            await self._finalize(rec)
+
+    async def _validate(self, rec: BatchRecord) -> BatchRecord | None:
+        now = int(time.time())
+        try:
+            data = await self.r.files.read(rec.input_file_id)
+        except FileNotFoundError:  # deleted after the batch was made
+            return await self.j.transition(self.id, ("validating",), "failed", now, {"errors": [{
+                "code": "file_not_found", "message": f"The input file {rec.input_file_id} no longer exists.",
+                "param": "input_file_id", "line": None}]})
+        checked = check(data, rec.endpoint, self.r.cfg.max_lines)
+        if checked.errors:
+            return await self.j.transition(self.id, ("validating",), "failed", now, {"errors": checked.errors})
+        await self.j.start(self.id, checked.lines, now)
+        return await self.j.get_batch(self.id)
+
+    async def _step(self, rec: BatchRecord) -> BatchRecord | None:
+        """Room in the front -> claimed lines started; then wait for a line's end, a wake or a tick."""
+        now = time.time()
+        if now >= rec.expires_at:
+            await self._drop_lines()
+            await self.j.close_open(self.id, "batch_expired", "This request could not be executed before the "
+                                    "completion window expired.")
+            await self._finalize(rec, "expired")
+            return None
+        # Add lines until `ahead` of them wait: lines that find a free slot start at once and leave
+        # the queue short, so this goes on while slots are free and stops when they are not.
+        while (room := self.r.front.room()) > 0:
+            claimed = await self.j.claim(self.id, room, self.r.holder, now, self.r.cfg.lease_s)
+            for line in claimed:
+                task = asyncio.create_task(self._line(line, rec.endpoint))
+                self.lines.add(task)
+                task.add_done_callback(self.lines.discard)
+            await asyncio.sleep(0)  # the new lines enter the front before the next look at its room
+            if len(claimed) < room:
+                break  # no more lines are due now
+        if not self.lines and await self.j.open_lines(self.id) == 0:
+            return await self.j.transition(self.id, ("in_progress",), "finalizing", int(time.time()))
+        self.wake.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_TICK_S):
+                await self.wake.wait()
+        # Its status only (a cancel), not its counts: a count of every line on each step would cost
+        # more than the lines it paces.
+        return rec if await self.j.status(self.id) == rec.status else await self.j.get_batch(self.id)
+
+    async def _line(self, line: Line, endpoint: str) -> None:
+        """One attempt of one line, its result (or its retry) recorded before anything else."""
+        self.r.sent += 1
+        try:
+            answer = await self.r.front.run(line, endpoint)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the gateway's own failure: transient, like a 500
+            log.exception("batch %s line %s failed in the gateway", self.id, line.custom_id)
+            answer = Answer(500, orjson.dumps({"error": {"message": str(e), "type": "server_error"}}), "")
+        if answer.status in TRANSIENT and line.attempts < self.r.cfg.line_attempts:
+            delay = retry_delay_s(line.attempts, self.r.cfg.retry_base_s)
+            await self.j.again(line, self.r.holder, time.time() + delay)
+        else:
+            ok = 200 <= answer.status < 300
+            try:
+                body = orjson.loads(answer.body)
+            except orjson.JSONDecodeError:
+                body = {"error": {"message": answer.body[:1000].decode(errors="replace"), "type": "server_error"}}
+            self._count_usage(body)
+            result = output_line(line.custom_id, answer.status, body, answer.request_id)
+            if await self.j.finish(line, self.r.holder, ok, orjson.dumps(result)):
+                self.r.ended += 1
+        self.wake.set()
+
+    def _count_usage(self, body: object) -> None:
+        usage = body.get("usage") if isinstance(body, dict) else None
+        if isinstance(usage, dict):
+            for kind in ("prompt", "completion"):
+                n = usage.get(f"{kind}_tokens")
+                if isinstance(n, int):
+                    self.r.tokens[kind] += n
+
+    async def _drop_lines(self) -> None:
+        """Stop this run's lines (a cancel, an expiry, shutdown); their upstream requests end."""
+        for t in list(self.lines):
+            t.cancel()
+        for t in list(self.lines):
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+    async def _finalize(self, rec: BatchRecord, final: str | None = None) -> None:
+        """Write the output and error files from the journal, then the final status. A batch being
+        cancelled has its unfinished lines ended as `batch_cancelled` first."""
+        if rec.status == "cancelling":
+            await self._drop_lines()
+            await self.j.close_open(self.id, "batch_cancelled", "This request was cancelled before it ran.")
+            final = "cancelled"
+        final = final or "completed"
+        out, err = bytearray(), bytearray()
+        for ok, result in await self.j.results(self.id):
+            (out if ok else err).extend(result + b"\n")
+        now = int(time.time())
+        ids = {"output_file_id": await self._file(rec, bytes(out), now, "output") if out else None,
+               "error_file_id": await self._file(rec, bytes(err), now, "error") if err else None}
+        ended = await self.j.transition(self.id, (rec.status,), final, now, ids)
+        if ended is not None:
+            done = await self.j.get_batch(self.id)
+            total, completed = (done.total, done.completed) if done is not None else (0, 0)
+            log.info("batch %s %s: %d of %d lines completed", self.id, final, completed, total,
+                     extra={"event": "batch", "fields": {"batch": self.id, "status": final, "total": total,
+                                                         "completed": completed, "failed": total - completed}})
+        else:
+            for fid in ids.values():  # another replica finished it first: its files stand
+                if fid is not None:
+                    await self.r.files.delete(fid)
+                    await self.j.delete_file(fid)
+
+    async def _file(self, rec: BatchRecord, data: bytes, now: int, kind: str) -> str:
+        fid = new_id("file-")
+        size = await self.r.files.write(fid, data)
+        await self.j.add_file(FileRecord(fid, rec.owner, "batch_output", f"{rec.id}_{kind}.jsonl", size, now,
+                                         now + int(self.r.cfg.file_retention_s)))
+        return fid
+

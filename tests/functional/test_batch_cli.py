@@ -1,0 +1,41 @@
+"""`tailguard batch` against a real gateway: submit --wait follows the batch to its end, results
+reads it back, retry of a batch with nothing failed says so, a wrong key is one error line."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import orjson
+
+from tests.functional.batch_calls import input_file
+from tests.functional.gateways import engine, gateway
+
+
+async def tailguard(*args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "tailguard", "batch", *args,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    async with asyncio.timeout(60):
+        out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_submit_wait_results_retry_and_a_refusal(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(input_file(20))
+    async with gateway(max_concurrency=16, engine_cfg=engine(), auth={"api_keys": {"k": {}}},
+                       batches={"dir": str(tmp_path / "b"), "poll_s": 0.2}) as gw:
+        common = ("--url", gw.url, "--api-key", "k")
+        code, out, err = await tailguard("submit", str(path), "--wait", *common)
+        assert code == 0, err
+        batch_id = out.splitlines()[0]
+        assert batch_id.startswith("batch_") and "completed  20 completed, 0 failed of 20" in out
+        code, out, _ = await tailguard("results", batch_id, *common)
+        assert code == 0 and sorted(orjson.loads(ln)["custom_id"] for ln in out.splitlines()) == [
+            f"line-{i:05d}" for i in range(20)]
+        code, _, err = await tailguard("retry", batch_id, *common)
+        assert code == 1 and "no failed lines" in err
+        code, _, err = await tailguard("cancel", batch_id, "--url", gw.url, "--api-key", "wrong")
+        assert code == 1 and err.startswith("error: 401: Incorrect API key") and "Traceback" not in err
