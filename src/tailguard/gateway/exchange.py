@@ -14,6 +14,7 @@ decided in one place, not by whichever assignment ran last.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,12 +37,15 @@ from tailguard.gateway.upstream.assemble import Assembler
 from tailguard.gateway.upstream.client import RelayError, Suspended, Upstream, UpstreamStatus, upstream_body
 from tailguard.gateway.upstream.h1 import H1Response
 from tailguard.gateway.upstream.kinds import get_kind
+from tailguard.gateway.upstream.refusals import added_fields, refused_field
 from tailguard.gateway.upstream.resume import continuation_body
 from tailguard.gateway.upstream.stream import StreamRelay
 from tailguard.gateway.upstream.tally import Tally
 from tailguard.gateway.upstream.watchdog import Watchdog
 from tailguard.types import FailureKind, Outcome
 from tailguard.wire.openai import Endpoint, ParsedRequest
+
+log = logging.getLogger("tailguard.gateway")
 
 _TIMEOUT_TEXT = {
     FailureKind.TIMEOUT_HEADER: "Backend '{backend}' sent no response head within its deadline.",
@@ -127,6 +131,7 @@ class Exchange:
         self._asm: Assembler | None = None  # kept across the runs of a preemptible request
         self._resumed: dict[str, Any] | None = None  # the continuation body after a suspension
         self._retried = False  # the last attempt failed: this one goes on a new connection
+        self._dropped_here: set[str] = set()  # added fields this request went again without
 
     async def run(self) -> Ending:
         try:
@@ -189,6 +194,8 @@ class Exchange:
                 if not await self._again(err.kind, answered=up is not None):
                     raise
             except UpstreamStatus as us:
+                if self._refused_field(backend, us):
+                    continue  # once more, without the field the engine does not take
                 if self.sink.started:
                     raise _refused_continuation(backend.name, us) from None
                 # The backend understood and refused (e.g. context too long): the client's error,
@@ -228,7 +235,23 @@ class Exchange:
             job.raw, job.capped.body if resumed is None else resumed, client_stream=job.parsed.stream,
             client_usage=job.parsed.include_usage, body_changed=job.capped.body_changed or resumed is not None,
             backend=backend, rank=job.cls.rank, count_tokens=self.rec.progress is not None,
+            dropped=self.ctx.upstream.refusals.dropped(backend.name),
         )
+
+    def _refused_field(self, backend: BackendConfig, us: UpstreamStatus) -> bool:
+        """True when `us` refuses a field the gateway added itself (vLLM's `priority` without
+        priority scheduling): the field is dropped for that backend from now on (logged once) and
+        this request goes again without it, at most once per field."""
+        added = added_fields(get_kind(backend.kind), count_tokens=self.rec.progress is not None)
+        field = refused_field(us.status, us.body, (f for f in added if f not in self._dropped_here))
+        if field is None:
+            return False
+        self._dropped_here.add(field)
+        if self.ctx.upstream.refusals.learn(backend.name, field):
+            log.warning("backend %s refuses the field %r the gateway adds (%s); it is no longer sent there "
+                        "(shown in /health as dropped_fields)", backend.name, field,
+                        us.body[:200].decode("utf-8", "replace"))
+        return True
 
     async def _deadline(self, backend: BackendConfig, answered: bool) -> bool:
         """A cancellation arrived. False when it is not a deadline of ours (the consumer left);

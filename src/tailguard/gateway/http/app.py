@@ -137,7 +137,9 @@ async def _health(request: web.Request) -> web.Response:
                          "engine": ({"running": load[s.name].running, "waiting": load[s.name].waiting,
                                      "age_s": round(now - probes.load_at[s.name], 3)}
                                     if s.name in load else None),
-                         "probe_error": probes.last_error.get(s.name)}
+                         "probe_error": probes.last_error.get(s.name),
+                         # Fields the gateway adds that this backend refused, no longer sent to it.
+                         "dropped_fields": sorted(request.app[UPSTREAM].refusals.dropped(s.name))}
                 for s in views}
     ok = front.any_healthy()
     all_known = all(s.state == "healthy" for s in views if not s.retiring)

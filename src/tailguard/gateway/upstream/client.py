@@ -20,6 +20,7 @@ from tailguard.gateway.upstream.backends import prepare_body
 from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.upstream.kinds import get_kind
 from tailguard.gateway.upstream.pool import Pool, origin_of
+from tailguard.gateway.upstream.refusals import Refusals
 from tailguard.types import FailureKind
 from tailguard.wire.openai import Endpoint, error_body
 from tailguard.wire.sse import EventTooLarge
@@ -99,16 +100,18 @@ class Suspended(GatewayError):
 
 def upstream_body(
     raw: bytes, body: dict[str, Any], *, client_stream: bool, client_usage: bool, body_changed: bool,
-    backend: BackendConfig, rank: int, count_tokens: bool = False,
+    backend: BackendConfig, rank: int, count_tokens: bool = False, dropped: frozenset[str] = frozenset(),
 ) -> bytes:
     """The bytes sent upstream: always a stream with usage. The client's raw bytes when they
     already say exactly that, else the body serialised once (the only JSON encode per request).
 
     `count_tokens` (a preemptible request) asks a backend whose chunks may carry several tokens
-    for the running usage on every chunk, so the tokens generated so far are known exactly."""
-    prepared = prepare_body(backend, body, rank)
+    for the running usage on every chunk, so the tokens generated so far are known exactly.
+    Fields the backend refused (`dropped`) are left out."""
+    prepared = prepare_body(backend, body, rank, dropped)
     kind = get_kind(backend.kind)
     running = kind.running_usage_options if count_tokens and not kind.one_token_per_chunk else {}
+    running = {k: v for k, v in running.items() if k not in dropped}
     if prepared is None and client_stream and client_usage and not body_changed and not running:
         return raw
     b = dict(prepared if prepared is not None else body)
@@ -135,6 +138,7 @@ class Upstream:
             cookie_jar=aiohttp.DummyCookieJar(),
         )
         self._said: set[tuple[str, str]] = set()  # (backend, failure kind) logged already
+        self.refusals = Refusals()  # fields the gateway adds that a backend refused
 
     async def close(self) -> None:
         self.pool.close()
