@@ -43,7 +43,9 @@ from tailguard.gateway.upstream.stream import StreamRelay
 from tailguard.gateway.upstream.tally import Tally
 from tailguard.gateway.upstream.watchdog import Watchdog
 from tailguard.types import FailureKind, Outcome
-from tailguard.wire.openai import Endpoint, ParsedRequest
+from tailguard.gateway.upstream.whole import read_whole
+from tailguard.wire.framing import FRAMINGS
+from tailguard.wire.openai import CHUNKED, POOLING, Endpoint, ParsedRequest
 
 log = logging.getLogger("tailguard.gateway")
 
@@ -100,6 +102,7 @@ class Job:
     capped: Accepted
     cls: ClassSpec
     tier: str | None = None  # the service tier to report, when the request named one
+    headers: tuple[tuple[str, str], ...] = ()  # client headers the route passes on (`anthropic-version`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +135,8 @@ class Exchange:
         self._resumed: dict[str, Any] | None = None  # the continuation body after a suspension
         self._retried = False  # the last attempt failed: this one goes on a new connection
         self._dropped_here: set[str] = set()  # added fields this request went again without
+        # Relayed as one body: a route that answers once, or a non-stream call of a typed-event route.
+        self._whole = job.endpoint in POOLING or (job.endpoint not in CHUNKED and not job.parsed.stream)
 
     async def run(self) -> Ending:
         try:
@@ -172,18 +177,24 @@ class Exchange:
             body = self._body(backend)
             now = monotonic()
             head_late = get_kind(backend.kind).head_with_first_token
-            self._wd.start_attempt(now + self._to.first_token_s, None if head_late else now + self._to.header_s)
+            if self._whole:  # the head comes with the whole answer: only its own deadline applies
+                self._wd.start_attempt(now + self._to.first_token_s if job.endpoint in POOLING else self._wd.total_at)
+            else:
+                self._wd.start_attempt(now + self._to.first_token_s, None if head_late else now + self._to.header_s)
             up = None
             try:
                 up = await ctx.upstream.open(backend, job.endpoint, body, job.req_id, self._to.connect_s,
                                              self._limits, fresh=self._retried,
-                                             traceparent=None if rec.trace is None else rec.trace.traceparent())
+                                             traceparent=None if rec.trace is None else rec.trace.traceparent(),
+                                             headers=job.headers)
                 self._wd.answered()
                 rec.upstream_headers_at = monotonic()
                 if self._hedged():
                     up, backend = await self._race(up, backend)
                 if rec.progress is not None and not rec.progress.lazy:
                     ctx.dispatcher.upstream_open(rec, up.close)
+                if self._whole:
+                    return await self._answer_whole(up)
                 return await (self._relay(up, backend) if job.parsed.stream else self._assemble(up))
             except Suspended:
                 await self._suspended()
@@ -234,7 +245,7 @@ class Exchange:
         return upstream_body(
             job.raw, job.capped.body if resumed is None else resumed, client_stream=job.parsed.stream,
             client_usage=job.parsed.include_usage, body_changed=job.capped.body_changed or resumed is not None,
-            backend=backend, rank=job.cls.rank, count_tokens=self.rec.progress is not None,
+            backend=backend, rank=job.cls.rank, count_tokens=self.rec.progress is not None, endpoint=job.endpoint,
             dropped=self.ctx.upstream.refusals.dropped(backend.name),
         )
 
@@ -314,7 +325,7 @@ class Exchange:
             tier = job.tier.encode() if job.tier is not None else None
             self._stream = StreamRelay(self.sink, job.endpoint, self._tally, job.parsed.include_usage,
                                        lambda: response_headers(rec), self._limits, progress=rec.progress,
-                                       service_tier=tier)
+                                       service_tier=tier, framing=FRAMINGS[job.endpoint])
         await self._stream.run(up)
         self._finish_tokens()
         up.release()
@@ -332,6 +343,13 @@ class Exchange:
         self._finish_tokens()
         await self.sink.answer(payload, response_headers(self.rec))
         return self._ok(self._asm.text() if self.ctx.keep_text else None)
+
+    async def _answer_whole(self, up: H1Response) -> Ending:
+        payload = await read_whole(up, self.job.endpoint, self._tally, self._limits)
+        up.release()
+        self._finish_tokens()
+        await self.sink.answer(payload, response_headers(self.rec))
+        return self._ok()
 
     async def _suspended(self) -> None:
         """The front preempted this request: wait, with no deadline running and the consumer's

@@ -22,10 +22,14 @@ from tailguard.gateway.upstream.kinds import get_kind
 from tailguard.gateway.upstream.pool import Pool, origin_of
 from tailguard.gateway.upstream.refusals import Refusals
 from tailguard.types import FailureKind
-from tailguard.wire.openai import Endpoint, error_body
+from tailguard.wire.openai import CHUNKED, Endpoint, error_body
 from tailguard.wire.sse import EventTooLarge
 
-UPSTREAM_PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+UPSTREAM_PATHS: dict[Endpoint, str] = {
+    "chat": "/v1/chat/completions", "completions": "/v1/completions", "responses": "/v1/responses",
+    "messages": "/v1/messages", "embeddings": "/v1/embeddings", "rerank": "/v1/rerank", "score": "/score",
+    "tokenize": "/tokenize", "detokenize": "/detokenize",
+}
 # Largest upstream error body read (a 4xx is small; a runaway one is cut).
 _MAX_ERROR_BODY = 64 * 1024
 # What an error message passed on from a backend may say: one line, this long at most, with
@@ -101,14 +105,18 @@ class Suspended(GatewayError):
 def upstream_body(
     raw: bytes, body: dict[str, Any], *, client_stream: bool, client_usage: bool, body_changed: bool,
     backend: BackendConfig, rank: int, count_tokens: bool = False, dropped: frozenset[str] = frozenset(),
+    endpoint: Endpoint = "chat",
 ) -> bytes:
     """The bytes sent upstream: always a stream with usage. The client's raw bytes when they
     already say exactly that, else the body serialised once (the only JSON encode per request).
 
     `count_tokens` (a preemptible request) asks a backend whose chunks may carry several tokens
     for the running usage on every chunk, so the tokens generated so far are known exactly.
-    Fields the backend refused (`dropped`) are left out."""
+    Fields the backend refused (`dropped`) are left out. Routes other than chat and completions
+    go as the client sent them (streamed or not), with only the class and model fields set."""
     prepared = prepare_body(backend, body, rank, dropped)
+    if endpoint not in CHUNKED:
+        return raw if prepared is None and not body_changed else orjson.dumps(prepared if prepared is not None else body)
     kind = get_kind(backend.kind)
     running = kind.running_usage_options if count_tokens and not kind.one_token_per_chunk else {}
     running = {k: v for k, v in running.items() if k not in dropped}
@@ -147,6 +155,7 @@ class Upstream:
     async def open(
         self, backend: BackendConfig, endpoint: Endpoint, body: bytes, req_id: str, connect_s: float,
         limits: LimitsConfig, *, fresh: bool = False, traceparent: str | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
     ) -> H1Response:
         """Send the request (`fresh`: on a new connection, opened within `connect_s`; `traceparent`:
         the W3C trace context of this attempt); returns a 2xx streaming response whose head is
@@ -155,12 +164,12 @@ class Upstream:
         passed back to the client)."""
         origin = origin_of(backend.url)
         kind_headers = get_kind(backend.kind).upstream_headers  # e.g. llama-server: no stale keep-alive reuse
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "X-Request-Id": req_id,
-                   **kind_headers}
+        sent = {"Content-Type": "application/json", "Accept": "text/event-stream", "X-Request-Id": req_id,
+                **dict(headers), **kind_headers}
         if backend.api_key:
-            headers["Authorization"] = f"Bearer {backend.api_key}"
+            sent["Authorization"] = f"Bearer {backend.api_key}"
         if traceparent is not None:  # the engine's own spans join the request's trace
-            headers["traceparent"] = traceparent
+            sent["traceparent"] = traceparent
         try:
             conn = await self.pool.connection(origin, connect_s, fresh=fresh)
         except TimeoutError:
@@ -171,7 +180,7 @@ class Upstream:
             raise RelayError(FailureKind.CONNECT, f"Backend '{backend.name}' is unreachable: {e}") from None
         keep = kind_headers.get("Connection", "").lower() != "close"
         try:
-            resp = await conn.request(origin.head("POST", UPSTREAM_PATHS[endpoint], headers, len(body)), body, keep=keep,
+            resp = await conn.request(origin.head("POST", UPSTREAM_PATHS[endpoint], sent, len(body)), body, keep=keep,
                                       max_head=limits.max_response_head_bytes)
         except UpstreamBroke as e:
             # Reset or closed before an answer: typically a pooled keep-alive connection the
