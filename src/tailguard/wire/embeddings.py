@@ -26,7 +26,7 @@ _INPUT_FIELDS = ("input", "query", "documents", "text_1", "text_2", "queries", "
                  "content")
 
 
-def inputs(body: dict[str, Any]) -> list[str] | list[list[int]]:
+def inputs(body: dict[str, Any]) -> list[str | list[int]]:
     """An embeddings request's inputs, each a text or token ids; raises `BadRequest` otherwise."""
     value = body.get("input")
     if isinstance(value, str):

@@ -29,6 +29,7 @@ from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.exchange import Context
 from tailguard.gateway.http.classes import ClassTable
 from tailguard.gateway.http.models import fleet_models, one_model
+from tailguard.gateway.http.routes import API_ROUTES, not_found_message, served, shaped_error
 from tailguard.gateway.http.proxy import REQUEST_ID, Proxy, client_request_id, error_response
 from tailguard.gateway.http.server import GatewayRunner, raise_file_limit, reserved_only
 from tailguard.gateway.ops.live import Live
@@ -43,6 +44,7 @@ from tailguard.gateway.upstream.backends import resolved
 from tailguard.gateway.upstream.client import Upstream
 from tailguard.gateway.upstream.kinds import get_kind
 from tailguard.gateway.upstream.probes import Probes
+from tailguard.wire.openai import Endpoint
 
 LIVE = web.AppKey("live", Live)
 METRICS = web.AppKey("metrics", GatewayMetrics)
@@ -73,6 +75,8 @@ def create_app(cfg: GatewayConfig, *, record: Path | None = None) -> web.Applica
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/config", _config)
+    for path, endpoint in API_ROUTES.items():  # responses, messages, embeddings and the other pooling routes
+        app.router.add_post(path, _api_handler(endpoint))
     return app
 
 
@@ -116,6 +120,12 @@ async def _chat(request: web.Request) -> web.StreamResponse:
 
 async def _completions(request: web.Request) -> web.StreamResponse:
     return await request.app[PROXY].handle(request, "completions")
+
+
+def _api_handler(endpoint: Endpoint) -> Handler:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await request.app[PROXY].handle(request, endpoint)
+    return handle
 
 
 async def _health(request: web.Request) -> web.Response:
@@ -211,7 +221,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @web.middleware
 async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error the framework raises (404, 405, 413 on other routes) as OpenAI's JSON."""
+    """Every error the framework raises (404, 405, 413 on other routes) as OpenAI's JSON
+    (Anthropic's under /v1/messages); a 404 lists the routes served."""
     request[ARRIVED_UNDER] = request.app[LIVE].hash
     try:
         return await handler(request)
@@ -219,11 +230,12 @@ async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamRe
         if e.status < 400:
             raise
         code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(e.status)
-        err = APIError(f"{e.reason}: {request.method} {request.path}", status=e.status,
-                       type="invalid_request_error", code=code)
-        return _logged(request, error_response(err), code)
+        message = (not_found_message(request.method, request.path, served(request.app.router)) if e.status == 404
+                   else f"{e.reason}: {request.method} {request.path}")
+        err = APIError(message, status=e.status, type="invalid_request_error", code=code)
+        return _logged(request, shaped_error(err, request.path), code)
     except APIError as e:
-        return _logged(request, error_response(e), e.code)
+        return _logged(request, shaped_error(e, request.path), e.code)
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
         return error_response(APIError("Internal gateway error.", status=500, code="internal_error"))

@@ -31,8 +31,9 @@ from tailguard.gateway.request import Request
 from tailguard.gateway.sink import ResponseSink, Sink
 from tailguard.gateway.upstream.client import UPSTREAM_PATHS
 from tailguard.types import Outcome, RejectReason
+from tailguard.gateway.http.routes import anthropic_refusal, passed_headers, shaped_error
 from tailguard.wire.openai import (
-    Endpoint, ParsedRequest, error_body, error_headers, is_json_media_type, parse_request,
+    CHUNKED, Endpoint, ParsedRequest, error_body, error_headers, is_json_media_type, parse_request,
 )
 from tailguard.wire.prefix import prefix_blocks
 
@@ -95,13 +96,15 @@ class Proxy:
         t.client, t.user_agent = request.remote, request.headers.get("User-Agent", "")[:_MAX_UA] or None
         try:
             api_key = bearer_key(request.headers)
+            if api_key is None and endpoint == "messages":  # Anthropic's SDK sends its key this way
+                api_key = request.headers.get("x-api-key") or None
             self._classes.authenticate(api_key)  # before the body: a stranger's body is never read
             raw = await self._read_body(request)
             sink = ResponseSink(request)
             return self._reply(await self._serve(raw, endpoint, request.headers, api_key, sink, t), sink, t)
         except APIError as err:
             t.refused(err)
-            resp = error_response(err, response_headers(t) if t.cls != NO_CLASS else None)
+            resp = shaped_error(err, request.path, response_headers(t) if t.cls != NO_CLASS else None)
             if not request.content.is_eof():
                 # Refused before its body was read (or the body is broken): aiohttp drains what
                 # follows for a while, then closes; the client must not reuse the connection.
@@ -110,7 +113,7 @@ class Proxy:
         except Exception:
             log.exception("internal error handling %s %s", request.method, request.path)
             t.end(Outcome.UPSTREAM_ERROR, 500, "internal_error")
-            return error_response(APIError("Internal gateway error.", status=500, code="internal_error"))
+            return shaped_error(APIError("Internal gateway error.", status=500, code="internal_error"), request.path)
         finally:
             self._account(t, request.method, request.path)
 
@@ -183,8 +186,8 @@ class Proxy:
         try:
             assert t.bound_at is not None
             self._metrics.cls(cls.name).queue_wait.observe(t.bound_at - t.arrived_at)
-            tier = self._classes.served_tier(parsed.body.get("service_tier"), cls)
-            job = Job(t.request_id, endpoint, raw, parsed, accepted, cls, tier)
+            tier = self._classes.served_tier(parsed.body.get("service_tier"), cls) if endpoint in CHUNKED else None
+            job = Job(t.request_id, endpoint, raw, parsed, accepted, cls, tier, passed_headers(endpoint, headers))
             ending = await Exchange(job, t, sink, self._ctx).run()
             t.end(ending.outcome, ending.status, ending.reason, ending.completion)
             return ending
@@ -238,10 +241,11 @@ class Proxy:
         """The HTTP answer for how the exchange ended: what it sent, or the error to send."""
         if ending.passthrough is not None:
             us = ending.passthrough
-            return web.Response(status=us.status, body=us.body, headers={
+            body = anthropic_refusal(us.status, us.body) if t.endpoint == "messages" else us.body
+            return web.Response(status=us.status, body=body, headers={
                 "Content-Type": us.content_type, **response_headers(t)})
         if ending.error is not None:
-            return error_response(ending.error, response_headers(t))
+            return shaped_error(ending.error, UPSTREAM_PATHS[t.endpoint], response_headers(t))
         return sink.response if sink.response is not None else web.Response(status=499)
 
 

@@ -38,7 +38,9 @@ from tailguard.types import FailureKind, Outcome, RejectReason
 ACCESS_LOGGER = "tailguard.access"
 METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
 # gen_ai.operation.name of each endpoint (OpenTelemetry GenAI conventions).
-GENAI_OPERATION = {"chat": "chat", "completions": "text_completion"}
+GENAI_OPERATION = {"chat": "chat", "completions": "text_completion", "responses": "chat", "messages": "chat",
+                   "embeddings": "embeddings", "rerank": "rerank", "score": "score", "tokenize": "tokenize",
+                   "detokenize": "detokenize"}
 # Failure kinds the front may send again (of an attempt that delivered nothing and was never
 # answered): the retry counters' label values.
 RETRYABLE = tuple(k for k in FailureKind if retry_of(k, delivered=False, answered=False) is not Retry.NO)
