@@ -70,7 +70,7 @@ async def test_the_messages_api_with_the_anthropic_sdk(access: pytest.LogCapture
         msgs: Any = [{"role": "user", "content": "hi"}]
         whole = await a.messages.create(model=MODEL, max_tokens=4, messages=msgs, system="be brief")
         assert [b.text for b in whole.content if b.type == "text"] == [" tok" * 4]
-        assert (whole.usage.input_tokens, whole.usage.output_tokens, whole.stop_reason) == (8, 4, "max_tokens")  # "be brief" + "user:hi" + 4 per message
+        assert (whole.usage.input_tokens, whole.usage.output_tokens, whole.stop_reason) == (7, 4, "max_tokens")  # "be brief" (2) + "hi" (1) + 4 per message
         async with a.messages.stream(model=MODEL, max_tokens=3, messages=msgs) as stream:
             pieces = [t async for t in stream.text_stream]
             final = await stream.get_final_message()

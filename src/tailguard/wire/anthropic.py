@@ -64,9 +64,10 @@ def prompt_text(body: dict[str, Any]) -> str:
 
 
 def prompt_tokens(body: dict[str, Any]) -> int:
-    """The estimated prompt of a validated body (`validate`)."""
-    messages = body["messages"]
-    return max(1, text_tokens(prompt_text(body)) + CHAT_MESSAGE_OVERHEAD_TOKENS * len(messages))
+    """The estimated prompt of a validated body (`validate`), as a chat prompt is counted
+    (`wire.openai`): the system text, and each message's text plus the per-message overhead."""
+    return max(1, text_tokens(_text(body.get("system"))) + sum(
+        CHAT_MESSAGE_OVERHEAD_TOKENS + text_tokens(_text(m.get("content"))) for m in body["messages"]))
 
 
 def validate(body: dict[str, Any]) -> int:

@@ -46,9 +46,17 @@ def prompt_text(body: dict[str, Any]) -> str:
 
 
 def prompt_tokens(body: dict[str, Any]) -> int:
+    """As a chat prompt is counted (`wire.openai`): each input item's text plus the per-message
+    overhead (a string input is one user message), and the instructions."""
     items = body.get("input")
-    n = len(items) if isinstance(items, list) else 1
-    return max(1, text_tokens(prompt_text(body)) + CHAT_MESSAGE_OVERHEAD_TOKENS * n)
+    if isinstance(items, str):
+        items = [{"content": items}]
+    total = text_tokens(_text(body.get("instructions")))
+    for item in items if isinstance(items, list) else ():
+        if isinstance(item, dict):
+            text = _text(item.get("content")) + _text(item.get("output")) + _text(item.get("arguments"))
+            total += CHAT_MESSAGE_OVERHEAD_TOKENS + text_tokens(text)
+    return max(1, total)
 
 
 def validate(body: dict[str, Any]) -> int | None:
