@@ -26,7 +26,7 @@ import orjson
 
 from tailguard.errors import APIError, BadRequest
 from tailguard.wire.chunks import Usage
-from tailguard.wire.tokens import CHAT_MESSAGE_OVERHEAD_TOKENS, text_tokens
+from tailguard.wire.tokens import CHAT_MESSAGE_OVERHEAD_TOKENS, parts_text, text_tokens
 
 # Anthropic's error types by HTTP status (docs.anthropic.com, "Errors").
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -56,18 +56,18 @@ def error_event(err: APIError) -> bytes:
 
 def prompt_text(body: dict[str, Any]) -> str:
     """`system` and every message's text, role-tagged (for the size estimate and prefix hashing)."""
-    parts = [_text(body.get("system"))]
+    parts = [parts_text(body.get("system"))]
     for m in body.get("messages") or ():
         if isinstance(m, dict):
-            parts.append(f"{m.get('role', '')}:{_text(m.get('content'))}\n")
+            parts.append(f"{m.get('role', '')}:{parts_text(m.get('content'))}\n")
     return "".join(parts)
 
 
 def prompt_tokens(body: dict[str, Any]) -> int:
     """The estimated prompt of a validated body (`validate`), as a chat prompt is counted
     (`wire.openai`): the system text, and each message's text plus the per-message overhead."""
-    return max(1, text_tokens(_text(body.get("system"))) + sum(
-        CHAT_MESSAGE_OVERHEAD_TOKENS + text_tokens(_text(m.get("content"))) for m in body["messages"]))
+    return max(1, text_tokens(parts_text(body.get("system"))) + sum(
+        CHAT_MESSAGE_OVERHEAD_TOKENS + text_tokens(parts_text(m.get("content"))) for m in body["messages"]))
 
 
 def validate(body: dict[str, Any]) -> int:
@@ -92,14 +92,6 @@ def validate(body: dict[str, Any]) -> int:
         raise BadRequest("max_tokens: field required, an integer of at least 1", param="max_tokens",
                          code="invalid_value")
     return mt
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(b["text"] for b in content if isinstance(b, dict) and isinstance(b.get("text"), str))
-    return ""
 
 
 # --- the stream, read by its bytes ---------------------------------------------------------------
@@ -127,15 +119,9 @@ def read_usage(usage: Usage, obj: Any) -> None:
     whole message's `usage` (a non-stream answer)."""
     if not isinstance(obj, dict):
         return
-    holder = obj.get("message") if obj.get("type") == "message_start" else obj
-    u = holder.get("usage") if isinstance(holder, dict) else None
-    if not isinstance(u, dict):
-        return
-    it, ot = u.get("input_tokens"), u.get("output_tokens")
-    if isinstance(it, int) and not isinstance(it, bool):
-        usage.prompt_tokens = it
-    if isinstance(ot, int) and not isinstance(ot, bool) and obj.get("type") != "message_start":
-        usage.completion_tokens = ot
+    start = obj.get("type") == "message_start"  # its output_tokens is not a count yet
+    holder = obj.get("message") if start else obj
+    usage.read_io(holder.get("usage") if isinstance(holder, dict) else None, output=not start)
 
 
 # --- what an engine sends (the simulator) --------------------------------------------------------

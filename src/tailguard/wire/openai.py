@@ -17,7 +17,7 @@ import orjson
 
 from tailguard.errors import APIError, BadRequest
 from tailguard.wire import anthropic, embeddings, responses
-from tailguard.wire.tokens import CHAT_MESSAGE_OVERHEAD_TOKENS, text_tokens
+from tailguard.wire.tokens import CHAT_MESSAGE_OVERHEAD_TOKENS, parts_text, text_tokens
 
 Endpoint = Literal["chat", "completions", "responses", "messages", "embeddings", "rerank", "score", "tokenize",
                    "detokenize"]
@@ -67,7 +67,7 @@ class ParsedRequest:
         for m in self.body["messages"]:
             parts.append(str(m.get("role", "")))
             parts.append(":")
-            parts.append(_content_text(m.get("content")))
+            parts.append(parts_text(m.get("content")))
             parts.append("\n")
         return "".join(parts)
 
@@ -203,7 +203,7 @@ def _chat_prompt_tokens(body: dict[str, Any]) -> int:
             for j, part in enumerate(content):
                 if not isinstance(part, dict) or not isinstance(part.get("type"), str):
                     raise _type_error(f"messages[{i}].content[{j}]", "a content part object with a 'type'")
-        total += CHAT_MESSAGE_OVERHEAD_TOKENS + text_tokens(_content_text(content))
+        total += CHAT_MESSAGE_OVERHEAD_TOKENS + text_tokens(parts_text(content))
     return total
 
 
@@ -221,14 +221,6 @@ def _completion_prompt_tokens(body: dict[str, Any]) -> tuple[int, list[int] | No
     raise _type_error("prompt", "a string, an array of strings or an array of token ids")
 
 
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return ""
-
-
 def _opt_bool(obj: dict[str, Any], key: str, param: str | None = None) -> bool | None:
     v = obj.get(key)
     if v is not None and not isinstance(v, bool):
@@ -238,6 +230,17 @@ def _opt_bool(obj: dict[str, Any], key: str, param: str | None = None) -> bool |
 
 def _type_error(param: str, expected: str) -> BadRequest:
     return BadRequest(f"'{param}' must be {expected}.", param=param, code="invalid_type")
+
+
+def error_fields(payload: bytes) -> tuple[dict[str, Any], Any]:
+    """The fields of an error body, whatever its shape (OpenAI's `{"error": {...}}`, TGI's
+    `{"error": "..."}`, FastAPI's `{"detail": ...}`), and its `error` value as it came."""
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        data = None
+    err = data.get("error") if isinstance(data, dict) else None
+    return (err if isinstance(err, dict) else data if isinstance(data, dict) else {}), err
 
 
 def is_json_media_type(mime: str) -> bool:

@@ -23,7 +23,7 @@ import orjson
 
 from tailguard.errors import APIError, BadRequest
 from tailguard.wire.chunks import Usage
-from tailguard.wire.tokens import CHAT_MESSAGE_OVERHEAD_TOKENS, text_tokens
+from tailguard.wire.tokens import CHAT_MESSAGE_OVERHEAD_TOKENS, parts_text, text_tokens
 
 _TYPE = b'"type":"response.'
 _DELTA = b".delta"
@@ -33,15 +33,15 @@ _ERROR = (b'"type":"error"', b'"type":"response.failed"')
 
 def prompt_text(body: dict[str, Any]) -> str:
     """`instructions` and the input's text, role-tagged (for the size estimate and prefix hashing)."""
-    parts = [_text(body.get("instructions"))]
+    parts = [parts_text(body.get("instructions"))]
     items = body.get("input")
     if isinstance(items, str):
         parts.append(items)
     elif isinstance(items, list):
         for item in items:
             if isinstance(item, dict):
-                parts.append(f"{item.get('role', item.get('type', ''))}:{_text(item.get('content'))}"
-                             f"{_text(item.get('output'))}{_text(item.get('arguments'))}\n")
+                parts.append(f"{item.get('role', item.get('type', ''))}:{parts_text(item.get('content'))}"
+                             f"{parts_text(item.get('output'))}{parts_text(item.get('arguments'))}\n")
     return "".join(parts)
 
 
@@ -51,10 +51,10 @@ def prompt_tokens(body: dict[str, Any]) -> int:
     items = body.get("input")
     if isinstance(items, str):
         items = [{"content": items}]
-    total = text_tokens(_text(body.get("instructions")))
+    total = text_tokens(parts_text(body.get("instructions")))
     for item in items if isinstance(items, list) else ():
         if isinstance(item, dict):
-            text = _text(item.get("content")) + _text(item.get("output")) + _text(item.get("arguments"))
+            text = parts_text(item.get("content")) + parts_text(item.get("output")) + parts_text(item.get("arguments"))
             total += CHAT_MESSAGE_OVERHEAD_TOKENS + text_tokens(text)
     return max(1, total)
 
@@ -76,14 +76,6 @@ def validate(body: dict[str, Any]) -> int | None:
         raise BadRequest("'max_output_tokens' must be an integer of at least 1.", param="max_output_tokens",
                          code="invalid_value")
     return mot
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return ""
 
 
 # --- the stream, read by its bytes ---------------------------------------------------------------
@@ -116,14 +108,7 @@ def read_usage(usage: Usage, obj: Any) -> None:
     if not isinstance(obj, dict):
         return
     holder = obj.get("response") if isinstance(obj.get("response"), dict) else obj
-    u = holder.get("usage") if isinstance(holder, dict) else None
-    if not isinstance(u, dict):
-        return
-    it, ot = u.get("input_tokens"), u.get("output_tokens")
-    if isinstance(it, int) and not isinstance(it, bool):
-        usage.prompt_tokens = it
-    if isinstance(ot, int) and not isinstance(ot, bool):
-        usage.completion_tokens = ot
+    usage.read_io(holder.get("usage") if isinstance(holder, dict) else None)
 
 
 def response_id(obj: Any) -> str | None:

@@ -22,7 +22,7 @@ from tailguard.gateway.upstream.kinds import get_kind
 from tailguard.gateway.upstream.pool import Pool, origin_of
 from tailguard.gateway.upstream.refusals import Refusals
 from tailguard.types import FailureKind
-from tailguard.wire.openai import CHUNKED, Endpoint, error_body
+from tailguard.wire.openai import CHUNKED, Endpoint, error_body, error_fields
 from tailguard.wire.sse import EventTooLarge
 
 UPSTREAM_PATHS: dict[Endpoint, str] = {
@@ -229,12 +229,7 @@ def sanitized_error(status: int, payload: bytes, backend: BackendConfig) -> byte
     """A backend's 4xx as OpenAI's error body: its type, code and param when it sent them in
     OpenAI's shape (a client acts on `context_length_exceeded`), and its message cut to one line
     of 200 characters with anything credential-like blanked; never the body itself."""
-    try:
-        data = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        data = None
-    err = data.get("error") if isinstance(data, dict) else None
-    fields = err if isinstance(err, dict) else data if isinstance(data, dict) else {}
+    fields, err = error_fields(payload)
     said = [m for m in (fields.get("message"), err, fields.get("detail")) if isinstance(m, str)]  # OpenAI, TGI, FastAPI
     text = _sanitized(said[0] if said else "", backend) or f"Backend '{backend.name}' refused the request ({status})."
     return error_body(APIError(text, status=status, type=_short(fields.get("type")) or "invalid_request_error",

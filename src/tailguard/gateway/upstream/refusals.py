@@ -20,9 +20,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-import orjson
-
 from tailguard.gateway.upstream.kinds import Kind
+from tailguard.wire.openai import error_fields
 
 # How engines word a refusal of a field they do not take: vLLM's "Priority scheduling is not
 # enabled", pydantic's "Extra inputs are not permitted", "unsupported", "unknown field", ...
@@ -42,12 +41,7 @@ def refused_field(status: int, payload: bytes, added: Iterable[str]) -> str | No
     refusing words), or None when the refusal is about something else."""
     if status != 400:
         return None
-    try:
-        data = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        data = None
-    err = data.get("error") if isinstance(data, dict) else None
-    fields = err if isinstance(err, dict) else data if isinstance(data, dict) else {}
+    fields, err = error_fields(payload)
     message = fields.get("message") or fields.get("detail") or (err if isinstance(err, str) else "")
     text = (message if isinstance(message, str) else str(message)).lower()
     param = fields.get("param")
