@@ -69,6 +69,7 @@ class Seen:
     times: list[float] = field(default_factory=list)
     error: openai.APIError | None = None
     going: asyncio.Event = field(default_factory=asyncio.Event)  # set once 20 tokens arrived
+    extra: set[str] = field(default_factory=set)  # fields beyond OpenAI's its chunks carried
 
     @property
     def pause_s(self) -> float:
@@ -89,6 +90,9 @@ async def consume(c: AsyncOpenAI, seen: Seen, stop_after: int | None = None, **k
     try:
         async for chunk in stream:
             seen.ids.add(chunk.id)
+            seen.extra.update(chunk.model_extra or {})
+            for choice in chunk.choices:
+                seen.extra.update(choice.model_extra or {})
             if chunk.usage is not None:
                 seen.usage = chunk.usage
             if chunk.choices and chunk.choices[0].delta.content:
@@ -127,6 +131,11 @@ async def test_streams_of_a_killed_backend_go_on_elsewhere_and_tools_end_with_on
             answers = await asyncio.gather(*whole)
             prompt_tokens = {s.usage.prompt_tokens for s in [*plain, *jobs]}
             metrics = await scrape(url)
+            by_ids = 0.0
+            for sim in sims:
+                if sim is not victim:
+                    by_ids += sample(await scrape(sim.url), "tailguard_sim_token_id_prompts_total",
+                                     model_name="tailguard-sim")
     moved = [s for s in [*plain, *jobs] if s.backend == name(victim)]
     assert any(s in moved for s in plain), "a chat stream ran on the killed backend"
     for s in [*plain, *jobs]:  # every stream whole: nothing lost, nothing repeated, one id, usage exact
@@ -148,6 +157,10 @@ async def test_streams_of_a_killed_backend_go_on_elsewhere_and_tools_end_with_on
     # Each stream that ran there, and any non-stream answer that did (its header names where it
     # ended); the client that left (`left`) is no migration.
     assert len(moved) <= migrated <= len(moved) + len(answers)
+    # The simulator returns token ids as vLLM does: each continuation went on from the ids the
+    # killed engine produced (its prompt: token ids), and no client saw the ids the gateway asked for.
+    assert by_ids == migrated
+    assert all(not s.extra & {"token_ids", "prompt_token_ids"} for s in [*plain, *jobs, *tools, left])
     others = [s for s in [*plain, *jobs] if s not in moved]
     print(f"migrated: {len(moved)} streams ({sum(s in jobs for s in moved)} batch), {migrated - len(moved)} "
           f"non-stream answers; their gap at the kill: up to {max(s.gap_at(killed_at) for s in moved) * 1000:.0f} ms "
@@ -190,6 +203,7 @@ async def _ok(request: web.Request) -> web.Response:
 async def test_a_continuation_the_next_backend_refuses_ends_the_stream_with_that_error_event() -> None:
     refusing = web.Application()
     refusing.router.add_post("/v1/chat/completions", _refuses)
+    refusing.router.add_post("/v1/completions", _refuses)  # (a `sim` kind is continued by token ids there)
     refusing.router.add_get("/health", _ok)
     async with asyncio.timeout(60), running(refusing) as refuser, fleet(
             1, max_concurrency=1, extra=[{"name": "refuser", "url": refuser, "kind": "sim", "max_concurrency": 1}],

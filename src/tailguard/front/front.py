@@ -20,99 +20,33 @@ which the driver must not finish it.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from tailguard.errors import ConfigError
 from tailguard.front.ejection import Ejector
 from tailguard.front.events import (
-    Arrive, Close, Decision, Drop, Ejected, Event, Failed, Finished, FirstContent, Generated, HealthChanged, Hedge,
+    Arrive, Close, Decision, Drop, Event, Failed, Finished, FirstContent, Generated, HealthChanged, Hedge,
     KindLearned, Loaded, Observed, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend,
-    Tick, Wait, WrongEvent,
+    Tick, WrongEvent,
 )
 from tailguard.front.hedging import Hedger
 from tailguard.front.limits import CallerLimits, Standing
 from tailguard.front.params import FrontParams
 from tailguard.front.preemption import Candidate, PreemptionPolicy
 from tailguard.front.queue import Pending, carry_over, make_scheduler
-from tailguard.front.retry import Retry, hurts_health, retry_budget, retry_of, stale_connection
+from tailguard.front.recovery import Recovery
+from tailguard.front.retry import retry_budget
 from tailguard.front.router import NO_ROUTE, Route, Router
 from tailguard.front.slots import BackendPool, BackendState
-from tailguard.types import FailureKind, Outcome, RejectReason
+from tailguard.front.tracked import BackendView, State, Tracked
+from tailguard.types import Outcome, RejectReason
 
 NOTHING: Sequence[Decision] = ()
 
 
-class State(enum.Enum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUSPENDED = "suspended"
-
-
-class _Req:
-    __slots__ = ("pending", "state", "backend", "bound_at", "preemptible", "max_tokens", "suspendable",
-                 "preemptions", "attempts", "tried", "fresh_retried", "caller", "generated", "route", "hedge",
-                 "first", "continuable", "migrations", "avoid", "must_continue")
-
-    def __init__(self, pending: Pending, preemptible: bool, max_tokens: int | None, caller: str | None,
-                 route: Route, continuable: bool = False) -> None:
-        self.pending = pending
-        # Its driver keeps its text (`Front.tracks` at its arrival), so it can be continued.
-        self.continuable = continuable
-        self.caller = caller
-        self.route = route
-        self.state = State.QUEUED
-        self.backend = ""
-        self.bound_at = 0.0
-        self.preemptible = preemptible
-        self.max_tokens = max_tokens
-        self.suspendable = False  # its upstream is open: a Suspend can take effect at once
-        self.preemptions = 0
-        self.attempts = 0
-        self.tried: list[str] = []  # backends its attempts went to
-        self.fresh_retried = False  # retried once on the same backend already
-        self.generated = 0  # tokens generated over all runs, as the last `Generated` said
-        self.hedge: str | None = None  # the backend of its second attempt while it is hedged
-        self.first = False  # its first content came
-        self.migrations = 0  # continued on another backend after its own died or stalled mid-answer
-        self.avoid: set[str] = set()  # backends it failed on, skipped while it waits for another
-        self.must_continue = False  # waiting to be continued: only a kind that can continue takes it
-
-
-@dataclass(frozen=True, slots=True)
-class BackendView:
-    """What a driver may read of one backend (for /health and gauges)."""
-
-    name: str
-    healthy: bool  # takes requests (a backend starts healthy, so none waits for a probe to serve)
-    retiring: bool
-    in_flight: int
-    max_concurrency: int
-    reserved_slots: int
-    probed: bool = False  # a probe has answered or failed: its health is known, not assumed
-    failures: int = 0  # failed probes and connections in a row
-    ejected: bool = False  # out for a while after failed requests in a row (`front.ejection`)
-    pool: str = "default"
-    models: tuple[str, ...] | None = None  # what it serves, configured or listed (None: not known)
-    cap: int = 0  # the in-flight cap in force: `max_concurrency`, or the adaptive one
-
-    @property
-    def state(self) -> str:
-        """What /health says of it: `unknown` until a probe has answered, `failing` while probes
-        fail but fewer than `unhealthy_after` in a row (it still takes requests), `unhealthy`,
-        or `healthy`."""
-        if not self.healthy:
-            return "unhealthy"
-        if self.ejected:
-            return "ejected"
-        if self.failures:
-            return "failing"
-        return "healthy" if self.probed else "unknown"
-
-
-class Front:
+class Front(Recovery):
     """Queue, slot ledger, routing, health, preemption, retries, shedding and callers' limits
     in one object, changed only through `handle`; drivers read it through the views below."""
 
@@ -128,8 +62,8 @@ class Front:
         self._budget = retry_budget(params.retry)
         self._max_attempts = params.retry.max_attempts
         self._limits = CallerLimits(params.callers)
-        self._reqs: dict[str, _Req] = {}
-        self._candidates: dict[str, _Req] = {}  # running preemptible requests
+        self._reqs: dict[str, Tracked] = {}
+        self._candidates: dict[str, Tracked] = {}  # running preemptible requests
         self._out: list[Decision] = []
         self._may_preempt = True
         self._closed = False
@@ -252,7 +186,7 @@ class Front:
             self._limits.take_request(caller, now)
         route = Route(ev.model, ev.prefix) if ev.model is not None or ev.prefix else NO_ROUTE
         kept = self.tracks(ev.cls, ev.resumable)
-        self._reqs[req_id] = _Req(pending, kept and self.may_suspend(ev.cls), ev.max_tokens, caller, route, kept)
+        self._reqs[req_id] = Tracked(pending, kept and self.may_suspend(ev.cls), ev.max_tokens, caller, route, kept)
         self._pump(now, self._may_preempt)
 
     def _refusal(self, ev: Arrive, now: float) -> Reject | None:
@@ -286,115 +220,6 @@ class Front:
 
     def _generated(self, ev: Generated, now: float) -> None:
         self._running(ev, ev.id).generated = ev.tokens
-
-    def _failed(self, ev: Failed, now: float) -> None:
-        """An attempt failed. A `Start` when it is worth trying again (same backend on a fresh
-        connection, or another), within `max_attempts` and the retry budget, or a
-        `Start(resumed=True)` on another backend when its backend died mid-answer (`_migrate`);
-        else nothing, and the driver ends the request with `Finished`."""
-        r = self._running(ev, ev.id)
-        if r.hedge is not None:
-            self._hedge_failed(r, ev, now)
-            return
-        old = r.backend
-        r.suspendable = False
-        if hurts_health(ev.kind, ev.answered):
-            self._eject_maybe(old, ev.kind, now)
-        where = retry_of(ev.kind, ev.delivered, ev.answered, r.continuable)
-        if where is Retry.CONTINUE:
-            self._migrate(r, stale_connection(ev.kind, ev.answered), now)
-            return
-        if r.attempts >= self._max_attempts or where is Retry.NO or not self._budget.try_withdraw(now):
-            return
-        r.attempts += 1
-        target = self._retry_target(r, where, now)
-        if target is None:
-            if self._could_take(r, must_continue=False):
-                self._wait(r, now, must_continue=False)
-            return
-        if target == old:
-            r.fresh_retried = True
-        self._restart(r, target, now, resumed=False)
-
-    def _migrate(self, r: _Req, stale: bool, now: float) -> None:
-        """Its backend died or stalled after part of the answer reached the client: the rest is
-        generated on another backend that can continue a generation, from the text so far (the
-        driver's continuation, as after a suspension). At most `max_migrations` times and
-        within the retry budget; with no such backend free now it ends where it is. A
-        continuation whose connection was `stale` goes to the same backend once more (not a move:
-        not counted)."""
-        if (not stale and r.migrations >= self._params.retry.max_migrations) or not self._budget.try_withdraw(now):
-            return
-        target = self._migration_target(r, stale, now)
-        if target is None:
-            if r.migrations < self._params.retry.max_migrations and self._could_take(r, must_continue=True):
-                r.migrations += 1
-                self._wait(r, now, must_continue=True)
-            return
-        if target != r.backend:
-            r.migrations += 1
-        self._restart(r, target, now, resumed=True)
-
-    def _could_take(self, r: _Req, must_continue: bool) -> bool:
-        """Whether some backend other than those it failed on (and able to continue, if it must)
-        could take it once a slot frees: else waiting would only delay its error."""
-        avoid = {*r.avoid, r.backend}
-        return any(s.name not in avoid and (s.cfg.continues or not must_continue) for s in self._reach(r))
-
-    def _wait(self, r: _Req, now: float, must_continue: bool) -> None:
-        """Its retry or continuation finds no backend free now: it waits in the queue, holding no
-        slot, its client kept, for one that may take it (not one it failed on; one that can
-        continue a generation when some of the answer went out already), within its class's
-        wait bound, as a suspended request does. A backend that fails costs no request another
-        could serve a moment later."""
-        p = r.pending
-        self._candidates.pop(p.id, None)
-        r.avoid.add(r.backend)
-        r.state, r.suspendable, r.must_continue = State.SUSPENDED, False, must_continue
-        again = Pending(p.id, p.cls, p.rank, p.est_tokens, p.arrived_at, now + self._classes[p.cls].max_queue_wait_s)
-        r.pending = again
-        self._queue.requeue(again, now)
-        self._out.append(Wait(p.id))
-        self._release(r.backend, p)  # after the Wait: a retiring backend may leave with this release
-        self._pump(now, self._may_preempt)  # its slot, freed, may go to someone else
-
-    def _migration_target(self, r: _Req, stale: bool, now: float) -> str | None:
-        """The least loaded backend it has not failed on whose kind can continue a generation
-        (its own backend again on a fresh connection, once, after a stale one)."""
-        slots = self._slots
-        if stale and not r.fresh_retried and slots.takes_new(r.backend) and not self._ejector.ejected(r.backend):
-            r.fresh_retried = True
-            return r.backend
-        if r.migrations >= self._params.retry.max_migrations:
-            return None
-        return self._choose(r, now, exclude=[*r.tried, r.backend, *self._cannot_continue()])
-
-    def _restart(self, r: _Req, target: str, now: float, resumed: bool) -> None:
-        """Send a running request's next attempt (or continuation) to `target`, moving its slot
-        there from the backend it failed on."""
-        old = r.backend
-        if target != old:
-            self._slots.acquire(target, r.pending.cls, r.pending.est_tokens)
-            self._router.bound(target, r.route)
-            r.backend = target
-        r.tried.append(target)
-        r.bound_at = now
-        self._out.append(Start(r.pending.id, target, resumed))
-        if target != old:  # after the Start: a retiring `old` may leave with this release
-            self._release(old, r.pending)
-        self._pump(now, self._may_preempt)
-
-    def _hedge_failed(self, r: _Req, ev: Failed, now: float) -> None:
-        """One attempt of a hedged request failed while the other runs: that one goes on alone
-        (it is the request's attempt from now on); nothing is retried."""
-        assert r.hedge is not None
-        failed = ev.backend if ev.backend is not None else r.backend
-        if hurts_health(ev.kind, ev.answered):
-            self._eject_maybe(failed, ev.kind, now)
-        other = r.hedge if failed == r.backend else r.backend
-        r.backend, r.hedge = other, None
-        self._release(failed, r.pending)
-        self._pump(now, self._may_preempt)
 
     def _first_content(self, ev: FirstContent, now: float) -> None:
         """The first content came from `ev.backend`. Unhedged: its TTFT on its backend is a
@@ -551,7 +376,7 @@ class Front:
 
     # --- checks -----------------------------------------------------------------------------
 
-    def _running(self, ev: Event, req_id: str) -> _Req:
+    def _running(self, ev: Event, req_id: str) -> Tracked:
         r = self._reqs.get(req_id)
         if r is None:
             raise WrongEvent(ev, "not in the front (ended, or rejected)")
@@ -570,24 +395,13 @@ class Front:
         self._ejector.forget(backend)
         self._out.append(Retired(backend))
 
-    def _eject_maybe(self, backend: str, kind: FailureKind, now: float) -> None:
-        """A failure of the kind a dead or hung host causes: counted, and perhaps the last of
-        enough in a row to take it out for a while."""
-        if backend not in self._slots.names:
-            return
-        pool = self._slots[backend].cfg.pool
-        members = [s.name for s in self._slots if s.cfg.pool == pool and not s.retiring]
-        ej = self._ejector.failed(backend, now, members)
-        if ej is not None:
-            self._out.append(Ejected(backend, ej.for_s, ej.failures, kind, ej.times))
-
-    def _choose(self, r: _Req, now: float, exclude: Collection[str] = ()) -> str | None:
+    def _choose(self, r: Tracked, now: float, exclude: Collection[str] = ()) -> str | None:
         """Where `r` may go now. A suspended request's continuation needs a backend whose kind
         can continue a generation (in a mixed fleet, not every backend can)."""
         return self._router.choose(self._slots, self._classes[r.pending.cls], r.pending, r.route, now,
                                    [*exclude, *self._barred(r)])
 
-    def _barred(self, r: _Req) -> list[str]:
+    def _barred(self, r: Tracked) -> list[str]:
         """Backends a waiting request may not go to: those it failed on, and, to be continued,
         those whose kind cannot continue a generation."""
         if r.state is not State.SUSPENDED:
@@ -597,7 +411,7 @@ class Front:
             barred += self._cannot_continue()
         return barred
 
-    def _reach(self, r: _Req) -> list[BackendState]:
+    def _reach(self, r: Tracked) -> list[BackendState]:
         """The backends that may take `r` whatever their free slots: its model, its pools,
         healthy, not ejected (or in panic)."""
         serving = self._router.serving(self._slots, self._classes[r.pending.cls], r.route)
@@ -606,12 +420,6 @@ class Front:
     def _cannot_continue(self) -> list[str]:
         """Backends whose kind cannot continue a generation: none may take a continuation."""
         return [s.name for s in self._slots if not s.cfg.continues]
-
-    def _retry_target(self, r: _Req, where: Retry, now: float) -> str | None:
-        if (where is Retry.SAME_OR_OTHER and not r.fresh_retried and self._slots.takes_new(r.backend)
-                and not self._ejector.ejected(r.backend)):
-            return r.backend
-        return self._choose(r, now, exclude=r.tried)
 
     def _pump(self, now: float, preempt: bool) -> None:
         """Bind queued requests to free slots in the queue's order; then, if the best waiting
@@ -636,7 +444,7 @@ class Front:
             elif not preempt or self._policy is None or not self._preempt_for_head(now):
                 return
 
-    def _bind(self, r: _Req, backend: str, now: float) -> None:
+    def _bind(self, r: Tracked, backend: str, now: float) -> None:
         self._slots.acquire(backend, r.pending.cls, r.pending.est_tokens)
         self._router.bound(backend, r.route)
         resumed = r.state is State.SUSPENDED
@@ -694,7 +502,7 @@ class Front:
         self._bind(wanted, backend, now)
         return True
 
-    def _suspend(self, r: _Req, now: float) -> None:
+    def _suspend(self, r: Tracked, now: float) -> None:
         p = r.pending
         self._release(r.backend, p)
         del self._candidates[p.id]

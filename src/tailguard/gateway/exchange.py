@@ -133,6 +133,7 @@ class Exchange:
         self._stream: StreamRelay | None = None
         self._asm: Assembler | None = None  # kept across the runs of a preemptible request
         self._resumed: dict[str, Any] | None = None  # the continuation body after a suspension
+        self._endpoint: Endpoint = job.endpoint  # where attempts go (a continuation by ids: completions)
         self._retried = False  # the last attempt failed: this one goes on a new connection
         self._dropped_here: set[str] = set()  # added fields this request went again without
         # Relayed as one body: a route that answers once, or a non-stream call of a typed-event route.
@@ -183,7 +184,7 @@ class Exchange:
                 self._wd.start_attempt(now + self._to.first_token_s, None if head_late else now + self._to.header_s)
             up = None
             try:
-                up = await ctx.upstream.open(backend, job.endpoint, body, job.req_id, self._to.connect_s,
+                up = await ctx.upstream.open(backend, self._endpoint, body, job.req_id, self._to.connect_s,
                                              self._limits, fresh=self._retried,
                                              traceparent=None if rec.trace is None else rec.trace.traceparent(),
                                              headers=job.headers)
@@ -230,7 +231,7 @@ class Exchange:
 
         async def open_hedge(other: BackendConfig) -> H1Response:
             async with asyncio.timeout(self._to.connect_s + self._to.header_s):
-                return await ctx.upstream.open(other, job.endpoint, self._body(other), job.req_id, self._to.connect_s,
+                return await ctx.upstream.open(other, self._endpoint, self._body(other), job.req_id, self._to.connect_s,
                                              self._limits)
 
         def count(cls: str, outcome: str) -> None:
@@ -242,6 +243,9 @@ class Exchange:
     def _body(self, backend: BackendConfig) -> bytes:
         job = self.job
         resumed = self._resumed
+        if self.rec.progress is not None:  # whether this run's token ids are kept, and hidden
+            self.rec.progress.run_on(get_kind(backend.kind).continues_by_ids,
+                                     job.capped.body.get("return_token_ids") is True)
         return upstream_body(
             job.raw, job.capped.body if resumed is None else resumed, client_stream=job.parsed.stream,
             client_usage=job.parsed.include_usage, body_changed=job.capped.body_changed or resumed is not None,
@@ -311,7 +315,8 @@ class Exchange:
         a migration), on a connection from the pool."""
         progress = self.rec.progress
         assert progress is not None  # the front continues only requests whose text is kept (`tracks`)
-        self._resumed = continuation_body(self.job.capped.body, self.job.endpoint, progress)
+        by_ids = get_kind(self.ctx.backends[self.rec.backend].kind).continues_by_ids
+        self._resumed, self._endpoint = continuation_body(self.job.capped.body, self.job.endpoint, progress, by_ids)
         self._retried = False
 
     def _delivered(self) -> bool:

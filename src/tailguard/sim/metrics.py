@@ -70,6 +70,7 @@ class SimMetrics:
         self.prefill = Histogram(REQUEST_BUCKETS)  # first scheduled to first token, as vLLM's
         self.decode = Histogram(REQUEST_BUCKETS)  # first token to last
         self.behind_s = 0.0  # how late the server's loop woke for its last step (simulated seconds)
+        self.token_id_prompts = 0  # requests whose prompt came as token ids (a continuation by ids)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -121,6 +122,8 @@ class SimMetrics:
                    self.prefill)
         yield hist("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
                    self.decode)
+        yield counter("tailguard_sim_token_id_prompts", "Requests whose prompt came as token ids.",
+                      self.token_id_prompts)
         yield gauge("tailguard_sim_behind_seconds",
                     "How late (simulated seconds) the simulator's loop woke for its last step; 0 when it keeps up.",
                     self.behind_s)

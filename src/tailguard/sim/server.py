@@ -119,6 +119,8 @@ async def _generate(request: web.Request, endpoint: wire.Endpoint) -> web.Stream
         del state.lives[acc.id]
         return _error(BadRequest(str(e), code="invalid_value"))
     state.kick.set()
+    if parsed.token_ids is not None:
+        state.metrics.token_id_prompts += 1
     try:
         if parsed.stream:
             return await _stream(request, state, acc, live)
@@ -171,7 +173,8 @@ async def _complete(state: SimState, acc: _Accepted, live: Live) -> web.Response
 async def _stream(request: web.Request, state: SimState, acc: _Accepted, live: Live) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     chunks = chunks_for(acc.parsed.endpoint, acc.id, state.model_name, int(time.time()), prompt_tokens=acc.prompt_tokens,
-                        include_usage=acc.parsed.include_usage, max_tokens=acc.parsed.max_tokens)
+                        include_usage=acc.parsed.include_usage, max_tokens=acc.parsed.max_tokens,
+                        prompt_ids=_prompt_ids(acc) if acc.parsed.body.get("return_token_ids") is True else None)
     try:
         await resp.prepare(request)
         sent = 0
@@ -189,6 +192,16 @@ async def _stream(request: web.Request, state: SimState, acc: _Accepted, live: L
     except ConnectionError:
         pass  # the client left; the caller aborts the request
     return resp
+
+
+def _prompt_ids(acc: _Accepted) -> list[int]:
+    """The prompt's token ids, as `return_token_ids` returns them: those it came as, else one
+    made-up id per prompt token, the same for the same text (the simulator has no vocabulary)."""
+    parsed = acc.parsed
+    if parsed.token_ids is not None:
+        return parsed.token_ids
+    text = parsed.prompt_text().encode()
+    return [1 + (int.from_bytes(text[4 * i:4 * i + 4] or b"\0", "little") % 32000) for i in range(acc.prompt_tokens)]
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:

@@ -111,13 +111,14 @@ class MessageEvents:
 
 
 def chunks_for(endpoint: wire.Endpoint, rid: str, model: str, created: int, *, prompt_tokens: int,
-               include_usage: bool, max_tokens: int | None) -> Events:
+               include_usage: bool, max_tokens: int | None, prompt_ids: list[int] | None = None) -> Events:
     """The events of a streamed answer on `endpoint`."""
     if endpoint == "responses":
         return ResponseEvents(rid, model, created, prompt_tokens, max_tokens)
     if endpoint == "messages":
         return MessageEvents(rid, model, prompt_tokens)
-    return Chunks(endpoint, rid, model, created, prompt_tokens=prompt_tokens, include_usage=include_usage)
+    return Chunks(endpoint, rid, model, created, prompt_tokens=prompt_tokens, include_usage=include_usage,
+                  prompt_ids=prompt_ids)
 
 
 def body_for(endpoint: wire.Endpoint, rid: str, model: str, created: int, *, prompt_tokens: int,

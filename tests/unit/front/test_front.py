@@ -9,7 +9,8 @@ from tailguard.front.events import (
     Arrive, Close, Ejected, Failed, Finished, Generated, HealthChanged, KindLearned, Opened, Probed, Readmitted, Reject,
     Start, Suspend, Tick, WrongEvent,
 )
-from tailguard.front.front import Front, State
+from tailguard.front.front import Front
+from tailguard.front.tracked import State
 from tailguard.front.params import (
     BackendSpec, ClassSpec, EjectionParams, FrontParams, HealthParams, PreemptionParams, QueueParams, RetryParams,
 )

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from tailguard.front.events import Arrive, Failed, Finished, Start, Wait
-from tailguard.front.front import Front, State
+from tailguard.front.front import Front
+from tailguard.front.tracked import State
 from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, HealthParams, QueueParams, RetryParams
 from tailguard.front.retry import Retry, retry_of
 from tailguard.types import FailureKind, Outcome

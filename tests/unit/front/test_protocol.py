@@ -9,7 +9,8 @@ import pytest
 from tailguard.front.events import (
     Arrive, Ejected, Failed, Finished, Generated, HealthChanged, Opened, Probed, Start, WrongEvent,
 )
-from tailguard.front.front import Front, State
+from tailguard.front.front import Front
+from tailguard.front.tracked import State
 from tailguard.front.params import BackendSpec, ClassSpec, EjectionParams, FrontParams, HealthParams
 from tailguard.types import FailureKind, Outcome
 

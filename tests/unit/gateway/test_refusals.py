@@ -29,8 +29,9 @@ def test_other_refusals_are_the_clients() -> None:
     pydantic = orjson.dumps({"detail": "continuous_usage_stats: Extra inputs are not permitted"})
     assert refused_field(400, pydantic, added) == "continuous_usage_stats"
     assert refused_field(400, b"not json", added) is None
-    assert added_fields(get_kind("vllm"), count_tokens=True) == ("priority", "continuous_usage_stats")
-    assert added_fields(get_kind("sim"), count_tokens=True) == ()
+    assert added_fields(get_kind("vllm"), count_tokens=True) == ("priority", "continuous_usage_stats",
+                                                                 "return_token_ids")
+    assert added_fields(get_kind("sim"), count_tokens=True) == ("return_token_ids",)
 
 
 def test_a_dropped_field_is_never_sent_not_even_the_clients() -> None:
@@ -40,7 +41,7 @@ def test_a_dropped_field_is_never_sent_not_even_the_clients() -> None:
     b = BackendConfig(name="a", url="http://h:1", kind="vllm")
     sent = orjson.loads(upstream_body(b"", {"model": "m"}, client_stream=False, client_usage=False, body_changed=False,
                                       backend=b, rank=1, count_tokens=True,
-                                      dropped=frozenset({"priority", "continuous_usage_stats"})))
+                                      dropped=frozenset({"priority", "continuous_usage_stats", "return_token_ids"})))
     assert sent == {"model": "m", "stream": True, "stream_options": {"include_usage": True}}
 
 

@@ -17,7 +17,7 @@ def test_chat_continuation_appends_the_text_and_shrinks_the_budget() -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100,
             "max_completion_tokens": 90, "min_tokens": 5}
     prog = Progress(parts=["Once", " upon", " a"], tokens=3)
-    out = continuation_body(body, "chat", prog)
+    out, _ = continuation_body(body, "chat", prog)
     assert out["messages"] == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once upon a"}]
     assert out["continue_final_message"] is True and out["add_generation_prompt"] is False
     assert (out["max_tokens"], out["max_completion_tokens"], out["min_tokens"]) == (97, 87, 2)
@@ -40,19 +40,19 @@ def test_a_prompt_the_first_run_counted_is_the_one_the_client_sees() -> None:
 
 def test_completion_continuation_and_a_client_continuing_its_own_message() -> None:
     prog = Progress(parts=["abcd"], tokens=1)
-    out = continuation_body({"prompt": "x" * 8, "max_tokens": 10}, "completions", prog)
+    out, _ = continuation_body({"prompt": "x" * 8, "max_tokens": 10}, "completions", prog)
     assert (out["prompt"], out["max_tokens"], prog.added_prompt_tokens) == ("x" * 8 + "abcd", 9, 1)
     own = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "The"}],
            "continue_final_message": True, "add_generation_prompt": False, "max_tokens": 4}
     assert resumable(own, "chat")
-    out = continuation_body(own, "chat", Progress(parts=[" end"], tokens=1))
+    out, _ = continuation_body(own, "chat", Progress(parts=[" end"], tokens=1))
     assert out["messages"][-1] == {"role": "assistant", "content": "The end"} and out["max_tokens"] == 3
 
 
 def test_nothing_generated_yet_restarts_the_same_body() -> None:
     body = {"prompt": "p", "max_tokens": 10}
     prog = Progress()
-    assert continuation_body(body, "completions", prog) is body
+    assert continuation_body(body, "completions", prog) == (body, "completions")
     assert prog.runs == 2 and prog.client_usage(1, 10) == (1, 10)
 
 
@@ -64,7 +64,7 @@ def test_a_lazy_stream_keeps_its_chunks_raw_until_it_must_be_continued() -> None
     prog.keep(_tok("Once", "x1"), chat=True)  # the first is parsed: its id
     prog.keep(_tok(" upon", "x1") + _tok(" a", "x1", running=4), chat=True)  # vLLM packed two tokens in one
     assert (prog.text(), prog.tokens, prog.first_id) == ("Once", 1, "x1")  # the block waits, raw
-    out = continuation_body({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}, "chat", prog)
+    out, _ = continuation_body({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}, "chat", prog)
     assert out["messages"][-1] == {"role": "assistant", "content": "Once upon a"} and out["max_tokens"] == 6
     assert (prog.tokens, prog.first_id, prog.prompt_tokens, prog.lazy, prog.raw) == (4, "x1", 9, False, [])
 
@@ -81,3 +81,70 @@ def test_a_lazy_stream_reads_compact_chunks_by_their_bytes_and_keeps_the_rest_in
             assert not prog.raw  # a compact chunk read by its bytes, after what waited before it
     prog.decode(chat=True)
     assert prog.tokens == 600 and prog.text() == "".join(texts)
+
+
+def _ids_chunk(text: str, ids: list[int], prompt: list[int] | None = None) -> dict[str, object]:
+    """A vLLM chat chunk with `return_token_ids`: its tokens' ids, the prompt's on the first."""
+    obj: dict[str, object] = {"id": "x1", "object": "chat.completion.chunk",
+                              "choices": [{"index": 0, "delta": {"content": text}, "token_ids": ids}]}
+    if prompt is not None:
+        obj["prompt_token_ids"] = prompt
+    return obj
+
+
+def _tracked(*chunks: dict[str, object]) -> Progress:
+    """A run on an engine that returns token ids, the client not asking for them: every chunk's
+    text passed to the client, as the relay does."""
+    prog = Progress()
+    prog.run_on(gives_ids=True, client_ids=False)
+    for c in chunks:
+        prog.absorb(c)
+        text = c["choices"][0]["delta"]["content"]  # type: ignore[index]
+        if text:
+            prog.add(text, None)
+    return prog
+
+
+def test_a_chat_stream_is_continued_by_its_token_ids_on_completions_in_chat_shape() -> None:
+    """Nothing re-tokenised: the prompt's ids and every generated id are the next prompt, the
+    budget shrinks by what was generated, the sampling is kept and the chat fields go; the
+    run's completions chunks come back to the client as chat chunks."""
+    prog = _tracked(_ids_chunk("Once", [7, 8], prompt=[1, 2, 3]), _ids_chunk(" upon", [9]))
+    assert prog.hide_ids and prog.by_ids()
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 10,
+            "temperature": 0.3, "seed": 4, "continue_final_message": False}
+    out, endpoint = continuation_body(body, "chat", prog, by_ids=True)
+    assert endpoint == "completions"
+    assert out == {"model": "m", "prompt": [1, 2, 3, 7, 8, 9], "max_tokens": 7, "temperature": 0.3, "seed": 4,
+                   "return_token_ids": True}
+    assert (prog.tokens, prog.added_prompt_tokens, prog.as_chat) == (3, 3, True)
+    chunk = prog.absorb({"id": "cmpl-2", "object": "text_completion",
+                         "choices": [{"index": 0, "text": " a", "token_ids": [10], "finish_reason": None}]})
+    assert chunk["object"] == "chat.completion.chunk"
+    assert chunk["choices"] == [{"index": 0, "token_ids": [10], "finish_reason": None, "delta": {"content": " a"},
+                                 "logprobs": None}]
+    assert prog.ids == [7, 8, 9, 10] and prog.client_usage(3 + 3 + 0, 1) == (3, 4)
+
+
+def test_ids_whose_text_the_engine_held_back_are_generated_again_not_sent() -> None:
+    """An engine holds back a token's text while it may be half a character: the ids after the
+    last text the client has are left out of the continuation and counted again when redone."""
+    prog = _tracked(_ids_chunk("Once", [7], prompt=[1]), _ids_chunk("", [8]))
+    prog.tokens = 2  # the engine's running count: the held token was generated
+    out, _ = continuation_body({"model": "m", "prompt": "p", "max_tokens": 5}, "completions", prog, by_ids=True)
+    assert out["prompt"] == [1, 7] and out["max_tokens"] == 4 and prog.tokens == 1 and not prog.as_chat
+
+
+def test_by_text_where_an_id_is_missing_or_a_stop_string_may_hold_text_back() -> None:
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
+    no_ids = Progress(parts=["Once"], tokens=1)
+    no_ids.run_on(gives_ids=False, client_ids=False)
+    assert continuation_body(chat, "chat", no_ids, by_ids=True)[1] == "chat"  # its first run gave none
+    moved = _tracked(_ids_chunk("Once", [7], prompt=[1]))
+    moved.run_on(gives_ids=False, client_ids=False)  # a run on an engine without ids: no longer whole
+    assert not moved.by_ids() and not moved.hide_ids
+    stops = _tracked(_ids_chunk("Once", [7], prompt=[1]))
+    assert continuation_body({**chat, "stop": ["\n"]}, "chat", stops, by_ids=True)[1] == "chat"
+    asked = Progress()
+    asked.run_on(gives_ids=True, client_ids=True)  # the client asked for the ids: it sees them
+    assert not asked.hide_ids and asked.ids == []

@@ -25,7 +25,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 
 from tailguard import __version__
-from tailguard.front.front import BackendView, Front
+from tailguard.front.front import Front
+from tailguard.front.tracked import BackendView
 from tailguard.front.intake import NO_CLASS
 from tailguard.front.retry import Retry, continues_after, hurts_health, retry_of
 from tailguard.gateway.ops.capacity import CapacitySignal

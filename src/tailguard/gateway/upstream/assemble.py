@@ -90,6 +90,8 @@ class Assembler:
             raise RelayError(FailureKind.PROTOCOL, "Backend sent a chunk that is not JSON.") from None
         if not isinstance(obj, dict):
             return
+        if self.progress is not None:  # its token ids kept; a continuation by ids back in chat's shape
+            obj = self.progress.absorb(obj)
         self.joiner.feed(obj)
         if self.joiner.error is not None:  # the request fails with it at the end: nothing more to count
             return

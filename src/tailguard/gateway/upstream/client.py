@@ -110,8 +110,9 @@ def upstream_body(
     """The bytes sent upstream: always a stream with usage. The client's raw bytes when they
     already say exactly that, else the body serialised once (the only JSON encode per request).
 
-    `count_tokens` (a preemptible request) asks a backend whose chunks may carry several tokens
-    for the running usage on every chunk, so the tokens generated so far are known exactly.
+    `count_tokens` (a request that may be continued) asks a backend whose chunks may carry several
+    tokens for the running usage on every chunk, so the tokens generated so far are known exactly,
+    and one that returns token ids for them (`Kind.continues_by_ids`), to continue by ids.
     Fields the backend refused (`dropped`) are left out. Routes other than chat and completions
     go as the client sent them (streamed or not), with only the class and model fields set."""
     prepared = prepare_body(backend, body, rank, dropped)
@@ -120,10 +121,14 @@ def upstream_body(
     kind = get_kind(backend.kind)
     running = kind.running_usage_options if count_tokens and not kind.one_token_per_chunk else {}
     running = {k: v for k, v in running.items() if k not in dropped}
-    if prepared is None and client_stream and client_usage and not body_changed and not running:
+    ids = (count_tokens and kind.continues_by_ids and body.get("return_token_ids") is not True
+           and "return_token_ids" not in dropped)
+    if prepared is None and client_stream and client_usage and not body_changed and not running and not ids:
         return raw
     b = dict(prepared if prepared is not None else body)
     b["stream"] = True
+    if ids:
+        b["return_token_ids"] = True
     so = b.get("stream_options")
     b["stream_options"] = {**(so if isinstance(so, dict) else {}), **running, "include_usage": True}
     return orjson.dumps(b)

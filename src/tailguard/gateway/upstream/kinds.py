@@ -63,6 +63,9 @@ class Kind:
     # Sends its response head only with the first result (llama-server waits for it so that an
     # error can still get its own status): no response-head deadline apart from the first token's.
     head_with_first_token: bool = False
+    # Returns each chunk's token ids when asked (`return_token_ids`, vLLM 0.10.2 and later) and
+    # takes a token-id prompt on /v1/completions: a stream can be continued by ids, not text.
+    continues_by_ids: bool = False
 
     def priority_for(self, rank: int) -> tuple[str, int] | None:
         """The request field and value that give a class of `rank` its place in the engine's own
@@ -155,7 +158,7 @@ KINDS: dict[str, Kind] = {
         name="vllm", health_path="/health",
         load_sources=(LoadSource("/metrics", parse_vllm_metrics),),
         priority_field="priority", rank_to_priority=_rank, continues_generation=True,
-        running_usage_options={"continuous_usage_stats": True},
+        running_usage_options={"continuous_usage_stats": True}, continues_by_ids=True,
     ),
     "llamacpp": Kind(
         name="llamacpp", health_path="/health",  # 503 while the model loads, 200 once it serves
@@ -179,7 +182,8 @@ KINDS: dict[str, Kind] = {
     # The simulator exports vLLM's metric names, so the gateway reads it exactly as it reads vLLM;
     # it has no priority queue of its own (the gateway's queue is the one under test).
     "sim": Kind(name="sim", health_path="/health", load_sources=(LoadSource("/metrics", parse_vllm_metrics),),
-                continues_generation=True, one_token_per_chunk=True),  # the simulator sends a chunk per token
+                # (the simulator sends a chunk per token, and copies vLLM's token ids)
+                continues_generation=True, one_token_per_chunk=True, continues_by_ids=True),
 }
 
 

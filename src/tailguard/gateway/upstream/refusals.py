@@ -1,5 +1,5 @@
 """Fields the gateway adds to a request body on its own (vLLM's `priority`, the running usage in
-`stream_options`) that a backend turned out to refuse; pure, no I/O.
+`stream_options`, `return_token_ids`) that a backend turned out to refuse; pure, no I/O.
 
 Engine truths are found, not assumed: a vLLM started without `--scheduling-policy priority`
 (and the simulator, which copies it) answers `400 "... Priority scheduling is not enabled."` to a
@@ -33,6 +33,8 @@ def added_fields(kind: Kind, *, count_tokens: bool) -> tuple[str, ...]:
     out = [] if kind.priority_field is None else [kind.priority_field]
     if count_tokens and not kind.one_token_per_chunk:
         out += kind.running_usage_options
+    if count_tokens and kind.continues_by_ids:
+        out.append("return_token_ids")
     return tuple(out)
 
 

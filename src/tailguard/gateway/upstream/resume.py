@@ -8,6 +8,14 @@ continues a trailing assistant message by itself), for completions, after the pr
 `max_tokens` shrinks by the tokens already generated, so the client gets what it asked for in
 total. Only a request whose text is fully known can be continued like this (the intake decides
 which: `tailguard.front.intake.resumable`).
+
+Where every run so far came from an engine that returns token ids (vLLM's `return_token_ids`,
+which the gateway asks for on a tracked stream) and the next one goes to such an engine, the
+continuation is sent by token ids instead: `/v1/completions` with the first run's prompt ids and
+every id generated since as its prompt (Dynamo's way: it appends the ids it tracked and lowers
+`max_tokens`). Nothing is re-tokenised, so the model goes on from exactly the tokens it produced,
+and the continuation's prompt count is exact. A chat client's stream stays chat: the run's
+completions chunks are put in chat's shape (`wire.token_ids.as_chat_chunk`).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from typing import Any
 from tailguard.wire.chunks import content_text, delta_text, has_content, parse, running_usage
 from tailguard.wire.openai import Endpoint
 from tailguard.wire.sse import SSEDecoder
+from tailguard.wire.token_ids import as_chat_chunk, generated_ids, prompt_ids, shows_text
 from tailguard.wire.tokens import CHAT_MESSAGE_OVERHEAD_TOKENS, text_tokens
 
 # Raw blocks a lazy stream keeps before parsing them: bounds its memory to about this many
@@ -55,6 +64,15 @@ class Progress:
     # Told every new count: the dispatcher passes it to the front as `Generated`, what a
     # preemption weighs (the front never asks its driver).
     on_tokens: Callable[[int], None] | None = None
+    # Token ids, kept while every run came from an engine that returns them (None: not, or no
+    # longer): the first run's prompt and every generated token's, for a continuation by ids.
+    ids: list[int] | None = None
+    prompt_ids: list[int] | None = None
+    # How many of `ids` the client has the text of: through the last chunk that carried text (an
+    # engine holds back a token's text while it may be half a character or a stop string's start).
+    shown_ids: int = 0
+    hide_ids: bool = False  # the gateway asked for the ids, not the client: cut from its bytes
+    as_chat: bool = False  # this run is a chat stream's continuation on /v1/completions
 
     def text(self) -> str:
         return "".join(self.parts)
@@ -71,11 +89,42 @@ class Progress:
         if self.on_tokens is not None:
             self.on_tokens(self.tokens)
 
+    def run_on(self, gives_ids: bool, client_ids: bool) -> None:
+        """A run starts on a backend that returns token ids (`gives_ids`) or not: the ids stay
+        whole only while every run's do. `client_ids`: the client asked for them itself."""
+        if not gives_ids:
+            self.ids = None
+        elif self.ids is None and self.runs == 1 and not self.tokens:
+            self.ids = []
+        self.hide_ids = gives_ids and not client_ids
+
+    def wants_ids(self) -> bool:
+        """Its ids are kept and the first run's prompt ids have not come yet."""
+        return self.ids is not None and self.prompt_ids is None
+
+    def absorb(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """A parsed chunk of this run: its token ids kept; returned in the client's shape."""
+        if self.ids is not None:
+            if self.prompt_ids is None:
+                self.prompt_ids = prompt_ids(obj)
+            ids = generated_ids(obj)
+            if ids:
+                self.ids.extend(ids)
+                if shows_text(obj):
+                    self.shown_ids = len(self.ids)
+        return as_chat_chunk(obj) if self.as_chat else obj
+
+    def by_ids(self) -> bool:
+        """Every run's ids were kept and the client has text from them: it can be continued by
+        the ids up to the last that showed text (those after it are generated again)."""
+        return self.ids is not None and self.prompt_ids is not None and self.shown_ids > 0
+
     def keep(self, events: bytes, chat: bool) -> None:
         """Whole SSE events, some carrying content, passed to the client unparsed (`lazy`). The
         first is parsed at once (its response id); then a lone compact content chunk's text is
-        read by its bytes (`wire.chunks.content_text`), and any other block kept raw."""
-        text = content_text(events, chat) if self.tokens else None
+        read by its bytes (`wire.chunks.content_text`), and any other block kept raw (every
+        block, while token ids are kept: only a parse reads them)."""
+        text = content_text(events, chat) if self.tokens and self.ids is None else None
         if text is None:
             self.raw.append(events)
             if not self.tokens or len(self.raw) >= _RAW_BLOCKS:
@@ -94,7 +143,10 @@ class Progress:
         self.raw = []
         for ev in events + dec.flush():
             obj = parse(ev.data)
-            if not isinstance(obj, dict) or not has_content(ev.data):
+            if not isinstance(obj, dict):
+                continue
+            obj = self.absorb(obj)
+            if not has_content(ev.data):
                 continue
             if self.first_id is None and isinstance(obj.get("id"), str):
                 self.first_id = obj["id"]
@@ -114,18 +166,31 @@ class Progress:
         return pt, ct
 
 
-def continuation_body(body: dict[str, Any], endpoint: Endpoint, progress: Progress) -> dict[str, Any]:
-    """The request that continues `body` after `progress`; records in `progress` where the new
-    run starts (`base_tokens`, `added_prompt_tokens`), and that it is parsed as it goes."""
+# What a continuation by token ids keeps of the client's request: the sampling, not the chat's
+# messages, tools or formats (a request with those is never continued: the intake's `resumable`).
+_SAMPLING = ("model", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+             "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens",
+             "spaces_between_special_tokens", "include_stop_str_in_output", "logit_bias", "user", "bad_words")
+
+
+def continuation_body(body: dict[str, Any], endpoint: Endpoint, progress: Progress,
+                      by_ids: bool = False) -> tuple[dict[str, Any], Endpoint]:
+    """The request that continues `body` after `progress`, and the endpoint it goes to; records
+    in `progress` where the new run starts (`base_tokens`, `added_prompt_tokens`), and that it is
+    parsed as it goes. `by_ids`: the next backend takes a token-id prompt; used when the ids so
+    far account for every token."""
     progress.decode(endpoint == "chat")
     progress.lazy = False
+    progress.as_chat = False
     text = progress.text()
     done = progress.tokens
     progress.runs += 1
     progress.base_tokens = done
     progress.added_prompt_tokens = 0
     if not text:
-        return body  # nothing generated yet: start over
+        return body, endpoint  # nothing generated yet: start over
+    if by_ids and progress.by_ids() and not body.get("stop"):  # (a stop string's held text: by text)
+        return _by_ids(body, endpoint, progress), "completions"
     out = dict(body)
     if endpoint == "chat":
         messages = list(body["messages"])
@@ -144,6 +209,33 @@ def continuation_body(body: dict[str, Any], endpoint: Endpoint, progress: Progre
         out["prompt"] = str(body["prompt"]) + text
         added = text_tokens(str(body["prompt"]) + text) - text_tokens(str(body["prompt"]))
         names = ("max_tokens",)
+    _shrink(body, out, names, done)
+    progress.added_prompt_tokens = added
+    return out, endpoint
+
+
+def _by_ids(body: dict[str, Any], endpoint: Endpoint, progress: Progress) -> dict[str, Any]:
+    """A completions request whose prompt is the first run's prompt ids and every id generated
+    since: its prompt count is exact (`added_prompt_tokens`), and a chat client's chunks are put
+    back in chat's shape (`as_chat`)."""
+    assert progress.ids is not None and progress.prompt_ids is not None
+    # Ids past the last text shown are generated again, and counted again: not counted twice.
+    del progress.ids[progress.shown_ids:]
+    progress.tokens = progress.base_tokens = len(progress.ids)
+    out = {k: body[k] for k in _SAMPLING if k in body}
+    out["prompt"] = progress.prompt_ids + progress.ids
+    out["return_token_ids"] = True
+    limit = body.get("max_completion_tokens") if endpoint == "chat" else None
+    if limit is None:
+        limit = body.get("max_tokens")
+    _shrink({**body, "max_tokens": limit}, out, ("max_tokens",), progress.tokens)
+    progress.added_prompt_tokens = len(progress.ids)
+    progress.as_chat = endpoint == "chat"
+    return out
+
+
+def _shrink(body: dict[str, Any], out: dict[str, Any], names: tuple[str, ...], done: int) -> None:
+    """The output bounds of `body` lowered by the `done` tokens already generated, into `out`."""
     for name in names:
         v = body.get(name)
         if isinstance(v, int) and not isinstance(v, bool):
@@ -151,5 +243,3 @@ def continuation_body(body: dict[str, Any], endpoint: Endpoint, progress: Progre
     m = body.get("min_tokens")
     if isinstance(m, int) and not isinstance(m, bool) and m > 0:
         out["min_tokens"] = max(0, m - done)
-    progress.added_prompt_tokens = added
-    return out

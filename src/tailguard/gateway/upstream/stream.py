@@ -34,6 +34,7 @@ from tailguard.wire.chunks import (
 from tailguard.wire.framing import OPENAI, Framing
 from tailguard.wire.openai import Endpoint
 from tailguard.wire.sse import DONE, DONE_EVENT, EventTooLarge, SSEDecoder, SSEEvent, encode_event, events_of
+from tailguard.wire.token_ids import without_token_ids
 
 # What a stream may still send after its `[DONE]`, drained so its connection can be reused; past
 # this the connection is closed instead.
@@ -139,8 +140,11 @@ class StreamRelay:
             return True  # part of an event: the decoder keeps it
         if len(ends) == 1 and self.framing.has_content(buf, 0, ends[0]):
             tally.content(now, 1)
-            if self.progress is not None:
-                self.progress.keep(buf, self.endpoint == "chat")
+            prog = self.progress
+            if prog is not None:
+                prog.keep(buf, self.endpoint == "chat")
+                if prog.hide_ids:
+                    buf = without_token_ids(buf)
             if self.sink.write_nowait(buf):
                 return True
             self._blocked = True
@@ -199,10 +203,13 @@ class StreamRelay:
                 self.upstream_error = True
             last_start, pos = pos, end
         last = content < len(ends) and f.is_last(buf, last_start, pos)  # [DONE] is not content
-        if content and self.progress is not None:
-            self.progress.keep(buf, self.endpoint == "chat")
+        prog = self.progress
+        if prog is not None and (content or prog.wants_ids()):
+            prog.keep(buf, self.endpoint == "chat")
         if drop is not None:
             buf = buf[:drop[0]] + buf[drop[1]:]
+        if prog is not None and prog.hide_ids:
+            buf = without_token_ids(buf)
         return buf, content, last
 
     def _track(self, events: list[SSEEvent], prog: Progress) -> tuple[bytes, int, bool]:
@@ -222,7 +229,10 @@ class StreamRelay:
             if not isinstance(obj, dict):
                 out.append(ev.raw)
                 continue
-            raw = self._same_id(ev.raw, obj)
+            shaped = prog.absorb(obj)  # its token ids kept; a continuation by ids back in chat's shape
+            raw = ev.raw if shaped is obj else encode_event(orjson.dumps(shaped))
+            raw = self._same_id(raw, shaped)
+            obj = shaped
             if isinstance(obj.get("error"), dict):
                 self.upstream_error = True
                 out.append(raw)
@@ -237,7 +247,8 @@ class StreamRelay:
                     out.append(usage)
             elif not (self.sink.started and not self.tally.run_started and role_only(obj)):
                 out.append(raw)  # (else a resumed run's preamble: the client has had it)
-        return b"".join(out), content, last
+        data = b"".join(out)
+        return (without_token_ids(data) if prog.hide_ids else data), content, last
 
     def _same_id(self, raw: bytes, obj: dict[str, Any]) -> bytes:
         """A resumed run's chunk with the first run's id, which its engine named anew."""

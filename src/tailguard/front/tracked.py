@@ -1,0 +1,80 @@
+"""What the front keeps of each request (`Tracked`, in a `State`) and what it shows of each
+backend (`BackendView`): plain records, apart from the logic in `front.front` and
+`front.recovery` that both read and change them."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from tailguard.front.queue import Pending
+from tailguard.front.router import Route
+
+
+class State(enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+
+
+class Tracked:
+    """One request as the front keeps it, from its arrival to its end."""
+
+    __slots__ = ("pending", "state", "backend", "bound_at", "preemptible", "max_tokens", "suspendable",
+                 "preemptions", "attempts", "tried", "fresh_retried", "caller", "generated", "route", "hedge",
+                 "first", "continuable", "migrations", "avoid", "must_continue")
+
+    def __init__(self, pending: Pending, preemptible: bool, max_tokens: int | None, caller: str | None,
+                 route: Route, continuable: bool = False) -> None:
+        self.pending = pending
+        # Its driver keeps its text (`Front.tracks` at its arrival), so it can be continued.
+        self.continuable = continuable
+        self.caller = caller
+        self.route = route
+        self.state = State.QUEUED
+        self.backend = ""
+        self.bound_at = 0.0
+        self.preemptible = preemptible
+        self.max_tokens = max_tokens
+        self.suspendable = False  # its upstream is open: a Suspend can take effect at once
+        self.preemptions = 0
+        self.attempts = 0
+        self.tried: list[str] = []  # backends its attempts went to
+        self.fresh_retried = False  # retried once on the same backend already
+        self.generated = 0  # tokens generated over all runs, as the last `Generated` said
+        self.hedge: str | None = None  # the backend of its second attempt while it is hedged
+        self.first = False  # its first content came
+        self.migrations = 0  # continued on another backend after its own died or stalled mid-answer
+        self.avoid: set[str] = set()  # backends it failed on, skipped while it waits for another
+        self.must_continue = False  # waiting to be continued: only a kind that can continue takes it
+
+
+@dataclass(frozen=True, slots=True)
+class BackendView:
+    """What a driver may read of one backend (for /health and gauges)."""
+
+    name: str
+    healthy: bool  # takes requests (a backend starts healthy, so none waits for a probe to serve)
+    retiring: bool
+    in_flight: int
+    max_concurrency: int
+    reserved_slots: int
+    probed: bool = False  # a probe has answered or failed: its health is known, not assumed
+    failures: int = 0  # failed probes and connections in a row
+    ejected: bool = False  # out for a while after failed requests in a row (`front.ejection`)
+    pool: str = "default"
+    models: tuple[str, ...] | None = None  # what it serves, configured or listed (None: not known)
+    cap: int = 0  # the in-flight cap in force: `max_concurrency`, or the adaptive one
+
+    @property
+    def state(self) -> str:
+        """What /health says of it: `unknown` until a probe has answered, `failing` while probes
+        fail but fewer than `unhealthy_after` in a row (it still takes requests), `unhealthy`,
+        or `healthy`."""
+        if not self.healthy:
+            return "unhealthy"
+        if self.ejected:
+            return "ejected"
+        if self.failures:
+            return "failing"
+        return "healthy" if self.probed else "unknown"
