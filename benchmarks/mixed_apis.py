@@ -30,7 +30,7 @@ from tailguard.gateway.config.classes import default_classes
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # Simulated requests per second of each class.
-RATES = {"chat": 3.0, "agent": 0.5, "embed": 24.0}
+RATES = {"chat": 3.0, "agent": 0.5, "embed": 26.0}
 # Each embeddings request is a prefill of 2 x 1024 tokens, and every engine step that carries one
 # is longer for every sequence decoding beside it (step time a + b x prefill tokens): the slots the
 # `embeddings` class may hold bound how much of each step is theirs. Prefill throughput hardly
