@@ -69,9 +69,9 @@ def render(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> str:
         f"`.venv/bin/python benchmarks/mixed_apis.py --duration {args.duration} --time-scale {args.time_scale} --max-concurrency {args.max_concurrency}`",
         "",
         f"Simulator `tailguard sim --preset h100-llama8b --max-num-seqs 8 --time-scale {args.time_scale}`; gateway "
-        "`tailguard serve` with the default classes (chats and agents `interactive`, embeddings `embeddings`), "
+        "`tailguard serve` (chats and agents `interactive`, embeddings `embeddings`), "
         f"`max_concurrency` {args.max_concurrency}, the `embeddings` class at `max_share` and `min_share` {EMBED_SHARE} "
-        "(one slot). Open loop for {args.duration} wall s, Poisson per class: chat {RATES['chat']}/s "
+        f"(one slot). Open loop for {args.duration} wall s, Poisson per class: chat {RATES['chat']}/s "
         f"(~150-token prompts, 32 tokens out), agent {RATES['agent']}/s (`/v1/responses`, 1500-token prompt of which "
         f"1000 shared, 64 out, streamed), embed {RATES['embed']}/s (`/v1/embeddings`, 2 inputs of 1024 tokens). "
         f"Simulated seconds; {os.cpu_count()} cores ({platform.machine()}, Python {platform.python_version()}), "
