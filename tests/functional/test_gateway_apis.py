@@ -121,3 +121,19 @@ async def test_an_unknown_route_is_told_what_is_served() -> None:
         async with s.post(f"{gw.url}/tokenize", json={"model": MODEL, "prompt": "hi"}) as r:
             # The simulator serves no tokenizer: its own 404 is relayed, as a backend's answer is.
             assert r.status == 404
+
+
+async def test_a_responses_follow_up_goes_to_the_backend_that_holds_its_state() -> None:
+    """Round-robin alternates two backends; follow-ups naming `previous_response_id` go to the
+    one that made that response, streamed or not, however many follow in a row."""
+    async with asyncio.timeout(30), gateway(sims=2, routing={"policy": "round-robin"}) as gw, gw.client() as c:
+        async def backend_of(**kw: Any) -> tuple[str, str | None]:
+            raw = await c.responses.with_raw_response.create(model=MODEL, input="hello", max_output_tokens=2, **kw)
+            return raw.headers["x-tailguard-backend"], None if kw.get("stream") else raw.parse().id
+        home, made = await backend_of()
+        for i in range(4):
+            where, latest = await backend_of(previous_response_id=made, stream=i % 2 == 1)
+            assert where == home
+            made = latest or made  # the chain goes on from the latest whole answer
+        plain = {(await backend_of())[0] for _ in range(2)}
+        assert plain == {"sim0", "sim1"}  # without one, requests alternate

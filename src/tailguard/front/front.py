@@ -184,7 +184,7 @@ class Front(Recovery):
         self._hedger.arrived(ev.cls, now)
         if caller is not None:
             self._limits.take_request(caller, now)
-        route = Route(ev.model, ev.prefix) if ev.model is not None or ev.prefix else NO_ROUTE
+        route = Route(ev.model, ev.prefix, ev.pin) if ev.model is not None or ev.prefix or ev.pin else NO_ROUTE
         kept = self.tracks(ev.cls, ev.resumable)
         self._reqs[req_id] = Tracked(pending, kept and self.may_suspend(ev.cls), ev.max_tokens, caller, route, kept)
         self._pump(now, self._may_preempt)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -33,6 +33,7 @@ from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.metrics import GatewayMetrics, response_headers
 from tailguard.gateway.request import Request
 from tailguard.gateway.sink import ClientGone, Sink
+from tailguard.gateway.stored import ResponseHomes
 from tailguard.gateway.upstream.assemble import Assembler
 from tailguard.gateway.upstream.client import RelayError, Suspended, Upstream, UpstreamStatus, upstream_body
 from tailguard.gateway.upstream.h1 import H1Response
@@ -117,6 +118,7 @@ class Context:
     estimator: OutputEstimator
     loop: asyncio.AbstractEventLoop
     keep_text: bool = False  # keep the assembled text (log_prompts)
+    homes: ResponseHomes = field(default_factory=ResponseHomes)  # where each stored Response is
 
 
 class Exchange:
@@ -390,4 +392,7 @@ class Exchange:
 
     def _ok(self, completion: str | None = None) -> Ending:
         self.ctx.estimator.observe(self.job.cls.name, self.rec.output_tokens)
+        made = self._tally.usage.answer_id
+        if made is not None and self.rec.backend is not None:
+            self.ctx.homes.remember(made, self.rec.backend)  # its follow-ups go where its state is
         return Ending(Outcome.SUCCESS, 200, completion=completion)

@@ -38,6 +38,7 @@ class Usage:
 
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    answer_id: str | None = None  # a Response's id, where its final event names it (a follow-up continues it)
 
     def read(self, obj: Any) -> bool:
         """Copy the counts of a parsed chunk's `usage`; True if the chunk is usage-only."""

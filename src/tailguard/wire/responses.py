@@ -109,6 +109,7 @@ def read_usage(usage: Usage, obj: Any) -> None:
         return
     holder = obj.get("response") if isinstance(obj.get("response"), dict) else obj
     usage.read_io(holder.get("usage") if isinstance(holder, dict) else None)
+    usage.answer_id = response_id(obj) or usage.answer_id
 
 
 def response_id(obj: Any) -> str | None:

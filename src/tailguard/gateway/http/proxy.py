@@ -178,7 +178,8 @@ class Proxy:
         self._hold_queued(len(raw), cls.name)
         try:
             await self._dispatcher.admit(t, accepted.est_tokens, progress=progress, max_tokens=accepted.max_tokens,
-                                         prefix=prefix)
+                                         prefix=prefix,
+                                         pin=self._ctx.homes.home(parsed.body.get("previous_response_id")))
         finally:  # let in or refused, the answer says where the caller's limits stand
             self._queued_bytes -= len(raw)
             if t.caller is not None:
