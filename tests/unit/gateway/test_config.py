@@ -20,7 +20,7 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_defaults_have_interactive_first_and_a_capped_batch_class() -> None:
     cfg = GatewayConfig()
-    assert [(c.name, c.rank) for c in cfg.classes] == [("interactive", 0), ("batch", 1), ("embeddings", 1)]
+    assert [(c.name, c.rank) for c in cfg.classes] == [("interactive", 0), ("batch", 1), ("embeddings", 2)]
     batch = cfg.classes[1]
     pooling = cfg.classes[2]  # the pooling routes' class: half the slots at most, a quarter of those in use for sure
     assert (pooling.max_share, pooling.min_share, pooling.preemptible, cfg.pooling_class) == (0.5, 0.25, False,

@@ -120,11 +120,12 @@ def default_classes() -> list[ClassConfig]:
     one re-prefill instead, so batch may use the whole engine (benchmarks/results/seed_des.md).
     """
     return [*(ClassConfig(**asdict(c)) for c in fp.default_classes()),
-            ClassConfig(name=POOLING_CLASS, rank=1, max_queue_len=10000, max_queue_wait_s=600.0, max_share=0.5,
+            ClassConfig(name=POOLING_CLASS, rank=2, max_queue_len=10000, max_queue_wait_s=600.0, max_share=0.5,
                         min_share=0.25)]
 
 
-# The class of the pooling and tokenizer routes (`GatewayConfig.pooling_class`): ranked with
-# batch, on at most half of each backend's slots and sure of a quarter of those in use while it
-# waits, so a retrieval batch neither crowds out chat nor starves behind it.
+# The class of the pooling and tokenizer routes (`GatewayConfig.pooling_class`): ranked after
+# batch (a rank of its own, so its share bounds it alone and batch's slots are as they were), on
+# at most half of each backend's slots and sure of a quarter of those in use while it waits, so a
+# retrieval batch neither crowds out chat nor starves behind batch.
 POOLING_CLASS = "embeddings"

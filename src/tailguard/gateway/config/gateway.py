@@ -35,7 +35,7 @@ class GatewayConfig(_Model):
     classes: list[ClassConfig] = Field(
         default_factory=default_classes, min_length=1,
         description="Request classes. Defaults: `interactive` (rank 0), `batch` (rank 1, capped) and "
-        "`embeddings` (rank 1, at most half the slots: the pooling and tokenizer routes).",
+        "`embeddings` (rank 2, at most half the slots: the pooling and tokenizer routes).",
     )
     pooling_class: str | None = Field(
         default=POOLING_CLASS,
