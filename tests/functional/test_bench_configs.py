@@ -35,7 +35,8 @@ async def test_runs_record_the_config_and_comparisons_name_what_changed(tmp_path
         wider = base.model_copy(update={"backends": [base.backends[0].model_copy(update={"max_concurrency": 6})]})
         batch = wider.classes[1].model_copy(update={"max_tokens_cap": 2048})
         hashes = []
-        for out, cfg in ((a, base), (b, wider.model_copy(update={"classes": [wider.classes[0], batch]})), (c, wider)):
+        smaller_batch = wider.model_copy(update={"classes": [wider.classes[0], batch, *wider.classes[2:]]})
+        for out, cfg in ((a, base), (b, smaller_batch), (c, wider)):
             reloader.apply(cfg)
             hashes.append(app[LIVE].hash)
             await measured_run(gw.url, out)

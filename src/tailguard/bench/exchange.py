@@ -17,6 +17,8 @@ from multidict import CIMultiDictProxy
 
 from tailguard.bench.recorder import ERROR_TEXT_LIMIT, RequestRecord, StreamRecorder, parse_server_timing
 from tailguard.bench.workload import PlannedRequest
+from tailguard.wire.chunks import Usage
+from tailguard.wire.framing import ANSWER_USAGE
 from tailguard.wire.tokens import text_tokens
 
 
@@ -59,9 +61,9 @@ class Exchange:
                         rec.error_kind = "http"
                         rec.error = (await resp.read())[:ERROR_TEXT_LIMIT].decode("utf-8", "replace")
                     elif req.stream:
-                        await self._read_stream(resp, rec, cm, sent_loop + to.total_s)
+                        await self._read_stream(resp, rec, cm, sent_loop + to.total_s, req.endpoint)
                     else:
-                        await self._read_whole(resp, rec)
+                        await self._read_whole(resp, rec, req.endpoint)
         except aiohttp.ConnectionTimeoutError:
             rec.error_kind, rec.timeout_phase = "timeout", "connect"
         except TimeoutError:
@@ -87,16 +89,16 @@ class Exchange:
             rec.finish_tokens()
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, rec: RequestRecord,
-                           cm: asyncio.Timeout, total_deadline: float) -> None:
+                           cm: asyncio.Timeout, total_deadline: float, endpoint: str) -> None:
         t0 = self.t0
         perf = time.perf_counter
-        reader = StreamRecorder(rec)
+        reader = StreamRecorder(rec, endpoint)
         async for data in resp.content.iter_any():
             if reader.feed(data, perf() - t0):
                 cm.reschedule(total_deadline)  # the first token came: now only the total deadline
         reader.finish(perf() - t0)
 
-    async def _read_whole(self, resp: aiohttp.ClientResponse, rec: RequestRecord) -> None:
+    async def _read_whole(self, resp: aiohttp.ClientResponse, rec: RequestRecord, endpoint: str) -> None:
         raw = await resp.read()
         arrived = time.perf_counter() - self.t0
         try:
@@ -105,6 +107,11 @@ class Exchange:
             rec.error_kind, rec.error = "protocol", "response body is not JSON"
             return
         rec.first_token_at = arrived  # a non-stream reply's first token is its last byte
+        if endpoint not in ("chat", "completions"):  # each route states its usage its own way
+            counted = Usage()
+            ANSWER_USAGE[endpoint](counted, obj)  # type: ignore[index]
+            rec.usage_prompt_tokens, rec.usage_output_tokens = counted.prompt_tokens, counted.completion_tokens or 0
+            return
         usage = obj.get("usage") if isinstance(obj, dict) else None
         if isinstance(usage, dict):
             if isinstance(usage.get("completion_tokens"), int):

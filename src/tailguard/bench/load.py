@@ -31,7 +31,7 @@ from tailguard.bench.exchange import Exchange
 from tailguard.bench.exchange import Timeouts as Timeouts  # part of BenchConfig, so importable here too
 from tailguard.bench.recorder import RequestRecord
 from tailguard.bench.workload import (
-    ArrivalProcess, PlannedRequest, RequestFactory, Workload, load_workload, schedule,
+    ArrivalProcess, Endpoint, PlannedRequest, RequestFactory, Workload, load_workload, schedule,
 )
 from tailguard.bench.target import base_url, engine_name, gateway_config, probe, time_scale_for
 from tailguard.bench.validity import DEFAULT_MAX_DISPATCH_LAG_S
@@ -80,6 +80,8 @@ class BenchConfig:
     # the requests whose index is `worker` modulo `workers`.
     workers: int = 1
     worker: int = 0
+    # The route every class without its own is sent to (`tailguard bench --endpoint`); None: the workload's.
+    endpoint: Endpoint | None = None
 
     def check(self, workload: Workload) -> None:
         """Raises `ConfigError` for a run that cannot be measured as asked."""
@@ -150,6 +152,8 @@ async def run_bench(config: BenchConfig, progress: Callable[[Progress], None] | 
         workload, base_dir = config.workload, None
     else:
         workload, base_dir = load_workload(config.workload)
+    if config.endpoint is not None:
+        workload = workload.model_copy(update={"endpoint": config.endpoint})
     config.check(workload)
     connector = aiohttp.TCPConnector(limit=config.max_connections, limit_per_host=0)
     timeout = aiohttp.ClientTimeout(total=None, connect=config.timeouts.connect_s)

@@ -13,7 +13,8 @@ from typing import Any, Iterable, Literal
 
 import orjson
 
-from tailguard.wire.chunks import has_content, is_error, usage_of
+from tailguard.wire.chunks import Usage, has_content, is_error, parse, usage_of
+from tailguard.wire.framing import FRAMINGS, Framing
 from tailguard.wire.sse import DONE, SSEDecoder
 
 ErrorKind = Literal["http", "connect", "disconnect", "protocol", "stream_error", "truncated", "timeout", "interrupted"]
@@ -120,12 +121,14 @@ class StreamRecorder:
         reader.finish(now)
     """
 
-    __slots__ = ("rec", "_decoder", "_done")
+    __slots__ = ("rec", "_decoder", "_done", "_framing")
 
-    def __init__(self, rec: RequestRecord) -> None:
+    def __init__(self, rec: RequestRecord, endpoint: str = "chat") -> None:
         self.rec = rec
         self._decoder = SSEDecoder()
         self._done = False
+        # The Responses and Messages routes' typed events, read by their own tests (`wire.framing`).
+        self._framing = FRAMINGS.get(endpoint) if endpoint not in ("chat", "completions") else None  # type: ignore[call-overload]
 
     def feed(self, data: bytes, now: float) -> bool:
         """Record one read at `now`; True if it brought the first content chunk."""
@@ -142,11 +145,13 @@ class StreamRecorder:
         rec = self.rec
         if not self._done and rec.error_kind is None:
             rec.error_kind = "truncated"
-            rec.error = "stream ended without data: [DONE]"
+            rec.error = "stream ended without its last event" if self._framing else "stream ended without data: [DONE]"
 
     def _event(self, data: bytes, now: float) -> None:
         rec = self.rec
-        if data == DONE:
+        if self._framing is not None:
+            self._typed_event(self._framing, data, now)
+        elif data == DONE:
             self._done = True
         elif has_content(data):
             rec.chunk_at.append(now)
@@ -158,6 +163,25 @@ class StreamRecorder:
             rec.error = data[:ERROR_TEXT_LIMIT].decode("utf-8", "replace")
         else:
             self._usage(data)
+
+    def _typed_event(self, f: Framing, data: bytes, now: float) -> None:
+        """An event of a typed stream: content by the route's own test (a Responses `*.delta`, an
+        Anthropic `content_block_delta`), its usage events, its error and its last event."""
+        rec, end = self.rec, len(data)
+        if f.has_content(data, 0, end):
+            rec.chunk_at.append(now)
+            if rec.first_token_at is None:
+                rec.first_token_at = now
+            return
+        if f.is_error(data, 0, end):
+            rec.error_kind = "stream_error"
+            rec.error = data[:ERROR_TEXT_LIMIT].decode("utf-8", "replace")
+        if f.has_usage(data, 0, end):
+            usage = Usage(rec.usage_prompt_tokens, rec.usage_output_tokens)
+            f.read_usage(usage, parse(data))
+            rec.usage_prompt_tokens, rec.usage_output_tokens = usage.prompt_tokens, usage.completion_tokens
+        if f.is_last(data, 0, end):
+            self._done = True
 
     def _usage(self, data: bytes) -> None:
         usage = usage_of(data)

@@ -4,7 +4,7 @@ and arrival schedule they produce. Pure: no I/O beyond reading the workload and 
 A workload file looks like this (every field but `name` and `classes` is optional):
 
     name: my-mix
-    endpoint: chat                      # or completions
+    endpoint: chat                      # or completions, responses, messages, embeddings
     classes:
       - name: chat
         weight: 0.9                     # share of the global --rate / of closed-loop picks
@@ -41,9 +41,12 @@ from tailguard.bench.dataset import DatasetFormat, load_dataset
 from tailguard.errors import ConfigError
 from tailguard.wire.tokens import CHAT_MESSAGE_OVERHEAD_TOKENS, synthetic_text, text_tokens
 
-Endpoint = Literal["chat", "completions"]
+Endpoint = Literal["chat", "completions", "responses", "messages", "embeddings"]
+ENDPOINTS: tuple[str, ...] = ("chat", "completions", "responses", "messages", "embeddings")
 ArrivalProcess = Literal["constant", "poisson", "gamma"]
-ENDPOINT_PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+ENDPOINT_PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions",
+                                  "responses": "/v1/responses", "messages": "/v1/messages",
+                                  "embeddings": "/v1/embeddings"}
 DEFAULT_MAX_TOKENS = 256  # a class with no max_tokens, and a dataset row without one
 
 
@@ -166,6 +169,8 @@ class RequestClass(_Model):
     slo: SLO | None = None
     ignore_eos: bool = False
     source: DatasetSource | None = None
+    endpoint: Endpoint | None = None  # the class's own route (else the workload's), e.g. an embeddings batch
+    inputs: int = Field(default=1, ge=1)  # embeddings: the prompt split into this many inputs of one request
 
     @field_validator("prompt_tokens", "max_tokens", mode="before")
     @classmethod
@@ -280,6 +285,7 @@ class PlannedRequest:
     prompt_tokens: int
     max_tokens: int
     stream: bool
+    endpoint: Endpoint = "chat"
 
 
 class _TextPool:
@@ -350,27 +356,36 @@ class RequestFactory:
         if c.source is not None:
             body, endpoint, prompt_tokens, max_tokens = self._from_dataset(c, rng)
         else:
-            endpoint = self.workload.endpoint
+            endpoint = c.endpoint or self.workload.endpoint
             prompt_tokens = c.prompt_tokens.sample(rng)
             max_tokens = c.max_tokens.sample(rng) if c.max_tokens is not None else DEFAULT_MAX_TOKENS
             body, prompt_tokens = self._synthetic_body(c, endpoint, prompt_tokens)
-        body.update(request_fields(c, max_tokens, self._model))
+        body.update(request_fields(c, max_tokens, self._model, endpoint))
         return PlannedRequest(index, cls, ENDPOINT_PATHS[endpoint], orjson.dumps(body),
-                              tuple(c.headers.items()), prompt_tokens, max_tokens, c.stream)
+                              tuple(c.headers.items()), prompt_tokens, max_tokens,
+                              c.stream and endpoint != "embeddings", endpoint)
 
     def _synthetic_body(self, c: RequestClass, endpoint: Endpoint, prompt_tokens: int) -> tuple[dict[str, Any], int]:
         system: str | None = None
         if c.system_prompt is not None:
             system = self._shared_system.get(c.name) or self._pool.take(c.system_prompt.tokens)
-        if endpoint == "completions":
+        if endpoint in ("completions", "embeddings"):
             sys_tokens = text_tokens(system) if system else 0
             user = self._pool.take(max(1, prompt_tokens - sys_tokens))
-            return {"prompt": (system or "") + user}, sys_tokens + text_tokens(user)
-        overhead = CHAT_MESSAGE_OVERHEAD_TOKENS * (2 if system else 1)
+            text = (system or "") + user
+            if endpoint == "embeddings":  # `inputs` pieces of the prompt, one request
+                step = -(-len(text) // c.inputs)
+                return {"input": [text[i:i + step] for i in range(0, len(text), step)]}, sys_tokens + text_tokens(user)
+            return {"prompt": text}, sys_tokens + text_tokens(user)
+        overhead = CHAT_MESSAGE_OVERHEAD_TOKENS * (2 if system and endpoint != "messages" else 1)
         sys_tokens = text_tokens(system) if system else 0
         user = self._pool.take(max(1, prompt_tokens - sys_tokens - overhead))
+        if endpoint == "messages":  # Anthropic's: the system prompt is a field of its own
+            return ({"system": system} if system else {}) | {"messages": [{"role": "user", "content": user}]}, \
+                overhead + sys_tokens + text_tokens(user)
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
-        return {"messages": messages}, overhead + sys_tokens + text_tokens(user)
+        key = "input" if endpoint == "responses" else "messages"
+        return {key: messages}, overhead + sys_tokens + text_tokens(user)
 
     def _from_dataset(self, c: RequestClass, rng: random.Random) -> tuple[dict[str, Any], Endpoint, int, int]:
         assert c.source is not None
@@ -390,15 +405,20 @@ class RequestFactory:
         return body, p.endpoint, p.prompt_tokens, max_tokens
 
 
-def request_fields(c: RequestClass, max_tokens: int, model: str | None = None) -> dict[str, Any]:
-    """What a request of class `c` carries besides its prompt: its output limit, the model, the
-    stream settings, then the class's own body fields (which may override any of them). The
-    discrete-event runs build the same fields, so a simulated gateway reads what the real one would."""
-    fields: dict[str, Any] = {"max_tokens": max_tokens}
+def request_fields(c: RequestClass, max_tokens: int, model: str | None = None,
+                   endpoint: Endpoint = "chat") -> dict[str, Any]:
+    """What a request of class `c` carries besides its prompt: its output limit (as the route
+    names it; none for embeddings), the model, the stream settings, then the class's own body
+    fields (which may override any of them). The discrete-event runs build the same fields, so a
+    simulated gateway reads what the real one would."""
+    fields: dict[str, Any] = {}
+    if endpoint != "embeddings":
+        fields["max_output_tokens" if endpoint == "responses" else "max_tokens"] = max_tokens
     if model is not None:
         fields["model"] = model
-    fields["stream"] = c.stream
-    if c.stream:
+    if endpoint != "embeddings":
+        fields["stream"] = c.stream
+    if c.stream and endpoint in ("chat", "completions"):
         fields["stream_options"] = {"include_usage": True}
     if c.ignore_eos:
         fields["ignore_eos"] = True

@@ -64,6 +64,9 @@ def bench_run(
     ctx: typer.Context,
     url: Optional[str] = typer.Option(None, help="Server or gateway base URL, e.g. http://127.0.0.1:8000"),
     workload: str = typer.Option("seed-mixed", help="Built-in workload name or a YAML file"),
+    endpoint: Optional[str] = typer.Option(
+        None, help="Route to drive: chat, completions, responses, messages or embeddings (default: the "
+                   "workload's); TTFT and ITL are read from each route's own events"),
     out: Path = typer.Option(Path("bench-out"), help="Output folder"),
     concurrency: Optional[int] = typer.Option(None, help="Closed loop: N clients, each sends when its last reply ends"),
     rate: Optional[float] = typer.Option(None, help="Open loop: requests per wall second (against a simulator at "
@@ -103,6 +106,10 @@ def bench_run(
 
     if arrival not in ("constant", "poisson", "gamma"):
         _fail(f"--arrival must be constant, poisson or gamma, not {arrival!r}")
+    from tailguard.bench.workload import ENDPOINTS
+
+    if endpoint is not None and endpoint not in ENDPOINTS:
+        _fail(f"--endpoint must be one of {', '.join(ENDPOINTS)}, not {endpoint!r}")
     try:
         warm_n, warm_s = parse_warmup(warmup)
         config = BenchConfig(
@@ -112,6 +119,7 @@ def bench_run(
             timeouts=Timeouts(connect_s=connect_timeout, first_token_s=first_token_timeout, total_s=timeout),
             max_dispatch_lag_s=max_dispatch_lag_ms / 1000.0, time_scale=time_scale, interrupt_grace_s=interrupt_grace,
             workers=workers,
+            endpoint=endpoint,  # type: ignore[arg-type]
         )
         from tailguard.bench.scrape import while_scraping
 

@@ -40,7 +40,9 @@ class Arrive:
     is preemptible; `max_tokens`: its output budget (what a preemption weighs); `caller`: whose
     request it is (an API key's name), refused while over its limits (`front.limits`); `model`:
     the model it names (after aliases; None: any backend may serve it); `prefix`: its prompt's
-    chained block hashes, for prefix-affine routing (`front.prefix`)."""
+    chained block hashes, for prefix-affine routing (`front.prefix`); `pin`: the backend that holds
+    its state (a Responses API follow-up goes where its `previous_response_id` was made), the only
+    one that may take it while that backend is in the fleet."""
 
     id: str
     cls: str
@@ -50,6 +52,7 @@ class Arrive:
     caller: str | None = None
     model: str | None = None
     prefix: tuple[int, ...] = ()
+    pin: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

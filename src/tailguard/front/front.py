@@ -188,7 +188,7 @@ class Front(Recovery):
             return
         self._budget.record_call(now)
         self._hedger.arrived(ev.cls, now)
-        route = Route(ev.model, ev.prefix) if ev.model is not None or ev.prefix else NO_ROUTE
+        route = Route(ev.model, ev.prefix, ev.pin) if ev.model is not None or ev.prefix or ev.pin else NO_ROUTE
         kept = self.tracks(ev.cls, ev.resumable)
         r = self._reqs[req_id] = Tracked(pending, kept and self.may_suspend(ev.cls), ev.max_tokens, caller, route,
                                          kept)

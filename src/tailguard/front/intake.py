@@ -15,7 +15,8 @@ The gateway (`gateway/http/proxy.py`) reads a request off HTTP, the discrete-eve
     estimator.observe(cls.name, output_tokens)
 
 Classes, in order of precedence: the `X-Tailguard-Class` header, then OpenAI's `service_tier`,
-then the caller's API key default, then `default_class`. A name the client states explicitly and
+then the route's own class (`route_classes`: the pooling routes'), then the caller's API key
+default, then `default_class`. A name the client states explicitly and
 the gateway does not know is a 400 (a silent fallback would hide a client bug behind slow answers).
 A key that lists its `allowed_classes` gets a class it names outside them refused with a 403, or
 lowered to its best allowed class when its key says `lower`; a default outside them is lowered
@@ -32,7 +33,7 @@ from typing import Any, get_args
 
 from tailguard.errors import BadRequest, Forbidden
 from tailguard.front.params import ClassSpec, IntakeParams, KeySpec, OutputEstimateParams, ServiceTier
-from tailguard.wire.openai import Endpoint, ParsedRequest
+from tailguard.wire.openai import CHUNKED, POOLING, Endpoint, ParsedRequest
 
 CLASS_HEADER = "X-Tailguard-Class"
 SERVICE_TIERS: tuple[str, ...] = get_args(ServiceTier)
@@ -50,6 +51,11 @@ def key_id(api_key: str) -> str:
     no comparison ever runs over a secret's bytes (where an early mismatch would time out sooner
     on a closer guess); the lookup's timing tells only about a digest, which cannot be inverted."""
     return hashlib.sha256(api_key.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+# The field that holds each route's prompt, named in a refusal.
+_PROMPT_PARAMS: dict[str, str] = {"chat": "messages", "messages": "messages", "responses": "input",
+                                  "embeddings": "input"}
 
 
 def header(headers: Mapping[str, str], name: str) -> str | None:
@@ -182,6 +188,11 @@ class Intake:
             raise Forbidden(f"This API key may not use model {shown!r}.", param="model", code="model_not_allowed")
 
     def _key_default(self, asked: Asked) -> ClassSpec:
+        """A class the client did not name: its route's own (the pooling routes'), its key's
+        default, or the gateway's."""
+        by_route = self.params.route_classes.get(asked.endpoint)
+        if by_route is not None:
+            return self._by_name[by_route]
         if asked.api_key is not None and self._key_defaults:
             by_key = self._key_defaults.get(key_id(asked.api_key))
             if by_key is not None:
@@ -227,6 +238,8 @@ class Intake:
 
     def _capped(self, asked: Asked, cls: ClassSpec, output_estimate_tokens: int, model: str | None) -> Accepted:
         _bound_prompt(asked, cls)
+        if asked.endpoint in POOLING:  # generates nothing: the job is its input
+            return _accepted(asked, None, asked.body, 0, model)
         asked_limit, field = _asked_limit(asked)
         cap = cls.max_tokens_cap
         if asked_limit is None:
@@ -235,7 +248,7 @@ class Intake:
             fill = cls.default_max_tokens if cls.default_max_tokens is not None else cap
             if fill is None:
                 return _accepted(asked, None, asked.body, output_estimate_tokens, model)
-            return _accepted(asked, fill, {**asked.body, "max_tokens": fill}, fill, model)
+            return _accepted(asked, fill, {**asked.body, field: fill}, fill, model)
         if cap is None or asked_limit <= cap:
             return _accepted(asked, asked_limit, asked.body, asked_limit, model)
         if cls.cap_mode == "reject":
@@ -244,7 +257,7 @@ class Intake:
                 param=field, code="max_tokens_over_cap",
             )
         clamped = dict(asked.body)
-        for name in ("max_tokens", "max_completion_tokens") if asked.endpoint == "chat" else ("max_tokens",):
+        for name in ("max_tokens", "max_completion_tokens") if asked.endpoint == "chat" else (field,):
             v = asked.body.get(name)
             if v is not None and v > cap:
                 clamped[name] = cap
@@ -260,7 +273,7 @@ def _bound_prompt(asked: Asked, cls: ClassSpec) -> None:
         raise BadRequest(
             f"The prompt is about {asked.prompt_tokens} tokens, above the limit of {cls.max_prompt_tokens} "
             f"for class '{cls.name}'.",
-            param="messages" if asked.endpoint == "chat" else "prompt", code="prompt_too_long",
+            param=_PROMPT_PARAMS.get(asked.endpoint, "prompt"), code="prompt_too_long",
         )
 
 
@@ -269,6 +282,8 @@ def _asked_limit(asked: Asked) -> tuple[int | None, str]:
     both limits (both validated) and engines differ in which wins: the larger one is what the cap
     and the job size must assume."""
     limit, body = asked.max_tokens, asked.body
+    if asked.endpoint == "responses":
+        return limit, "max_output_tokens"
     if asked.endpoint != "chat" or limit is None:
         return limit, "max_tokens"
     if body.get("max_completion_tokens") is None:
@@ -287,7 +302,10 @@ def _accepted(asked: Asked, max_tokens: int | None, body: dict[str, Any], per_ch
 
 
 def resumable(body: Mapping[str, Any], endpoint: Endpoint) -> bool:
-    """True if the generation of `body` can be suspended and continued from its text."""
+    """True if the generation of `body` can be suspended and continued from its text (chat and
+    completions only: a Responses or Messages stream's typed events are not continued yet)."""
+    if endpoint not in CHUNKED:
+        return False
     for key in _NOT_RESUMABLE:
         v = body.get(key)
         if v is not None and v is not False:

@@ -232,6 +232,7 @@ class IntakeParams:
     service_tier_map: Mapping[ServiceTier, str] = field(default_factory=dict)
     keys: Mapping[str, KeySpec] = field(default_factory=dict)  # by the key's SHA-256 hex digest (`intake.key_id`)
     aliases: Mapping[str, str] = field(default_factory=dict)  # model name a client uses -> the served one
+    route_classes: Mapping[str, str] = field(default_factory=dict)  # route (`Endpoint`) -> its class by default
 
 
 @dataclass(frozen=True, slots=True)

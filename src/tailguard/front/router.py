@@ -54,6 +54,7 @@ class Route:
 
     model: str | None = None
     prefix: Sequence[int] = ()
+    pin: str | None = None  # the backend that holds the request's state (`Arrive.pin`)
 
 
 NO_ROUTE = Route()
@@ -94,6 +95,9 @@ class Router:
         pools = cls.pools
         model = route.model
         members = [s for s in slots if not s.retiring and (not pools or s.cfg.pool in pools)]
+        pinned = [s for s in members if s.name == route.pin]
+        if pinned:  # its state is there; a pin to a backend that has left binds nothing
+            members = pinned
         if model is None:
             return [members]
         found = [s for s in members if s.serves(model)]

@@ -89,18 +89,19 @@ class Dispatcher:
         return len(self.front)
 
     async def admit(self, ticket: Request, est_tokens: int, *, progress: Progress | None = None,
-                    max_tokens: int | None = None, prefix: tuple[int, ...] = ()) -> None:
+                    max_tokens: int | None = None, prefix: tuple[int, ...] = (), pin: str | None = None) -> None:
         """Queue the request (its class, caller and model are on its record) and wait for its
         slot. Raises `Overloaded` when it is refused or expires (`RateLimited` over its caller's
         limits), `NotFound` when no backend serves its model. With `progress` (its text is
-        tracked) it may be suspended while it runs; `prefix` is its prompt's block hashes."""
+        tracked) it may be suspended while it runs; `prefix` is its prompt's block hashes; `pin` the
+        backend that holds its state (`Arrive.pin`)."""
         ticket.waiter = waiter = self._loop.create_future()
         ticket.progress = progress
         self._tickets[ticket.id] = ticket
         if progress is not None:
             progress.on_tokens = partial(self.generated, ticket)
         self._handle(Arrive(ticket.id, ticket.cls, est_tokens, progress is not None, max_tokens, ticket.caller,
-                            ticket.model, prefix))
+                            ticket.model, prefix, pin))
         try:
             # A future that is already done (idle gateway) returns here without yielding.
             await waiter

@@ -14,7 +14,8 @@ decided in one place, not by whichever assignment ran last.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -32,16 +33,22 @@ from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.metrics import GatewayMetrics, response_headers
 from tailguard.gateway.request import Request
 from tailguard.gateway.sink import ClientGone, Sink
+from tailguard.gateway.stored import ResponseHomes
 from tailguard.gateway.upstream.assemble import Assembler
 from tailguard.gateway.upstream.client import RelayError, Suspended, Upstream, UpstreamStatus, upstream_body
 from tailguard.gateway.upstream.h1 import H1Response
 from tailguard.gateway.upstream.kinds import get_kind
+from tailguard.gateway.upstream.refusals import added_fields, refused_field
 from tailguard.gateway.upstream.resume import continuation_body
 from tailguard.gateway.upstream.stream import StreamRelay
 from tailguard.gateway.upstream.tally import Tally
 from tailguard.gateway.upstream.watchdog import Watchdog
 from tailguard.types import FailureKind, Outcome
-from tailguard.wire.openai import Endpoint, ParsedRequest
+from tailguard.gateway.upstream.whole import read_whole
+from tailguard.wire.framing import FRAMINGS
+from tailguard.wire.openai import CHUNKED, POOLING, Endpoint, ParsedRequest
+
+log = logging.getLogger("tailguard.gateway")
 
 _TIMEOUT_TEXT = {
     FailureKind.TIMEOUT_HEADER: "Backend '{backend}' sent no response head within its deadline.",
@@ -96,6 +103,7 @@ class Job:
     capped: Accepted
     cls: ClassSpec
     tier: str | None = None  # the service tier to report, when the request named one
+    headers: tuple[tuple[str, str], ...] = ()  # client headers the route passes on (`anthropic-version`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +118,7 @@ class Context:
     estimator: OutputEstimator
     loop: asyncio.AbstractEventLoop
     keep_text: bool = False  # keep the assembled text (log_prompts)
+    homes: ResponseHomes = field(default_factory=ResponseHomes)  # where each stored Response is
 
 
 class Exchange:
@@ -128,6 +137,9 @@ class Exchange:
         self._resumed: dict[str, Any] | None = None  # the continuation body after a suspension
         self._endpoint: Endpoint = job.endpoint  # where attempts go (a continuation by ids: completions)
         self._retried = False  # the last attempt failed: this one goes on a new connection
+        self._dropped_here: set[str] = set()  # added fields this request went again without
+        # Relayed as one body: a route that answers once, or a non-stream call of a typed-event route.
+        self._whole = job.endpoint in POOLING or (job.endpoint not in CHUNKED and not job.parsed.stream)
 
     async def run(self) -> Ending:
         try:
@@ -168,18 +180,24 @@ class Exchange:
             body = self._body(backend)
             now = monotonic()
             head_late = get_kind(backend.kind).head_with_first_token
-            self._wd.start_attempt(now + self._to.first_token_s, None if head_late else now + self._to.header_s)
+            if self._whole:  # the head comes with the whole answer: only its own deadline applies
+                self._wd.start_attempt(now + self._to.first_token_s if job.endpoint in POOLING else self._wd.total_at)
+            else:
+                self._wd.start_attempt(now + self._to.first_token_s, None if head_late else now + self._to.header_s)
             up = None
             try:
                 up = await ctx.upstream.open(backend, self._endpoint, body, job.req_id, self._to.connect_s,
                                              self._limits, fresh=self._retried,
-                                             traceparent=None if rec.trace is None else rec.trace.traceparent())
+                                             traceparent=None if rec.trace is None else rec.trace.traceparent(),
+                                             headers=job.headers)
                 self._wd.answered()
                 rec.upstream_headers_at = monotonic()
                 if self._hedged():
                     up, backend = await self._race(up, backend)
                 if rec.progress is not None and not rec.progress.lazy:
                     ctx.dispatcher.upstream_open(rec, up.close)
+                if self._whole:
+                    return await self._answer_whole(up)
                 return await (self._relay(up, backend) if job.parsed.stream else self._assemble(up))
             except Suspended:
                 await self._suspended()
@@ -190,6 +208,8 @@ class Exchange:
                 if not await self._again(err.kind, answered=up is not None):
                     raise
             except UpstreamStatus as us:
+                if self._refused_field(backend, us):
+                    continue  # once more, without the field the engine does not take
                 if self.sink.started:
                     raise _refused_continuation(backend.name, us) from None
                 # The backend understood and refused (e.g. context too long): the client's error,
@@ -231,8 +251,24 @@ class Exchange:
         return upstream_body(
             job.raw, job.capped.body if resumed is None else resumed, client_stream=job.parsed.stream,
             client_usage=job.parsed.include_usage, body_changed=job.capped.body_changed or resumed is not None,
-            backend=backend, rank=job.cls.rank, count_tokens=self.rec.progress is not None,
+            backend=backend, rank=job.cls.rank, count_tokens=self.rec.progress is not None, endpoint=job.endpoint,
+            dropped=self.ctx.upstream.refusals.dropped(backend.name),
         )
+
+    def _refused_field(self, backend: BackendConfig, us: UpstreamStatus) -> bool:
+        """True when `us` refuses a field the gateway added itself (vLLM's `priority` without
+        priority scheduling): the field is dropped for that backend from now on (logged once) and
+        this request goes again without it, at most once per field."""
+        added = added_fields(get_kind(backend.kind), count_tokens=self.rec.progress is not None)
+        field = refused_field(us.status, us.body, (f for f in added if f not in self._dropped_here))
+        if field is None:
+            return False
+        self._dropped_here.add(field)
+        if self.ctx.upstream.refusals.learn(backend.name, field):
+            log.warning("backend %s refuses the field %r the gateway adds (%s); it is no longer sent there "
+                        "(shown in /health as dropped_fields)", backend.name, field,
+                        us.body[:200].decode("utf-8", "replace"))
+        return True
 
     async def _deadline(self, backend: BackendConfig, answered: bool) -> bool:
         """A cancellation arrived. False when it is not a deadline of ours (the consumer left);
@@ -296,7 +332,7 @@ class Exchange:
             tier = job.tier.encode() if job.tier is not None else None
             self._stream = StreamRelay(self.sink, job.endpoint, self._tally, job.parsed.include_usage,
                                        lambda: response_headers(rec), self._limits, progress=rec.progress,
-                                       service_tier=tier)
+                                       service_tier=tier, framing=FRAMINGS[job.endpoint])
         await self._stream.run(up)
         self._finish_tokens()
         up.release()
@@ -314,6 +350,13 @@ class Exchange:
         self._finish_tokens()
         await self.sink.answer(payload, response_headers(self.rec))
         return self._ok(self._asm.text() if self.ctx.keep_text else None)
+
+    async def _answer_whole(self, up: H1Response) -> Ending:
+        payload = await read_whole(up, self.job.endpoint, self._tally, self._limits)
+        up.release()
+        self._finish_tokens()
+        await self.sink.answer(payload, response_headers(self.rec))
+        return self._ok()
 
     async def _suspended(self) -> None:
         """The front preempted this request: wait, with no deadline running and the consumer's
@@ -349,4 +392,7 @@ class Exchange:
 
     def _ok(self, completion: str | None = None) -> Ending:
         self.ctx.estimator.observe(self.job.cls.name, self.rec.output_tokens)
+        made = self._tally.usage.answer_id
+        if made is not None and self.rec.backend is not None:
+            self.ctx.homes.remember(made, self.rec.backend)  # its follow-ups go where its state is
         return Ending(Outcome.SUCCESS, 200, completion=completion)

@@ -7,7 +7,8 @@ client goes) and starting and stopping a server.
 
 Endpoints behave like vLLM's where a client or the gateway can tell: `/v1/chat/completions` and
 `/v1/completions` (stream and non-stream, `stream_options.include_usage`, `usage`, finish_reason
-"length"), `/v1/models` (its model lists the `time_scale`), `/health`, `/version` (naming itself),
+"length"), `/v1/responses` and `/v1/messages` (their typed events, `sim.typed`), `/v1/embeddings`
+(each input a prefill on the engine, deterministic vectors), `/v1/models` (its model lists the `time_scale`), `/health`, `/version` (naming itself),
 `/metrics` (`vllm:*`). Started with a model name of its own (`strict_model`), it answers a request
 for another model with vLLM's 404 (`model_not_found`); otherwise it serves whatever model is asked.
 `faults` make it hang or fail on purpose (`tailguard.sim.fault`). Body `priority` is vLLM's (lower
@@ -33,14 +34,17 @@ from aiohttp.typedefs import Handler
 
 from tailguard import __version__
 from tailguard.errors import APIError, BadRequest, PayloadTooLarge
-from tailguard.sim.answer import Chunks, response_body
+from tailguard.sim.typed import body_for, chunks_for
+from tailguard.sim.vectors import vector
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.engine import Engine, SimRequest
 from tailguard.sim.fault import Faults
 from tailguard.sim.metrics import CONTENT_TYPE
 from tailguard.sim.request import block_keys, output_budget
 from tailguard.sim.state import Live, SimState, engine_loop
-from tailguard.wire import openai as wire
+from tailguard.wire import anthropic, openai as wire
+from tailguard.wire.embeddings import embeddings_body, inputs
+from tailguard.wire.tokens import text_tokens
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_MODEL_NAME = "tailguard-sim"
@@ -63,9 +67,13 @@ def _unavailable(state: SimState) -> APIError:
     return APIError("The simulator is shutting down.", status=503, type="server_error")
 
 
-def _error(err: APIError) -> web.Response:
-    return web.Response(status=err.status, body=wire.error_body(err), content_type="application/json",
+def _error(err: APIError, endpoint: wire.Endpoint = "chat") -> web.Response:
+    body = anthropic.error_body(err) if endpoint == "messages" else wire.error_body(err)  # each route's own shape
+    return web.Response(status=err.status, body=body, content_type="application/json",
                         headers=wire.error_headers(err))
+
+
+_ID_PREFIXES = {"chat": "chatcmpl", "responses": "resp", "messages": "msg"}
 
 
 async def _read_body(request: web.Request) -> bytes:
@@ -91,16 +99,15 @@ async def _generate(request: web.Request, endpoint: wire.Endpoint) -> web.Stream
         _check_model(state, parsed.body.get("model"))
         wire.validate_engine_fields(parsed.body)
         max_tokens = output_budget(state.config, parsed)
-        acc = _Accepted(state.new_id("chatcmpl" if endpoint == "chat" else "cmpl"), parsed, parsed.prompt_tokens,
-                        max_tokens)
+        acc = _Accepted(state.new_id(_ID_PREFIXES.get(endpoint, "cmpl")), parsed, parsed.prompt_tokens, max_tokens)
         keys = block_keys(state.config, parsed, acc.max_tokens)
     except APIError as err:
-        resp = _error(err)
+        resp = _error(err, endpoint)
         if not request.content.is_eof():
             resp.force_close()  # the body was not read to its end: this connection cannot be reused
         return resp
     if state.closing:
-        return _error(_unavailable(state))
+        return _error(_unavailable(state), endpoint)
     engine, clock = state.engine, state.clock
     priority = int(parsed.body.get("priority") or 0)
     now = clock.now()
@@ -158,16 +165,16 @@ async def _complete(state: SimState, acc: _Accepted, live: Live) -> web.Response
         await state.wait(live, live.ready)
         if state.closing and not live.done:
             return _error(_unavailable(state))
-    body = response_body(acc.parsed.endpoint, acc.id, state.model_name, state.created,
-                         prompt_tokens=acc.prompt_tokens, output_tokens=live.ready, finish_reason=live.finish_reason)
+    body = body_for(acc.parsed.endpoint, acc.id, state.model_name, state.created, prompt_tokens=acc.prompt_tokens,
+                    output_tokens=live.ready, finish_reason=live.finish_reason, max_tokens=acc.parsed.max_tokens)
     return web.Response(body=body, content_type="application/json")
 
 
 async def _stream(request: web.Request, state: SimState, acc: _Accepted, live: Live) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    chunks = Chunks(acc.parsed.endpoint, acc.id, state.model_name, int(time.time()),
-                    prompt_tokens=acc.prompt_tokens, include_usage=acc.parsed.include_usage,
-                    prompt_ids=_prompt_ids(acc) if acc.parsed.body.get("return_token_ids") is True else None)
+    chunks = chunks_for(acc.parsed.endpoint, acc.id, state.model_name, int(time.time()), prompt_tokens=acc.prompt_tokens,
+                        include_usage=acc.parsed.include_usage, max_tokens=acc.parsed.max_tokens,
+                        prompt_ids=_prompt_ids(acc) if acc.parsed.body.get("return_token_ids") is True else None)
     try:
         await resp.prepare(request)
         sent = 0
@@ -203,6 +210,51 @@ async def _chat(request: web.Request) -> web.StreamResponse:
 
 async def _completions(request: web.Request) -> web.StreamResponse:
     return await _generate(request, "completions")
+
+
+async def _responses(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "responses")
+
+
+async def _messages(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "messages")
+
+
+async def _embeddings(request: web.Request) -> web.Response:
+    """Each input is an engine request of its own (as vLLM splits a batch of inputs), a prefill
+    and one step: embeddings cost what their prompts cost and share the engine with generation.
+    The answer comes when every input is done; its vectors are deterministic (`sim.vectors`)."""
+    state = request.app[SIM]
+    try:
+        parsed = wire.parse_request(await _read_body(request), "embeddings")
+        _check_model(state, parsed.body.get("model"))
+        items = inputs(parsed.body)
+    except APIError as err:
+        return _error(err)
+    if state.closing:
+        return _error(_unavailable(state))
+    engine, now = state.engine, state.clock.now()
+    ids = [state.new_id("embd") for _ in items]
+    lives = [Live(now) for _ in items]
+    try:
+        for rid, item, live in zip(ids, items, lives):
+            state.lives[rid] = live
+            engine.add(SimRequest(rid, max(1, len(item) if isinstance(item, list) else text_tokens(item)), 1), now)
+        state.kick.set()
+        for live in lives:
+            while not live.done and not state.closing:
+                await state.wait(live, live.ready)
+        if state.closing:
+            return _error(_unavailable(state))
+    except ValueError as e:
+        return _error(BadRequest(str(e), code="invalid_value"))
+    finally:
+        for rid, live in zip(ids, lives):
+            if state.lives.pop(rid, None) is not None and not live.done:
+                engine.abort(rid, state.clock.now())
+    body = embeddings_body(state.model_name, [vector(i) for i in items], parsed.prompt_tokens,
+                           parsed.body.get("encoding_format") == "base64")
+    return web.Response(body=body, content_type="application/json")
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -258,6 +310,9 @@ def create_app(
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_get("/v1/models", _models)
+    app.router.add_post("/v1/responses", _responses)
+    app.router.add_post("/v1/messages", _messages)
+    app.router.add_post("/v1/embeddings", _embeddings)
     app.router.add_get("/health", _health)
     app.router.add_get("/version", _version)
     app.router.add_get("/metrics", _metrics)

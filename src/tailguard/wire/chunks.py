@@ -38,6 +38,7 @@ class Usage:
 
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    answer_id: str | None = None  # a Response's id, where its final event names it (a follow-up continues it)
 
     def read(self, obj: Any) -> bool:
         """Copy the counts of a parsed chunk's `usage`; True if the chunk is usage-only."""
@@ -51,6 +52,17 @@ class Usage:
             if isinstance(ct, int):
                 self.completion_tokens = ct
         return obj.get("choices") == []
+
+    def read_io(self, u: Any, *, output: bool = True) -> None:
+        """Copy a `usage` object's `input_tokens` (and `output_tokens` with `output`): the names
+        of the Responses API and of Anthropic's Messages API."""
+        if not isinstance(u, dict):
+            return
+        it, ot = u.get("input_tokens"), u.get("output_tokens")
+        if isinstance(it, int) and not isinstance(it, bool):
+            self.prompt_tokens = it
+        if output and isinstance(ot, int) and not isinstance(ot, bool):
+            self.completion_tokens = ot
 
 
 def has_content(data: bytes, start: int = 0, end: int | None = None) -> bool:

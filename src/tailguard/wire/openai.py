@@ -16,9 +16,17 @@ from typing import Any, Literal
 import orjson
 
 from tailguard.errors import APIError, BadRequest
-from tailguard.wire.tokens import CHAT_MESSAGE_OVERHEAD_TOKENS, text_tokens
+from tailguard.wire import anthropic, embeddings, responses
+from tailguard.wire.tokens import CHAT_MESSAGE_OVERHEAD_TOKENS, parts_text, text_tokens
 
-Endpoint = Literal["chat", "completions"]
+Endpoint = Literal["chat", "completions", "responses", "messages", "embeddings", "rerank", "score", "tokenize",
+                   "detokenize"]
+# Routes whose answer is one JSON body that generates nothing (`wire.embeddings`): one job sized
+# by its input, relayed whole.
+POOLING: frozenset[Endpoint] = frozenset({"embeddings", "rerank", "score", "tokenize", "detokenize"})
+# Routes streamed as OpenAI's `chat.completion.chunk` / `text_completion` chunks, assembled from
+# a stream for a non-stream client and continued from their text.
+CHUNKED: frozenset[Endpoint] = frozenset({"chat", "completions"})
 
 # Far above any real context window, low enough that arithmetic on it stays cheap and sane.
 MAX_TOKENS_LIMIT = 10_000_000
@@ -40,9 +48,14 @@ class ParsedRequest:
     prompt_tokens: int
     token_ids: list[int] | None = field(default=None)
     n: int = 1  # choices asked for: the engine generates each, so the job size counts each
+    prompt: str | None = None  # the prompt's text, for the routes read by `wire.responses`/`anthropic`
 
     def prompt_text(self) -> str:
         """The prompt flattened to one string (role-tagged for chat); used for prefix hashing."""
+        if self.prompt is not None:
+            return self.prompt
+        if self.endpoint in POOLING:
+            return ""
         if self.endpoint == "completions":
             p = self.body["prompt"]
             if isinstance(p, str):
@@ -54,7 +67,7 @@ class ParsedRequest:
         for m in self.body["messages"]:
             parts.append(str(m.get("role", "")))
             parts.append(":")
-            parts.append(_content_text(m.get("content")))
+            parts.append(parts_text(m.get("content")))
             parts.append("\n")
         return "".join(parts)
 
@@ -71,6 +84,8 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
 
 
 def validate_body(body: dict[str, Any], endpoint: Endpoint) -> ParsedRequest:
+    if endpoint not in CHUNKED:
+        return _validate_other(body, endpoint)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _type_error("model", "a string")
@@ -99,6 +114,25 @@ def validate_body(body: dict[str, Any], endpoint: Endpoint) -> ParsedRequest:
         prompt_tokens, token_ids = _completion_prompt_tokens(body)
     return ParsedRequest(endpoint, body, model, stream, include_usage, max_tokens, prompt_tokens, token_ids,
                          1 if n is None else n)
+
+
+def _validate_other(body: dict[str, Any], endpoint: Endpoint) -> ParsedRequest:
+    """A body of the Responses, Messages or a pooling route: what the gateway reads of it."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _type_error("model", "a string")
+    if endpoint in POOLING:
+        if endpoint == "embeddings":
+            embeddings.inputs(body)
+        return ParsedRequest(endpoint, body, model, False, False, None, embeddings.input_tokens(body), prompt="")
+    stream = _opt_bool(body, "stream") or False
+    if endpoint == "responses":
+        limit = responses.validate(body)
+        return ParsedRequest(endpoint, body, model, stream, True, limit, responses.prompt_tokens(body),
+                             prompt=responses.prompt_text(body))
+    limit = anthropic.validate(body)
+    return ParsedRequest(endpoint, body, model, stream, True, limit, anthropic.prompt_tokens(body),
+                         prompt=anthropic.prompt_text(body))
 
 
 def validate_engine_fields(body: dict[str, Any]) -> None:
@@ -169,7 +203,7 @@ def _chat_prompt_tokens(body: dict[str, Any]) -> int:
             for j, part in enumerate(content):
                 if not isinstance(part, dict) or not isinstance(part.get("type"), str):
                     raise _type_error(f"messages[{i}].content[{j}]", "a content part object with a 'type'")
-        total += CHAT_MESSAGE_OVERHEAD_TOKENS + text_tokens(_content_text(content))
+        total += CHAT_MESSAGE_OVERHEAD_TOKENS + text_tokens(parts_text(content))
     return total
 
 
@@ -187,14 +221,6 @@ def _completion_prompt_tokens(body: dict[str, Any]) -> tuple[int, list[int] | No
     raise _type_error("prompt", "a string, an array of strings or an array of token ids")
 
 
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return ""
-
-
 def _opt_bool(obj: dict[str, Any], key: str, param: str | None = None) -> bool | None:
     v = obj.get(key)
     if v is not None and not isinstance(v, bool):
@@ -204,6 +230,17 @@ def _opt_bool(obj: dict[str, Any], key: str, param: str | None = None) -> bool |
 
 def _type_error(param: str, expected: str) -> BadRequest:
     return BadRequest(f"'{param}' must be {expected}.", param=param, code="invalid_type")
+
+
+def error_fields(payload: bytes) -> tuple[dict[str, Any], Any]:
+    """The fields of an error body, whatever its shape (OpenAI's `{"error": {...}}`, TGI's
+    `{"error": "..."}`, FastAPI's `{"detail": ...}`), and its `error` value as it came."""
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        data = None
+    err = data.get("error") if isinstance(data, dict) else None
+    return (err if isinstance(err, dict) else data if isinstance(data, dict) else {}), err
 
 
 def is_json_media_type(mime: str) -> bool:

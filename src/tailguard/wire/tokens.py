@@ -27,6 +27,16 @@ def text_tokens(text: str) -> int:
     return (n + BYTES_PER_TOKEN - 1) // BYTES_PER_TOKEN
 
 
+def parts_text(content: object) -> str:
+    """The text of a message's content: a string, or the `text` of each part of a list (OpenAI's
+    content parts, Anthropic's content blocks, the Responses API's input items); else ""."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
 def synthetic_text(n_tokens: int, rng: random.Random | None = None) -> str:
     """Text that `text_tokens` counts as exactly `n_tokens` (ASCII words, padded to 4*n bytes)."""
     if n_tokens <= 0:

@@ -20,8 +20,13 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_defaults_have_interactive_first_and_a_capped_batch_class() -> None:
     cfg = GatewayConfig()
-    assert [(c.name, c.rank) for c in cfg.classes] == [("interactive", 0), ("batch", 1)]
+    assert [(c.name, c.rank) for c in cfg.classes] == [("interactive", 0), ("batch", 1), ("embeddings", 2)]
     batch = cfg.classes[1]
+    pooling = cfg.classes[2]  # the pooling routes' class: half the slots at most, a quarter of those in use for sure
+    assert (pooling.max_share, pooling.min_share, pooling.preemptible, cfg.pooling_class) == (0.5, 0.25, False,
+                                                                                             "embeddings")
+    assert cfg.intake_params().route_classes["embeddings"] == "embeddings"
+    assert GatewayConfig(classes=cfg.classes[:2]).intake_params().route_classes == {}
     assert batch.max_tokens_cap == 4096 and batch.cap_mode == "clamp"
     assert (batch.max_share, batch.min_share, batch.preemptible) == (1.0, 0.0, True)
     assert not cfg.classes[0].preemptible and cfg.scheduler.preemption
@@ -83,7 +88,7 @@ scheduler: {policy: fcfs, aging_s: 3}
 
 @pytest.mark.parametrize("text,expected", [
     ("classes:\n  - {name: a}\n  - {name: a}\ndefault_class: a\n", "class name 'a' appears more than once"),
-    ("default_class: gold\n", "default_class 'gold' is not a configured class (known: interactive, batch)"),
+    ("default_class: gold\n", "default_class 'gold' is not a configured class (known: interactive, batch, embeddings)"),
     ("backends:\n  - {name: x, url: 'http://h:1'}\n  - {name: x, url: 'http://h:2'}\n",
      "backend name 'x' appears more than once"),
     ("classes:\n  - {name: interactive, max_share: 0}\n", "classes[0] (interactive).max_share: Input should be greater than 0"),
@@ -139,7 +144,7 @@ def test_quick_form_names_backends_by_host_and_port() -> None:
     cfg = GatewayConfig.quick(["http://127.0.0.1:8100/v1", "http://127.0.0.1:8100", "http://127.0.0.1:8101"], 4)
     assert [b.name for b in cfg.backends] == ["127.0.0.1:8100", "127.0.0.1:8100-1", "127.0.0.1:8101"]
     assert all(b.max_concurrency == 4 and b.url.startswith("http://127.0.0.1:81") for b in cfg.backends)
-    assert [c.name for c in cfg.classes] == ["interactive", "batch"]
+    assert [c.name for c in cfg.classes] == ["interactive", "batch", "embeddings"]
     with pytest.raises(ConfigError, match="at least one --backend"):
         GatewayConfig.quick([], 8)
     with pytest.raises(ConfigError, match=r"(?s)--backend: .*must start with http://"):

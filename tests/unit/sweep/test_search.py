@@ -95,7 +95,7 @@ def test_values_at_or_above_the_clients_sent_are_named_and_the_table_keeps_what_
 
 
 def test_errors_and_warnings_name_the_thing_and_the_next_step() -> None:
-    with pytest.raises(ConfigError, match=r"no class 'chats' in the gateway config \(its classes: interactive, batch\)"):
+    with pytest.raises(ConfigError, match=r"no class 'chats' in the gateway config \(its classes: interactive, batch, embeddings\)"):
         apply(Setting.parse("max_tokens_cap:chats"), 512, {}, {})
     with pytest.raises(ConfigError, match=r"--min-repeats 3 and --max-repeats 2: give 1 <= min <= max"):
         Sweep(Setting.parse("max_concurrency"), [4], [], min_repeats=3, max_repeats=2)

@@ -110,7 +110,8 @@ class ClassConfig(_Model):
 
 
 def default_classes() -> list[ClassConfig]:
-    """`interactive` first; `batch` capped and preemptible, with every slot open to it.
+    """`interactive` first; `batch` capped and preemptible, with every slot open to it; then
+    `embeddings`, the pooling routes' class (`POOLING_CLASS`).
 
     Without preemption a burst of long batch jobs fills every slot and a chat waits for one of
     them to finish (seconds): the tail this gateway exists to remove. Reserving slots for chats
@@ -118,4 +119,13 @@ def default_classes() -> list[ClassConfig]:
     (docs/configuration.md). Suspending a batch job for a waiting chat and resuming it later costs
     one re-prefill instead, so batch may use the whole engine (benchmarks/results/seed_des.md).
     """
-    return [ClassConfig(**asdict(c)) for c in fp.default_classes()]
+    return [*(ClassConfig(**asdict(c)) for c in fp.default_classes()),
+            ClassConfig(name=POOLING_CLASS, rank=2, max_queue_len=10000, max_queue_wait_s=600.0, max_share=0.5,
+                        min_share=0.25)]
+
+
+# The class of the pooling and tokenizer routes (`GatewayConfig.pooling_class`): ranked after
+# batch (a rank of its own, so its share bounds it alone and batch's slots are as they were), on
+# at most half of each backend's slots and sure of a quarter of those in use while it waits, so a
+# retrieval batch neither crowds out chat nor starves behind batch.
+POOLING_CLASS = "embeddings"

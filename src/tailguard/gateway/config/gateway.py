@@ -19,13 +19,14 @@ from tailguard.gateway.config.auth import AuthConfig
 from tailguard.gateway.config.backends import BackendConfig
 from tailguard.gateway.config.batches import BatchesConfig
 from tailguard.gateway.config.base import _INTAKE, _Model, fingerprint
-from tailguard.gateway.config.classes import ClassConfig, default_classes
+from tailguard.gateway.config.classes import POOLING_CLASS, ClassConfig, default_classes
 from tailguard.gateway.config.fleet import EjectionConfig, HedgingConfig, RoutingConfig
 from tailguard.gateway.config.limits import LimitsConfig
 from tailguard.gateway.config.problems import validate
 from tailguard.gateway.config.scheduler import SchedulerConfig
 from tailguard.gateway.config.telemetry import TelemetryConfig
 from tailguard.gateway.config.upstream import HealthConfig, RetryConfig, TimeoutsConfig
+from tailguard.wire.openai import POOLING
 
 class GatewayConfig(_Model):
     """The whole `tailguard.yaml` of `tailguard serve`."""
@@ -34,7 +35,14 @@ class GatewayConfig(_Model):
     port: int = Field(default=8080, ge=0, le=65535, description="Port to listen on (0 picks a free one).")
     classes: list[ClassConfig] = Field(
         default_factory=default_classes, min_length=1,
-        description="Request classes. Defaults: `interactive` (rank 0) and `batch` (rank 1, capped).",
+        description="Request classes. Defaults: `interactive` (rank 0), `batch` (rank 1, capped) and "
+        "`embeddings` (rank 2, at most half the slots: the pooling and tokenizer routes).",
+    )
+    pooling_class: str | None = Field(
+        default=POOLING_CLASS,
+        description="Class of requests to `/v1/embeddings`, `/v1/rerank`, `/rerank`, `/score`, `/tokenize` and "
+        "`/detokenize` that no header, `service_tier` or key classifies, so a retrieval batch cannot crowd out "
+        "chat. Null (or, left at its default, no class of that name): as any other request.",
     )
     default_class: str = Field(
         default=_INTAKE.default_class, description="Class of a request that nothing else classifies."
@@ -106,7 +114,14 @@ class GatewayConfig(_Model):
     def intake_params(self) -> fp.IntakeParams:
         """The intake's parameters: how a request is classified and capped (`tailguard.front.intake`)."""
         return fp.IntakeParams(classes=[c.spec() for c in self.classes], default_class=self.default_class,
-                               service_tier_map=self.service_tier_map, keys=self.auth.keys(), aliases=self.aliases)
+                               service_tier_map=self.service_tier_map, keys=self.auth.keys(), aliases=self.aliases,
+                               route_classes=self._route_classes())
+
+    def _route_classes(self) -> dict[str, str]:
+        """The pooling routes' class, when it is configured (`pooling_class`)."""
+        if self.pooling_class is None or self.pooling_class not in {c.name for c in self.classes}:
+            return {}
+        return {route: self.pooling_class for route in sorted(POOLING)}
 
     def settings(self) -> dict[str, Any]:
         """Every setting as plain data, each secret (client keys, backend keys) replaced by a
@@ -132,6 +147,8 @@ class GatewayConfig(_Model):
         listing = ", ".join(names)
         if self.default_class not in known:
             raise ValueError(f"default_class {self.default_class!r} is not a configured class (known: {listing})")
+        if "pooling_class" in self.model_fields_set and self.pooling_class is not None and self.pooling_class not in known:
+            raise ValueError(f"pooling_class {self.pooling_class!r} is not a configured class (known: {listing})")
         for tier, target in self.service_tier_map.items():
             if target not in known:
                 raise ValueError(f"service_tier_map.{tier} names unknown class {target!r} (known: {listing})")

@@ -31,6 +31,7 @@ from tailguard.gateway.http import admin as adm
 from tailguard.gateway.http.batches import add_routes as add_batch_routes, batches_lifecycle
 from tailguard.gateway.http.classes import ClassTable
 from tailguard.gateway.http.models import fleet_models, one_model
+from tailguard.gateway.http.routes import API_ROUTES, not_found_message, served, shaped_error
 from tailguard.gateway.http.proxy import REQUEST_ID, Proxy, client_request_id, error_response
 from tailguard.gateway.http.server import GatewayRunner, raise_file_limit, reserved_only
 from tailguard.gateway.ops.live import Live
@@ -47,6 +48,7 @@ from tailguard.gateway.upstream.backends import resolved
 from tailguard.gateway.upstream.client import Upstream
 from tailguard.gateway.upstream.kinds import get_kind
 from tailguard.gateway.upstream.probes import Probes
+from tailguard.wire.openai import Endpoint
 
 LIVE = web.AppKey("live", Live)
 METRICS = web.AppKey("metrics", GatewayMetrics)
@@ -90,6 +92,8 @@ def create_app(cfg: GatewayConfig, *, record: Path | None = None, state_dir: Pat
     app.router.add_post("/admin/rollback", _admin_rollback)
     app.cleanup_ctx.append(batches_lifecycle(lambda a: a[LIVE].cfg.batches, PROXY, DISPATCHER, METRICS, STATE_DIR))
     add_batch_routes(app)
+    for path, endpoint in API_ROUTES.items():  # responses, messages, embeddings and the other pooling routes
+        app.router.add_post(path, _api_handler(endpoint))
     return app
 
 
@@ -142,6 +146,12 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     return await request.app[PROXY].handle(request, "completions")
 
 
+def _api_handler(endpoint: Endpoint) -> Handler:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await request.app[PROXY].handle(request, endpoint)
+    return handle
+
+
 async def _health(request: web.Request) -> web.Response:
     """Each backend as the gateway knows it (`state`: unknown until a probe has answered, failing,
     unhealthy, ejected or healthy; why its last probe failed; its pool and models; the engine's own counts
@@ -161,7 +171,9 @@ async def _health(request: web.Request) -> web.Response:
                          "engine": ({"running": load[s.name].running, "waiting": load[s.name].waiting,
                                      "age_s": round(now - probes.load_at[s.name], 3)}
                                     if s.name in load else None),
-                         "probe_error": probes.last_error.get(s.name)}
+                         "probe_error": probes.last_error.get(s.name),
+                         # Fields the gateway adds that this backend refused, no longer sent to it.
+                         "dropped_fields": sorted(request.app[UPSTREAM].refusals.dropped(s.name))}
                 for s in views}
     ok = front.any_healthy()
     all_known = all(s.state == "healthy" for s in views if not s.retiring)
@@ -256,7 +268,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @web.middleware
 async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error the framework raises (404, 405, 413 on other routes) as OpenAI's JSON."""
+    """Every error the framework raises (404, 405, 413 on other routes) as OpenAI's JSON
+    (Anthropic's under /v1/messages); a 404 lists the routes served."""
     request[ARRIVED_UNDER] = request.app[LIVE].hash
     try:
         return await handler(request)
@@ -264,11 +277,12 @@ async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamRe
         if e.status < 400:
             raise
         code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(e.status)
-        err = APIError(f"{e.reason}: {request.method} {request.path}", status=e.status,
-                       type="invalid_request_error", code=code)
-        return _logged(request, error_response(err), code)
+        message = (not_found_message(request.method, request.path, served(request.app.router)) if e.status == 404
+                   else f"{e.reason}: {request.method} {request.path}")
+        err = APIError(message, status=e.status, type="invalid_request_error", code=code)
+        return _logged(request, shaped_error(err, request.path), code)
     except APIError as e:
-        return _logged(request, error_response(e), e.code)
+        return _logged(request, shaped_error(e, request.path), e.code)
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
         return error_response(APIError("Internal gateway error.", status=500, code="internal_error"))

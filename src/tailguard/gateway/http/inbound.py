@@ -8,7 +8,7 @@ written once for both.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -63,11 +63,13 @@ class Reply:
     close: bool = False  # the connection is closed after it
 
     @classmethod
-    def of_error(cls, err: APIError, extra: Mapping[str, str] | None = None, *, close: bool = False) -> Reply:
+    def of_error(cls, err: APIError, extra: Mapping[str, str] | None = None, *, close: bool = False,
+                 body: Callable[[APIError], bytes] = error_body) -> Reply:
+        """`err` answered in `body`'s shape (OpenAI's; Anthropic's on its Messages route)."""
         headers = {"Content-Type": "application/json", **error_headers(err)}
         if extra:
             headers.update(extra)
-        return cls(err.status, error_body(err), headers, close)
+        return cls(err.status, body(err), headers, close)
 
 
 def too_large(max_bytes: int) -> PayloadTooLarge:

@@ -25,6 +25,7 @@ from tailguard.gateway.exchange import Context, Ending, Exchange, Job
 from tailguard.gateway.http.classes import ClassTable
 from tailguard.gateway.http.inbound import REQUEST_ID as REQUEST_ID  # the app reads it here
 from tailguard.gateway.http.inbound import AiohttpInbound, Inbound, Reply
+from tailguard.gateway.http.routes import anthropic_refusal, error_shape, passed_headers
 from tailguard.gateway.ops.metering import Meter
 from tailguard.gateway.ops.metrics import access_log, record_finish, response_headers
 from tailguard.gateway.ops.tracing import Tracer
@@ -33,7 +34,7 @@ from tailguard.gateway.sink import Sink
 from tailguard.gateway.upstream.client import UPSTREAM_PATHS
 from tailguard.types import Outcome, RejectReason
 from tailguard.wire.openai import (
-    Endpoint, error_body, error_headers, parse_request,
+    CHUNKED, Endpoint, error_body, error_headers, parse_request,
 )
 from tailguard.wire.prefix import prefix_blocks
 
@@ -102,17 +103,20 @@ class Proxy:
         t.client, t.user_agent = inbound.remote, inbound.headers.get("User-Agent", "")[:_MAX_UA] or None
         try:
             api_key = bearer_key(inbound.headers)
+            if api_key is None and endpoint == "messages":  # Anthropic's SDK sends its key this way
+                api_key = inbound.headers.get("x-api-key") or None
             self._classes.authenticate(api_key)  # before the body: a stranger's body is never read
             raw = await inbound.read_body(self._cfg.max_body_bytes, self._cfg.body_timeout_s)
             return self._reply(await self._serve(raw, endpoint, inbound.headers, api_key, inbound.sink(), t), t)
         except APIError as err:
             t.refused(err)
             return Reply.of_error(err, response_headers(t) if t.cls != NO_CLASS else None,
-                                  close=inbound.body_unread())
+                                  close=inbound.body_unread(), body=error_shape(endpoint))
         except Exception:
             log.exception("internal error handling %s %s", inbound.method, inbound.path)
             t.end(Outcome.UPSTREAM_ERROR, 500, "internal_error")
-            return Reply.of_error(APIError("Internal gateway error.", status=500, code="internal_error"))
+            return Reply.of_error(APIError("Internal gateway error.", status=500, code="internal_error"),
+                                  body=error_shape(endpoint))
         finally:
             self._account(t, inbound.method, inbound.path)
 
@@ -180,7 +184,8 @@ class Proxy:
         self._hold_queued(len(raw), cls.name)
         try:
             await self._dispatcher.admit(t, accepted.est_tokens, progress=progress, max_tokens=accepted.max_tokens,
-                                         prefix=prefix)
+                                         prefix=prefix,
+                                         pin=self._ctx.homes.home(parsed.body.get("previous_response_id")))
         finally:  # let in or refused, the answer says where the caller's limits stand
             self._queued_bytes -= len(raw)
             if t.caller is not None:
@@ -188,8 +193,8 @@ class Proxy:
         try:
             assert t.bound_at is not None
             self._metrics.cls(cls.name).queue_wait.observe(t.bound_at - t.arrived_at)
-            tier = self._classes.served_tier(parsed.body.get("service_tier"), cls)
-            job = Job(t.request_id, endpoint, raw, parsed, accepted, cls, tier)
+            tier = self._classes.served_tier(parsed.body.get("service_tier"), cls) if endpoint in CHUNKED else None
+            job = Job(t.request_id, endpoint, raw, parsed, accepted, cls, tier, passed_headers(endpoint, headers))
             ending = await Exchange(job, t, sink, self._ctx).run()
             t.end(ending.outcome, ending.status, ending.reason, ending.completion)
             return ending
@@ -212,9 +217,10 @@ class Proxy:
         answer passed through, or the error to send."""
         if ending.passthrough is not None:
             us = ending.passthrough
-            return Reply(us.status, us.body, {"Content-Type": us.content_type, **response_headers(t)})
+            body = anthropic_refusal(us.status, us.body) if t.endpoint == "messages" else us.body
+            return Reply(us.status, body, {"Content-Type": us.content_type, **response_headers(t)})
         if ending.error is not None:
-            return Reply.of_error(ending.error, response_headers(t))
+            return Reply.of_error(ending.error, response_headers(t), body=error_shape(t.endpoint))
         return None
 
 

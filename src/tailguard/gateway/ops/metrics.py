@@ -39,12 +39,14 @@ from tailguard.types import FailureKind, Outcome, RejectReason
 ACCESS_LOGGER = "tailguard.access"
 METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
 # gen_ai.operation.name of each endpoint (OpenTelemetry GenAI conventions).
-GENAI_OPERATION = {"chat": "chat", "completions": "text_completion"}
 # gen_ai.token.modality of a request's prompt and of its output. Engines give one usage count, not
 # one per modality: a chat prompt may hold images, so its modality is not known (the conventions'
 # `unknown`); a completions prompt and every answer of these routes are text.
 INPUT_MODALITY = {"completions": "text"}
 UNKNOWN_PROVIDER = "unknown"  # gen_ai.provider.name is required: a backend whose kind is not known yet
+GENAI_OPERATION = {"chat": "chat", "completions": "text_completion", "responses": "chat", "messages": "chat",
+                   "embeddings": "embeddings", "rerank": "rerank", "score": "score", "tokenize": "tokenize",
+                   "detokenize": "detokenize"}
 # Failure kinds the front may send again (of an attempt that delivered nothing and was never
 # answered): the retry counters' label values.
 RETRYABLE = tuple(k for k in FailureKind if retry_of(k, delivered=False, answered=False) is not Retry.NO)

@@ -20,11 +20,16 @@ from tailguard.gateway.upstream.backends import prepare_body
 from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.upstream.kinds import get_kind
 from tailguard.gateway.upstream.pool import Pool, origin_of
+from tailguard.gateway.upstream.refusals import Refusals
 from tailguard.types import FailureKind
-from tailguard.wire.openai import Endpoint, error_body
+from tailguard.wire.openai import CHUNKED, Endpoint, error_body, error_fields
 from tailguard.wire.sse import EventTooLarge
 
-UPSTREAM_PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+UPSTREAM_PATHS: dict[Endpoint, str] = {
+    "chat": "/v1/chat/completions", "completions": "/v1/completions", "responses": "/v1/responses",
+    "messages": "/v1/messages", "embeddings": "/v1/embeddings", "rerank": "/v1/rerank", "score": "/score",
+    "tokenize": "/tokenize", "detokenize": "/detokenize",
+}
 # Largest upstream error body read (a 4xx is small; a runaway one is cut).
 _MAX_ERROR_BODY = 64 * 1024
 # What an error message passed on from a backend may say: one line, this long at most, with
@@ -99,18 +104,25 @@ class Suspended(GatewayError):
 
 def upstream_body(
     raw: bytes, body: dict[str, Any], *, client_stream: bool, client_usage: bool, body_changed: bool,
-    backend: BackendConfig, rank: int, count_tokens: bool = False,
+    backend: BackendConfig, rank: int, count_tokens: bool = False, dropped: frozenset[str] = frozenset(),
+    endpoint: Endpoint = "chat",
 ) -> bytes:
     """The bytes sent upstream: always a stream with usage. The client's raw bytes when they
     already say exactly that, else the body serialised once (the only JSON encode per request).
 
     `count_tokens` (a request that may be continued) asks a backend whose chunks may carry several
     tokens for the running usage on every chunk, so the tokens generated so far are known exactly,
-    and one that returns token ids for them (`Kind.continues_by_ids`), to continue by ids."""
-    prepared = prepare_body(backend, body, rank)
+    and one that returns token ids for them (`Kind.continues_by_ids`), to continue by ids.
+    Fields the backend refused (`dropped`) are left out. Routes other than chat and completions
+    go as the client sent them (streamed or not), with only the class and model fields set."""
+    prepared = prepare_body(backend, body, rank, dropped)
+    if endpoint not in CHUNKED:
+        return raw if prepared is None and not body_changed else orjson.dumps(prepared if prepared is not None else body)
     kind = get_kind(backend.kind)
     running = kind.running_usage_options if count_tokens and not kind.one_token_per_chunk else {}
-    ids = count_tokens and kind.continues_by_ids and body.get("return_token_ids") is not True
+    running = {k: v for k, v in running.items() if k not in dropped}
+    ids = (count_tokens and kind.continues_by_ids and body.get("return_token_ids") is not True
+           and "return_token_ids" not in dropped)
     if prepared is None and client_stream and client_usage and not body_changed and not running and not ids:
         return raw
     b = dict(prepared if prepared is not None else body)
@@ -139,6 +151,7 @@ class Upstream:
             cookie_jar=aiohttp.DummyCookieJar(),
         )
         self._said: set[tuple[str, str]] = set()  # (backend, failure kind) logged already
+        self.refusals = Refusals()  # fields the gateway adds that a backend refused
 
     async def close(self) -> None:
         self.pool.close()
@@ -147,6 +160,7 @@ class Upstream:
     async def open(
         self, backend: BackendConfig, endpoint: Endpoint, body: bytes, req_id: str, connect_s: float,
         limits: LimitsConfig, *, fresh: bool = False, traceparent: str | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
     ) -> H1Response:
         """Send the request (`fresh`: on a new connection, opened within `connect_s`; `traceparent`:
         the W3C trace context of this attempt); returns a 2xx streaming response whose head is
@@ -155,12 +169,12 @@ class Upstream:
         passed back to the client)."""
         origin = origin_of(backend.url)
         kind_headers = get_kind(backend.kind).upstream_headers  # e.g. llama-server: no stale keep-alive reuse
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "X-Request-Id": req_id,
-                   **kind_headers}
+        sent = {"Content-Type": "application/json", "Accept": "text/event-stream", "X-Request-Id": req_id,
+                **dict(headers), **kind_headers}
         if backend.api_key:
-            headers["Authorization"] = f"Bearer {backend.api_key}"
+            sent["Authorization"] = f"Bearer {backend.api_key}"
         if traceparent is not None:  # the engine's own spans join the request's trace
-            headers["traceparent"] = traceparent
+            sent["traceparent"] = traceparent
         try:
             conn = await self.pool.connection(origin, connect_s, fresh=fresh)
         except TimeoutError:
@@ -171,7 +185,7 @@ class Upstream:
             raise RelayError(FailureKind.CONNECT, f"Backend '{backend.name}' is unreachable: {e}") from None
         keep = kind_headers.get("Connection", "").lower() != "close"
         try:
-            resp = await conn.request(origin.head("POST", UPSTREAM_PATHS[endpoint], headers, len(body)), body, keep=keep,
+            resp = await conn.request(origin.head("POST", UPSTREAM_PATHS[endpoint], sent, len(body)), body, keep=keep,
                                       max_head=limits.max_response_head_bytes)
         except UpstreamBroke as e:
             # Reset or closed before an answer: typically a pooled keep-alive connection the
@@ -220,12 +234,7 @@ def sanitized_error(status: int, payload: bytes, backend: BackendConfig) -> byte
     """A backend's 4xx as OpenAI's error body: its type, code and param when it sent them in
     OpenAI's shape (a client acts on `context_length_exceeded`), and its message cut to one line
     of 200 characters with anything credential-like blanked; never the body itself."""
-    try:
-        data = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        data = None
-    err = data.get("error") if isinstance(data, dict) else None
-    fields = err if isinstance(err, dict) else data if isinstance(data, dict) else {}
+    fields, err = error_fields(payload)
     said = [m for m in (fields.get("message"), err, fields.get("detail")) if isinstance(m, str)]  # OpenAI, TGI, FastAPI
     text = _sanitized(said[0] if said else "", backend) or f"Backend '{backend.name}' refused the request ({status})."
     return error_body(APIError(text, status=status, type=_short(fields.get("type")) or "invalid_request_error",

@@ -29,10 +29,11 @@ from tailguard.gateway.upstream.resume import Progress
 from tailguard.gateway.upstream.tally import Tally
 from tailguard.types import FailureKind
 from tailguard.wire.chunks import (
-    delta_text, has_content, has_usage, is_error, parse, role_only, running_usage, with_service_tier,
+    delta_text, has_content, parse, role_only, running_usage, with_service_tier,
 )
-from tailguard.wire.openai import Endpoint, error_body
-from tailguard.wire.sse import DONE, DONE_EVENT, EventTooLarge, SSEDecoder, SSEEvent, encode_event, events_of, is_done
+from tailguard.wire.framing import OPENAI, Framing
+from tailguard.wire.openai import Endpoint
+from tailguard.wire.sse import DONE, DONE_EVENT, EventTooLarge, SSEDecoder, SSEEvent, encode_event, events_of
 from tailguard.wire.token_ids import without_token_ids
 
 # What a stream may still send after its `[DONE]`, drained so its connection can be reused; past
@@ -68,6 +69,7 @@ class StreamRelay:
     held: list[bytes] = field(default_factory=list)
     held_bytes: int = 0
     service_tier: bytes | None = None  # the tier to report, when the request named one
+    framing: Framing = OPENAI  # what the route's events carry (`wire.framing`)
     # The callback relay's state (`_chunk`): this run's decoder, the events it handed back, and
     # whether the client's buffer is full.
     _dec: SSEDecoder = field(init=False)  # made by each run
@@ -136,7 +138,7 @@ class StreamRelay:
         buf, ends = self._dec.frame(data)
         if not ends:
             return True  # part of an event: the decoder keeps it
-        if len(ends) == 1 and has_content(buf, 0, ends[0]):
+        if len(ends) == 1 and self.framing.has_content(buf, 0, ends[0]):
             tally.content(now, 1)
             if tally.traced:
                 tally.answer_end(buf, 0, ends[0])
@@ -194,16 +196,17 @@ class StreamRelay:
         pos = last_start = 0
         if self.tally.traced:
             self.tally.answer_end(buf, 0, len(buf))
+        f = self.framing
         for end in ends:
-            if has_content(buf, pos, end):
+            if f.has_content(buf, pos, end):
                 content += 1
-            elif has_usage(buf, pos, end):
-                if self.tally.usage.read(_event_json(buf, pos, end)) and not self.client_usage:
+            elif f.has_usage(buf, pos, end):
+                if f.read_usage(self.tally.usage, _event_json(buf, pos, end)) and not self.client_usage:
                     drop = (pos, end)
-            elif is_error(buf, pos, end):
+            elif f.is_error(buf, pos, end):
                 self.upstream_error = True
             last_start, pos = pos, end
-        last = content < len(ends) and is_done(buf, last_start, pos)  # [DONE] is not content
+        last = content < len(ends) and f.is_last(buf, last_start, pos)  # [DONE] is not content
         prog = self.progress
         if prog is not None and (content or prog.wants_ids()):
             prog.keep(buf, self.endpoint == "chat")
@@ -334,5 +337,5 @@ class StreamRelay:
         """The stream broke after the client got bytes: end it with an OpenAI error event."""
         self.upstream_error = True
         if not self.ended:
-            await self._end(b"data: " + error_body(err) + b"\n\n")
+            await self._end(self.framing.error_event(err))
 

@@ -1,0 +1,139 @@
+"""Every API a client sends, with the clients people use: the openai SDK's Responses API
+(streamed and not), embeddings and `models.retrieve`, and the anthropic SDK's Messages API
+(`messages.create`, `messages.stream`), each through a real gateway in front of the simulator:
+content, usage, class, metering and the access log; and what an unknown route is told."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import aiohttp
+import anthropic
+import orjson
+import pytest
+
+from tailguard.gateway.ops.metrics import ACCESS_LOGGER
+from tests.functional.gateways import classes, gateway, sample, scrape
+
+MODEL = "tailguard-sim"
+BATCH = {"X-Tailguard-Class": "batch"}
+
+
+def _access(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    return [orjson.loads(r.getMessage()) for r in caplog.records if r.name == ACCESS_LOGGER]
+
+
+@pytest.fixture
+def access(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    return caplog
+
+
+async def test_the_responses_api_streamed_and_not(access: pytest.LogCaptureFixture) -> None:
+    async with asyncio.timeout(30), gateway(classes=classes(batch={"max_tokens_cap": 6})) as gw, \
+            gw.client() as c:
+        raw = await c.responses.with_raw_response.create(model=MODEL, input="hello there", max_output_tokens=5)
+        whole = raw.parse()
+        assert raw.headers["x-tailguard-class"] == "interactive"
+        assert whole.output_text == " tok" * 5 and whole.usage is not None
+        assert (whole.usage.input_tokens, whole.usage.output_tokens) == (7, 5)
+        # max_output_tokens is capped per class as max_tokens is: batch's cap of 6 clamps 50.
+        stream = await c.responses.create(model=MODEL, input=[{"role": "user", "content": "hello there"}],
+                                          max_output_tokens=50, stream=True, extra_headers=BATCH)
+        types, text, final = [], "", None
+        async for ev in stream:
+            types.append(ev.type)
+            if ev.type == "response.output_text.delta":
+                text += ev.delta
+            if ev.type in ("response.completed", "response.incomplete"):
+                final = ev.response
+        assert types[0] == "response.created" and types[-1] == "response.incomplete"
+        assert text == " tok" * 6 and final is not None and final.usage is not None
+        assert final.usage.output_tokens == 6
+        m = await scrape(gw.url)
+    assert sample(m, "tailguard_requests_total", **{"class": "interactive", "outcome": "success"}) == 1
+    assert sample(m, "tailguard_requests_total", **{"class": "batch", "outcome": "success"}) == 1
+    assert sample(m, "tailguard_output_tokens_total", **{"class": "interactive"}) == 5
+    assert sample(m, "tailguard_output_tokens_total", **{"class": "batch"}) == 6
+    assert sample(m, "tailguard_ttft_seconds_count", **{"class": "batch"}) == 1
+    assert sample(m, "tailguard_itl_seconds_count", **{"class": "batch"}) == 5  # gaps between its 6 deltas
+    lines = [(a["path"], a["class"], a["status"], a["output_tokens"]) for a in _access(access)]
+    assert lines == [("/v1/responses", "interactive", 200, 5), ("/v1/responses", "batch", 200, 6)]
+
+
+async def test_the_messages_api_with_the_anthropic_sdk(access: pytest.LogCaptureFixture) -> None:
+    keys = {"auth": {"api_keys": {"sk-app": {"name": "app"}}}}
+    async with asyncio.timeout(30), gateway(**keys) as gw, \
+            anthropic.AsyncAnthropic(base_url=gw.url, api_key="sk-app", max_retries=0) as a:
+        msgs: Any = [{"role": "user", "content": "hi"}]
+        whole = await a.messages.create(model=MODEL, max_tokens=4, messages=msgs, system="be brief")
+        assert [b.text for b in whole.content if b.type == "text"] == [" tok" * 4]
+        assert (whole.usage.input_tokens, whole.usage.output_tokens, whole.stop_reason) == (7, 4, "max_tokens")  # "be brief" (2) + "hi" (1) + 4 per message
+        async with a.messages.stream(model=MODEL, max_tokens=3, messages=msgs) as stream:
+            pieces = [t async for t in stream.text_stream]
+            final = await stream.get_final_message()
+        assert pieces == [" tok"] * 3 and final.usage.output_tokens == 3
+        # Errors on this route are Anthropic's shape, which the SDK turns into its own exceptions.
+        with pytest.raises(anthropic.BadRequestError) as bad:
+            await a.messages.create(model=MODEL, max_tokens=0, messages=msgs)
+        assert bad.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+        async with anthropic.AsyncAnthropic(base_url=gw.url, api_key="sk-nobody", max_retries=0) as stranger:
+            with pytest.raises(anthropic.AuthenticationError):
+                await stranger.messages.create(model=MODEL, max_tokens=2, messages=msgs)
+        m = await scrape(gw.url)
+    assert sample(m, "tailguard_caller_requests_total", caller="app", outcome="success") == 2
+    assert sample(m, "tailguard_output_tokens_total", **{"class": "interactive"}) == 7
+    ok = [a for a in _access(access) if a["status"] == 200]
+    assert [(a["path"], a["caller"], a["output_tokens"]) for a in ok] == [("/v1/messages", "app", 4),
+                                                                          ("/v1/messages", "app", 3)]
+
+
+async def test_embeddings_are_one_job_in_their_own_class(access: pytest.LogCaptureFixture) -> None:
+    async with asyncio.timeout(30), gateway() as gw, gw.client() as c:
+        raw = await c.embeddings.with_raw_response.create(model=MODEL, input=["alpha", "beta gamma", "alpha"])
+        e = raw.parse()
+        assert raw.headers["x-tailguard-class"] == "embeddings"
+        assert [d.index for d in e.data] == [0, 1, 2] and len(e.data[0].embedding) == 32
+        assert e.data[0].embedding == e.data[2].embedding != e.data[1].embedding  # deterministic per input
+        floats = await c.embeddings.create(model=MODEL, input="alpha", encoding_format="float")
+        assert floats.data[0].embedding == pytest.approx(e.data[0].embedding, rel=1e-6)
+        assert e.usage.prompt_tokens == 2 + 3 + 2  # each input by the bytes/4 estimate
+        assert (await c.models.retrieve(MODEL)).id == MODEL
+        m = await scrape(gw.url)
+    assert sample(m, "tailguard_requests_total", **{"class": "embeddings", "outcome": "success"}) == 2
+    assert sample(m, "tailguard_prompt_tokens_total", **{"class": "embeddings"}) == 9
+    assert sample(m, "tailguard_output_tokens_total", **{"class": "embeddings"}) == 0
+    assert [(a["path"], a["class"]) for a in _access(access)] == [("/v1/embeddings", "embeddings")] * 2
+
+
+async def test_an_unknown_route_is_told_what_is_served() -> None:
+    async with asyncio.timeout(30), gateway() as gw, aiohttp.ClientSession() as s:
+        async with s.post(f"{gw.url}/v1/audio/speech", json={}) as r:
+            err = (await r.json())["error"]
+        assert r.status == 404 and err["code"] == "not_found"
+        for route in ("POST /v1/responses", "POST /v1/messages", "POST /v1/embeddings", "GET /v1/models/{model}"):
+            assert route in err["message"]
+        async with s.get(f"{gw.url}/v1/messages/batches") as r:
+            body = await r.json()
+        assert r.status == 404 and body["type"] == "error" and body["error"]["type"] == "not_found_error"
+        async with s.post(f"{gw.url}/tokenize", json={"model": MODEL, "prompt": "hi"}) as r:
+            # The simulator serves no tokenizer: its own 404 is relayed, as a backend's answer is.
+            assert r.status == 404
+
+
+async def test_a_responses_follow_up_goes_to_the_backend_that_holds_its_state() -> None:
+    """Round-robin alternates two backends; follow-ups naming `previous_response_id` go to the
+    one that made that response, streamed or not, however many follow in a row."""
+    async with asyncio.timeout(30), gateway(sims=2, routing={"policy": "round-robin"}) as gw, gw.client() as c:
+        async def backend_of(**kw: Any) -> tuple[str, str | None]:
+            raw = await c.responses.with_raw_response.create(model=MODEL, input="hello", max_output_tokens=2, **kw)
+            return raw.headers["x-tailguard-backend"], None if kw.get("stream") else raw.parse().id
+        home, made = await backend_of()
+        for i in range(4):
+            where, latest = await backend_of(previous_response_id=made, stream=i % 2 == 1)
+            assert where == home
+            made = latest or made  # the chain goes on from the latest whole answer
+        plain = {(await backend_of())[0] for _ in range(2)}
+        assert plain == {"sim0", "sim1"}  # without one, requests alternate
