@@ -24,9 +24,12 @@ async def test_two_workers_send_one_schedule_from_one_origin_and_merge() -> None
     # One schedule: the same classes, due times and sizes as the single-process run's.
     assert [(r.cls, r.scheduled_at, r.prompt_tokens, r.max_tokens) for r in spread.records] == \
         [(r.cls, r.scheduled_at, r.prompt_tokens, r.max_tokens) for r in alone.records]
-    # One origin: every request was sent near its due time on the shared clock (generously bounded:
-    # the machine is shared), not offset by when each process happened to start.
-    assert max(r.sent_at - r.scheduled_at for r in spread.records) < 0.5
+    # One origin: each worker sent its requests near their due times on the shared clock, not offset
+    # by when its process happened to start (a worker's median lag: one late wake-up of a loaded
+    # machine moves a maximum, an offset origin moves every request).
+    for w in (0, 1):
+        lags = sorted(r.sent_at - r.scheduled_at for r in spread.records if r.index % 2 == w)
+        assert lags[len(lags) // 2] < 0.5
     assert spread.meta["workers"] == 2 and [w["requests"] for w in spread.meta["per_worker"]] == [20, 20]
     v = summarize(spread.records, spread.meta)["validity"]
     assert [(w["worker"], w["count"]) for w in v["workers"]] == [(0, 20), (1, 20)]
