@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-real test-sdk bench bench-real engines lint clean prometheus deploy observe
+.PHONY: demo test test-real test-sdk bench bench-real engines lint clean prometheus deploy observe redis
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ test: $(STAMP)
 # Debian's prometheus and promtool, for the alert-rule checks and the real-Prometheus test.
 prometheus:
 	bash deploy/prometheus/install.sh
+
+# Debian's redis-server, for the tests of replicas sharing limits and slots (state: {url: redis://...}).
+redis:
+	bash deploy/redis/install.sh
 
 # The Grafana dashboard and the alert rules, regenerated from the metric catalog.
 deploy: $(STAMP)

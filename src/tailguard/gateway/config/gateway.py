@@ -23,6 +23,7 @@ from tailguard.gateway.config.fleet import EjectionConfig, HedgingConfig, Routin
 from tailguard.gateway.config.limits import LimitsConfig
 from tailguard.gateway.config.problems import validate
 from tailguard.gateway.config.scheduler import SchedulerConfig
+from tailguard.gateway.config.state import StateConfig
 from tailguard.gateway.config.telemetry import TelemetryConfig
 from tailguard.gateway.config.upstream import HealthConfig, RetryConfig, TimeoutsConfig
 
@@ -82,6 +83,8 @@ class GatewayConfig(_Model):
     hedging: HedgingConfig = Field(default_factory=HedgingConfig, description="Hedged requests (off by default).")
     limits: LimitsConfig = Field(default_factory=LimitsConfig,
                                  description="Bytes and seconds a backend or a client may cost the gateway.")
+    state: StateConfig = Field(default_factory=StateConfig,
+                               description="Limits shared by replicas through Redis (off by default).")
 
     def front_params(self, continues: dict[str, bool] | None = None) -> fp.FrontParams:
         """The front's parameters; `continues` maps a backend to whether its kind can continue a
@@ -115,6 +118,7 @@ class GatewayConfig(_Model):
         for b in data["backends"]:
             if b.get("api_key"):
                 b["api_key"] = fingerprint(b["api_key"])
+        data["state"]["url"] = self.state.shown_url()
         return data
 
     def digest(self) -> str:

@@ -1,0 +1,84 @@
+"""Two gateway replicas (real `tailguard serve` processes) in front of one simulator, sharing a
+real `redis-server` (`state: {url: ...}`): one caller's `tpm_limit` is one limit over both, as
+a client sees it through the real `openai` package. Without Redis each replica gives the caller
+its whole limit, so the same burst gets about twice as much through: the check can fail."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from openai import AsyncOpenAI
+
+from tests.functional.gateway_processes import GatewayProcess, gateway_process
+from tests.functional.redis_server import redis_server
+from tests.functional.sim_processes import sim_process
+
+CHAT = [{"role": "user", "content": "hi"}]
+TPM = 3000
+MAX_TOKENS = 100
+PER_REPLICA = 40  # 80 requests of about 100 tokens each: over twice the limit
+
+
+def replica_config(sim_url: str, redis_url: str | None, **state: Any) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "backends": [{"name": "sim", "url": sim_url, "max_concurrency": 8}],
+        "auth": {"api_keys": {"sk-team": {"name": "team", "tpm_limit": TPM}}},
+        "access_log": False,
+    }
+    if redis_url is not None:
+        cfg["state"] = {"url": redis_url, **state}
+    return cfg
+
+
+async def burst(gateways: list[GatewayProcess], per_replica: int) -> tuple[int, int, int]:
+    """`per_replica` requests at once to each replica: (tokens used by those served, served,
+    refused with OpenAI's 429 for tokens)."""
+    async with AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(AsyncOpenAI(base_url=f"{g.url}/v1", api_key="sk-team",
+                                                               max_retries=0)) for g in gateways]
+
+        async def one(c: AsyncOpenAI) -> int | None:
+            try:
+                r = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=MAX_TOKENS)
+            except openai.RateLimitError as err:
+                assert err.type == "tokens" and err.code == "rate_limit_exceeded"
+                assert err.response.headers["x-tailguard-reject-reason"] == "rate_limit_tokens"
+                return None
+            assert r.usage is not None and r.usage.completion_tokens == MAX_TOKENS
+            return r.usage.total_tokens
+
+        used = await asyncio.gather(*(one(c) for c in clients for _ in range(per_replica)))
+    served = [u for u in used if u is not None]
+    return sum(served), len(served), len(used) - len(served)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["redis", "alone"])
+async def test_two_replicas_sharing_redis_enforce_one_tpm_limit(tmp_path: Path, shared: bool) -> None:
+    async with asyncio.timeout(60), AsyncExitStack() as stack:
+        redis = await stack.enter_async_context(redis_server(tmp_path))
+        sim = await stack.enter_async_context(sim_process("--max-num-seqs", "16"))
+        gateways = []
+        for i in range(2):
+            folder = tmp_path / f"gw{i}"
+            folder.mkdir()
+            gateways.append(await stack.enter_async_context(
+                gateway_process(folder, replica_config(sim.url, redis.url if shared else None))))
+        started = time.monotonic()
+        used, served, refused = await burst(gateways, PER_REPLICA)
+        elapsed = time.monotonic() - started
+    one_reservation = MAX_TOKENS + 16  # its capped max_tokens and a prompt estimate of "hi" with room
+    bound = TPM + one_reservation + TPM / 60 * elapsed  # the bucket refills while the burst runs
+    for g in gateways:
+        print("".join(line for line in g.lines if "Redis" in line or "shared" in line))
+    print(f"shared={shared}: {served} served ({used} tokens), {refused} refused in {elapsed:.2f} s; bound {bound:.0f}")
+    if shared:
+        assert used <= bound and refused > 0
+        assert used >= TPM - 2 * one_reservation  # the limit is used, not refused early
+    else:  # each replica alone lets the caller have its whole limit
+        assert used > 1.5 * TPM
