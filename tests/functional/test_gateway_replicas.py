@@ -16,6 +16,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from tests.functional.gateway_processes import GatewayProcess, gateway_process
+from tests.functional.gateways import sample, scrape, until
 from tests.functional.redis_server import redis_server
 from tests.functional.sim_processes import sim_process
 
@@ -74,11 +75,48 @@ async def test_two_replicas_sharing_redis_enforce_one_tpm_limit(tmp_path: Path, 
         elapsed = time.monotonic() - started
     one_reservation = MAX_TOKENS + 16  # its capped max_tokens and a prompt estimate of "hi" with room
     bound = TPM + one_reservation + TPM / 60 * elapsed  # the bucket refills while the burst runs
-    for g in gateways:
-        print("".join(line for line in g.lines if "Redis" in line or "shared" in line))
     print(f"shared={shared}: {served} served ({used} tokens), {refused} refused in {elapsed:.2f} s; bound {bound:.0f}")
     if shared:
         assert used <= bound and refused > 0
         assert used >= TPM - 2 * one_reservation  # the limit is used, not refused early
     else:  # each replica alone lets the caller have its whole limit
         assert used > 1.5 * TPM
+
+
+async def shared_gauge(gw: GatewayProcess) -> float:
+    return sample(await scrape(gw.url), "tailguard_state_shared")
+
+
+@pytest.mark.parametrize("policy", ["local", "closed"])
+async def test_redis_killed_mid_run_then_back_follows_the_policy_says_so_and_shares_again(
+        tmp_path: Path, policy: str) -> None:
+    async with asyncio.timeout(60), AsyncExitStack() as stack:
+        redis = await stack.enter_async_context(redis_server(tmp_path))
+        sim = await stack.enter_async_context(sim_process("--max-num-seqs", "16"))
+        cfg = replica_config(sim.url, redis.url, on_unavailable=policy, replicas=2, lease_s=0.6, timeout_s=0.5)
+        gw = await stack.enter_async_context(gateway_process(tmp_path, cfg))
+        assert await shared_gauge(gw) == 1
+        _, served, _ = await burst([gw], 4)
+        assert served == 4
+        await redis.kill()
+        if policy == "closed":
+            async with AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="sk-team", max_retries=0) as c:
+                with pytest.raises(openai.InternalServerError) as gone:
+                    await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=MAX_TOKENS)
+            assert gone.value.status_code == 503 and gone.value.code == "shared_state_unavailable"
+            assert "Redis" in gone.value.message
+        else:  # this replica's half of the limit, fresh: about 1500 tokens, then 429s
+            started = time.monotonic()
+            used, served, refused = await burst([gw], 30)
+            bound = TPM / 2 + MAX_TOKENS + 16 + TPM / 2 / 60 * (time.monotonic() - started)
+            print(f"redis down, local half: {served} served ({used} tokens), {refused} refused; bound {bound:.0f}")
+            assert TPM / 2 - 2 * (MAX_TOKENS + 16) <= used <= bound and refused > 0
+        assert await shared_gauge(gw) == 0
+        await redis.start()  # back, empty
+
+        async def shared_again() -> bool:
+            return await shared_gauge(gw) == 1
+        await until(shared_again, step_s=0.05)
+        _, served, _ = await burst([gw], 4)
+        assert served == 4
+        assert gw.logged("Redis is unavailable") == 1 and gw.logged("shared state is back") == 1

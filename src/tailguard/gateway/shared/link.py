@@ -57,7 +57,8 @@ class Link:
         pool = aioredis.BlockingConnectionPool.from_url(
             cfg.url, max_connections=_CONNECTIONS, timeout=cfg.timeout_s, socket_timeout=cfg.timeout_s,
             socket_connect_timeout=cfg.timeout_s, retry_on_timeout=False, health_check_interval=0)
-        self.redis: aioredis.Redis = aioredis.Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0))  # we fall back
+        pool.connection_kwargs["retry"] = Retry(NoBackoff(), 0)  # no retry: a failed call falls back at once
+        self.redis: aioredis.Redis = aioredis.Redis.from_pool(pool)  # it owns the pool: closing it closes them
         self.shared = True  # until a round trip fails: the first request finds out
         self.seen_replicas = 1
         self.id = f"{os.uname().nodename}:{os.getpid()}:{os.urandom(3).hex()}"
@@ -98,6 +99,8 @@ class Link:
         while True:
             try:
                 self.seen_replicas = int(await self._heartbeat(keys=[REPLICAS_KEY], args=[self.id, lease_ms]))
+                if not self.shared:  # the connections opened before it went are dead: new ones from now
+                    await self.redis.connection_pool.disconnect(inuse_connections=False)
                 self._set(True, None)
             except UNAVAILABLE as err:
                 self._set(False, err)
