@@ -113,10 +113,12 @@ async def test_redis_killed_mid_run_then_back_follows_the_policy_says_so_and_sha
             assert TPM / 2 - 2 * (MAX_TOKENS + 16) <= used <= bound and refused > 0
         assert await shared_gauge(gw) == 0
         await redis.start()  # back, empty
+        back = time.monotonic()
 
         async def shared_again() -> bool:
             return await shared_gauge(gw) == 1
         await until(shared_again, step_s=0.05)
+        print(f"shared again {time.monotonic() - back:.2f} s after Redis restarted (lease 0.6 s)")
         _, served, _ = await burst([gw], 4)
         assert served == 4
         assert gw.logged("Redis is unavailable") == 1 and gw.logged("shared state is back") == 1
