@@ -122,3 +122,32 @@ async def test_redis_killed_mid_run_then_back_follows_the_policy_says_so_and_sha
         _, served, _ = await burst([gw], 4)
         assert served == 4
         assert gw.logged("Redis is unavailable") == 1 and gw.logged("shared state is back") == 1
+
+
+async def test_a_replica_killed_with_sigkill_stops_being_counted_within_its_lease(tmp_path: Path) -> None:
+    from redis import asyncio as aioredis
+
+    async def alive(r: aioredis.Redis) -> int:
+        """Replicas whose heartbeat lease has not expired, by Redis's own clock."""
+        sec, usec = await r.time()
+        return int(await r.zcount("tailguard:replicas", f"({sec * 1000 + usec // 1000}", "+inf"))
+
+    async with asyncio.timeout(60), AsyncExitStack() as stack:
+        redis = await stack.enter_async_context(redis_server(tmp_path))
+        r = await stack.enter_async_context(aioredis.Redis.from_url(redis.url))
+        sim = await stack.enter_async_context(sim_process())
+        gateways = []
+        for i in range(2):
+            folder = tmp_path / f"gw{i}"
+            folder.mkdir()
+            gateways.append(await stack.enter_async_context(
+                gateway_process(folder, replica_config(sim.url, redis.url, lease_s=0.6))))
+        while await alive(r) != 2:
+            await asyncio.sleep(0.02)
+        gateways[1].kill()
+        killed = time.monotonic()
+        while await alive(r) != 1:
+            await asyncio.sleep(0.02)
+        gone_s = time.monotonic() - killed
+        print(f"a SIGKILLed replica stopped being counted {gone_s:.2f} s later (lease 0.6 s)")
+        assert gone_s <= 0.6 + 0.2

@@ -102,3 +102,23 @@ async def test_while_redis_is_gone_a_replica_follows_its_policy_and_shares_again
                 await asyncio.sleep(0.02)
         held_again = await shared.reserve("team", 10)
         assert held_again is not None and held_again.shared
+
+
+async def test_replicas_are_counted_by_heartbeat_and_a_dead_ones_lease_lapses(tmp_path: Path) -> None:
+    """N for the local share is the replicas whose heartbeat Redis holds: one that stops beating
+    (killed) is no longer counted a lease later."""
+    spec = CallerSpec("team", requests_per_minute=4)
+    async with asyncio.timeout(20), redis_server(tmp_path) as server, \
+            limits(server.url, spec, lease_s=0.3) as (one, _), limits(server.url, spec, lease_s=0.3) as (two, _):
+        async with asyncio.timeout(5):
+            while one.link.seen_replicas != 2:
+                await asyncio.sleep(0.02)
+        assert one.link.replicas == 2
+        dead = two.link._task
+        assert dead is not None
+        dead.cancel()  # its heartbeat stops as a killed replica's would, its entry left in Redis
+        lapsed = asyncio.get_running_loop().time()
+        while one.link.seen_replicas != 1:
+            await asyncio.sleep(0.02)
+        assert asyncio.get_running_loop().time() - lapsed < 0.3 + 0.1 + 0.1  # a lease, a beat and slack
+        assert one.link.replicas == 1
