@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from tests.functional.sim_processes import reap
+
 
 @dataclass
 class GatewayProcess:
@@ -57,11 +59,7 @@ async def gateway_process(folder: Path, cfg: dict[str, Any]) -> AsyncIterator[Ga
         drain = asyncio.create_task(_keep(proc.stderr, lines))  # a full pipe must never stall it
         yield gw
     finally:
-        if proc.returncode is None:
-            proc.kill()
-        await proc.wait()
-        if drain is not None:
-            drain.cancel()
+        await reap(proc, drain)
 
 
 async def _keep(stream: asyncio.StreamReader, lines: list[str]) -> None:
