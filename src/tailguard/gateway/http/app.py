@@ -49,6 +49,7 @@ from tailguard.gateway.upstream.probes import Probes
 
 if TYPE_CHECKING:
     from tailguard.gateway.shared.limits import SharedLimits
+    from tailguard.gateway.shared.slots import SlotLeases
 
 LIVE = web.AppKey("live", Live)
 METRICS = web.AppKey("metrics", GatewayMetrics)
@@ -121,11 +122,14 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     app[PROBES] = Probes(app[LIVE], backends, dispatcher, upstream.session, metrics)
     app[PROBES].start()
     shared = app[PROXY].shared = _shared_limits(cfg, metrics)
+    leases = None if shared is None else _slot_leases(app[LIVE], shared, dispatcher)
     try:
         yield
     finally:
         flushing.cancel()
         if shared is not None:
+            if leases is not None:
+                await leases.close()
             await shared.close()
             await shared.link.close()
         await app[PROBES].stop()
@@ -156,6 +160,19 @@ def _shared_limits(cfg: GatewayConfig, metrics: GatewayMetrics) -> SharedLimits 
     shared = SharedLimits(Link(cfg.state, changed), cfg.auth.callers())
     shared.link.start()
     return shared
+
+
+def _slot_leases(live: Live, shared: SharedLimits, dispatcher: Dispatcher) -> SlotLeases:
+    """Each backend's `max_concurrency` shared with the other replicas through Redis: this
+    replica's part of it, leased, is its front's cap (`gateway.shared.slots`)."""
+    from tailguard.gateway.shared.slots import SlotLeases
+
+    def caps() -> dict[str, int]:  # the config running now: a reload's backends from the next renewal
+        return {b.name: b.max_concurrency for b in live.cfg.backends}
+
+    leases = SlotLeases(shared.link, caps, dispatcher.running_waiting, dispatcher.allot)
+    leases.start()
+    return leases
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:

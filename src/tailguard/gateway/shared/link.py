@@ -81,6 +81,10 @@ class Link:
             self._set(False, err)
             return None
 
+    def lost(self, err: BaseException) -> None:
+        """A round trip made elsewhere (a pipeline) failed: Redis is unavailable."""
+        self._set(False, err)
+
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._beat())
 
