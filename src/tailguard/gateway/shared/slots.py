@@ -23,7 +23,11 @@ requests wait here for a slot it lacks, or it holds slots it no longer uses. Whi
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable
+from typing import Any
+
+from redis.exceptions import NoScriptError
 
 from tailguard.gateway.shared.link import UNAVAILABLE, Link
 
@@ -82,7 +86,7 @@ class SlotLeases:
         self.link = link
         self._caps = caps
         self._load, self._allot = load, allot
-        self._renew = link.redis.register_script(_RENEW)
+        self._sha = hashlib.sha1(_RENEW.encode()).hexdigest()  # as Redis names a script
         self.allotted: dict[str, int] = {}  # the cap told to the front
         self.held: dict[str, int] = {}  # what Redis counts as this replica's
         self._task: asyncio.Task[None] | None = None
@@ -140,13 +144,10 @@ class SlotLeases:
         loads = {b: self._load(b) for b in caps}
         for b, (running, _) in loads.items():
             self._tell(b, min(running, self.allotted.get(b, 0)))  # nothing starts until the answer
+        rows = [(_keys(b), [self.link.id, loads[b][0] + loads[b][1], loads[b][0], cap, lease_ms])
+                for b, cap in caps.items()]
         try:
-            async with self.link.redis.pipeline(transaction=False) as pipe:
-                for b, cap in caps.items():
-                    running, waiting = loads[b]
-                    await self._renew(keys=_keys(b), args=[self.link.id, running + waiting, running, cap, lease_ms],
-                                      client=pipe)
-                answers = await pipe.execute()
+            answers = await self._send(rows)
         except UNAVAILABLE as err:
             self.link.lost(err)
             self._local(caps)
@@ -154,6 +155,22 @@ class SlotLeases:
         for b, (held, allotted) in zip(caps, answers):
             self.held[b] = int(held)
             self._tell(b, int(allotted))
+
+    async def _send(self, rows: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Every backend's script in one pipeline: one round trip (redis-py's own script
+        objects would ask Redis whether it knows the script first, each time: two). A Redis
+        that does not know it (restarted) is given it, once, and asked again."""
+        try:
+            return await self._pipelined(rows)
+        except NoScriptError:
+            await self.link.redis.script_load(_RENEW)
+            return await self._pipelined(rows)
+
+    async def _pipelined(self, rows: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        async with self.link.redis.pipeline(transaction=False) as pipe:
+            for keys, args in rows:
+                pipe.evalsha(self._sha, len(keys), *keys, *args)
+            return list(await pipe.execute())
 
     def _local(self, caps: dict[str, int]) -> None:
         for b, cap in caps.items():
