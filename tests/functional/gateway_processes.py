@@ -9,7 +9,7 @@ import re
 import signal
 import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,16 @@ async def gateway_process(folder: Path, cfg: dict[str, Any]) -> AsyncIterator[Ga
         yield gw
     finally:
         await reap(proc, drain)
+
+
+async def replicas(stack: AsyncExitStack, folder: Path, cfg: dict[str, Any], n: int = 2) -> list[GatewayProcess]:
+    """`n` gateways running `cfg`, each with a folder of its own under `folder`, in `stack`."""
+    out = []
+    for i in range(n):
+        own = folder / f"gw{i}"
+        own.mkdir()
+        out.append(await stack.enter_async_context(gateway_process(own, cfg)))
+    return out
 
 
 async def _keep(stream: asyncio.StreamReader, lines: list[str]) -> None:

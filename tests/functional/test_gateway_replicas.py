@@ -15,7 +15,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from tests.functional.gateway_processes import GatewayProcess, gateway_process
+from tests.functional.gateway_processes import GatewayProcess, gateway_process, replicas
 from tests.functional.gateways import sample, scrape, until
 from tests.functional.redis_server import redis_server
 from tests.functional.sim_processes import sim_process
@@ -64,12 +64,7 @@ async def test_two_replicas_sharing_redis_enforce_one_tpm_limit(tmp_path: Path, 
     async with asyncio.timeout(60), AsyncExitStack() as stack:
         redis = await stack.enter_async_context(redis_server(tmp_path))
         sim = await stack.enter_async_context(sim_process("--max-num-seqs", "16"))
-        gateways = []
-        for i in range(2):
-            folder = tmp_path / f"gw{i}"
-            folder.mkdir()
-            gateways.append(await stack.enter_async_context(
-                gateway_process(folder, replica_config(sim.url, redis.url if shared else None))))
+        gateways = await replicas(stack, tmp_path, replica_config(sim.url, redis.url if shared else None))
         started = time.monotonic()
         used, served, refused = await burst(gateways, PER_REPLICA)
         elapsed = time.monotonic() - started
@@ -136,12 +131,7 @@ async def test_a_replica_killed_with_sigkill_stops_being_counted_within_its_leas
         redis = await stack.enter_async_context(redis_server(tmp_path))
         r = await stack.enter_async_context(aioredis.Redis.from_url(redis.url))
         sim = await stack.enter_async_context(sim_process())
-        gateways = []
-        for i in range(2):
-            folder = tmp_path / f"gw{i}"
-            folder.mkdir()
-            gateways.append(await stack.enter_async_context(
-                gateway_process(folder, replica_config(sim.url, redis.url, lease_s=0.6))))
+        gateways = await replicas(stack, tmp_path, replica_config(sim.url, redis.url, lease_s=0.6))
         while await alive(r) != 2:
             await asyncio.sleep(0.02)
         gateways[1].kill()

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from openai import AsyncOpenAI
 
-from tests.functional.gateway_processes import GatewayProcess, gateway_process
+from tests.functional.gateway_processes import GatewayProcess, replicas
 from tests.functional.redis_server import redis_server
 from tests.functional.sim_processes import sim_process
 
@@ -69,12 +69,7 @@ async def test_two_replicas_never_run_more_than_the_backends_cap_on_the_engine(t
     async with asyncio.timeout(60), AsyncExitStack() as stack:
         redis = await stack.enter_async_context(redis_server(tmp_path))
         sim = await stack.enter_async_context(sim_process("--max-num-seqs", "16", time_scale=SCALE))
-        gateways = []
-        for i in range(2):
-            folder = tmp_path / f"gw{i}"
-            folder.mkdir()
-            gateways.append(await stack.enter_async_context(
-                gateway_process(folder, config(sim.url, redis.url if shared else None))))
+        gateways = await replicas(stack, tmp_path, config(sim.url, redis.url if shared else None))
         running = Running(sim.url)
         poller = asyncio.create_task(running.poll())
         try:
@@ -96,12 +91,7 @@ async def test_a_replica_killed_with_sigkill_gives_its_slots_back_within_its_lea
     async with asyncio.timeout(60), AsyncExitStack() as stack:
         redis = await stack.enter_async_context(redis_server(tmp_path))
         sim = await stack.enter_async_context(sim_process("--max-num-seqs", "16", time_scale=SCALE))
-        gateways = []
-        for i in range(2):
-            folder = tmp_path / f"gw{i}"
-            folder.mkdir()
-            gateways.append(await stack.enter_async_context(
-                gateway_process(folder, config(sim.url, redis.url, lease_s))))
+        gateways = await replicas(stack, tmp_path, config(sim.url, redis.url, lease_s))
         holder, waiter = gateways
         running = Running(sim.url)
         poller = asyncio.create_task(running.poll())
