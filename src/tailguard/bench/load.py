@@ -22,7 +22,7 @@ import gc
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import aiohttp
 
@@ -76,6 +76,10 @@ class BenchConfig:
     time_scale: float | None = None
     # Wall seconds requests in flight may take to finish after `stop` is set.
     interrupt_grace_s: float = 5.0
+    # Open loop over this many processes (`bench.workers`): one schedule, worker `worker` sends
+    # the requests whose index is `worker` modulo `workers`.
+    workers: int = 1
+    worker: int = 0
 
     def check(self, workload: Workload) -> None:
         """Raises `ConfigError` for a run that cannot be measured as asked."""
@@ -107,6 +111,10 @@ class BenchConfig:
             raise ConfigError("--time-scale must be > 0")
         if self.interrupt_grace_s < 0:
             raise ConfigError("--interrupt-grace must be >= 0")
+        if self.workers < 1 or not 0 <= self.worker < self.workers:
+            raise ConfigError("--workers must be at least 1")
+        if self.workers > 1 and self.concurrency is not None:
+            raise ConfigError("--workers spreads an open loop: give --rate, not --concurrency")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,9 +136,16 @@ class RunResult:
 
 
 async def run_bench(config: BenchConfig, progress: Callable[[Progress], None] | None = None,
-                    stop: asyncio.Event | None = None) -> RunResult:
+                    stop: asyncio.Event | None = None, origin: Callable[[], Awaitable[float]] | None = None,
+                    ) -> RunResult:
     """Run one benchmark; `progress` is called about four times a second from the event loop.
-    Setting `stop` interrupts the run (`meta["interrupted"]` says when and how many were cut)."""
+    Setting `stop` interrupts the run (`meta["interrupted"]` says when and how many were cut).
+    With `config.workers` > 1 the run is spread over processes (`bench.workers`); each of them
+    runs this with `origin`, which says when its clock starts (the same instant for all)."""
+    if config.workers > 1 and origin is None:
+        from tailguard.bench.workers import run_spread
+
+        return await run_spread(config, stop)
     if isinstance(config.workload, Workload):
         workload, base_dir = config.workload, None
     else:
@@ -146,7 +161,7 @@ async def run_bench(config: BenchConfig, progress: Callable[[Progress], None] | 
         gateway = await gateway_config(session, url, api_key=config.api_key, timeout_s=config.timeouts.connect_s + 5.0)
         engine = None if gateway is not None else await engine_name(session, url, timeout_s=config.timeouts.connect_s + 5.0)
         factory = RequestFactory(workload, seed=config.seed, model=target.model, base_dir=base_dir)
-        run = _Run(config, workload, factory, session, target.model, progress, stop)
+        run = _Run(config, workload, factory, session, target.model, progress, stop, origin)
         result = await run.go()
     result.meta["gateway_config"] = gateway
     result.meta["target_time_scale"] = target.time_scale  # announced by a simulator (or a gateway before one)
@@ -182,8 +197,9 @@ def rescale(result: RunResult, time_scale: float) -> None:
 class _Run:
     def __init__(self, config: BenchConfig, workload: Workload, factory: RequestFactory,
                  session: aiohttp.ClientSession, model: str, progress: Callable[[Progress], None] | None,
-                 stop: asyncio.Event | None) -> None:
+                 stop: asyncio.Event | None, origin: Callable[[], Awaitable[float]] | None = None) -> None:
         self.config = config
+        self.origin = origin
         self.workload = workload
         self.factory = factory
         self.session = session
@@ -216,7 +232,8 @@ class _Run:
         # sight for the run, so only objects made during the run are ever scanned.
         gc.collect()
         gc.freeze()
-        self.t0 = time.perf_counter() + _START_LEAD_S
+        # perf_counter is the system's monotonic clock: one origin means the same for every worker.
+        self.t0 = await self.origin() if self.origin is not None else time.perf_counter() + _START_LEAD_S
         self.exchange.t0 = self.t0
         ticker = asyncio.create_task(self._tick())
         driver = asyncio.create_task(self._closed_loop() if self.config.concurrency is not None else self._open_loop())
@@ -307,6 +324,8 @@ class _Run:
                 break
             req = self.factory.next(cls)  # built before its due time, off the clock
             self._issued += 1
+            if req.index % c.workers != c.worker:
+                continue  # another worker's: planned here too, so every worker's schedule is the one
             due_at = self.t0 + due_s
             while (delay := due_at - time.perf_counter()) > 0:
                 await asyncio.sleep(delay)
@@ -384,6 +403,7 @@ class _Run:
             "timeouts": asdict(c.timeouts),
             "max_dispatch_lag_s": c.max_dispatch_lag_s,
             "time_scale": 1.0,
+            "workers": c.workers,
             "interrupted": None if self._interrupted_after_s is None else {
                 "after_s": round(self._interrupted_after_s, 6),
                 "grace_s": c.interrupt_grace_s,

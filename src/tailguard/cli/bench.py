@@ -88,6 +88,8 @@ def bench_run(
     scrape: list[str] = typer.Option([], "--scrape", help="Snapshot this server's /metrics during the run into "
                                      "metrics.jsonl, for `tailguard doctor` (repeatable: gateway and engine)"),
     scrape_interval: float = typer.Option(1.0, help="Wall seconds between --scrape snapshots"),
+    workers: int = typer.Option(1, "--workers", min=1, help="Open loop over N processes: one schedule, one clock "
+                                "origin, merged results, each worker's dispatch lag checked (no progress bar)"),
 ) -> None:
     """Run a workload against an OpenAI-compatible server and write summary.json, requests.jsonl and report.html."""
     if ctx.invoked_subcommand is not None:
@@ -109,6 +111,7 @@ def bench_run(
             duration_s=duration, warmup_requests=warm_n, warmup_s=warm_s, seed=seed, model=model, api_key=api_key,
             timeouts=Timeouts(connect_s=connect_timeout, first_token_s=first_token_timeout, total_s=timeout),
             max_dispatch_lag_s=max_dispatch_lag_ms / 1000.0, time_scale=time_scale, interrupt_grace_s=interrupt_grace,
+            workers=workers,
         )
         from tailguard.bench.scrape import while_scraping
 

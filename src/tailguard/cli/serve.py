@@ -48,6 +48,10 @@ def serve(
         None, "--record", metavar="FILE",
         help="Write the front's events and decisions, and each request's sizes and times (no prompt text, "
         "no keys), to FILE as JSON lines, for `tailguard replay`."),
+    workers: int = typer.Option(
+        1, "--workers", min=1,
+        help="Gateway processes on the one port (SO_REUSEPORT), to use more than one core. Until they share "
+        "slots and limits, each gets 1/N of every cap (max_concurrency, rate limits, queues, connections)."),
 ) -> None:
     """Run the gateway: OpenAI-compatible API that serves short and interactive requests first."""
     from tailguard.errors import ConfigError
@@ -62,6 +66,9 @@ def serve(
                 record.open("w").close()
             except OSError as e:
                 raise ConfigError(f"--record {record}: {e.strerror or e}") from None
+        if workers > 1 and (sim or record is not None):
+            raise ConfigError("--workers runs several gateways: give it a backend of its own (not --sim), "
+                              "and record one gateway at a time (no --record)")
         if sim:
             from tailguard.sim.cost import EngineConfig
 
@@ -73,7 +80,32 @@ def serve(
 
     root = state_dir or (default_state_dir(config) if config is not None else None)
     store = ConfigStore(root) if root is not None else None
+    if workers > 1:
+        _serve_workers(cfg, workers, reread if config is not None else None)
+        return
     _run(_main(cfg, sim, sim_preset, sim_time_scale, sim_port, store, reread if config is not None else None, record))
+
+
+def _serve_workers(cfg: GatewayConfig, n: int, reread: Callable[[], GatewayConfig] | None) -> None:
+    """`--workers N`: each worker serves 1/N of every cap (`gateway.config.workers`) on the shared
+    port; a SIGHUP rereads the file in every worker. The config history (`tailguard config`) is
+    not kept: N processes would each record it and claim its pid file."""
+    from tailguard.cli.workers import hold_port, run_workers
+    from tailguard.gateway.config.workers import per_worker
+
+    port, holder = hold_port(cfg.host, cfg.port)
+
+    def share(c: GatewayConfig) -> GatewayConfig:
+        return per_worker(c, n).model_copy(update={"port": port})
+
+    def worker(_index: int) -> None:
+        if holder is not None:
+            holder.close()
+        _run(_gateway(share(cfg), None, None, (lambda: share(reread())) if reread else None, None, reuse_port=True))
+
+    status = run_workers(n, worker)
+    if status:
+        raise typer.Exit(status)
 
 
 def build_config(
@@ -149,7 +181,7 @@ async def _main(cfg: GatewayConfig, sim: bool, preset: str | None, time_scale: f
 
 
 async def _gateway(cfg: GatewayConfig, first_line: str | None, store: ConfigStore | None,
-                   reread: Callable[[], GatewayConfig] | None, record: Path | None) -> None:
+                   reread: Callable[[], GatewayConfig] | None, record: Path | None, *, reuse_port: bool = False) -> None:
     """Serve until stopped; an OSError before the gateway listens is its port, said in one line.
     `first_line` is printed once the gateway listens, so a busy port prints nothing else."""
     from tailguard.gateway.http.app import serve as serve_gateway
@@ -163,7 +195,7 @@ async def _gateway(cfg: GatewayConfig, first_line: str | None, store: ConfigStor
             typer.echo(first_line, err=True)
 
     try:
-        await serve_gateway(cfg, ready=ready, store=store, reread=reread, record=record)
+        await serve_gateway(cfg, ready=ready, store=store, reread=reread, record=record, reuse_port=reuse_port)
     except OSError as e:
         if listening:
             raise

@@ -341,7 +341,7 @@ def reloader_of(app: web.Application, store: ConfigStore | None = None,
 def gateway_runner(app: web.Application) -> GatewayRunner:
     """The runner that serves a gateway app: aiohttp's, with the client-side limits
     (`gateway.http.server`) and the handler cancellation a departed client needs."""
-    return GatewayRunner(app, app[LIVE], app[METRICS], handle_signals=False, handler_cancellation=True,
+    return GatewayRunner(app, app[LIVE], app[METRICS], lambda: app[PROXY], handle_signals=False, handler_cancellation=True,
                          access_log=None)
 
 
@@ -368,9 +368,10 @@ def _started(cfg: GatewayConfig, live: Live, url: str) -> None:
 
 async def serve(
     cfg: GatewayConfig, *, ready: Callable[[str], None] | None = None, store: ConfigStore | None = None,
-    reread: Callable[[], GatewayConfig] | None = None, record: Path | None = None,
+    reread: Callable[[], GatewayConfig] | None = None, record: Path | None = None, reuse_port: bool = False,
 ) -> None:
     """Run the gateway until SIGINT/SIGTERM (or cancellation). `ready` gets the base URL.
+    `reuse_port`: listen with SO_REUSEPORT, beside the other workers of `tailguard serve --workers`.
     `record` names the file the front's events and decisions go to (`tailguard serve --record`).
 
     With a `store`, the config is recorded there at start and at each reload, and the state
@@ -388,7 +389,7 @@ async def serve(
     raise_file_limit(cfg)
     runner = gateway_runner(app)
     await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024)
+    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024, reuse_port=reuse_port or None)
     try:
         await site.start()
     except BaseException:

@@ -8,7 +8,6 @@ outcome and writes the access-log line, so no path can end a request twice or no
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import os
@@ -17,24 +16,25 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from aiohttp import web
-from aiohttp.hdrs import CONTENT_ENCODING, CONTENT_TYPE
 
 from tailguard.clock import monotonic
-from tailguard.errors import APIError, BadRequest, PayloadTooLarge
+from tailguard.errors import APIError
 from tailguard.front.intake import NO_CLASS, Asked, bearer_key
 from tailguard.gateway.config import GatewayConfig
 from tailguard.gateway.dispatch import overloaded
 from tailguard.gateway.exchange import Context, Ending, Exchange, Job
 from tailguard.gateway.http.classes import ClassTable
+from tailguard.gateway.http.inbound import REQUEST_ID as REQUEST_ID  # the app reads it here
+from tailguard.gateway.http.inbound import AiohttpInbound, Inbound, Reply
 from tailguard.gateway.ops.metering import Meter
 from tailguard.gateway.ops.metrics import access_log, record_finish, response_headers
 from tailguard.gateway.ops.tracing import Tracer
 from tailguard.gateway.request import Request
-from tailguard.gateway.sink import ResponseSink, Sink
+from tailguard.gateway.sink import Sink
 from tailguard.gateway.upstream.client import UPSTREAM_PATHS
 from tailguard.types import Outcome, RejectReason
 from tailguard.wire.openai import (
-    Endpoint, ParsedRequest, error_body, error_headers, is_json_media_type, parse_request,
+    Endpoint, error_body, error_headers, parse_request,
 )
 from tailguard.wire.prefix import prefix_blocks
 
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tailguard.gateway")
 
-REQUEST_ID = web.RequestKey("request_id", str)  # x-request-id of the response, once known
 _MAX_REQUEST_ID = 128
 _MAX_UA = 256
 # What a client's X-Request-Id may carry into logs and upstream headers: the characters of UUIDs,
@@ -99,29 +98,30 @@ class Proxy:
             self.shared.reconfigure(cfg.auth.callers())
 
     async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-        t = self._arrived(endpoint, client_request_id(request.headers))
-        request[REQUEST_ID] = t.request_id
-        t.client, t.user_agent = request.remote, request.headers.get("User-Agent", "")[:_MAX_UA] or None
+        """A request aiohttp's server received."""
+        inbound = AiohttpInbound(request)
+        return inbound.response(await self.answer(inbound, endpoint))
+
+    async def answer(self, inbound: Inbound, endpoint: Endpoint) -> Reply | None:
+        """Serve a request from either server: None when its answer went through its sink."""
+        t = self._arrived(endpoint, client_request_id(inbound.headers))
+        inbound.named(t.request_id)
+        t.client, t.user_agent = inbound.remote, inbound.headers.get("User-Agent", "")[:_MAX_UA] or None
         try:
-            api_key = bearer_key(request.headers)
+            api_key = bearer_key(inbound.headers)
             self._classes.authenticate(api_key)  # before the body: a stranger's body is never read
-            raw = await self._read_body(request)
-            sink = ResponseSink(request)
-            return self._reply(await self._serve(raw, endpoint, request.headers, api_key, sink, t), sink, t)
+            raw = await inbound.read_body(self._cfg.max_body_bytes, self._cfg.body_timeout_s)
+            return self._reply(await self._serve(raw, endpoint, inbound.headers, api_key, inbound.sink(), t), t)
         except APIError as err:
             t.refused(err)
-            resp = error_response(err, response_headers(t) if t.cls != NO_CLASS else None)
-            if not request.content.is_eof():
-                # Refused before its body was read (or the body is broken): aiohttp drains what
-                # follows for a while, then closes; the client must not reuse the connection.
-                resp.force_close()
-            return resp
+            return Reply.of_error(err, response_headers(t) if t.cls != NO_CLASS else None,
+                                  close=inbound.body_unread())
         except Exception:
-            log.exception("internal error handling %s %s", request.method, request.path)
+            log.exception("internal error handling %s %s", inbound.method, inbound.path)
             t.end(Outcome.UPSTREAM_ERROR, 500, "internal_error")
-            return error_response(APIError("Internal gateway error.", status=500, code="internal_error"))
+            return Reply.of_error(APIError("Internal gateway error.", status=500, code="internal_error"))
         finally:
-            self._account(t, request.method, request.path)
+            self._account(t, inbound.method, inbound.path)
 
     async def run(
         self, body: bytes, endpoint: Endpoint, sink: Sink, headers: Mapping[str, str] | None = None,
@@ -223,47 +223,15 @@ class Proxy:
                              "of request bodies; retry later.")
         self._queued_bytes += size
 
-    async def _read_body(self, request: web.Request) -> bytes:
-        """The whole body, within `max_body_bytes` and `body_timeout_s`. A body too large is
-        refused at its Content-Length, before it is read; a slow one cannot hold a handler open
-        for ever. The queue is not involved yet: nothing is admitted before its body is in."""
-        length = request.content_length
-        if length is not None and length > self._cfg.max_body_bytes:
-            raise self._too_large()
-        if CONTENT_TYPE in request.headers and not is_json_media_type(request.content_type):
-            raise BadRequest(
-                f"Content-Type must be application/json, got {request.content_type!r}.", status=415,
-                param="Content-Type", code="unsupported_media_type",
-            )
-        try:
-            if length is not None and request.content.total_bytes == length and CONTENT_ENCODING not in request.headers:
-                return await request.read()  # all here already (the usual case): no timer to arm
-            async with asyncio.timeout(self._cfg.body_timeout_s):
-                return await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise self._too_large() from None
-        except TimeoutError:
-            raise BadRequest(
-                f"The request body did not arrive within {self._cfg.body_timeout_s:g} s.", status=408,
-                code="body_timeout",
-            ) from None
-        except web.RequestPayloadError:
-            raise BadRequest("The request body could not be decoded: its Content-Encoding or chunked framing "
-                             "is broken.", code="invalid_body") from None
-
-    def _too_large(self) -> PayloadTooLarge:
-        return PayloadTooLarge(f"Request body is larger than the limit of {self._cfg.max_body_bytes} bytes.",
-                               code="body_too_large")
-
-    def _reply(self, ending: Ending, sink: ResponseSink, t: Request) -> web.StreamResponse:
-        """The HTTP answer for how the exchange ended: what it sent, or the error to send."""
+    def _reply(self, ending: Ending, t: Request) -> Reply | None:
+        """The answer for how the exchange ended when its sink did not send it: a backend's own
+        answer passed through, or the error to send."""
         if ending.passthrough is not None:
             us = ending.passthrough
-            return web.Response(status=us.status, body=us.body, headers={
-                "Content-Type": us.content_type, **response_headers(t)})
+            return Reply(us.status, us.body, {"Content-Type": us.content_type, **response_headers(t)})
         if ending.error is not None:
-            return error_response(ending.error, response_headers(t))
-        return sink.response if sink.response is not None else web.Response(status=499)
+            return Reply.of_error(ending.error, response_headers(t))
+        return None
 
 
 def _affine(cfg: GatewayConfig) -> bool:

@@ -21,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -29,6 +30,7 @@ from aiohttp.web_protocol import RequestHandler
 from tailguard.clock import monotonic
 from tailguard.errors import APIError
 from tailguard.gateway.config import GatewayConfig, LimitsConfig
+from tailguard.gateway.http.lean import Answerer, LeanProtocol
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.metrics import GatewayMetrics
 from tailguard.wire.openai import error_body
@@ -104,34 +106,96 @@ class GatewayProtocol(RequestHandler):
         return resp
 
 
-class GatewayServer(web.Server):
-    """aiohttp's server making `GatewayProtocol`s, counting them against the live cap."""
+class Connection(Protocol):
+    """A client connection as the cap sees it: aiohttp's handler or a lean one."""
 
-    def __init__(self, *args: Any, live: Live, metrics: GatewayMetrics, **kwargs: Any) -> None:
+    reserve_only: bool
+
+    @property
+    def idle(self) -> bool: ...
+
+    def force_close(self) -> None: ...
+
+
+class GatewayServer(web.Server):
+    """aiohttp's server making the gateway's connections, counting them against the live cap.
+
+    With a `proxy`, each connection starts lean (`gateway.http.lean`): the hot routes are
+    served by the proxy straight from llhttp, and a connection that asks for anything else is
+    handed to a `GatewayProtocol`; without one, every connection is aiohttp's."""
+
+    def __init__(self, *args: Any, live: Live, metrics: GatewayMetrics, proxy: Answerer | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._live = live
         self._metrics = metrics
+        self.proxy: Answerer | None = proxy
         self._said_at = -_SAY_EVERY_S
         # Open connections, oldest first; aiohttp's own table keeps closed ones until their
         # handler's task has ended, which would make the count and the search for an idle one slow.
-        self._open: dict[GatewayProtocol, None] = {}
+        self._open: dict[Connection, None] = {}
 
-    def __call__(self) -> GatewayProtocol:
+    def __call__(self) -> asyncio.Protocol:  # type: ignore[override]
+        if self.proxy is not None:
+            return LeanProtocol(self, self._loop)
+        return self._aiohttp_protocol()
+
+    def _aiohttp_protocol(self) -> GatewayProtocol:
         limits = self._live.cfg.limits
         return GatewayProtocol(self, loop=self._loop, keepalive_timeout=limits.keepalive_timeout_s,
                                header_timeout_s=limits.header_timeout_s, **self._kwargs)
 
-    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
-        super().connection_made(handler, transport)
-        assert isinstance(handler, GatewayProtocol)
+    # -- what a lean connection asks of its server (`gateway.http.lean.Host`) --------------------
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self._live.cfg.max_body_bytes
+
+    @property
+    def config_hash(self) -> str:
+        return self._live.hash
+
+    def timeouts(self) -> tuple[float, float]:
         limits = self._live.cfg.limits
+        return limits.header_timeout_s, limits.keepalive_timeout_s
+
+    def hand_off(self, transport: asyncio.Transport, data: bytes, reserve_only: bool) -> None:
+        """aiohttp's handler takes a lean connection over, starting with the bytes it has had."""
+        handler = self._aiohttp_protocol()
+        handler.reserve_only = reserve_only
+        self._open[handler] = None  # counted already: `connection_made` does not admit it again
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
+        handler.data_received(data)
+
+    def forget(self, conn: Connection) -> None:
+        self._open.pop(conn, None)
+
+    # -- the cap ----------------------------------------------------------------------------------
+
+    def admit(self, conn: Connection) -> bool | None:
+        """Count a new connection against the cap: True in, None in for `/health` and `/metrics`
+        only, False refused (the caller closes it)."""
+        limits = self._live.cfg.limits
+        reserve = False
         if len(self._open) >= limits.max_connections and not self._evict_idle():
             if len(self._open) >= limits.max_connections + limits.reserved_connections:
                 self.closed("over_cap")
-                transport.abort()
-                return
+                return False
+            reserve = True
+        self._open[conn] = None
+        return None if reserve else True
+
+    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+        super().connection_made(handler, transport)
+        assert isinstance(handler, GatewayProtocol)
+        if handler in self._open:
+            return  # a lean connection handed over
+        admitted = self.admit(handler)
+        if admitted is False:
+            transport.abort()
+        elif admitted is None:
             handler.reserve_only = True
-        self._open[handler] = None
 
     def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
         self._open.pop(handler, None)  # type: ignore[call-overload]
@@ -165,19 +229,43 @@ class GatewayServer(web.Server):
         """A request the parser refused: it never had a class, so it is counted by its status."""
         self._metrics.unclassified.labels(str(status)).inc()
 
+    # -- stopping -------------------------------------------------------------------------------
+
+    def _lean(self) -> list[LeanProtocol]:
+        return [c for c in self._open if isinstance(c, LeanProtocol)]
+
+    def pre_shutdown(self) -> None:
+        super().pre_shutdown()
+        for conn in self._lean():
+            if conn.idle:
+                conn.force_close()
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        """As aiohttp's: requests being answered get `timeout` to end, then are cancelled."""
+        busy = [t for c in self._lean() if (t := c.task) is not None]
+        if busy:
+            _, late = await asyncio.wait(busy, timeout=timeout)
+            for t in late:
+                t.cancel()
+        for conn in self._lean():
+            conn.force_close()
+        await super().shutdown(timeout)
 
 class GatewayRunner(web.AppRunner):
-    """An `AppRunner` whose server is a `GatewayServer`."""
+    """An `AppRunner` whose server is a `GatewayServer`; with `proxy` (called once the app has
+    started, which makes it), its hot routes are served lean."""
 
-    def __init__(self, app: web.Application, live: Live, metrics: GatewayMetrics, **kwargs: Any) -> None:
+    def __init__(self, app: web.Application, live: Live, metrics: GatewayMetrics,
+                 proxy: Callable[[], Answerer] | None = None, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
-        self._live, self._metrics = live, metrics
+        self._live, self._metrics, self._proxy = live, metrics, proxy
 
     async def _make_server(self) -> web.Server:
         plain = await super()._make_server()  # the app started, its handler's arguments gathered
         return GatewayServer(plain.request_handler, request_factory=plain.request_factory,
                              handler_cancellation=plain.handler_cancellation, loop=plain._loop,
-                             live=self._live, metrics=self._metrics, **plain._kwargs)
+                             live=self._live, metrics=self._metrics,
+                             proxy=None if self._proxy is None else self._proxy(), **plain._kwargs)
 
 
 @web.middleware
