@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-real test-sdk bench bench-real engines lint clean prometheus deploy observe nginx postgresql
+.PHONY: demo test test-real test-sdk bench bench-real engines lint clean prometheus deploy observe nginx postgresql redis
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ prometheus:
 # Debian's postgresql server binaries, for the batch journal's PostgreSQL tests (they start their own server).
 postgresql:
 	bash deploy/postgresql/install.sh
+
+# Debian's redis-server, for the tests of replicas sharing limits and slots (state: {url: redis://...}).
+redis:
+	bash deploy/redis/install.sh
 
 # The Grafana dashboard and the alert rules, regenerated from the metric catalog.
 deploy: $(STAMP)

@@ -23,7 +23,7 @@ PURE = {
     "gateway.ops.panels", "gateway.ops.alerts", "gateway.upstream.resume", "gateway.upstream.kinds", "sim.des",
     "gateway.config.base", "gateway.config.classes", "gateway.config.backends", "gateway.config.scheduler",
     "gateway.config.upstream", "gateway.config.auth", "gateway.config.telemetry", "gateway.config.gateway", "gateway.config.problems",
-    "gateway.config.loading", "gateway.config.workers",
+    "gateway.config.loading", "gateway.config.workers", "gateway.config.state",
     "bench.workload", "bench.stats", "bench.dataset", "bench.recorder", "bench.compare", "bench.configs", "bench.attribution",
     "doctor.finding", "doctor.evidence", "doctor.facts", "doctor.rules", "doctor.diagnosis", "sweep.virtual", "sweep.search",
     "sweep.traffic", "sweep.whatif", "sweep.observed",
@@ -69,6 +69,7 @@ GATEWAY_SIDES = {
     "gateway.ops.live": (_GW + "http", _GW + "upstream", _GW + "exchange", _GW + "dispatch"),
     "gateway.ops.store": (_GW + "http", _GW + "upstream", _GW + "exchange", _GW + "dispatch"),
     "gateway.ops.recorder": (_GW + "http", _GW + "upstream", _GW + "exchange", _GW + "dispatch"),
+    "gateway.shared.": (_GW + "http", _GW + "upstream", _GW + "exchange", _GW + "ops.reload", _GW + "ops.store"),
 }
 
 

@@ -42,11 +42,16 @@ async def sim_process(*args: str, time_scale: float = 0.02,
         drain = asyncio.create_task(_drain(proc.stderr))  # a full pipe must never stall the simulator
         yield SimProcess(m.group(1), proc)
     finally:
-        if proc.returncode is None:
-            proc.kill()
-        await proc.wait()
-        if drain is not None:
-            drain.cancel()
+        await reap(proc, drain)
+
+
+async def reap(proc: asyncio.subprocess.Process, drain: asyncio.Task[None] | None) -> None:
+    """Kill `proc` if it still runs, wait for it, and stop reading its stderr."""
+    if proc.returncode is None:
+        proc.kill()
+    await proc.wait()
+    if drain is not None:
+        drain.cancel()
 
 
 async def _drain(stream: asyncio.StreamReader) -> None:

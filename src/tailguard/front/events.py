@@ -156,6 +156,17 @@ class Loaded:
 
 
 @dataclass(frozen=True, slots=True)
+class Allotted:
+    """This gateway may have at most `slots` requests on `backend` now: its part of the
+    backend's `max_concurrency`, which several replicas share (the gateway's slot leases in
+    Redis, `gateway.shared.slots`); None: the whole cap again. A cap lowered below what is in
+    flight cancels nothing; one that grew lets the queue in."""
+
+    backend: str
+    slots: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed (the driver's timer at `next_wakeup()`): queue bounds are checked."""
 
@@ -173,7 +184,7 @@ class Reconfigure:
 
 
 Event = (Arrive | Opened | Generated | Failed | FirstContent | Finished | Probed | Observed | KindLearned | Served
-         | Loaded | Tick | Close | Reconfigure)
+         | Loaded | Tick | Close | Reconfigure | Allotted)
 
 # --- decisions ------------------------------------------------------------------------------
 

@@ -27,8 +27,8 @@ from typing import Any
 from tailguard.errors import ConfigError
 from tailguard.front.ejection import Ejector
 from tailguard.front.events import (
-    Arrive, Close, Decision, Drop, Event, Failed, Finished, FirstContent, Generated, HealthChanged, Hedge,
-    KindLearned, Loaded, Observed, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend,
+    Allotted, Arrive, Close, Decision, Drop, Event, Failed, Finished, FirstContent, Generated, HealthChanged,
+    Hedge, KindLearned, Loaded, Observed, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend,
     Tick, WrongEvent,
 )
 from tailguard.front.hedging import Hedger
@@ -77,7 +77,7 @@ class Front(Recovery):
             Arrive: self._arrive, Opened: self._opened, Generated: self._generated, Failed: self._failed,
             FirstContent: self._first_content,
             Finished: self._finished, Probed: self._probed, Observed: self._observed, KindLearned: self._kind_learned,
-            Served: self._served, Loaded: self._loaded, Tick: self._tick, Close: self._close,
+            Served: self._served, Loaded: self._loaded, Tick: self._tick, Close: self._close, Allotted: self._allotted,
             Reconfigure: self._reconfigure,
         }
 
@@ -325,6 +325,12 @@ class Front(Recovery):
         """What the backend serves is known: requests waiting for its models may go there."""
         self._slots.learn_models(ev.backend, ev.models)
         self._pump(now, self._may_preempt)
+
+    def _allotted(self, ev: Allotted, now: float) -> None:
+        """This replica's part of a shared backend's slots changed; a part that grew lets the
+        queue in (suspending nothing itself, as a grown adaptive cap)."""
+        if self._slots.allot(ev.backend, ev.slots):
+            self._pump(now, False)
 
     def _loaded(self, ev: Loaded, now: float) -> None:
         self._slots.engine_load(ev.backend, ev.queued, now)

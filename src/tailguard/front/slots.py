@@ -30,7 +30,7 @@ class BackendState:
 
     __slots__ = ("cfg", "name", "in_flight", "by_class", "healthy", "failures", "successes", "last_acquired",
                  "retiring", "probed", "tokens", "learned_models", "engine_queued", "engine_read_at", "cost",
-                 "cost_samples", "cost_at", "adaptive", "cap")
+                 "cost_samples", "cost_at", "adaptive", "cap", "allotted")
 
     def __init__(self, cfg: BackendSpec, class_names: Iterable[str]) -> None:
         self.cfg = cfg
@@ -56,6 +56,7 @@ class BackendState:
         self.cost_at = 0.0  # when it last changed
         self.adaptive = None if cfg.adaptive is None else AdaptiveCap(cfg.adaptive, cfg.max_concurrency)
         self.cap = cfg.max_concurrency  # in force: set with the shares (`BackendPool._set_slots`)
+        self.allotted: int | None = None  # this replica's part of the cap, where replicas share it
 
     def serves(self, model: str | None) -> bool:
         """Whether a request for `model` may go here: the configured models if any, else those
@@ -106,7 +107,8 @@ class BackendPool:
     def _set_slots(self, s: BackendState) -> None:
         """The backend's cap in force and, from it, each class's share and the reservation."""
         b = s.cfg
-        cap = s.cap = b.max_concurrency if s.adaptive is None else s.adaptive.cap
+        cap = b.max_concurrency if s.adaptive is None else s.adaptive.cap
+        cap = s.cap = cap if s.allotted is None else min(cap, s.allotted)
         reserve = b.reserve(cap)
         for c in self._classes.values():
             n = max(1, math.floor(cap * c.max_share + 1e-9))
@@ -122,6 +124,17 @@ class BackendPool:
             return False
         self._set_slots(s)
         return True
+
+    def allot(self, backend: str, slots: int | None) -> bool:
+        """This replica's part of `backend`'s slots (None: all of them): True when the cap in
+        force grew. A backend that has left ignores it."""
+        s = self._states.get(backend)
+        if s is None or s.allotted == slots:
+            return False
+        before = s.cap
+        s.allotted = slots
+        self._set_slots(s)
+        return s.cap > before
 
     def reconfigure(
         self, backends: Sequence[BackendSpec], classes: Iterable[ClassSpec], health: HealthParams,

@@ -20,8 +20,8 @@ from functools import partial
 from tailguard.clock import monotonic
 from tailguard.errors import APIError, NotFound, Overloaded, RateLimited
 from tailguard.front.events import (
-    Arrive, Close, Decision, Drop, Ejected, Event, Failed, Finished, FirstContent, Generated, HealthChanged, Hedge,
-    KindLearned, Loaded, Observed, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend,
+    Allotted, Arrive, Close, Decision, Drop, Ejected, Event, Failed, Finished, FirstContent, Generated, HealthChanged,
+    Hedge, KindLearned, Loaded, Observed, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend,
     Tick, Wait,
 )
 from tailguard.front.front import Front
@@ -229,6 +229,18 @@ class Dispatcher:
     def loaded(self, backend: str, queued: int) -> None:
         """The engine's own count of requests running and waiting, just read."""
         self._handle(Loaded(backend, queued))
+
+    def allot(self, backend: str, slots: int | None) -> None:
+        """This replica's part of `backend`'s slots, leased in Redis (`gateway.shared.slots`)."""
+        self._handle(Allotted(backend, slots))
+
+    def running_waiting(self, backend: str) -> tuple[int, int]:
+        """Requests running on `backend` and waiting here for any slot: what a lease asks for."""
+        try:
+            in_flight = self.front.backend(backend).in_flight
+        except KeyError:  # not (or no longer) one of the front's: a reload is under way
+            in_flight = 0
+        return in_flight, len(self.front)
 
     def reconfigure(self, params: FrontParams) -> None:
         """A live reload: the front takes the new parameters (raising `ConfigError`, nothing

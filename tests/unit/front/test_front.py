@@ -264,3 +264,18 @@ def test_an_end_told_without_preemption_suspends_nothing_until_an_event_that_may
     assert list(f.handle(Finished("b1", Outcome.SUCCESS), 1.0, preempt=False)) == [Start("c1", "a")]
     assert f.state("b2") is State.RUNNING  # c2 still waits: b2 might be ending in this very step
     assert list(f.handle(Tick(), 1.0)) == [Suspend("b2", "a"), Start("c2", "a")]
+
+
+def test_an_allotment_caps_a_shared_backend_and_lets_the_queue_in_when_it_grows() -> None:
+    """Replicas share a backend's slots (`Allotted`, the gateway's leases in Redis): this one may
+    use its part only; lowered below what runs, nothing is cancelled; grown, the queue goes in."""
+    from tailguard.front.events import Allotted
+
+    f = make(BackendSpec("a", max_concurrency=4, continues=True))
+    assert list(f.handle(Allotted("a", 1), 0.0)) == []
+    assert [type(d) for d in chat(f, "r1", 0.0)] == [Start]
+    assert chat(f, "r2", 0.0) == []  # queued: its part is 1 of the 4
+    assert list(f.handle(Allotted("a", 0), 0.1)) == []  # below what runs: r1 goes on
+    assert f.backend("a").in_flight == 1
+    assert list(f.handle(Allotted("a", None), 0.2)) == [Start("r2", "a")]  # the whole cap again
+    assert list(f.handle(Allotted("gone", 2), 0.3)) == []  # a backend that is not here ignores it

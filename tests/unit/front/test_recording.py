@@ -11,7 +11,7 @@ import pytest
 
 from tailguard.front.adaptive import AdaptiveParams
 from tailguard.front.events import (
-    Arrive, Close, Drop, Ejected, Failed, Finished, FirstContent, Generated, HealthChanged, Hedge, KindLearned, Loaded,
+    Allotted, Arrive, Close, Drop, Ejected, Failed, Finished, FirstContent, Generated, HealthChanged, Hedge, KindLearned, Loaded,
     Observed, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend, Tick, Wait,
 )
 from tailguard.front.params import (
@@ -42,7 +42,7 @@ EVENTS = [
     Served("b", None), Loaded("a", 7), FirstContent("r3", "b"), Failed("r3", FailureKind.RESET, backend="a"),
     Opened("r1"), Generated("r1", 17), Failed("r1", FailureKind.TIMEOUT_FIRST_TOKEN, delivered=True, answered=True),
     Finished("r1", Outcome.CLIENT_GONE, tokens=300), Probed("a", False, busy=True), Observed("b", 0.25, 0.0125),
-    Observed("a", itl_s=0.5), KindLearned("b", True), Tick(),
+    Observed("a", itl_s=0.5), KindLearned("b", True), Tick(), Allotted("a", 3), Allotted("b", None),
     Close(), Reconfigure(PARAMS),
 ]
 DECISIONS = [Start("r1", "a", resumed=True), Suspend("r1", "a"), Reject("r2", RejectReason.RATE_LIMIT_TOKENS, 12.5),

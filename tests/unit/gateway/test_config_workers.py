@@ -33,3 +33,11 @@ def test_per_request_bounds_are_not_shares_and_one_worker_is_the_config_itself()
     assert per_worker(cfg, 3).max_body_bytes == 12345
     assert per_worker(cfg, 3).limits.max_event_bytes == cfg.limits.max_event_bytes
     assert per_worker(cfg, 1) is cfg
+
+
+def test_with_shared_state_slots_and_callers_limits_stay_whole_for_redis_to_share() -> None:
+    cfg = _cfg().model_copy(update={"state": _cfg().state.model_copy(update={"url": "redis://127.0.0.1:6379"})})
+    w = per_worker(cfg, 2)
+    assert [b.max_concurrency for b in w.backends] == [9, 1]  # one count over every process, in Redis
+    assert (w.auth.api_keys["k1"].rpm_limit, w.auth.api_keys["k1"].tpm_limit) == (600, 1000)
+    assert w.limits.max_connections == 500  # one host's own bounds are still divided

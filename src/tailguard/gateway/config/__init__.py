@@ -6,7 +6,8 @@ unknown keys are errors, so a typo in a config file fails loudly instead of bein
 The models are split by section, one module each: base.py (the shared base model and the front's
 defaults), classes.py, backends.py, scheduler.py, upstream.py (timeouts, health probes, retries), fleet.py
 (routing, ejection),
-auth.py, limits.py (bounds on what backends and clients may cost), telemetry.py (traces), gateway.py (`GatewayConfig`, the whole file), problems.py (validation errors as text) and
+auth.py, limits.py (bounds on what backends and clients may cost), telemetry.py (traces), state.py (limits shared
+by replicas through Redis), gateway.py (`GatewayConfig`, the whole file), problems.py (validation errors as text) and
 loading.py (`load_config`). Every public name is importable from here.
 """
 
@@ -20,6 +21,7 @@ from tailguard.gateway.config.gateway import GatewayConfig
 from tailguard.gateway.config.limits import LimitsConfig
 from tailguard.gateway.config.loading import load_config
 from tailguard.gateway.config.scheduler import OutputEstimateConfig, SchedulerConfig, SchedulerPolicy
+from tailguard.gateway.config.state import StateConfig
 from tailguard.gateway.config.telemetry import TelemetryConfig
 from tailguard.gateway.config.upstream import HealthConfig, RetryConfig, TimeoutsConfig
 
@@ -27,5 +29,5 @@ __all__ = [
     "AdaptiveConfig", "ApiKeyConfig", "AuthConfig", "BackendConfig", "BackendKind", "BatchesConfig", "CapMode", "ClassConfig",
     "EjectionConfig", "GatewayConfig", "HedgingConfig", "HealthConfig", "LimitsConfig", "OutputEstimateConfig",
     "RetryConfig", "RoutingConfig", "SchedulerConfig",
-    "SchedulerPolicy", "ServiceTier", "TelemetryConfig", "TimeoutsConfig", "default_classes", "load_config",
+    "SchedulerPolicy", "ServiceTier", "StateConfig", "TelemetryConfig", "TimeoutsConfig", "default_classes", "load_config",
 ]

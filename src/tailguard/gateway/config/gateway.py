@@ -24,6 +24,7 @@ from tailguard.gateway.config.fleet import EjectionConfig, HedgingConfig, Routin
 from tailguard.gateway.config.limits import LimitsConfig
 from tailguard.gateway.config.problems import validate
 from tailguard.gateway.config.scheduler import SchedulerConfig
+from tailguard.gateway.config.state import StateConfig
 from tailguard.gateway.config.telemetry import TelemetryConfig
 from tailguard.gateway.config.upstream import HealthConfig, RetryConfig, TimeoutsConfig
 from tailguard.wire.openai import POOLING
@@ -93,6 +94,8 @@ class GatewayConfig(_Model):
                                  description="Bytes and seconds a backend or a client may cost the gateway.")
     batches: BatchesConfig = Field(default_factory=BatchesConfig,
                                    description="OpenAI's Files and Batches API: journal, files, limits (docs/batch.md).")
+    state: StateConfig = Field(default_factory=StateConfig,
+                               description="Limits shared by replicas through Redis (off by default).")
 
     def front_params(self, continues: dict[str, bool] | None = None) -> fp.FrontParams:
         """The front's parameters; `continues` maps a backend to whether its kind can continue a
@@ -133,6 +136,7 @@ class GatewayConfig(_Model):
         for b in data["backends"]:
             if b.get("api_key"):
                 b["api_key"] = fingerprint(b["api_key"])
+        data["state"]["url"] = self.state.shown_url()
         return data
 
     def digest(self) -> str:

@@ -27,7 +27,9 @@ def _opt(value: int | None, n: int) -> int | None:
 
 
 def per_worker(cfg: GatewayConfig, n: int) -> GatewayConfig:
-    """The config each of `n` workers runs: `cfg` with every shared cap divided by `n`."""
+    """The config each of `n` workers runs: `cfg` with every shared cap divided by `n`. With
+    `state.url`, backends' slots and callers' rpm/tpm limits are one count in Redis over every
+    process (`gateway.shared`, docs/scale-out.md): those stay whole."""
     if n <= 1:
         return cfg
     backends = []
@@ -46,5 +48,7 @@ def per_worker(cfg: GatewayConfig, n: int) -> GatewayConfig:
     limits = cfg.limits.model_copy(update={
         "max_connections": share(cfg.limits.max_connections, n),
         "max_queued_body_bytes": share(cfg.limits.max_queued_body_bytes, n)})
+    if cfg.state.url is not None:
+        backends, keys = list(cfg.backends), dict(cfg.auth.api_keys)
     return cfg.model_copy(update={"backends": backends, "classes": classes, "limits": limits,
                                   "auth": cfg.auth.model_copy(update={"api_keys": keys})})

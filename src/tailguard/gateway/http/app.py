@@ -16,7 +16,7 @@ import signal
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
 
 import orjson
 from aiohttp import web
@@ -49,6 +49,10 @@ from tailguard.gateway.upstream.client import Upstream
 from tailguard.gateway.upstream.kinds import get_kind
 from tailguard.gateway.upstream.probes import Probes
 from tailguard.wire.openai import Endpoint
+
+if TYPE_CHECKING:
+    from tailguard.gateway.shared.limits import SharedLimits
+    from tailguard.gateway.shared.slots import SlotLeases
 
 LIVE = web.AppKey("live", Live)
 METRICS = web.AppKey("metrics", GatewayMetrics)
@@ -124,10 +128,17 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     flushing = loop.create_task(meter.run())
     app[PROBES] = Probes(app[LIVE], backends, dispatcher, upstream.session, metrics)
     app[PROBES].start()
+    shared = app[PROXY].shared = _shared_limits(cfg, metrics)
+    leases = None if shared is None else _slot_leases(app[LIVE], shared, dispatcher)
     try:
         yield
     finally:
         flushing.cancel()
+        if shared is not None:
+            if leases is not None:
+                await leases.close()
+            await shared.close()
+            await shared.link.close()
         await app[PROBES].stop()
         dispatcher.close()
         await upstream.close()
@@ -136,6 +147,39 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         if tracer is not None:
             await asyncio.to_thread(tracer.shutdown)  # the last spans are exported, off the loop
         await meter.close()  # the last rows are written
+
+
+def _shared_limits(cfg: GatewayConfig, metrics: GatewayMetrics) -> SharedLimits | None:
+    """Callers' limits shared with other replicas through Redis (`state.url`), or None. redis-py
+    is the `redis` extra, imported only when a config names Redis."""
+    if cfg.state.url is None:
+        return None
+    from tailguard.gateway.shared.limits import SharedLimits
+    from tailguard.gateway.shared.link import Link
+
+    gauge = metrics.families["tailguard_state_shared"]
+    gauge.set(1)
+
+    def changed(up: bool) -> None:
+        gauge.set(1 if up else 0)
+        shared.follow_link()
+
+    shared = SharedLimits(Link(cfg.state, changed), cfg.auth.callers())
+    shared.link.start()
+    return shared
+
+
+def _slot_leases(live: Live, shared: SharedLimits, dispatcher: Dispatcher) -> SlotLeases:
+    """Each backend's `max_concurrency` shared with the other replicas through Redis: this
+    replica's part of it, leased, is its front's cap (`gateway.shared.slots`)."""
+    from tailguard.gateway.shared.slots import SlotLeases
+
+    def caps() -> dict[str, int]:  # the config running now: a reload's backends from the next renewal
+        return {b.name: b.max_concurrency for b in live.cfg.backends}
+
+    leases = SlotLeases(shared.link, caps, dispatcher.running_waiting, dispatcher.allot)
+    leases.start()
+    return leases
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -37,6 +38,9 @@ from tailguard.wire.openai import (
     CHUNKED, Endpoint, error_body, error_headers, parse_request,
 )
 from tailguard.wire.prefix import prefix_blocks
+
+if TYPE_CHECKING:
+    from tailguard.gateway.shared.limits import SharedLimits
 
 log = logging.getLogger("tailguard.gateway")
 
@@ -80,6 +84,7 @@ class Proxy:
         self._ids = itertools.count()
         self._id_prefix = f"tg-{os.getpid():x}-{os.urandom(3).hex()}-"
         self.meter: Meter | None = None  # usage per caller, set by the app (`gateway.ops.metering`)
+        self.shared: SharedLimits | None = None  # limits shared by replicas (`gateway.shared`), set by the app
 
     @property
     def classes(self) -> ClassTable:
@@ -90,6 +95,8 @@ class Proxy:
         `cfg`; those in flight keep the class and caps they were given."""
         self._cfg, self._classes = cfg, classes
         self._affine = _affine(cfg)
+        if self.shared is not None:
+            self.shared.reconfigure(cfg.auth.callers())
 
     async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         """A request aiohttp's server received."""
@@ -182,10 +189,17 @@ class Proxy:
         # Hashed only where a choice between backends can use it: one backend needs no affinity.
         prefix = prefix_blocks(t.prompt_text or parsed.prompt_text()) if self._affine else ()  # (kept: log_prompts)
         self._hold_queued(len(raw), cls.name)
+        shared, held = self.shared, None
         try:
+            if shared is not None and t.caller is not None:  # one Redis round trip (`gateway.shared.limits`)
+                held = await shared.reserve(t.caller, accepted.est_tokens)
             await self._dispatcher.admit(t, accepted.est_tokens, progress=progress, max_tokens=accepted.max_tokens,
                                          prefix=prefix,
                                          pin=self._ctx.homes.home(parsed.body.get("previous_response_id")))
+        except BaseException:
+            if shared is not None and held is not None:  # never got in: the request and its tokens go back
+                shared.settle(held, 0, admitted=False)
+            raise
         finally:  # let in or refused, the answer says where the caller's limits stand
             self._queued_bytes -= len(raw)
             if t.caller is not None:
@@ -200,6 +214,8 @@ class Proxy:
             return ending
         finally:
             self._dispatcher.release(t, t.outcome, t.used_tokens())
+            if shared is not None and held is not None:
+                shared.settle(held, t.used_tokens(), admitted=True)
 
     def _hold_queued(self, size: int, cls: str) -> None:
         """Count a body about to wait for a slot against `limits.max_queued_body_bytes`: the

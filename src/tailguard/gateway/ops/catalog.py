@@ -121,6 +121,8 @@ METRICS: tuple[MetricSpec, ...] = (
     _c("tailguard_caller_tokens", "Tokens by caller: prompt and output (from upstream usage, else the estimate "
        "and content chunks).", "caller", "kind"),
     # What runs.
+    _g("tailguard_state_shared", "1 while callers' limits and backends' slots are shared with the other replicas through Redis, 0 "
+       "otherwise: no `state.url`, or Redis unavailable (state.on_unavailable applies)."),
     _g("tailguard_build_info", "1, labelled with the tailguard and Python versions running.", "version", "python"),
     _g("tailguard_config_info", "1, labelled with the config running now: its number in the config store and "
        "its hash (X-Tailguard-Config).", "number", "hash"),

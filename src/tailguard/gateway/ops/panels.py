@@ -61,7 +61,8 @@ PANELS: tuple[Panel, ...] = (
     Panel("Overview per class", "What runs", "short",
           "The tailguard version and the config (its hash, as X-Tailguard-Config) each gateway runs.",
           (Query("max by (version, python) (tailguard_build_info)", "tailguard {{version}} (Python {{python}})"),
-           Query("max by (number, hash) (tailguard_config_info)", "config {{hash}} #{{number}}"))),
+           Query("max by (number, hash) (tailguard_config_info)", "config {{hash}} #{{number}}"),
+           Query("min(tailguard_state_shared)", "limits shared through Redis (1) or not (0)"))),
     # Latency per class.
     Panel("Latency per class", "TTFT P50 and P99", "s",
           "Arrival at the gateway to the first generated token: what a chat user feels.",
