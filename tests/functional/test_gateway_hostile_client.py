@@ -199,7 +199,9 @@ async def test_twenty_thousand_idle_connections_do_not_take_health_down(tmp_path
     try:
         async with asyncio.timeout(120), running_sim(engine(), time_scale=SCALE) as sim, \
                 _served(tmp_path, sim.url, {"max_connections": 1000, "reserved_connections": 8}) as url, \
-                aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as s:
+                aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+            # (a connection per request: a kept-alive one is idle between requests, and the gateway
+            # rightly evicts the oldest idle ones as the next 500 come: a POST on it would fail)
             slowest = 0.0
             for i in range(0, n, 500):  # 500 at a time: within the gateway's listen backlog of 1,024
                 socks += _idle_sockets(url, min(500, n - i), f"127.0.{1 + i // 2000}.1")
