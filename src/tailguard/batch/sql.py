@@ -10,6 +10,7 @@ column types and how lines are claimed; the rest is here once.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
@@ -25,7 +26,7 @@ T = TypeVar("T")
 _BATCH_COLUMNS = ("id", "owner", "created_at", "status")
 
 
-class SqlJournal:
+class SqlJournal(abc.ABC):
     """A `Journal` over a DB-API connection; subclasses say how to connect and how to claim."""
 
     PARAM = "?"  # the driver's placeholder
@@ -39,11 +40,13 @@ class SqlJournal:
 
     # --- what a dialect provides ---
 
+    @abc.abstractmethod
     def _connect(self) -> Any:
-        raise NotImplementedError
+        """A new DB-API connection, opened on the journal's own thread."""
 
+    @abc.abstractmethod
     def _claim(self, batch_id: str, n: int, holder: str, now: float, lease_s: float) -> list[Line]:
-        raise NotImplementedError
+        """Up to `n` lines of the batch, leased to `holder` until `now + lease_s`, in one statement."""
 
     def _after_open(self) -> None:
         """Anything the dialect does once the tables exist."""

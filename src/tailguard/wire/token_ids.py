@@ -67,21 +67,24 @@ def ids_in(event: bytes) -> list[int] | None:
     return ids if _int_list(ids) else None
 
 
+def _first_choice(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """A parsed chunk's first choice, or None when it has none."""
+    choices = obj.get("choices")
+    return choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+
+
 def generated_ids(obj: dict[str, Any]) -> list[int] | None:
     """The generated token ids of a parsed chunk's first choice, or None when it has none."""
-    choices = obj.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return None
-    ids = choices[0].get("token_ids")
+    c = _first_choice(obj)
+    ids = c.get("token_ids") if c is not None else None
     return ids if _int_list(ids) else None
 
 
 def shows_text(obj: dict[str, Any]) -> bool:
     """The chunk's first choice carries text (chat's `delta.content` or a completion's `text`)."""
-    choices = obj.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+    c = _first_choice(obj)
+    if c is None:
         return False
-    c = choices[0]
     delta = c.get("delta")
     text = delta.get("content") if isinstance(delta, dict) else c.get("text")
     return isinstance(text, str) and text != ""
@@ -93,12 +96,9 @@ def prompt_ids(obj: dict[str, Any]) -> list[int] | None:
     ids = obj.get("prompt_token_ids")
     if _int_list(ids):
         return ids
-    choices = obj.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        ids = choices[0].get("prompt_token_ids")
-        if _int_list(ids):
-            return ids
-    return None
+    c = _first_choice(obj)
+    ids = c.get("prompt_token_ids") if c is not None else None
+    return ids if _int_list(ids) else None
 
 
 def as_chat_chunk(obj: dict[str, Any]) -> dict[str, Any]:
