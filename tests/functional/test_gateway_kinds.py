@@ -46,7 +46,7 @@ async def test_the_simulator_is_found_and_its_batch_requests_can_be_suspended() 
 async def test_a_server_that_answers_none_of_the_probes_is_openai_with_a_reservation() -> None:
     async with asyncio.timeout(30), raw_server(never_answers) as hung, \
             gateway(extra_backends=[BackendConfig(name="hung", url=hung, max_concurrency=4)],
-                    health={"timeout_s": 0.3, "interval_s": 0.1}, timeouts={"first_token_s": 0.5}) as gw, \
+                    health={"timeout_s": 0.3, "interval_s": 0.1}, timeouts={"header_s": 1.0}) as gw, \
             gw.client() as c:
         # Start-up did not wait for the hung server's probes; a request sent to it is retried on
         # the simulator once the hung server has not even answered with headers.
