@@ -5,7 +5,9 @@ same code and inputs, whatever else the machine is doing) while it relays sequen
 chat answers from a `tailguard sim` on loopback, the same way `gateway_overhead.py` sends them.
 Two runs of the gateway: answers of 1 token (the fixed cost of a request: accept, parse, classify,
 admit, open upstream, first chunk, end, metrics, access log) and of 64 tokens (the difference,
-over 63, is the cost of each further chunk). With `--top`, callgrind's inclusive counts of the
+over 63, is the cost of each further chunk; as the longer answers also take longer, the same
+figures are given less what the gateway executes per second with no request, counted for
+`--idle` seconds after each run). With `--top`, callgrind's inclusive counts of the
 C functions that matter (the event loop, the HTTP parser, JSON, logging, the socket calls).
 
 `--pyspy SECONDS` instead samples the gateway with py-spy under open-loop load at `--rate` and
@@ -112,8 +114,10 @@ def _callgrind(pid: int, *args: str) -> None:
     subprocess.run(["callgrind_control", *args, str(pid)], check=True, stdout=subprocess.DEVNULL)
 
 
-async def count(tmp: Path, tokens: int, n: int) -> Path:
-    """The callgrind profile of `n` requests of `tokens` tokens (warm-up not counted)."""
+async def count(tmp: Path, tokens: int, n: int, idle_s: float) -> tuple[Path, float, float]:
+    """The callgrind profile of `n` requests of `tokens` tokens (warm-up not counted), the
+    seconds they took, and what the gateway executes per second with no request (its
+    background: timers, pollers; 0.0 when `idle_s` is 0), counted for `idle_s` after them."""
     out = tmp / f"callgrind.{tokens}"
     stack = Stack(tmp, ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}.%p"])
     try:
@@ -121,14 +125,26 @@ async def count(tmp: Path, tokens: int, n: int) -> Path:
         _callgrind(stack.gw.pid, "--instr=on")
         await sequential(stack.url, tokens, WARMUP)
         _callgrind(stack.gw.pid, "--dump=warm")  # a dump zeroes the counts: the next one holds the n alone
+        start = time.perf_counter()
         await sequential(stack.url, tokens, n)
+        took = time.perf_counter() - start
         _callgrind(stack.gw.pid, "--dump=measured")
+        if idle_s:
+            start = time.perf_counter()
+            await asyncio.sleep(idle_s)
+            idle_s = time.perf_counter() - start
+            _callgrind(stack.gw.pid, "--dump=idle")
     finally:
         stack.stop()
+    dumps = {}
     for path in tmp.glob(f"callgrind.{tokens}.*"):
-        if re.search(rb"^desc: Trigger: .*measured", path.read_bytes(), re.M):
-            return path
-    raise RuntimeError(f"no measured dump in {tmp}")
+        m = re.search(rb"^desc: Trigger: .*(measured|idle)", path.read_bytes(), re.M)
+        if m:
+            dumps[m.group(1).decode()] = path
+    if "measured" not in dumps:
+        raise RuntimeError(f"no measured dump in {tmp}")
+    rate = _total(dumps["idle"]) / idle_s if idle_s else 0.0
+    return dumps["measured"], took, rate
 
 
 def _total(path: Path) -> int:
@@ -189,6 +205,8 @@ async def main() -> None:
     p.add_argument("--rate", type=float, default=200.0)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--keep", action="store_true", help="keep the profiles (the folder is printed)")
+    p.add_argument("--idle", type=float, default=10.0,
+                   help="seconds of no request counted after each run, for the background rate (0: not counted)")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tg-profile-"))
     if args.keep:
@@ -197,13 +215,20 @@ async def main() -> None:
         if args.pyspy:
             await pyspy(tmp, args.pyspy, args.rate, args.tokens)
             return
-        one = await count(tmp, 1, args.requests)
-        full = await count(tmp, args.tokens, args.requests)
-        n = args.requests
+        one, one_s, rate1 = await count(tmp, 1, args.requests, args.idle)
+        full, full_s, rate2 = await count(tmp, args.tokens, args.requests, args.idle)
+        n, k = args.requests, args.tokens - 1
         per_req, per_full = _total(one) / n, _total(full) / n
         print(f"instructions per request, {n} sequential requests: 1-token answer {per_req:,.0f}; "
-              f"{args.tokens}-token answer {per_full:,.0f}; each further chunk "
-              f"{(per_full - per_req) / (args.tokens - 1):,.0f}")
+              f"{args.tokens}-token answer {per_full:,.0f}; each further chunk {(per_full - per_req) / k:,.0f}")
+        if args.idle:
+            # The longer answers take longer (the simulator paces its tokens): the background the
+            # gateway runs meanwhile lands in "each further chunk" unless taken out.
+            rate = (rate1 + rate2) / 2
+            bg1, bg2 = rate * one_s / n, rate * full_s / n
+            print(f"background with no request: {rate:,.0f} instructions/s; less it: 1-token answer "
+                  f"{per_req - bg1:,.0f}; {args.tokens}-token answer {per_full - bg2:,.0f}; each further chunk "
+                  f"{(per_full - bg2 - per_req + bg1) / k:,.0f}")
         if args.top:
             print(f"\n1-token answers, inclusive:\n{_top(one, args.top)}")
     finally:
