@@ -13,7 +13,7 @@ C functions that matter (the event loop, the HTTP parser, JSON, logging, the soc
 `--pyspy SECONDS` instead samples the gateway with py-spy under open-loop load at `--rate` and
 prints which Python functions the time is spent in (inclusive and own share of samples).
 
-    .venv/bin/python benchmarks/gateway_profile.py [--requests 200] [--top 25]
+    .venv/bin/python benchmarks/gateway_profile.py [--requests 200] [--top 25]   (writes results/gateway_profile.*)
     .venv/bin/python benchmarks/gateway_profile.py --pyspy 20 --rate 200
 """
 
@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import json
+import os
 import random
 import re
 import shutil
@@ -30,12 +32,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
 
 from tailguard.cli.experiment import free_port, wait_healthy
 
+RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT = [{"role": "user", "content": "word " * 80}]  # about 104 prompt tokens, as gateway_overhead.py
 WARMUP = 50
 
@@ -197,6 +201,25 @@ async def pyspy(tmp: Path, seconds: float, rate: float, tokens: int) -> None:
         print(f"  {n * us:7.1f}  {f}")
 
 
+def _write(res: dict[str, Any]) -> None:
+    """benchmarks/results/gateway_profile.{json,md}: the last run's counts."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    res["load_1m"] = round(os.getloadavg()[0], 2)
+    (RESULTS / "gateway_profile.json").write_text(json.dumps(res, indent=2) + "\n")
+    less = res.get("less_background")
+    rows = [f"| as counted | {res['one_token']:,} | {res['full']:,} | {res['per_chunk']:,} |"]
+    if isinstance(less, dict):
+        rows.append(f"| less the background ({res['background_per_s']:,} instructions/s with no request) | "
+                    f"{less['one_token']:,} | {less['full']:,} | {less['per_chunk']:,} |")
+    (RESULTS / "gateway_profile.md").write_text(
+        "# Instructions per request (callgrind)\n\n"
+        f"`benchmarks/gateway_profile.py --requests {res['requests']}`, {res['requests']} sequential streamed "
+        f"requests after {WARMUP} of warm-up; load average {res['load_1m']} at the end (the counts do not "
+        "depend on it).\n\n"
+        f"| | 1-token answer | {res['tokens']}-token answer | each further chunk |\n|---|---:|---:|---:|\n"
+        + "\n".join(rows) + "\n")
+
+
 async def main() -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--requests", type=int, default=200)
@@ -219,16 +242,22 @@ async def main() -> None:
         full, full_s, rate2 = await count(tmp, args.tokens, args.requests, args.idle)
         n, k = args.requests, args.tokens - 1
         per_req, per_full = _total(one) / n, _total(full) / n
+        res: dict[str, object] = {"requests": n, "tokens": args.tokens, "one_token": round(per_req),
+                                  "full": round(per_full), "per_chunk": round((per_full - per_req) / k)}
         print(f"instructions per request, {n} sequential requests: 1-token answer {per_req:,.0f}; "
-              f"{args.tokens}-token answer {per_full:,.0f}; each further chunk {(per_full - per_req) / k:,.0f}")
+              f"{args.tokens}-token answer {per_full:,.0f}; each further chunk {res['per_chunk']:,}")
         if args.idle:
             # The longer answers take longer (the simulator paces its tokens): the background the
             # gateway runs meanwhile lands in "each further chunk" unless taken out.
             rate = (rate1 + rate2) / 2
             bg1, bg2 = rate * one_s / n, rate * full_s / n
+            res["background_per_s"] = round(rate)
+            res["less_background"] = {"one_token": round(per_req - bg1), "full": round(per_full - bg2),
+                                      "per_chunk": round((per_full - bg2 - per_req + bg1) / k)}
             print(f"background with no request: {rate:,.0f} instructions/s; less it: 1-token answer "
                   f"{per_req - bg1:,.0f}; {args.tokens}-token answer {per_full - bg2:,.0f}; each further chunk "
                   f"{(per_full - bg2 - per_req + bg1) / k:,.0f}")
+        _write(res)
         if args.top:
             print(f"\n1-token answers, inclusive:\n{_top(one, args.top)}")
     finally:
