@@ -36,7 +36,9 @@ import orjson
 from redis import asyncio as aioredis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.gateway_overhead import cpu_seconds  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gateway_overhead import cpu_seconds  # noqa: E402  beside this script
+from sim_des_speed import pct  # noqa: E402  one nearest-rank percentile for all
 from tests.functional.gateway_processes import gateway_process  # noqa: E402
 from tests.functional.redis_server import redis_server  # noqa: E402
 from tests.functional.sim_processes import sim_process  # noqa: E402
@@ -84,10 +86,6 @@ async def load(urls: dict[str, str], n: int, concurrency: int) -> dict[str, list
                 out[arm].append((time.perf_counter() - t0) * 1e3)
         await asyncio.gather(*(client() for _ in range(concurrency)))
     return out
-
-
-def pct(xs: list[float], q: float) -> float:
-    return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))]
 
 
 async def run(n: int, concurrencies: list[int]) -> dict[str, Any]:
