@@ -188,3 +188,19 @@ async def test_the_standing_is_the_shared_buckets_with_what_other_replicas_took(
         await two.close()
         _, after = two.standing("team") or (None, None)
         assert after is not None and 2900 <= after.remaining <= 2915
+
+
+async def test_while_redis_is_gone_a_replica_holds_its_share_of_the_callers_places(tmp_path: Path) -> None:
+    spec = CallerSpec("team", max_parallel=4)
+    async with asyncio.timeout(20), redis_server(tmp_path) as server, \
+            limits(server.url, spec, replicas=2, timeout_s=0.5) as (shared, changes):
+        await server.kill()
+        held = [await shared.reserve("team", 10) for _ in range(2)]  # half of 4 here
+        assert changes == [False] and all(h is not None and not h.shared for h in held)
+        with pytest.raises(RateLimited) as over:
+            await shared.reserve("team", 10)
+        assert over.value.headers["X-Tailguard-Reject-Reason"] == "rate_limit_parallel"
+        first = held[0]
+        assert first is not None
+        shared.settle(first, 10, admitted=True)
+        assert await shared.reserve("team", 10) is not None  # its place back
