@@ -108,14 +108,14 @@ async def test_a_replica_killed_with_sigkill_gives_its_callers_places_back_withi
         back_s = time.monotonic() - killed
     print(f"a SIGKILLed replica's places came back {back_s:.2f} s later (lease {LEASE_S} s)")
     assert r.http_response.status_code == 200
-    assert back_s < LEASE_S + 0.5  # the lease, and the short request itself
+    assert back_s < LEASE_S + 1.0  # the lease, and the short request itself on a busy machine
 
 
 async def test_the_ratelimit_headers_count_what_the_other_replica_let_in(tmp_path: Path) -> None:
     async with asyncio.timeout(60), AsyncExitStack() as stack:
         gateways = await two_replicas(stack, tmp_path)
         a, b = await clients(stack, gateways, "sk-rate")
-        used = 0
+        used, started = 0, time.monotonic()
         for _ in range(3):
             r = await short(a)
             completion = r.parse()
@@ -126,9 +126,10 @@ async def test_the_ratelimit_headers_count_what_the_other_replica_let_in(tmp_pat
         assert h["x-ratelimit-limit-requests"] == "6"
         assert h["x-ratelimit-remaining-requests"] == "2"  # 6 less the 4 over both (its own alone: 5)
         # The tokens: what the first three used, and this one's reservation (its prompt estimate
-        # and max_tokens) taken; a second's refill (100 tokens) at most since.
+        # and max_tokens) taken; refilled at 100 a second since the first.
+        refill = 100 * (time.monotonic() - started)
         remaining = int(h["x-ratelimit-remaining-tokens"])
-        assert 6000 - used - 200 <= remaining <= 6000 - used - 5 + 100
+        assert 6000 - used - 200 <= remaining <= 6000 - used - 5 + refill
         over = [await short(b), await short(a)]
         assert [x.headers["x-ratelimit-remaining-requests"] for x in over] == ["1", "0"]
         with pytest.raises(openai.RateLimitError) as limited:

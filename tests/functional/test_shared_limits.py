@@ -145,7 +145,7 @@ async def test_a_callers_places_are_one_count_over_replicas_and_a_refusal_takes_
 async def test_a_place_is_held_while_renewed_and_comes_back_a_lease_after_its_replica_died(tmp_path: Path) -> None:
     """A replica renews its places every third of a lease while they run; one that dies (its
     renewals stop, its settlement never comes) holds them one lease at most."""
-    lease_s = 0.3
+    lease_s = 0.6
     spec = CallerSpec("team", max_parallel=1)
     async with asyncio.timeout(20), redis_server(tmp_path) as server, \
             limits(server.url, spec, lease_s=lease_s) as (alive, _), \
@@ -166,7 +166,7 @@ async def test_a_place_is_held_while_renewed_and_comes_back_a_lease_after_its_re
             except RateLimited:
                 await asyncio.sleep(0.02)
         waited = asyncio.get_running_loop().time() - died
-        assert back is not None and waited < lease_s + 0.2  # at most a lease (and slack)
+        assert back is not None and waited < lease_s + 0.3  # at most a lease (and slack for a busy machine)
 
 
 async def test_the_standing_is_the_shared_buckets_with_what_other_replicas_took(tmp_path: Path) -> None:
