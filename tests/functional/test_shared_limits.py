@@ -14,7 +14,7 @@ from tailguard.errors import Overloaded, RateLimited
 from tailguard.front.params import CallerSpec
 from tailguard.gateway.config import StateConfig
 from tailguard.gateway.shared.limits import SharedLimits
-from tailguard.gateway.shared.link import Link
+from tailguard.gateway.shared.link import Link, stop
 from tests.functional.redis_server import RedisServer, redis_server
 
 
@@ -114,9 +114,7 @@ async def test_replicas_are_counted_by_heartbeat_and_a_dead_ones_lease_lapses(tm
             while one.link.seen_replicas != 2:
                 await asyncio.sleep(0.02)
         assert one.link.replicas == 2
-        dead = two.link._task
-        assert dead is not None
-        dead.cancel()  # its heartbeat stops as a killed replica's would, its entry left in Redis
+        await stop(two.link._task)  # its heartbeat stops as a killed replica's would, its entry left in Redis
         lapsed = asyncio.get_running_loop().time()
         while one.link.seen_replicas != 1:
             await asyncio.sleep(0.02)
@@ -155,9 +153,7 @@ async def test_a_place_is_held_while_renewed_and_comes_back_a_lease_after_its_re
         await asyncio.sleep(3 * lease_s)  # three leases: renewed, still held
         with pytest.raises(RateLimited):
             await other.reserve("team", 10)
-        dying = alive._task
-        assert dying is not None
-        dying.cancel()  # its renewals stop as a killed replica's would; the place is left in Redis
+        await stop(alive._task)  # its renewals stop as a killed replica's would; the place is left in Redis
         died = asyncio.get_running_loop().time()
         while True:
             try:

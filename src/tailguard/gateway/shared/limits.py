@@ -34,7 +34,7 @@ from tailguard.errors import APIError, Overloaded
 from tailguard.front.limits import CallerLimits, Refusal, Standing
 from tailguard.front.params import CallerSpec
 from tailguard.gateway.dispatch import overloaded
-from tailguard.gateway.shared.link import UNAVAILABLE, Link
+from tailguard.gateway.shared.link import UNAVAILABLE, Link, stop
 from tailguard.gateway.shared.scripts import RENEW_PLACES, RESERVE, SETTLE, Script
 from tailguard.wire.openai import duration_text
 from tailguard.types import RejectReason
@@ -173,9 +173,7 @@ class SharedLimits:
     async def close(self) -> None:
         """Stop renewing; let the settlements in flight reach Redis (each bounded by
         `state.timeout_s`)."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await stop(self._task)
         if self._pending:
             await asyncio.gather(*self._pending, return_exceptions=True)
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from tailguard.gateway.shared.link import UNAVAILABLE, Link
+from tailguard.gateway.shared.link import UNAVAILABLE, Link, stop
 from tailguard.gateway.shared.scripts import Script
 
 _EAGER_S = 0.05
@@ -98,9 +98,7 @@ class SlotLeases:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await stop(self._task)
         try:  # give the slots back at once rather than at the lease's end
             async with self.link.redis.pipeline(transaction=False) as pipe:
                 for b in self.caps:
