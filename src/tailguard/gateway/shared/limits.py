@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 from tailguard.clock import monotonic
 from tailguard.errors import APIError, Overloaded
-from tailguard.front.limits import CallerLimits, Refusal, Standing
+from tailguard.front.limits import CallerLimits, Refusal, Standing, limited
 from tailguard.front.params import CallerSpec
 from tailguard.gateway.dispatch import overloaded
 from tailguard.gateway.shared.link import UNAVAILABLE, Link, stop
@@ -70,10 +70,6 @@ def _share(spec: CallerSpec, n: int) -> CallerSpec:
                    tokens_per_minute=part(spec.tokens_per_minute), max_parallel=part(spec.max_parallel))
 
 
-def _limited(spec: CallerSpec) -> bool:
-    return bool(spec.requests_per_minute or spec.tokens_per_minute or spec.max_parallel)
-
-
 class SharedLimits:
     """See the module docstring.
 
@@ -96,7 +92,7 @@ class SharedLimits:
         self.reconfigure(specs)
 
     def reconfigure(self, specs: list[CallerSpec]) -> None:
-        self._specs = {s.name: s for s in specs if _limited(s)}
+        self._specs = {s.name: s for s in specs if limited(s)}
         self._seen = {c: seen for c, seen in self._seen.items() if c in self._specs}
         self.follow_link()
 
