@@ -5,13 +5,15 @@ same code and inputs, whatever else the machine is doing) while it relays sequen
 chat answers from a `tailguard sim` on loopback, the same way `gateway_overhead.py` sends them.
 Two runs of the gateway: answers of 1 token (the fixed cost of a request: accept, parse, classify,
 admit, open upstream, first chunk, end, metrics, access log) and of 64 tokens (the difference,
-over 63, is the cost of each further chunk). With `--top`, callgrind's inclusive counts of the
+over 63, is the cost of each further chunk; as the longer answers also take longer, the same
+figures are given less what the gateway executes per second with no request, counted for
+`--idle` seconds after each run). With `--top`, callgrind's inclusive counts of the
 C functions that matter (the event loop, the HTTP parser, JSON, logging, the socket calls).
 
 `--pyspy SECONDS` instead samples the gateway with py-spy under open-loop load at `--rate` and
 prints which Python functions the time is spent in (inclusive and own share of samples).
 
-    .venv/bin/python benchmarks/gateway_profile.py [--requests 200] [--top 25]
+    .venv/bin/python benchmarks/gateway_profile.py [--requests 200] [--top 25]   (writes results/gateway_profile.*)
     .venv/bin/python benchmarks/gateway_profile.py --pyspy 20 --rate 200
 """
 
@@ -20,6 +22,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import json
+import os
 import random
 import re
 import shutil
@@ -28,12 +32,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
 
 from tailguard.cli.experiment import free_port, wait_healthy
 
+RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT = [{"role": "user", "content": "word " * 80}]  # about 104 prompt tokens, as gateway_overhead.py
 WARMUP = 50
 
@@ -112,8 +118,10 @@ def _callgrind(pid: int, *args: str) -> None:
     subprocess.run(["callgrind_control", *args, str(pid)], check=True, stdout=subprocess.DEVNULL)
 
 
-async def count(tmp: Path, tokens: int, n: int) -> Path:
-    """The callgrind profile of `n` requests of `tokens` tokens (warm-up not counted)."""
+async def count(tmp: Path, tokens: int, n: int, idle_s: float) -> tuple[Path, float, float]:
+    """The callgrind profile of `n` requests of `tokens` tokens (warm-up not counted), the
+    seconds they took, and what the gateway executes per second with no request (its
+    background: timers, pollers; 0.0 when `idle_s` is 0), counted for `idle_s` after them."""
     out = tmp / f"callgrind.{tokens}"
     stack = Stack(tmp, ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}.%p"])
     try:
@@ -121,14 +129,26 @@ async def count(tmp: Path, tokens: int, n: int) -> Path:
         _callgrind(stack.gw.pid, "--instr=on")
         await sequential(stack.url, tokens, WARMUP)
         _callgrind(stack.gw.pid, "--dump=warm")  # a dump zeroes the counts: the next one holds the n alone
+        start = time.perf_counter()
         await sequential(stack.url, tokens, n)
+        took = time.perf_counter() - start
         _callgrind(stack.gw.pid, "--dump=measured")
+        if idle_s:
+            start = time.perf_counter()
+            await asyncio.sleep(idle_s)
+            idle_s = time.perf_counter() - start
+            _callgrind(stack.gw.pid, "--dump=idle")
     finally:
         stack.stop()
+    dumps = {}
     for path in tmp.glob(f"callgrind.{tokens}.*"):
-        if re.search(rb"^desc: Trigger: .*measured", path.read_bytes(), re.M):
-            return path
-    raise RuntimeError(f"no measured dump in {tmp}")
+        m = re.search(rb"^desc: Trigger: .*(measured|idle)", path.read_bytes(), re.M)
+        if m:
+            dumps[m.group(1).decode()] = path
+    if "measured" not in dumps:
+        raise RuntimeError(f"no measured dump in {tmp}")
+    rate = _total(dumps["idle"]) / idle_s if idle_s else 0.0
+    return dumps["measured"], took, rate
 
 
 def _total(path: Path) -> int:
@@ -181,6 +201,25 @@ async def pyspy(tmp: Path, seconds: float, rate: float, tokens: int) -> None:
         print(f"  {n * us:7.1f}  {f}")
 
 
+def _write(res: dict[str, Any]) -> None:
+    """benchmarks/results/gateway_profile.{json,md}: the last run's counts."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    res["load_1m"] = round(os.getloadavg()[0], 2)
+    (RESULTS / "gateway_profile.json").write_text(json.dumps(res, indent=2) + "\n")
+    less = res.get("less_background")
+    rows = [f"| as counted | {res['one_token']:,} | {res['full']:,} | {res['per_chunk']:,} |"]
+    if isinstance(less, dict):
+        rows.append(f"| less the background ({res['background_per_s']:,} instructions/s with no request) | "
+                    f"{less['one_token']:,} | {less['full']:,} | {less['per_chunk']:,} |")
+    (RESULTS / "gateway_profile.md").write_text(
+        "# Instructions per request (callgrind)\n\n"
+        f"`benchmarks/gateway_profile.py --requests {res['requests']}`, {res['requests']} sequential streamed "
+        f"requests after {WARMUP} of warm-up; load average {res['load_1m']} at the end (the counts do not "
+        "depend on it).\n\n"
+        f"| | 1-token answer | {res['tokens']}-token answer | each further chunk |\n|---|---:|---:|---:|\n"
+        + "\n".join(rows) + "\n")
+
+
 async def main() -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--requests", type=int, default=200)
@@ -189,6 +228,8 @@ async def main() -> None:
     p.add_argument("--rate", type=float, default=200.0)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--keep", action="store_true", help="keep the profiles (the folder is printed)")
+    p.add_argument("--idle", type=float, default=10.0,
+                   help="seconds of no request counted after each run, for the background rate (0: not counted)")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tg-profile-"))
     if args.keep:
@@ -197,13 +238,26 @@ async def main() -> None:
         if args.pyspy:
             await pyspy(tmp, args.pyspy, args.rate, args.tokens)
             return
-        one = await count(tmp, 1, args.requests)
-        full = await count(tmp, args.tokens, args.requests)
-        n = args.requests
+        one, one_s, rate1 = await count(tmp, 1, args.requests, args.idle)
+        full, full_s, rate2 = await count(tmp, args.tokens, args.requests, args.idle)
+        n, k = args.requests, args.tokens - 1
         per_req, per_full = _total(one) / n, _total(full) / n
+        res: dict[str, object] = {"requests": n, "tokens": args.tokens, "one_token": round(per_req),
+                                  "full": round(per_full), "per_chunk": round((per_full - per_req) / k)}
         print(f"instructions per request, {n} sequential requests: 1-token answer {per_req:,.0f}; "
-              f"{args.tokens}-token answer {per_full:,.0f}; each further chunk "
-              f"{(per_full - per_req) / (args.tokens - 1):,.0f}")
+              f"{args.tokens}-token answer {per_full:,.0f}; each further chunk {res['per_chunk']:,}")
+        if args.idle:
+            # The longer answers take longer (the simulator paces its tokens): the background the
+            # gateway runs meanwhile lands in "each further chunk" unless taken out.
+            rate = (rate1 + rate2) / 2
+            bg1, bg2 = rate * one_s / n, rate * full_s / n
+            res["background_per_s"] = round(rate)
+            res["less_background"] = {"one_token": round(per_req - bg1), "full": round(per_full - bg2),
+                                      "per_chunk": round((per_full - bg2 - per_req + bg1) / k)}
+            print(f"background with no request: {rate:,.0f} instructions/s; less it: 1-token answer "
+                  f"{per_req - bg1:,.0f}; {args.tokens}-token answer {per_full - bg2:,.0f}; each further chunk "
+                  f"{(per_full - bg2 - per_req + bg1) / k:,.0f}")
+        _write(res)
         if args.top:
             print(f"\n1-token answers, inclusive:\n{_top(one, args.top)}")
     finally:

@@ -24,7 +24,6 @@ import orjson
 # strings, so `"content":` never matches inside a tool call's arguments or the text itself.
 CONTENT_KEYS = (b'"content":', b'"text":', b'"reasoning_content":', b'"reasoning":', b'"tool_calls":')
 _COMPACT_CONTENT = b'"content":"'
-_COMPACT_LEN = len(_COMPACT_CONTENT)
 _USAGE_KEY = b'"usage":'
 _COMPACT_TEXT = b'"text":"'
 _TIER_VALUE = re.compile(rb'"service_tier":\s*(null|"[^"]*")')
@@ -66,15 +65,20 @@ class Usage:
 
 
 def has_content(data: bytes, start: int = 0, end: int | None = None) -> bool:
-    """True if the chunk in data[start:end] carries generated content (see the module docstring)."""
-    if end is None:
-        end = len(data)
-    # The usual content chunk first, in one find: compact JSON with a non-empty answer string.
-    i = data.find(_COMPACT_CONTENT, start, end)
-    if i >= 0 and i + _COMPACT_LEN < end and data[i + _COMPACT_LEN] != _QUOTE:
+    """True if the chunk in data[start:end] carries generated content (see the module docstring).
+
+    Each search takes one argument (the event is cut out first when it is part of `data`): a
+    bounded `find` parses two more, a cost in each of the six searches an event without
+    content takes; and `partition` parses none."""
+    if start or (end is not None and end != len(data)):
+        data = data[start:end]
+    # The usual content chunk first, in one search: compact JSON with a non-empty answer string.
+    _, key, rest = data.partition(_COMPACT_CONTENT)
+    if key and rest and rest[0] != _QUOTE:
         return True
+    end = len(data)
     for key in CONTENT_KEYS:
-        i = data.find(key, start, end)
+        i = data.find(key)
         while i >= 0:
             j = i + len(key)
             while j < end and data[j] == _SPACE:
@@ -85,7 +89,7 @@ def has_content(data: bytes, start: int = 0, end: int | None = None) -> bool:
                     return True
                 if c == _BRACKET and data[j + 1] != _CLOSE_BRACKET:  # a non-empty list (tool_calls)
                     return True
-            i = data.find(key, j, end)
+            i = data.find(key, j)
     return False
 
 

@@ -174,7 +174,7 @@ class LeanProtocol(asyncio.Protocol):
     """One client connection, served lean until a request needs aiohttp (then handed to it)."""
 
     __slots__ = ("_host", "_loop", "_parser", "transport", "reserve_only", "remote", "_raw", "_url", "_headers",
-                 "_head_done", "_req", "_task", "_timer", "_closing", "_pipelined", "_kept", "_early", "_paused", "_writable", "_foreign")
+                 "_head_done", "_req", "_task", "_timer", "closing", "_pipelined", "_kept", "_early", "paused", "_writable", "_foreign")
 
     def __init__(self, host: Host, loop: asyncio.AbstractEventLoop) -> None:
         self._host = host
@@ -191,13 +191,13 @@ class LeanProtocol(asyncio.Protocol):
         self._req: LeanRequest | None = None
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._closing = False
+        self.closing = False  # the client left, or the connection ends: nothing more is written
         self._pipelined = False
         self._kept = False  # answered and kept alive: no byte of the next request yet
         # Bytes of the next request that came after the answer's last byte went out but before
         # its handler had ended (it still counts and logs): read once it has.
         self._early = bytearray()
-        self._paused = False  # the client's socket buffer is full: writers wait
+        self.paused = False  # the client's socket buffer is full: writers wait
         self._writable: asyncio.Future[None] | None = None
 
     # -- the connection ------------------------------------------------------------------------
@@ -205,7 +205,7 @@ class LeanProtocol(asyncio.Protocol):
     @property
     def idle(self) -> bool:
         """No request being served: a kept-alive connection, or one still sending its head."""
-        return self._task is None and not self._closing
+        return self._task is None and not self.closing
 
     @property
     def task(self) -> asyncio.Task[None] | None:
@@ -220,7 +220,7 @@ class LeanProtocol(asyncio.Protocol):
         self.transport = t = cast(asyncio.Transport, transport)
         admitted = self._host.admit(self)
         if admitted is False:
-            self._closing = True
+            self.closing = True
             t.abort()
             return
         self.reserve_only = admitted is None
@@ -235,10 +235,10 @@ class LeanProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._stop_clock()
-        if not self._closing:
-            self._closing = True
+        if not self.closing:
+            self.closing = True
             self._host.forget(self)
-        self._closing = True
+        self.closing = True
         if self._task is not None and not self._task.done():
             self._task.cancel()  # the client left: its handler (and its upstream request) ends now
         w = self._writable
@@ -247,18 +247,18 @@ class LeanProtocol(asyncio.Protocol):
             w.exception()  # retrieved: nobody may be waiting on it
 
     def pause_writing(self) -> None:
-        self._paused = True
+        self.paused = True
 
     def resume_writing(self) -> None:
-        self._paused = False
+        self.paused = False
         w = self._writable
         if w is not None and not w.done():
             w.set_result(None)
 
     async def writable(self) -> None:
-        if self._closing:
+        if self.closing:
             raise ClientGone()
-        if self._paused:
+        if self.paused:
             self._writable = self._loop.create_future()
             try:
                 await self._writable
@@ -266,11 +266,11 @@ class LeanProtocol(asyncio.Protocol):
                 self._writable = None
 
     def write(self, data: bytes) -> None:
-        if self.transport is not None and not self._closing:
+        if self.transport is not None and not self.closing:
             self.transport.write(data)
 
     def pause_reading(self) -> None:
-        if self.transport is not None and not self._closing:
+        if self.transport is not None and not self.closing:
             self.transport.pause_reading()
 
     def force_close(self) -> None:
@@ -281,7 +281,7 @@ class LeanProtocol(asyncio.Protocol):
     # -- bytes in ------------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        if self._closing:
+        if self.closing:
             return
         if self._task is not None:  # a request being served
             req = self._req
@@ -349,8 +349,8 @@ class LeanProtocol(asyncio.Protocol):
         p = self._parser
         path, _, _ = self._url.partition(b"?")
         endpoint = HOT.get(path)
-        headers = CIMultiDict((n.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape"))
-                              for n, v in self._headers)
+        headers = CIMultiDict([(n.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape"))
+                               for n, v in self._headers])  # a list: one frame, not one resumed per header
         expect = headers.get("Expect")
         if (endpoint is None or p.get_method() != b"POST" or p.get_http_version() != "1.1" or p.should_upgrade()
                 or "Content-Encoding" in headers or (expect is not None and expect.lower() != "100-continue")):
@@ -397,7 +397,7 @@ class LeanProtocol(asyncio.Protocol):
     def _answered(self, close: bool) -> None:
         """The answer is out: the connection waits for the next request, or closes."""
         if close or self.closes_after:
-            self._closing = True
+            self.closing = True
             self._host.forget(self)
             self.force_close()
             return
@@ -413,7 +413,7 @@ class LeanProtocol(asyncio.Protocol):
     def _hand_off(self, data: bytes) -> None:
         """From here aiohttp's handler owns the connection, starting with `data`."""
         self._stop_clock()
-        self._closing = True
+        self.closing = True
         self._host.forget(self)  # the handler takes its place in the count
         assert self.transport is not None
         self._host.hand_off(self.transport, data, self.reserve_only)
@@ -431,16 +431,16 @@ class LeanProtocol(asyncio.Protocol):
 
     def _header_late(self) -> None:
         self._timer = None
-        if self._task is None and not self._closing:
+        if self._task is None and not self.closing:
             self._host.closed("header_timeout")
-            self._closing = True
+            self.closing = True
             self._host.forget(self)
             self.force_close()
 
     def _keepalive_late(self) -> None:
         self._timer = None
-        if self._kept and not self._closing:
-            self._closing = True
+        if self._kept and not self.closing:
+            self.closing = True
             self._host.forget(self)
             self.force_close()
 

@@ -33,6 +33,11 @@ class Connection(Protocol):
     @property
     def closes_after(self) -> bool: ...  # this answer is the connection's last
 
+    # Plain attributes, read per chunk: the client has left (or the connection is ending), and
+    # its socket buffer is past `HIGH_WATER` (`pause_writing` came, `resume_writing` not yet).
+    closing: bool
+    paused: bool
+
     async def writable(self) -> None: ...  # raises ClientGone once the client has left
 
 
@@ -49,13 +54,13 @@ def _http_date() -> str:
     return _date
 
 
+# Each status line once (an `HTTPStatus(status)` lookup is an enum call per answer).
+_STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n" for s in HTTPStatus}
+
+
 def head(status: int, headers: Mapping[str, str], always: Mapping[str, str], framing: str, close: bool) -> bytes:
     """A response head: status line, the answer's headers, then those every answer carries."""
-    try:
-        reason = HTTPStatus(status).phrase
-    except ValueError:
-        reason = "Unknown"
-    lines = [f"HTTP/1.1 {status} {reason}\r\n"]
+    lines = [_STATUS_LINES.get(status) or f"HTTP/1.1 {status} Unknown\r\n"]
     lines += [f"{k}: {v}\r\n" for k, v in headers.items()]
     lines += [f"{k}: {v}\r\n" for k, v in always.items()]
     lines.append(f"Date: {_http_date()}\r\nServer: tailguard\r\n{framing}\r\n")
@@ -101,12 +106,15 @@ class LeanSink:
 
     def write_nowait(self, data: bytes) -> bool:
         """Hand one chunk to the client's transport; False when the client reads slower than we
-        write and the caller should `await drain()`. Raises `ClientGone` once it has left."""
-        t = self._t  # the relay's per-chunk call: one attribute, no method, before the write
-        if t is None or t.is_closing():
+        write and the caller should `await drain()`. Raises `ClientGone` once it has left.
+
+        The relay's per-chunk call: the connection's flags are attributes, not the transport's
+        methods (`is_closing`, `get_write_buffer_size`), which cost a call each."""
+        conn, t = self._conn, self._t
+        if conn.closing or t is None:
             raise ClientGone()
         t.write(b"%x\r\n%b\r\n" % (len(data), data))
-        return t.get_write_buffer_size() < HIGH_WATER
+        return not conn.paused
 
     async def drain(self) -> None:
         await self._conn.writable()

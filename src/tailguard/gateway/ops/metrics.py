@@ -10,6 +10,7 @@ Per-chunk work is one histogram observation through a label child fetched once p
 from __future__ import annotations
 
 import logging
+import math
 import platform
 from datetime import datetime, timezone
 from bisect import bisect_left
@@ -72,15 +73,26 @@ class ChunkHistogram:
     plain integers are safe; `ChunkHistograms` exports them at scrape time.
     """
 
-    __slots__ = ("bounds", "counts", "sum")
+    __slots__ = ("bounds", "counts", "sum", "_i", "_lo", "_hi")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)
         self.sum = 0.0
+        # The bucket the last value fell in, (_lo, _hi]: a stream's gaps mostly fall in one
+        # bucket, and two comparisons cost a third of a `bisect` call.
+        self._i = 0
+        self._lo = self._hi = -math.inf
 
     def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
+        if self._lo < value <= self._hi:
+            self.counts[self._i] += 1
+        else:
+            b = self.bounds
+            self._i = i = bisect_left(b, value)
+            self._lo = b[i - 1] if i else -math.inf
+            self._hi = b[i] if i < len(b) else math.inf
+            self.counts[i] += 1
         self.sum += value
 
     def observe_zeros(self, n: int) -> None:

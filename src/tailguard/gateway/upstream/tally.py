@@ -60,19 +60,20 @@ class Tally:
 
     def content(self, now: float, n: int = 1) -> None:
         """`n` content chunks arrived in one read at `now`: the first has the gap since the last
-        content chunk, the others none."""
+        content chunk, the others none. The usual chunk (one, past the run's first) costs one
+        test before its gap is counted: the relay calls this per chunk."""
         t = self.times
         t.content_chunks += n
+        last, t.last_content_at = t.last_content_at, now
         if not self.run_started:
             self.run_started = True
             self.watchdog.first_content(now)
-        if t.first_content_at is None:
+        if last is None:
             t.first_content_at = now
         else:
-            self.itl.observe(now - t.last_content_at)  # type: ignore[operator]
+            self.itl.observe(now - last)
         if n > 1:
             self.itl.observe_zeros(n - 1)
-        t.last_content_at = now
 
     def answer_end(self, data: bytes, start: int, end: int) -> None:
         """A traced request's event(s) in data[start:end]: the response id (from the first event
