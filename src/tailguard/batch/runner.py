@@ -287,12 +287,10 @@ class BatchRun:
             await self.j.close_open(self.id, "batch_cancelled", "This request was cancelled before it ran.")
             final = "cancelled"
         final = final or "completed"
-        out, err = bytearray(), bytearray()
-        for ok, result in await self.j.results(self.id):
-            (out if ok else err).extend(result + b"\n")
+        out, err = await asyncio.to_thread(_files_of, await self.j.results(self.id))  # 50,000 lines: off the loop
         now = int(time.time())
-        ids = {"output_file_id": await self._file(rec, bytes(out), now, "output") if out else None,
-               "error_file_id": await self._file(rec, bytes(err), now, "error") if err else None}
+        ids = {"output_file_id": await self._file(rec, out, now, "output") if out else None,
+               "error_file_id": await self._file(rec, err, now, "error") if err else None}
         ended = await self.j.transition(self.id, (rec.status,), final, now, ids)
         if ended is not None:
             done = await self.j.get_batch(self.id)
@@ -313,3 +311,11 @@ class BatchRun:
                                          now + int(self.r.cfg.file_retention_s)))
         return fid
 
+
+
+def _files_of(results: list[tuple[bool, bytes]]) -> tuple[bytes, bytes]:
+    """The output and error files' bytes: each line's recorded result, in order, to its file."""
+    out, err = bytearray(), bytearray()
+    for ok, result in results:
+        (out if ok else err).extend(result + b"\n")
+    return bytes(out), bytes(err)
