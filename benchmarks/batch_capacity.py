@@ -33,6 +33,7 @@ import os
 import platform
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -247,6 +248,18 @@ def interference_rows(runs: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def ratio_lines(runs: list[dict[str, Any]]) -> str:
+    """Per share, the median over its rounds of each round's ratio (its own alone against its own with)."""
+    out = []
+    for share in dict.fromkeys(i["batch_share"] for i in runs):
+        mine = [i for i in runs if i["batch_share"] == share]
+        p99, p50 = (statistics.median(i[k] for i in mine) for k in ("ratio_p99", "ratio_p50"))
+        out.append(f"- batch max_share {share}: P99 with / alone **{p99:.2f}x**, P50 {p50:.2f}x (median of "
+                   f"{len(mine)} rounds; batch {statistics.median(i['batch_lines_per_s_meanwhile'] for i in mine):.0f} "
+                   "lines/s meanwhile)")
+    return "\n".join(out)
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=10_000)
@@ -254,12 +267,13 @@ async def main() -> None:
     ap.add_argument("--chat-rate", type=float, default=8.0, help="chats per wall second (x4 simulated seconds)")
     ap.add_argument("--chats", type=int, default=480, help="chats per phase")
     ap.add_argument("--batch-share", type=float, default=0.75, help="the second run's classes[batch].max_share")
+    ap.add_argument("--rounds", type=int, default=2, help="runs of each share, alternated (the machine's load drifts)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         res: dict[str, Any] = {"a_interference": [
-            await interference(tmp / f"a{share}", a.lines, a.chats, a.chat_rate, share)
-            for share in (1.0, a.batch_share)],
+            await interference(tmp / f"a{n}-{share}", a.lines, a.chats, a.chat_rate, share)
+            for n in range(a.rounds) for share in (1.0, a.batch_share)],
             "b_throughput": await throughput(tmp / "b", a.throughput_lines),
             "c_resume": await resume(tmp / "c", 2000)}
     res["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count(), "load_1m": os.getloadavg()[0]}
@@ -279,6 +293,8 @@ a. Chats (Poisson, {a.chat_rate}/s) alone, then while a {a.lines:,}-line batch r
 | batch max_share | phase | chats | client TTFT | waiting for a slot | slot to first token (gateway) | gateway to client | chats preempted | CPU cores gateway / sim | load 1m |
 |---|---|---|---|---|---|---|---|---|---|
 {interference_rows(res["a_interference"])}
+
+{ratio_lines(res["a_interference"])}
 
 | measure | result | target |
 |---|---|---|

@@ -54,6 +54,17 @@ def gateway(batch_share: float) -> GatewayConfig:
     return GatewayConfig(classes=classes, backends=[backend])
 
 
+class Lines:
+    """The batch's lines as the runner sends them: the next one the moment one ends."""
+
+    def __init__(self, gate: IntakeGate) -> None:
+        self.gate, self.sent = gate, 0
+
+    def __call__(self, at: float) -> Arrival:
+        self.sent += 1
+        return self.gate.arrival(plan(f"line-{self.sent}", at, "chat", LINE, 136, 64), at)
+
+
 def one_run(chats: int, rate: float, seed: int, batch_share: float | None) -> dict[str, Any]:
     """`chats` Poisson chats; with `batch_share`, a batch that never runs out of lines, allowed
     that share of the slots (None: no batch)."""
@@ -67,12 +78,7 @@ def one_run(chats: int, rate: float, seed: int, batch_share: float | None) -> di
         t += rng.expovariate(rate)
         arrivals.append(gate.arrival(plan(f"chat-{i}", t, "chat", CHAT, CHAT.prompt_tokens.sample(rng), 32)))
     end = t
-    sent = 0
-
-    def line(at: float) -> Arrival:
-        nonlocal sent
-        sent += 1
-        return gate.arrival(plan(f"line-{sent}", at, "chat", LINE, 136, 64), at)
+    line = Lines(gate)
 
     def follow_up(tl: Timeline, now: float) -> Arrival | None:
         return line(now) if tl.cls == "batch" and now < end else None
@@ -98,16 +104,9 @@ def one_run(chats: int, rate: float, seed: int, batch_share: float | None) -> di
 def engine_alone_tokens_per_s(seconds: float) -> float:
     """Output tokens/s of the engine kept full of lines with no front: what 100% is."""
     cfg = EngineConfig.from_preset("h100-llama8b", max_num_seqs=SEQS)
-    gate = IntakeGate(cfg, None)
-    sent = 0
-
-    def line(at: float) -> Arrival:
-        nonlocal sent
-        sent += 1
-        return gate.arrival(plan(f"line-{sent}", at, "chat", LINE, 136, 64), at)
-
+    line = Lines(IntakeGate(cfg, None))
     tls = run(Engine(cfg), [line(0.0) for _ in range(SEQS)], VirtualClock(),
-              follow_up=lambda tl, now: line(now) if now < seconds else None, gate=gate)
+              follow_up=lambda tl, now: line(now) if now < seconds else None, gate=line.gate)
     return sum(tl.output_tokens for tl in tls if tl.finished_at is not None and tl.finished_at <= seconds) / seconds
 
 

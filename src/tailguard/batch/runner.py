@@ -312,7 +312,6 @@ class BatchRun:
         return fid
 
 
-
 def _files_of(results: list[tuple[bool, bytes]]) -> tuple[bytes, bytes]:
     """The output and error files' bytes: each line's recorded result, in order, to its file."""
     out, err = bytearray(), bytearray()
