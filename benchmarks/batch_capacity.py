@@ -5,11 +5,13 @@ a. Interference: interactive chats arriving open loop (Poisson; `chat-only`'s si
    prompt tokens, max_tokens 32, streamed by the openai SDK) alone, then the same chats while a
    10,000-line batch runs; several hundred chats each, so the P99 is not one chat. Target: chat
    TTFT P99 with the batch within 1.1x of alone. Each chat's time is split with the gateway's
-   access line (joined by X-Request-Id): waiting for a slot (`queue_ms`), slot to first token
-   (upstream connect, the engine's queue and prefill: `ttft_ms - queue_ms`) and first token at
-   the gateway to first token at the client (the gateway's write and the client's read); the
-   CPU the gateway and the simulator used meanwhile is read from /proc. Run once with the batch
-   allowed every slot (the default) and once with `classes[batch].max_share` (`--batch-share`).
+   access line (joined by X-Request-Id): arrival to a slot (`queue_ms`: reading, admitting and
+   any wait for a slot), slot to first token (upstream connect, the engine's queue and prefill:
+   `ttft_ms - queue_ms`) and first token at the gateway to first token at the client (the
+   gateway's write and the client's read). Meanwhile: the CPU the gateway and the simulator used
+   (/proc), the lines the front suspended for chats and the engine's mean queue time (/metrics).
+   Runs of the batch allowed every slot (the default) and of `classes[batch].max_share`
+   (`--batch-share`), alternated for `--rounds`.
 b. Throughput: a batch alone against `tailguard bench` straight to the engine with the same
    requests (closed loop, as many clients as the engine's sequences). Target: the batch gets at
    least 80% of the engine's output tokens per second.
@@ -17,7 +19,7 @@ c. Resume: the gateway killed (SIGKILL) mid-batch and started again: seconds fro
    process's start to its first line recorded done.
 
     .venv/bin/python benchmarks/batch_capacity.py [--lines 10000] [--chat-rate 8] [--chats 480] \
-        [--batch-share 0.75]
+        [--batch-share 0.75] [--rounds 2]
 
 Writes benchmarks/results/batch_capacity.{json,md}.
 """
@@ -38,12 +40,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 from openai import AsyncOpenAI
+from prometheus_client.parser import text_string_to_metric_families
 
 from tailguard.cli.experiment import free_port, spawned, stop_process
 from tailguard.gateway.config.classes import default_classes
@@ -134,17 +138,37 @@ def access_lines(log: Path, tag: str) -> dict[str, dict[str, Any]]:
     return out
 
 
+def metric(url: str, name: str, **labels: str) -> float:
+    """The sum of a /metrics sample's values over the series matching `labels`."""
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    total = 0.0
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+def counters(gw: str, sim: str) -> tuple[float, float, float]:
+    """Lines suspended so far; the engine's summed and counted queue time (every request's)."""
+    return (metric(gw, "tailguard_preemptions_total", **{"class": "batch"}),
+            metric(sim, "vllm:request_queue_time_seconds_sum"), metric(sim, "vllm:request_queue_time_seconds_count"))
+
+
 def pcts(values: list[float]) -> dict[str, float]:
     v = sorted(values)
     return {"p50": v[len(v) // 2], "p90": v[int(0.9 * (len(v) - 1))], "p99": v[int(0.99 * (len(v) - 1))], "max": v[-1]}
 
 
-async def measured(c: AsyncOpenAI, tag: str, n: int, rate: float, pids: tuple[int, int], log: Path) -> dict[str, Any]:
-    """One phase of chats, with each chat's time split by the gateway's access line."""
-    cpu0, t0 = [cpu_s(p) for p in pids], time.perf_counter()
+async def measured(c: AsyncOpenAI, tag: str, n: int, rate: float, pids: tuple[int, int], log: Path,
+                   urls: tuple[str, str]) -> dict[str, Any]:
+    """One phase of chats, with each chat's time split by the gateway's access line, and what the
+    gateway and the engine did meanwhile: CPU, lines suspended for chats, the engine's queue."""
+    cpu0, t0, n0 = [cpu_s(p) for p in pids], time.perf_counter(), counters(*urls)
     ttft = await chats(c, n, rate, tag)
     wall = time.perf_counter() - t0
     cpu = [(cpu_s(p) - c0) / wall for p, c0 in zip(pids, cpu0)]
+    suspended, queued_s, queued_n = (b - a for a, b in zip(n0, counters(*urls)))
     await asyncio.sleep(0.5)  # the access log is flushed in batches
     acc = access_lines(log, tag)
     ms = {rid: v * 1000 for rid, v in ttft.items()}
@@ -153,22 +177,22 @@ async def measured(c: AsyncOpenAI, tag: str, n: int, rate: float, pids: tuple[in
     delivery = [ms[r] - acc[r]["ttft_ms"] for r in ms if r in acc]
     return {"chats": n, "answered": len(ms), "ttft_ms": pcts(list(ms.values())), "queue_ms": pcts(queue),
             "slot_to_first_token_ms": pcts(engine), "gateway_to_client_ms": pcts(delivery),
-            "preempted_chats": sum(1 for r in ms if acc.get(r, {}).get("preemptions")),
+            "lines_suspended": suspended, "engine_queue_mean_ms": 1000 * queued_s / queued_n if queued_n else 0.0,
             "gateway_cpu_cores": cpu[0], "sim_cpu_cores": cpu[1], "load_1m": os.getloadavg()[0]}
 
 
 async def interference(tmp: Path, n: int, chats_n: int, rate: float, batch_share: float) -> dict[str, Any]:
-    async with stack(tmp, batch_share, access_log=True) as (_, gw, cfg, sim_pid):
+    async with stack(tmp, batch_share, access_log=True) as (sim, gw, cfg, sim_pid):
         async with spawned(["serve", "--config", str(cfg)], f"{gw}/health", tmp / "gw.log") as gw_proc:
             pids = (gw_proc.pid, sim_pid)
             async with AsyncOpenAI(base_url=f"{gw}/v1", api_key="k", max_retries=0) as c:
-                alone = await measured(c, "alone", chats_n, rate, pids, tmp / "gw.log")
+                alone = await measured(c, "alone", chats_n, rate, pids, tmp / "gw.log", (gw, sim))
                 batch_id = await submit(c, n)
                 while (await counts(c, batch_id))[1] < 50:  # the batch fills the engine first
                     await asyncio.sleep(0.5)
                 _, before = await counts(c, batch_id)
                 t0 = time.perf_counter()
-                with_batch = await measured(c, "with", chats_n, rate, pids, tmp / "gw.log")
+                with_batch = await measured(c, "with", chats_n, rate, pids, tmp / "gw.log", (gw, sim))
                 status, done = await counts(c, batch_id)
                 lines_per_s = (done - before) / (time.perf_counter() - t0)
                 if status != "completed":
@@ -241,10 +265,11 @@ def interference_rows(runs: list[dict[str, Any]]) -> str:
                         f"{m['ttft_ms']['p99']:.0f} | {m['queue_ms']['p50']:.1f} / {m['queue_ms']['p99']:.1f} | "
                         f"{m['slot_to_first_token_ms']['p50']:.1f} / {m['slot_to_first_token_ms']['p99']:.1f} | "
                         f"{m['gateway_to_client_ms']['p50']:.1f} / {m['gateway_to_client_ms']['p99']:.1f} | "
-                        f"{m['preempted_chats']} | {m['gateway_cpu_cores']:.2f} / {m['sim_cpu_cores']:.2f} | "
+                        f"{m['lines_suspended']:.0f} | {m['engine_queue_mean_ms']:.2f} | "
+                        f"{m['gateway_cpu_cores']:.2f} / {m['sim_cpu_cores']:.2f} | "
                         f"{m['load_1m']:.1f} |")
         rows.append(f"| {i['batch_share']} | **P99 with / alone: {i['ratio_p99']:.2f}x** (P50 {i['ratio_p50']:.2f}x) "
-                    "| | | | | | | | |")
+                    "| | | | | | | | | |")
     return "\n".join(rows)
 
 
@@ -290,8 +315,8 @@ ended). Times in wall ms, each cell P50 / P99 over the phase's chats.
 a. Chats (Poisson, {a.chat_rate}/s) alone, then while a {a.lines:,}-line batch runs. Target: P99 with the batch within
 1.1x of alone.
 
-| batch max_share | phase | chats | client TTFT | waiting for a slot | slot to first token (gateway) | gateway to client | chats preempted | CPU cores gateway / sim | load 1m |
-|---|---|---|---|---|---|---|---|---|---|
+| batch max_share | phase | chats | client TTFT | gateway: arrival to slot | slot to first token (gateway) | gateway to client | lines suspended | engine queue mean, simulated ms (all requests) | CPU cores gateway / sim | load 1m |
+|---|---|---|---|---|---|---|---|---|---|---|
 {interference_rows(res["a_interference"])}
 
 {ratio_lines(res["a_interference"])}
