@@ -3,7 +3,8 @@ real gateway in front of a real simulator, driven by the unmodified openai SDK: 
 count them and pace them (a line refused by them waits; it is not failed), its allowed models
 and classes fail the lines that break them (in the error file, the rest run), and its
 `batch_enqueued_tokens_limit` fails a batch that would hold more tokens than it allows, with the
-tokens of a batch that ended given back."""
+tokens of a batch that ended given back. A key removed from the config fails what is left of its
+batch."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
+from tailguard.batch.sqlite import SqliteJournal
 from tests.functional.batch_calls import MODEL, input_file, lines_of, submit, until_status
 from tests.functional.gateways import engine, gateway, sample, scrape
 
@@ -28,6 +30,7 @@ KEYS: dict[str, dict[str, Any]] = {
     "classy": {"name": "classy", "allowed_classes": ["interactive"]},
     # One request a minute keeps its second line waiting, so its batch stays in progress.
     "quota": {"name": "quota", "batch_enqueued_tokens_limit": 1000, "rpm_limit": 1},
+    "gone": {"name": "gone"},  # removed from the config halfway through its batch
 }
 
 
@@ -121,3 +124,26 @@ async def test_enqueued_tokens_are_limited_per_key_and_given_back_when_a_batch_e
             started = await until_status(quota, again.id, "in_progress", "failed")
         assert started.status == "in_progress", started
         await quota.batches.cancel(again.id)
+
+
+async def test_a_batch_whose_key_was_removed_fails_its_remaining_lines(tmp_path: Path) -> None:
+    async with owner_gateway(tmp_path) as gw, client(gw.url, "gone") as gone:
+        batch = await submit(gone, input_file(2000))  # far more than run before the gateway stops
+        async with asyncio.timeout(30):
+            while (b := await gone.batches.retrieve(batch.id)).request_counts is None \
+                    or b.request_counts.completed < 1:
+                await asyncio.sleep(0.02)
+    kept = {k: v for k, v in KEYS.items() if k != "gone"}
+    async with gateway(max_concurrency=16, engine_cfg=engine(max_num_seqs=16), auth={"api_keys": kept},
+                       batches={"dir": str(tmp_path), "poll_s": 0.2, "line_attempts": 1}):
+        journal = SqliteJournal(tmp_path / "journal.sqlite3")
+        await journal.open()
+        try:
+            async with asyncio.timeout(30):
+                while (rec := await journal.get_batch(batch.id)) is None or rec.status != "completed":
+                    await asyncio.sleep(0.05)
+            failed = [orjson.loads(r) for ok, r in await journal.results(batch.id) if not ok]
+        finally:
+            await journal.close()
+    assert rec.completed >= 1 and rec.failed >= 1 and rec.completed + rec.failed == 2000, rec
+    assert {f["response"]["body"]["error"]["code"] for f in failed} == {"invalid_api_key"}
