@@ -53,6 +53,11 @@ class Journal(Protocol):
 
     async def active_batches(self) -> list[str]: ...
 
+    async def enqueued_tokens(self, owner: str) -> int:
+        """The tokens `owner`'s batches in progress (or finalizing, or being cancelled) hold: what a
+        new batch of theirs is counted against; a batch that ended holds none."""
+        ...
+
     async def transition(self, batch_id: str, allowed: tuple[str, ...], status: str, at: int | None,
                          changes: Mapping[str, object] | None = None) -> BatchRecord | None:
         """Move the batch to `status` (its timestamp `<status>_at` set to `at` unless None, `changes` applied)
@@ -60,9 +65,10 @@ class Journal(Protocol):
         cancel, came first)."""
         ...
 
-    async def start(self, batch_id: str, lines: list[tuple[str, bytes]], at: int) -> bool:
-        """Record a validated batch's lines and move it from `validating` to `in_progress`, in one
-        transaction (a crash before leaves it `validating`, to be validated again)."""
+    async def start(self, batch_id: str, lines: list[tuple[str, bytes]], at: int, enqueued_tokens: int = 0) -> bool:
+        """Record a validated batch's lines (and the tokens they may use) and move it from
+        `validating` to `in_progress`, in one transaction (a crash before leaves it `validating`,
+        to be validated again)."""
         ...
 
     # --- lines ---
@@ -78,8 +84,9 @@ class Journal(Protocol):
         """Queue again every line `holder` is running (a gateway stopping on purpose)."""
         ...
 
-    async def again(self, line: Line, holder: str, not_before: float) -> None:
-        """Queue the line again for a retry at `not_before` (a transient failure)."""
+    async def again(self, line: Line, holder: str, not_before: float, attempted: bool = True) -> None:
+        """Queue the line again for a retry at `not_before` (a transient failure); not `attempted`
+        (its caller's own rate limit refused it before it ran), its claim's attempt is given back."""
         ...
 
     async def close_open(self, batch_id: str, code: str, message: str) -> int:

@@ -69,6 +69,11 @@ class BatchRecord:
     total: int = 0
     completed: int = 0
     failed: int = 0
+    # Not shown: the SHA-256 digest of the key that made it (its lines run as that key's requests;
+    # None for batches recorded before it was kept), and the tokens its lines may use, counted
+    # against the key's `batch_enqueued_tokens_limit` while it is active.
+    owner_key: str | None = None
+    enqueued_tokens: int = 0
 
     def to_openai(self) -> dict[str, Any]:
         body: dict[str, Any] = {

@@ -40,11 +40,14 @@ TRANSIENT = frozenset({408, 429, 500, 502, 503, 504})
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """What one line got: the status and body its client would have got, and the request's id."""
+    """What one line got: the status and body its client would have got, and the request's id.
+    `wait_s` is set when its owner's own rate limit refused it before it ran: it is run again
+    after that wait, and the refusal is not one of its attempts."""
 
     status: int
     body: bytes
     request_id: str
+    wait_s: float | None = None
 
 
 class Front(Protocol):
@@ -52,7 +55,13 @@ class Front(Protocol):
         """How many more lines may enter the front now."""
         ...
 
-    async def run(self, line: Line, endpoint: str) -> Answer: ...
+    async def run(self, line: Line, endpoint: str, owner_key: str | None) -> Answer:
+        """Run the line as a request of the key whose digest is `owner_key` (None: of no key)."""
+        ...
+
+    def enqueued_limit(self, owner_key: str | None) -> int | None:
+        """The key's `batch_enqueued_tokens_limit`; None when it has none."""
+        ...
 
 
 class Runner:
@@ -70,6 +79,7 @@ class Runner:
         self.lines_by_state: dict[str, int] = {}  # of the active batches, as of the last poll (a metric)
         self.batches_by_status: dict[str, int] = {}
         self.ended = 0  # lines this process recorded done or failed
+        self.validating = asyncio.Lock()  # one batch at a time: each counts the enqueued tokens of the others
         self._rate_samples: deque[tuple[float, int]] = deque(maxlen=_RATE_SAMPLES)
 
     def eta_s(self) -> float | None:
@@ -151,6 +161,7 @@ class BatchRun:
         self.r, self.id, self.wake = runner, batch_id, wake
         self.j = runner.journal
         self.lines: set[asyncio.Task[None]] = set()
+        self.paused_until = 0.0  # its owner's rate limit refused a line: no more lines before this
 
     async def run(self) -> None:
         rec = await self.j.get_batch(self.id)
@@ -167,18 +178,32 @@ class BatchRun:
             await self._finalize(rec)
 
     async def _validate(self, rec: BatchRecord) -> BatchRecord | None:
+        """Every line checked (on a thread: a 50,000-line file would hold the event loop), and the
+        tokens they may use counted against the key's enqueued limit (OpenAI's
+        `token_limit_exceeded`), before the lines are recorded and the batch starts."""
         now = int(time.time())
         try:
             data = await self.r.files.read(rec.input_file_id)
         except FileNotFoundError:  # deleted after the batch was made
-            return await self.j.transition(self.id, ("validating",), "failed", now, {"errors": [{
-                "code": "file_not_found", "message": f"The input file {rec.input_file_id} no longer exists.",
-                "param": "input_file_id", "line": None}]})
-        checked = check(data, rec.endpoint, self.r.cfg.max_lines)
+            return await self._fail(now, "file_not_found", f"The input file {rec.input_file_id} no longer exists.",
+                                    "input_file_id")
+        checked = await asyncio.to_thread(check, data, rec.endpoint, self.r.cfg.max_lines)
         if checked.errors:
             return await self.j.transition(self.id, ("validating",), "failed", now, {"errors": checked.errors})
-        await self.j.start(self.id, checked.lines, now)
+        async with self.r.validating:
+            limit = self.r.front.enqueued_limit(rec.owner_key)
+            held = await self.j.enqueued_tokens(rec.owner) if limit is not None else 0
+            if limit is not None and held + checked.tokens > limit:
+                return await self._fail(now, "token_limit_exceeded", (
+                    f"Enqueued token limit reached for this API key. Limit: {limit:,} enqueued tokens; this batch "
+                    f"needs {checked.tokens:,} and the key's batches in progress hold {held:,}. Please try again "
+                    "once some in_progress batches have been completed."), None)
+            await self.j.start(self.id, checked.lines, now, checked.tokens)
         return await self.j.get_batch(self.id)
+
+    async def _fail(self, now: int, code: str, message: str, param: str | None) -> BatchRecord | None:
+        return await self.j.transition(self.id, ("validating",), "failed", now, {"errors": [{
+            "code": code, "message": message, "param": param, "line": None}]})
 
     async def _step(self, rec: BatchRecord) -> BatchRecord | None:
         """Room in the front -> claimed lines started; then wait for a line's end, a wake or a tick."""
@@ -191,10 +216,10 @@ class BatchRun:
             return None
         # Add lines until `ahead` of them wait: lines that find a free slot start at once and leave
         # the queue short, so this goes on while slots are free and stops when they are not.
-        while (room := self.r.front.room()) > 0:
+        while now >= self.paused_until and (room := self.r.front.room()) > 0:
             claimed = await self.j.claim(self.id, room, self.r.holder, now, self.r.cfg.lease_s)
             for line in claimed:
-                task = asyncio.create_task(self._line(line, rec.endpoint))
+                task = asyncio.create_task(self._line(line, rec.endpoint, rec.owner_key))
                 self.lines.add(task)
                 task.add_done_callback(self.lines.discard)
             await asyncio.sleep(0)  # the new lines enter the front before the next look at its room
@@ -210,17 +235,20 @@ class BatchRun:
         # more than the lines it paces.
         return rec if await self.j.status(self.id) == rec.status else await self.j.get_batch(self.id)
 
-    async def _line(self, line: Line, endpoint: str) -> None:
+    async def _line(self, line: Line, endpoint: str, owner_key: str | None) -> None:
         """One attempt of one line, its result (or its retry) recorded before anything else."""
         self.r.sent += 1
         try:
-            answer = await self.r.front.run(line, endpoint)
+            answer = await self.r.front.run(line, endpoint, owner_key)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # the gateway's own failure: transient, like a 500
             log.exception("batch %s line %s failed in the gateway", self.id, line.custom_id)
             answer = Answer(500, orjson.dumps({"error": {"message": str(e), "type": "server_error"}}), "")
-        if answer.status in TRANSIENT and line.attempts < self.r.cfg.line_attempts:
+        if answer.wait_s is not None:  # paced by its owner's limits, as the owner's own requests are
+            self.paused_until = max(self.paused_until, time.time() + answer.wait_s)
+            await self.j.again(line, self.r.holder, self.paused_until, attempted=False)
+        elif answer.status in TRANSIENT and line.attempts < self.r.cfg.line_attempts:
             delay = retry_delay_s(line.attempts, self.r.cfg.retry_base_s)
             await self.j.again(line, self.r.holder, time.time() + delay)
         else:
@@ -259,12 +287,10 @@ class BatchRun:
             await self.j.close_open(self.id, "batch_cancelled", "This request was cancelled before it ran.")
             final = "cancelled"
         final = final or "completed"
-        out, err = bytearray(), bytearray()
-        for ok, result in await self.j.results(self.id):
-            (out if ok else err).extend(result + b"\n")
+        out, err = await asyncio.to_thread(_files_of, await self.j.results(self.id))  # 50,000 lines: off the loop
         now = int(time.time())
-        ids = {"output_file_id": await self._file(rec, bytes(out), now, "output") if out else None,
-               "error_file_id": await self._file(rec, bytes(err), now, "error") if err else None}
+        ids = {"output_file_id": await self._file(rec, out, now, "output") if out else None,
+               "error_file_id": await self._file(rec, err, now, "error") if err else None}
         ended = await self.j.transition(self.id, (rec.status,), final, now, ids)
         if ended is not None:
             done = await self.j.get_batch(self.id)
@@ -285,3 +311,10 @@ class BatchRun:
                                          now + int(self.r.cfg.file_retention_s)))
         return fid
 
+
+def _files_of(results: list[tuple[bool, bytes]]) -> tuple[bytes, bytes]:
+    """The output and error files' bytes: each line's recorded result, in order, to its file."""
+    out, err = bytearray(), bytearray()
+    for ok, result in results:
+        (out if ok else err).extend(result + b"\n")
+    return bytes(out), bytes(err)

@@ -24,6 +24,7 @@ from tailguard.batch.records import ACTIVE, DONE, FAILED, QUEUED, RUNNING, Batch
 T = TypeVar("T")
 
 _BATCH_COLUMNS = ("id", "owner", "created_at", "status")
+_ENQUEUED = ("in_progress", "finalizing", "cancelling")  # the statuses whose tokens count as enqueued
 
 
 class SqlJournal(abc.ABC):
@@ -170,6 +171,13 @@ class SqlJournal(abc.ABC):
             return [self._counted(_record(r)) for r in rows]
         return await self._run(listed)
 
+    async def enqueued_tokens(self, owner: str) -> int:
+        def held() -> int:
+            rows = self._x("SELECT doc FROM batches WHERE owner = ? AND status IN (?, ?, ?)",
+                           (owner, *_ENQUEUED)).fetchall()
+            return sum(int(orjson.loads(r[0]).get("enqueued_tokens", 0)) for r in rows)
+        return await self._run(held)
+
     async def active_batches(self) -> list[str]:
         marks = ", ".join("?" * len(ACTIVE))
         rows = await self._run(lambda: self._x(f"SELECT id FROM batches WHERE status IN ({marks}) ORDER BY created_at",
@@ -202,10 +210,10 @@ class SqlJournal(abc.ABC):
         """What a read inside a transaction adds to lock its row (PostgreSQL: FOR UPDATE)."""
         return ""
 
-    async def start(self, batch_id: str, lines: list[tuple[str, bytes]], at: int) -> bool:
+    async def start(self, batch_id: str, lines: list[tuple[str, bytes]], at: int, enqueued_tokens: int = 0) -> bool:
         def started() -> bool:
             with self._txn():
-                if self._move(batch_id, ("validating",), "in_progress", at, {}) is None:
+                if self._move(batch_id, ("validating",), "in_progress", at, {"enqueued_tokens": enqueued_tokens}) is None:
                     return False
                 self._x("DELETE FROM lines WHERE batch_id = ?", (batch_id,))
                 cur = self._db.cursor()
@@ -233,10 +241,10 @@ class SqlJournal(abc.ABC):
         await self._run(self._x, "UPDATE lines SET state = ?, holder = NULL WHERE holder = ? AND state = ?",
                         (QUEUED, holder, RUNNING))
 
-    async def again(self, line: Line, holder: str, not_before: float) -> None:
-        await self._run(self._x, "UPDATE lines SET state = ?, not_before = ?, holder = NULL WHERE batch_id = ? "
-                        "AND idx = ? AND state = ? AND holder = ?",
-                        (QUEUED, not_before, line.batch_id, line.idx, RUNNING, holder))
+    async def again(self, line: Line, holder: str, not_before: float, attempted: bool = True) -> None:
+        await self._run(self._x, "UPDATE lines SET state = ?, not_before = ?, holder = NULL, attempts = attempts - ? "
+                        "WHERE batch_id = ? AND idx = ? AND state = ? AND holder = ?",
+                        (QUEUED, not_before, 0 if attempted else 1, line.batch_id, line.idx, RUNNING, holder))
 
     async def close_open(self, batch_id: str, code: str, message: str) -> int:
         def closed() -> int:
@@ -286,7 +294,8 @@ def _after(sql: str, args: list[Any], table: str, after: str | None) -> tuple[st
 
 def _doc(rec: BatchRecord) -> str:
     rest = {k: getattr(rec, k) for k in ("endpoint", "input_file_id", "completion_window", "expires_at", "metadata",
-                                          "errors", "output_file_id", "error_file_id", "times")}
+                                          "errors", "output_file_id", "error_file_id", "times", "owner_key",
+                                          "enqueued_tokens")}
     return orjson.dumps(rest).decode()
 
 

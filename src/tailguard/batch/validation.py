@@ -3,6 +3,10 @@
 A line is OpenAI's `{"custom_id", "method": "POST", "url", "body"}`; its body is checked as the
 route itself would check it (`wire.openai.validate_body`). One bad line fails the whole batch,
 with `errors` naming each bad line (1-based, as OpenAI's `line`), so nothing is half-run.
+
+A valid file also says how many tokens its lines may use (each line's prompt estimate plus its
+`n` x `max_tokens`, as the front reserves for a request): what the batch holds against its key's
+`batch_enqueued_tokens_limit` while it runs.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ ENDPOINT_OF: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/complet
 
 @dataclass(frozen=True, slots=True)
 class Checked:
-    """The lines of a valid file (custom_id and body bytes, in order), or the errors of a bad one."""
+    """The lines of a valid file (custom_id and body bytes, in order) and the tokens they may use,
+    or the errors of a bad one."""
 
     lines: list[tuple[str, bytes]]
     errors: list[dict[str, Any]]
+    tokens: int = 0
 
 
 def check(data: bytes, url: str, max_lines: int) -> Checked:
@@ -41,9 +47,10 @@ def check(data: bytes, url: str, max_lines: int) -> Checked:
     lines: list[tuple[str, bytes]] = []
     errors: list[dict[str, Any]] = []
     seen: set[str] = set()
+    tokens = 0
     for n, raw in enumerate(raw_lines, start=1):
         try:
-            custom_id, body = _line(raw, url, endpoint, seen)
+            custom_id, body, need = _line(raw, url, endpoint, seen)
         except _LineError as e:
             errors.append(_error(e.code, e.message, n, e.param))
             if len(errors) >= _MOST_ERRORS:
@@ -51,7 +58,8 @@ def check(data: bytes, url: str, max_lines: int) -> Checked:
             continue
         seen.add(custom_id)
         lines.append((custom_id, body))
-    return Checked(lines if not errors else [], errors)
+        tokens += need
+    return Checked(lines, errors, tokens) if not errors else Checked([], errors)
 
 
 class _LineError(Exception):
@@ -60,7 +68,8 @@ class _LineError(Exception):
         self.code, self.message, self.param = code, message, param
 
 
-def _line(raw: bytes, url: str, endpoint: Endpoint, seen: set[str]) -> tuple[str, bytes]:
+def _line(raw: bytes, url: str, endpoint: Endpoint, seen: set[str]) -> tuple[str, bytes, int]:
+    """The line's custom_id, body and the tokens it may use, or the `_LineError` that names what is wrong."""
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -83,10 +92,10 @@ def _line(raw: bytes, url: str, endpoint: Endpoint, seen: set[str]) -> tuple[str
     if body.get("stream"):
         raise _LineError("invalid_request", "A batch line cannot ask for `stream`.", "body.stream")
     try:
-        validate_body(body, endpoint)
+        parsed = validate_body(body, endpoint)
     except APIError as e:
         raise _LineError(e.code or "invalid_request", str(e), f"body.{e.param}" if e.param else "body") from None
-    return custom_id, orjson.dumps(body)
+    return custom_id, orjson.dumps(body), parsed.prompt_tokens + parsed.n * (parsed.max_tokens or 0)
 
 
 def _error(code: str, message: str, line: int | None, param: str | None = None) -> dict[str, Any]:

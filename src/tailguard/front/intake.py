@@ -46,10 +46,17 @@ _NOT_RESUMABLE = ("tools", "functions", "tool_choice", "response_format", "guide
                   "best_of", "suffix")
 
 
+class KeyDigest(str):
+    """A key known only by its SHA-256 digest, looked up as it is: the key that made a batch,
+    recorded with the batch (never the key itself) so that its lines run as that key's requests."""
+
+
 def key_id(api_key: str) -> str:
     """How a key is found: its SHA-256 hex digest. Keys are held and looked up only by digest, so
     no comparison ever runs over a secret's bytes (where an early mismatch would time out sooner
     on a closer guess); the lookup's timing tells only about a digest, which cannot be inverted."""
+    if isinstance(api_key, KeyDigest):
+        return str(api_key)
     return hashlib.sha256(api_key.encode("utf-8", "surrogateescape")).hexdigest()
 
 

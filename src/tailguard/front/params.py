@@ -211,14 +211,16 @@ class FrontParams:
 class KeySpec:
     """What a client API key says about its requests: whose they are (`caller`), their class
     when neither header nor `service_tier` names one (`default_class`), the classes and models
-    it may use (None: any), and whether a class it may not use is lowered to its best allowed
-    one (`lower`) or refused."""
+    it may use (None: any), whether a class it may not use is lowered to its best allowed
+    one (`lower`) or refused, and how many tokens its batches in progress may hold together
+    (`batch_enqueued_tokens`, None: no limit)."""
 
     caller: str
     default_class: str | None = None
     allowed_classes: tuple[str, ...] | None = None
     lower: bool = False
     allowed_models: frozenset[str] | None = None
+    batch_enqueued_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,3 +55,27 @@ async def test_transitions_are_conditional(tmp_path: Path) -> None:
     assert await j.active_batches() == ["batch_1"]
     assert await j.start("batch_1", [], 7) is False
     await j.close()
+
+
+async def test_enqueued_tokens_are_those_of_the_owners_active_batches(tmp_path: Path) -> None:
+    j = SqliteJournal(tmp_path / "j.sqlite3")
+    await j.open()
+    for bid, owner in (("b1", "o"), ("b2", "o"), ("b3", "other")):
+        await j.add_batch(BatchRecord(bid, owner, "/v1/completions", "file-1", "24h", "validating", 0, 100))
+        assert await j.start(bid, [("c0", b"{}")], 1, enqueued_tokens=100)
+    assert await j.enqueued_tokens("o") == 200
+    await j.transition("b1", ("in_progress",), "cancelling", 2)
+    assert await j.enqueued_tokens("o") == 200  # until it is cancelled
+    await j.transition("b1", ("cancelling",), "cancelled", 3)
+    await j.transition("b2", ("in_progress",), "completed", 3)
+    assert await j.enqueued_tokens("o") == 0 and await j.enqueued_tokens("other") == 100
+    await j.close()
+
+
+async def test_a_line_refused_before_it_ran_gets_its_attempt_back(tmp_path: Path) -> None:
+    j = await journal_with(tmp_path, 1)
+    (a,) = await j.claim("batch_1", 1, "A", now=10.0, lease_s=5.0)
+    await j.again(a, "A", not_before=11.0, attempted=False)
+    (b,) = await j.claim("batch_1", 1, "A", now=11.0, lease_s=5.0)
+    assert (a.attempts, b.attempts) == (1, 1)
+    await j.close()

@@ -23,6 +23,14 @@ def test_a_valid_file_gives_its_lines_in_order() -> None:
     assert orjson.loads(got.lines[0][1])["max_tokens"] == 4
 
 
+def test_a_valid_file_counts_the_tokens_its_lines_may_use() -> None:
+    one = check(line("a") + b"\n", URL, 10).tokens
+    assert one > 4  # its prompt estimate and its max_tokens
+    n2 = line("b", body={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "n": 2})
+    assert check(b"\n".join([line("a"), n2]), URL, 10).tokens == 2 * one + 4  # each choice may use max_tokens
+    assert check(b"\n".join([line("a"), line("a")]), URL, 10).tokens == 0  # a bad file holds nothing
+
+
 def test_each_bad_line_is_named_and_no_line_is_kept() -> None:
     bad = [line("a"), line("a"), line("b", url="/v1/completions"), b"[1]", line("c", method="GET"),
            line("d", body={"model": "m", "messages": "no"}), line("e", body={"model": "m", "messages": [], "stream": True}),

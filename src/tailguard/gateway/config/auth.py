@@ -66,6 +66,12 @@ class ApiKeyConfig(_Model):
         default=None, ge=1,
         description="Requests of the caller queued or running at once; one more is 429 (LiteLLM's name).",
     )
+    batch_enqueued_tokens_limit: int | None = Field(
+        default=None, ge=1,
+        description="Tokens this key's batches in progress may hold together (each line's prompt estimate plus its "
+        "`n` x `max_tokens`), as OpenAI's enqueued-token limit: a batch that would pass it ends `failed` with "
+        "`token_limit_exceeded` and runs nothing; a batch that ends (completed, cancelled, expired) holds none.",
+    )
     weight: float = Field(
         default=1.0, gt=0,
         description="The caller's share under `scheduler.fair_share`: backlogged callers of one class are served "
@@ -79,7 +85,8 @@ class ApiKeyConfig(_Model):
         return KeySpec(caller=self.caller(key), default_class=self.default_class,
                        allowed_classes=tuple(self.allowed_classes) if self.allowed_classes is not None else None,
                        lower=self.on_disallowed_class == "lower",
-                       allowed_models=frozenset(self.allowed_models) if self.allowed_models is not None else None)
+                       allowed_models=frozenset(self.allowed_models) if self.allowed_models is not None else None,
+                       batch_enqueued_tokens=self.batch_enqueued_tokens_limit)
 
     def limits(self, key: str) -> CallerSpec:
         return CallerSpec(self.caller(key), self.rpm_limit, self.tpm_limit, self.max_parallel_requests, self.weight)

@@ -26,11 +26,13 @@ from tailguard.batch.records import ENDPOINTS, FINAL, BatchRecord, FileRecord, L
 from tailguard.batch.runner import Answer, Runner
 from tailguard.batch.sqlite import SqliteJournal
 from tailguard.batch.validation import ENDPOINT_OF
-from tailguard.errors import APIError, BadRequest, NotFound
-from tailguard.front.intake import CLASS_HEADER, bearer_key
+from tailguard.errors import APIError, BadRequest, NotFound, RateLimited
+from tailguard.front.intake import CLASS_HEADER, KeyDigest, bearer_key, key_id
+from tailguard.front.params import KeySpec
 from tailguard.gateway.config import BatchesConfig
 from tailguard.gateway.config.base import fingerprint
 from tailguard.gateway.dispatch import Dispatcher
+from tailguard.gateway.http.classes import Unauthorized
 from tailguard.gateway.http.proxy import Proxy
 from tailguard.gateway.ops.metrics import GatewayMetrics
 from tailguard.gateway.sink import ChunkQueue
@@ -42,7 +44,9 @@ _MAX_METADATA = 16
 
 
 class GatewayFront:
-    """The runner's `Front`: lines enter as the batch class while fewer than `ahead` wait in its queue."""
+    """The runner's `Front`: lines enter as the batch class while fewer than `ahead` wait in its
+    queue, each as a request of the key that made its batch (its classes, models, rate limits,
+    reservations and metering), known by the key's digest recorded with the batch."""
 
     def __init__(self, proxy: Callable[[], Proxy], dispatcher: Dispatcher, cls: str, ahead: int) -> None:
         self._proxy, self._dispatcher, self.cls, self.ahead = proxy, dispatcher, cls, ahead
@@ -53,12 +57,27 @@ class GatewayFront:
             return 0
         return max(0, self.ahead - front.queue_len(self.cls))
 
-    async def run(self, line: Line, endpoint: str) -> Answer:
+    def enqueued_limit(self, owner_key: str | None) -> int | None:
+        key = self._key(owner_key)
+        return key.batch_enqueued_tokens if key is not None else None
+
+    def _key(self, owner_key: str | None) -> KeySpec | None:
+        return None if owner_key is None else self._proxy().classes.intake.key(KeyDigest(owner_key))
+
+    async def run(self, line: Line, endpoint: str, owner_key: str | None) -> Answer:
+        proxy = self._proxy()
+        if owner_key is not None and proxy.classes.auth_required and self._key(owner_key) is None:
+            err = Unauthorized("The API key that created this batch is no longer accepted by the gateway.",
+                               code="invalid_api_key")
+            return Answer(err.status, error_body(err), line.custom_id)
         sink = ChunkQueue()
-        ending = await self._proxy().run(line.body, ENDPOINT_OF[endpoint], sink, {CLASS_HEADER: self.cls})
+        ending = await proxy.run(line.body, ENDPOINT_OF[endpoint], sink, {CLASS_HEADER: self.cls},
+                                 None if owner_key is None else KeyDigest(owner_key))
         rid = sink.headers.get("x-request-id", "") or line.custom_id
         if ending.passthrough is not None:
             return Answer(ending.passthrough.status, ending.passthrough.body, rid)
+        if isinstance(ending.error, RateLimited):  # the owner's own limit: paced, not an attempt
+            return Answer(ending.error.status, error_body(ending.error), rid, ending.error.retry_after_s or 1.0)
         if ending.error is not None:
             return Answer(ending.error.status, error_body(ending.error), rid)
         if not sink.started:
@@ -78,9 +97,13 @@ class Batches:
 
     def owner(self, request: web.Request) -> str:
         """Whose request it is: its key's fingerprint (after the gateway's own check), '' without a key."""
+        return self.owner_and_key(request)[0]
+
+    def owner_and_key(self, request: web.Request) -> tuple[str, str | None]:
+        """Its owner, and its key's SHA-256 digest (what a batch's lines run as), None without a key."""
         key = bearer_key(request.headers)
         self._authenticate(key)
-        return "" if key is None else fingerprint(key)
+        return ("", None) if key is None else (fingerprint(key), key_id(key))
 
     async def file_of(self, owner: str, file_id: str) -> FileRecord:
         f = await self.journal.get_file(file_id)
@@ -242,7 +265,7 @@ async def _delete_file(request: web.Request) -> web.Response:
 
 async def _create(request: web.Request) -> web.Response:
     svc = _service(request)
-    owner = svc.owner(request)
+    owner, owner_key = svc.owner_and_key(request)
     body = await _body(request)
     endpoint = body.get("endpoint")
     if endpoint not in ENDPOINTS:
@@ -257,7 +280,7 @@ async def _create(request: web.Request) -> web.Response:
         raise BadRequest(f"No batch input file with id {file_id!r}.", param="input_file_id", code="invalid_value")
     now = int(time.time())
     rec = BatchRecord(new_id("batch_"), owner, endpoint, file_id, body["completion_window"], "validating", now,
-                      now + window_s, metadata)
+                      now + window_s, metadata, owner_key=owner_key)
     await svc.journal.add_batch(rec)
     svc.runner.wake()
     return _json(rec.to_openai())
@@ -309,7 +332,7 @@ async def _retry(request: web.Request) -> web.Response:
     await svc.journal.add_file(FileRecord(fid, b.owner, "batch", f"{b.id}_retry.jsonl", size, now,
                                           now + int(svc.cfg.file_retention_s)))
     new = BatchRecord(new_id("batch_"), b.owner, b.endpoint, fid, window, "validating", now,
-                      now + window_s, {**(b.metadata or {}), "retry_of": b.id})
+                      now + window_s, {**(b.metadata or {}), "retry_of": b.id}, owner_key=b.owner_key)
     await svc.journal.add_batch(new)
     await svc.journal.transition(b.id, (b.status,), b.status, None, {"metadata": {**(b.metadata or {}),
                                                                                   "retried_as": new.id}})

@@ -129,12 +129,15 @@ class Proxy:
 
     async def run(
         self, body: bytes, endpoint: Endpoint, sink: Sink, headers: Mapping[str, str] | None = None,
+        api_key: str | None = None,
     ) -> Ending:
         """A request from inside the process (a batch runner, a hedge): the same way as an HTTP
-        one (classified, capped, queued, counted and logged once), its output into `sink`."""
+        one (classified, capped, queued, counted and logged once), its output into `sink`. With
+        `api_key` (the key that made a batch) it is that caller's request: its key's classes and
+        models, its rate limits and reservations, its metering."""
         t = self._arrived(endpoint)
         try:
-            return await self._serve(body, endpoint, headers or {}, None, sink, t)
+            return await self._serve(body, endpoint, headers or {}, api_key, sink, t)
         except APIError as err:
             t.refused(err)
             return Ending(t.outcome, err.status, err.code, error=err)
