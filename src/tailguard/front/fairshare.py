@@ -31,8 +31,9 @@ class VirtualCounters:
     """Per-caller virtual token counters with weights (see the module docstring)."""
 
     def __init__(self, weights: Mapping[str, float] | None = None, input_price: float = 1.0,
-                 output_price: float = 2.0) -> None:
+                 output_price: float = 2.0, credit: float = 0.0) -> None:
         self.weights = dict(weights or {})
+        self.credit = credit
         self.input_price, self.output_price = input_price, output_price
         self.counters: dict[str, float] = {}
         self._charged: dict[str, tuple[str, int, float]] = {}  # request -> (caller, prompt, charged)
@@ -44,19 +45,23 @@ class VirtualCounters:
         """`caller` has requests waiting again, after none: lift it to the least counter of the
         callers in `backlogged` (the others with requests waiting)."""
         floor = min((self.counters.get(c, 0.0) for c in backlogged if c != caller), default=None)
-        if floor is not None and floor > self.counters.get(caller, 0.0):
-            self.counters[caller] = floor
+        if floor is not None and floor - self.credit > self.counters.get(caller, 0.0):
+            self.counters[caller] = floor - self.credit
 
     def least(self, callers: Iterable[str]) -> list[str]:
         """`callers` in the order they should be served: least counter first, ties by name."""
         return sorted(callers, key=lambda c: (self.counters.get(c, 0.0), c))
+
+    def cost(self, caller: str, prompt_tokens: int, output_tokens: int) -> float:
+        """What serving that many tokens adds to `caller`'s counter."""
+        return (prompt_tokens * self.input_price + output_tokens * self.output_price) / self._weight(caller)
 
     def dispatched(self, req_id: str, caller: str, prompt_tokens: int, output_tokens: int) -> None:
         """Request `req_id` of `caller` got a slot: charge what it is expected to cost. Once per
         request (a resumed or retried run is the same request)."""
         if req_id in self._charged:
             return
-        cost = (prompt_tokens * self.input_price + output_tokens * self.output_price) / self._weight(caller)
+        cost = self.cost(caller, prompt_tokens, output_tokens)
         self.counters[caller] = self.counters.get(caller, 0.0) + cost
         self._charged[req_id] = (caller, prompt_tokens, cost)
 
