@@ -71,11 +71,12 @@ def engine_cfg(slots: int) -> EngineConfig:
     return EngineConfig.from_preset("h100-llama8b", max_num_seqs=slots, max_model_len=4096, kv_cache_tokens=262144)
 
 
-def summary(ttft: dict[str, list[float]], seconds: float, suspended: int) -> dict[str, Any]:
+def summary(ttft: dict[str, list[float]], seconds: float, suspended: int, last_end: float) -> dict[str, Any]:
+    """`last_end`: when the last request ended (engine seconds), what suspensions cost in all."""
     good = [v for c in CALLERS for v in ttft.get(c, [])]
     return {"well_behaved_ttft_p50_s": pct(good, 0.5), "well_behaved_ttft_p99_s": pct(good, 0.99),
             "well_behaved_served": len(good), "flood_served_per_s": len(ttft.get(FLOOD, [])) / seconds,
-            "suspended": suspended}
+            "suspended": suspended, "last_end_s": last_end}
 
 
 def des(args: argparse.Namespace, flood: bool, settings: dict[str, Any]) -> dict[str, Any]:
@@ -90,11 +91,32 @@ def des(args: argparse.Namespace, flood: bool, settings: dict[str, Any]) -> dict
     for tl in timelines:
         if tl.ttft_s is not None and tl.arrived_at >= args.seconds * 0.1:  # past the warm-up
             ttft.setdefault(tl.id.split("-")[0], []).append(tl.ttft_s)
-    return summary(ttft, args.seconds * 0.9, sum(tl.suspensions for tl in timelines))
+    return summary(ttft, args.seconds * 0.9, sum(tl.suspensions for tl in timelines),
+                   max(tl.finished_at or 0.0 for tl in timelines))
+
+
+def two_clients(settings: dict[str, Any]) -> float:
+    """VTC's two-client case (the artifact's): client a at 1.5 requests a second, b at 3, both
+    backlogged on an engine that serves about 2 (4 sequences, 256 + 256 tokens each) for 300 s;
+    the ratio of service (prompt + 2 x output tokens) given to b and to a, between 30 s and 270 s."""
+    front = Front(FrontParams(
+        classes=[ClassSpec(name="interactive", max_queue_len=100_000, max_queue_wait_s=WAIT_S, preemptible=True)],
+        backends=[BackendSpec("engine", max_concurrency=4, continues=True)],
+        queue=QueueParams(**settings), callers=[CallerSpec("a"), CallerSpec("b")]))
+    arrivals = sorted([Arrival(f"a-{i}", at=i / 1.5, prompt_tokens=256, max_tokens=256, caller="a") for i in range(450)]
+                      + [Arrival(f"b-{i}", at=i / 3.0, prompt_tokens=256, max_tokens=256, caller="b") for i in range(900)],
+                      key=lambda a: a.at)
+    cfg = EngineConfig.from_preset("h100-llama8b", max_num_seqs=4, max_model_len=4096, kv_cache_tokens=65536)
+    served = {"a": 0, "b": 0}
+    for tl in run(Engine(cfg), arrivals, VirtualClock(), front):
+        if tl.finished_at is not None and 30.0 <= tl.finished_at <= 270.0:
+            served[tl.id[0]] += tl.prompt_tokens + 2 * tl.output_tokens
+    return served["b"] / served["a"]
 
 
 async def one(s: aiohttp.ClientSession, url: str, caller: str, due: float, t0: float, scale: float,
-              ttft: dict[str, list[float]]) -> None:
+              ttft: dict[str, list[float]], warm: float) -> None:
+    """One chat sent at `due`; its TTFT kept if it was sent past the warm-up (`warm`)."""
     await asyncio.sleep(max(0.0, t0 + due * scale - time.monotonic()))
     body = {"model": "m", "messages": [{"role": "user", "content": "x " * (PROMPT - 8)}], "max_tokens": OUTPUT,
             "stream": True}
@@ -106,7 +128,8 @@ async def one(s: aiohttp.ClientSession, url: str, caller: str, due: float, t0: f
         async for chunk in r.content.iter_any():
             for ev in dec.feed(chunk):
                 if b'"content":"' in ev.data and b'"content":""' not in ev.data:
-                    ttft.setdefault(caller, []).append((time.monotonic() - t0) / scale - due)
+                    if due >= warm:
+                        ttft.setdefault(caller, []).append((time.monotonic() - t0) / scale - due)
                     await r.read()
                     return
 
@@ -133,13 +156,14 @@ async def http(args: argparse.Namespace, flood: bool, settings: dict[str, Any]) 
             conn = aiohttp.TCPConnector(limit=0)
             async with aiohttp.ClientSession(connector=conn) as s:
                 t0 = time.monotonic()
-                await asyncio.gather(*(one(s, url, c, t, t0, scale, ttft)
+                await asyncio.gather(*(one(s, url, c, t, t0, scale, ttft, seconds * 0.1)
                                        for t, c in load(seconds, args.rate, flood, args.seed)
                                        if t >= 0))
+                last_end = (time.monotonic() - t0) / scale
                 suspended = await preemptions(s, f"http://127.0.0.1:{port}/metrics")
         finally:
             await runner.cleanup()
-    return summary(ttft, seconds, suspended)
+    return summary(ttft, seconds * 0.9, suspended, last_end)
 
 
 async def preemptions(s: aiohttp.ClientSession, url: str) -> int:
@@ -165,6 +189,9 @@ def main() -> None:
     for label, flood, settings in RUNS:
         runs[f"des: {label}"] = des(args, flood, settings)
         print(f"des: {label}", json.dumps(runs[f"des: {label}"]), flush=True)
+    for label, settings in (("ranked-sjf", {}), ("fair_share as VTC", VTC), ("fair_share", {"fair_share": True})):
+        runs[f"des: two clients, {label}"] = {"service_ratio": two_clients(settings)}
+        print(f"des: two clients, {label}", json.dumps(runs[f"des: two clients, {label}"]), flush=True)
     if args.http_seconds > 0:
         for label, flood, settings in RUNS:
             runs[f"http: {label}"] = asyncio.run(http(args, flood, settings))
@@ -184,13 +211,20 @@ def write(args: argparse.Namespace, runs: dict[str, Any]) -> None:
              "one preemptible class. `fair_share as VTC`: `fair_credit: 0`, `fair_preempt_gap: null`; "
              "`fair_share`: its defaults.\n",
              "| run | well-behaved TTFT P50 (s) | P99 (s) | P99 / solo | well-behaved served | flood served / s "
-             "| suspended |",
-             "|---|---|---|---|---|---|---|"]
+             "| suspended | last request ended (s) |",
+             "|---|---|---|---|---|---|---|---|"]
+    ratios = [(name, r["service_ratio"]) for name, r in runs.items() if "service_ratio" in r]
     for name, r in runs.items():
+        if "service_ratio" in r:
+            continue
         solo = runs[name.split(":")[0] + ": solo"]["well_behaved_ttft_p99_s"]
         lines.append(f"| {name} | {r['well_behaved_ttft_p50_s']:.3f} | {r['well_behaved_ttft_p99_s']:.3f} | "
                      f"{r['well_behaved_ttft_p99_s'] / solo:.2f}x | {r['well_behaved_served']} | "
-                     f"{r['flood_served_per_s']:.2f} | {r['suspended']} |")
+                     f"{r['flood_served_per_s']:.2f} | {r['suspended']} | {r['last_end_s']:.1f} |")
+    lines += ["", "VTC's two-client case (the artifact's: a at 1.5 requests/s, b at 3, both backlogged on an engine "
+              "serving about 2; 256 + 256 tokens each): service given to b over that given to a (1: fair).", "",
+              "| run | service ratio b / a |", "|---|---|"]
+    lines += [f"| {name} | {ratio:.2f} |" for name, ratio in ratios]
     (RESULTS / "fair_share.md").write_text("\n".join(lines) + "\n")
 
 if __name__ == "__main__":

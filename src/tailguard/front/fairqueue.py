@@ -23,7 +23,11 @@ class FairShareScheduler(RankedSjfScheduler):
     `min_share` guarantees decide as in `ranked-sjf`, then, within the chosen rank, the callers
     with requests waiting are tried from the least virtual counter up, and the shortest-job /
     aging rule picks among that caller's own requests. A request is charged its expected cost as
-    it is first dispatched and corrected to its real use as it leaves (`settled`).
+    it is first dispatched and corrected to its real use as it leaves (`settled`): VTC charges
+    output as it is generated, which a gateway sees only for streams; charged at the start, a
+    flood's running requests count against it at once (on the DES of `benchmarks/fair_share.py`,
+    charging the output only at the end instead made no real difference). When no slot is free,
+    `displaceable` says whose running requests the front may suspend for a caller below its share.
 
         s = FairShareScheduler(QueueParams(fair_share=True), classes, weights={"team-a": 2.0})
     """
@@ -95,9 +99,7 @@ class FairShareScheduler(RankedSjfScheduler):
 
     def inherit(self, old: BaseScheduler) -> None:
         if isinstance(old, FairShareScheduler):
-            weights = self.vtc.weights
-            self.vtc = old.vtc
-            self.vtc.reweigh(weights)
+            self.vtc.keep(old.vtc)
             for req_id, caller in old._owner.items():
                 self._owner.setdefault(req_id, caller)
 

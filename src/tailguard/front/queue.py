@@ -3,7 +3,7 @@
 `tailguard.front.front.Front` owns one and drives it; the gateway and the discrete-event run
 drive the front, passing `now` in, so a policy is evaluated on a million requests without a socket.
 
-Policies, by name in `SCHEDULERS`:
+Policies, by name in `front.schedulers.SCHEDULERS`:
 - `fcfs`: arrival order across all classes (the baseline the benefit is measured against).
 - `ranked-sjf`: priority between class ranks; within a rank, shortest estimated job first (across
   a real size gap, `sjf_size_ratio`), except that a request which has waited `aging_s` is overtaken

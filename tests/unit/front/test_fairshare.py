@@ -17,7 +17,7 @@ from tailguard.front.front import Front
 from tailguard.front.params import BackendSpec, CallerSpec, ClassSpec, FrontParams, QueueParams
 from tailguard.front.fairqueue import FairShareScheduler
 from tailguard.front.queue import Pending, RankedSjfScheduler
-from tailguard.front.schedulers import make_scheduler
+from tailguard.front.schedulers import carry_over, make_scheduler
 from tailguard.front.tracked import State
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.des import Arrival, run
@@ -303,3 +303,14 @@ def test_on_the_simulator_a_flood_is_suspended_at_most_once_per_arrival_of_the_o
     assert all(tl.outcome is Outcome.SUCCESS for tl in timelines)
     assert all(tl.suspensions == 0 for tl in others)
     assert 0 < suspended <= len(others)
+
+
+def test_a_reload_keeps_the_counters_and_applies_the_new_weights_and_credit() -> None:
+    old = FairShareScheduler(FAIR, CLASSES)
+    old.push(pending("a0", "a", 100, 100), 0.0)
+    old.pop(0.0)  # a at 300, a0 running
+    new = carry_over(old, replace(FAIR, fair_credit=1000.0), CLASSES, {"b": 2.0})
+    assert isinstance(new, FairShareScheduler) and new.vtc.counter("a") == 300
+    new.settled("a0", 150)  # charged 300 by the old one, corrected by the new: 100 + 2 x 50
+    assert new.vtc.counter("a") == 200
+    assert new.vtc.credit == 1000.0 and new.vtc.weights == {"b": 2.0}
