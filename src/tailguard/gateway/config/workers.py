@@ -1,8 +1,8 @@
 """One worker's share of a config when `tailguard serve --workers N` runs N gateway processes on
 one port (pure: no I/O).
 
-Until the workers share their slots and limits (one ledger that every process reads and writes),
-each holds its own, so every cap that bounds something the workers share is divided by N: a
+Without `state.url` (one ledger in Redis that every process reads and writes) each worker holds
+its own slots and limits, so every cap that bounds something the workers share is divided by N: a
 backend's slots (so the engine never gets more than `max_concurrency` requests at once), a
 caller's rate and token limits (the kernel spreads a caller's connections over the workers about
 evenly), a class's queue, the connection cap and the queued-body budget (one host's memory).
