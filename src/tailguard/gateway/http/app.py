@@ -130,6 +130,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     app[PROBES].start()
     shared = app[PROXY].shared = _shared_limits(cfg, metrics)
     leases = None if shared is None else _slot_leases(app[LIVE], shared, dispatcher)
+    if shared is not None:
+        from tailguard.gateway.shared.usage import SharedUsage
+        meter.shared = SharedUsage(shared.link)
     try:
         yield
     finally:
@@ -137,6 +140,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         if shared is not None:
             if leases is not None:
                 await leases.close()
+            await meter.flush()  # the last rows added into Redis while the link is open
             await shared.close()
             await shared.link.close()
         await app[PROBES].stop()
@@ -165,7 +169,7 @@ def _shared_limits(cfg: GatewayConfig, metrics: GatewayMetrics) -> SharedLimits 
         shared.follow_link()
 
     shared = SharedLimits(Link(cfg.state, changed), cfg.auth.callers())
-    shared.link.start()
+    shared.start()
     return shared
 
 
@@ -273,8 +277,9 @@ async def _admin_usage(request: web.Request) -> web.Response:
     _admin_only(request)
     since, until = adm.query_float(request, "since"), adm.query_float(request, "until")
     caller = request.query.get("caller")
-    rows = await request.app[METER].usage(since, until, caller[:64] if caller is not None else None)
-    return web.Response(body=orjson.dumps({"object": "list", "data": rows}), content_type="application/json")
+    rows, scope = await request.app[METER].usage(since, until, caller[:64] if caller is not None else None)
+    return web.Response(body=orjson.dumps({"object": "list", "data": rows, "scope": scope}),
+                        content_type="application/json")
 
 
 async def _admin_reload(request: web.Request) -> web.Response:
