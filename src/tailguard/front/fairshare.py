@@ -6,15 +6,18 @@ Each caller's counter grows by the service it is given, divided by its weight: p
 `input_price`, generated tokens at `output_price` (VTC's defaults: 1 and 2). Among callers with
 requests waiting, the one with the least counter goes next, so backlogged callers are served in
 proportion to their weights. A caller that comes back from idle is lifted to the least counter
-of those still waiting, so it can neither bank its idle time nor be starved for it.
+of those still waiting less a `credit` (VTC's lift has none), so it cannot be starved for its idle
+time and banks at most `credit` of it: enough that a caller under its share gets a Poisson burst
+through ahead of one that floods (which is backlogged, so never lifted), rather than an equal
+share of the slots during each burst (`benchmarks/fair_share.py`).
 
 A gateway learns what a request generated only as it ends, so a dispatch charges what it is
 expected to cost (its prompt and its capped output limit) and its end corrects that to what it
 really used, the prediction-then-correction variant the VTC paper describes for systems that
 do not see each token.
 
-    vtc = VirtualCounters(weights={"team-a": 2.0})
-    vtc.arrived("team-a", backlogged=["team-b"])    # lifted to team-b's counter if it was idle
+    vtc = VirtualCounters(weights={"team-a": 2.0}, credit=8192)
+    vtc.arrived("team-a", backlogged=["team-b"])    # lifted to team-b's counter - 8192 if below
     vtc.dispatched("r1", "team-a", prompt_tokens=300, output_tokens=200)
     vtc.ended("r1", used_tokens=410)                # 300 prompt + 110 generated, not 200
     order = vtc.least(["team-a", "team-b"])         # who goes next
@@ -31,8 +34,9 @@ class VirtualCounters:
     """Per-caller virtual token counters with weights (see the module docstring)."""
 
     def __init__(self, weights: Mapping[str, float] | None = None, input_price: float = 1.0,
-                 output_price: float = 2.0) -> None:
+                 output_price: float = 2.0, credit: float = 0.0) -> None:
         self.weights = dict(weights or {})
+        self.credit = credit
         self.input_price, self.output_price = input_price, output_price
         self.counters: dict[str, float] = {}
         self._charged: dict[str, tuple[str, int, float]] = {}  # request -> (caller, prompt, charged)
@@ -42,21 +46,25 @@ class VirtualCounters:
 
     def arrived(self, caller: str, backlogged: Iterable[str]) -> None:
         """`caller` has requests waiting again, after none: lift it to the least counter of the
-        callers in `backlogged` (the others with requests waiting)."""
+        callers in `backlogged` (the others with requests waiting), less the credit."""
         floor = min((self.counters.get(c, 0.0) for c in backlogged if c != caller), default=None)
-        if floor is not None and floor > self.counters.get(caller, 0.0):
-            self.counters[caller] = floor
+        if floor is not None and floor - self.credit > self.counters.get(caller, 0.0):
+            self.counters[caller] = floor - self.credit
 
     def least(self, callers: Iterable[str]) -> list[str]:
         """`callers` in the order they should be served: least counter first, ties by name."""
         return sorted(callers, key=lambda c: (self.counters.get(c, 0.0), c))
+
+    def cost(self, caller: str, prompt_tokens: int, output_tokens: int) -> float:
+        """What serving that many tokens adds to `caller`'s counter."""
+        return (prompt_tokens * self.input_price + output_tokens * self.output_price) / self._weight(caller)
 
     def dispatched(self, req_id: str, caller: str, prompt_tokens: int, output_tokens: int) -> None:
         """Request `req_id` of `caller` got a slot: charge what it is expected to cost. Once per
         request (a resumed or retried run is the same request)."""
         if req_id in self._charged:
             return
-        cost = (prompt_tokens * self.input_price + output_tokens * self.output_price) / self._weight(caller)
+        cost = self.cost(caller, prompt_tokens, output_tokens)
         self.counters[caller] = self.counters.get(caller, 0.0) + cost
         self._charged[req_id] = (caller, prompt_tokens, cost)
 
@@ -73,9 +81,11 @@ class VirtualCounters:
                     + max(0, used_tokens - prompt) * self.output_price) / self._weight(caller)
         self.counters[caller] = self.counters.get(caller, 0.0) + real - cost
 
-    def reweigh(self, weights: Mapping[str, float]) -> None:
-        """A reload: new weights apply to what is charged from now; counters are kept."""
-        self.weights = dict(weights)
+    def keep(self, old: VirtualCounters) -> None:
+        """A reload: `old`'s counters and what each request in flight was charged carry over;
+        this one's weights, prices and credit apply to what is charged from now."""
+        self.counters = old.counters
+        self._charged = old._charged
 
     def _weight(self, caller: str) -> float:
         return self.weights.get(caller, 1.0)

@@ -35,10 +35,11 @@ from tailguard.front.hedging import Hedger
 from tailguard.front.limits import CallerLimits, Standing
 from tailguard.front.params import FrontParams
 from tailguard.front.preemption import Candidate, PreemptionPolicy
-from tailguard.front.queue import Pending, carry_over, make_scheduler
+from tailguard.front.queue import Pending
 from tailguard.front.recovery import Recovery
 from tailguard.front.retry import retry_budget
 from tailguard.front.router import NO_ROUTE, Route, Router
+from tailguard.front.schedulers import carry_over, make_scheduler
 from tailguard.front.slots import BackendPool, BackendState
 from tailguard.front.tracked import BackendView, State, Tracked
 from tailguard.types import Outcome, RejectReason
@@ -492,11 +493,16 @@ class Front(Recovery):
         wanted = self._reqs[head.id]
         if self._choose(wanted, now) is not None:
             return False
-        # Only a lower priority can be suspended: when the head is itself of the lowest rank
-        # running (a batch job waiting behind batch jobs, the common case) nothing is built.
+        # A lower priority can be suspended; so can a request of the head's own rank whose caller
+        # is over its fair share (`queue.displaceable`), for a head that has not run yet (so each
+        # arrival suspends at most one: it is bound at once). When the head is of the lowest rank
+        # running and nobody is over their share (the common case) nothing is built.
         rank = head.rank
         cands = [r for r in self._candidates.values()
-                 if r.pending.rank > rank and r.suspendable and slots[r.backend].cfg.continues]
+                 if r.pending.rank >= rank and r.suspendable and slots[r.backend].cfg.continues]
+        peers = [r.pending.id for r in cands if r.pending.rank == rank]
+        displaced = queue.displaceable(head, peers) if peers and wanted.attempts == 0 else set()
+        cands = [r for r in cands if r.pending.rank > rank or r.pending.id in displaced]
         if not cands:
             return False
 
@@ -506,12 +512,12 @@ class Front(Recovery):
 
         def fits(c: Candidate) -> bool:
             return (c.backend in allowed and slots.fits_after_release(c.backend, head.cls, c.cls)
-                    and not queue.guaranteed(c.cls))
+                    and (c.cls == head.cls or not queue.guaranteed(c.cls)))
 
         victim = policy.victim(head, (
             Candidate(r.pending.id, r.pending.cls, r.pending.rank, r.backend,
                       (r.max_tokens if r.max_tokens is not None else 1 << 30) - r.generated,
-                      r.preemptions, r.bound_at)
+                      r.preemptions, r.bound_at, displaced=r.pending.id in displaced)
             for r in cands
         ), now, fits)
         if victim is None:

@@ -54,6 +54,12 @@ class QueueParams:
     fair_share: bool = False  # callers share each rank by tokens served (`front.fairshare`, VTC)
     fair_input_price: float = 1.0  # a prompt token's weight in a caller's virtual counter
     fair_output_price: float = 2.0  # a generated token's (VTC's default prices)
+    # How far below the least backlogged counter a caller back from idle may start (VTC: 0), so a
+    # caller under its share gets its bursts through ahead of one that floods.
+    fair_credit: float = 8192.0
+    # A waiting caller this far below a running request's caller, once charged for its own request,
+    # suspends that request (in a preemptible class; None: never). `front.fairqueue`.
+    fair_preempt_gap: float | None = 0.0
 
 
 @dataclass(frozen=True, slots=True)

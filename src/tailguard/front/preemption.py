@@ -30,6 +30,9 @@ class Candidate:
     remaining_tokens: int  # output tokens still to generate (max_tokens - generated so far)
     preemptions: int  # times it was suspended already
     running_since: float  # when its current run started (bound to a slot)
+    # Of the waiting request's own rank, its caller over its fair share (`front.fairqueue`): it
+    # qualifies though not of a lower priority, after every candidate that is.
+    displaced: bool = False
 
 
 @dataclass(slots=True, frozen=True)
@@ -37,12 +40,14 @@ class PreemptionPolicy:
     """Pick the victim for a waiting request, or none.
 
     A candidate qualifies when it is of a strictly lower priority (higher rank) than the waiting
-    request, has been suspended fewer than `max_preemptions` times, has run for at least
-    `min_run_s` since it last started, has work left, and `fits` says that freeing its slot lets
-    the waiting request in (its backend is healthy and the class shares allow it). Among those, the
-    one with the most remaining work goes: it would hold its slot longest, and it is the one whose
-    suspension delays its own completion least in relative terms. Ties: the most recently started
-    (least progress lost to the re-prefill), then the id, so the choice is deterministic.
+    request, or of the same rank and `displaced` (its caller is over its fair share), has been
+    suspended fewer than `max_preemptions` times, has run for at least `min_run_s` since it last
+    started, has work left, and `fits` says that freeing its slot lets the waiting request in (its
+    backend is healthy and the class shares allow it). A lower priority goes before a displaced
+    one; among those, the one with the most remaining work goes: it would hold its slot longest,
+    and it is the one whose suspension delays its own completion least in relative terms. Ties:
+    the most recently started (least progress lost to the re-prefill), then the id, so the choice
+    is deterministic.
     """
 
     max_preemptions: int = 16
@@ -62,16 +67,20 @@ class PreemptionPolicy:
         best: Candidate | None = None
         for c in running:
             if (
-                c.rank <= waiting.rank
+                c.rank < waiting.rank
+                or (c.rank == waiting.rank and not c.displaced)
                 or c.preemptions >= self.max_preemptions
                 or now - c.running_since < self.min_run_s
                 or c.remaining_tokens <= 0
             ):
                 continue
-            if best is not None and (c.remaining_tokens, c.running_since, c.id) <= (
-                best.remaining_tokens, best.running_since, best.id
-            ):
+            if best is not None and _preference(c) <= _preference(best):
                 continue
             if fits(c):
                 best = c
         return best
+
+
+def _preference(c: Candidate) -> tuple[bool, int, float, str]:
+    """The larger, the likelier a victim (`PreemptionPolicy.victim`'s order)."""
+    return (not c.displaced, c.remaining_tokens, c.running_since, c.id)

@@ -3,14 +3,14 @@
 `tailguard.front.front.Front` owns one and drives it; the gateway and the discrete-event run
 drive the front, passing `now` in, so a policy is evaluated on a million requests without a socket.
 
-Policies, by name in `SCHEDULERS`:
+Policies, by name in `front.schedulers.SCHEDULERS`:
 - `fcfs`: arrival order across all classes (the baseline the benefit is measured against).
 - `ranked-sjf`: priority between class ranks; within a rank, shortest estimated job first (across
   a real size gap, `sjf_size_ratio`), except that a request which has waited `aging_s` is overtaken
   by no younger request of its rank. A class below its `min_share` of the slots in use goes before
   higher ranks, so a stream of interactive work cannot starve batch work for ever.
-  With `fair_share` (`FairShareScheduler`): within a rank, the caller with the least virtual
-  token counter goes first (`front.fairshare`, VTC), and the rule above picks among its requests.
+  With `fair_share`, `front.fairqueue.FairShareScheduler` splits each rank between callers
+  (VTC) and keeps this rule among each caller's own requests.
 
 Both keep per-class queues bounded (`max_queue_len`), refuse a request whose expected wait exceeds
 its bound, and drop requests that waited past it. How many requests are ahead is the policy's
@@ -25,13 +25,11 @@ from __future__ import annotations
 import abc
 import heapq
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from tailguard.errors import ConfigError
 from tailguard.front.admission import Admission
-from tailguard.front.fairshare import ANONYMOUS, VirtualCounters
 from tailguard.front.params import ClassSpec, QueueParams
 from tailguard.types import Outcome, RejectReason
 
@@ -161,11 +159,29 @@ class BaseScheduler(abc.ABC):
 
     def settled(self, req_id: str, used_tokens: int) -> None:
         """Request `req_id` left the front having used `used_tokens` (0: none was generated):
-        what fair sharing charges (`FairShareScheduler`); the other policies ignore it."""
+        what fair sharing charges (`front.fairqueue`); the other policies ignore it."""
+
+    def displaceable(self, waiting: Pending, running: Iterable[str]) -> set[str]:
+        """Of the `running` requests (of `waiting`'s own rank), those whose slot `waiting` may take
+        (fair-share preemption, `front.fairqueue`); none, for the other policies."""
+        return set()
 
     def inherit(self, old: BaseScheduler) -> None:
         """A live reconfiguration: take over what `old` knew beyond its queue (fair-share
         counters); nothing for the policies without such state."""
+
+    def take_over(self, old: BaseScheduler) -> None:
+        """A live reconfiguration (`front.schedulers.carry_over`): this new, empty scheduler takes
+        `old`'s admission measurements, running counts, queued requests (in arrival order, each
+        with its class's new rank, no admission check) and whatever `inherit` adds."""
+        self.admission = old.admission.carry_over(self._cfg)
+        self.inherit(old)
+        for cls in self._running_by_class:
+            self._running_by_class[cls] = old._running_by_class.get(cls, 0)
+        self._running_total = old._running_total
+        for entry in sorted(old._entries.values(), key=lambda e: (e.req.arrived_at, e.seq)):
+            req = replace(entry.req, rank=self._queues[entry.req.cls].cfg.rank)
+            self._add(req, self._queue_of(req), entry.predicted)
 
     def on_finish(self, running_cls: str | None, outcome: Outcome, now: float) -> None:
         """A dispatched request ended: a completion for the drain rate. `running_cls`: its class
@@ -452,135 +468,3 @@ class RankedSjfScheduler(BaseScheduler):
 
     def _ahead_of_class(self, q: _ClassQueue) -> int:
         return sum(self._rank_live[: self._rank_index[q.cfg.rank]])
-
-
-class FairShareScheduler(RankedSjfScheduler):
-    """`ranked-sjf` with token-fair sharing between callers inside each rank (VTC: see
-    `front.fairshare`). Every class queue is split by caller; when a slot frees, the ranks and
-    `min_share` guarantees decide as in `ranked-sjf`, then, within the chosen rank, the callers
-    with requests waiting are tried from the least virtual counter up, and the shortest-job /
-    aging rule picks among that caller's own requests. A request is charged its expected cost as
-    it is first dispatched and corrected to its real use as it leaves (`settled`).
-
-        s = FairShareScheduler(QueueParams(fair_share=True), classes, weights={"team-a": 2.0})
-    """
-
-    def __init__(self, cfg: QueueParams, classes: Iterable[ClassSpec],
-                 weights: Mapping[str, float] | None = None) -> None:
-        super().__init__(cfg, classes)
-        self.vtc = VirtualCounters(weights, cfg.fair_input_price, cfg.fair_output_price)
-        self._subs: dict[str, dict[str, _ClassQueue]] = {name: {} for name in self._queues}
-        self._caller_live: dict[str, int] = {}  # queued requests per caller, over every class
-        self._owner: dict[str, str] = {}  # request -> caller, from its arrival until it is settled
-        self._refs_per_entry = 5
-
-    def _on_add(self, req: Pending) -> None:
-        super()._on_add(req)
-        # A request queued again (suspended, waiting for a retry) is its first arrival's caller's.
-        caller = self._owner.setdefault(req.id, req.caller if req.caller is not None else ANONYMOUS)
-        subs = self._subs[req.cls]
-        sub = subs.get(caller)
-        if sub is None:
-            sub = subs[caller] = _ClassQueue(self._queues[req.cls].cfg)
-        entry = self._entries[req.id]
-        sub.live += 1
-        self._push(sub.fifo, (req.arrived_at, entry.seq, entry))
-        self._push(sub.sjf, (float(req.est_tokens), req.arrived_at, entry.seq, entry))
-        live = self._caller_live.get(caller, 0)
-        if not live:
-            self.vtc.arrived(caller, self._caller_live)
-        self._caller_live[caller] = live + 1
-
-    def _on_kill(self, req: Pending) -> None:
-        super()._on_kill(req)
-        caller = self._owner[req.id]
-        self._subs[req.cls][caller].live -= 1
-        live = self._caller_live[caller] - 1
-        if live:
-            self._caller_live[caller] = live
-        else:
-            del self._caller_live[caller]
-
-    def _dispatched(self, entry: _Entry, now: float) -> Pending:
-        req = super()._dispatched(entry, now)
-        output = min(req.max_tokens or 0, req.est_tokens)
-        self.vtc.dispatched(req.id, self._owner[req.id], req.est_tokens - output, output)
-        return req
-
-    def settled(self, req_id: str, used_tokens: int) -> None:
-        self.vtc.ended(req_id, used_tokens)
-        self._owner.pop(req_id, None)
-
-    def inherit(self, old: BaseScheduler) -> None:
-        if isinstance(old, FairShareScheduler):
-            weights = self.vtc.weights
-            self.vtc = old.vtc
-            self.vtc.reweigh(weights)
-            for req_id, caller in old._owner.items():
-                self._owner.setdefault(req_id, caller)
-
-    def _pick(
-        self, group: list[_ClassQueue], aged_before: float, admissible: Callable[[Pending], bool] | None,
-    ) -> _Entry | None:
-        """The least-counter caller's pick among `group`'s classes; the next caller if none of
-        its requests is admissible."""
-        names = [q.cfg.name for q in group if q.live]
-        callers = {c for n in names for c, sub in self._subs[n].items() if sub.live}
-        for caller in self.vtc.least(callers):
-            own = [sub for n in names if (sub := self._subs[n].get(caller)) is not None and sub.live]
-            entry = super()._pick(own, aged_before, admissible)
-            if entry is not None:
-                return entry
-        return None
-
-    def _compact(self) -> None:
-        super()._compact()
-        refs = 0
-        for subs in self._subs.values():
-            for caller in [c for c, sub in subs.items() if not sub.live]:
-                del subs[caller]
-            for sub in subs.values():
-                heaps: tuple[list[Any], ...] = (sub.fifo, sub.sjf)
-                for heap in heaps:
-                    heap[:] = [it for it in heap if it[-1].alive]
-                    heapq.heapify(heap)
-                    refs += len(heap)
-        self._heap_refs += refs
-
-
-SCHEDULERS: dict[str, type[BaseScheduler]] = {
-    "fcfs": FcfsScheduler,
-    "ranked-sjf": RankedSjfScheduler,
-}
-
-
-def carry_over(old: BaseScheduler, cfg: QueueParams, classes: Iterable[ClassSpec],
-               weights: Mapping[str, float] | None = None) -> BaseScheduler:
-    """A scheduler for new parameters that keeps everything `old` knows: its queued requests
-    (pushed again in arrival order without admission checks, each with its class's new rank and
-    its own wait bound), the running set its `min_share` guarantees count, and its admission
-    measurements. What a live reconfiguration needs: nobody admitted is refused or lost."""
-    new = make_scheduler(cfg, classes, weights)
-    new.admission = old.admission.carry_over(cfg)
-    new.inherit(old)
-    for cls in new._running_by_class:
-        new._running_by_class[cls] = old._running_by_class.get(cls, 0)
-    new._running_total = old._running_total
-    for entry in sorted(old._entries.values(), key=lambda e: (e.req.arrived_at, e.seq)):
-        req = replace(entry.req, rank=new._queues[entry.req.cls].cfg.rank)
-        new._add(req, new._queue_of(req), entry.predicted)
-    return new
-
-
-def make_scheduler(cfg: QueueParams, classes: Iterable[ClassSpec],
-                   weights: Mapping[str, float] | None = None) -> BaseScheduler:
-    """The policy named by `cfg.policy` (`ranked-sjf` with `cfg.fair_share`: `FairShareScheduler`,
-    callers weighed by `weights`); an unknown name lists the known ones."""
-    factory = SCHEDULERS.get(cfg.policy)
-    if factory is None:
-        raise ConfigError(f"unknown scheduler policy {cfg.policy!r} (known: {', '.join(SCHEDULERS)})")
-    if cfg.fair_share:
-        if factory is not RankedSjfScheduler:
-            raise ConfigError(f"fair_share works with the ranked-sjf policy, not {cfg.policy!r}")
-        return FairShareScheduler(cfg, classes, weights)
-    return factory(cfg, classes)

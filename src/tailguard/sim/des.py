@@ -548,7 +548,6 @@ class _Driver:
         (but those of requests aborted mid-step), and what the front can start now (preemption
         included)."""
         h.step = None
-        self.stepping -= 1
         cut = h.cut
         if cut:
             h.cut = set()
@@ -577,6 +576,9 @@ class _Driver:
                     tl.cached_tokens = ev.cached_tokens
             elif isinstance(ev, Preempted):
                 tl.preemptions += 1
+        # Counted as stepping until every event of the step is told, so a request started
+        # meanwhile (`Opened`) preempts nothing: a victim's own end may be among those events.
+        self.stepping -= 1
         if front is not None and len(front):
             self._tell_progress(end)
             self._apply(front.handle(Tick(), end))

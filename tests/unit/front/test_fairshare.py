@@ -1,16 +1,24 @@
-"""Token-fair sharing between callers (`front.fairshare`, `FairShareScheduler`) on plain numbers:
+"""Token-fair sharing between callers (`front.fairshare`, `front.fairqueue`) on plain numbers:
 the order against a reference written apart (least weighted counter first, SJF within a caller),
-weights, the lift of a caller back from idle, the correction to real use at the end, ranks kept,
-the front's switch, and VTC's two-client case on the discrete-event simulator."""
+weights, the lift of a caller back from idle (with and without credit), the correction to real
+use at the end, ranks kept, the front's switch, fair-share preemption (its rule, at most one
+suspension per arrival, never back and forth), and VTC's two-client case on the discrete-event
+simulator."""
 
 from __future__ import annotations
 
+import random
+from dataclasses import replace
+
 from tailguard.clock import VirtualClock
-from tailguard.front.events import Arrive, Finished, Start
+from tailguard.front.events import Arrive, Decision, Finished, Opened, Start, Suspend
 from tailguard.front.fairshare import VirtualCounters
 from tailguard.front.front import Front
 from tailguard.front.params import BackendSpec, CallerSpec, ClassSpec, FrontParams, QueueParams
-from tailguard.front.queue import FairShareScheduler, Pending, RankedSjfScheduler, make_scheduler
+from tailguard.front.fairqueue import FairShareScheduler
+from tailguard.front.queue import Pending, RankedSjfScheduler
+from tailguard.front.schedulers import carry_over, make_scheduler
+from tailguard.front.tracked import State
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.des import Arrival, run
 from tailguard.sim.engine import Engine
@@ -18,7 +26,7 @@ from tailguard.types import Outcome
 
 CLASSES = [ClassSpec(name="interactive", rank=0, max_queue_len=10_000, max_queue_wait_s=1e6),
            ClassSpec(name="batch", rank=1, max_queue_len=10_000, max_queue_wait_s=1e6)]
-FAIR = QueueParams(fair_share=True, aging_s=1e9)
+FAIR = QueueParams(fair_share=True, aging_s=1e9, fair_credit=0.0)  # VTC exactly: no credit
 
 
 def pending(req_id: str, caller: str, prompt: int, out: int, at: float = 0.0, cls: str = "interactive") -> Pending:
@@ -160,3 +168,149 @@ def test_vtcs_two_client_case_on_the_simulator() -> None:
     fair, plain = _served(True), _served(False)
     assert fair <= 1.15, fair
     assert 1.7 <= plain <= 2.3, plain
+
+
+def test_a_caller_back_from_idle_starts_at_most_its_credit_below_the_backlogged() -> None:
+    vtc = VirtualCounters(credit=500.0)
+    vtc.counters.update(a=2000.0, b=3000.0, c=1800.0)
+    vtc.arrived("c", backlogged=["a", "b"])
+    assert vtc.counter("c") == 1800.0  # within its credit of a's 2000: kept
+    vtc.counters["d"] = 100.0
+    vtc.arrived("d", backlogged=["a", "b"])
+    assert vtc.counter("d") == 1500.0  # lifted to a's 2000 less its credit
+    vtc.arrived("e", backlogged=[])
+    assert vtc.counter("e") == 0.0  # nobody waiting: nothing to be lifted to
+
+
+def test_credit_lets_a_returning_callers_burst_ahead_of_a_backlogged_one() -> None:
+    s = FairShareScheduler(replace(FAIR, fair_credit=900.0), CLASSES)
+    for i in range(6):
+        s.push(pending(f"f{i}", "f", 100, 100), 0.0)
+    for _ in range(4):
+        s.pop(0.0)  # f at 1200
+    for i in range(3):
+        s.push(pending(f"w{i}", "w", 100, 100), 0.0)  # w starts at 1200 - 900 = 300
+    # w goes first until it has caught up: 300 -> 600 -> 900 -> 1200 (a tie, then by name)
+    assert [rid[0] for rid in drain(s)] == list("wwwff")
+
+
+def _displacing(gap: float | None) -> FairShareScheduler:
+    s = FairShareScheduler(replace(FAIR, fair_preempt_gap=gap), CLASSES)
+    for i in range(4):
+        s.push(pending(f"f{i}", "f", 100, 100), 0.0)
+    for _ in range(4):
+        s.pop(0.0)  # f's four run: f at 1200
+    s.push(pending("w0", "w", 100, 100), 0.0)  # w at 0 (nobody waiting to be lifted to)
+    return s
+
+
+def test_displacement_follows_the_gap_once_the_waiting_request_is_paid_for() -> None:
+    w0 = pending("w0", "w", 100, 100)
+    # w at 0 + its own request's 300 = 300, f at 1200: a gap of 900
+    assert _displacing(0.0).displaceable(w0, ["f2", "f3"]) == {"f2", "f3"}
+    assert _displacing(899.0).displaceable(w0, ["f3"]) == {"f3"}
+    assert _displacing(900.0).displaceable(w0, ["f3"]) == set()
+    assert _displacing(None).displaceable(w0, ["f3"]) == set()  # off
+    s = _displacing(0.0)
+    s.push(pending("f4", "f", 100, 100), 0.0)
+    assert s.displaceable(pending("f4", "f", 100, 100), ["f3"]) == set()  # never its own caller's
+    assert RankedSjfScheduler(FAIR, CLASSES).displaceable(w0, ["f3"]) == set()
+
+
+def test_only_the_caller_furthest_above_is_displaced() -> None:
+    s = _displacing(0.0)
+    s.push(pending("g0", "g", 100, 100), 0.0)
+    s.take("g0", 0.0)  # g at 300: above w's 0, but not once w0 is paid for
+    s.vtc.counters["g"] = 1000.0  # above w0's 300, below f's 1200
+    assert s.displaceable(pending("w0", "w", 100, 100), ["g0", "f3", "f1"]) == {"f1", "f3"}
+
+
+def test_the_displaced_caller_cannot_displace_back() -> None:
+    """Whatever the counters and sizes, once `w` has taken `f`'s slot, `f` cannot take it back."""
+    rng = random.Random(7)
+    for _ in range(300):
+        gap = rng.choice([0.0, 100.0, 1000.0])
+        vtc = VirtualCounters()
+        vtc.counters.update(w=rng.uniform(0, 5000), f=rng.uniform(0, 5000))
+        s = FairShareScheduler(replace(FAIR, fair_preempt_gap=gap), CLASSES)
+        s.vtc = vtc
+        w = pending("w", "w", rng.randint(1, 2000), rng.randint(1, 2000))
+        f = pending("f", "f", rng.randint(1, 2000), rng.randint(1, 2000))
+        s.push(f, 0.0)
+        s.take("f", 0.0)  # f runs, charged
+        s.push(w, 0.0)
+        if not s.displaceable(w, ["f"]):
+            continue
+        s.take("w", 0.0)  # w took f's slot, charged; f waits again
+        s.requeue(replace(f, caller=None), 0.0)
+        assert not s.displaceable(f, ["w"])
+
+
+def _flood_front(slots: int, preemptible: bool, gap: float | None = 0.0) -> Front:
+    cls = ClassSpec(name="interactive", max_queue_len=10_000, max_queue_wait_s=1e6, preemptible=preemptible)
+    return Front(FrontParams(classes=[cls], backends=[BackendSpec("e", max_concurrency=slots, continues=True)],
+                             queue=QueueParams(fair_share=True, aging_s=1e9, fair_preempt_gap=gap),
+                             callers=[CallerSpec("f"), CallerSpec("w")]))  # w back from idle: its credit
+
+
+def _started(front: Front, ev: Arrive, now: float) -> list[Decision]:
+    out = list(front.handle(ev, now))
+    for d in list(out):
+        if isinstance(d, Start):
+            out += front.handle(Opened(d.id), now)
+    return out
+
+
+def test_a_waiting_caller_below_its_share_takes_the_youngest_slot_of_the_one_above() -> None:
+    f = _flood_front(2, preemptible=True)
+    for i in range(3):
+        _started(f, Arrive(f"f{i}", "interactive", 300, True, 100, "f"), float(i))
+    out = _started(f, Arrive("w0", "interactive", 300, True, 100, "w"), 5.0)
+    assert out[:2] == [Suspend("f1", "e"), Start("w0", "e")]  # f1 started last: least progress lost
+    assert f.state("f1") is State.SUSPENDED and f.state("w0") is State.RUNNING
+    # a second arrival of w: w is now charged for w0 and no longer far enough below f
+    out = _started(f, Arrive("w1", "interactive", 300, True, 100, "w"), 6.0)
+    assert not any(isinstance(d, Suspend) for d in out)
+
+
+def test_no_fair_share_preemption_in_a_class_that_is_not_preemptible_or_when_it_is_off() -> None:
+    for front in (_flood_front(2, preemptible=False), _flood_front(2, preemptible=True, gap=None)):
+        for i in range(3):
+            _started(front, Arrive(f"f{i}", "interactive", 300, True, 100, "f"), float(i))
+        out = _started(front, Arrive("w0", "interactive", 300, True, 100, "w"), 5.0)
+        assert not any(isinstance(d, Suspend) for d in out)
+        assert front.state("w0") is State.QUEUED
+
+
+def test_on_the_simulator_a_flood_is_suspended_at_most_once_per_arrival_of_the_others() -> None:
+    """One caller at 5x the rate of two others on one engine: the others are never suspended,
+    and the flood no more often than they arrive (no thrash)."""
+    cls = ClassSpec(name="interactive", max_queue_len=100_000, max_queue_wait_s=1e6, preemptible=True)
+    front = Front(FrontParams(classes=[cls], backends=[BackendSpec("engine", max_concurrency=4, continues=True)],
+                              queue=QueueParams(fair_share=True),
+                              callers=[CallerSpec("f"), CallerSpec("a"), CallerSpec("b")]))
+    rng = random.Random(3)
+    arrivals = []
+    for caller, rate in (("f", 7.5), ("a", 1.5), ("b", 1.5)):
+        t = rng.expovariate(rate)
+        while t < 20.0:
+            arrivals.append(Arrival(f"{caller}{len(arrivals)}", at=t, prompt_tokens=256, max_tokens=64, caller=caller))
+            t += rng.expovariate(rate)
+    cfg = EngineConfig.from_preset("h100-llama8b", max_num_seqs=4, max_model_len=4096, kv_cache_tokens=65536)
+    timelines = run(Engine(cfg), sorted(arrivals, key=lambda a: a.at), VirtualClock(), front)
+    others = [tl for tl in timelines if tl.id[0] != "f"]
+    suspended = sum(tl.suspensions for tl in timelines if tl.id[0] == "f")
+    assert all(tl.outcome is Outcome.SUCCESS for tl in timelines)
+    assert all(tl.suspensions == 0 for tl in others)
+    assert 0 < suspended <= len(others)
+
+
+def test_a_reload_keeps_the_counters_and_applies_the_new_weights_and_credit() -> None:
+    old = FairShareScheduler(FAIR, CLASSES)
+    old.push(pending("a0", "a", 100, 100), 0.0)
+    old.pop(0.0)  # a at 300, a0 running
+    new = carry_over(old, replace(FAIR, fair_credit=1000.0), CLASSES, {"b": 2.0})
+    assert isinstance(new, FairShareScheduler) and new.vtc.counter("a") == 300
+    new.settled("a0", 150)  # charged 300 by the old one, corrected by the new: 100 + 2 x 50
+    assert new.vtc.counter("a") == 200
+    assert new.vtc.credit == 1000.0 and new.vtc.weights == {"b": 2.0}

@@ -4,7 +4,7 @@ literal numbers."""
 from __future__ import annotations
 
 from tailguard.front.slots import BackendPool
-from tailguard.front.params import BackendSpec, ClassSpec, HealthParams, PreemptionParams, QueueParams
+from tailguard.front.params import BackendSpec, ClassSpec, PreemptionParams, QueueParams
 from tailguard.front.preemption import Candidate, PreemptionPolicy
 from tailguard.front.queue import Pending, RankedSjfScheduler
 
@@ -43,6 +43,16 @@ def test_limits_preemption_count_minimum_run_and_fit() -> None:
 def test_ties_go_to_the_most_recently_started() -> None:
     p = PreemptionPolicy(min_run_s=0.0)
     assert p.victim(CHAT, [cand("a", 1000, since=1.0), cand("b", 1000, since=3.0)], 10.0, lambda c: True).id == "b"  # type: ignore[union-attr]
+
+
+def test_a_request_of_the_same_rank_only_when_displaced_and_after_every_lower_priority() -> None:
+    p = PreemptionPolicy(min_run_s=0.0)
+    peer = Candidate("f1", "interactive", 0, "b0", 5000, 0, 0.0, displaced=True)
+    plain_peer = Candidate("f2", "interactive", 0, "b0", 9000, 0, 0.0)
+    assert p.victim(CHAT, [plain_peer], 10.0, lambda c: True) is None
+    assert p.victim(CHAT, [plain_peer, peer], 10.0, lambda c: True) == peer
+    assert p.victim(CHAT, [peer, cand("a", 10)], 10.0, lambda c: True).id == "a"  # type: ignore[union-attr]
+    assert p.victim(CHAT, [peer, cand("a", 10)], 10.0, lambda c: c.id != "a") == peer
 
 
 def test_from_params_off_for_fcfs_and_when_disabled() -> None:

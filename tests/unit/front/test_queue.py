@@ -10,21 +10,13 @@ import pytest
 
 from tailguard.errors import ConfigError
 from tailguard.front.params import (
-    BackendSpec, ClassSpec, EjectionParams, HealthParams, PreemptionParams, QueueParams, RoutingParams,
+    BackendSpec, ClassSpec, EjectionParams, QueueParams, RoutingParams,
 )
 from tailguard.front.ejection import Ejector
 from tailguard.front.router import NO_ROUTE, Router
 from tailguard.front.slots import BackendPool
-from tailguard.front.queue import (
-    SCHEDULERS,
-    BaseScheduler,
-    FcfsScheduler,
-    Pending,
-    RankedSjfScheduler,
-    Reject,
-    carry_over,
-    make_scheduler,
-)
+from tailguard.front.queue import BaseScheduler, FcfsScheduler, Pending, RankedSjfScheduler, Reject
+from tailguard.front.schedulers import SCHEDULERS, carry_over, make_scheduler
 from tailguard.types import Outcome
 
 CLASSES = [

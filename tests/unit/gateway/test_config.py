@@ -176,3 +176,13 @@ def test_keys_are_callers_by_name_and_limits_go_to_the_front_once_per_caller() -
     callers = {c.name: (c.requests_per_minute, c.tokens_per_minute) for c in cfg.front_params().callers}
     fingerprint = cfg.auth.api_keys["sk-3"].caller("sk-3")
     assert callers == {"reports": (None, 1000), fingerprint: (5, None)} and fingerprint.startswith("key:")
+
+
+def test_fair_share_settings_reach_the_front_and_null_turns_its_preemption_off() -> None:
+    queue = GatewayConfig.model_validate({"scheduler": {"fair_share": True}}).front_params().queue
+    assert queue.fair_share and queue.fair_credit == 8192.0 and queue.fair_preempt_gap == 0.0
+    queue = GatewayConfig.model_validate({"scheduler": {"fair_share": True, "fair_credit": 0,
+                                                        "fair_preempt_gap": None}}).front_params().queue
+    assert queue.fair_credit == 0.0 and queue.fair_preempt_gap is None
+    with pytest.raises(Exception, match="fair_preempt_gap"):
+        GatewayConfig.model_validate({"scheduler": {"fair_preempt_gap": -1}})

@@ -69,7 +69,8 @@ class ClassConfig(_Model):
     preemptible: bool = Field(
         default=_CLS.preemptible,
         description="A running request of this class may be suspended to free its slot for a queued request "
-        "of a lower rank, and resumed later where it stopped (the client's connection stays open). Only on "
+        "of a lower rank (with `scheduler.fair_share`, also of another caller far below its share: "
+        "`fair_preempt_gap`), and resumed later where it stopped (the client's connection stays open). Only on "
         "backends whose kind can continue a generation (`vllm`, `llamacpp`, `sim`).",
     )
 

@@ -88,12 +88,25 @@ class SchedulerConfig(_Model):
         default=_QUEUE.fair_input_price, gt=0, description="What a prompt token adds to its caller's counter.")
     fair_output_price: float = Field(
         default=_QUEUE.fair_output_price, gt=0, description="What a generated token adds to its caller's counter.")
+    fair_credit: float = Field(
+        default=_QUEUE.fair_credit, ge=0,
+        description="How far below the least counter of the callers waiting a caller back from idle may start "
+        "(VTC lifts it to that counter: 0), in counter units (prompt tokens x fair_input_price + output tokens x "
+        "fair_output_price, over the weight): a caller under its share gets a burst through ahead of one that floods.",
+    )
+    fair_preempt_gap: float | None = Field(
+        default=_QUEUE.fair_preempt_gap, ge=0,
+        description="A caller waiting in a `preemptible` class suspends a running request of another caller of its "
+        "rank when, even once charged for its own request, its counter is more than this below that caller's "
+        "(null: never). At most one suspension per arrival; the two can never suspend each other in turn.",
+    )
 
     def queue_params(self) -> fp.QueueParams:
         return fp.QueueParams(policy=self.policy, aging_s=self.aging_s, sjf_size_ratio=self.sjf_size_ratio,
                               drain_ewma_weight=self.drain_ewma_weight, retry_after_min_s=self.retry_after_min_s,
                               retry_after_max_s=self.retry_after_max_s, fair_share=self.fair_share,
-                              fair_input_price=self.fair_input_price, fair_output_price=self.fair_output_price)
+                              fair_input_price=self.fair_input_price, fair_output_price=self.fair_output_price,
+                              fair_credit=self.fair_credit, fair_preempt_gap=self.fair_preempt_gap)
 
     def preemption_params(self) -> fp.PreemptionParams:
         return fp.PreemptionParams(enabled=self.preemption, min_run_s=self.min_run_s,
