@@ -118,9 +118,48 @@ async def test_an_unknown_route_is_told_what_is_served() -> None:
         async with s.get(f"{gw.url}/v1/messages/batches") as r:
             body = await r.json()
         assert r.status == 404 and body["type"] == "error" and body["error"]["type"] == "not_found_error"
-        async with s.post(f"{gw.url}/tokenize", json={"model": MODEL, "prompt": "hi"}) as r:
-            # The simulator serves no tokenizer: its own 404 is relayed, as a backend's answer is.
-            assert r.status == 404
+        async with s.post(f"{gw.url}/pooling", json={"model": MODEL, "input": "hi"}) as r:
+            assert r.status == 404  # a route the gateway does not serve, though vLLM does
+
+
+async def test_rerank_score_and_the_tokenizer_routes_in_vllm_shapes(access: pytest.LogCaptureFixture) -> None:
+    """Each pooling and tokenizer route through the gateway to the simulator, with a real HTTP
+    client: vLLM's answer shapes, the `embeddings` class, prompt tokens metered from the answer's
+    usage (rerank: the query once per document, as the engine scores each pair), nothing generated."""
+    docs = ["a cat purrs", "dogs bark loudly", "cats"]
+    calls: list[tuple[str, dict[str, Any]]] = [
+        ("/v1/rerank", {"model": MODEL, "query": "cat", "documents": docs, "top_n": 2}),
+        ("/rerank", {"model": MODEL, "query": "cat", "documents": docs}),
+        ("/score", {"model": MODEL, "text_1": "cat", "text_2": docs}),
+        ("/tokenize", {"model": MODEL, "prompt": "hello world"}),
+        ("/detokenize", {"model": MODEL, "tokens": [1, 2, 3]}),
+    ]
+    answers = {}
+    async with asyncio.timeout(30), gateway() as gw, aiohttp.ClientSession() as s:
+        for path, body in calls:
+            async with s.post(gw.url + path, json=body) as r:
+                assert (r.status, r.headers["X-Tailguard-Class"]) == (200, "embeddings"), await r.text()
+                answers[path] = await r.json()
+        async with s.post(gw.url + "/score", json={"model": MODEL, "text_1": ["a", "b"], "text_2": docs}) as r:
+            refused = (r.status, (await r.json())["error"]["param"])
+        m = await scrape(gw.url)
+    top, every = answers["/v1/rerank"], answers["/rerank"]
+    assert len(top["results"]) == 2 and top["results"] == every["results"][:2]
+    assert sorted(x["index"] for x in every["results"]) == [0, 1, 2]
+    scores = [x["relevance_score"] for x in every["results"]]
+    assert scores == sorted(scores, reverse=True) and all(0 <= x <= 1 for x in scores)
+    pair_tokens = (1 + 3) + (1 + 4) + (1 + 1)  # "cat" with each document, by the bytes/4 estimate
+    assert every["usage"] == {"prompt_tokens": pair_tokens, "total_tokens": pair_tokens}
+    score = answers["/score"]
+    assert score["object"] == "list" and [d["index"] for d in score["data"]] == [0, 1, 2]
+    # The same pair scores the same on both routes (a cross-encoder's rerank is its score, sorted).
+    assert sorted(d["score"] for d in score["data"]) == sorted(scores)
+    assert answers["/tokenize"]["count"] == len(answers["/tokenize"]["tokens"]) == 3
+    assert answers["/detokenize"] == {"prompt": " tok tok tok"}
+    assert refused == (400, "text_1")  # the engine's own 400, relayed
+    assert sample(m, "tailguard_requests_total", **{"class": "embeddings", "outcome": "success"}) == 5
+    assert sample(m, "tailguard_output_tokens_total", **{"class": "embeddings"}) == 0
+    assert [(a["path"], a["class"]) for a in _access(access)][:5] == [(p, "embeddings") for p, _ in calls]
 
 
 async def test_a_responses_follow_up_goes_to_the_backend_that_holds_its_state() -> None:
