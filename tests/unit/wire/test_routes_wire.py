@@ -88,6 +88,11 @@ def test_whole_answers_usage() -> None:
     u = Usage()
     anthropic.read_usage(u, {"type": "message", "usage": {"input_tokens": 3, "output_tokens": 8}})
     assert (u.prompt_tokens, u.completion_tokens) == (3, 8)
+    # Anthropic's input_tokens leaves the cached part out (llama-server's answer to a repeated prompt).
+    u = Usage()
+    anthropic.read_usage(u, {"type": "message_start", "message": {"usage": {
+        "input_tokens": 1, "cache_read_input_tokens": 53, "cache_creation_input_tokens": None, "output_tokens": 0}}})
+    assert (u.prompt_tokens, u.completion_tokens) == (54, None)  # output comes with message_delta
     u = Usage()
     responses.read_usage(u, {"object": "response", "usage": {"input_tokens": 2, "output_tokens": 5}})
     assert (u.prompt_tokens, u.completion_tokens) == (2, 5)
