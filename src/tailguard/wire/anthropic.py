@@ -129,8 +129,9 @@ def read_usage(usage: Usage, obj: Any) -> None:
     holder = obj.get("message") if start else obj
     u = holder.get("usage") if isinstance(holder, dict) else None
     usage.read_io(u, output=not start)
-    if isinstance(u, dict) and _count(u.get("input_tokens")):
-        usage.prompt_tokens += sum(v for v in map(u.get, _CACHED_INPUT) if _count(v))
+    if isinstance(u, dict) and usage.prompt_tokens is not None and _count(u.get("input_tokens")):
+        cached: list[int] = [v for v in map(u.get, _CACHED_INPUT) if _count(v)]
+        usage.prompt_tokens += sum(cached)
 
 
 def _count(v: Any) -> bool:
