@@ -130,8 +130,7 @@ def read_usage(usage: Usage, obj: Any) -> None:
     u = holder.get("usage") if isinstance(holder, dict) else None
     usage.read_io(u, output=not start)
     if isinstance(u, dict) and usage.prompt_tokens is not None and _count(u.get("input_tokens")):
-        cached: list[int] = [v for v in map(u.get, _CACHED_INPUT) if _count(v)]
-        usage.prompt_tokens += sum(cached)
+        usage.prompt_tokens += sum(int(v) for v in map(u.get, _CACHED_INPUT) if _count(v))
 
 
 def _count(v: Any) -> bool:
