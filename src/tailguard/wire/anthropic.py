@@ -130,7 +130,10 @@ def read_usage(usage: Usage, obj: Any) -> None:
     u = holder.get("usage") if isinstance(holder, dict) else None
     usage.read_io(u, output=not start)
     if isinstance(u, dict) and usage.prompt_tokens is not None and _count(u.get("input_tokens")):
-        usage.prompt_tokens += sum(int(v) for v in map(u.get, _CACHED_INPUT) if _count(v))
+        for name in _CACHED_INPUT:
+            v = u.get(name)
+            if isinstance(v, int) and not isinstance(v, bool):
+                usage.prompt_tokens += v
 
 
 def _count(v: Any) -> bool:
