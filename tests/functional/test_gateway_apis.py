@@ -13,9 +13,12 @@ import aiohttp
 import anthropic
 import orjson
 import pytest
+from aiohttp import web
 
+from tailguard.gateway.config import BackendConfig
 from tailguard.gateway.ops.metrics import ACCESS_LOGGER
 from tests.functional.gateways import classes, gateway, sample, scrape
+from tests.servers import running
 
 MODEL = "tailguard-sim"
 BATCH = {"X-Tailguard-Class": "batch"}
@@ -160,6 +163,32 @@ async def test_rerank_score_and_the_tokenizer_routes_in_vllm_shapes(access: pyte
     assert sample(m, "tailguard_requests_total", **{"class": "embeddings", "outcome": "success"}) == 5
     assert sample(m, "tailguard_output_tokens_total", **{"class": "embeddings"}) == 0
     assert [(a["path"], a["class"]) for a in _access(access)][:5] == [(p, "embeddings") for p, _ in calls]
+
+
+async def test_a_backend_that_does_not_serve_a_route_is_relayed_not_failed() -> None:
+    """llama-server answers a route it was not started for with 501 and says how to fix it: the
+    client gets that status and message, and the backend is not counted as failing."""
+    said = {"error": {"code": 501, "message": "This server does not support reranking. Start it with `--reranking`",
+                      "type": "not_supported_error"}}
+
+    async def not_served(request: web.Request) -> web.Response:
+        return web.json_response(said, status=501)
+
+    async def healthy(request: web.Request) -> web.Response:
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/v1/rerank", not_served)
+    app.router.add_get("/health", healthy)
+    async with asyncio.timeout(30), running(app) as llama, \
+            gateway(sims=0, extra_backends=[BackendConfig(name="llama", url=llama, kind="llamacpp")]) as gw, \
+            aiohttp.ClientSession() as s:
+        for _ in range(2):
+            async with s.post(gw.url + "/v1/rerank", json={"query": "q", "documents": ["d"]}) as r:
+                assert r.status == 501
+                assert (await r.json())["error"]["message"] == said["error"]["message"]
+        m = await scrape(gw.url)
+    assert sample(m, "tailguard_upstream_errors_total", backend="llama", kind="status") == 0
 
 
 async def test_a_responses_follow_up_goes_to_the_backend_that_holds_its_state() -> None:
