@@ -27,8 +27,11 @@ from tailguard.gateway.config import BackendConfig
 
 MiB = 1024 * 1024
 BUDGET = 64 * MiB  # what a hostile backend may add to the gateway's RSS
-QUICK_S = 0.1  # /health and a normal chat answer within this during an attack (the median)
-SLOWEST_S = 0.5  # and every one within this (on an idle machine the slowest is under QUICK_S too)
+# /health and a normal chat answer within QUICK_S during an attack (the median), every one within
+# SLOWEST_S. On an idle machine both are under 0.05 s; a CI machine at load 9 gave a median of
+# 0.13 s. A gateway whose loop reads or parses the attack's gigabytes stalls for seconds.
+QUICK_S = 0.3
+SLOWEST_S = 1.5
 CHAT = {"model": "tailguard-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 EVIL = {**CHAT, "model": "evil"}  # the model only the hostile backend serves
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,5 +1,6 @@
 """`tailguard serve --workers 2` as a user runs it: two gateway processes on one port (SO_REUSEPORT),
-each with half of every cap, both answering; SIGTERM to the parent stops both."""
+each with half of every cap, both answering; SIGTERM to the parent stops both, and so does Ctrl-C,
+which a terminal sends to every process of the group."""
 
 from __future__ import annotations
 
@@ -20,24 +21,34 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CHAT = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
 
 
+async def _serve(path: Path, sim_url: str) -> tuple[asyncio.subprocess.Process, str]:
+    """`tailguard serve --workers 2` in a process group of its own, as a shell starts it, once both
+    workers say where they listen."""
+    path.write_text(yaml.safe_dump({"port": 0, "access_log": False, "backends": [
+        {"name": "sim", "url": sim_url, "kind": "sim", "max_concurrency": 8}]}))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tailguard", "serve", "--config", str(path), "--workers", "2",
+        stderr=asyncio.subprocess.PIPE, cwd=ROOT, start_new_session=True)
+    assert proc.stderr is not None
+    started: list[str] = []
+    try:
+        while len(started) < 2:  # each worker says where it listens
+            line = (await proc.stderr.readline()).decode()
+            assert line, "the gateway exited"
+            if "listening on http://" in line:
+                started.append(line.split("http://", 1)[1].split()[0])
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        raise
+    assert started[0] == started[1]
+    return proc, "http://" + started[0]
+
+
 async def test_two_workers_share_the_port_and_halve_the_caps(tmp_path: Path) -> None:
-    path = tmp_path / "gw.yaml"
     async with asyncio.timeout(60), running_sim(engine(), time_scale=SCALE) as sim:
-        path.write_text(yaml.safe_dump({"port": 0, "access_log": False, "backends": [
-            {"name": "sim", "url": sim.url, "kind": "sim", "max_concurrency": 8}]}))
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tailguard", "serve", "--config", str(path), "--workers", "2",
-            stderr=asyncio.subprocess.PIPE, cwd=ROOT)
+        proc, url = await _serve(tmp_path / "gw.yaml", sim.url)
         try:
-            assert proc.stderr is not None
-            started: list[str] = []
-            while len(started) < 2:  # each worker says where it listens
-                line = (await proc.stderr.readline()).decode()
-                assert line, "the gateway exited"
-                if "listening on http://" in line:
-                    started.append(line.split("http://", 1)[1].split()[0])
-            assert started[0] == started[1]
-            url = "http://" + started[0]
             prefixes = set()
             caps = set()
             for _ in range(24):  # a new connection each time: the kernel picks a worker per connection
@@ -52,3 +63,21 @@ async def test_two_workers_share_the_port_and_halve_the_caps(tmp_path: Path) -> 
         finally:
             proc.send_signal(signal.SIGTERM)
             assert await asyncio.wait_for(proc.wait(), 15) == 0
+
+
+async def test_ctrl_c_stops_every_worker_once_and_cleanly(tmp_path: Path) -> None:
+    """The terminal's SIGINT reaches the parent and both workers; the parent's own forward must not
+    hit a worker a second time as it drains (which ended it by KeyboardInterrupt, a traceback)."""
+    async with asyncio.timeout(60), running_sim(engine(), time_scale=SCALE) as sim:
+        proc, _ = await _serve(tmp_path / "gw.yaml", sim.url)
+        assert proc.stderr is not None
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            rest = (await asyncio.wait_for(proc.stderr.read(), 15)).decode()
+            code = await asyncio.wait_for(proc.wait(), 15)
+        finally:
+            if proc.returncode is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+    assert "Traceback" not in rest and "KeyboardInterrupt" not in rest, rest
+    assert code == 0, rest

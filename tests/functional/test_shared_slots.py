@@ -76,3 +76,28 @@ async def test_a_renewal_is_one_round_trip_for_every_backend(tmp_path: Path) -> 
     calls = {k: int(after[k]["calls"]) - int(before.get(k, {"calls": 0})["calls"]) for k in after}
     assert calls["cmdstat_evalsha"] == 5 * 3  # one script call per backend per renewal
     assert not calls.get("cmdstat_script") and not calls.get("cmdstat_ping")  # nothing else asked first
+
+
+async def test_the_des_model_of_the_allotment_answers_as_the_script_does(tmp_path: Path) -> None:
+    """`sim.replicas.SlotStore` (the DES's allotment) and the Lua script, given the same renewals
+    of three replicas (random demands and running counts), answer alike every time."""
+    import random
+
+    from tailguard.sim.replicas import SlotStore
+
+    rng = random.Random(7)
+    store = SlotStore(CAP)
+    async with asyncio.timeout(30), redis_server(tmp_path) as server:
+        replicas = [Replica(server.url) for _ in range(3)]
+        try:
+            for r in replicas:
+                r.link.cfg = r.link.cfg.model_copy(update={"lease_s": 60.0})  # no lease runs out here
+            for _ in range(150):
+                i = rng.randrange(3)
+                running, waiting = rng.randint(0, CAP), rng.randint(0, 6)
+                cap = await replicas[i].renew(running, waiting)
+                expected = store.renew(i, running + waiting, running, 0.0, 60.0)
+                assert (replicas[i].leases.held["gpu"], cap) == expected
+        finally:
+            for r in replicas:
+                await r.close()

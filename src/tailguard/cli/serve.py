@@ -50,8 +50,9 @@ def serve(
         "no keys), to FILE as JSON lines, for `tailguard replay`."),
     workers: int = typer.Option(
         1, "--workers", min=1,
-        help="Gateway processes on the one port (SO_REUSEPORT), to use more than one core. Until they share "
-        "slots and limits, each gets 1/N of every cap (max_concurrency, rate limits, queues, connections)."),
+        help="Gateway processes on the one port (SO_REUSEPORT), to use more than one core. Without `state.url` "
+        "each gets 1/N of every cap (max_concurrency, rate limits, queues, connections); with it, slots and "
+        "rate limits are one count in Redis and stay whole (docs/scale-out.md)."),
 ) -> None:
     """Run the gateway: OpenAI-compatible API that serves short and interactive requests first."""
     from tailguard.errors import ConfigError

@@ -1,7 +1,7 @@
 """`tailguard serve --workers N`: N gateway processes on one port, each listening with
 SO_REUSEPORT so the kernel spreads connections over them (nginx's `reuseport`, gunicorn's
 `--reuse-port`), and a parent that starts them, forwards its signals (SIGHUP reloads every worker,
-SIGINT/SIGTERM stop them) and stops the rest once one has ended.
+SIGINT/SIGTERM stop them, forwarded as SIGTERM) and stops the rest once one has ended.
 
 The workers are forked before any event loop exists, from the config the parent has already
 checked, so a bad config fails once, in the parent. Port 0 is resolved by the parent: it binds
@@ -65,6 +65,9 @@ def _supervise(pids: list[int]) -> int:
             if stopping:
                 return
             stopping = True
+            # A terminal's Ctrl-C reached the workers too: a second SIGINT would end their drain
+            # (it is how a user forces a stop), a SIGTERM is a no-op to a worker already stopping.
+            signum = signal.SIGTERM
         for pid in alive:
             try:
                 os.kill(pid, signum)

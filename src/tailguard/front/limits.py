@@ -102,7 +102,8 @@ def _resized(bucket: _Bucket | None, per_minute: int | None) -> _Bucket | None:
     return bucket
 
 
-def _limited(spec: CallerSpec) -> bool:
+def limited(spec: CallerSpec) -> bool:
+    """Whether the caller has any limit to keep (else it is never refused, nor asked about)."""
     return bool(spec.requests_per_minute or spec.tokens_per_minute or spec.max_parallel)
 
 
@@ -119,7 +120,7 @@ class CallerLimits:
         what it holds (requests in flight settle against the buckets they reserved from)."""
         callers: dict[str, _Caller] = {}
         for s in specs:
-            if not _limited(s):
+            if not limited(s):
                 continue
             c = self._callers.get(s.name)
             if c is None:

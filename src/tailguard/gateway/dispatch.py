@@ -25,6 +25,7 @@ from tailguard.front.events import (
     Tick, Wait,
 )
 from tailguard.front.front import Front
+from tailguard.front.limits import Standing
 from tailguard.front.params import FrontParams
 from tailguard.front.retry import Retry, retry_of
 from tailguard.gateway.ops.metrics import GatewayMetrics
@@ -124,10 +125,12 @@ class Dispatcher:
             return None
         return Progress(lazy=not self.front.may_suspend(cls))
 
-    def rate_headers(self, caller: str) -> dict[str, str] | None:
-        """OpenAI's `x-ratelimit-*` headers for where `caller`'s limits stand now, or None."""
+    def rate_headers(self, caller: str, shared: tuple[Standing | None, Standing | None] | None = None,
+                     ) -> dict[str, str] | None:
+        """OpenAI's `x-ratelimit-*` headers for where `caller`'s limits stand now, or None: over
+        all replicas when `shared` says so (`gateway.shared.limits`), else in this front."""
         headers: dict[str, str] = {}
-        for kind, s in zip(("requests", "tokens"), self.front.standing(caller, monotonic())):
+        for kind, s in zip(("requests", "tokens"), shared or self.front.standing(caller, monotonic())):
             if s is not None:
                 headers.update(ratelimit_headers(kind, s.limit, s.remaining, s.reset_s))
         return headers or None

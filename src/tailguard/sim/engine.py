@@ -265,49 +265,15 @@ class Engine:
         return self._n_waiting
 
     def step(self, now: float) -> Step:
-        s = self._step_no
-        bs = self._bs
-        kv = self.kv
+        """One engine iteration at `now`, as vLLM's scheduler runs it: grow the decodes, chunk
+        the running prefills, admit waiting requests into what budget is left, then run."""
         events: list[Event] = []
-        preempted = False
-
-        # 1. Decoding sequences that cross a block boundary this step need one more block.
-        heap = self._alloc_heap
-        while heap and heap[0][0] <= s:
-            _, _, epoch, seq = heapq.heappop(heap)
-            if seq.epoch != epoch:
-                continue
-            if self._make_room(1, seq, events):
-                seq.private += 1
-                nxt = s + bs
-                if nxt <= seq.finish_step:
-                    heapq.heappush(heap, (nxt, seq.run_order, epoch, seq))
+        self._grow_decodes(events)
         preempted = bool(events)
+        chunks, budget, preempted_for_prefill = self._chunk_prefills(events)
+        preempted = preempted or preempted_for_prefill
 
-        # 2. Chunks of running prefills, oldest first, within the token budget left by the decodes.
-        budget = self.config.max_num_batched_tokens - len(self._decoding)
-        chunks: dict[str, tuple[_Seq, int, int]] = {}  # id -> (seq, chunk tokens, computed before)
-        if self._prefilling:
-            for seq in list(self._prefilling.values()):
-                if budget <= 0:
-                    break
-                if seq.state != _PREFILL:
-                    continue  # preempted earlier in this loop
-                chunk = min(seq.prompt + seq.out - seq.computed, budget)
-                need = -(-(seq.computed + chunk) // bs) - seq.private - len(seq.held)
-                n_events = len(events)
-                ok = self._make_room(need, seq, events, chunks)
-                if len(events) != n_events:
-                    preempted = True
-                    budget = self.config.max_num_batched_tokens - len(self._decoding) - sum(
-                        c for _, c, _ in chunks.values()
-                    )
-                if ok:
-                    seq.private += need
-                    chunks[seq.id] = (seq, chunk, seq.computed)
-                    budget -= chunk
-
-        # 3. Admit waiting requests, unless this step had to preempt (their blocks are needed).
+        # Admit waiting requests, unless this step had to preempt (their blocks are needed).
         if self._n_waiting and (not preempted or (not self._decoding and not chunks)):
             budget = self._admit(now, budget, chunks, events)
 
@@ -320,10 +286,61 @@ class Engine:
         if not decode_seqs and not chunks:
             return Step(now, 0.0, (), tuple(events), 0, 0, 0)
         duration = self.config.cost.step_time(prefill_tokens, decode_seqs, kv_read)
+        emitted = self._end_step(chunks, events)
+        return Step(now, duration, tuple(emitted), tuple(events), prefill_tokens, decode_seqs, kv_read)
 
-        # 4. The step ends: every decoding sequence has one more token; prefill chunks are done.
+    def _grow_decodes(self, events: list[Event]) -> None:
+        """Decoding sequences that cross a block boundary this step take one more block, making
+        room by preemption (into `events`) when the pool is full."""
+        s = self._step_no
+        heap = self._alloc_heap
+        while heap and heap[0][0] <= s:
+            _, _, epoch, seq = heapq.heappop(heap)
+            if seq.epoch != epoch:
+                continue
+            if self._make_room(1, seq, events):
+                seq.private += 1
+                nxt = s + self._bs
+                if nxt <= seq.finish_step:
+                    heapq.heappush(heap, (nxt, seq.run_order, epoch, seq))
+
+    def _chunk_prefills(self, events: list[Event]) -> tuple[dict[str, tuple[_Seq, int, int]], int, bool]:
+        """This step's chunks of running prefills, oldest first, within the token budget the
+        decodes leave: (id -> (seq, chunk tokens, computed before), budget left, whether a
+        chunk's blocks needed a preemption)."""
+        bs = self._bs
+        budget = self.config.max_num_batched_tokens - len(self._decoding)
+        chunks: dict[str, tuple[_Seq, int, int]] = {}
+        preempted = False
+        for seq in list(self._prefilling.values()):
+            if budget <= 0:
+                break
+            if seq.state != _PREFILL:
+                continue  # preempted earlier in this loop
+            chunk = min(seq.prompt + seq.out - seq.computed, budget)
+            need = -(-(seq.computed + chunk) // bs) - seq.private - len(seq.held)
+            n_events = len(events)
+            ok = self._make_room(need, seq, events, chunks)
+            if len(events) != n_events:
+                preempted = True
+                budget = self.config.max_num_batched_tokens - len(self._decoding) - sum(
+                    c for _, c, _ in chunks.values()
+                )
+            if ok:
+                seq.private += need
+                chunks[seq.id] = (seq, chunk, seq.computed)
+                budget -= chunk
+        return chunks, budget, preempted
+
+    def _end_step(self, chunks: dict[str, tuple[_Seq, int, int]], events: list[Event]) -> list[str]:
+        """The step ends: every decoding sequence has one more token, prefill chunks are done
+        (their full blocks promoted to the prefix cache), and finished sequences leave. Returns
+        the ids that emitted a token."""
+        s = self._step_no
+        bs = self._bs
+        kv = self.kv
         emitted = list(self._decoding)
-        self._ctx_sum += decode_seqs
+        self._ctx_sum += len(emitted)
         self._step_no = s + 1
         self.steps_total += 1
         done_prefill: list[_Seq] = []
@@ -354,7 +371,7 @@ class Engine:
                 self._finish(seq, events)
             else:
                 self._start_decoding(seq)
-        return Step(now, duration, tuple(emitted), tuple(events), prefill_tokens, decode_seqs, kv_read)
+        return emitted
 
     # --- internals ---------------------------------------------------------------------------
 

@@ -36,14 +36,15 @@ async def test_usage_survives_a_restart_and_is_read_by_range_and_caller(tmp_path
     assert stat.S_IMODE((tmp_path / FILE_NAME).stat().st_mode) == 0o600
 
     again = Meter(tmp_path / FILE_NAME, clock=lambda: now[0])
-    [a] = await again.usage(None, 1_000_020.0 + 60, "team-a")  # the first minute only
+    [a], scope = await again.usage(None, 1_000_020.0 + 60, "team-a")  # the first minute only
+    assert scope == "replica"  # no state.url: its own file
     assert (a["class"], a["model"], a["requests"], a["prompt_tokens"], a["output_tokens"]) == ("interactive", "m", 3, 30, 12)
     assert a["outcomes"] == {"success": 2, "rejected": 1} and a["rejections"] == {"rate_limit_tokens": 1}
     assert a["mean_e2e_s"] == 1.0 and a["mean_ttft_s"] == 0.25
-    rows = await again.usage(None, None, None)
+    rows, _ = await again.usage(None, None, None)
     assert [(r["caller"], r["class"], r["requests"]) for r in rows] == [("team-a", "interactive", 4),
                                                                       ("team-b", "batch", 1)]
-    assert await again.usage(now[0] + 60, None, None) == []
+    assert await again.usage(now[0] + 60, None, None) == ([], "replica")
     await again.close()
 
 

@@ -18,9 +18,9 @@ class StateConfig(_Model):
     url: str | None = Field(
         default=None,
         description="Redis URL, e.g. `redis://127.0.0.1:6379/0` (`rediss://` for TLS; a password in the URL is "
-        "shown fingerprinted). Set: every caller's `rpm_limit` and `tpm_limit`, and every backend's "
-        "`max_concurrency`, is one limit over all the replicas using this Redis. Unset: each gateway enforces "
-        "its limits alone.",
+        "shown fingerprinted). Set: every caller's `rpm_limit`, `tpm_limit` and `max_parallel_requests`, and "
+        "every backend's `max_concurrency`, is one limit over all the replicas using this Redis, and "
+        "`/admin/usage` answers for all of them. Unset: each gateway enforces its limits alone.",
     )
     on_unavailable: Literal["local", "closed"] = Field(
         default="local",
@@ -35,8 +35,9 @@ class StateConfig(_Model):
     )
     lease_s: float = Field(
         default=5.0, gt=0, le=300,
-        description="How long a replica's heartbeat and its slot leases last unrenewed; they are renewed three "
-        "times a lease, and a replica that died stops being counted, and its slots come back, after this long.",
+        description="How long a replica's heartbeat, its slot leases and its callers' places in flight last "
+        "unrenewed; they are renewed three times a lease, and a replica that died stops being counted, and its "
+        "slots and places come back, after this long.",
     )
     timeout_s: float = Field(
         default=1.0, gt=0, le=10,

@@ -130,6 +130,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     app[PROBES].start()
     shared = app[PROXY].shared = _shared_limits(cfg, metrics)
     leases = None if shared is None else _slot_leases(app[LIVE], shared, dispatcher)
+    if shared is not None:
+        from tailguard.gateway.shared.usage import SharedUsage
+        meter.shared = SharedUsage(shared.link)
     try:
         yield
     finally:
@@ -137,6 +140,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         if shared is not None:
             if leases is not None:
                 await leases.close()
+            await meter.flush()  # the last rows added into Redis while the link is open
             await shared.close()
             await shared.link.close()
         await app[PROBES].stop()
@@ -165,7 +169,7 @@ def _shared_limits(cfg: GatewayConfig, metrics: GatewayMetrics) -> SharedLimits 
         shared.follow_link()
 
     shared = SharedLimits(Link(cfg.state, changed), cfg.auth.callers())
-    shared.link.start()
+    shared.start()
     return shared
 
 
@@ -273,8 +277,9 @@ async def _admin_usage(request: web.Request) -> web.Response:
     _admin_only(request)
     since, until = adm.query_float(request, "since"), adm.query_float(request, "until")
     caller = request.query.get("caller")
-    rows = await request.app[METER].usage(since, until, caller[:64] if caller is not None else None)
-    return web.Response(body=orjson.dumps({"object": "list", "data": rows}), content_type="application/json")
+    rows, scope = await request.app[METER].usage(since, until, caller[:64] if caller is not None else None)
+    return web.Response(body=orjson.dumps({"object": "list", "data": rows, "scope": scope}),
+                        content_type="application/json")
 
 
 async def _admin_reload(request: web.Request) -> web.Response:
@@ -383,6 +388,39 @@ def _started(cfg: GatewayConfig, live: Live, url: str) -> None:
                               for b in cfg.backends]}})
 
 
+def _handle_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event,
+                    on_hup: Callable[[], None]) -> list[signal.Signals]:
+    """SIGINT and SIGTERM set `stop`, SIGHUP reloads; returns the signals still handled (a list
+    the stop handler shrinks), for the caller to give back once the drain has ended.
+
+    The first stop signal gives itself back its default, so sending it again during the drain
+    ends the process at once (a second Ctrl-C, as uvicorn does), and has the process ignore the
+    other one from then on: a terminal's Ctrl-C reaches every worker of `serve --workers` and the
+    parent forwards it as a SIGTERM, which may land after a worker's drain, as it exits."""
+    installed: list[signal.Signals] = []
+    stops = (signal.SIGINT, signal.SIGTERM)
+
+    def stop_on(sig: signal.Signals) -> Callable[[], None]:
+        def on_signal() -> None:
+            stop.set()
+            for s in stops:
+                if s in installed:
+                    installed.remove(s)
+                    loop.remove_signal_handler(s)
+            signal.signal(signal.SIGTERM if sig == signal.SIGINT else signal.SIGINT, signal.SIG_IGN)
+        return on_signal
+
+    handlers: dict[signal.Signals, Callable[[], None]] = {s: stop_on(s) for s in stops}
+    handlers[signal.SIGHUP] = on_hup
+    for sig, on_signal in handlers.items():
+        try:
+            loop.add_signal_handler(sig, on_signal)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError):
+            pass
+    return installed
+
+
 async def serve(
     cfg: GatewayConfig, *, ready: Callable[[str], None] | None = None, store: ConfigStore | None = None,
     reread: Callable[[], GatewayConfig] | None = None, record: Path | None = None, reuse_port: bool = False,
@@ -416,15 +454,7 @@ async def serve(
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     reloader = app[ADMIN].reloader = reloader_of(app, store, reread)
-    handlers: dict[signal.Signals, Callable[[], None]] = {
-        signal.SIGINT: stop.set, signal.SIGTERM: stop.set, signal.SIGHUP: reloader.on_signal}
-    installed: list[signal.Signals] = []
-    for sig, on_signal in handlers.items():
-        try:
-            loop.add_signal_handler(sig, on_signal)
-            installed.append(sig)
-        except (NotImplementedError, RuntimeError):
-            pass
+    installed = _handle_signals(loop, stop, reloader.on_signal)
     try:
         if store is not None:
             app[LIVE].n = store.record(cfg, "start").n
@@ -437,10 +467,10 @@ async def serve(
     finally:
         log.info("tailguard gateway stopping: no new requests; queued ones are answered 503",
                  extra={"event": "stop", "fields": {"config": {"n": app[LIVE].n, "hash": app[LIVE].hash}}})
-        for sig in installed:
-            loop.remove_signal_handler(sig)
         if store is not None:
             store.clear_pid()
         await runner.cleanup()
+        for sig in installed:
+            loop.remove_signal_handler(sig)
         for h in logging.getLogger(ACCESS_LOGGER).handlers:
             h.flush()  # the lines of the last requests

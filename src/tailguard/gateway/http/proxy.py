@@ -203,7 +203,8 @@ class Proxy:
         finally:  # let in or refused, the answer says where the caller's limits stand
             self._queued_bytes -= len(raw)
             if t.caller is not None:
-                t.rate_headers = self._dispatcher.rate_headers(t.caller)
+                over_all = None if shared is None else shared.standing(t.caller)  # over all replicas
+                t.rate_headers = self._dispatcher.rate_headers(t.caller, over_all)
         try:
             assert t.bound_at is not None
             self._metrics.cls(cls.name).queue_wait.observe(t.bound_at - t.arrived_at)

@@ -20,10 +20,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tailguard.gateway.request import Request
 from tailguard.types import Outcome
+
+if TYPE_CHECKING:
+    from tailguard.gateway.shared.usage import SharedUsage
 
 FILE_NAME = "usage.sqlite3"
 FLUSH_S = 5.0
@@ -59,7 +62,10 @@ class Meter:
         meter = Meter(state_dir / FILE_NAME)        # or Meter(None): in memory
         meter.record(t)                             # once per request, as it leaves
         await meter.flush()                         # every FLUSH_S, and at shutdown
-        rows = await meter.usage(since, until, caller=None)
+        rows, scope = await meter.usage(since, until, caller=None)
+
+    With `shared` set (`state.url`), each write is also added into Redis, and `usage` answers
+    for every replica from there (`gateway.shared.usage`), or for this one while Redis is away.
     """
 
     def __init__(self, path: Path | None, clock: Callable[[], float] = time.time) -> None:
@@ -72,6 +78,7 @@ class Meter:
         self._lock = threading.Lock()  # the connection is used from worker threads, one at a time
         self._pending: dict[_Key, list[float]] = {}
         self._clock = clock
+        self.shared: SharedUsage | None = None  # the replicas' sums in Redis, set by the app
 
     def record(self, t: Request) -> None:
         """One request that left, however it ended (refused ones included, by reason)."""
@@ -96,6 +103,8 @@ class Meter:
         rows, self._pending = self._pending, {}
         if rows:
             await asyncio.to_thread(self._write, rows.items())
+        if self.shared is not None:  # also those a failed write kept
+            await self.shared.add(rows)
 
     def _write(self, rows: Iterable[tuple[_Key, list[float]]]) -> None:
         with self._lock:
@@ -103,13 +112,19 @@ class Meter:
             self._db.executemany(_UPSERT, [(*k, *v) for k, v in rows])
             self._db.execute("COMMIT")
 
-    async def usage(self, since: float | None, until: float | None, caller: str | None) -> list[dict[str, Any]]:
+    async def usage(self, since: float | None, until: float | None,
+                    caller: str | None) -> tuple[list[dict[str, Any]], str]:
         """Per caller, class and model over [since, until) (Unix seconds, whole minutes; default
-        everything): requests by outcome, rejections by reason, tokens, mean E2E and TTFT."""
+        everything): requests by outcome, rejections by reason, tokens, mean E2E and TTFT. And
+        whose: `replicas` (summed in Redis) or `replica` (this one's own file)."""
         await self.flush()
         lo = int(since // 60 * 60) if since is not None else 0
         hi = int(until) if until is not None else 1 << 62
-        return _grouped(await asyncio.to_thread(self._read, (lo, hi, caller, caller)))
+        if self.shared is not None:
+            found = await self.shared.rows(lo, hi, caller)
+            if found is not None:
+                return _grouped(found), "replicas"
+        return _grouped(await asyncio.to_thread(self._read, (lo, hi, caller, caller))), "replica"
 
     def _read(self, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         with self._lock:

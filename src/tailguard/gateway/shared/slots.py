@@ -23,13 +23,10 @@ requests wait here for a slot it lacks, or it holds slots it no longer uses. Whi
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Callable
-from typing import Any
 
-from redis.exceptions import NoScriptError
-
-from tailguard.gateway.shared.link import UNAVAILABLE, Link
+from tailguard.gateway.shared.link import UNAVAILABLE, Link, stop
+from tailguard.gateway.shared.scripts import Script
 
 _EAGER_S = 0.05
 
@@ -86,7 +83,7 @@ class SlotLeases:
         self.link = link
         self._caps = caps
         self._load, self._allot = load, allot
-        self._sha = hashlib.sha1(_RENEW.encode()).hexdigest()  # as Redis names a script
+        self._renew = Script(_RENEW)  # every backend in one pipeline: one round trip
         self.allotted: dict[str, int] = {}  # the cap told to the front
         self.held: dict[str, int] = {}  # what Redis counts as this replica's
         self._task: asyncio.Task[None] | None = None
@@ -101,9 +98,7 @@ class SlotLeases:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await stop(self._task)
         try:  # give the slots back at once rather than at the lease's end
             async with self.link.redis.pipeline(transaction=False) as pipe:
                 for b in self.caps:
@@ -147,7 +142,7 @@ class SlotLeases:
         rows = [(_keys(b), [self.link.id, loads[b][0] + loads[b][1], loads[b][0], cap, lease_ms])
                 for b, cap in caps.items()]
         try:
-            answers = await self._send(rows)
+            answers = await self._renew.pipelined(self.link.redis, rows)
         except UNAVAILABLE as err:
             self.link.lost(err)
             self._local(caps)
@@ -155,22 +150,6 @@ class SlotLeases:
         for b, (held, allotted) in zip(caps, answers):
             self.held[b] = int(held)
             self._tell(b, int(allotted))
-
-    async def _send(self, rows: list[tuple[list[str], list[Any]]]) -> list[Any]:
-        """Every backend's script in one pipeline: one round trip (redis-py's own script
-        objects would ask Redis whether it knows the script first, each time: two). A Redis
-        that does not know it (restarted) is given it, once, and asked again."""
-        try:
-            return await self._pipelined(rows)
-        except NoScriptError:
-            await self.link.redis.script_load(_RENEW)
-            return await self._pipelined(rows)
-
-    async def _pipelined(self, rows: list[tuple[list[str], list[Any]]]) -> list[Any]:
-        async with self.link.redis.pipeline(transaction=False) as pipe:
-            for keys, args in rows:
-                pipe.evalsha(self._sha, len(keys), *keys, *args)
-            return list(await pipe.execute())
 
     def _local(self, caps: dict[str, int]) -> None:
         for b, cap in caps.items():

@@ -1,0 +1,214 @@
+"""Several gateway replicas in front of one engine, on virtual time: each replica its own front
+(its own queue and order), all of them sharing the backend's `max_concurrency` through slot
+allotments as `gateway.shared.slots` leases them in Redis. What it shows: together the replicas
+never have more than the cap in the engine, and what sharing costs their requests in waiting.
+
+The allotment is `SlotStore.renew`, the renewal script of `gateway.shared.slots` in Python (the
+same steps, in the same order: expired leases dropped, the cap water-filled over the replicas'
+demands, never more than the others leave free); `tests/functional/test_shared_slots.py` runs
+both on the same renewals and checks that they answer alike. Each replica renews as
+`SlotLeases` does: every third of a lease, and every `eager_s` while it lacks slots for its
+queue or holds slots it does not use; it lowers its front's cap to what it runs as it sends a
+renewal, and the answer reaches its front `rtt_s` later (`Allotted`). The load balancer sends
+arrivals to the replicas in turn. Requests are not preempted, hedged or retried here, and the
+engine never fails: `sim.des` models those for one front.
+
+    result = run_replicas(engine, arrivals, params, replicas=2)
+    result.most_in_engine <= params.backends[0].max_concurrency
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from tailguard.front.events import Allotted, Decision, FirstContent, Finished, Reject, Start, Tick
+from tailguard.front.front import Front
+from tailguard.front.params import FrontParams
+from tailguard.sim.des import Arrival, Timeline
+from tailguard.sim.engine import Engine, FirstToken, RequestFinished, SimRequest, Step
+from tailguard.types import Outcome
+
+
+class SlotStore:
+    """Redis's side of one backend's slot allotments (see the module docstring)."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.allotted: dict[int, int] = {}
+        self.demand: dict[int, int] = {}
+        self.expiry: dict[int, float] = {}
+
+    def renew(self, replica: int, demand: int, running: int, now: float, lease_s: float) -> tuple[int, int]:
+        """What `replica` holds now, and its front's cap."""
+        for r in [r for r, at in self.expiry.items() if at <= now]:
+            del self.expiry[r]
+            self.allotted.pop(r, None)
+            self.demand.pop(r, None)
+        self.expiry[replica] = now + lease_s
+        self.demand[replica] = demand
+        others = sum(v for r, v in self.allotted.items() if r != replica)
+        demands = sorted(self.demand.values())
+        left: float = self.cap
+        level = None
+        for i, d in enumerate(demands):
+            share = left / (len(demands) - i)
+            if d > share:
+                level = share
+                break
+            left -= d
+        part = demand if level is None else min(demand, math.ceil(level))
+        allot = max(0, min(max(part, running), self.cap - others))
+        self.allotted[replica] = allot
+        return allot, min(allot, part)
+
+
+@dataclass
+class ReplicasRun:
+    """What a run gives: each request's timeline (in the order of the arrivals), the most
+    requests the engine had at once (running and waiting in it), and the renewals sent."""
+
+    timelines: list[Timeline]
+    most_in_engine: int = 0
+    renewals: int = 0
+    replica_of: dict[str, int] = field(default_factory=dict)
+
+
+_ARRIVE, _STEP_END, _ANSWER, _CHECK = range(4)
+
+
+class _Replica:
+    __slots__ = ("i", "front", "allotted", "held", "due")
+
+    def __init__(self, i: int, front: Front) -> None:
+        self.i, self.front = i, front
+        self.allotted: int | None = None  # the cap told to its front (None: none told, the whole)
+        self.held, self.due = 0, 0.0
+
+
+def run_replicas(engine: Engine, arrivals: Iterable[Arrival], params: FrontParams, replicas: int, *,
+                 shared: bool = True, lease_s: float = 5.0, eager_s: float = 0.05, rtt_s: float = 0.0005,
+                 ) -> ReplicasRun:
+    """Run every arrival to its end through `replicas` fronts of `params` (one backend: this
+    engine). `shared`: the fronts share its `max_concurrency` by allotments; else each has all of it."""
+    if len(params.backends) != 1:
+        raise ValueError("the replicas run drives one engine: give the fronts exactly one backend")
+    return _Run(engine, list(arrivals), params, replicas, shared, lease_s, eager_s, rtt_s).loop()
+
+
+class _Run:
+    def __init__(self, engine: Engine, arrivals: list[Arrival], params: FrontParams, n: int, shared: bool,
+                 lease_s: float, eager_s: float, rtt_s: float) -> None:
+        self.engine, self.lease_s, self.eager_s, self.rtt_s = engine, lease_s, eager_s, rtt_s
+        self.backend = params.backends[0].name
+        self.store = SlotStore(params.backends[0].max_concurrency) if shared else None
+        self.replicas = [_Replica(i, Front(params)) for i in range(n)]
+        self.timelines = {a.id: Timeline(a.id, a.cls, a.at, a.prompt_tokens, a.max_tokens) for a in arrivals}
+        self.result = ReplicasRun(list(self.timelines.values()))
+        self.arrivals = {a.id: a for a in arrivals}
+        self.agenda: list[tuple[float, int, int, object]] = []
+        self.order = 0
+        self.open = len(arrivals)
+        self.stepping = False
+        for k, a in enumerate(arrivals):
+            self.result.replica_of[a.id] = k % n
+            self._schedule(a.at, _ARRIVE, a)
+        if self.store is not None:
+            for r in self.replicas:
+                self._tell(r, 0)  # nothing starts before its first renewal says what is its
+                self._schedule(0.0, _CHECK, r)
+
+    def loop(self) -> ReplicasRun:
+        now = 0.0
+        while self.open:
+            wake = min((w for r in self.replicas if (w := r.front.next_wakeup()) is not None), default=math.inf)
+            if not self.stepping and not self.engine.idle():
+                self._step(now)
+            t = min(self.agenda[0][0] if self.agenda else math.inf, max(wake, now))
+            if t == math.inf:
+                raise RuntimeError("requests are stuck in the fronts with the engine idle")
+            now = t
+            if wake <= t and (not self.agenda or self.agenda[0][0] > t):
+                for r in self.replicas:
+                    self._apply(r, r.front.handle(Tick(), now), now)
+                continue
+            _, _, kind, what = heapq.heappop(self.agenda)
+            if kind == _ARRIVE:
+                assert isinstance(what, Arrival)
+                r = self.replicas[self.result.replica_of[what.id]]
+                self._apply(r, r.front.handle(what.arrive(), now), now)
+            elif kind == _STEP_END:
+                assert isinstance(what, Step)
+                self._step_ended(what, now)
+            elif kind == _CHECK:
+                assert isinstance(what, _Replica)
+                self._check(what, now)
+            else:
+                assert isinstance(what, tuple)
+                r, held, cap = what
+                r.held = held
+                self._tell(r, cap, now)
+        return self.result
+
+    def _schedule(self, at: float, kind: int, what: object) -> None:
+        self.order += 1
+        heapq.heappush(self.agenda, (at, self.order, kind, what))
+
+    def _step(self, now: float) -> None:
+        step = self.engine.step(now)
+        self.stepping = True
+        self._schedule(now + step.duration_s, _STEP_END, step)
+
+    def _step_ended(self, step: Step, now: float) -> None:
+        self.stepping = False
+        for ev in step.events:
+            tl = self.timelines[ev.req_id]
+            r = self.replicas[self.result.replica_of[ev.req_id]]
+            if isinstance(ev, FirstToken) and tl.first_token_at is None:
+                tl.first_token_at = now
+                self._apply(r, r.front.handle(FirstContent(ev.req_id, self.backend), now), now)
+            elif isinstance(ev, RequestFinished):
+                tl.finished_at, tl.output_tokens, tl.outcome = now, ev.output_tokens, Outcome.SUCCESS
+                self.open -= 1
+                self._apply(r, r.front.handle(Finished(ev.req_id, Outcome.SUCCESS, tl.prompt_tokens + ev.output_tokens),
+                                              now), now)
+        for r in self.replicas:
+            if len(r.front):
+                self._apply(r, r.front.handle(Tick(), now), now)
+
+    def _apply(self, r: _Replica, decisions: Sequence[Decision], now: float) -> None:
+        for d in decisions:
+            if isinstance(d, Start):
+                a, tl = self.arrivals[d.id], self.timelines[d.id]
+                tl.dispatched_at, tl.backend = now, d.backend
+                self.engine.add(SimRequest(a.id, a.prompt_tokens, a.max_tokens, a.priority), now)
+                in_engine = self.engine.num_running + self.engine.num_waiting
+                self.result.most_in_engine = max(self.result.most_in_engine, in_engine)
+            elif isinstance(d, Reject):
+                tl = self.timelines[d.id]
+                tl.outcome, tl.reject_reason, tl.finished_at = Outcome.REJECTED, d.reason, now
+                self.open -= 1
+            else:
+                raise ValueError(f"the replicas run does not model {type(d).__name__}: use sim.des for one front")
+
+    def _check(self, r: _Replica, now: float) -> None:
+        """As `SlotLeases._run`: renew when due or short, and look again in `eager_s`."""
+        assert self.store is not None
+        if self.open:
+            self._schedule(now + self.eager_s, _CHECK, r)
+        running, waiting = r.front.backend(self.backend).in_flight, len(r.front)
+        short = (waiting and (r.allotted or 0) < self.store.cap) or r.held > running + waiting
+        if now < r.due and not short:
+            return
+        r.due = now + self.lease_s / 3
+        self._tell(r, min(running, r.allotted or 0), now)  # nothing starts until the answer
+        held, allotted = self.store.renew(r.i, running + waiting, running, now, self.lease_s)
+        self.result.renewals += 1
+        self._schedule(now + self.rtt_s, _ANSWER, (r, held, allotted))
+
+    def _tell(self, r: _Replica, slots: int, now: float = 0.0) -> None:
+        if r.allotted != slots:
+            r.allotted = slots
+            self._apply(r, r.front.handle(Allotted(self.backend, slots), now), now)
