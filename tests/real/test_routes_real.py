@@ -21,7 +21,7 @@ from openai import AsyncOpenAI
 
 from tests.real.conftest import Engines, vllm_process
 from tests.real.processes import EngineProcess
-from tests.real.test_gateway_real import STEP_S, config, gateway, gateway_health, metric
+from tests.real.test_gateway_real import STEP_S, config, gateway, gateway_health, metric, wait_for
 
 pytestmark = pytest.mark.real
 
@@ -36,9 +36,20 @@ def anthropic_client(url: str) -> anthropic.AsyncAnthropic:
     return anthropic.AsyncAnthropic(base_url=url, api_key="unused", max_retries=0, timeout=STEP_S)
 
 
-async def gateway_metrics(url: str) -> str:
-    async with aiohttp.ClientSession() as s, asyncio.timeout(STEP_S), s.get(url + "/metrics") as r:
-        return await r.text()
+async def gateway_metrics(url: str, done: dict[str, int]) -> str:
+    """The gateway's metrics page once it has metered `done` (class -> requests finished): a
+    client may read a stream's last event before the gateway's handler has finished and counted it."""
+    page = ""
+
+    async def metered() -> bool:
+        nonlocal page
+        async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
+            page = await r.text()
+        ok = "\n".join(line for line in page.splitlines() if 'outcome="success"' in line)
+        return all(sample(ok, "tailguard_requests_total", c) == n for c, n in done.items())
+
+    await wait_for(metered, f"the gateway to meter {done}", timeout_s=STEP_S)
+    return page
 
 
 def sample(text: str, name: str, cls: str) -> float:
@@ -47,11 +58,13 @@ def sample(text: str, name: str, cls: str) -> float:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 async def test_responses_through_the_gateway(engine: EngineProcess, stream: bool) -> None:
+    raw: Any
+    final: Any = None
     async with gateway(config((engine, 4))) as url, openai_client(url) as c, asyncio.timeout(STEP_S * 2):
         if stream:
             raw = await c.responses.with_raw_response.create(model=engine.model, input="hello there",
                                                              max_output_tokens=9, stream=True)
-            types, text, final = [], "", None
+            types, text = [], ""
             async for ev in raw.parse():
                 types.append(ev.type)
                 if ev.type == "response.output_text.delta":
@@ -65,7 +78,7 @@ async def test_responses_through_the_gateway(engine: EngineProcess, stream: bool
                                                              max_output_tokens=9)
             final = raw.parse()
             text = final.output_text
-        page = await gateway_metrics(url)
+        page = await gateway_metrics(url, {"interactive": 1})
     assert raw.headers["x-tailguard-class"] == "interactive"
     assert raw.headers["x-tailguard-backend"] == f"{engine.name}-{engine.port}"
     assert text and final is not None and final.usage is not None
@@ -90,7 +103,7 @@ async def test_messages_through_the_gateway(engine: EngineProcess) -> None:
         # A refusal on this route reaches the SDK in Anthropic's shape.
         with pytest.raises(anthropic.BadRequestError) as bad:
             await a.messages.create(model=engine.model, max_tokens=0, messages=msgs)
-        page = await gateway_metrics(url)
+        page = await gateway_metrics(url, {"interactive": 1})
     assert raw.headers["x-tailguard-class"] == "interactive" and streamed_class == "batch"
     texts = [b.text for b in whole.content if b.type == "text"]
     assert texts and texts[0] and whole.stop_reason == "max_tokens"
