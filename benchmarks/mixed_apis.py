@@ -1,15 +1,16 @@
 """Every API on one engine: chats (`/v1/chat/completions`), Responses API agents (`/v1/responses`,
 a long shared context) and a retrieval batch (`/v1/embeddings`, several inputs per request), on
 one simulated H100 (`tailguard sim --max-num-seqs 8`), straight to the engine and through
-`tailguard serve` (the embeddings go to their own class, `embeddings`, here held to one slot of
-eight: `EMBED_SHARE`). A third run sends the embeddings alone, straight: the throughput they get
+`tailguard serve` (the embeddings go to their own class, `embeddings`, here sure of one slot of
+eight and allowed two: `EMBED_MIN_SHARE`, `--embed-max-share`). A third run sends the embeddings alone, straight: the throughput they get
 when nothing else competes.
 
     .venv/bin/python benchmarks/mixed_apis.py [--duration 240] [--time-scale 1.0] [--agent-rate 1.25]
+        [--embed-rate 26] [--embed-max-share 0.25] [--name mixed_apis]
 
 Open loop, each class its own Poisson arrivals (rates in simulated requests per second, below);
-latencies are simulated seconds. Writes benchmarks/results/mixed_apis.md and .json, and each run's
-bench folder under benchmarks/results/mixed_apis/. The issue's targets (#19): chat and agent P99
+latencies are simulated seconds. Writes benchmarks/results/NAME.md and .json, and each run's
+bench folder under benchmarks/results/NAME/ (NAME: `--name`). The issue's targets (#19): chat and agent P99
 TTFT at least 10x lower through the gateway; the embeddings' throughput within 1.3x of alone.
 """
 
@@ -68,14 +69,15 @@ def render(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> str:
         "# Every API on one engine: chats, Responses agents and an embeddings batch",
         "",
         f"`.venv/bin/python benchmarks/mixed_apis.py --duration {args.duration} --time-scale {args.time_scale} "
-        f"--max-concurrency {args.max_concurrency} --agent-rate {args.agent_rate} --embed-max-share {args.embed_max_share}`",
+        f"--max-concurrency {args.max_concurrency} --agent-rate {args.agent_rate} --embed-rate {args.embed_rate} "
+        f"--embed-max-share {args.embed_max_share} --name {args.name}`",
         "",
         f"Simulator `tailguard sim --preset h100-llama8b --max-num-seqs 8 --time-scale {args.time_scale}`; gateway "
         "`tailguard serve` (chats and agents `interactive`, embeddings `embeddings`), "
         f"`max_concurrency` {args.max_concurrency}, the `embeddings` class at `min_share` {EMBED_MIN_SHARE} "
         f"and `max_share` {args.embed_max_share}. Open loop for {args.duration} wall s, Poisson per class: chat {RATES['chat']}/s "
         f"(~150-token prompts, 32 tokens out), agent {args.agent_rate}/s (`/v1/responses`, 1500-token prompt of which "
-        f"1000 shared, 64 out, streamed), embed {RATES['embed']}/s (`/v1/embeddings`, 2 inputs of 1024 tokens). "
+        f"1000 shared, 64 out, streamed), embed {args.embed_rate}/s (`/v1/embeddings`, 2 inputs of 1024 tokens). "
         f"Simulated seconds; {os.cpu_count()} cores ({platform.machine()}, Python {platform.python_version()}), "
         f"load average {os.getloadavg()[0]:.1f} at the end.",
         "",
@@ -109,10 +111,10 @@ def _ratio(a: float | None, b: float | None) -> str:
 async def main(args: argparse.Namespace) -> None:
     console = Console()
     sim = SimSpec(max_num_seqs=8, time_scale=args.time_scale)
-    out = RESULTS / "mixed_apis"
+    out = RESULTS / args.name
     load = {"duration_s": args.duration, "seed": args.seed}
     runs: dict[str, dict[str, Any]] = {}
-    rates = {**RATES, "agent": args.agent_rate}
+    rates = {**RATES, "agent": args.agent_rate, "embed": args.embed_rate}
     classes = [c.model_dump() for c in default_classes()]
     for c in classes:
         if c["name"] == "embeddings":
@@ -123,11 +125,11 @@ async def main(args: argparse.Namespace) -> None:
         got = await run_arms([arm], sim, {**load, "workload": workload(args.time_scale, rates, only)}, out, console,
                              tables=False)
         runs.update(got)
-    (RESULTS / "mixed_apis.json").write_text(json.dumps(
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(
         {label: {c: {k: s["classes"][c][k] for k in ("count", "ok", "ttft_s", "e2e_s", "throughput")}
                  for c in s["classes"]} for label, s in runs.items()}, indent=1))
     md = render(args, runs)
-    (RESULTS / "mixed_apis.md").write_text(md)
+    (RESULTS / f"{args.name}.md").write_text(md)
     console.print(md)
 
 
@@ -135,6 +137,8 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--duration", type=float, default=240.0, help="wall seconds of load per run")
     p.add_argument("--agent-rate", type=float, default=RATES["agent"], help="Responses agents per simulated second")
+    p.add_argument("--embed-rate", type=float, default=RATES["embed"], help="embeddings requests per simulated second")
+    p.add_argument("--name", default="mixed_apis", help="the results' name under benchmarks/results/")
     p.add_argument("--embed-max-share", type=float, default=0.25, help="the embeddings class's max_share")
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=1)
