@@ -71,7 +71,10 @@ def test_the_bodies_the_gateway_reads() -> None:
     assert (m.prompt_tokens, m.max_tokens, m.stream) == (1 + 4 + 1, 3, False)
     e = parse_request(orjson.dumps({"input": [[1, 2, 3], [4]]}), "embeddings")
     assert (e.prompt_tokens, e.max_tokens, e.stream) == (4, None, False)
-    assert embeddings.input_tokens({"query": "abcd", "documents": ["abcd", "abcdefgh"]}) == 4
+    # A cross-encoder reads the query with each document: the job is every pair.
+    assert embeddings.input_tokens({"query": "abcd", "documents": ["abcd", "abcdefgh"]}) == (1 + 1) + (1 + 2)
+    assert embeddings.input_tokens({"text_1": ["abcd"], "text_2": ["a", "b", "c"]}) == 3 * (1 + 1)
+    assert embeddings.input_tokens({"text_1": ["a", "b"], "text_2": ["c", "d"]}) == 4  # pairwise: each text once
     for body, endpoint, param in (({"input": 3}, "responses", "input"), ({"messages": []}, "messages", "messages"),
                                   ({"messages": [{"role": "user", "content": "x"}]}, "messages", "max_tokens"),
                                   ({"input": []}, "embeddings", "input"),
