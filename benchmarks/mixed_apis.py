@@ -1,15 +1,16 @@
 """Every API on one engine: chats (`/v1/chat/completions`), Responses API agents (`/v1/responses`,
 a long shared context) and a retrieval batch (`/v1/embeddings`, several inputs per request), on
 one simulated H100 (`tailguard sim --max-num-seqs 8`), straight to the engine and through
-`tailguard serve` (the embeddings go to their own class, `embeddings`, here held to one slot of
-eight: `EMBED_SHARE`). A third run sends the embeddings alone, straight: the throughput they get
+`tailguard serve` (the embeddings go to their own class, `embeddings`, here sure of one slot of
+eight and allowed two: `EMBED_MIN_SHARE`, `--embed-max-share`). A third run sends the embeddings alone, straight: the throughput they get
 when nothing else competes.
 
-    .venv/bin/python benchmarks/mixed_apis.py [--duration 30] [--time-scale 1.0]
+    .venv/bin/python benchmarks/mixed_apis.py [--duration 240] [--time-scale 1.0] [--agent-rate 1.25]
+        [--embed-rate 26] [--embed-max-share 0.25] [--name mixed_apis]
 
 Open loop, each class its own Poisson arrivals (rates in simulated requests per second, below);
-latencies are simulated seconds. Writes benchmarks/results/mixed_apis.md and .json, and each run's
-bench folder under benchmarks/results/mixed_apis/. The issue's targets (#19): chat and agent P99
+latencies are simulated seconds. Writes benchmarks/results/NAME.md and .json, and each run's
+bench folder under benchmarks/results/NAME/ (NAME: `--name`). The issue's targets (#19): chat and agent P99
 TTFT at least 10x lower through the gateway; the embeddings' throughput within 1.3x of alone.
 """
 
@@ -29,17 +30,18 @@ from tailguard.cli.experiment import Arm, SimSpec, run_arms
 from tailguard.gateway.config.classes import default_classes
 
 RESULTS = Path(__file__).resolve().parent / "results"
-# Simulated requests per second of each class.
-RATES = {"chat": 3.0, "agent": 0.5, "embed": 26.0}
+# Simulated requests per second of each class (the agents' is `--agent-rate`: a P99 needs
+# hundreds of them, and a 30 s run at 0.5/s had 16).
+RATES = {"chat": 3.0, "agent": 1.25, "embed": 26.0}
 # Each embeddings request is a prefill of 2 x 1024 tokens, and every engine step that carries one
 # is longer for every sequence decoding beside it (step time a + b x prefill tokens): the slots the
-# `embeddings` class may hold bound how much of each step is theirs. Prefill throughput hardly
-# depends on it (the per-step overhead is small), so one slot of eight keeps chats' steps short and
-# costs the batch little.
-EMBED_SHARE = 0.125
+# `embeddings` class may hold bound how much of each step is theirs. It is sure of one slot of
+# eight (`min_share`) and may take a second (`max_share`, `--embed-max-share`): held to one, it
+# served 17 requests/s of the 26 sent in a 200 s run, its backlog growing for the whole run.
+EMBED_MIN_SHARE = 0.125
 
 
-def workload(scale: float, only: str | None = None) -> Any:
+def workload(scale: float, rates: dict[str, float], only: str | None = None) -> Any:
     """The mix (or one class of it); arrival rates converted to wall seconds."""
     classes = [
         {"name": "chat", "prompt_tokens": {"dist": "lognormal", "median": 150, "sigma": 0.5, "max": 1000},
@@ -50,7 +52,7 @@ def workload(scale: float, only: str | None = None) -> Any:
     ]
     chosen = [c for c in classes if only is None or c["name"] == only]
     for c in chosen:
-        c.update(weight=0, arrival={"rate": RATES[str(c["name"])] / scale})
+        c.update(weight=0, arrival={"rate": rates[str(c["name"])] / scale})
     return parse_workload({"name": "mixed-apis" if only is None else f"mixed-apis-{only}", "classes": chosen})
 
 
@@ -66,14 +68,16 @@ def render(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> str:
     lines = [
         "# Every API on one engine: chats, Responses agents and an embeddings batch",
         "",
-        f"`.venv/bin/python benchmarks/mixed_apis.py --duration {args.duration} --time-scale {args.time_scale} --max-concurrency {args.max_concurrency}`",
+        f"`.venv/bin/python benchmarks/mixed_apis.py --duration {args.duration} --time-scale {args.time_scale} "
+        f"--max-concurrency {args.max_concurrency} --agent-rate {args.agent_rate} --embed-rate {args.embed_rate} "
+        f"--embed-max-share {args.embed_max_share} --name {args.name}`",
         "",
         f"Simulator `tailguard sim --preset h100-llama8b --max-num-seqs 8 --time-scale {args.time_scale}`; gateway "
         "`tailguard serve` (chats and agents `interactive`, embeddings `embeddings`), "
-        f"`max_concurrency` {args.max_concurrency}, the `embeddings` class at `max_share` and `min_share` {EMBED_SHARE} "
-        f"(one slot). Open loop for {args.duration} wall s, Poisson per class: chat {RATES['chat']}/s "
-        f"(~150-token prompts, 32 tokens out), agent {RATES['agent']}/s (`/v1/responses`, 1500-token prompt of which "
-        f"1000 shared, 64 out, streamed), embed {RATES['embed']}/s (`/v1/embeddings`, 2 inputs of 1024 tokens). "
+        f"`max_concurrency` {args.max_concurrency}, the `embeddings` class at `min_share` {EMBED_MIN_SHARE} "
+        f"and `max_share` {args.embed_max_share}. Open loop for {args.duration} wall s, Poisson per class: chat {RATES['chat']}/s "
+        f"(~150-token prompts, 32 tokens out), agent {args.agent_rate}/s (`/v1/responses`, 1500-token prompt of which "
+        f"1000 shared, 64 out, streamed), embed {args.embed_rate}/s (`/v1/embeddings`, 2 inputs of 1024 tokens). "
         f"Simulated seconds; {os.cpu_count()} cores ({platform.machine()}, Python {platform.python_version()}), "
         f"load average {os.getloadavg()[0]:.1f} at the end.",
         "",
@@ -107,30 +111,35 @@ def _ratio(a: float | None, b: float | None) -> str:
 async def main(args: argparse.Namespace) -> None:
     console = Console()
     sim = SimSpec(max_num_seqs=8, time_scale=args.time_scale)
-    out = RESULTS / "mixed_apis"
+    out = RESULTS / args.name
     load = {"duration_s": args.duration, "seed": args.seed}
     runs: dict[str, dict[str, Any]] = {}
+    rates = {**RATES, "agent": args.agent_rate, "embed": args.embed_rate}
     classes = [c.model_dump() for c in default_classes()]
     for c in classes:
         if c["name"] == "embeddings":
-            c.update(max_share=EMBED_SHARE, min_share=EMBED_SHARE)
+            c.update(max_share=args.embed_max_share, min_share=EMBED_MIN_SHARE)
     gateway = Arm("gateway", gateway=True, max_concurrency=args.max_concurrency, config={"classes": classes})
     for arm, only in ((Arm("straight"), None), (gateway, None),
                       (Arm("embeddings alone"), "embed")):
-        got = await run_arms([arm], sim, {**load, "workload": workload(args.time_scale, only)}, out, console,
+        got = await run_arms([arm], sim, {**load, "workload": workload(args.time_scale, rates, only)}, out, console,
                              tables=False)
         runs.update(got)
-    (RESULTS / "mixed_apis.json").write_text(json.dumps(
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(
         {label: {c: {k: s["classes"][c][k] for k in ("count", "ok", "ttft_s", "e2e_s", "throughput")}
                  for c in s["classes"]} for label, s in runs.items()}, indent=1))
     md = render(args, runs)
-    (RESULTS / "mixed_apis.md").write_text(md)
+    (RESULTS / f"{args.name}.md").write_text(md)
     console.print(md)
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--duration", type=float, default=30.0, help="wall seconds of load per run")
+    p.add_argument("--duration", type=float, default=240.0, help="wall seconds of load per run")
+    p.add_argument("--agent-rate", type=float, default=RATES["agent"], help="Responses agents per simulated second")
+    p.add_argument("--embed-rate", type=float, default=RATES["embed"], help="embeddings requests per simulated second")
+    p.add_argument("--name", default="mixed_apis", help="the results' name under benchmarks/results/")
+    p.add_argument("--embed-max-share", type=float, default=0.25, help="the embeddings class's max_share")
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--max-concurrency", type=int, default=8, help="the gateway's cap on the engine (8 sequences)")

@@ -13,9 +13,12 @@ import aiohttp
 import anthropic
 import orjson
 import pytest
+from aiohttp import web
 
+from tailguard.gateway.config import BackendConfig
 from tailguard.gateway.ops.metrics import ACCESS_LOGGER
 from tests.functional.gateways import classes, gateway, sample, scrape
+from tests.servers import running
 
 MODEL = "tailguard-sim"
 BATCH = {"X-Tailguard-Class": "batch"}
@@ -118,9 +121,74 @@ async def test_an_unknown_route_is_told_what_is_served() -> None:
         async with s.get(f"{gw.url}/v1/messages/batches") as r:
             body = await r.json()
         assert r.status == 404 and body["type"] == "error" and body["error"]["type"] == "not_found_error"
-        async with s.post(f"{gw.url}/tokenize", json={"model": MODEL, "prompt": "hi"}) as r:
-            # The simulator serves no tokenizer: its own 404 is relayed, as a backend's answer is.
-            assert r.status == 404
+        async with s.post(f"{gw.url}/pooling", json={"model": MODEL, "input": "hi"}) as r:
+            assert r.status == 404  # a route the gateway does not serve, though vLLM does
+
+
+async def test_rerank_score_and_the_tokenizer_routes_in_vllm_shapes(access: pytest.LogCaptureFixture) -> None:
+    """Each pooling and tokenizer route through the gateway to the simulator, with a real HTTP
+    client: vLLM's answer shapes, the `embeddings` class, prompt tokens metered from the answer's
+    usage (rerank: the query once per document, as the engine scores each pair), nothing generated."""
+    docs = ["a cat purrs", "dogs bark loudly", "cats"]
+    calls: list[tuple[str, dict[str, Any]]] = [
+        ("/v1/rerank", {"model": MODEL, "query": "cat", "documents": docs, "top_n": 2}),
+        ("/rerank", {"model": MODEL, "query": "cat", "documents": docs}),
+        ("/score", {"model": MODEL, "text_1": "cat", "text_2": docs}),
+        ("/tokenize", {"model": MODEL, "prompt": "hello world"}),
+        ("/detokenize", {"model": MODEL, "tokens": [1, 2, 3]}),
+    ]
+    answers = {}
+    async with asyncio.timeout(30), gateway() as gw, aiohttp.ClientSession() as s:
+        for path, body in calls:
+            async with s.post(gw.url + path, json=body) as r:
+                assert (r.status, r.headers["X-Tailguard-Class"]) == (200, "embeddings"), await r.text()
+                answers[path] = await r.json()
+        async with s.post(gw.url + "/score", json={"model": MODEL, "text_1": ["a", "b"], "text_2": docs}) as r:
+            refused = (r.status, (await r.json())["error"]["param"])
+        m = await scrape(gw.url)
+    top, every = answers["/v1/rerank"], answers["/rerank"]
+    assert len(top["results"]) == 2 and top["results"] == every["results"][:2]
+    assert sorted(x["index"] for x in every["results"]) == [0, 1, 2]
+    scores = [x["relevance_score"] for x in every["results"]]
+    assert scores == sorted(scores, reverse=True) and all(0 <= x <= 1 for x in scores)
+    pair_tokens = (1 + 3) + (1 + 4) + (1 + 1)  # "cat" with each document, by the bytes/4 estimate
+    assert every["usage"] == {"prompt_tokens": pair_tokens, "total_tokens": pair_tokens}
+    score = answers["/score"]
+    assert score["object"] == "list" and [d["index"] for d in score["data"]] == [0, 1, 2]
+    # The same pair scores the same on both routes (a cross-encoder's rerank is its score, sorted).
+    assert sorted(d["score"] for d in score["data"]) == sorted(scores)
+    assert answers["/tokenize"]["count"] == len(answers["/tokenize"]["tokens"]) == 3
+    assert answers["/detokenize"] == {"prompt": " tok tok tok"}
+    assert refused == (400, "text_1")  # the engine's own 400, relayed
+    assert sample(m, "tailguard_requests_total", **{"class": "embeddings", "outcome": "success"}) == 5
+    assert sample(m, "tailguard_output_tokens_total", **{"class": "embeddings"}) == 0
+    assert [(a["path"], a["class"]) for a in _access(access)][:5] == [(p, "embeddings") for p, _ in calls]
+
+
+async def test_a_backend_that_does_not_serve_a_route_is_relayed_not_failed() -> None:
+    """llama-server answers a route it was not started for with 501 and says how to fix it: the
+    client gets that status and message, and the backend is not counted as failing."""
+    said = {"error": {"code": 501, "message": "This server does not support reranking. Start it with `--reranking`",
+                      "type": "not_supported_error"}}
+
+    async def not_served(request: web.Request) -> web.Response:
+        return web.json_response(said, status=501)
+
+    async def healthy(request: web.Request) -> web.Response:
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/v1/rerank", not_served)
+    app.router.add_get("/health", healthy)
+    async with asyncio.timeout(30), running(app) as llama, \
+            gateway(sims=0, extra_backends=[BackendConfig(name="llama", url=llama, kind="llamacpp")]) as gw, \
+            aiohttp.ClientSession() as s:
+        for _ in range(2):
+            async with s.post(gw.url + "/v1/rerank", json={"query": "q", "documents": ["d"]}) as r:
+                assert r.status == 501
+                assert (await r.json())["error"]["message"] == said["error"]["message"]
+        m = await scrape(gw.url)
+    assert sample(m, "tailguard_upstream_errors_total", backend="llama", kind="status") == 0
 
 
 async def test_a_responses_follow_up_goes_to_the_backend_that_holds_its_state() -> None:

@@ -7,8 +7,9 @@ client goes) and starting and stopping a server.
 
 Endpoints behave like vLLM's where a client or the gateway can tell: `/v1/chat/completions` and
 `/v1/completions` (stream and non-stream, `stream_options.include_usage`, `usage`, finish_reason
-"length"), `/v1/responses` and `/v1/messages` (their typed events, `sim.typed`), `/v1/embeddings`
-(each input a prefill on the engine, deterministic vectors), `/v1/models` (its model lists the `time_scale`), `/health`, `/version` (naming itself),
+"length"), `/v1/responses` and `/v1/messages` (their typed events, `sim.typed`), `/v1/embeddings`,
+`/v1/rerank` (and `/rerank`, `/v2/rerank`), `/score` (and `/v1/score`), `/tokenize`, `/detokenize`
+(`sim.pooling`: each input or pair a prefill on the engine, deterministic vectors and scores), `/v1/models` (its model lists the `time_scale`), `/health`, `/version` (naming itself),
 `/metrics` (`vllm:*`). Started with a model name of its own (`strict_model`), it answers a request
 for another model with vLLM's 404 (`model_not_found`); otherwise it serves whatever model is asked.
 `faults` make it hang or fail on purpose (`tailguard.sim.fault`). Body `priority` is vLLM's (lower
@@ -26,7 +27,7 @@ import contextlib
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.hdrs import CONTENT_TYPE as CONTENT_TYPE_HEADER
@@ -34,6 +35,7 @@ from aiohttp.typedefs import Handler
 
 from tailguard import __version__
 from tailguard.errors import APIError, BadRequest, PayloadTooLarge
+from tailguard.sim import pooling
 from tailguard.sim.typed import body_for, chunks_for
 from tailguard.sim.vectors import vector
 from tailguard.sim.cost import EngineConfig
@@ -44,7 +46,6 @@ from tailguard.sim.request import block_keys, output_budget
 from tailguard.sim.state import Live, SimState, engine_loop
 from tailguard.wire import anthropic, openai as wire
 from tailguard.wire.embeddings import embeddings_body, inputs
-from tailguard.wire.tokens import text_tokens
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_MODEL_NAME = "tailguard-sim"
@@ -200,8 +201,7 @@ def _prompt_ids(acc: _Accepted) -> list[int]:
     parsed = acc.parsed
     if parsed.token_ids is not None:
         return parsed.token_ids
-    text = parsed.prompt_text().encode()
-    return [1 + (int.from_bytes(text[4 * i:4 * i + 4] or b"\0", "little") % 32000) for i in range(acc.prompt_tokens)]
+    return pooling.token_ids(parsed.prompt_text(), acc.prompt_tokens)
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:
@@ -220,41 +220,67 @@ async def _messages(request: web.Request) -> web.StreamResponse:
     return await _generate(request, "messages")
 
 
-async def _embeddings(request: web.Request) -> web.Response:
-    """Each input is an engine request of its own (as vLLM splits a batch of inputs), a prefill
-    and one step: embeddings cost what their prompts cost and share the engine with generation.
-    The answer comes when every input is done; its vectors are deterministic (`sim.vectors`)."""
+async def _pooled(request: web.Request, endpoint: wire.Endpoint) -> web.Response:
+    """Embeddings, rerank, score, tokenize, detokenize (`sim.pooling`): each input or pair an
+    engine request of its own (as vLLM splits a batch), a prefill and one step, so they cost what
+    their inputs cost and share the engine with generation; the tokenizer routes none. The answer
+    comes when every one is done; vectors and scores are deterministic."""
     state = request.app[SIM]
     try:
-        parsed = wire.parse_request(await _read_body(request), "embeddings")
+        parsed = wire.parse_request(await _read_body(request), endpoint)
         _check_model(state, parsed.body.get("model"))
-        items = inputs(parsed.body)
+        sizes = pooling.prefills(endpoint, parsed.body)
     except APIError as err:
         return _error(err)
     if state.closing:
         return _error(_unavailable(state))
-    engine, now = state.engine, state.clock.now()
-    ids = [state.new_id("embd") for _ in items]
-    lives = [Live(now) for _ in items]
     try:
-        for rid, item, live in zip(ids, items, lives):
+        await _prefill_all(state, sizes)
+    except ValueError as e:
+        return _error(BadRequest(str(e), code="invalid_value"))
+    if state.closing:
+        return _error(_unavailable(state))
+    body = parsed.body
+    if endpoint == "embeddings":
+        answer = embeddings_body(state.model_name, [vector(i) for i in inputs(body)], parsed.prompt_tokens,
+                                 body.get("encoding_format") == "base64")
+    else:
+        rid = state.new_id(pooling.ID_PREFIXES.get(endpoint, "pool"))
+        answer = pooling.answer(endpoint, body, state.model_name, rid, int(time.time()), state.config.max_model_len)
+    return web.Response(body=answer, content_type="application/json")
+
+
+async def _prefill_all(state: SimState, sizes: list[int]) -> None:
+    """Run one engine request of one step per size, and wait for all (or the shutdown); a request
+    left unfinished (client gone, shutdown) is aborted."""
+    engine, now = state.engine, state.clock.now()
+    ids = [state.new_id("pool") for _ in sizes]
+    lives = [Live(now) for _ in sizes]
+    try:
+        for rid, size, live in zip(ids, sizes, lives):
             state.lives[rid] = live
-            engine.add(SimRequest(rid, max(1, len(item) if isinstance(item, list) else text_tokens(item)), 1), now)
+            engine.add(SimRequest(rid, size, 1), now)
         state.kick.set()
         for live in lives:
             while not live.done and not state.closing:
                 await state.wait(live, live.ready)
-        if state.closing:
-            return _error(_unavailable(state))
-    except ValueError as e:
-        return _error(BadRequest(str(e), code="invalid_value"))
     finally:
         for rid, live in zip(ids, lives):
             if state.lives.pop(rid, None) is not None and not live.done:
                 engine.abort(rid, state.clock.now())
-    body = embeddings_body(state.model_name, [vector(i) for i in items], parsed.prompt_tokens,
-                           parsed.body.get("encoding_format") == "base64")
-    return web.Response(body=body, content_type="application/json")
+
+
+def _pooled_route(endpoint: wire.Endpoint) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handle(request: web.Request) -> web.Response:
+        return await _pooled(request, endpoint)
+    return handle
+
+
+# vLLM's paths of each pooling and tokenizer route.
+POOLING_ROUTES: dict[str, wire.Endpoint] = {
+    "/v1/embeddings": "embeddings", "/v1/rerank": "rerank", "/rerank": "rerank", "/v2/rerank": "rerank",
+    "/score": "score", "/v1/score": "score", "/tokenize": "tokenize", "/detokenize": "detokenize",
+}
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -312,7 +338,8 @@ def create_app(
     app.router.add_get("/v1/models", _models)
     app.router.add_post("/v1/responses", _responses)
     app.router.add_post("/v1/messages", _messages)
-    app.router.add_post("/v1/embeddings", _embeddings)
+    for path, endpoint in POOLING_ROUTES.items():
+        app.router.add_post(path, _pooled_route(endpoint))
     app.router.add_get("/health", _health)
     app.router.add_get("/version", _version)
     app.router.add_get("/metrics", _metrics)

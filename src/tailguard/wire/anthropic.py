@@ -114,14 +114,30 @@ def is_last(data: bytes, start: int = 0, end: int | None = None) -> bool:
     return data.find(MESSAGE_STOP, start, len(data) if end is None else end) >= 0
 
 
+# Anthropic's `input_tokens` leaves out the prompt tokens read from or written to its cache: the
+# prompt is all three (llama-server answers a repeated prompt with `input_tokens` 1 and the rest
+# as `cache_read_input_tokens`).
+_CACHED_INPUT = ("cache_read_input_tokens", "cache_creation_input_tokens")
+
+
 def read_usage(usage: Usage, obj: Any) -> None:
     """`message_start`'s input tokens, `message_delta`'s output tokens (its running total), or a
-    whole message's `usage` (a non-stream answer)."""
+    whole message's `usage` (a non-stream answer); the input counts the cached tokens too."""
     if not isinstance(obj, dict):
         return
     start = obj.get("type") == "message_start"  # its output_tokens is not a count yet
     holder = obj.get("message") if start else obj
-    usage.read_io(holder.get("usage") if isinstance(holder, dict) else None, output=not start)
+    u = holder.get("usage") if isinstance(holder, dict) else None
+    usage.read_io(u, output=not start)
+    if isinstance(u, dict) and usage.prompt_tokens is not None and _count(u.get("input_tokens")):
+        for name in _CACHED_INPUT:
+            v = u.get(name)
+            if isinstance(v, int) and not isinstance(v, bool):
+                usage.prompt_tokens += v
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 # --- what an engine sends (the simulator) --------------------------------------------------------

@@ -44,8 +44,21 @@ def inputs(body: dict[str, Any]) -> list[str | list[int]]:
 
 def input_tokens(body: dict[str, Any]) -> int:
     """The input of a pooling or tokenizer request, in tokens: texts by the bytes/4 estimate,
-    token ids counted, in every field such a route reads."""
-    return max(1, sum(_tokens(body.get(name)) for name in _INPUT_FIELDS))
+    token ids counted, in every field such a route reads; a rerank's query (a score's one
+    `text_1`) once per document, as the engine scores each pair (`_repeated`)."""
+    return max(1, sum(_tokens(body.get(name)) for name in _INPUT_FIELDS) + _repeated(body))
+
+
+def _repeated(body: dict[str, Any]) -> int:
+    """The tokens a cross-encoder reads again beyond the first pair: the query with every other
+    document. A body of another shape adds nothing (the engine judges it)."""
+    for one, many in (("query", "documents"), ("text_1", "text_2")):
+        first, rest = body.get(one), body.get(many)
+        if isinstance(first, list) and len(first) == 1:
+            first = first[0]
+        if isinstance(first, str) and isinstance(rest, list) and len(rest) > 1:
+            return _tokens(first) * (len(rest) - 1)
+    return 0
 
 
 def _tokens(value: Any) -> int:

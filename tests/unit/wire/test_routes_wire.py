@@ -71,7 +71,10 @@ def test_the_bodies_the_gateway_reads() -> None:
     assert (m.prompt_tokens, m.max_tokens, m.stream) == (1 + 4 + 1, 3, False)
     e = parse_request(orjson.dumps({"input": [[1, 2, 3], [4]]}), "embeddings")
     assert (e.prompt_tokens, e.max_tokens, e.stream) == (4, None, False)
-    assert embeddings.input_tokens({"query": "abcd", "documents": ["abcd", "abcdefgh"]}) == 4
+    # A cross-encoder reads the query with each document: the job is every pair.
+    assert embeddings.input_tokens({"query": "abcd", "documents": ["abcd", "abcdefgh"]}) == (1 + 1) + (1 + 2)
+    assert embeddings.input_tokens({"text_1": ["abcd"], "text_2": ["a", "b", "c"]}) == 3 * (1 + 1)
+    assert embeddings.input_tokens({"text_1": ["a", "b"], "text_2": ["c", "d"]}) == 4  # pairwise: each text once
     for body, endpoint, param in (({"input": 3}, "responses", "input"), ({"messages": []}, "messages", "messages"),
                                   ({"messages": [{"role": "user", "content": "x"}]}, "messages", "max_tokens"),
                                   ({"input": []}, "embeddings", "input"),
@@ -88,6 +91,11 @@ def test_whole_answers_usage() -> None:
     u = Usage()
     anthropic.read_usage(u, {"type": "message", "usage": {"input_tokens": 3, "output_tokens": 8}})
     assert (u.prompt_tokens, u.completion_tokens) == (3, 8)
+    # Anthropic's input_tokens leaves the cached part out (llama-server's answer to a repeated prompt).
+    u = Usage()
+    anthropic.read_usage(u, {"type": "message_start", "message": {"usage": {
+        "input_tokens": 1, "cache_read_input_tokens": 53, "cache_creation_input_tokens": None, "output_tokens": 0}}})
+    assert (u.prompt_tokens, u.completion_tokens) == (54, None)  # output comes with message_delta
     u = Usage()
     responses.read_usage(u, {"object": "response", "usage": {"input_tokens": 2, "output_tokens": 5}})
     assert (u.prompt_tokens, u.completion_tokens) == (2, 5)

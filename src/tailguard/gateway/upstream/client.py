@@ -210,7 +210,8 @@ class Upstream:
     async def _refused(self, backend: BackendConfig, resp: H1Response, passthrough: bool) -> None:
         """An error status: a redirect, 5xx or 429 is that backend's failure (retried elsewhere),
         a 4xx is the client's, passed back with its message sanitized (as it came, with
-        `passthrough`). A 5xx body is the backend's business (a traceback, its credentials):
+        `passthrough`); so is a 501, the backend's word that it does not serve this route (as
+        llama-server answers `/v1/rerank` when not started with `--reranking`, saying so). A 5xx body is the backend's business (a traceback, its credentials):
         only its status goes on, unless `passthrough`."""
         try:
             payload = await resp.read(_MAX_ERROR_BODY)
@@ -222,7 +223,7 @@ class Upstream:
             raise RelayError(FailureKind.STATUS, f"Backend '{backend.name}' answered {resp.status} (redirect to "
                              f"{resp.headers.get('location', '?')}); set its url to where the API is",
                              status=502)
-        if resp.status >= 500 or resp.status == 429:
+        if (resp.status >= 500 and resp.status != 501) or resp.status == 429:
             said = f": {payload[:500].decode('utf-8', 'replace')}" if passthrough else ""
             raise RelayError(FailureKind.STATUS, f"Backend '{backend.name}' answered {resp.status}{said}", status=502)
         if passthrough:
