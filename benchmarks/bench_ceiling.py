@@ -20,7 +20,6 @@ the generator, as it would in most CI set-ups; both numbers move with other load
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import os
@@ -34,7 +33,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import uvloop
 
 from tailguard.bench.load import BenchConfig, Timeouts, run_bench

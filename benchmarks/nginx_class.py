@@ -24,7 +24,6 @@ Needs nginx on PATH (`make nginx`). Writes benchmarks/results/nginx_class.{json,
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform

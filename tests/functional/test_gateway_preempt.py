@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from openai import AsyncOpenAI
 
 from tests.functional.gateways import Stack, classes, gateway, health, sample, scrape, sim_running, until
 

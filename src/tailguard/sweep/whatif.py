@@ -33,7 +33,7 @@ from tailguard.front.recording import Recording
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.des import Arrival, run
 from tailguard.sim.engine import Engine
-from tailguard.sim.fit import Fit, Served, fit
+from tailguard.sim.fit import Fit, fit
 from tailguard.sweep.traffic import Request, Traffic, served, traffic_of
 from tailguard.types import Outcome
 

@@ -421,7 +421,7 @@ async def test_a_named_service_tier_is_written_into_every_event(backends: Backen
     """A request that named a service tier gets it reported in every chunk (the relay then takes
     the general path for every read)."""
     run = await _started(backends, watchdog, service_tier=b"flex")
-    backend, sink, relay, resp, task = run.backend, run.sink, run.relay, run.resp, run.task
+    backend, sink, resp, task = run.backend, run.sink, run.resp, run.task
     await _parked(resp, task)
     backend.read(role(), tok("x"))
     await _parked(resp, task)

@@ -32,7 +32,8 @@ from tailguard.gateway.http.batches import add_routes as add_batch_routes, batch
 from tailguard.gateway.http.classes import ClassTable
 from tailguard.gateway.http.models import fleet_models, one_model
 from tailguard.gateway.http.routes import API_ROUTES, not_found_message, served, shaped_error
-from tailguard.gateway.http.proxy import REQUEST_ID, Proxy, client_request_id, error_response
+from tailguard.gateway.http.inbound import REQUEST_ID
+from tailguard.gateway.http.proxy import Proxy, client_request_id, error_response
 from tailguard.gateway.http.server import GatewayRunner, raise_file_limit, reserved_only
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.logfmt import FORMATTERS

@@ -24,7 +24,6 @@ from tailguard.gateway.config import GatewayConfig
 from tailguard.gateway.dispatch import overloaded
 from tailguard.gateway.exchange import Context, Ending, Exchange, Job
 from tailguard.gateway.http.classes import ClassTable
-from tailguard.gateway.http.inbound import REQUEST_ID as REQUEST_ID  # the app reads it here
 from tailguard.gateway.http.inbound import AiohttpInbound, Inbound, Reply
 from tailguard.gateway.http.routes import anthropic_refusal, error_shape, passed_headers
 from tailguard.gateway.ops.metering import Meter

@@ -22,7 +22,7 @@ import orjson
 from tailguard.clock import monotonic
 from tailguard.errors import APIError
 from tailguard.gateway.config import LimitsConfig
-from tailguard.gateway.sink import ClientGone, Sink
+from tailguard.gateway.sink import Sink
 from tailguard.gateway.upstream.client import RelayError, Suspended, stream_failure
 from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.upstream.resume import Progress
