@@ -24,6 +24,7 @@ written down and replayed (`tailguard serve --record`, `tailguard replay`), and 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tailguard.errors import TailguardError
@@ -167,6 +168,15 @@ class Allotted:
 
 
 @dataclass(frozen=True, slots=True)
+class ServedElsewhere:
+    """Other replicas gave each caller this much fair-share service (virtual counter units)
+    since the last exchange (`gateway.shared.fair`): the counters of `scheduler.fair_share`
+    count every replica's service, not only this one's."""
+
+    service: Mapping[str, float]
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed (the driver's timer at `next_wakeup()`): queue bounds are checked."""
 
@@ -184,7 +194,7 @@ class Reconfigure:
 
 
 Event = (Arrive | Opened | Generated | Failed | FirstContent | Finished | Probed | Observed | KindLearned | Served
-         | Loaded | Tick | Close | Reconfigure | Allotted)
+         | Loaded | Tick | Close | Reconfigure | Allotted | ServedElsewhere)
 
 # --- decisions ------------------------------------------------------------------------------
 

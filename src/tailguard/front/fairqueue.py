@@ -77,6 +77,12 @@ class FairShareScheduler(RankedSjfScheduler):
         self.vtc.ended(req_id, used_tokens)
         self._owner.pop(req_id, None)
 
+    def take_served(self) -> dict[str, float]:
+        return self.vtc.take_served()
+
+    def served_elsewhere(self, service: Mapping[str, float]) -> None:
+        self.vtc.absorb(service)
+
     def displaceable(self, waiting: Pending, running: Iterable[str]) -> set[str]:
         """Fair-share preemption: of the `running` requests, those `waiting` may take the slot of:
         the requests of the caller furthest above `waiting`'s, when even once charged for its own

@@ -16,6 +16,11 @@ expected to cost (its prompt and its capped output limit) and its end corrects t
 really used, the prediction-then-correction variant the VTC paper describes for systems that
 do not see each token.
 
+Replicas that share state (`gateway.shared.fair`) keep one set of counters between them: each
+takes the service it gave (`take_served`, charges and corrections, not lifts, which are each
+queue's own) and adds what the others gave (`absorb`), so a caller that floods one replica waits
+behind the others' callers on every replica.
+
     vtc = VirtualCounters(weights={"team-a": 2.0}, credit=8192)
     vtc.arrived("team-a", backlogged=["team-b"])    # lifted to team-b's counter - 8192 if below
     vtc.dispatched("r1", "team-a", prompt_tokens=300, output_tokens=200)
@@ -40,6 +45,7 @@ class VirtualCounters:
         self.input_price, self.output_price = input_price, output_price
         self.counters: dict[str, float] = {}
         self._charged: dict[str, tuple[str, int, float]] = {}  # request -> (caller, prompt, charged)
+        self._served: dict[str, float] = {}  # service given here since the last `take_served`
 
     def counter(self, caller: str) -> float:
         return self.counters.get(caller, 0.0)
@@ -65,7 +71,7 @@ class VirtualCounters:
         if req_id in self._charged:
             return
         cost = self.cost(caller, prompt_tokens, output_tokens)
-        self.counters[caller] = self.counters.get(caller, 0.0) + cost
+        self._serve(caller, cost)
         self._charged[req_id] = (caller, prompt_tokens, cost)
 
     def ended(self, req_id: str, used_tokens: int) -> None:
@@ -79,13 +85,29 @@ class VirtualCounters:
         if used_tokens > 0:
             real = (min(prompt, used_tokens) * self.input_price
                     + max(0, used_tokens - prompt) * self.output_price) / self._weight(caller)
-        self.counters[caller] = self.counters.get(caller, 0.0) + real - cost
+        self._serve(caller, real - cost)
+
+    def take_served(self) -> dict[str, float]:
+        """The service given here to each caller since the last call (what other replicas are
+        to add to their counters)."""
+        served, self._served = self._served, {}
+        return served
+
+    def absorb(self, others: Mapping[str, float]) -> None:
+        """Other replicas gave each caller this much service since the last exchange."""
+        for caller, amount in others.items():
+            self.counters[caller] = self.counters.get(caller, 0.0) + amount
+
+    def _serve(self, caller: str, amount: float) -> None:
+        self.counters[caller] = self.counters.get(caller, 0.0) + amount
+        self._served[caller] = self._served.get(caller, 0.0) + amount
 
     def keep(self, old: VirtualCounters) -> None:
         """A reload: `old`'s counters and what each request in flight was charged carry over;
         this one's weights, prices and credit apply to what is charged from now."""
         self.counters = old.counters
         self._charged = old._charged
+        self._served = old._served
 
     def _weight(self, caller: str) -> float:
         return self.weights.get(caller, 1.0)

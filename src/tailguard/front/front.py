@@ -28,7 +28,8 @@ from tailguard.errors import ConfigError
 from tailguard.front.ejection import Ejector
 from tailguard.front.events import (
     Allotted, Arrive, Close, Decision, Drop, Event, Failed, Finished, FirstContent, Generated, HealthChanged,
-    Hedge, KindLearned, Loaded, Observed, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend,
+    Hedge, KindLearned, Loaded, Observed, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served,
+    ServedElsewhere, Start, Suspend,
     Tick, WrongEvent,
 )
 from tailguard.front.hedging import Hedger
@@ -79,7 +80,7 @@ class Front(Recovery):
             FirstContent: self._first_content,
             Finished: self._finished, Probed: self._probed, Observed: self._observed, KindLearned: self._kind_learned,
             Served: self._served, Loaded: self._loaded, Tick: self._tick, Close: self._close, Allotted: self._allotted,
-            Reconfigure: self._reconfigure,
+            Reconfigure: self._reconfigure, ServedElsewhere: self._served_elsewhere,
         }
 
     # --- the chokepoint ---------------------------------------------------------------------
@@ -332,6 +333,16 @@ class Front(Recovery):
         queue in (suspending nothing itself, as a grown adaptive cap)."""
         if self._slots.allot(ev.backend, ev.slots):
             self._pump(now, False)
+
+    def _served_elsewhere(self, ev: ServedElsewhere, now: float) -> None:
+        """Other replicas' fair-share service: the order among callers may change, the slots
+        do not, so nothing is started here."""
+        self._queue.served_elsewhere(ev.service)
+
+    def take_served(self) -> dict[str, float]:
+        """The fair-share service this front gave each caller since the last call, for the
+        other replicas (`gateway.shared.fair`); empty unless `scheduler.fair_share`."""
+        return self._queue.take_served()
 
     def _loaded(self, ev: Loaded, now: float) -> None:
         self._slots.engine_load(ev.backend, ev.queued, now)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import abc
 import heapq
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -165,6 +165,15 @@ class BaseScheduler(abc.ABC):
         """Of the `running` requests (of `waiting`'s own rank), those whose slot `waiting` may take
         (fair-share preemption, `front.fairqueue`); none, for the other policies."""
         return set()
+
+    def take_served(self) -> dict[str, float]:
+        """The fair-share service given to each caller since the last call, for the other
+        replicas (`front.fairqueue`); nothing, for the other policies."""
+        return {}
+
+    def served_elsewhere(self, service: Mapping[str, float]) -> None:
+        """Other replicas gave each caller this much fair-share service (`front.fairqueue`);
+        the other policies ignore it."""
 
     def inherit(self, old: BaseScheduler) -> None:
         """A live reconfiguration: take over what `old` knew beyond its queue (fair-share

@@ -21,7 +21,8 @@ from tailguard.clock import monotonic
 from tailguard.errors import APIError, NotFound, Overloaded, RateLimited
 from tailguard.front.events import (
     Allotted, Arrive, Close, Decision, Drop, Ejected, Event, Failed, Finished, FirstContent, Generated, HealthChanged,
-    Hedge, KindLearned, Loaded, Observed, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend,
+    Hedge, KindLearned, Loaded, Observed, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served,
+    ServedElsewhere, Start, Suspend,
     Tick, Wait,
 )
 from tailguard.front.front import Front
@@ -236,6 +237,14 @@ class Dispatcher:
     def allot(self, backend: str, slots: int | None) -> None:
         """This replica's part of `backend`'s slots, leased in Redis (`gateway.shared.slots`)."""
         self._handle(Allotted(backend, slots))
+
+    def served_elsewhere(self, service: dict[str, float]) -> None:
+        """Other replicas' fair-share service to each caller (`gateway.shared.fair`)."""
+        self._handle(ServedElsewhere(service))
+
+    def take_served(self) -> dict[str, float]:
+        """This replica's fair-share service since the last call, for the others."""
+        return self.front.take_served()
 
     def running_waiting(self, backend: str) -> tuple[int, int]:
         """Requests running on `backend` and waiting here for any slot: what a lease asks for."""

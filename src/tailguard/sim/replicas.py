@@ -9,7 +9,9 @@ demands, never more than the others leave free); `tests/functional/test_shared_s
 both on the same renewals and checks that they answer alike. Each replica renews as
 `SlotLeases` does: every third of a lease, and every `eager_s` while it lacks slots for its
 queue or holds slots it does not use; it lowers its front's cap to what it runs as it sends a
-renewal, and the answer reaches its front `rtt_s` later (`Allotted`). The load balancer sends
+renewal, and the answer reaches its front `rtt_s` later (`Allotted`); with each renewal the
+fair-share service its front gave reaches the others (`ServedElsewhere`, as
+`gateway.shared.fair` exchanges it at the same pace). The load balancer sends
 arrivals to the replicas in turn. Requests are not preempted, hedged or retried here, and the
 engine never fails: `sim.des` models those for one front.
 
@@ -24,7 +26,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from tailguard.front.events import Allotted, Decision, FirstContent, Finished, Reject, Start, Tick
+from tailguard.front.events import Allotted, Decision, FirstContent, Finished, Reject, ServedElsewhere, Start, Tick
 from tailguard.front.front import Front
 from tailguard.front.params import FrontParams
 from tailguard.sim.des import Arrival, Timeline
@@ -76,7 +78,7 @@ class ReplicasRun:
     replica_of: dict[str, int] = field(default_factory=dict)
 
 
-_ARRIVE, _STEP_END, _ANSWER, _CHECK = range(4)
+_ARRIVE, _STEP_END, _ANSWER, _CHECK, _SERVED = range(5)
 
 
 class _Replica:
@@ -90,18 +92,20 @@ class _Replica:
 
 def run_replicas(engine: Engine, arrivals: Iterable[Arrival], params: FrontParams, replicas: int, *,
                  shared: bool = True, lease_s: float = 5.0, eager_s: float = 0.05, rtt_s: float = 0.0005,
-                 ) -> ReplicasRun:
+                 share_service: bool = True) -> ReplicasRun:
     """Run every arrival to its end through `replicas` fronts of `params` (one backend: this
-    engine). `shared`: the fronts share its `max_concurrency` by allotments; else each has all of it."""
+    engine). `shared`: the fronts share its `max_concurrency` by allotments; else each has all of
+    it. `share_service`: with `shared`, their fair-share counters are one set, as with Redis."""
     if len(params.backends) != 1:
         raise ValueError("the replicas run drives one engine: give the fronts exactly one backend")
-    return _Run(engine, list(arrivals), params, replicas, shared, lease_s, eager_s, rtt_s).loop()
+    return _Run(engine, list(arrivals), params, replicas, shared, lease_s, eager_s, rtt_s, share_service).loop()
 
 
 class _Run:
     def __init__(self, engine: Engine, arrivals: list[Arrival], params: FrontParams, n: int, shared: bool,
-                 lease_s: float, eager_s: float, rtt_s: float) -> None:
+                 lease_s: float, eager_s: float, rtt_s: float, share_service: bool) -> None:
         self.engine, self.lease_s, self.eager_s, self.rtt_s = engine, lease_s, eager_s, rtt_s
+        self.share_service = share_service
         self.backend = params.backends[0].name
         self.store = SlotStore(params.backends[0].max_concurrency) if shared else None
         self.replicas = [_Replica(i, Front(params)) for i in range(n)]
@@ -145,6 +149,10 @@ class _Run:
             elif kind == _CHECK:
                 assert isinstance(what, _Replica)
                 self._check(what, now)
+            elif kind == _SERVED:
+                assert isinstance(what, tuple)
+                r, service = what
+                self._apply(r, r.front.handle(ServedElsewhere(service), now), now)
             else:
                 assert isinstance(what, tuple)
                 r, held, cap = what
@@ -207,6 +215,11 @@ class _Run:
         held, allotted = self.store.renew(r.i, running + waiting, running, now, self.lease_s)
         self.result.renewals += 1
         self._schedule(now + self.rtt_s, _ANSWER, (r, held, allotted))
+        served = r.front.take_served()  # fair-share service, as `gateway.shared.fair` exchanges it
+        if served and self.share_service:
+            for other in self.replicas:
+                if other is not r:
+                    self._schedule(now + self.rtt_s, _SERVED, (other, served))
 
     def _tell(self, r: _Replica, slots: int, now: float = 0.0) -> None:
         if r.allotted != slots:

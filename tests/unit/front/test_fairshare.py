@@ -11,7 +11,7 @@ import random
 from dataclasses import replace
 
 from tailguard.clock import VirtualClock
-from tailguard.front.events import Arrive, Decision, Finished, Opened, Start, Suspend
+from tailguard.front.events import Arrive, Decision, Finished, Opened, ServedElsewhere, Start, Suspend
 from tailguard.front.fairshare import VirtualCounters
 from tailguard.front.front import Front
 from tailguard.front.params import BackendSpec, CallerSpec, ClassSpec, FrontParams, QueueParams
@@ -314,3 +314,45 @@ def test_a_reload_keeps_the_counters_and_applies_the_new_weights_and_credit() ->
     new.settled("a0", 150)  # charged 300 by the old one, corrected by the new: 100 + 2 x 50
     assert new.vtc.counter("a") == 200
     assert new.vtc.credit == 1000.0 and new.vtc.weights == {"b": 2.0}
+
+
+def test_replicas_sharing_service_order_their_callers_as_one_front_would() -> None:
+    """Two fronts, each with one slot: `a` floods the first; `a` and `b` each queue one request
+    at the second. Alone, the second serves `a` first (both at zero, ties by name); told the
+    first's service (`ServedElsewhere`, as `gateway.shared.fair` carries it), it serves `b`
+    first. What the first gives away is the service it gave, once."""
+    def front() -> Front:
+        return Front(FrontParams(classes=CLASSES, backends=[BackendSpec("e", max_concurrency=1)], queue=FAIR,
+                                 callers=[CallerSpec("a"), CallerSpec("b")]))
+
+    def second_starts(told: dict[str, float] | None) -> list[str]:
+        f = front()
+        out: list[Decision] = []
+        out += f.handle(Arrive("busy", "interactive", 10, max_tokens=5, caller="c"), 0.0)  # holds the slot
+        out += f.handle(Arrive("a1", "interactive", 300, max_tokens=100, caller="a"), 0.1)
+        out += f.handle(Arrive("b1", "interactive", 300, max_tokens=100, caller="b"), 0.2)
+        if told:
+            out += f.handle(ServedElsewhere(told), 0.3)
+        out += f.handle(Finished("busy", Outcome.SUCCESS, tokens=15), 1.0)
+        return [d.id for d in out if isinstance(d, Start)]
+
+    first = front()
+    for i in range(3):
+        first.handle(Arrive(f"flood{i}", "interactive", 300, max_tokens=100, caller="a"), 0.0)
+    served = first.take_served()
+    assert served == {"a": (300 - 100) + 2 * 100}  # the one started: its prompt, and its output twice
+    assert first.take_served() == {}  # taken once
+    assert second_starts(None) == ["busy", "a1"]
+    assert second_starts(served) == ["busy", "b1"]
+
+
+def test_taken_service_is_charges_and_corrections_and_absorbed_service_moves_only_the_counter() -> None:
+    v = VirtualCounters(credit=0.0)
+    v.dispatched("r1", "a", prompt_tokens=100, output_tokens=50)  # 200
+    v.ended("r1", used_tokens=120)  # 100 + 2 x 20 = 140: -60
+    v.arrived("b", backlogged=["a"])  # a lift: this front's own, not service
+    assert v.counter("b") == 140.0
+    assert v.take_served() == {"a": 140.0}
+    v.absorb({"a": 1000.0, "c": 5.0})
+    assert (v.counter("a"), v.counter("c")) == (1140.0, 5.0)
+    assert v.take_served() == {}

@@ -12,7 +12,7 @@ import pytest
 from tailguard.front.adaptive import AdaptiveParams
 from tailguard.front.events import (
     Allotted, Arrive, Close, Drop, Ejected, Failed, Finished, FirstContent, Generated, HealthChanged, Hedge, KindLearned, Loaded,
-    Observed, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, Suspend, Tick, Wait,
+    Observed, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, ServedElsewhere, Start, Suspend, Tick, Wait,
 )
 from tailguard.front.params import (
     BackendSpec, CallerSpec, ClassSpec, FrontParams, HealthParams, PreemptionParams, QueueParams, RetryParams,
@@ -43,6 +43,7 @@ EVENTS = [
     Opened("r1"), Generated("r1", 17), Failed("r1", FailureKind.TIMEOUT_FIRST_TOKEN, delivered=True, answered=True),
     Finished("r1", Outcome.CLIENT_GONE, tokens=300), Probed("a", False, busy=True), Observed("b", 0.25, 0.0125),
     Observed("a", itl_s=0.5), KindLearned("b", True), Tick(), Allotted("a", 3), Allotted("b", None),
+    ServedElsewhere({"alice": 412.5, "bob": -3.0}),
     Close(), Reconfigure(PARAMS),
 ]
 DECISIONS = [Start("r1", "a", resumed=True), Suspend("r1", "a"), Reject("r2", RejectReason.RATE_LIMIT_TOKENS, 12.5),

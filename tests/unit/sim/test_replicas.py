@@ -6,10 +6,11 @@ and without the allotments each front fills the engine to its own whole cap."""
 from __future__ import annotations
 
 import random
+import statistics
 
 import pytest
 
-from tailguard.front.params import BackendSpec, ClassSpec, FrontParams
+from tailguard.front.params import BackendSpec, CallerSpec, ClassSpec, FrontParams, QueueParams
 from tailguard.sim.cost import CostModel, EngineConfig
 from tailguard.sim.des import Arrival
 from tailguard.sim.engine import Engine
@@ -62,3 +63,22 @@ def test_the_store_gives_each_replica_its_fair_part_and_never_more_than_the_othe
     assert store.renew(0, demand=3, running=3, now=0.3, lease_s=1.0) == (3, 3)  # down to its part
     assert store.renew(1, demand=10, running=0, now=0.4, lease_s=1.0) == (3, 3)
     assert store.renew(1, demand=10, running=3, now=1.35, lease_s=1.0) == (6, 6)  # the first's lease ran out
+
+
+def test_shared_fair_share_counters_put_a_quiet_caller_ahead_on_every_replica() -> None:
+    """`f` floods both replicas, `q` sends a quarter of the requests, all of them to the second
+    (the balancer's turns). On its own counters the second sees `f` and `q` served alike and
+    alternates them; told what the first gave `f` (`ServedElsewhere` with each renewal, as
+    `gateway.shared.fair` exchanges it), it serves `q` first: `q` waits far less, and the
+    engine's work is the same."""
+    fair = FrontParams(classes=params().classes, backends=[BackendSpec("engine", max_concurrency=2)],
+                       queue=QueueParams(fair_share=True, fair_credit=0.0, aging_s=1e9),
+                       callers=[CallerSpec("f"), CallerSpec("q")])
+    sent = [Arrival(f"{c}{k}", 0.05 * (k + 1), 100, 40, caller=c)
+            for k in range(400) for c in ["q" if k % 4 == 3 else "f"]]
+    runs = {share: run_replicas(engine(), sent, fair, 2, lease_s=0.3, share_service=share) for share in (True, False)}
+    waits = {share: statistics.median(tl.ttft_s for tl in run.timelines if tl.id[0] == "q" and tl.ttft_s is not None)
+             for share, run in runs.items()}
+    assert waits[True] < 0.5 * waits[False]
+    ends = {share: max(tl.finished_at or 0.0 for tl in run.timelines) for share, run in runs.items()}
+    assert ends[True] == pytest.approx(ends[False], rel=0.01)

@@ -131,9 +131,13 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     app[PROBES].start()
     shared = app[PROXY].shared = _shared_limits(cfg, metrics)
     leases = None if shared is None else _slot_leases(app[LIVE], shared, dispatcher)
+    fair = None
     if shared is not None:
+        from tailguard.gateway.shared.fair import SharedFairShare
         from tailguard.gateway.shared.usage import SharedUsage
         meter.shared = SharedUsage(shared.link)
+        fair = SharedFairShare(shared.link, dispatcher.take_served, dispatcher.served_elsewhere)
+        fair.start()
     try:
         yield
     finally:
@@ -141,6 +145,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         if shared is not None:
             if leases is not None:
                 await leases.close()
+            if fair is not None:
+                await fair.close()
             await meter.flush()  # the last rows added into Redis while the link is open
             await shared.close()
             await shared.link.close()
