@@ -174,6 +174,7 @@ def rollback(to: Optional[int] = typer.Option(None, "--to", help="Config number 
     running requests are kept. Says when the --config file still holds the change, which the next
     reload or restart would bring back."""
     from tailguard.errors import ConfigError
+    from tailguard.gateway.config.loading import names_key_file
 
     store = _store(config, state_dir)
     try:
@@ -185,6 +186,10 @@ def rollback(to: Optional[int] = typer.Option(None, "--to", help="Config number 
         entry = store.get(to)
         if write and config is None:
             raise ConfigError("--write needs the file: give --config FILE")
+        if write and config is not None and names_key_file(config):  # a stored config holds the keys themselves
+            raise ConfigError(f"{config} reads its keys from auth.api_keys_file, and config {entry.n} holds them as "
+                              "keys: --write would copy them into the config. Roll back without --write and edit "
+                              "the file by hand.")
         _signal_and_wait(store, {"n": entry.n, "how": f"rollback to {entry.n}"})
         if config is not None:
             _settle_file(config, entry, write)

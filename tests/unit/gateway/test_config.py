@@ -8,6 +8,7 @@ import pytest
 
 from tailguard.errors import ConfigError
 from tailguard.gateway.config import GatewayConfig, load_config
+from tailguard.gateway.config.loading import names_key_file
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tailguard.yaml"
 
@@ -186,3 +187,34 @@ def test_fair_share_settings_reach_the_front_and_null_turns_its_preemption_off()
     assert queue.fair_credit == 0.0 and queue.fair_preempt_gap is None
     with pytest.raises(Exception, match="fair_preempt_gap"):
         GatewayConfig.model_validate({"scheduler": {"fair_preempt_gap": -1}})
+
+
+KEY_FILE_CONFIG = ("backends: [{name: b, url: 'http://127.0.0.1:1'}]\n"
+                   "auth: {api_keys: {sk-inline-0123456789: {name: inline}}, api_keys_file: keys/secret.yaml}\n")
+
+
+def test_keys_from_a_key_file_join_the_configs_relative_to_its_folder(tmp_path: Path) -> None:
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "secret.yaml").write_text(
+        "sk-from-file-0123456789: {name: team-a, rpm_limit: 60}\nsk-bare-0123456789:\n")
+    cfg = load_config(write(tmp_path, KEY_FILE_CONFIG))
+    assert {k: v.name for k, v in cfg.auth.api_keys.items()} == {
+        "sk-inline-0123456789": "inline", "sk-from-file-0123456789": "team-a", "sk-bare-0123456789": None}
+    assert cfg.auth.api_keys["sk-from-file-0123456789"].rpm_limit == 60
+    assert names_key_file(tmp_path / "tailguard.yaml")
+    assert "api_keys_file" not in cfg.model_dump(mode="json", exclude_unset=True)["auth"]  # the keys are recorded
+
+
+@pytest.mark.parametrize("content, problem", [
+    (None, "cannot read key file"),
+    ("- sk-in-a-list-0123456789\n", "top level must be a mapping"),
+    ("sk-inline-0123456789: {name: other}\n", "also in the config's auth.api_keys"),
+    ("sk-from-file-0123456789: {rpm_limit: -1}\n", "rpm_limit"),
+])
+def test_a_bad_key_file_is_a_config_error_that_names_no_key(tmp_path: Path, content: str | None, problem: str) -> None:
+    if content is not None:
+        (tmp_path / "keys").mkdir()
+        (tmp_path / "keys" / "secret.yaml").write_text(content)
+    with pytest.raises(ConfigError, match=problem) as e:
+        load_config(write(tmp_path, KEY_FILE_CONFIG))
+    assert "sk-inline-0123456789" not in str(e.value) and "sk-from-file" not in str(e.value)
