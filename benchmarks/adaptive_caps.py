@@ -40,7 +40,8 @@ from tailguard.clock import VirtualClock
 from tailguard.front.adaptive import AdaptiveParams
 from tailguard.front.params import BackendSpec, FrontParams, default_classes
 from tailguard.sim.cost import EngineConfig
-from tailguard.sim.des import Arrival, Timeline, run
+from tailguard.sim.des import run
+from tailguard.sim.scenario import Arrival, Timeline
 from tailguard.sweep.observed import ObservedFront, ObservingEngine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -31,7 +31,8 @@ from tailguard.clock import VirtualClock
 from tailguard.front.front import Front
 from tailguard.gateway.config import BackendConfig, GatewayConfig
 from tailguard.sim.cost import EngineConfig
-from tailguard.sim.des import Arrival, Timeline, run
+from tailguard.sim.des import run
+from tailguard.sim.scenario import Arrival, Timeline
 from tailguard.sim.engine import Engine
 from tailguard.sweep.virtual import IntakeGate, plan
 from tailguard.types import Outcome

@@ -27,7 +27,7 @@ from sim_des_speed import pct  # noqa: E402  one nearest-rank percentile for all
 
 from tailguard.front.params import BackendSpec, ClassSpec, FrontParams  # noqa: E402
 from tailguard.sim.cost import EngineConfig  # noqa: E402
-from tailguard.sim.des import Arrival  # noqa: E402
+from tailguard.sim.scenario import Arrival  # noqa: E402
 from tailguard.sim.engine import Engine  # noqa: E402
 from tailguard.sim.replicas import run_replicas  # noqa: E402
 

@@ -36,7 +36,8 @@ from tailguard.front.params import BackendSpec, CallerSpec, ClassSpec, FrontPara
 from tailguard.gateway.config import GatewayConfig
 from tailguard.gateway.http.app import create_app, gateway_runner
 from tailguard.sim.cost import EngineConfig
-from tailguard.sim.des import Arrival, run
+from tailguard.sim.des import run
+from tailguard.sim.scenario import Arrival
 from tailguard.sim.engine import Engine
 from tailguard.sim.server import running_sim
 from tailguard.wire.sse import SSEDecoder

@@ -42,7 +42,8 @@ from tailguard.front.front import Front
 from tailguard.front.intake import CLASS_HEADER, NO_CLASS
 from tailguard.gateway.config import BackendConfig, GatewayConfig, SchedulerConfig
 from tailguard.sim.cost import EngineConfig
-from tailguard.sim.des import Arrival, Timeline, run
+from tailguard.sim.des import run
+from tailguard.sim.scenario import Arrival, Timeline
 from tailguard.sim.engine import Engine
 from tailguard.sweep.virtual import IntakeGate, Planned, plan
 from tailguard.types import Outcome

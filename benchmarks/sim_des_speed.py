@@ -19,7 +19,8 @@ from pathlib import Path
 
 from tailguard.clock import VirtualClock
 from tailguard.sim.cost import EngineConfig
-from tailguard.sim.des import Arrival, run
+from tailguard.sim.des import run
+from tailguard.sim.scenario import Arrival
 from tailguard.sim.engine import Engine
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -25,7 +25,8 @@ import aiohttp
 
 from tailguard.clock import VirtualClock
 from tailguard.sim.cost import EngineConfig
-from tailguard.sim.des import Arrival, run
+from tailguard.sim.des import run
+from tailguard.sim.scenario import Arrival
 from tailguard.sim.engine import Engine
 from tailguard.wire.sse import SSEDecoder
 

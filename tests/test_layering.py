@@ -21,7 +21,7 @@ PURE = {
     "front.fairshare", "front.fairqueue", "front.schedulers",
     "front.intake", "front.recording", "front.replay", "front.adaptive", "sim.fit", "gateway.http.classes", "gateway.upstream.backends",
     "gateway.config", "gateway.ops.live", "gateway.ops.catalog", "front.capacity",
-    "gateway.ops.panels", "gateway.ops.alerts", "gateway.upstream.resume", "gateway.upstream.kinds", "sim.des",
+    "gateway.ops.panels", "gateway.ops.alerts", "gateway.upstream.resume", "gateway.upstream.kinds", "sim.des", "sim.scenario",
     "gateway.config.base", "gateway.config.classes", "gateway.config.backends", "gateway.config.scheduler",
     "gateway.config.upstream", "gateway.config.auth", "gateway.config.telemetry", "gateway.config.gateway", "gateway.config.problems",
     "gateway.config.loading", "gateway.config.workers", "gateway.config.state",

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from tailguard.front.events import Allotted, Decision, FirstContent, Finished, Reject, ServedElsewhere, Start, Tick
 from tailguard.front.front import Front
 from tailguard.front.params import FrontParams
-from tailguard.sim.des import Arrival, Timeline
+from tailguard.sim.scenario import Arrival, Timeline
 from tailguard.sim.engine import Engine, FirstToken, RequestFinished, SimRequest, Step
 from tailguard.types import Outcome
 

@@ -27,7 +27,7 @@ from tailguard.types import Outcome
 from tailguard.wire.openai import Endpoint, validate_body
 
 if TYPE_CHECKING:
-    from tailguard.sim.des import Arrival, Timeline
+    from tailguard.sim.scenario import Arrival, Timeline
     from tailguard.sim.engine import Engine
 
 ENGINE = "engine"  # the one engine's name when no gateway names it
@@ -71,7 +71,7 @@ def plan(rid: str, at: float, endpoint: Endpoint, wc: RequestClass, prompt_token
 
 
 class IntakeGate:
-    """What stands before the DES's front (`sim.des.Gate`): each planned request read as the
+    """What stands before the DES's front (`sim.scenario.Gate`): each planned request read as the
     gateway of `gateway` reads it (body validated, then its intake: class, caller, caps, job size
     with the output estimate of that instant, resumable) and as the simulator would take it (its
     output budget, its refusals). Without a gateway, only the simulator's part. Each request that
@@ -90,7 +90,7 @@ class IntakeGate:
 
     def arrival(self, p: Planned, at: float | None = None) -> Arrival:
         """`p` as the DES's arrival: what it asks of the front is decided when it comes (`admit`)."""
-        from tailguard.sim.des import Arrival
+        from tailguard.sim.scenario import Arrival
 
         self._planned[p.id] = p
         return Arrival(p.id, p.at if at is None else at, p.prompt_tokens, p.max_tokens, cls=NO_CLASS)
@@ -123,7 +123,8 @@ def simulate(engine_cfg: EngineConfig, gateway: GatewayConfig | None, planned: l
     client whose request was refused sends it when the `Retry-After` it was given has passed."""
     from tailguard.clock import VirtualClock
     from tailguard.front.front import Front
-    from tailguard.sim.des import Host, Timeline, run_fleet
+    from tailguard.sim.des import run_fleet
+    from tailguard.sim.scenario import Host, Timeline
     from tailguard.sim.engine import Engine
 
     gate = IntakeGate(engine_cfg, gateway)

@@ -31,7 +31,8 @@ from tailguard.front.intake import Accepted
 from tailguard.front.params import BackendSpec, FrontParams
 from tailguard.front.recording import Recording
 from tailguard.sim.cost import EngineConfig
-from tailguard.sim.des import Arrival, run
+from tailguard.sim.des import run
+from tailguard.sim.scenario import Arrival
 from tailguard.sim.engine import Engine
 from tailguard.sim.fit import Fit, fit
 from tailguard.sweep.traffic import Request, Traffic, served, traffic_of

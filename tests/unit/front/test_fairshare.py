@@ -20,7 +20,8 @@ from tailguard.front.queue import Pending, RankedSjfScheduler
 from tailguard.front.schedulers import carry_over, make_scheduler
 from tailguard.front.tracked import State
 from tailguard.sim.cost import EngineConfig
-from tailguard.sim.des import Arrival, run
+from tailguard.sim.des import run
+from tailguard.sim.scenario import Arrival
 from tailguard.sim.engine import Engine
 from tailguard.types import Outcome
 

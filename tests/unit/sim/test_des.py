@@ -10,7 +10,8 @@ from tailguard.front.front import Front
 from tailguard.front.intake import Accepted
 from tailguard.front.params import BackendSpec, CallerSpec, ClassSpec, FrontParams, PreemptionParams, QueueParams
 from tailguard.sim.cost import CostModel, EngineConfig
-from tailguard.sim.des import Arrival, Timeline, run
+from tailguard.sim.des import run
+from tailguard.sim.scenario import Arrival, Timeline
 from tailguard.sim.engine import Engine
 from tailguard.sim.kv import prefix_block_hashes
 from tailguard.types import Outcome

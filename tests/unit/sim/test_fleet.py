@@ -12,7 +12,8 @@ from tailguard.front.params import (
     BackendSpec, ClassSpec, FrontParams, HedgeParams, PreemptionParams, QueueParams, RoutingParams,
 )
 from tailguard.sim.cost import CostModel, EngineConfig
-from tailguard.sim.des import Arrival, Host, Probing, Timeline, run_fleet
+from tailguard.sim.des import run_fleet
+from tailguard.sim.scenario import Arrival, Host, Probing, Timeline
 from tailguard.sim.engine import Engine
 from tailguard.sim.fault import Faults
 from tailguard.types import FailureKind, Outcome

@@ -12,7 +12,7 @@ import pytest
 
 from tailguard.front.params import BackendSpec, CallerSpec, ClassSpec, FrontParams, QueueParams
 from tailguard.sim.cost import CostModel, EngineConfig
-from tailguard.sim.des import Arrival
+from tailguard.sim.scenario import Arrival
 from tailguard.sim.engine import Engine
 from tailguard.sim.replicas import SlotStore, run_replicas
 from tailguard.types import Outcome

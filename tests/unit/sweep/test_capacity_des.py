@@ -18,7 +18,8 @@ from tailguard.front.front import Front
 from tailguard.front.params import BackendSpec, ClassSpec, FrontParams
 from tailguard.front.capacity import CapacitySignal
 from tailguard.sim.cost import CostModel, EngineConfig
-from tailguard.sim.des import Arrival, Host, Scaling, Timeline, run_fleet
+from tailguard.sim.des import run_fleet
+from tailguard.sim.scenario import Arrival, Host, Scaling, Timeline
 from tailguard.sim.engine import Engine
 from tailguard.types import Outcome
 

@@ -16,7 +16,8 @@ from tailguard.front.adaptive import AdaptiveParams
 from tailguard.front.front import Front
 from tailguard.front.params import BackendSpec, FrontParams, default_classes
 from tailguard.sim.cost import EngineConfig
-from tailguard.sim.des import Arrival, run
+from tailguard.sim.des import run
+from tailguard.sim.scenario import Arrival
 from tailguard.sweep.observed import ObservedFront, ObservingEngine
 
 SECONDS = 60.0

@@ -8,7 +8,7 @@ from typing import Any
 from tailguard.bench.workload import RequestClass, parse_workload
 from tailguard.gateway.config import GatewayConfig
 from tailguard.sim.cost import EngineConfig
-from tailguard.sim.des import Timeline
+from tailguard.sim.scenario import Timeline
 from tailguard.sweep.virtual import IntakeGate, VirtualRun, plan, run_virtual
 
 ENGINE = EngineConfig.from_preset("h100-llama8b", max_num_seqs=4, max_model_len=2048, output_length="exact")

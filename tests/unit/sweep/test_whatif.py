@@ -17,7 +17,8 @@ from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, Preempti
 from tailguard.front.recording import Observation, read, request_line
 from tailguard.front.replay import conform
 from tailguard.sim.cost import PRESETS, CostModel
-from tailguard.sim.des import Arrival, run
+from tailguard.sim.des import run
+from tailguard.sim.scenario import Arrival
 from tailguard.sim.engine import Engine
 from tailguard.sweep.whatif import OTHER, RECORDED, RESIMULATED, one_backend, what_if
 from tailguard.types import Outcome
