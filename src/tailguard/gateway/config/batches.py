@@ -56,4 +56,5 @@ class BatchesConfig(_Model):
         description="A line's claim while it runs (renewed every third of it); a replica that dies hands its lines "
         "to the others once their lease ends.",
     )
-    poll_s: float = Field(default=1.0, gt=0, description="How often the journal is read for new or orphaned batches.")
+    poll_s: float = Field(default=1.0, gt=0, description="How often the journal is read for new or orphaned batches while any is "
+                          "active; with none, every third of `lease_s` (a batch made here starts at once).")
