@@ -81,11 +81,8 @@ class VirtualCounters:
         if charged is None:
             return  # never dispatched: it cost nothing
         caller, prompt, cost = charged
-        real = 0.0
-        if used_tokens > 0:
-            real = (min(prompt, used_tokens) * self.input_price
-                    + max(0, used_tokens - prompt) * self.output_price) / self._weight(caller)
-        self._serve(caller, real - cost)
+        used = max(0, used_tokens)
+        self._serve(caller, self.cost(caller, min(prompt, used), max(0, used - prompt)) - cost)
 
     def take_served(self) -> dict[str, float]:
         """The service given here to each caller since the last call (what other replicas are
