@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from redis import asyncio as aioredis
+
 from tailguard.front.fairshare import VirtualCounters
 from tailguard.gateway.config import StateConfig
 from tailguard.gateway.shared.fair import SharedFairShare
@@ -22,7 +24,7 @@ async def replica(url: str) -> AsyncIterator[tuple[VirtualCounters, SharedFairSh
     link = Link(StateConfig(url=url, lease_s=0.3, timeout_s=0.5), lambda up: None)
     link.start()
     vtc = VirtualCounters(credit=0.0)
-    fair = SharedFairShare(link, vtc.take_served, vtc.absorb)
+    fair = SharedFairShare(link, vtc.take_served, vtc.absorb, lambda: True)
     try:
         yield vtc, fair
     finally:
@@ -59,3 +61,28 @@ async def test_each_replica_counts_the_others_service_and_keeps_it_across_a_redi
         await one_fair.exchange()
         assert (one.counter("flood"), one.counter("quiet")) == (350.0, 20.0)
         assert (two.counter("flood"), two.counter("quiet")) == (350.0, 20.0)
+
+
+async def test_without_fair_share_an_exchange_with_nothing_to_add_asks_redis_nothing(tmp_path: Path) -> None:
+    async with asyncio.timeout(20), redis_server(tmp_path) as server, \
+            aioredis.Redis.from_url(server.url) as r:
+        link = Link(StateConfig(url=server.url, lease_s=30.0, timeout_s=0.5), lambda up: None)
+        vtc = VirtualCounters()
+        fair = SharedFairShare(link, vtc.take_served, vtc.absorb, lambda: False)
+        try:
+            before = await r.info("commandstats")
+            for _ in range(3):
+                await fair.exchange()
+            idle = await r.info("commandstats")
+            vtc.dispatched("r1", "a", prompt_tokens=10, output_tokens=0)  # service left from before a reload
+            await fair.exchange()
+            after = await r.info("commandstats")
+        finally:
+            await fair.close()
+            await link.close()
+    assert _calls(idle) == _calls(before)  # not one command but our own INFO
+    assert _calls(after) > _calls(idle)
+
+
+def _calls(stats: dict[str, dict[str, int]]) -> int:
+    return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")

@@ -136,7 +136,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         from tailguard.gateway.shared.fair import SharedFairShare
         from tailguard.gateway.shared.usage import SharedUsage
         meter.shared = SharedUsage(shared.link)
-        fair = SharedFairShare(shared.link, dispatcher.take_served, dispatcher.served_elsewhere)
+        live = app[LIVE]
+        fair = SharedFairShare(shared.link, dispatcher.take_served, dispatcher.served_elsewhere,
+                               lambda: live.cfg.scheduler.fair_share)
         fair.start()
     try:
         yield

@@ -38,12 +38,13 @@ return redis.call('HGETALL', KEYS[1])
 class SharedFairShare:
     """This replica's part in the shared fair-share counters (see the module docstring).
     `take()` is the service its front gave since the last call; `tell(others)` hands the
-    front what the other replicas gave."""
+    front what the other replicas gave; `enabled()`, whether the running config shares by
+    callers at all (without it, and with nothing to add, no round trip is made)."""
 
     def __init__(self, link: Link, take: Callable[[], dict[str, float]],
-                 tell: Callable[[dict[str, float]], None]) -> None:
+                 tell: Callable[[dict[str, float]], None], enabled: Callable[[], bool]) -> None:
         self.link = link
-        self._take, self._tell = take, tell
+        self._take, self._tell, self._enabled = take, tell, enabled
         self._script = Script(_EXCHANGE)
         self._unsent: dict[str, float] = {}
         self._seen: dict[str, float] = {}  # every caller's total at the last look
@@ -66,8 +67,8 @@ class SharedFairShare:
         """One round trip: add this replica's service, absorb the others'."""
         for caller, amount in self._take().items():
             self._unsent[caller] = self._unsent.get(caller, 0.0) + amount
-        if not self.link.shared:
-            return
+        if not self.link.shared or not (self._unsent or self._enabled()):
+            return  # nothing to add, and (fair share off) nothing to absorb
         sending, self._unsent = self._unsent, {}
         args: list[object] = [_GENERATION, os.urandom(8).hex()]
         for caller, amount in sending.items():
@@ -82,15 +83,15 @@ class SharedFairShare:
         fields = {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
         generation = fields.pop(_GENERATION, "")
         totals = {caller: float(v) for caller, v in fields.items()}
-        others = self.others(totals, sending, fresh=generation != self._generation)
+        others = self._others(totals, sending, fresh=generation != self._generation)
         self._generation, self._seen = generation, totals
         if others:
             self._tell(others)
 
-    def others(self, totals: Mapping[str, float], sent: Mapping[str, float], fresh: bool) -> dict[str, float]:
+    def _others(self, totals: Mapping[str, float], sent: Mapping[str, float], fresh: bool) -> dict[str, float]:
         """What the other replicas gave each caller since the last look: its total less what
         was seen then (nothing when the hash is new to this replica) and less what was just sent."""
-        seen: Mapping[str, float] = {} if fresh and self._generation is not None else self._seen
+        seen: Mapping[str, float] = {} if fresh else self._seen
         out = {}
         for caller, total in totals.items():
             amount = total - seen.get(caller, 0.0) - sent.get(caller, 0.0)
