@@ -172,7 +172,7 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=4.0, help="chats per simulated second")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--shares", default="1,0.75,0.5,0.25,0.125,0.0625")
-    ap.add_argument("--paces", default="1:6.5,1:13,1:26,1:52,0.5:6.5",
+    ap.add_argument("--paces", default="1:6.5,1:13,1:26,1:52,1:104,1:208,0.5:6.5",
                     help="share:ms runs with classes[batch].start_interval_s (simulated ms)")
     a = ap.parse_args()
     shares: list[tuple[float | None, float]] = [(None, 0.0), *((float(s), 0.0) for s in a.shares.split(","))]
