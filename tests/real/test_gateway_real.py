@@ -523,7 +523,7 @@ async def test_kind_auto_finds_the_real_engine_and_treats_it_so(engine: EnginePr
         name = cfg.backends[0].name
 
         async def detected() -> bool:
-            return (await gateway_health(url))["backends"][name]["kind"] == engine.kind
+            return bool((await gateway_health(url))["backends"][name]["kind"] == engine.kind)
         await wait_for(detected, f"the gateway to detect {engine.kind}", timeout_s=STEP_S)
         h = (await gateway_health(url))["backends"][name]
         assert h["reserved_slots"] == 0  # a kind that can continue a generation needs no reservation
