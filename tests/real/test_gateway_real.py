@@ -23,7 +23,7 @@ from aiohttp import web
 from openai import APIStatusError, AsyncOpenAI
 
 from tailguard.gateway.config import GatewayConfig
-from tailguard.gateway.http.app import create_app
+from tailguard.gateway.http.app import create_app, gateway_runner
 from tailguard.wire.sse import SSEDecoder
 from tests.real.processes import EngineProcess, http_text
 
@@ -52,9 +52,11 @@ def config(*backends: tuple[EngineProcess, int], **extra: Any) -> GatewayConfig:
 
 @asynccontextmanager
 async def gateway(cfg: GatewayConfig) -> AsyncIterator[str]:
-    """The real gateway app on an ephemeral port, with aiohttp's handler cancellation on (as `serve`
-    runs it), so a client that leaves cancels its handler and the upstream request."""
-    runner = web.AppRunner(create_app(cfg), handle_signals=False, handler_cancellation=True, access_log=None)
+    """The real gateway on an ephemeral port, served as `tailguard serve` serves it: the lean
+    server for the hot routes, aiohttp's for the rest, the client-side limits, and a client that
+    leaves cancelling its handler and the upstream request."""
+    app = create_app(cfg)
+    runner = gateway_runner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
