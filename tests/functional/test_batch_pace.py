@@ -12,7 +12,7 @@ from tailguard.gateway.config.classes import default_classes
 from tests.functional.batch_calls import MODEL, input_file, lines_of, submit, until_status
 from tests.functional.gateways import engine, gateway, sample, scrape
 
-INTERVAL_S = 0.05
+INTERVAL_S = 0.1
 
 
 async def test_lines_start_one_per_interval_yet_fill_every_slot(tmp_path: Path) -> None:
