@@ -7,7 +7,10 @@ front with its default classes (batch preemptible) and 16 slots. Chats: Poisson 
 `chat-only` requests (64-192 prompt tokens, max_tokens 32, class interactive). The batch: lines
 of ~136 prompt and 64 output tokens in class `batch`, kept coming as the batch runner keeps them
 (a line ends, the next is sent; `ahead` more wait in the front's queue). Runs: chats alone, then
-with the batch allowed every slot, then with `classes[batch].max_share` leaving slots free.
+with the batch allowed every slot, then with `classes[batch].max_share` leaving slots free, then
+with `classes[batch].start_interval_s` spacing the lines' starts (`--paces`, simulated ms). Last,
+the floor: what a chat's TTFT cannot go below while a batch keeps the engine busy, from the
+engine's cost model alone (`floor`).
 
     .venv/bin/python benchmarks/batch_interference_des.py [--chats 20000] [--rate 4] [--seed 0]
 
@@ -48,9 +51,10 @@ WORKLOAD = Workload.model_validate({"name": "batch-interference", "classes": [
 CHAT, LINE = WORKLOAD.classes
 
 
-def gateway(batch_share: float) -> GatewayConfig:
+def gateway(batch_share: float, pace_s: float = 0.0) -> GatewayConfig:
     base = GatewayConfig()
-    classes = [c.model_copy(update={"max_share": batch_share}) if c.name == "batch" else c for c in base.classes]
+    classes = [c.model_copy(update={"max_share": batch_share, "start_interval_s": pace_s}) if c.name == "batch" else c
+               for c in base.classes]
     backend = BackendConfig(name="engine", url="http://127.0.0.1:1", kind="sim", max_concurrency=SEQS)
     return GatewayConfig(classes=classes, backends=[backend])
 
@@ -66,11 +70,11 @@ class Lines:
         return self.gate.arrival(plan(f"line-{self.sent}", at, "chat", LINE, 136, 64), at)
 
 
-def one_run(chats: int, rate: float, seed: int, batch_share: float | None) -> dict[str, Any]:
+def one_run(chats: int, rate: float, seed: int, batch_share: float | None, pace_s: float = 0.0) -> dict[str, Any]:
     """`chats` Poisson chats; with `batch_share`, a batch that never runs out of lines, allowed
     that share of the slots (None: no batch)."""
     cfg = EngineConfig.from_preset("h100-llama8b", max_num_seqs=SEQS)
-    gw = gateway(batch_share if batch_share is not None else 1.0)
+    gw = gateway(batch_share if batch_share is not None else 1.0, pace_s)
     front = Front(gw.front_params({"engine": True}))
     gate = IntakeGate(cfg, gw)
     rng = random.Random(seed)
@@ -94,12 +98,36 @@ def one_run(chats: int, rate: float, seed: int, batch_share: float | None) -> di
     lines = [tl for tl in timelines if tl.id.startswith("line-") and tl.outcome is Outcome.SUCCESS
              and tl.finished_at is not None and 1.0 <= tl.finished_at <= end]
     ms = [x * 1000 for x in ok]
-    return {"batch_share": batch_share, "batch_slots": None if batch_share is None else int(SEQS * batch_share),
+    return {"batch_share": batch_share, "pace_s": pace_s, "batch_slots": None if batch_share is None else int(SEQS * batch_share),
             "chats": len(chat), "chat_errors": len(chat) - len(ok),
             "chat_ttft_ms": {"p50": float(np.percentile(ms, 50)), "p90": float(np.percentile(ms, 90)),
                              "p99": float(np.percentile(ms, 99)), "max": max(ms)},
             "batch_output_tokens_per_s": sum(tl.output_tokens for tl in lines) / (end - 1.0),
             "suspensions": sum(tl.suspensions for tl in timelines), "wall_s": round(wall, 1)}
+
+
+def floor(share: float, n: int = 1_000_000, seed: int = 0) -> dict[str, float]:
+    """Chat TTFT (ms) on an engine a batch keeps busy at `share` of its output, with the best
+    placement of the lines' prefills any front could make: one line's prefill (136 tokens) in a
+    step at most, and never in the chat's own step. The batch needs `share * SEQS / 64` line
+    starts per step; a chat arriving at a random instant (Poisson) lands in a step chosen by its
+    length, waits for its rest, then runs its own prefill step beside the batch's decodes. Other
+    chats are left out (they add the same with the batch or without), so this is a lower bound
+    for what the discrete-event runs can show."""
+    c = EngineConfig.from_preset("h100-llama8b", max_num_seqs=SEQS).cost
+    rng = np.random.default_rng(seed)
+    decodes = SEQS * share
+    kv = decodes * (136 + 64 // 2)  # each line's context, halfway through its output
+    decode_s = c.step_time(0, decodes, kv)
+    prefill_s = decode_s + c.b_s_per_prefill_token * 136
+    starts = share * SEQS / 64  # line starts per step
+    in_prefill = starts * prefill_s / (starts * prefill_s + (1 - starts) * decode_s)  # length-biased
+    step = np.where(rng.random(n) < in_prefill, prefill_s, decode_s)
+    prompt = rng.integers(64, 193, n)
+    own = c.step_time(0, decodes, kv) + c.b_s_per_prefill_token * prompt  # the chat's own prefill step
+    ms = 1000 * (rng.random(n) * step + own)
+    return {"share": share, "decode_step_ms": 1000 * decode_s, "prefill_step_ms": 1000 * prefill_s,
+            "in_prefill_step": in_prefill, "p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99))}
 
 
 def engine_alone_tokens_per_s(seconds: float) -> float:
@@ -117,6 +145,8 @@ def markdown(res: dict[str, Any]) -> str:
     for r in res["runs"]:
         c = r["chat_ttft_ms"]
         what = "chats alone" if r["batch_share"] is None else f"batch on {r['batch_slots']} of {SEQS} slots"
+        if r["pace_s"]:
+            what += f", one start per {1000 * r['pace_s']:g} ms"
         share = "" if r["batch_share"] is None else f"{r['batch_output_tokens_per_s'] / res['engine_tokens_per_s']:.0%}"
         rows.append(f"| {what} | {c['p50']:.1f} | {c['p99']:.1f} | {c['p99'] / alone['p99']:.2f}x | "
                     f"{c['p50'] / alone['p50']:.2f}x | {share} | {r['suspensions']:,} |")
@@ -127,7 +157,13 @@ def markdown(res: dict[str, Any]) -> str:
         f"never runs out of lines (136 prompt + 64 output tokens each, {AHEAD} waiting ahead). Batch share: its output "
         f"tokens/s over the engine kept full of lines alone ({res['engine_tokens_per_s']:,.0f}/s).", "",
         "| run | chat TTFT P50 ms | P99 ms | P99 vs alone | P50 vs alone | batch share of engine | suspensions |",
-        "|---|---|---|---|---|---|---|", *rows, ""])
+        "|---|---|---|---|---|---|---|", *rows, "",
+        "The floor (`floor()`: the engine's cost model alone, each line's prefill in a step of its own, none in a chat's "
+        "own step, other chats left out), against the chats-alone P99 above:", "",
+        "| batch share of engine | decode step ms | step with a line prefill ms | a chat lands in such a step | "
+        "floor P50 ms | floor P99 ms | P99 vs alone |", "|---|---|---|---|---|---|---|",
+        *(f"| {f['share']:.0%} | {f['decode_step_ms']:.2f} | {f['prefill_step_ms']:.2f} | {f['in_prefill_step']:.0%} | "
+          f"{f['p50']:.1f} | {f['p99']:.1f} | {f['p99'] / alone['p99']:.2f}x |" for f in res["floor"]), ""])
 
 
 def main() -> None:
@@ -136,11 +172,17 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=4.0, help="chats per simulated second")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--shares", default="1,0.75,0.5,0.25,0.125,0.0625")
+    ap.add_argument("--paces", default="1:6.5,1:13,1:26,1:52,1:104,1:208,0.5:6.5",
+                    help="share:ms runs with classes[batch].start_interval_s (simulated ms)")
     a = ap.parse_args()
-    shares: list[float | None] = [None, *(float(s) for s in a.shares.split(","))]
+    shares: list[tuple[float | None, float]] = [(None, 0.0), *((float(s), 0.0) for s in a.shares.split(","))]
+    for run_ in filter(None, a.paces.split(",")):
+        share, pace = run_.split(":")
+        shares.append((float(share), float(pace) / 1000))
     res: dict[str, Any] = {"chats": a.chats, "rate": a.rate, "seed": a.seed,
                            "engine_tokens_per_s": engine_alone_tokens_per_s(a.chats / a.rate),
-                           "runs": [one_run(a.chats, a.rate, a.seed, s) for s in shares]}
+                           "runs": [one_run(a.chats, a.rate, a.seed, s, p) for s, p in shares],
+                           "floor": [floor(s) for s in (1.0, 0.93, 0.8, 0.5, 0.25)]}
     res["command"] = "python benchmarks/batch_interference_des.py " + " ".join(
         f"--{k} {v}" for k, v in (("chats", a.chats), ("rate", a.rate), ("seed", a.seed)))
     res["machine"] = {"python": platform.python_version()}

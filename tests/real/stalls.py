@@ -34,10 +34,12 @@ class LoopLag:
         self.stalled_stacks: list[str] = []
         self._beat = time.monotonic()
         self._loop_thread = threading.get_ident()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._left = False  # the loop stopped running since the last tick (a synchronous fixture ran)
         self._stop = threading.Event()
 
     async def watch(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         start = loop.time()
         self._loop_thread = threading.get_ident()
         watchdog = threading.Thread(target=self._watchdog, name="loop-lag-watchdog", daemon=True)
@@ -48,6 +50,9 @@ class LoopLag:
                 self._beat = time.monotonic()
                 await asyncio.sleep(TICK_S)
                 late = loop.time() - before - TICK_S
+                if self._left:  # the loop was not running (pytest set up a synchronous fixture): no stall
+                    self._left = False
+                    continue
                 self.ticks += 1
                 self.over_1s += late > 1.0
                 if late > self.worst_s:
@@ -60,6 +65,9 @@ class LoopLag:
         report on itself, and a lateness alone does not say whether the machine or our code held it."""
         taken_for = None
         while not self._stop.wait(1.0):
+            if self._loop is not None and not self._loop.is_running():
+                self._left = True
+                continue
             beat = self._beat
             if time.monotonic() - beat < STALL_S or taken_for == beat or len(self.stalled_stacks) >= STACKS_KEPT:
                 continue

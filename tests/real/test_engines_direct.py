@@ -38,9 +38,9 @@ def assert_chunking(engine: EngineProcess, content_chunks: int, tokens: int) -> 
 
 async def chat_stream(proc: EngineProcess, max_tokens: int, **extra: object) -> list[dict[str, object]]:
     async with client(proc) as c, asyncio.timeout(STEP_S):
-        stream = await c.chat.completions.create(
+        stream = await c.chat.completions.create(  # type: ignore[call-overload]
             model=proc.model, messages=[{"role": "user", "content": "tell me about the queue"}],
-            max_tokens=max_tokens, stream=True, stream_options={"include_usage": True}, **extra,  # type: ignore[arg-type]
+            max_tokens=max_tokens, stream=True, stream_options={"include_usage": True}, **extra,
         )
         return [chunk.model_dump() async for chunk in stream]
 

@@ -23,7 +23,7 @@ from aiohttp import web
 from openai import APIStatusError, AsyncOpenAI
 
 from tailguard.gateway.config import GatewayConfig
-from tailguard.gateway.http.app import create_app
+from tailguard.gateway.http.app import create_app, gateway_runner
 from tailguard.wire.sse import SSEDecoder
 from tests.real.processes import EngineProcess, http_text
 
@@ -52,9 +52,11 @@ def config(*backends: tuple[EngineProcess, int], **extra: Any) -> GatewayConfig:
 
 @asynccontextmanager
 async def gateway(cfg: GatewayConfig) -> AsyncIterator[str]:
-    """The real gateway app on an ephemeral port, with aiohttp's handler cancellation on (as `serve`
-    runs it), so a client that leaves cancels its handler and the upstream request."""
-    runner = web.AppRunner(create_app(cfg), handle_signals=False, handler_cancellation=True, access_log=None)
+    """The real gateway on an ephemeral port, served as `tailguard serve` serves it: the lean
+    server for the hot routes, aiohttp's for the rest, the client-side limits, and a client that
+    leaves cancelling its handler and the upstream request."""
+    app = create_app(cfg)
+    runner = gateway_runner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -523,7 +525,7 @@ async def test_kind_auto_finds_the_real_engine_and_treats_it_so(engine: EnginePr
         name = cfg.backends[0].name
 
         async def detected() -> bool:
-            return (await gateway_health(url))["backends"][name]["kind"] == engine.kind
+            return bool((await gateway_health(url))["backends"][name]["kind"] == engine.kind)
         await wait_for(detected, f"the gateway to detect {engine.kind}", timeout_s=STEP_S)
         h = (await gateway_health(url))["backends"][name]
         assert h["reserved_slots"] == 0  # a kind that can continue a generation needs no reservation

@@ -34,6 +34,7 @@ from tailguard.front.events import (
 )
 from tailguard.front.hedging import Hedger
 from tailguard.front.limits import CallerLimits, Standing
+from tailguard.front.pacing import Pacer
 from tailguard.front.params import FrontParams
 from tailguard.front.preemption import Candidate, PreemptionPolicy
 from tailguard.front.queue import Pending
@@ -69,6 +70,7 @@ class Front(Recovery):
         self._budget = retry_budget(params.retry)
         self._max_attempts = params.retry.max_attempts
         self._limits = CallerLimits(params.callers)
+        self._pacer = Pacer(params.classes)
         self._reqs: dict[str, Tracked] = {}
         self._candidates: dict[str, Tracked] = {}  # running preemptible requests
         self._out: list[Decision] = []
@@ -142,8 +144,9 @@ class Front(Recovery):
     def next_wakeup(self) -> float | None:
         """When `Tick` next has something to do (a queued request's bound, an ejection's end), or
         None."""
-        times = [t for t in (self._queue.next_wakeup() if len(self._queue) else None, self._ejector.next_return(),
-                             self._hedger.next_due()) if t is not None]
+        queued = len(self._queue) > 0
+        times = [t for t in (self._queue.next_wakeup() if queued else None, self._ejector.next_return(),
+                             self._hedger.next_due(), self._pacer.next_due() if queued else None) if t is not None]
         return min(times) if times else None
 
     def queue_len(self, cls: str) -> int:
@@ -355,6 +358,7 @@ class Front(Recovery):
             self._out.append(Reject(p.id, RejectReason.QUEUE_TIMEOUT, self.retry_after_s()))
         for backend in self._ejector.returns(now):
             self._out.append(Readmitted(backend))
+        self._pacer.expire(now)
         self._hedge_due(now)
         self._pump(now, self._may_preempt)
 
@@ -384,6 +388,7 @@ class Front(Recovery):
         self._ejector.reconfigure(params.ejection)
         self._router.reconfigure(params.routing)
         self._hedger.reconfigure(params.hedging)
+        self._pacer.reconfigure(params.classes)
         self._params = params
         self._classes = {c.name: c for c in params.classes}
         gone = self._slots.reconfigure(params.backends, params.classes, params.health)
@@ -432,7 +437,7 @@ class Front(Recovery):
         """Where `r` may go now. A suspended request's continuation needs a backend whose kind
         can continue a generation (in a mixed fleet, not every backend can)."""
         return self._router.choose(self._slots, self._classes[r.pending.cls], r.pending, r.route, now,
-                                   [*exclude, *self._barred(r)])
+                                   [*exclude, *self._barred(r), *self._pacer.held(r.pending.cls, now)])
 
     def _barred(self, r: Tracked) -> list[str]:
         """Backends a waiting request may not go to: those it failed on, and, to be continued,
@@ -480,6 +485,7 @@ class Front(Recovery):
     def _bind(self, r: Tracked, backend: str, now: float) -> None:
         self._slots.acquire(backend, r.pending.cls, r.pending.est_tokens)
         self._router.bound(backend, r.route)
+        self._pacer.started(backend, r.pending.cls, now)
         resumed = r.state is State.SUSPENDED
         r.state, r.backend, r.bound_at = State.RUNNING, backend, now
         if not resumed:

@@ -38,6 +38,7 @@ class ClassSpec:
     cap_mode: CapMode = "clamp"  # over the cap: lowered to it, or refused with a 400
     max_prompt_tokens: int | None = None  # a larger (estimated) prompt is refused with a 400
     pools: tuple[str, ...] = ()  # backend pools its requests may use, tried in order (empty: every pool)
+    start_interval_s: float = 0.0  # at most one start of the class per backend per interval (0: unpaced)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,8 @@ The allotment is `SlotStore.renew`, the renewal script of `gateway.shared.slots`
 same steps, in the same order: expired leases dropped, the cap water-filled over the replicas'
 demands, never more than the others leave free); `tests/functional/test_shared_slots.py` runs
 both on the same renewals and checks that they answer alike. Each replica renews as
-`SlotLeases` does: every third of a lease, and every `eager_s` while it lacks slots for its
-queue or holds slots it does not use; it lowers its front's cap to what it runs as it sends a
+`SlotLeases` does, on `front.leases`' pacing: every third of a lease, and within `eager_s` of
+lacking slots for its queue or holding slots it does not use; it lowers its front's cap to what it runs as it sends a
 renewal, and the answer reaches its front `rtt_s` later (`Allotted`); with each renewal the
 fair-share service its front gave reaches the others (`ServedElsewhere`, as
 `gateway.shared.fair` exchanges it at the same pace). The load balancer sends
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from tailguard.front.events import Allotted, Decision, FirstContent, Finished, Reject, ServedElsewhere, Start, Tick
 from tailguard.front.front import Front
+from tailguard.front.leases import EAGER_S, RenewalPacing, short
 from tailguard.front.params import FrontParams
 from tailguard.sim.scenario import Arrival, Timeline
 from tailguard.sim.engine import Engine, FirstToken, RequestFinished, SimRequest, Step
@@ -82,16 +83,16 @@ _ARRIVE, _STEP_END, _ANSWER, _CHECK, _SERVED = range(5)
 
 
 class _Replica:
-    __slots__ = ("i", "front", "allotted", "held", "due")
+    __slots__ = ("i", "front", "allotted", "held", "pacing")
 
-    def __init__(self, i: int, front: Front) -> None:
-        self.i, self.front = i, front
+    def __init__(self, i: int, front: Front, pacing: RenewalPacing) -> None:
+        self.i, self.front, self.pacing = i, front, pacing
         self.allotted: int | None = None  # the cap told to its front (None: none told, the whole)
-        self.held, self.due = 0, 0.0
+        self.held = 0
 
 
 def run_replicas(engine: Engine, arrivals: Iterable[Arrival], params: FrontParams, replicas: int, *,
-                 shared: bool = True, lease_s: float = 5.0, eager_s: float = 0.05, rtt_s: float = 0.0005,
+                 shared: bool = True, lease_s: float = 5.0, eager_s: float = EAGER_S, rtt_s: float = 0.0005,
                  share_service: bool = True) -> ReplicasRun:
     """Run every arrival to its end through `replicas` fronts of `params` (one backend: this
     engine). `shared`: the fronts share its `max_concurrency` by allotments; else each has all of
@@ -104,11 +105,11 @@ def run_replicas(engine: Engine, arrivals: Iterable[Arrival], params: FrontParam
 class _Run:
     def __init__(self, engine: Engine, arrivals: list[Arrival], params: FrontParams, n: int, shared: bool,
                  lease_s: float, eager_s: float, rtt_s: float, share_service: bool) -> None:
-        self.engine, self.lease_s, self.eager_s, self.rtt_s = engine, lease_s, eager_s, rtt_s
+        self.engine, self.lease_s, self.rtt_s = engine, lease_s, rtt_s
         self.share_service = share_service
         self.backend = params.backends[0].name
         self.store = SlotStore(params.backends[0].max_concurrency) if shared else None
-        self.replicas = [_Replica(i, Front(params)) for i in range(n)]
+        self.replicas = [_Replica(i, Front(params), RenewalPacing(lease_s, eager_s)) for i in range(n)]
         self.timelines = {a.id: Timeline(a.id, a.cls, a.at, a.prompt_tokens, a.max_tokens) for a in arrivals}
         self.result = ReplicasRun(list(self.timelines.values()))
         self.arrivals = {a.id: a for a in arrivals}
@@ -202,15 +203,13 @@ class _Run:
                 raise ValueError(f"the replicas run does not model {type(d).__name__}: use sim.des for one front")
 
     def _check(self, r: _Replica, now: float) -> None:
-        """As `SlotLeases._run`: renew when due or short, and look again in `eager_s`."""
+        """As `SlotLeases._run`: renew when the pacing says so, and look again in `eager_s`."""
         assert self.store is not None
         if self.open:
-            self._schedule(now + self.eager_s, _CHECK, r)
+            self._schedule(now + r.pacing.eager_s, _CHECK, r)
         running, waiting = r.front.backend(self.backend).in_flight, len(r.front)
-        short = (waiting and (r.allotted or 0) < self.store.cap) or r.held > running + waiting
-        if now < r.due and not short:
+        if not r.pacing.due(now, short(running, waiting, r.allotted or 0, r.held, self.store.cap)):
             return
-        r.due = now + self.lease_s / 3
         self._tell(r, min(running, r.allotted or 0), now)  # nothing starts until the answer
         held, allotted = self.store.renew(r.i, running + waiting, running, now, self.lease_s)
         self.result.renewals += 1

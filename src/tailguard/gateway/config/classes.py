@@ -73,6 +73,12 @@ class ClassConfig(_Model):
         "`fair_preempt_gap`), and resumed later where it stopped (the client's connection stays open). Only on "
         "backends whose kind can continue a generation (`vllm`, `llamacpp`, `sim`).",
     )
+    start_interval_s: float = Field(
+        default=_CLS.start_interval_s, ge=0,
+        description="At most one request of this class starts (or resumes) on a backend per this many "
+        "seconds, so their prefills land in different engine steps instead of one long step a chat waits "
+        "behind (docs/batch.md). About one engine step (`tailguard bench`: the decode step time). 0 = unpaced.",
+    )
 
     pools: list[str] = Field(
         default_factory=list,

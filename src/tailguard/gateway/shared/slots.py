@@ -15,9 +15,10 @@ have ended down to its part, and then holds no more.
 
 Before each renewal the replica lowers its cap to what it runs: no request starts while the
 answer is on its way (the script counts what it was told is running, so one started meanwhile
-would be counted nowhere). Renewals come every third of a lease, and every `_EAGER_S` while
-requests wait here for a slot it lacks, or it holds slots it no longer uses. While Redis is unavailable, a replica takes
-1/N of each cap (N as for the limits), whatever `state.on_unavailable` says.
+would be counted nowhere). When it renews is `front.leases`' pacing, the same on virtual time
+(`sim.replicas`): every third of a lease, and within `EAGER_S` of falling short. While Redis is
+unavailable, a replica takes 1/N of each cap (N as for the limits), whatever
+`state.on_unavailable` says.
 """
 
 from __future__ import annotations
@@ -25,10 +26,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from tailguard.front.leases import RenewalPacing, short
 from tailguard.gateway.shared.link import UNAVAILABLE, Link, stop
 from tailguard.gateway.shared.scripts import Script
-
-_EAGER_S = 0.05
 
 # KEYS: the backend's allotments, demands (hashes: replica -> slots) and leases (sorted set:
 # replica -> expiry in ms). ARGV: replica, demand, running, cap, lease in ms. Returns what the
@@ -86,6 +86,7 @@ class SlotLeases:
         self._renew = Script(_RENEW)  # every backend in one pipeline: one round trip
         self.allotted: dict[str, int] = {}  # the cap told to the front
         self.held: dict[str, int] = {}  # what Redis counts as this replica's
+        self._pacing = RenewalPacing(link.cfg.lease_s)
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -111,23 +112,18 @@ class SlotLeases:
             pass
 
     async def _run(self) -> None:
-        """Renew every third of a lease, and within `_EAGER_S` of falling short (a look at this
-        replica's own counts, no round trip, every `_EAGER_S`)."""
+        """Renew when `front.leases`' pacing says so, looking at this replica's own counts every
+        `eager_s`."""
         loop = asyncio.get_running_loop()
-        due = 0.0
+        pacing = self._pacing
         while True:
-            if loop.time() >= due or self._short():
-                due = loop.time() + self.link.cfg.lease_s / 3
+            if pacing.due(loop.time(), self._short()):
                 await self.renew()
-            await asyncio.sleep(_EAGER_S)
+            await asyncio.sleep(pacing.eager_s)
 
     def _short(self) -> bool:
-        """Requests wait here for slots this replica lacks, or it holds slots it does not use."""
-        for b, cap in self.caps.items():
-            running, waiting = self._load(b)
-            if (waiting and self.allotted.get(b, 0) < cap) or self.held.get(b, 0) > running + waiting:
-                return True
-        return False
+        return any(short(*self._load(b), self.allotted.get(b, 0), self.held.get(b, 0), cap)
+                   for b, cap in self.caps.items())
 
     async def renew(self) -> None:
         """One round trip: every backend's allotment renewed and told to the front."""
