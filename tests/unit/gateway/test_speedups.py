@@ -8,9 +8,9 @@ runs only Python, each on its own real backend connection and with the same inst
 clock): what the client got, every count of the tally and of the ITL histogram, the watchdog's last
 read, the usage, how it ended (an event over `max_event_bytes` fails both the same way) must be
 equal. The clients are a `ChunkQueue` (the step hands chunks to `write_nowait`) and a real
-`LeanProtocol` on a socketpair (the step writes the chunked frame to its transport itself).
-Without the extension (`TAILGUARD_NO_EXTENSIONS=1`) the C half is skipped and the selection is
-checked instead."""
+`LeanProtocol` on a loopback TCP connection (the step writes the chunked frame to its transport
+itself). Without the extension (`TAILGUARD_NO_EXTENSIONS=1`) the C half is skipped and the
+selection is checked instead."""
 
 from __future__ import annotations
 
