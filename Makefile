@@ -4,9 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-real test-sdk bench bench-real engines lint clean prometheus deploy observe nginx postgresql redis
+.PHONY: demo test test-pure test-real test-sdk bench bench-real engines lint clean prometheus deploy observe nginx postgresql redis
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py src/tailguard/_speedups.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
@@ -18,6 +18,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The relay's tests once more on the pure-Python fallback of the C extension (`tailguard.speedups`).
+test-pure: $(STAMP)
+	TAILGUARD_NO_EXTENSIONS=1 $(PY) -m pytest -q tests/unit/gateway tests/unit/wire \
+		tests/functional/test_gateway_lean.py tests/functional/test_gateway_relay.py
 
 # Debian's prometheus and promtool, for the alert-rule checks and the real-Prometheus test.
 prometheus:

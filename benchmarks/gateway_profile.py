@@ -38,6 +38,7 @@ import aiohttp
 import orjson
 
 from tailguard.cli.experiment import free_port, wait_healthy
+from tailguard.speedups import speedups
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT = [{"role": "user", "content": "word " * 80}]  # about 104 prompt tokens, as gateway_overhead.py
@@ -205,6 +206,7 @@ def _write(res: dict[str, Any]) -> None:
     """benchmarks/results/gateway_profile.{json,md}: the last run's counts."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     res["load_1m"] = round(os.getloadavg()[0], 2)
+    res["relay_step"] = "C" if speedups is not None else "Python"  # the gateway inherits this environment
     (RESULTS / "gateway_profile.json").write_text(json.dumps(res, indent=2) + "\n")
     less = res.get("less_background")
     rows = [f"| as counted | {res['one_token']:,} | {res['full']:,} | {res['per_chunk']:,} |"]
@@ -215,7 +217,7 @@ def _write(res: dict[str, Any]) -> None:
         "# Instructions per request (callgrind)\n\n"
         f"`benchmarks/gateway_profile.py --requests {res['requests']}`, {res['requests']} sequential streamed "
         f"requests after {WARMUP} of warm-up; load average {res['load_1m']} at the end (the counts do not "
-        "depend on it).\n\n"
+        f"depend on it); the relay's per-chunk step in {res['relay_step']} (`tailguard.speedups`).\n\n"
         f"| | 1-token answer | {res['tokens']}-token answer | each further chunk |\n|---|---:|---:|---:|\n"
         + "\n".join(rows) + "\n")
 

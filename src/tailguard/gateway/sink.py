@@ -39,6 +39,13 @@ class Sink(Protocol):
         """Write without waiting; False when the caller should `await drain()` before the next."""
         ...
 
+    @property
+    def direct(self) -> tuple[object, asyncio.Transport] | None:
+        """Where the relay's C step (`tailguard.speedups`) may write a chunk's frame itself, as
+        `write_nowait` would: the connection whose `closing` and `paused` it reads, and the
+        transport; None: each chunk through `write_nowait`."""
+        ...
+
     async def drain(self) -> None: ...
 
     async def end(self, data: bytes) -> None: ...
@@ -67,6 +74,7 @@ class ResponseSink:
     frame and the terminator and keeps the connection's state right."""
 
     __slots__ = ("request", "response", "_transport")
+    direct = None  # its writes keep aiohttp's checks (`write_nowait`)
 
     def __init__(self, request: web.Request) -> None:
         self.request = request
@@ -136,6 +144,7 @@ class ChunkQueue:
         self._started = False
         self._closed = False
         self._waiting: bytes | None = None  # a chunk `write_nowait` found no room for
+        self.direct = None  # (no transport: each chunk is queued)
 
     @property
     def started(self) -> bool:

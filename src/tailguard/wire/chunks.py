@@ -20,6 +20,8 @@ from typing import Any
 
 import orjson
 
+from tailguard.speedups import speedups
+
 # Keys whose non-empty string (or list) value is generated content. JSON escapes quotes inside
 # strings, so `"content":` never matches inside a tool call's arguments or the text itself.
 CONTENT_KEYS = (b'"content":', b'"text":', b'"reasoning_content":', b'"reasoning":', b'"tool_calls":')
@@ -64,8 +66,9 @@ class Usage:
             self.completion_tokens = ot
 
 
-def has_content(data: bytes, start: int = 0, end: int | None = None) -> bool:
+def has_content_py(data: bytes, start: int = 0, end: int | None = None) -> bool:
     """True if the chunk in data[start:end] carries generated content (see the module docstring).
+    `has_content` is this, or its twin in C (`tailguard.speedups`).
 
     Each search takes one argument (the event is cut out first when it is part of `data`): a
     bounded `find` parses two more, a cost in each of the six searches an event without
@@ -91,6 +94,9 @@ def has_content(data: bytes, start: int = 0, end: int | None = None) -> bool:
                     return True
             i = data.find(key, j)
     return False
+
+
+has_content = has_content_py if speedups is None else speedups.has_content
 
 
 def has_usage(data: bytes, start: int = 0, end: int | None = None) -> bool:

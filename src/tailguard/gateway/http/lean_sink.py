@@ -104,6 +104,12 @@ class LeanSink:
         self.ended = eof
         self._t = t
 
+    @property
+    def direct(self) -> tuple[Connection, asyncio.Transport] | None:
+        """The connection and transport `write_nowait` writes to, for the relay's C step: it does
+        the same with them (`tailguard.speedups`); None before the stream has begun."""
+        return None if self._t is None else (self._conn, self._t)
+
     def write_nowait(self, data: bytes) -> bool:
         """Hand one chunk to the client's transport; False when the client reads slower than we
         write and the caller should `await drain()`. Raises `ClientGone` once it has left.
