@@ -4,7 +4,7 @@ where it was not built (no compiler at install) or `TAILGUARD_NO_EXTENSIONS` is 
 
 What it holds is the relay's per-chunk hot loop (`_speedups.c`): the content test
 (`wire.chunks.has_content`) and one call per relayed chunk (`StreamRelay`'s step). Each is the
-exact twin of Python code kept beside it, and `tests/unit/test_speedups.py` runs both on the same
+exact twin of Python code kept beside it, and `tests/unit/gateway/test_speedups.py` runs both on the same
 streams; the C one is there because a chunk's Python (a call, an attribute, an argument at a time)
 was most of what the gateway spent per chunk (docs/tuning.md, section 6)."""
 
