@@ -398,9 +398,10 @@ async def test_killed_llamacpp_is_routed_around(start_llama: Callable[..., Engin
                 killed_at.append(time.monotonic())
 
     async def watch(url: str) -> None:
+        # Taken out either way: by its failed probe, or first by its failed requests (ejection).
         while not marked_down_at:
-            h = await gateway_health(url)
-            if not h["backends"][name_a]["healthy"]:
+            state = (await gateway_health(url))["backends"][name_a]
+            if not state["healthy"] or state["ejected"]:
                 marked_down_at.append(time.monotonic())
             await asyncio.sleep(0.01)
 
@@ -410,7 +411,7 @@ async def test_killed_llamacpp_is_routed_around(start_llama: Callable[..., Engin
     async with gateway(config((a, 4), (b, 4), health=fast_probes)) as url, client(url) as c, \
             asyncio.timeout(STEP_S * 2):
         watcher = asyncio.create_task(watch(url))
-        todo = list(range(100))
+        todo = list(range(150))  # 20 before the kill, and enough after it however late it is noticed
         await asyncio.gather(*(worker(c, todo) for _ in range(workers)))
         await asyncio.wait_for(watcher, STEP_S)
         health = await gateway_health(url)
