@@ -118,27 +118,33 @@ class Runner:
         """Every `poll_s` while batches are active; with none, every third of a lease (a batch
         made here wakes it at once, and one made by another replica or left by a dead one is
         found within a third of the lease its lines wait out anyway), so an idle gateway does
-        not read its journal every second (about 1M instructions a second, `gateway_profile.py`)."""
+        not read its journal every second (about 1M instructions a second, `gateway_profile.py`).
+        The leases of the lines running here are renewed every third of a lease whatever `poll_s`
+        is, and before the other reads: renewed only once per poll, after them, a 2 s lease lapsed
+        on a loaded CI machine and the replica's own line was claimed and sent again."""
         last_renew = 0.0
+        third = self.cfg.lease_s / 3
         while True:
             active: list[str] = []
             try:
+                now = time.time()
+                if now - last_renew >= third:  # first: a slow read below must not let a lease lapse
+                    last_renew = now
+                    await self.journal.renew(self.holder, now, self.cfg.lease_s)
+                    await self._expire_files(int(now))
                 active = await self.journal.active_batches()
                 for batch_id in active:
                     if batch_id not in self._runs:
                         self._wakes[batch_id] = asyncio.Event()
                         self._runs[batch_id] = asyncio.create_task(self._guarded(batch_id), name=f"batch-{batch_id}")
                 self.lines_by_state, self.batches_by_status = await self.journal.tally()
-                now = time.time()
-                self._rate_samples.append((now, self.ended))
-                if now - last_renew >= self.cfg.lease_s / 3:
-                    last_renew = now
-                    await self.journal.renew(self.holder, now, self.cfg.lease_s)
-                    await self._expire_files(int(now))
+                self._rate_samples.append((time.time(), self.ended))
             except Exception:
                 log.exception("batch runner: reading the journal failed; trying again")
             self._found.clear()
-            pause = self.cfg.poll_s if active or self._runs else max(self.cfg.poll_s, self.cfg.lease_s / 3)
+            pause = self.cfg.poll_s if active or self._runs else max(self.cfg.poll_s, third)
+            if self._runs:  # lines may run here: their leases are renewed every third of one, whatever poll_s is
+                pause = min(pause, max(0.0, last_renew + third - time.time()))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(pause):
                     await self._found.wait()
