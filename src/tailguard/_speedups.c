@@ -422,7 +422,13 @@ static int step_init(PyObject *op, PyObject *args, PyObject *kwds)
 
 static int step_traverse(PyObject *op, visitproc visit, void *arg) { STEP_REFS(VISIT) return 0; }
 
-static int step_clear(PyObject *op) { STEP_REFS(CLEAR) return 0; }
+/* Cleared, the fields' borrowed objects may be gone: a call after it raises instead of reading them. */
+static int step_clear(PyObject *op)
+{
+    ((ChunkStep *)op)->vectorcall = step_unready;
+    STEP_REFS(CLEAR)
+    return 0;
+}
 
 static void step_dealloc(PyObject *op)
 {
