@@ -65,8 +65,7 @@ class SharedFairShare:
 
     async def exchange(self) -> None:
         """One round trip: add this replica's service, absorb the others'."""
-        for caller, amount in self._take().items():
-            self._unsent[caller] = self._unsent.get(caller, 0.0) + amount
+        _add(self._unsent, self._take())
         if not self.link.shared or not (self._unsent or self._enabled()):
             return  # nothing to add, and (fair share off) nothing to absorb
         sending, self._unsent = self._unsent, {}
@@ -77,8 +76,7 @@ class SharedFairShare:
             flat = await self._script(self.link.redis, [KEY], args)
         except UNAVAILABLE as err:
             self.link.lost(err)
-            for caller, amount in sending.items():
-                self._unsent[caller] = self._unsent.get(caller, 0.0) + amount
+            _add(self._unsent, sending)  # kept for the next exchange, with what was given meanwhile
             return
         fields = {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
         generation = fields.pop(_GENERATION, "")
@@ -98,6 +96,11 @@ class SharedFairShare:
             if abs(amount) > 1e-9:
                 out[caller] = amount
         return out
+
+
+def _add(into: dict[str, float], amounts: Mapping[str, float]) -> None:
+    for caller, amount in amounts.items():
+        into[caller] = into.get(caller, 0.0) + amount
 
 
 def _text(v: object) -> str:
