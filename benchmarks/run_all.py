@@ -20,7 +20,7 @@ BENCHMARKS: tuple[tuple[str, ...], ...] = (
     ("seed_des", "--prefix-caching", "--runs", "straight,ranked-sjf"),
     ("seed_hol",), ("seed_gateway",),
     ("seed_gateway", "--duration", "40", "--warmup", "4", "--arms", "straight,ranked-sjf", "--prefix-caching"),
-    ("gateway_overhead",), ("server_floor",), ("nginx_class",), ("speedups_ab",), ("bench_ceiling",), ("client_retry_storm",), ("seed_doctor",),
+    ("gateway_overhead",), ("server_floor",), ("nginx_class",), ("ttft_path",), ("speedups_ab",), ("bench_ceiling",), ("client_retry_storm",), ("seed_doctor",),
     ("quick_form",), ("overload",), ("fleet_routing",), ("fleet_slow",), ("fleet_kill",), ("adaptive_caps",),
     ("fair_share",), ("limit_cost",), ("batch_capacity",), ("batch_interference_des",), ("shared_limit_cost",),
 )
