@@ -81,9 +81,10 @@ async def open_loop(url: str, tokens: int, rate: float, seconds: float) -> int:
 
 
 class Stack:
-    """A simulator and a gateway in front of it, the gateway optionally under valgrind."""
+    """A simulator and a gateway in front of it, the gateway optionally under valgrind, and
+    with `gw_env` as its environment if given."""
 
-    def __init__(self, tmp: Path, wrap: list[str]) -> None:
+    def __init__(self, tmp: Path, wrap: list[str], gw_env: dict[str, str] | None = None) -> None:
         self.sim_port, self.gw_port = free_port(), free_port()
         sim_url = f"http://127.0.0.1:{self.sim_port}"
         cfg = tmp / "tailguard.yaml"
@@ -96,7 +97,7 @@ class Stack:
         self.sim = subprocess.Popen([py, "-m", "tailguard", "sim", "--port", str(self.sim_port), "--max-num-seqs",
                                      "4096", "--time-scale", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.gw = subprocess.Popen([*wrap, py, "-m", "tailguard", "serve", "--config", str(cfg)],
-                                   stdout=subprocess.DEVNULL, stderr=self.log)
+                                   stdout=subprocess.DEVNULL, stderr=self.log, env=gw_env)
         self.url = f"http://127.0.0.1:{self.gw_port}/v1/chat/completions"
 
     async def ready(self) -> None:

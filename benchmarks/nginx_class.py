@@ -36,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -192,8 +193,10 @@ async def bench_step(url: str, rate: float, workers: int, seconds: float, seed: 
             "dispatch_lag_p99_ms": v["dispatch_lag_p99_s"] * 1e3, "valid": v["valid"], "cores_busy": cores}
 
 
-def _stops(straight: dict[str, Any], gateway: dict[str, Any], added_ms: float) -> list[str]:
-    """Why a ceiling step ends the sweep, every reason that holds (none: the gateway kept up)."""
+def _stops(step: dict[str, Any]) -> list[str]:
+    """Why a step of tailguard's ceiling ends the sweep, every reason that holds (none: the
+    gateway kept up)."""
+    straight, gateway, added_ms = step["straight"], step["gateway"], step["added_ttft_p99_ms"]
     out = []
     if straight["errors"] or straight["ttft_p99_ms"] >= SATURATED_MS:
         out.append(f"the simulator's engine model queued (TTFT P99 {straight['ttft_p99_ms']:.0f} ms straight, "
@@ -206,29 +209,15 @@ def _stops(straight: dict[str, Any], gateway: dict[str, Any], added_ms: float) -
     return out
 
 
-async def ceiling(sim_url: str, gw_url: str, gw: subprocess.Popen[bytes], args: argparse.Namespace,
-                  label: str) -> dict[str, Any]:
-    """The highest rate with the gateway's added TTFT P99 under 5 ms: at each rate the same
-    schedule (`bench --workers`, `--bench-workers` processes) goes straight to the simulator,
-    then through the gateway, whose CPU per request is taken from /proc."""
-    pids = with_children(gw.pid)  # `serve --workers N`: the parent and its N workers
+async def _sweep(rates: list[float], step_at: Callable[[float], Awaitable[dict[str, Any]]],
+                 stops_of: Callable[[dict[str, Any]], list[str]]) -> dict[str, Any]:
+    """The highest of `rates` (in order) before the first whose step (`step_at`) gives a reason
+    to stop (`stops_of`: every reason that holds, none to go on); every step, and why it ended."""
     best, steps, why = None, [], "every rate was swept"
-    for rate in args.sweep:
-        seed = int(rate)
-        straight = await bench_step(sim_url, rate, args.bench_workers, args.sweep_seconds, seed)
-        cpu = cpu_seconds(pids)
-        gateway = await bench_step(gw_url, rate, args.bench_workers, args.sweep_seconds, seed)
-        user, kernel = (a - b for a, b in zip(cpu_seconds(pids), cpu))
-        added = gateway["ttft_p99_ms"] - straight["ttft_p99_ms"]
-        step = {"rate_per_s": rate, "straight": straight, "gateway": gateway, "added_ttft_p99_ms": added,
-                "added_ttft_p50_ms": gateway["ttft_p50_ms"] - straight["ttft_p50_ms"],
-                "gateway_cpu_ms_per_request": (user + kernel) / max(1, gateway["requests"]) * 1e3}
+    for rate in rates:
+        step = await step_at(rate)
         steps.append(step)
-        print(f"{label} {rate:.0f}/s: added TTFT p50/p99 {step['added_ttft_p50_ms']:+.2f}/{added:+.2f} ms, "
-              f"gateway CPU {step['gateway_cpu_ms_per_request']:.3f} ms/request, errors "
-              f"{straight['errors']}+{gateway['errors']}, cores busy {straight['cores_busy']:.2f}/"
-              f"{gateway['cores_busy']:.2f}, generator valid {straight['valid'] and gateway['valid']}", flush=True)
-        stops = _stops(straight, gateway, added)
+        stops = stops_of(step)
         if stops:
             why = f"at {rate:.0f}/s " + " and ".join(stops)
             break
@@ -236,18 +225,44 @@ async def ceiling(sim_url: str, gw_url: str, gw: subprocess.Popen[bytes], args: 
     return {"ceiling_per_s": best, "stopped": why, "steps": steps}
 
 
+async def ceiling(sim_url: str, gw_url: str, gw: subprocess.Popen[bytes], args: argparse.Namespace,
+                  label: str) -> dict[str, Any]:
+    """The highest rate with the gateway's added TTFT P99 under 5 ms: at each rate the same
+    schedule (`bench --workers`, `--bench-workers` processes) goes straight to the simulator,
+    then through the gateway, whose CPU per request is taken from /proc."""
+    pids = with_children(gw.pid)  # `serve --workers N`: the parent and its N workers
+
+    async def step_at(rate: float) -> dict[str, Any]:
+        seed = int(rate)
+        straight = await bench_step(sim_url, rate, args.bench_workers, args.sweep_seconds, seed)
+        cpu = cpu_seconds(pids)
+        gateway = await bench_step(gw_url, rate, args.bench_workers, args.sweep_seconds, seed)
+        user, kernel = (a - b for a, b in zip(cpu_seconds(pids), cpu))
+        step = {"rate_per_s": rate, "straight": straight, "gateway": gateway,
+                "added_ttft_p99_ms": gateway["ttft_p99_ms"] - straight["ttft_p99_ms"],
+                "added_ttft_p50_ms": gateway["ttft_p50_ms"] - straight["ttft_p50_ms"],
+                "gateway_cpu_ms_per_request": (user + kernel) / max(1, gateway["requests"]) * 1e3}
+        print(f"{label} {rate:.0f}/s: added TTFT p50/p99 {step['added_ttft_p50_ms']:+.2f}/"
+              f"{step['added_ttft_p99_ms']:+.2f} ms, gateway CPU {step['gateway_cpu_ms_per_request']:.3f} ms/request, "
+              f"errors {straight['errors']}+{gateway['errors']}, cores busy {straight['cores_busy']:.2f}/"
+              f"{gateway['cores_busy']:.2f}, generator valid {straight['valid'] and gateway['valid']}", flush=True)
+        return step
+
+    return await _sweep(args.sweep, step_at, _stops)
+
+
 async def generator_ceiling(url: str, workers: int, args: argparse.Namespace) -> dict[str, Any]:
-    best, steps, why = None, [], "every rate was swept"
-    for rate in args.bench_sweep:
+    async def step_at(rate: float) -> dict[str, Any]:
         step = await bench_step(url, rate, workers, args.sweep_seconds, int(rate))
-        steps.append(step)
         print(f"bench --workers {workers} {rate:.0f}/s: dispatch lag p99 {step['dispatch_lag_p99_ms']:.2f} ms, "
               f"{step['errors']} errors, valid {step['valid']}, cores busy {step['cores_busy']:.2f}", flush=True)
-        if not step["valid"] or step["errors"]:
-            why = f"at {rate:.0f}/s the dispatch lag P99 passed {CEILING_MS:g} ms (or requests failed)"
-            break
-        best = rate
-    return {"ceiling_per_s": best, "stopped": why, "steps": steps}
+        return step
+
+    def stops_of(step: dict[str, Any]) -> list[str]:
+        bad = not step["valid"] or step["errors"]
+        return [f"the dispatch lag P99 passed {CEILING_MS:g} ms (or requests failed)"] if bad else []
+
+    return await _sweep(args.bench_sweep, step_at, stops_of)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -300,7 +315,7 @@ def _side_lines(res: dict[str, Any]) -> list[str]:
     for r in res["side_by_side"]:
         for arm in ("gateway", "nginx"):
             a, c = r["added_ms"][arm], r["cpu"][arm]
-            lines.append(f"| {r['rate_per_s']:.0f}/s | {r.get('round', 1)} | {arm} | {a['ttft_p50']:+.2f} ms | "
+            lines.append(f"| {r['rate_per_s']:.0f}/s | {r['round']} | {arm} | {a['ttft_p50']:+.2f} ms | "
                          f"{a['ttft_p99']:+.2f} ms | {c['ms_per_request']:.3f} | {r['arms'][arm]['errors']} | "
                          f"{r['valid']} |")
         lines.append(f"| | | ratio gateway/nginx CPU | | | {r['cpu_ratio_gateway_to_nginx']:.2f}x | | |")

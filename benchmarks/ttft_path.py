@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gateway_profile import Stack, open_loop, sequential  # noqa: E402  beside this script
+from gateway_overhead import pct  # noqa: E402  beside this script
+from gateway_profile import Stack, open_loop, sequential  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TOKENS = 64
@@ -118,11 +119,6 @@ stream.StreamRelay._emit = emit
 '''
 
 
-def _pct(values: list[float], q: float) -> float:
-    v = sorted(values)
-    return v[int(q * (len(v) - 1))] * 1e6 if v else float("nan")
-
-
 async def _measure(rate: float, requests: int, seconds: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tg-ttft-path-") as d:
         tmp = Path(d)
@@ -130,15 +126,9 @@ async def _measure(rate: float, requests: int, seconds: float) -> dict[str, Any]
         hook.mkdir()
         (hook / "sitecustomize.py").write_text(HOOK % {"steps": STEPS})
         out = tmp / "marks.json"
-        env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])),
-               "TG_TTFT_PATH_OUT": str(out)}
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)  # the stack's processes inherit it (the simulator ignores the hook)
-        try:
-            stack = Stack(tmp, [])
-        finally:
-            for k, v in saved.items():
-                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        env = {**os.environ, "TG_TTFT_PATH_OUT": str(out),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
+        stack = Stack(tmp, [], gw_env=env)  # the hook in the gateway alone
         try:
             await stack.ready()
             if rate:
@@ -149,10 +139,12 @@ async def _measure(rate: float, requests: int, seconds: float) -> dict[str, Any]
             stack.stop()
         data = json.loads(out.read_text())
     marks, first = data["marks"], data["first_chunk"]
-    steps = [{"step": name, "n": len(marks.get(name, [])), "p50_us": _pct(marks.get(name, []), 0.5),
-              "p90_us": _pct(marks.get(name, []), 0.9)} for name, *_ in STEPS]
-    return {"rate_per_s": rate, "steps": steps,
-            "first_chunk": {"n": len(first), "p50_us": _pct(first, 0.5), "p90_us": _pct(first, 0.9)}}
+    steps = [{"step": name, **_us(marks.get(name, []))} for name, *_ in STEPS]
+    return {"rate_per_s": rate, "steps": steps, "first_chunk": _us(first)}
+
+
+def _us(seconds: list[float]) -> dict[str, Any]:
+    return {"n": len(seconds), "p50_us": pct(seconds, 50) * 1e6, "p90_us": pct(seconds, 90) * 1e6}
 
 
 def markdown(res: dict[str, Any]) -> str:
