@@ -51,7 +51,7 @@ from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from tailguard.cli.experiment import free_port, spawned, stop_process
-from tailguard.gateway.config.classes import default_classes
+from tailguard.config.classes import default_classes
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TIME_SCALE = 0.25

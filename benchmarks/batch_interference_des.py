@@ -32,7 +32,7 @@ import numpy as np
 from tailguard.bench.workload import Workload
 from tailguard.clock import VirtualClock
 from tailguard.front.front import Front
-from tailguard.gateway.config import BackendConfig, GatewayConfig
+from tailguard.config import BackendConfig, GatewayConfig
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.des import run
 from tailguard.sim.scenario import Arrival, Timeline

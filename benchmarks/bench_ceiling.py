@@ -35,7 +35,9 @@ from typing import Any
 
 import uvloop
 
-from tailguard.bench.load import BenchConfig, Timeouts, run_bench
+from tailguard.bench.load import BenchConfig, Timeouts
+
+from tailguard.bench.run import run_bench
 from tailguard.bench.stats import describe, summarize
 from tailguard.bench.workload import parse_workload
 from tailguard.cli.experiment import free_port, wait_healthy

@@ -33,7 +33,7 @@ from aiohttp import web
 from tailguard.clock import VirtualClock
 from tailguard.front.front import Front
 from tailguard.front.params import BackendSpec, CallerSpec, ClassSpec, FrontParams, QueueParams
-from tailguard.gateway.config import GatewayConfig
+from tailguard.config import GatewayConfig
 from tailguard.gateway.http.app import create_app, gateway_runner
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.des import run

@@ -27,7 +27,7 @@ from rich.console import Console
 
 from tailguard.bench.workload import parse_workload
 from tailguard.cli.experiment import Arm, SimSpec, run_arms
-from tailguard.gateway.config.classes import default_classes
+from tailguard.config.classes import default_classes
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # Simulated requests per second of each class (the agents' is `--agent-rate`: a P99 needs

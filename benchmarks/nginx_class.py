@@ -44,7 +44,9 @@ import aiohttp
 import numpy as np
 import orjson
 
-from tailguard.bench.load import BenchConfig, run_bench
+from tailguard.bench.load import BenchConfig
+
+from tailguard.bench.run import run_bench
 from tailguard.bench.validity import validity
 from tailguard.bench.workload import parse_workload
 from tailguard.cli.experiment import free_port, wait_healthy

@@ -39,8 +39,9 @@ import numpy as np
 from tailguard.bench.workload import load_workload
 from tailguard.clock import VirtualClock
 from tailguard.front.front import Front
-from tailguard.front.intake import CLASS_HEADER, NO_CLASS
-from tailguard.gateway.config import BackendConfig, GatewayConfig, SchedulerConfig
+from tailguard.front.intake import NO_CLASS
+from tailguard.wire.headers import CLASS_HEADER
+from tailguard.config import BackendConfig, GatewayConfig, SchedulerConfig
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.des import run
 from tailguard.sim.scenario import Arrival, Timeline

@@ -24,7 +24,9 @@ from typing import Any
 
 from rich.console import Console
 
-from tailguard.bench.load import BenchConfig, Timeouts, run_bench
+from tailguard.bench.load import BenchConfig, Timeouts
+
+from tailguard.bench.run import run_bench
 from tailguard.bench.report import write_outputs
 from tailguard.bench.table import ProgressDisplay
 from tailguard.cli.experiment import free_port, stop_process, wait_healthy

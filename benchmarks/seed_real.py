@@ -32,7 +32,9 @@ from typing import Any
 import aiohttp
 import yaml
 
-from tailguard.bench.load import BenchConfig, Timeouts, run_bench
+from tailguard.bench.load import BenchConfig, Timeouts
+
+from tailguard.bench.run import run_bench
 from tailguard.bench.stats import summarize
 from tailguard.bench.workload import Workload
 from tailguard.cli.experiment import free_port

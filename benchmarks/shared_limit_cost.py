@@ -24,7 +24,7 @@ from redis import asyncio as aioredis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tailguard.front.params import CallerSpec  # noqa: E402
-from tailguard.gateway.config import StateConfig  # noqa: E402
+from tailguard.config import StateConfig  # noqa: E402
 from tailguard.gateway.shared.limits import SharedLimits  # noqa: E402
 from tailguard.gateway.shared.link import Link  # noqa: E402
 from tests.functional.redis_server import redis_server  # noqa: E402

@@ -19,17 +19,17 @@ PURE = {
     "sim.cost", "sim.kv", "sim.engine", "sim.request", "sim.answer", "sim.fault",
     "front.params", "front.admission", "front.queue", "front.slots", "front.router", "front.preemption", "front.retry", "front.events", "front.front",
     "front.fairshare", "front.fairqueue", "front.schedulers",
-    "front.intake", "front.recording", "front.replay", "front.adaptive", "sim.fit", "gateway.http.classes", "gateway.upstream.backends",
-    "gateway.config", "gateway.ops.live", "gateway.ops.catalog", "front.capacity",
+    "front.intake", "recording.codec", "recording.replay", "front.adaptive", "sim.fit", "gateway.http.classes", "gateway.upstream.backends",
+    "config", "gateway.ops.live", "gateway.ops.catalog", "front.capacity",
     "gateway.ops.panels", "gateway.ops.alerts", "gateway.upstream.resume", "gateway.upstream.kinds", "sim.des", "sim.scenario",
-    "gateway.config.base", "gateway.config.classes", "gateway.config.backends", "gateway.config.scheduler",
-    "gateway.config.upstream", "gateway.config.auth", "gateway.config.telemetry", "gateway.config.gateway", "gateway.config.problems",
-    "gateway.config.loading", "gateway.config.workers", "gateway.config.state",
+    "config.base", "config.classes", "config.backends", "config.scheduler",
+    "config.upstream", "config.auth", "config.telemetry", "config.gateway", "config.problems",
+    "config.loading", "config.workers", "config.state",
     "bench.workload", "bench.stats", "bench.dataset", "bench.recorder", "bench.compare", "bench.configs", "bench.attribution",
     "doctor.finding", "doctor.evidence", "doctor.facts", "doctor.rules", "doctor.diagnosis", "sweep.virtual", "sweep.search",
     "sweep.traffic", "sweep.whatif", "sweep.observed",
-    "client.retry", "client.timeouts", "client.chunks", "client.assembly",
-    "batch.records", "batch.validation", "batch.retry", "batch.journal", "gateway.config.batches",
+    "retry_policy", "client.retry", "client.timeouts", "client.chunks", "client.assembly",
+    "batch.records", "batch.validation", "batch.retry", "batch.journal", "config.batches",
 }
 IO_MODULES = ("asyncio", "aiohttp", "prometheus_client", "time", "socket", "uvloop", "httpx", "httpx2", "anyio")
 # part -> parts it must never import
@@ -48,7 +48,15 @@ FORBIDDEN_PARTS = {
     "batch": ("tailguard.sim", "tailguard.bench", "tailguard.client", "tailguard.cli", "tailguard.gateway.http"),
     # sweep drives the simulator on virtual time and measures with bench's statistics; processes live in cli/
     "sweep": ("tailguard.client", "tailguard.cli"),
+    # the product's settings, read by every part that runs one: it knows none of them
+    "config": ("tailguard.gateway", "tailguard.sim", "tailguard.bench", "tailguard.client", "tailguard.cli",
+               "tailguard.sweep", "tailguard.doctor", "tailguard.batch", "tailguard.recording"),
+    # a front's conversation written down and replayed: it knows the front, no driver of it
+    "recording": ("tailguard.gateway", "tailguard.sim", "tailguard.bench", "tailguard.client", "tailguard.cli",
+                  "tailguard.sweep", "tailguard.doctor", "tailguard.batch"),
     # a leaf both the front and the light client import: it imports no part
+    "retry_policy": ("tailguard.front", "tailguard.gateway", "tailguard.sim", "tailguard.bench", "tailguard.client",
+                     "tailguard.cli", "tailguard.wire", "tailguard.doctor", "tailguard.sweep", "tailguard.batch"),
     "retry_budget": ("tailguard.front", "tailguard.gateway", "tailguard.sim", "tailguard.bench", "tailguard.client",
                      "tailguard.cli", "tailguard.wire", "tailguard.doctor", "tailguard.sweep"),
 }
@@ -193,6 +201,6 @@ def test_client_pulls_in_only_the_stdlib_httpx2_and_openai() -> None:
     foreign = sorted({m.split(".")[0] for m in loaded} - allowed)
     assert not [f for f in foreign if not f.startswith(("_sysconfigdata", "_distutils_hack"))], foreign
     parts = sorted(m for m in loaded if m.startswith("tailguard.")
-                   and not m.startswith(("tailguard.client", "tailguard.wire", "tailguard.retry_budget")))
+                   and not m.startswith(("tailguard.client", "tailguard.wire", "tailguard.retry_budget", "tailguard.retry_policy")))
     assert not parts, f"tailguard.client pulls in other parts: {parts}"
     assert "tailguard.wire.openai" not in loaded and "tailguard.wire.chunks" not in loaded  # orjson

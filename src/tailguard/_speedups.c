@@ -178,7 +178,7 @@ enum {
     DEC_BUF, DEC_STARTED,                          /* SSEDecoder: a kept partial event; past the BOM */
     RUN_STARTED,                                   /* Tally: this run has had content */
     LAST_CONTENT_AT, CONTENT_CHUNKS,               /* Request (the tally's `times`) */
-    LAST_AT,                                       /* Watchdog */
+    LAST_AT,                                       /* DeadlineWatch */
     PROGRESS, BLOCKED,                             /* StreamRelay */
     ITL_LO, ITL_HI, ITL_I, ITL_COUNTS, ITL_SUM,    /* ChunkHistogram: the last bucket, counts, sum */
     CLOSING, PAUSED,                               /* the lean connection (bound with a transport) */

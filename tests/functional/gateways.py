@@ -14,7 +14,7 @@ from aiohttp import web
 from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from tailguard.gateway.config import BackendConfig, ClassConfig, GatewayConfig
+from tailguard.config import BackendConfig, ClassConfig, GatewayConfig
 from tailguard.gateway.http.app import create_app, gateway_runner
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.server import RunningSim, running_sim

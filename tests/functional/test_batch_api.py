@@ -15,7 +15,7 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
-from tailguard.gateway.config import GatewayConfig
+from tailguard.config import GatewayConfig
 from tailguard.gateway.http.app import create_app, gateway_runner
 from tailguard.sim.fault import Faults
 from tests.functional.batch_calls import MODEL, counting_sim, input_file, lines_of, submit, until_status

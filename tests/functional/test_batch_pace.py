@@ -8,7 +8,7 @@ import asyncio
 import time
 from pathlib import Path
 
-from tailguard.gateway.config.classes import default_classes
+from tailguard.config.classes import default_classes
 from tests.functional.batch_calls import MODEL, input_file, lines_of, submit, until_status
 from tests.functional.gateways import engine, gateway, sample, scrape
 

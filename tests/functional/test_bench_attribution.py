@@ -8,7 +8,8 @@ import asyncio
 import pytest
 
 from tailguard.bench.attribution import PARTS, attribute_all
-from tailguard.bench.load import BenchConfig, run_bench
+from tailguard.bench.load import BenchConfig
+from tailguard.bench.run import run_bench
 from tailguard.bench.workload import load_workload
 from tests.functional.gateways import SCALE, engine, gateway
 

@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 import orjson
 
-from tailguard.bench.load import BenchConfig, run_bench
+from tailguard.bench.load import BenchConfig
+
+from tailguard.bench.run import run_bench
 from tailguard.bench.report import compare_dirs, load_run, write_outputs
 from tailguard.gateway.http.app import LIVE, reloader_of
 from tests.functional.gateways import engine, gateway

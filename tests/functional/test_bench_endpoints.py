@@ -7,7 +7,9 @@ import asyncio
 
 import pytest
 
-from tailguard.bench.load import BenchConfig, run_bench
+from tailguard.bench.load import BenchConfig
+
+from tailguard.bench.run import run_bench
 from tailguard.bench.workload import parse_workload
 from tests.functional.gateways import SCALE, gateway
 

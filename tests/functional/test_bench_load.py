@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from tailguard.bench.load import BenchConfig, Timeouts, run_bench
+from tailguard.bench.load import BenchConfig, Timeouts
+
+from tailguard.bench.run import run_bench
 from tailguard.bench.stats import summarize
 from tailguard.bench.workload import parse_workload
 from tailguard.errors import TargetError

@@ -10,7 +10,9 @@ from typing import Any
 import orjson
 from openai import AsyncOpenAI
 
-from tailguard.bench.load import BenchConfig, run_bench
+from tailguard.bench.load import BenchConfig
+
+from tailguard.bench.run import run_bench
 from tailguard.bench.stats import summarize
 from tailguard.bench.workload import RequestFactory, load_workload, parse_workload
 from tailguard.sim.cost import EngineConfig

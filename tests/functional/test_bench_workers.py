@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-from tailguard.bench.load import BenchConfig, run_bench
+from tailguard.bench.load import BenchConfig
+
+from tailguard.bench.run import run_bench
 from tailguard.bench.stats import summarize
 from tailguard.sim.server import running_sim
 from tests.functional.gateways import engine

@@ -16,7 +16,7 @@ from aiohttp import web
 from openai import AsyncOpenAI
 
 from tailguard.client import Timeouts
-from tailguard.gateway.config import GatewayConfig
+from tailguard.config import GatewayConfig
 from tailguard.gateway.http.app import create_app
 from tests.functional.client_calls import CHAT, KINDS, call
 from tests.servers import running

@@ -17,7 +17,9 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from tailguard.bench.load import BenchConfig, Timeouts, run_bench
+from tailguard.bench.load import BenchConfig, Timeouts
+
+from tailguard.bench.run import run_bench
 from tailguard.bench.report import write_outputs
 from tailguard.bench.scrape import SCRAPE_FILE, scraping, write_scrapes
 from tailguard.bench.workload import parse_workload

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tailguard.gateway.config import BackendConfig
+from tailguard.config import BackendConfig
 from tailguard.sim.server import running_sim
 from tests.functional.gateways import SCALE, engine, gateway, health, sample, scrape
 

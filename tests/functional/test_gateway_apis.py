@@ -15,7 +15,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from tailguard.gateway.config import BackendConfig
+from tailguard.config import BackendConfig
 from tailguard.gateway.ops.metrics import ACCESS_LOGGER
 from tests.functional.gateways import classes, gateway, sample, scrape
 from tests.servers import running

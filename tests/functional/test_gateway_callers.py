@@ -18,7 +18,7 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
-from tailguard.gateway.config import GatewayConfig
+from tailguard.config import GatewayConfig
 from tailguard.gateway.http.app import ADMIN, LIVE, create_app, gateway_runner, reloader_of
 from tailguard.gateway.ops.store import ConfigStore
 from tailguard.sim.server import running_sim

@@ -12,7 +12,7 @@ import openai
 import orjson
 import pytest
 
-from tailguard.gateway.config import BackendConfig
+from tailguard.config import BackendConfig
 from tests.functional.gateways import dead_url, engine, gateway, health, sample, scrape, sim_running, until
 from tests.functional.raw_servers import DONE_END, SSE_HEAD, TOK_EVENT, chunk, raw_server, read_request
 

@@ -17,7 +17,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from tailguard.gateway.config import GatewayConfig
+from tailguard.config import GatewayConfig
 from tailguard.gateway.http.app import create_app
 from tests.functional.raw_servers import raw_server, read_request
 from tests.functional.sim_processes import sim_process

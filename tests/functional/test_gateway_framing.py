@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
 
-from tailguard.gateway.config import GatewayConfig
+from tailguard.config import GatewayConfig
 from tailguard.gateway.http.app import create_app
 from tests.servers import running
 

@@ -10,7 +10,7 @@ import logging
 import pytest
 from aiohttp import web
 
-from tailguard.gateway.config import BackendConfig
+from tailguard.config import BackendConfig
 from tests.functional.gateways import dead_url, gateway, health, until
 from tests.functional.raw_servers import never_answers, raw_server
 from tests.servers import running

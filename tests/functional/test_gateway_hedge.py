@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 from openai import AsyncOpenAI
 
-from tailguard.gateway.config import GatewayConfig
+from tailguard.config import GatewayConfig
 from tailguard.gateway.http.app import create_app
 from tests.functional.gateways import SCALE, engine
 from tests.functional.raw_servers import SSE_HEAD, TOK_EVENT, DONE_END, chunk, raw_server, read_request

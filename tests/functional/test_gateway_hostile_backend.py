@@ -23,7 +23,7 @@ import pytest
 
 from tests.functional.gateways import Stack, gateway, health, sample, scrape
 from tests.functional.raw_servers import TOK_EVENT
-from tailguard.gateway.config import BackendConfig
+from tailguard.config import BackendConfig
 
 MiB = 1024 * 1024
 BUDGET = 64 * MiB  # what a hostile backend may add to the gateway's RSS

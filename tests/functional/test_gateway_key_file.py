@@ -12,7 +12,7 @@ from pathlib import Path
 
 import openai
 
-from tailguard.gateway.config import load_config
+from tailguard.config import load_config
 from tailguard.gateway.ops.store import ConfigStore
 from tailguard.sim.server import running_sim
 from tests.functional.gateway_processes import gateway_process

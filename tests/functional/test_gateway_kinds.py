@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tailguard.gateway.config import BackendConfig
+from tailguard.config import BackendConfig
 from tests.functional.gateways import classes, engine, gateway, health, sample, scrape, until
 from tests.functional.raw_servers import never_answers, raw_server
 

@@ -13,7 +13,7 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
-from tailguard.gateway.config import BackendConfig
+from tailguard.config import BackendConfig
 from tailguard.gateway.ops.catalog import METRICS, exposed_names
 from tailguard.gateway.ops.metrics import ACCESS_LOGGER
 from tests.functional.gateways import dead_url, gateway, sample, scrape

@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
 
-from tailguard.gateway.config import GatewayConfig
+from tailguard.config import GatewayConfig
 from tailguard.gateway.http.app import create_app
 from tailguard.sim.answer import TOKEN_TEXT
 from tests.functional.gateways import health, sample, scrape, until

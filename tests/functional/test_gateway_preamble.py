@@ -11,7 +11,7 @@ import time
 import openai
 import pytest
 
-from tailguard.gateway.config import BackendConfig
+from tailguard.config import BackendConfig
 from tests.functional.gateways import gateway
 from tests.functional.raw_servers import DONE_END, SSE_HEAD, TOK_EVENT, chunk, raw_server, read_request
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from tailguard.front.events import Arrive, Failed, Finished, Generated, Reconfigure, Retired, Start, Suspend
-from tailguard.front.recording import Recording, read
-from tailguard.front.replay import conform
-from tailguard.gateway.config import BackendConfig
+from tailguard.recording.codec import Recording, read
+from tailguard.recording.replay import conform
+from tailguard.config import BackendConfig
 from tailguard.gateway.http.app import LIVE, reloader_of
 from tailguard.types import Outcome
 from tests.functional.gateways import Stack, gateway, health, sample, scrape, until

@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from tailguard.gateway.config import BackendConfig
+from tailguard.config import BackendConfig
 from tests.functional.gateways import gateway, health, sample, scrape
 from tests.functional.sim_processes import sim_process
 

@@ -13,7 +13,7 @@ import openai
 import orjson
 import pytest
 
-from tailguard.gateway.config import BackendConfig
+from tailguard.config import BackendConfig
 from tailguard.sim.server import running_sim
 from tailguard.wire.sse import DONE, SSEDecoder
 from tests.functional.gateways import engine, gateway, health, sample, scrape, until

@@ -13,7 +13,7 @@ import aiohttp
 import orjson
 import pytest
 
-from tailguard.gateway.config import BackendConfig
+from tailguard.config import BackendConfig
 from tailguard.gateway.ops.metrics import ACCESS_LOGGER
 from tests.functional.gateways import gateway
 from tests.functional.raw_servers import raw_server, read_request

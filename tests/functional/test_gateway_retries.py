@@ -10,7 +10,7 @@ import asyncio
 import openai
 import pytest
 
-from tailguard.gateway.config import BackendConfig
+from tailguard.config import BackendConfig
 from tests.functional.gateways import gateway, sample, scrape
 from tests.functional.raw_servers import SSE_HEAD, Handler, chunk, never_answers, raw_server, read_request
 

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from tailguard.errors import ConfigError
-from tailguard.gateway.config import BackendConfig, load_config
+from tailguard.config import BackendConfig, load_config
 from tests.functional.gateways import gateway
 from tests.functional.raw_servers import raw_server, read_request
 

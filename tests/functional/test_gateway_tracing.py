@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tailguard.gateway.config import BackendConfig
+from tailguard.config import BackendConfig
 from tests.functional.gateways import classes, gateway
 from tests.functional.raw_servers import raw_server, read_request
 

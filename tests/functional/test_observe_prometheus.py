@@ -20,7 +20,7 @@ import pytest
 import yaml
 from openai import AsyncOpenAI
 
-from tailguard.gateway.config import BackendConfig
+from tailguard.config import BackendConfig
 from tailguard.gateway.ops import alerts
 from tailguard.gateway.ops.panels import PANELS, outside_grafana
 from tests.cli import run

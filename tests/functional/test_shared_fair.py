@@ -13,7 +13,7 @@ from pathlib import Path
 from redis import asyncio as aioredis
 
 from tailguard.front.fairshare import VirtualCounters
-from tailguard.gateway.config import StateConfig
+from tailguard.config import StateConfig
 from tailguard.gateway.shared.fair import SharedFairShare
 from tailguard.gateway.shared.link import Link
 from tests.functional.redis_server import redis_server

@@ -12,7 +12,7 @@ import pytest
 
 from tailguard.errors import Overloaded, RateLimited
 from tailguard.front.params import CallerSpec
-from tailguard.gateway.config import StateConfig
+from tailguard.config import StateConfig
 from tailguard.gateway.shared.limits import SharedLimits
 from tailguard.gateway.shared.link import Link, stop
 from tests.functional.redis_server import RedisServer, redis_server

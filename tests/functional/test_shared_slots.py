@@ -10,7 +10,7 @@ from pathlib import Path
 
 from redis import asyncio as aioredis
 
-from tailguard.gateway.config import StateConfig
+from tailguard.config import StateConfig
 from tailguard.gateway.shared.link import Link
 from tailguard.gateway.shared.slots import SlotLeases
 from tests.functional.redis_server import redis_server

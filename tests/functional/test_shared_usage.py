@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from tailguard.gateway.config import StateConfig
+from tailguard.config import StateConfig
 from tailguard.gateway.ops.metering import Meter
 from tailguard.gateway.request import Request
 from tailguard.gateway.shared.link import Link

@@ -25,7 +25,7 @@ from tailguard.bench.workload import RequestFactory, parse_workload
 from tailguard.front.events import Arrive, Decision, Event
 from tailguard.front.front import Front
 from tailguard.front.intake import NO_CLASS
-from tailguard.gateway.config import GatewayConfig
+from tailguard.config import GatewayConfig
 from tailguard.gateway.http.app import DISPATCHER
 from tailguard.sim.cost import EngineConfig
 from tailguard.sweep.virtual import plan, simulate

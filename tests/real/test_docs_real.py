@@ -9,7 +9,7 @@ import pytest
 import yaml
 from openai import AsyncOpenAI
 
-from tailguard.gateway.config import GatewayConfig
+from tailguard.config import GatewayConfig
 from tests.real.processes import EngineProcess
 from tests.real.test_gateway_real import gateway
 from tests.unit.gateway.test_kinds import engine_doc_configs

@@ -22,7 +22,7 @@ import pytest
 from aiohttp import web
 from openai import APIStatusError, AsyncOpenAI
 
-from tailguard.gateway.config import GatewayConfig
+from tailguard.config import GatewayConfig
 from tailguard.gateway.http.app import create_app, gateway_runner
 from tailguard.wire.sse import SSEDecoder
 from tests.real.processes import EngineProcess, http_text

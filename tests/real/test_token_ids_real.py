@@ -1,4 +1,4 @@
-"""A continuation by token ids against a real vLLM: the gateway's own pieces (`Progress`, which
+"""A continuation by token ids against a real vLLM: the gateway's own pieces (`Transcript`, which
 keeps the ids the engine returns, and `continuation_body`, which sends them back as a completions
 prompt) on vLLM's real chunks. Greedy, a chat answer cut after a few tokens and continued by ids
 is the answer vLLM gives uninterrupted, token for token, and comes back in chat's shape."""
@@ -12,7 +12,7 @@ import aiohttp
 import orjson
 import pytest
 
-from tailguard.gateway.upstream.resume import Progress, continuation_body
+from tailguard.gateway.upstream.resume import Transcript, continuation_body
 from tailguard.wire.chunks import delta_text, has_content, running_usage
 from tailguard.wire.sse import DONE, SSEDecoder
 from tests.real.processes import EngineProcess
@@ -37,7 +37,7 @@ async def stream(vllm: EngineProcess, path: str, body: dict[str, Any]) -> list[d
     return out
 
 
-def relay(prog: Progress, chunks: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+def relay(prog: Transcript, chunks: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
     """What the gateway's tracked relay does with each chunk: its ids kept, its text added, the
     chunk put in the client's shape. Returns the text and the chunks the client would get."""
     text, shaped = "", []
@@ -57,7 +57,7 @@ async def test_a_chat_cut_and_continued_by_its_token_ids_is_the_uninterrupted_an
     async with asyncio.timeout(STEP_S * 3):
         whole = await stream(vllm_server, "/v1/chat/completions", {**CHAT, "max_tokens": WHOLE})
         expected = "".join(delta_text(c, chat=True) for c in whole)
-        prog = Progress()
+        prog = Transcript()
         prog.run_on(gives_ids=True, client_ids=False)
         first, _ = relay(prog, await stream(vllm_server, "/v1/chat/completions",
                                             {**CHAT, "max_tokens": FIRST, "return_token_ids": True}))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tailguard.gateway.config import GatewayConfig
+from tailguard.config import GatewayConfig
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 

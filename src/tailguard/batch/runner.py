@@ -4,7 +4,7 @@ class, records each result as it comes, retries transient failures with backoff,
 output and error files. Nothing lives only in memory: a runner that dies is replaced by the
 next one reading the same journal (docs/batch.md, "What survives what").
 
-The runner consumes a `Front` (the gateway's side, built in `gateway/http/batches.py`): how
+The runner consumes a `RequestPath` (the gateway's side, built in `gateway/http/batches.py`): how
 many lines may enter now, and running one. Keeping only `ahead` lines waiting in the batch
 class's queue, and adding one whenever fewer wait, lets the front's own slots and preemption
 decide how many run, instead of a fixed number (llm-d's batch gateway polls the scheduler's
@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -27,15 +28,15 @@ import orjson
 from tailguard.batch.files import FileStore
 from tailguard.batch.journal import Journal
 from tailguard.batch.records import BatchRecord, FileRecord, Line, new_id, output_line
-from tailguard.batch.retry import retry_delay_s
 from tailguard.batch.validation import check
-from tailguard.gateway.config import BatchesConfig
+from tailguard.config import BatchesConfig
+from tailguard.retry_policy import RetryAfter, RetryPolicy
 
 log = logging.getLogger("tailguard.gateway")
 
 _TICK_S = 0.05  # how often a running batch looks again for room in the front
 _RATE_SAMPLES = 60  # polls the ETA's pace is measured over
-TRANSIENT = frozenset({408, 429, 500, 502, 503, 504})
+_MAX_DELAY_S = 60.0  # the longest a line waits before its next attempt
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +51,7 @@ class Answer:
     wait_s: float | None = None
 
 
-class Front(Protocol):
+class RequestPath(Protocol):
     def room(self) -> int:
         """How many more lines may enter the front now."""
         ...
@@ -67,9 +68,13 @@ class Front(Protocol):
 class Runner:
     """Starts a task per active batch (found in the journal every `poll_s`, or told by `wake`)."""
 
-    def __init__(self, journal: Journal, files: FileStore, front: Front, cfg: BatchesConfig) -> None:
+    def __init__(self, journal: Journal, files: FileStore, front: RequestPath, cfg: BatchesConfig) -> None:
         self.journal, self.files, self.front, self.cfg = journal, files, front, cfg
         self.holder = f"{os.uname().nodename}-{os.getpid()}-{os.urandom(4).hex()}"
+        # A transient failure (`retry_policy.RETRY_STATUSES`) waits out a full-jitter backoff, the
+        # client's own rule, and is tried again up to `line_attempts` times in all.
+        self.retry = RetryPolicy(max_attempts=cfg.line_attempts, base_delay=cfg.retry_base_s, max_delay=_MAX_DELAY_S)
+        self.rng = random.Random()
         self._runs: dict[str, asyncio.Task[None]] = {}
         self._wakes: dict[str, asyncio.Event] = {}
         self._found = asyncio.Event()
@@ -255,15 +260,14 @@ class BatchRun:
             answer = await self.r.front.run(line, endpoint, owner_key)
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # the gateway's own failure: transient, like a 500
+        except Exception as e:  # the gateway's own failure: the line could not run now
             log.exception("batch %s line %s failed in the gateway", self.id, line.custom_id)
-            answer = Answer(500, orjson.dumps({"error": {"message": str(e), "type": "server_error"}}), "")
+            answer = Answer(503, orjson.dumps({"error": {"message": str(e), "type": "server_error"}}), "")
         if answer.wait_s is not None:  # paced by its owner's limits, as the owner's own requests are
             self.paused_until = max(self.paused_until, time.time() + answer.wait_s)
             await self.j.again(line, self.r.holder, self.paused_until, attempted=False)
-        elif answer.status in TRANSIENT and line.attempts < self.r.cfg.line_attempts:
-            delay = retry_delay_s(line.attempts, self.r.cfg.retry_base_s)
-            await self.j.again(line, self.r.holder, time.time() + delay)
+        elif isinstance(again := self.r.retry.decide(line.attempts, answer.status, None, self.r.rng), RetryAfter):
+            await self.j.again(line, self.r.holder, time.time() + again.delay_s)
         else:
             ok = 200 <= answer.status < 300
             try:

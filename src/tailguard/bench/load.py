@@ -1,11 +1,12 @@
 """The load generator: sends a workload's requests in a closed or open loop over one aiohttp session
-and records each request's timeline. `run_bench(config)` is the one entrypoint.
+and records each request's timeline in one process (`run_load`); `bench.run.run_bench` is the entrypoint,
+which spreads a run over processes (`bench.workers`) when asked.
 
 Honesty rules: in open loop every request has a due time fixed in advance, and latencies are
 measured from it, so a slow generator cannot hide queueing; the gap between due and actual send
 (dispatch lag) and the event loop's own lag are recorded, and `stats.validity` marks a run whose
 dispatch lag P99 is above the threshold as invalid. One request's own way on the wire is
-`exchange.py`.
+`sender.py`.
 
 Before the clock starts, the target is checked (`target.probe`: one line and no load if it cannot
 be measured) and the connections the first requests need are opened, so the first dispatch
@@ -27,8 +28,8 @@ from typing import Any, Awaitable, Callable
 import aiohttp
 
 from tailguard import __version__
-from tailguard.bench.exchange import Exchange
-from tailguard.bench.exchange import Timeouts as Timeouts  # part of BenchConfig, so importable here too
+from tailguard.bench.sender import Sender
+from tailguard.bench.sender import Timeouts as Timeouts  # part of BenchConfig, so importable here too
 from tailguard.bench.recorder import RequestRecord
 from tailguard.bench.workload import (
     ArrivalProcess, Endpoint, PlannedRequest, RequestFactory, Workload, load_workload, schedule,
@@ -120,7 +121,7 @@ class BenchConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class Progress:
+class LoadProgress:
     done: int
     total: int | None
     elapsed_s: float
@@ -137,17 +138,13 @@ class RunResult:
     meta: dict[str, Any]
 
 
-async def run_bench(config: BenchConfig, progress: Callable[[Progress], None] | None = None,
-                    stop: asyncio.Event | None = None, origin: Callable[[], Awaitable[float]] | None = None,
-                    ) -> RunResult:
-    """Run one benchmark; `progress` is called about four times a second from the event loop.
-    Setting `stop` interrupts the run (`meta["interrupted"]` says when and how many were cut).
-    With `config.workers` > 1 the run is spread over processes (`bench.workers`); each of them
-    runs this with `origin`, which says when its clock starts (the same instant for all)."""
-    if config.workers > 1 and origin is None:
-        from tailguard.bench.workers import run_spread
-
-        return await run_spread(config, stop)
+async def run_load(config: BenchConfig, progress: Callable[[LoadProgress], None] | None = None,
+                   stop: asyncio.Event | None = None, origin: Callable[[], Awaitable[float]] | None = None,
+                   ) -> RunResult:
+    """Run one benchmark in this process; `progress` is called about four times a second from
+    the event loop. Setting `stop` interrupts the run (`meta["interrupted"]` says when and how
+    many were cut). A worker of a spread run (`bench.workers`) passes `origin`, which says when
+    its clock starts (the same instant for all)."""
     if isinstance(config.workload, Workload):
         workload, base_dir = config.workload, None
     else:
@@ -200,7 +197,7 @@ def rescale(result: RunResult, time_scale: float) -> None:
 
 class _Run:
     def __init__(self, config: BenchConfig, workload: Workload, factory: RequestFactory,
-                 session: aiohttp.ClientSession, model: str, progress: Callable[[Progress], None] | None,
+                 session: aiohttp.ClientSession, model: str, progress: Callable[[LoadProgress], None] | None,
                  stop: asyncio.Event | None, origin: Callable[[], Awaitable[float]] | None = None) -> None:
         self.config = config
         self.origin = origin
@@ -214,7 +211,7 @@ class _Run:
         self.headers = {"Content-Type": "application/json"}
         if config.api_key:
             self.headers["Authorization"] = f"Bearer {config.api_key}"
-        self.exchange = Exchange(session, self.url, self.headers, config.timeouts)
+        self.sender = Sender(session, self.url, self.headers, config.timeouts)
         self.records: list[RequestRecord] = []
         self.loop_lag_s: list[float] = []
         self.in_flight = 0
@@ -225,7 +222,7 @@ class _Run:
         self._issued = 0
         self._stopping = False
         self._interrupted_after_s: float | None = None
-        self._sender: asyncio.Task[None] | None = None
+        self._send_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def go(self) -> RunResult:
@@ -238,7 +235,7 @@ class _Run:
         gc.freeze()
         # perf_counter is the system's monotonic clock: one origin means the same for every worker.
         self.t0 = await self.origin() if self.origin is not None else time.perf_counter() + _START_LEAD_S
-        self.exchange.t0 = self.t0
+        self.sender.t0 = self.t0
         ticker = asyncio.create_task(self._tick())
         driver = asyncio.create_task(self._closed_loop() if self.config.concurrency is not None else self._open_loop())
         try:
@@ -286,8 +283,8 @@ class _Run:
         if not driver.done():
             self._interrupted_after_s = max(0.0, time.perf_counter() - self.t0)  # may come before the clock starts
             self._stopping = True
-            if self._sender is not None:
-                self._sender.cancel()
+            if self._send_task is not None:
+                self._send_task.cancel()
             if not (await asyncio.wait({driver}, timeout=self.config.interrupt_grace_s))[0]:
                 driver.cancel()
                 await asyncio.wait({driver})
@@ -313,10 +310,10 @@ class _Run:
     async def _open_loop(self) -> None:
         # The sender is a task of its own so that an interrupt can cut its sleep until the next
         # due time without cutting the requests in flight.
-        self._sender = asyncio.create_task(self._send_open())
-        await asyncio.wait({self._sender})
-        if not self._sender.cancelled():
-            self._sender.result()
+        self._send_task = asyncio.create_task(self._send_open())
+        await asyncio.wait({self._send_task})
+        if not self._send_task.cancelled():
+            self._send_task.result()
         while self._tasks:
             await asyncio.gather(*self._tasks)
 
@@ -357,7 +354,7 @@ class _Run:
         self.records.append(rec)
         self.in_flight += 1
         try:
-            await self.exchange.send(req, rec)
+            await self.sender.send(req, rec)
         finally:
             self.in_flight -= 1
             if not rec.ok and rec.error_kind != "interrupted":
@@ -382,7 +379,7 @@ class _Run:
     def _report_progress(self) -> None:
         if self.progress is not None:
             done = len(self.records) - self.in_flight
-            self.progress(Progress(done, self.total, max(0.0, time.perf_counter() - self.t0),
+            self.progress(LoadProgress(done, self.total, max(0.0, time.perf_counter() - self.t0),
                                    self.horizon_s, self.in_flight, self.failed))
 
     def _meta(self, started: _dt.datetime, wall_s: float) -> dict[str, Any]:

@@ -23,7 +23,8 @@ from tailguard.bench.attribution import attribute_all
 from tailguard.bench.compare import compare
 from tailguard.bench.configs import config_lines
 from tailguard.bench.html import render_compare, render_report
-from tailguard.bench.load import BenchConfig, RunResult, run_bench
+from tailguard.bench.load import BenchConfig, RunResult
+from tailguard.bench.run import run_bench
 from tailguard.bench.recorder import RequestRecord, read_jsonl, write_jsonl
 from tailguard.bench.stats import summarize
 from tailguard.bench.compare_table import print_comparison

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, Progress as RichProgress, TaskID, TextColum
 from rich.table import Table
 from rich.text import Text
 
-from tailguard.bench.load import Progress
+from tailguard.bench.load import LoadProgress
 from tailguard.bench.validity import verdict_line
 
 METRIC_LABELS = {"e2e_s": "E2E", "ttft_s": "TTFT", "itl_s": "ITL", "tpot_s": "TPOT", "queue_s": "queue"}
@@ -147,7 +147,7 @@ class ProgressDisplay:
             self._bar.refresh()
             self._bar.stop()
 
-    def __call__(self, p: Progress) -> None:
+    def __call__(self, p: LoadProgress) -> None:
         # Started by the first report, once the load begins: a target that fails its start-up
         # check prints its one line with no empty bar above it.
         if self._task is None:

@@ -21,7 +21,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from tailguard.bench.load import BenchConfig, RunResult, run_bench
+from tailguard.bench.load import BenchConfig, RunResult, run_load
 
 _START_LEAD_S = 0.2  # from the last worker's "ready" to the clock's start
 
@@ -52,7 +52,7 @@ async def _share(config: BenchConfig, conn: Connection) -> RunResult:
         threading.Thread(target=listen, daemon=True).start()
         return t0
 
-    return await run_bench(config, stop=stop, origin=origin)
+    return await run_load(config, stop=stop, origin=origin)
 
 
 async def run_spread(config: BenchConfig, stop: asyncio.Event | None = None) -> RunResult:

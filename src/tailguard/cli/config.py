@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, NoReturn, Optional
 import typer
 
 if TYPE_CHECKING:
-    from tailguard.gateway.config import GatewayConfig
+    from tailguard.config import GatewayConfig
     from tailguard.gateway.ops.store import ConfigStore, Entry
 
 _CONFIG = typer.Option(None, "--config", "-c", help="The gateway's tailguard.yaml (its state is beside it).")
@@ -92,7 +92,7 @@ def diff(a: Optional[str] = typer.Argument(None, help="A config number, `good`, 
     """What changed from A to B, setting by setting in the YAML's dotted names. With neither: from
     the config the gateway runs to the --config file, which is what a reload would apply."""
     from tailguard.errors import ConfigError
-    from tailguard.gateway.config import load_config
+    from tailguard.config import load_config
     from tailguard.settings import described, flatten
 
     try:
@@ -127,7 +127,7 @@ def status(config: Optional[Path] = _CONFIG, state_dir: Optional[Path] = _STATE)
     """The running, baseline and file configs side by side (number and hash), and what to do when
     the file is not what runs."""
     from tailguard.errors import ConfigError
-    from tailguard.gateway.config import load_config
+    from tailguard.config import load_config
 
     store = _store(config, state_dir)
     try:
@@ -150,7 +150,7 @@ def status(config: Optional[Path] = _CONFIG, state_dir: Optional[Path] = _STATE)
 
 def _resolve(which: str, store: ConfigStore | None) -> GatewayConfig:
     from tailguard.errors import ConfigError
-    from tailguard.gateway.config import load_config
+    from tailguard.config import load_config
 
     if not which.isdigit() and which not in ("good", "current"):
         return load_config(which)
@@ -174,7 +174,7 @@ def rollback(to: Optional[int] = typer.Option(None, "--to", help="Config number 
     running requests are kept. Says when the --config file still holds the change, which the next
     reload or restart would bring back."""
     from tailguard.errors import ConfigError
-    from tailguard.gateway.config.loading import names_key_file
+    from tailguard.config.loading import names_key_file
 
     store = _store(config, state_dir)
     try:
@@ -200,7 +200,7 @@ def rollback(to: Optional[int] = typer.Option(None, "--to", help="Config number 
 def _settle_file(config: Path, entry: Entry, write: bool) -> None:
     """After a rollback: write `entry` into the file (keeping the old file), or warn when the file
     differs from it, naming the settings the next reload or restart would bring back."""
-    from tailguard.gateway.config import load_config
+    from tailguard.config import load_config
     from tailguard.settings import described, flatten
 
     changes = described(flatten(entry.load().settings()), flatten(load_config(config).settings()))

@@ -13,7 +13,7 @@ import typer
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from tailguard.front.recording import Recording
+    from tailguard.recording.codec import Recording
     from tailguard.sweep.whatif import WhatIf
 
 
@@ -36,8 +36,8 @@ def replay(
 ) -> None:
     """Replay a recording on a fresh front (the same decisions?); with --config, what would have changed."""
     from tailguard.errors import ConfigError
-    from tailguard.front.recording import RecordingError, read
-    from tailguard.front.replay import conform
+    from tailguard.recording.codec import RecordingError, read
+    from tailguard.recording.replay import conform
 
     try:
         with open(recording, encoding="utf-8") as f:
@@ -65,7 +65,7 @@ def _what_if(rec: Recording, config: Path, preset: str, max_num_seqs: int | None
     from rich.console import Console
 
     from tailguard.gateway.upstream.backends import resolved
-    from tailguard.gateway.config import load_config
+    from tailguard.config import load_config
     from tailguard.gateway.upstream.kinds import get_kind
     from tailguard.settings import described, flatten
     from tailguard.sim.cost import EngineConfig

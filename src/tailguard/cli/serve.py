@@ -12,7 +12,7 @@ import typer
 from tailguard.cli import listen_error
 
 if TYPE_CHECKING:
-    from tailguard.gateway.config import GatewayConfig
+    from tailguard.config import GatewayConfig
     from tailguard.gateway.ops.store import ConfigStore
 
 
@@ -88,11 +88,11 @@ def serve(
 
 
 def _serve_workers(cfg: GatewayConfig, n: int, reread: Callable[[], GatewayConfig] | None) -> None:
-    """`--workers N`: each worker serves 1/N of every cap (`gateway.config.workers`) on the shared
+    """`--workers N`: each worker serves 1/N of every cap (`config.workers`) on the shared
     port; a SIGHUP rereads the file in every worker. The config history (`tailguard config`) is
     not kept: N processes would each record it and claim its pid file."""
     from tailguard.cli.workers import hold_port, run_workers
-    from tailguard.gateway.config.workers import per_worker
+    from tailguard.config.workers import per_worker
 
     port, holder = hold_port(cfg.host, cfg.port)
 
@@ -115,7 +115,7 @@ def build_config(
 ) -> GatewayConfig:
     """The config from the file (or the quick form), with command-line overrides applied."""
     from tailguard.errors import ConfigError
-    from tailguard.gateway.config import GatewayConfig, load_config
+    from tailguard.config import GatewayConfig, load_config
 
     if policy is not None and policy not in ("ranked-sjf", "fcfs"):
         raise ConfigError(f"--policy {policy!r}: known policies are ranked-sjf, fcfs")

@@ -40,7 +40,7 @@ class Plan:
 
 
 @dataclass
-class Progress:
+class SweepProgress:
     """One line on stderr per run: the value, and about how long is left (the runs still needed
     at the least, at the mean time of a run so far), so a sweep of minutes is not silent."""
 
@@ -65,13 +65,13 @@ def run_des(sw: "Sweep", plan: Plan) -> None:
     from tailguard.bench.load import RunResult
     from tailguard.bench.report import write_outputs
     from tailguard.bench.workload import load_workload
-    from tailguard.gateway.config import GatewayConfig
+    from tailguard.config import GatewayConfig
     from tailguard.sim.cost import EngineConfig
     from tailguard.sweep.search import apply
     from tailguard.sweep.virtual import VirtualRun, run_virtual
 
     workload, _ = load_workload(plan.workload)
-    progress = Progress(sw)
+    progress = SweepProgress(sw)
     while (nxt := sw.next_run()) is not None:
         i, value, seed = nxt
         gw, eng = apply(sw.setting, value, plan.gateway, {"max_num_seqs": plan.max_num_seqs})
@@ -120,7 +120,7 @@ async def run_http(sw: "Sweep", plan: Plan, backend: str | None) -> None:
     from tailguard.bench.report import bench_to_dir
     from tailguard.sweep.search import apply
 
-    progress = Progress(sw)
+    progress = SweepProgress(sw)
     while (nxt := sw.next_run()) is not None:
         i, value, _ = nxt
         gw, eng = apply(sw.setting, value, plan.gateway, {"max_num_seqs": plan.max_num_seqs})

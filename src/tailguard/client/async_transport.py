@@ -18,11 +18,11 @@ import anyio
 
 from tailguard.client.exceptions import DeadlineExceeded
 from tailguard.client.flow import (
-    LIMITS, Call, ClientState, Progress, TryFailed, connect_failure, deadline_failure, release_read_timeout,
+    LIMITS, Call, ClientState, Reading, TryFailed, connect_failure, deadline_failure, release_read_timeout,
     status_failure,
 )
 from tailguard.client.httplib import httpx
-from tailguard.client.retry import GiveUp
+from tailguard.client.retry import NoRetry
 
 
 class AsyncRetryTransport(httpx.AsyncBaseTransport):
@@ -38,7 +38,7 @@ class AsyncRetryTransport(httpx.AsyncBaseTransport):
                 return await self._try(call)
             except TryFailed as failed:
                 decision = call.after(failed)
-                if isinstance(decision, GiveUp):
+                if isinstance(decision, NoRetry):
                     raise call.give_up(failed, decision.reason) from None
                 await anyio.sleep(decision.delay_s)
 
@@ -70,7 +70,7 @@ class AsyncRetryTransport(httpx.AsyncBaseTransport):
 class _AsyncDeadlineStream(httpx.AsyncByteStream):
     """A response body read under its try's deadlines."""
 
-    def __init__(self, response: httpx.Response, progress: Progress) -> None:
+    def __init__(self, response: httpx.Response, progress: Reading) -> None:
         self._response = response
         self._raw = response.aiter_raw()
         self._progress = progress
@@ -78,7 +78,7 @@ class _AsyncDeadlineStream(httpx.AsyncByteStream):
         self._done = False
 
     async def prefetch(self) -> None:
-        """Read until the caller may have it (`Progress.prefetched`): until then a failure is retryable."""
+        """Read until the caller may have it (`Reading.prefetched`): until then a failure is retryable."""
         try:
             while not self._progress.prefetched():
                 chunk = await self._next()

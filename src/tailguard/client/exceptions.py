@@ -29,17 +29,17 @@ from __future__ import annotations
 import openai
 
 from tailguard.client.httplib import httpx
-from tailguard.client.retry import GiveUpReason
+from tailguard.client.retry import NoRetryReason
 from tailguard.client.timeouts import Expired, Phase
 
 
-WHY: dict[GiveUpReason, str] = {
+WHY: dict[NoRetryReason, str] = {
     "attempts": "no tries left", "retry_after_too_long": "the server asked for a longer wait than max_retry_after",
     "budget": "the retry budget is spent", "not_retryable": "not retryable",
 }
 
 
-def gave_up_text(attempts: int, gave_up: GiveUpReason, tries: list[str]) -> str:
+def gave_up_text(attempts: int, gave_up: NoRetryReason, tries: list[str]) -> str:
     """`gave up after 2 tries (no tries left): try 1 to URL: ...; try 2 to URL: ...`"""
     return (f"gave up after {attempts} {'try' if attempts == 1 else 'tries'} ({WHY[gave_up]}): "
             + "; ".join(tries))
@@ -58,14 +58,14 @@ class DeadlineExceeded(openai.APITimeoutError):
         self.elapsed_s = expired.elapsed_s
         self.content_chunks = content_chunks
         self.attempts = 1
-        self.gave_up: GiveUpReason = "attempts"
+        self.gave_up: NoRetryReason = "attempts"
         self.tries: list[str] = []
 
     def detail(self) -> str:
         """This try's deadline alone, for the list of tries."""
         return self._detail
 
-    def stopped(self, attempts: int, gave_up: GiveUpReason, tries: list[str]) -> None:
+    def stopped(self, attempts: int, gave_up: NoRetryReason, tries: list[str]) -> None:
         """The call ended with this try: say every try in the message."""
         self.attempts, self.gave_up, self.tries = attempts, gave_up, tries
         self.message = f"{self._detail}; {gave_up_text(attempts, gave_up, tries)}"
@@ -88,7 +88,7 @@ class ConnectionFailed(openai.APIConnectionError):
     """Every try failed before a response: refused, reset, unreachable. Unlike the SDK's bare
     "Connection error.", the message names each try's URL and reason and how many there were."""
 
-    def __init__(self, request: httpx.Request, attempts: int, gave_up: GiveUpReason, tries: list[str]) -> None:
+    def __init__(self, request: httpx.Request, attempts: int, gave_up: NoRetryReason, tries: list[str]) -> None:
         super().__init__(message=f"could not reach {request.url}: {gave_up_text(attempts, gave_up, tries)}",
                          request=request)
         self.attempts, self.gave_up, self.tries = attempts, gave_up, tries
@@ -123,7 +123,7 @@ class Rejected(openai.APIStatusError):
         self.reason = response.headers.get("x-tailguard-reject-reason")
         self.retry_after_s = retry_after_s
         self.attempts = 1
-        self.gave_up: GiveUpReason = "attempts"
+        self.gave_up: NoRetryReason = "attempts"
         self.tries: list[str] = []
         self._text = _error_message(body) or response.reason_phrase
         super().__init__(self.detail(), response=response, body=body)
@@ -134,7 +134,7 @@ class Rejected(openai.APIStatusError):
         wait = f", Retry-After {self.retry_after_s:.3g} s" if self.retry_after_s is not None else ""
         return f"{self._status}{reason}: {self._text}{wait}"
 
-    def stopped(self, attempts: int, gave_up: GiveUpReason, tries: list[str]) -> None:
+    def stopped(self, attempts: int, gave_up: NoRetryReason, tries: list[str]) -> None:
         """Record how the retries ended, in the fields and the message."""
         self.attempts, self.gave_up, self.tries = attempts, gave_up, tries
         self.message = f"{self.detail()}; {gave_up_text(attempts, gave_up, tries)}"

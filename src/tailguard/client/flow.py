@@ -21,7 +21,7 @@ from tailguard.client.exceptions import (
     DEADLINE_ERRORS, ConnectionFailed, DeadlineExceeded, RateLimited, Rejected, StreamBroken, Unavailable,
 )
 from tailguard.client.httplib import httpx
-from tailguard.client.retry import RETRY_STATUSES, GiveUp, GiveUpReason, Retry, RetryPolicy, parse_retry_after
+from tailguard.client.retry import RETRY_STATUSES, NoRetry, NoRetryReason, RetryAfter, RetryPolicy, parse_retry_after
 from tailguard.client.timeouts import Deadlines, Expired, Speed, Timeouts
 from tailguard.retry_budget import RetryBudget
 
@@ -80,7 +80,7 @@ class Call:
         self._sent: httpx.Request = original  # the last try's request
         self.tries: list[str] = []  # per failed try: its URL and what went wrong
 
-    def request(self) -> tuple[httpx.Request, Progress]:
+    def request(self) -> tuple[httpx.Request, Reading]:
         """The next try's request, and the progress of its response under this try's deadlines."""
         self.attempts += 1
         t, fields = self._state.timeouts, self.fields
@@ -97,23 +97,23 @@ class Call:
         request = _rebase(self._original, self._body, self._state.base_urls, self._url, timeout)
         self._sent = request
         assembler = Assembler(chat=fields.endpoint == "chat") if fields.assembles else None
-        return request, Progress(request, deadlines, self._state, assembler)
+        return request, Reading(request, deadlines, self._state, assembler)
 
-    def after(self, failed: TryFailed) -> Retry | GiveUp:
+    def after(self, failed: TryFailed) -> RetryAfter | NoRetry:
         self.tries.append(f"try {self.attempts} to {self._sent.url}: {_what_went_wrong(failed.final)}")
         state = self._state
         with state.lock:
             decision = state.policy.decide(self.attempts, failed.status, failed.retry_after_s, state.rng)
-            if isinstance(decision, Retry) and state.budget is not None \
+            if isinstance(decision, RetryAfter) and state.budget is not None \
                     and not state.budget.try_withdraw(time.monotonic()):
-                decision = GiveUp("budget")
-        if isinstance(decision, Retry) and failed.status != 429:
+                decision = NoRetry("budget")
+        if isinstance(decision, RetryAfter) and failed.status != 429:
             # A 429 is this caller's limit, the same on every replica; anything else may be one
             # instance's trouble, so the next try goes to the next base URL.
             self._url = (self._url + 1) % len(state.base_urls)
         return decision
 
-    def give_up(self, failed: TryFailed, reason: GiveUpReason) -> Exception:
+    def give_up(self, failed: TryFailed, reason: NoRetryReason) -> Exception:
         """The error the caller gets: the last try's, telling every try."""
         final = failed.final
         if isinstance(final, (Rejected, DeadlineExceeded)):
@@ -182,7 +182,7 @@ def connect_failure(request: httpx.Request, err: httpx.TransportError, connect_s
 
 
 
-class Progress:
+class Reading:
     """A response body read under a try's deadlines: each piece is scanned for content, which
     moves the deadlines, and a deadline that has run out raises. Both transports' streams use it."""
 

@@ -15,11 +15,11 @@ import time
 from typing import Iterator
 
 from tailguard.client.flow import (
-    LIMITS, Call, ClientState, Progress, TryFailed, connect_failure, deadline_failure, release_read_timeout,
+    LIMITS, Call, ClientState, Reading, TryFailed, connect_failure, deadline_failure, release_read_timeout,
     status_failure,
 )
 from tailguard.client.httplib import httpx
-from tailguard.client.retry import GiveUp
+from tailguard.client.retry import NoRetry
 from tailguard.client.exceptions import DeadlineExceeded
 from tailguard.client.watchdog import Watchdog
 
@@ -38,7 +38,7 @@ class RetryTransport(httpx.BaseTransport):
                 return self._try(call)
             except TryFailed as failed:
                 decision = call.after(failed)
-                if isinstance(decision, GiveUp):
+                if isinstance(decision, NoRetry):
                     raise call.give_up(failed, decision.reason) from None
                 time.sleep(decision.delay_s)
 
@@ -71,7 +71,7 @@ class RetryTransport(httpx.BaseTransport):
 class _DeadlineStream(httpx.SyncByteStream):
     """A response body read under its try's deadlines; the watchdog wakes a read that stalls."""
 
-    def __init__(self, response: httpx.Response, progress: Progress, watchdog: Watchdog) -> None:
+    def __init__(self, response: httpx.Response, progress: Reading, watchdog: Watchdog) -> None:
         self._response = response
         self._raw = response.iter_raw()
         self._progress = progress
@@ -82,7 +82,7 @@ class _DeadlineStream(httpx.SyncByteStream):
         self._done = False
 
     def prefetch(self) -> None:
-        """Read until the caller may have it (`Progress.prefetched`): until then a failure is retryable."""
+        """Read until the caller may have it (`Reading.prefetched`): until then a failure is retryable."""
         try:
             while not self._progress.prefetched():
                 chunk = self._next()

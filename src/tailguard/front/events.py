@@ -5,7 +5,7 @@ chokepoint (`Front.handle(event, now)`), and carries out the decisions it gets b
 decisions are plain frozen values, so a driver's whole conversation with the front can be
 written down and replayed (`tailguard serve --record`, `tailguard replay`), and a wrong event is a
 `WrongEvent` that names the event and the state it met, never a silent no-op (h11's shape:
-`../shared/style.md` 1.6).
+python-hyper/h11, `h11/_state.py`).
 
     events in                                       decisions out
     Arrive(id, cls, est_tokens, model=, prefix=) -> Start | Reject (refused on arrival)

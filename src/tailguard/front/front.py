@@ -3,9 +3,9 @@
 Events go in through one chokepoint, `handle(event, now)`, which returns the decisions that event
 led to (the events and decisions are typed values in `front.events`). The gateway's asyncio driver
 (`tailguard.gateway.dispatch`), the discrete-event simulator (`tailguard.sim.des`) and a replay of a
-recording (`tailguard.front.replay`) drive the same object, so whatever the gateway decides can be
+recording (`tailguard.recording.replay`) drive the same object, so whatever the gateway decides can be
 replayed on virtual time, and tested without a socket (h11's shape: the protocol is a state
-machine its callers drive, and a wrong event is a named error; see ../shared/style.md 1.6). The
+machine its callers drive, and a wrong event is a named error: python-hyper/h11, `h11/_state.py`). The
 front never calls back into its driver: what it needs to know arrives as an event.
 
 A request is QUEUED, RUNNING on a backend, or SUSPENDED (preempted: queued again, holding no

@@ -7,7 +7,7 @@ The gateway (`gateway/http/proxy.py`) reads a request off HTTP, the discrete-eve
 `Asked`, so a simulated gateway refuses, caps and sizes exactly as the configured one does.
 
     intake = Intake(cfg.intake_params())
-    asked = Asked.of(parsed, headers, api_key)
+    asked = Asked.of(parsed, class_header(headers), api_key)
     cls = intake.classify(asked)                  # BadRequest: a class or service tier it does not know
     caller = intake.caller(asked.api_key)
     accepted = intake.accept(asked, cls, estimator.estimate(cls.name))  # BadRequest: over a bound
@@ -33,9 +33,9 @@ from typing import Any, get_args
 
 from tailguard.errors import BadRequest, Forbidden
 from tailguard.front.params import ClassSpec, IntakeParams, KeySpec, OutputEstimateParams, ServiceTier
+from tailguard.wire.headers import CLASS_HEADER
 from tailguard.wire.openai import CHUNKED, POOLING, Endpoint, ParsedRequest
 
-CLASS_HEADER = "X-Tailguard-Class"
 SERVICE_TIERS: tuple[str, ...] = get_args(ServiceTier)
 NO_CLASS = "none"  # the class of a request refused before it had one (a metrics label)
 
@@ -65,22 +65,6 @@ _PROMPT_PARAMS: dict[str, str] = {"chat": "messages", "messages": "messages", "r
                                   "embeddings": "input"}
 
 
-def header(headers: Mapping[str, str], name: str) -> str | None:
-    """`name`'s value; a plain dict (unlike aiohttp's headers) is searched in lower case too."""
-    value = headers.get(name)
-    return headers.get(name.lower()) if value is None else value
-
-
-def bearer_key(headers: Mapping[str, str]) -> str | None:
-    """The key of `Authorization: Bearer <key>`, or None."""
-    auth = header(headers, "Authorization")
-    if auth is None:
-        return None
-    scheme, _, token = auth.partition(" ")
-    token = token.strip()
-    return token if scheme.lower() == "bearer" and token else None
-
-
 @dataclass(frozen=True, slots=True)
 class Asked:
     """What a request asks for, as its driver read it. `body` is its validated JSON body
@@ -97,9 +81,9 @@ class Asked:
     api_key: str | None = None
 
     @classmethod
-    def of(cls, parsed: ParsedRequest, headers: Mapping[str, str], api_key: str | None) -> Asked:
+    def of(cls, parsed: ParsedRequest, class_header: str | None, api_key: str | None) -> Asked:
         return cls(parsed.endpoint, parsed.body, parsed.prompt_tokens, parsed.max_tokens, parsed.n,
-                   header(headers, CLASS_HEADER), api_key)
+                   class_header, api_key)
 
 
 @dataclass(frozen=True, slots=True)

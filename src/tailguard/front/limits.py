@@ -24,13 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tailguard.front.params import CallerSpec
+from tailguard.front.refusal import Refusal
 from tailguard.types import RejectReason
-
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    reason: RejectReason  # RATE_LIMIT_REQUESTS | RATE_LIMIT_TOKENS | RATE_LIMIT_PARALLEL
-    retry_after_s: float
 
 
 @dataclass(frozen=True, slots=True)

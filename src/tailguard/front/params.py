@@ -2,7 +2,7 @@
 
 The policies are configured with these, never with the gateway's YAML models, so the
 discrete-event simulator, the benchmarks and the tests build a front without importing the
-gateway. `tailguard.gateway.config` turns a validated `tailguard.yaml` into them (`*.spec()`),
+gateway. `tailguard.config` turns a validated `tailguard.yaml` into them (`*.spec()`),
 and its field defaults are read from here, so every default lives in one place.
 """
 
@@ -178,7 +178,7 @@ class RetryParams:
 
     max_attempts: int = 3
     # Continuations of a stream whose backend died or stalled after bytes reached its client
-    # (`front.retry`, Retry.CONTINUE); counted apart from `max_attempts`, within the same budget.
+    # (`front.retry`, Again.CONTINUE); counted apart from `max_attempts`, within the same budget.
     max_migrations: int = 2
     budget_ratio: float = 0.2
     min_retries_per_s: float = 5.0

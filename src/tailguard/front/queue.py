@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 from tailguard.front.admission import Admission
 from tailguard.front.params import ClassSpec, QueueParams
+from tailguard.front.refusal import Refusal
 from tailguard.types import Outcome, RejectReason
 
 
@@ -46,14 +47,6 @@ class Pending:
     wait_bound_at: float  # past this instant it leaves the queue with a 503
     caller: str | None = None  # whose request (fair sharing between callers)
     max_tokens: int | None = None  # its output limit: what of `est_tokens` is output (fair sharing)
-
-
-@dataclass(slots=True, frozen=True)
-class Reject:
-    """Why `push` refused a request, and when the client may try again."""
-
-    reason: RejectReason  # QUEUE_FULL | WAIT_BOUND
-    retry_after_s: float
 
 
 # Job sizes are bucketed by powers of two to estimate "how many of my rank are shorter than me"
@@ -116,16 +109,16 @@ class BaseScheduler(abc.ABC):
     def __len__(self) -> int:
         return len(self._entries)
 
-    def push(self, req: Pending, now: float) -> Reject | None:
+    def push(self, req: Pending, now: float) -> Refusal | None:
         q = self._queue_of(req)
         if req.id in self._entries:
             raise ValueError(f"request id {req.id!r} is already queued")
         if q.live >= q.cfg.max_queue_len:
-            return Reject(RejectReason.QUEUE_FULL, self.admission.queue_full_s(self._ahead_of_class(q)))
+            return Refusal(RejectReason.QUEUE_FULL, self.admission.queue_full_s(self._ahead_of_class(q)))
         predicted_s = self.admission.predict_s(self._ahead(req, q))
         retry_s = self.admission.refusal_s(predicted_s, req.wait_bound_at - now)
         if retry_s is not None:
-            return Reject(RejectReason.WAIT_BOUND, retry_s)
+            return Refusal(RejectReason.WAIT_BOUND, retry_s)
         self._add(req, q, predicted_s)
         return None
 

@@ -14,7 +14,7 @@ from tailguard.front.ejection import Ejector
 from tailguard.front.events import Decision, Ejected, Event, Failed, Start, Wait
 from tailguard.front.params import ClassSpec, FrontParams
 from tailguard.front.queue import BaseScheduler, Pending
-from tailguard.front.retry import Retry, hurts_health, retry_of, stale_connection
+from tailguard.front.retry import Again, hurts_health, retry_of, stale_connection
 from tailguard.retry_budget import RetryBudget
 from tailguard.front.router import Router
 from tailguard.front.slots import BackendPool, BackendState
@@ -76,10 +76,10 @@ class Recovery(ABC):
         if hurts_health(ev.kind, ev.answered):
             self._eject_maybe(old, ev.kind, now)
         where = retry_of(ev.kind, ev.delivered, ev.answered, r.continuable)
-        if where is Retry.CONTINUE:
+        if where is Again.CONTINUE:
             self._migrate(r, stale_connection(ev.kind, ev.answered), now)
             return
-        if r.attempts >= self._max_attempts or where is Retry.NO or not self._budget.try_withdraw(now):
+        if r.attempts >= self._max_attempts or where is Again.NO or not self._budget.try_withdraw(now):
             return
         r.attempts += 1
         target = self._retry_target(r, where, now)
@@ -182,8 +182,8 @@ class Recovery(ABC):
         if ej is not None:
             self._out.append(Ejected(backend, ej.for_s, ej.failures, kind, ej.times))
 
-    def _retry_target(self, r: Tracked, where: Retry, now: float) -> str | None:
-        if (where is Retry.SAME_OR_OTHER and not r.fresh_retried and self._slots.takes_new(r.backend)
+    def _retry_target(self, r: Tracked, where: Again, now: float) -> str | None:
+        if (where is Again.SAME_OR_OTHER and not r.fresh_retried and self._slots.takes_new(r.backend)
                 and not self._ejector.ejected(r.backend)):
             return r.backend
         return self._choose(r, now, exclude=r.tried)

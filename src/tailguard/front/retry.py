@@ -15,7 +15,7 @@ is closed before the retry is sent. Where it goes depends on how it failed:
   retried, since the engine may have done the work.
 
 An attempt whose answer had already reached its consumer is never sent again from the start,
-but it may be *continued* (`Retry.CONTINUE`): when its backend died or stalled (`reset`,
+but it may be *continued* (`Again.CONTINUE`): when its backend died or stalled (`reset`,
 `disconnect`, an idle deadline), or the backend a continuation went to could not take it (any
 of the failures above that send a request to another backend), and the request can be
 continued from its text (`continuable`: the intake's `resumable` rule, no tools, structured
@@ -47,7 +47,7 @@ _CONTINUABLE = _OTHER_BACKEND | {FailureKind.TIMEOUT_IDLE}
 _HEALTH = frozenset({FailureKind.CONNECT, FailureKind.TIMEOUT_CONNECT, FailureKind.STATUS})
 
 
-class Retry(enum.Enum):
+class Again(enum.Enum):
     """Where a failed attempt may go again."""
 
     NO = "no"
@@ -61,15 +61,15 @@ def _hung(kind: FailureKind, answered: bool) -> bool:
     return kind is FailureKind.TIMEOUT_HEADER or (kind is FailureKind.TIMEOUT_FIRST_TOKEN and not answered)
 
 
-def retry_of(kind: FailureKind, delivered: bool, answered: bool, continuable: bool = False) -> Retry:
+def retry_of(kind: FailureKind, delivered: bool, answered: bool, continuable: bool = False) -> Again:
     """Whether (and where) an attempt that failed as `kind` may be sent again, or continued."""
     if delivered:
-        return Retry.CONTINUE if continuable and continues_after(kind, answered) else Retry.NO
+        return Again.CONTINUE if continuable and continues_after(kind, answered) else Again.NO
     if kind in _SAME_BACKEND:
-        return Retry.SAME_OR_OTHER
+        return Again.SAME_OR_OTHER
     if kind in _OTHER_BACKEND or _hung(kind, answered):
-        return Retry.OTHER
-    return Retry.NO
+        return Again.OTHER
+    return Again.NO
 
 
 def continues_after(kind: FailureKind, answered: bool) -> bool:

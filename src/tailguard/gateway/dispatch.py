@@ -28,11 +28,11 @@ from tailguard.front.events import (
 from tailguard.front.front import Front
 from tailguard.front.limits import Standing
 from tailguard.front.params import FrontParams
-from tailguard.front.retry import Retry, retry_of
+from tailguard.front.retry import Again, retry_of
 from tailguard.gateway.ops.metrics import GatewayMetrics
 from tailguard.gateway.ops.recorder import Recorder
 from tailguard.gateway.request import Request
-from tailguard.gateway.upstream.resume import Progress
+from tailguard.gateway.upstream.resume import Transcript
 from tailguard.types import FailureKind, Outcome, RejectReason
 from tailguard.wire.openai import duration_text, ratelimit_headers
 
@@ -90,7 +90,7 @@ class Dispatcher:
         """Requests waiting for a slot."""
         return len(self.front)
 
-    async def admit(self, ticket: Request, est_tokens: int, *, progress: Progress | None = None,
+    async def admit(self, ticket: Request, est_tokens: int, *, progress: Transcript | None = None,
                     max_tokens: int | None = None, prefix: tuple[int, ...] = (), pin: str | None = None) -> None:
         """Queue the request (its class, caller and model are on its record) and wait for its
         slot. Raises `Overloaded` when it is refused or expires (`RateLimited` over its caller's
@@ -117,14 +117,14 @@ class Dispatcher:
         assert ticket.waiter is not None
         await ticket.waiter
 
-    def progress(self, cls: str, resumable: bool) -> Progress | None:
+    def progress(self, cls: str, resumable: bool) -> Transcript | None:
         """Where the request's text is kept, if it may be continued (`Front.tracks`): parsed
         chunk by chunk if it may be suspended (its relay stops between chunks), else kept raw
-        and parsed only if its backend dies mid-answer (`Progress.lazy`), so the relay's
+        and parsed only if its backend dies mid-answer (`Transcript.lazy`), so the relay's
         zero-parse path serves it; None if it cannot be continued."""
         if not self.front.tracks(cls, resumable):
             return None
-        return Progress(lazy=not self.front.may_suspend(cls))
+        return Transcript(lazy=not self.front.may_suspend(cls))
 
     def rate_headers(self, caller: str, shared: tuple[Standing | None, Standing | None] | None = None,
                      ) -> dict[str, str] | None:
@@ -158,7 +158,7 @@ class Dispatcher:
         # text elsewhere is a migration (tailguard_migrations_total).
         if isinstance(decision, Start) and not decision.resumed or isinstance(decision, Wait) and not delivered:
             self._metrics.retries.labels(failed_on, kind).inc()
-        elif decision is None and retry_of(kind, delivered, answered) is not Retry.NO:
+        elif decision is None and retry_of(kind, delivered, answered) is not Again.NO:
             self._metrics.retries_denied.labels(failed_on, kind).inc()
         return decision
 

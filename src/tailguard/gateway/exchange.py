@@ -25,7 +25,7 @@ from tailguard.errors import APIError, Overloaded
 from tailguard.front.intake import Accepted, OutputEstimator
 from tailguard.front.params import ClassSpec
 from tailguard.front.retry import continues_after
-from tailguard.gateway.config import BackendConfig
+from tailguard.config import BackendConfig
 from tailguard.front.events import Wait
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.hedge import Race
@@ -42,7 +42,7 @@ from tailguard.gateway.upstream.refusals import added_fields, refused_field
 from tailguard.gateway.upstream.resume import continuation_body
 from tailguard.gateway.upstream.stream import StreamRelay
 from tailguard.gateway.upstream.tally import Tally
-from tailguard.gateway.upstream.watchdog import Watchdog
+from tailguard.gateway.upstream.watchdog import DeadlineWatch
 from tailguard.types import FailureKind, Outcome
 from tailguard.gateway.upstream.whole import read_whole
 from tailguard.wire.framing import FRAMINGS
@@ -129,7 +129,7 @@ class Exchange:
         assert rec.bound_at is not None
         self._to = to = ctx.live.cfg.timeouts  # kept for every attempt: a reload meanwhile changes nothing here
         self._limits = ctx.live.cfg.limits
-        self._wd = Watchdog(ctx.loop, total_at=rec.bound_at + to.total_s, idle_s=to.idle_s)
+        self._wd = DeadlineWatch(ctx.loop, total_at=rec.bound_at + to.total_s, idle_s=to.idle_s)
         rec.watchdog = self._wd
         self._tally = Tally(rec, self._wd, ctx.metrics.cls(job.cls.name).itl)  # across attempts and runs
         self._stream: StreamRelay | None = None

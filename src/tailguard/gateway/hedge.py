@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 
-from tailguard.gateway.config import BackendConfig
+from tailguard.config import BackendConfig
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.request import Request
 from tailguard.gateway.upstream.client import RelayError

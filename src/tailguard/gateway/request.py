@@ -25,8 +25,8 @@ from typing import Protocol
 from tailguard.clock import monotonic
 from tailguard.errors import APIError, Overloaded
 from tailguard.front.intake import NO_CLASS
-from tailguard.gateway.upstream.resume import Progress
-from tailguard.gateway.upstream.watchdog import Watchdog
+from tailguard.gateway.upstream.resume import Transcript
+from tailguard.gateway.upstream.watchdog import DeadlineWatch
 from tailguard.types import Outcome
 from tailguard.wire.openai import Endpoint
 
@@ -84,10 +84,10 @@ class Request:
     # The driver's handle, from admission to its end.
     waiter: asyncio.Future[None] | None = None
     hedge_waiter: asyncio.Future[str] | None = None  # set by its exchange while a hedge may come
-    progress: Progress | None = None  # its text is tracked: it may be suspended
+    progress: Transcript | None = None  # its text is tracked: it may be suspended
     on_suspend: Callable[[], None] | None = None  # set by its relay while an upstream is open
     ended: bool = False  # it left the front (finished, or rejected by the front itself)
-    watchdog: Watchdog | None = None  # its deadlines; `last_at` is when its backend last sent bytes
+    watchdog: DeadlineWatch | None = None  # its deadlines; `last_at` is when its backend last sent bytes
     trace: TraceHook | None = None  # its OpenTelemetry spans, when telemetry is on
 
     # --- written by the dispatcher, from the front's decisions --------------------------------

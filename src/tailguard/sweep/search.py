@@ -17,7 +17,7 @@ from statistics import mean, stdev
 from typing import Any
 
 from tailguard.errors import ConfigError
-from tailguard.gateway.config import GatewayConfig
+from tailguard.config import GatewayConfig
 
 GATEWAY_SETTINGS = ("max_concurrency", "max_tokens_cap", "policy", "aging_s", "preemption", "fair_share")
 SLOTS = ("max_concurrency", "max_num_seqs")  # caps on requests at once: closed-loop clients bound them

@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from tailguard.front.events import Arrive, Finished, Generated, KindLearned, Reconfigure, Reject, Start, Suspend
-from tailguard.front.recording import Observation, Recording
+from tailguard.recording.codec import Observation, Recording
 from tailguard.sim.fit import Served
 from tailguard.types import Outcome
 

@@ -29,7 +29,7 @@ from tailguard.clock import VirtualClock
 from tailguard.front.front import Front
 from tailguard.front.intake import Accepted
 from tailguard.front.params import BackendSpec, FrontParams
-from tailguard.front.recording import Recording
+from tailguard.recording.codec import Recording
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.des import run
 from tailguard.sim.scenario import Arrival

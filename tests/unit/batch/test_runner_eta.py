@@ -8,7 +8,7 @@ from tailguard.batch.files import FileStore
 from tailguard.batch.runner import Answer, Runner
 from tailguard.batch.records import Line
 from tailguard.batch.sqlite import SqliteJournal
-from tailguard.gateway.config import BatchesConfig
+from tailguard.config import BatchesConfig
 
 
 class NoFront:

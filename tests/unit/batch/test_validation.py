@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import orjson
 
-from tailguard.batch.retry import retry_delay_s
 from tailguard.batch.validation import check
 
 URL = "/v1/chat/completions"
@@ -46,8 +45,3 @@ def test_each_bad_line_is_named_and_no_line_is_kept() -> None:
 def test_empty_and_too_long_files_fail_as_a_whole() -> None:
     assert check(b"\n \n", URL, 10).errors[0]["code"] == "empty_file"
     assert check(b"\n".join(line(str(i)) for i in range(4)), URL, 3).errors[0]["code"] == "too_many_lines"
-
-
-def test_retry_waits_double_and_are_capped() -> None:
-    assert [retry_delay_s(n, 1.0) for n in (1, 2, 3)] == [1.0, 2.0, 4.0]
-    assert retry_delay_s(30, 1.0) == 60.0

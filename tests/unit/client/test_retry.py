@@ -9,7 +9,7 @@ from email.utils import formatdate
 import pytest
 
 from tailguard.client import RetryBudget
-from tailguard.client.retry import GiveUp, Retry, RetryPolicy, parse_retry_after
+from tailguard.client.retry import NoRetry, RetryAfter, RetryPolicy, parse_retry_after
 
 
 def test_full_jitter_draws_from_a_doubling_window_up_to_the_cap() -> None:
@@ -17,7 +17,7 @@ def test_full_jitter_draws_from_a_doubling_window_up_to_the_cap() -> None:
     rng = random.Random(1)
     for attempts, window in ((1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (5, 8.0), (40, 8.0)):
         draws = [policy.decide(attempts, 503, None, rng) for _ in range(2000)]
-        delays = [d.delay_s for d in draws if isinstance(d, Retry)]
+        delays = [d.delay_s for d in draws if isinstance(d, RetryAfter)]
         assert len(delays) == 2000
         assert 0 <= min(delays) < 0.05 * window  # full jitter: from zero ...
         assert 0.95 * window < max(delays) <= window  # ... to the window
@@ -29,14 +29,14 @@ def test_429_backs_off_over_a_longer_window_than_503() -> None:
     rng = random.Random(2)
     d503 = [policy.decide(1, 503, None, rng) for _ in range(2000)]
     d429 = [policy.decide(1, 429, None, rng) for _ in range(2000)]
-    assert max(d.delay_s for d in d503 if isinstance(d, Retry)) <= 1.0
-    assert 1.9 < max(d.delay_s for d in d429 if isinstance(d, Retry)) <= 2.0
+    assert max(d.delay_s for d in d503 if isinstance(d, RetryAfter)) <= 1.0
+    assert 1.9 < max(d.delay_s for d in d429 if isinstance(d, RetryAfter)) <= 2.0
 
 
 def test_retry_after_is_a_floor_the_jitter_is_added_to() -> None:
     policy = RetryPolicy(max_attempts=10, base_delay=1.0, max_delay=8.0)
     rng = random.Random(3)
-    delays = [d.delay_s for d in (policy.decide(1, 429, 5.0, rng) for _ in range(1000)) if isinstance(d, Retry)]
+    delays = [d.delay_s for d in (policy.decide(1, 429, 5.0, rng) for _ in range(1000)) if isinstance(d, RetryAfter)]
     assert min(delays) >= 5.0 and max(delays) <= 7.0
     assert max(delays) - min(delays) > 1.5  # callers told the same instant still spread out
 
@@ -44,14 +44,14 @@ def test_retry_after_is_a_floor_the_jitter_is_added_to() -> None:
 def test_give_up_reasons() -> None:
     policy = RetryPolicy(max_attempts=3, max_retry_after=60)
     rng = random.Random(0)
-    assert policy.decide(1, 400, None, rng) == GiveUp("not_retryable")
-    assert policy.decide(1, 401, None, rng) == GiveUp("not_retryable")
-    assert policy.decide(1, 500, None, rng) == GiveUp("not_retryable")
-    assert policy.decide(3, 503, None, rng) == GiveUp("attempts")
-    assert policy.decide(1, 429, 61.0, rng) == GiveUp("retry_after_too_long")
-    assert policy.decide(1, 429, math.inf, rng) == GiveUp("retry_after_too_long")
+    assert policy.decide(1, 400, None, rng) == NoRetry("not_retryable")
+    assert policy.decide(1, 401, None, rng) == NoRetry("not_retryable")
+    assert policy.decide(1, 500, None, rng) == NoRetry("not_retryable")
+    assert policy.decide(3, 503, None, rng) == NoRetry("attempts")
+    assert policy.decide(1, 429, 61.0, rng) == NoRetry("retry_after_too_long")
+    assert policy.decide(1, 429, math.inf, rng) == NoRetry("retry_after_too_long")
     for status in (None, 408, 409, 429, 502, 503, 504):
-        assert isinstance(policy.decide(1, status, None, rng), Retry)
+        assert isinstance(policy.decide(1, status, None, rng), RetryAfter)
 
 
 def test_policy_rejects_nonsense() -> None:

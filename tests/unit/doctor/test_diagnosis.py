@@ -11,7 +11,7 @@ import pytest
 from tailguard.bench.workload import Workload, load_workload, parse_workload
 from tailguard.doctor.diagnosis import diagnose
 from tailguard.doctor.finding import KINDS, Finding
-from tailguard.gateway.config import GatewayConfig
+from tailguard.config import GatewayConfig
 from tailguard.sim.cost import EngineConfig
 from tailguard.sweep.virtual import VirtualRun, run_virtual
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from tailguard.front.events import Decision, Event
 from tailguard.front.front import Front
 from tailguard.front.params import FrontParams
-from tailguard.front.recording import Header, header_line, step_line
+from tailguard.recording.codec import Header, header_line, step_line
 
 
 class RecordedFront(Front):

@@ -10,18 +10,19 @@ import orjson
 import pytest
 
 from tailguard.errors import BadRequest, Forbidden
-from tailguard.front.intake import Accepted, Asked, Intake, OutputEstimator, bearer_key, header, key_id, resumable
+from tailguard.front.intake import Accepted, Asked, Intake, OutputEstimator, key_id, resumable
+from tailguard.wire.headers import bearer_key, class_header, header
 from tailguard.front.params import ClassSpec, IntakeParams, KeySpec, OutputEstimateParams, default_classes
 from tailguard.wire.openai import parse_request
 
 
 def chat(**extra: object) -> Asked:
     body = {"model": "m", "messages": [{"role": "user", "content": "x" * 40}], **extra}
-    return Asked.of(parse_request(orjson.dumps(body), "chat"), {}, None)  # 4 + 10 = 14 prompt tokens
+    return Asked.of(parse_request(orjson.dumps(body), "chat"), None, None)  # 4 + 10 = 14 prompt tokens
 
 
 def completion(**extra: object) -> Asked:
-    return Asked.of(parse_request(orjson.dumps({"model": "m", "prompt": "y" * 400, **extra}), "completions"), {}, None)
+    return Asked.of(parse_request(orjson.dumps({"model": "m", "prompt": "y" * 400, **extra}), "completions"), None, None)
 
 
 def accept(asked: Asked, cls: ClassSpec, output_estimate_tokens: int = 0) -> Accepted:
@@ -164,7 +165,7 @@ def test_the_class_header_is_found_in_any_mapping_of_headers() -> None:
     # Plain dicts are case-sensitive; aiohttp's headers are not. Both spellings are found.
     assert header({"x-tailguard-class": "batch"}, "X-Tailguard-Class") == "batch"
     parsed = parse_request(b'{"prompt": "p"}', "completions")
-    assert Asked.of(parsed, {"X-Tailguard-Class": "b"}, None).class_header == "b"
+    assert Asked.of(parsed, class_header({"X-Tailguard-Class": "b"}), None).class_header == "b"
     assert bearer_key({"Authorization": "Bearer  k1 "}) == "k1" and bearer_key({"authorization": "bearer k"}) == "k"
     assert bearer_key({"Authorization": "Basic k"}) is None and bearer_key({"Authorization": "Bearer "}) is None
     assert bearer_key({}) is None

@@ -11,7 +11,8 @@ import pytest
 
 from tailguard.front.events import Arrive, Close, Failed, Finished, Generated, Opened, Reject, Start, Suspend, Tick
 from tailguard.front.front import Front
-from tailguard.front.limits import CallerLimits, Refusal, Standing
+from tailguard.front.limits import CallerLimits, Standing
+from tailguard.front.refusal import Refusal
 from tailguard.front.params import BackendSpec, CallerSpec, ClassSpec, FrontParams, RetryParams
 from tailguard.types import FailureKind, Outcome
 

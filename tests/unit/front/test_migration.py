@@ -10,7 +10,7 @@ from tailguard.front.events import Arrive, Failed, Finished, Start, Wait
 from tailguard.front.front import Front
 from tailguard.front.tracked import State
 from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, HealthParams, QueueParams, RetryParams
-from tailguard.front.retry import Retry, retry_of
+from tailguard.front.retry import Again, retry_of
 from tailguard.types import FailureKind, Outcome
 
 CLASSES = [ClassSpec(name="interactive", rank=0, max_queue_wait_s=5.0)]
@@ -72,7 +72,7 @@ def test_a_continuation_that_meets_a_hung_host_goes_on_again() -> None:
     [third] = set("abc") - {first, moved.backend}
     assert list(f.handle(Failed("c1", FailureKind.TIMEOUT_FIRST_TOKEN, delivered=True, answered=False), 2.0)) == [
         Start("c1", third, resumed=True)]
-    assert retry_of(FailureKind.TIMEOUT_FIRST_TOKEN, delivered=True, answered=True, continuable=True) is Retry.NO
+    assert retry_of(FailureKind.TIMEOUT_FIRST_TOKEN, delivered=True, answered=True, continuable=True) is Again.NO
 
 
 @pytest.mark.parametrize("kind", [FailureKind.TIMEOUT_TOTAL, FailureKind.PROTOCOL, FailureKind.STREAM_ERROR])
@@ -89,7 +89,7 @@ def test_a_request_that_cannot_be_continued_from_text_is_never_moved() -> None:
     f = three()
     stream(f, "t1", 0.0, resumable=False)
     assert died(f, "t1", 1.0) == []
-    assert retry_of(FailureKind.DISCONNECT, delivered=True, answered=True, continuable=False) is Retry.NO
+    assert retry_of(FailureKind.DISCONNECT, delivered=True, answered=True, continuable=False) is Again.NO
 
 
 def test_nothing_delivered_is_still_a_retry_from_the_start() -> None:

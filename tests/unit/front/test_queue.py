@@ -15,7 +15,8 @@ from tailguard.front.params import (
 from tailguard.front.ejection import Ejector
 from tailguard.front.router import NO_ROUTE, Router
 from tailguard.front.slots import BackendPool
-from tailguard.front.queue import BaseScheduler, FcfsScheduler, Pending, RankedSjfScheduler, Reject
+from tailguard.front.queue import BaseScheduler, FcfsScheduler, Pending, RankedSjfScheduler
+from tailguard.front.refusal import Refusal
 from tailguard.front.schedulers import SCHEDULERS, carry_over, make_scheduler
 from tailguard.types import Outcome
 
@@ -295,18 +296,18 @@ def test_queue_full_rejects_with_retry_after_from_drain_rate() -> None:
     for i in range(4):
         assert s.push(req(f"i{i}", "interactive", 40, now), now) is None
     rej = s.push(req("i4", "interactive", 40, now), now)
-    assert rej == Reject("queue_full", 1.0)  # (0 of higher rank + 1) / 2 per s, floored at 1 s
+    assert rej == Refusal("queue_full", 1.0)  # (0 of higher rank + 1) / 2 per s, floored at 1 s
     # A full batch queue waits behind the 4 interactive requests too: (4 + 1) / 2 = 2.5 s.
     for i in range(6):
         assert s.push(req(f"b{i}", "batch", 10, now), now) is None
-    assert s.push(req("b6", "batch", 10, now), now) == Reject("queue_full", 2.5)
+    assert s.push(req("b6", "batch", 10, now), now) == Refusal("queue_full", 2.5)
 
 
 def test_queue_full_without_measured_rate_uses_the_minimum() -> None:
     s = sjf()
     for i in range(4):
         s.push(req(f"i{i}", "interactive", 40, 0.0), 0.0)
-    assert s.push(req("i4", "interactive", 40, 0.0), 0.0) == Reject("queue_full", 1.0)
+    assert s.push(req("i4", "interactive", 40, 0.0), 0.0) == Refusal("queue_full", 1.0)
 
 
 def test_wait_bound_rejects_a_request_that_would_wait_too_long() -> None:
@@ -322,7 +323,7 @@ def test_wait_bound_rejects_a_request_that_would_wait_too_long() -> None:
     s.push(Pending("b", "interactive", 0, 100, now, now + 10), now)
     assert s.push(Pending("c", "interactive", 0, 100, now, now + 10), now) is None
     # A fourth expects 3 / 0.25 = 12 s > 10 s: rejected, retry once 2 s of backlog has drained.
-    assert s.push(Pending("d", "interactive", 0, 100, now, now + 10), now) == Reject("wait_bound", 2.0)
+    assert s.push(Pending("d", "interactive", 0, 100, now, now + 10), now) == Refusal("wait_bound", 2.0)
     # A much shorter request is ahead of all three under SJF, so its bound is met.
     assert s.push(Pending("e", "interactive", 0, 10, now, now + 10), now) is None
 
@@ -377,7 +378,7 @@ def test_carry_over_keeps_queued_requests_and_what_admission_learned() -> None:
     assert new.admission.drain_rate() == pytest.approx(1.0)
     # One ahead: 1 s * 8 = 8 s, within 0.8 of the 10 s bound; two ahead: 16 s is not.
     assert new.push(Pending("c", "interactive", 0, 100, 2.0, 12.0), 2.0) is None
-    assert new.push(Pending("d", "interactive", 0, 100, 2.0, 12.0), 2.0) == Reject("wait_bound", 6.0)
+    assert new.push(Pending("d", "interactive", 0, 100, 2.0, 12.0), 2.0) == Refusal("wait_bound", 6.0)
     assert drain(new, 3.0) == ["b", "c"]
 
 
@@ -412,7 +413,7 @@ def test_queue_slot_frees_when_a_request_leaves() -> None:
     s = sjf()
     for i in range(4):
         s.push(req(f"i{i}", "interactive", 40, 0.0), 0.0)
-    assert isinstance(s.push(req("i4", "interactive", 40, 0.0), 0.0), Reject)
+    assert isinstance(s.push(req("i4", "interactive", 40, 0.0), 0.0), Refusal)
     s.remove("i2", 0.5)
     assert s.push(req("i4", "interactive", 40, 0.5), 0.5) is None
 

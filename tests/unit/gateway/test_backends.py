@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tailguard.gateway.config import BackendConfig
+from tailguard.config import BackendConfig
 from tailguard.gateway.upstream.backends import prepare_body, translate_body
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from tailguard.errors import APIError
 from tailguard.front.intake import Asked
-from tailguard.gateway.config import GatewayConfig
+from tailguard.config import GatewayConfig
 from tailguard.gateway.http.classes import ClassTable
 
 

@@ -16,7 +16,7 @@ from tailguard.gateway import dispatch as dispatch_module
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.ops.metrics import GatewayMetrics
 from tailguard.gateway.request import Request
-from tailguard.gateway.upstream.resume import Progress
+from tailguard.gateway.upstream.resume import Transcript
 from tailguard.types import FailureKind, Outcome
 from tests.unit.gateway.virtual_loop import VirtualClock, run
 
@@ -120,7 +120,7 @@ def test_a_suspension_lands_on_the_record_and_the_request_resumes_on_a_new_start
     async def main(loop: asyncio.AbstractEventLoop) -> None:
         d = make(loop)
         job, chat = rec("b1", "batch"), rec("c1")
-        progress = Progress()
+        progress = Transcript()
         await d.admit(job, 1000, progress=progress, max_tokens=900)
         stopped: list[str] = []
         d.upstream_open(job, lambda: stopped.append("closed"))

@@ -97,7 +97,7 @@ def test_token_counting_per_kind() -> None:
 def test_every_configurable_kind_is_in_the_table() -> None:
     from typing import get_args
 
-    from tailguard.gateway.config import BackendKind
+    from tailguard.config import BackendKind
 
     assert set(get_args(BackendKind)) - {"auto"} == set(KINDS)  # auto: one of these, found by asking
 
@@ -120,7 +120,7 @@ def engine_doc_configs() -> dict[str, str]:
 def test_every_config_in_the_engines_doc_loads(tmp_path: pytest.TempPathFactory) -> None:
     from pathlib import Path
 
-    from tailguard.gateway.config import load_config
+    from tailguard.config import load_config
 
     configs = engine_doc_configs()
     assert set(configs) == {"vllm", "llamacpp", "sglang", "tgi", "openai"}

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from tailguard.front.events import Arrive, Decision, Event, Finished, Generated, Opened, Start, Suspend
 from tailguard.front.front import Front
 from tailguard.front.params import BackendSpec, ClassSpec, FrontParams
-from tailguard.front.recording import Header, Observation, read
-from tailguard.front.replay import conform
+from tailguard.recording.codec import Header, Observation, read
+from tailguard.recording.replay import conform
 from tailguard.gateway.ops.recorder import Recorder
 from tailguard.gateway.request import Request
 from tailguard.types import Outcome

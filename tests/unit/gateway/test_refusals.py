@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from tailguard.gateway.config import BackendConfig
+from tailguard.config import BackendConfig
 from tailguard.gateway.upstream.backends import translate_body
 from tailguard.gateway.upstream.client import upstream_body
 from tailguard.gateway.upstream.kinds import get_kind

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tailguard.front.intake import resumable
-from tailguard.gateway.upstream.resume import Progress, continuation_body
+from tailguard.gateway.upstream.resume import Transcript, continuation_body
 from tailguard.wire.openai import chat_chunk, usage_dict
 from tailguard.wire.sse import encode_event
 
@@ -16,7 +16,7 @@ def _tok(text: str, cid: str, running: int | None = None) -> bytes:
 def test_chat_continuation_appends_the_text_and_shrinks_the_budget() -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100,
             "max_completion_tokens": 90, "min_tokens": 5}
-    prog = Progress(parts=["Once", " upon", " a"], tokens=3)
+    prog = Transcript(parts=["Once", " upon", " a"], tokens=3)
     out, _ = continuation_body(body, "chat", prog)
     assert out["messages"] == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once upon a"}]
     assert out["continue_final_message"] is True and out["add_generation_prompt"] is False
@@ -30,7 +30,7 @@ def test_chat_continuation_appends_the_text_and_shrinks_the_budget() -> None:
 def test_a_prompt_the_first_run_counted_is_the_one_the_client_sees() -> None:
     """Where the engine puts a running usage on every chunk (vLLM), the client's prompt count is
     the first run's, exact, not the continuation's less an estimate of what it added."""
-    prog = Progress()
+    prog = Transcript()
     prog.add("Once", 1, 17)
     prog.add(" upon", 2, 17)
     continuation_body({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}, "chat", prog)
@@ -39,19 +39,19 @@ def test_a_prompt_the_first_run_counted_is_the_one_the_client_sees() -> None:
 
 
 def test_completion_continuation_and_a_client_continuing_its_own_message() -> None:
-    prog = Progress(parts=["abcd"], tokens=1)
+    prog = Transcript(parts=["abcd"], tokens=1)
     out, _ = continuation_body({"prompt": "x" * 8, "max_tokens": 10}, "completions", prog)
     assert (out["prompt"], out["max_tokens"], prog.added_prompt_tokens) == ("x" * 8 + "abcd", 9, 1)
     own = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "The"}],
            "continue_final_message": True, "add_generation_prompt": False, "max_tokens": 4}
     assert resumable(own, "chat")
-    out, _ = continuation_body(own, "chat", Progress(parts=[" end"], tokens=1))
+    out, _ = continuation_body(own, "chat", Transcript(parts=[" end"], tokens=1))
     assert out["messages"][-1] == {"role": "assistant", "content": "The end"} and out["max_tokens"] == 3
 
 
 def test_nothing_generated_yet_restarts_the_same_body() -> None:
     body = {"prompt": "p", "max_tokens": 10}
-    prog = Progress()
+    prog = Transcript()
     assert continuation_body(body, "completions", prog) == (body, "completions")
     assert prog.runs == 2 and prog.client_usage(1, 10) == (1, 10)
 
@@ -60,7 +60,7 @@ def test_a_lazy_stream_keeps_its_chunks_raw_until_it_must_be_continued() -> None
     """A stream that may only be moved is relayed unparsed: its blocks of content events are
     kept as they came (a block may hold several, and a usage-only event), parsed when the
     continuation needs its text, with the first run's id and the engine's running count."""
-    prog = Progress(lazy=True)
+    prog = Transcript(lazy=True)
     prog.keep(_tok("Once", "x1"), chat=True)  # the first is parsed: its id
     prog.keep(_tok(" upon", "x1") + _tok(" a", "x1", running=4), chat=True)  # vLLM packed two tokens in one
     assert (prog.text(), prog.tokens, prog.first_id) == ("Once", 1, "x1")  # the block waits, raw
@@ -72,7 +72,7 @@ def test_a_lazy_stream_keeps_its_chunks_raw_until_it_must_be_continued() -> None
 def test_a_lazy_stream_reads_compact_chunks_by_their_bytes_and_keeps_the_rest_in_order() -> None:
     """The usual chunk's text is taken without a parse; one with an escape waits raw (at most a
     bounded number of blocks), and the text comes out in the order the client got it."""
-    prog = Progress(lazy=True)
+    prog = Transcript(lazy=True)
     texts = [f'{i} "q" ' if i % 3 == 0 else f"{i} " for i in range(600)]
     for i, t in enumerate(texts):
         prog.keep(_tok(t, "x"), chat=True)
@@ -92,10 +92,10 @@ def _ids_chunk(text: str, ids: list[int], prompt: list[int] | None = None) -> di
     return obj
 
 
-def _tracked(*chunks: dict[str, object]) -> Progress:
+def _tracked(*chunks: dict[str, object]) -> Transcript:
     """A run on an engine that returns token ids, the client not asking for them: every chunk's
     text passed to the client, as the relay does."""
-    prog = Progress()
+    prog = Transcript()
     prog.run_on(gives_ids=True, client_ids=False)
     for c in chunks:
         prog.absorb(c)
@@ -137,7 +137,7 @@ def test_ids_whose_text_the_engine_held_back_are_generated_again_not_sent() -> N
 
 def test_by_text_where_an_id_is_missing_or_a_stop_string_may_hold_text_back() -> None:
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
-    no_ids = Progress(parts=["Once"], tokens=1)
+    no_ids = Transcript(parts=["Once"], tokens=1)
     no_ids.run_on(gives_ids=False, client_ids=False)
     assert continuation_body(chat, "chat", no_ids, by_ids=True)[1] == "chat"  # its first run gave none
     moved = _tracked(_ids_chunk("Once", [7], prompt=[1]))
@@ -145,7 +145,7 @@ def test_by_text_where_an_id_is_missing_or_a_stop_string_may_hold_text_back() ->
     assert not moved.by_ids() and not moved.hide_ids
     stops = _tracked(_ids_chunk("Once", [7], prompt=[1]))
     assert continuation_body({**chat, "stop": ["\n"]}, "chat", stops, by_ids=True)[1] == "chat"
-    asked = Progress()
+    asked = Transcript()
     asked.run_on(gives_ids=True, client_ids=True)  # the client asked for the ids: it sees them
     assert not asked.hide_ids and asked.ids == []
 
@@ -153,7 +153,7 @@ def test_by_text_where_an_id_is_missing_or_a_stop_string_may_hold_text_back() ->
 def test_a_lazy_stream_reads_each_chunks_ids_by_its_bytes_in_order() -> None:
     """Unparsed, as the relay's fast path passes them: the ids of compact chunks read by their
     bytes, any other block kept raw and parsed in order, the ids in the order of the text."""
-    prog = Progress(lazy=True)
+    prog = Transcript(lazy=True)
     prog.run_on(gives_ids=True, client_ids=False)
     first = encode_event(b'{"id":"x1","choices":[{"delta":{"role":"assistant","content":""}}],"prompt_token_ids":[1,2]}')
     prog.keep(first + encode_event(b'{"id":"x1","choices":[{"delta":{"content":"a"},"token_ids":[10]}]}'), chat=True)

@@ -31,7 +31,7 @@ import orjson
 import pytest
 
 from tailguard.clock import monotonic
-from tailguard.gateway.config import LimitsConfig
+from tailguard.config import LimitsConfig
 from tailguard.gateway.http.lean import LeanProtocol
 from tailguard.gateway.http.lean_sink import LeanSink
 from tailguard.gateway.ops.metrics import ChunkHistogram
@@ -39,7 +39,7 @@ from tailguard.gateway.sink import ChunkQueue, Sink
 from tailguard.gateway.upstream import stream as stream_module
 from tailguard.gateway.upstream.stream import StreamRelay
 from tailguard.gateway.upstream.tally import Tally
-from tailguard.gateway.upstream.watchdog import Watchdog
+from tailguard.gateway.upstream.watchdog import DeadlineWatch
 from tailguard.speedups import speedups
 from tailguard.wire import chunks
 from tailguard.wire.chunks import has_content_py
@@ -296,7 +296,7 @@ async def relay_once(backends: Backends, make_client: MakeClient, reads: list[by
     monkeypatch.setattr(StreamRelay, "_chunk", counted)
     async with AsyncExitStack() as stack:
         sink, client = await make_client(stack)
-        wd = Watchdog(loop, total_at=monotonic() + 3600, idle_s=3600)
+        wd = DeadlineWatch(loop, total_at=monotonic() + 3600, idle_s=3600)
         wd.start_attempt(first_token_at=monotonic() + 3600)
         stack.callback(wd.stop)
         times = _times()

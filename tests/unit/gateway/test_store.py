@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tailguard.errors import ConfigError
-from tailguard.gateway.config import AdaptiveConfig, GatewayConfig
+from tailguard.config import AdaptiveConfig, GatewayConfig
 from tailguard.gateway.ops.reload import restart_needed
 from tailguard.gateway.ops.store import ConfigStore, default_state_dir
 

@@ -7,7 +7,7 @@ preamble waits for the first content (so the headers carry the TTFT, and a failu
 content can still be retried); content is recognised and counted; usage is read, and cut out
 when the client did not ask for it; [DONE] ends the response; an upstream error event; a
 backend that breaks before and after content; a client that reads slowly; and the tracked
-path of a preemptible request, which keeps the text in `Progress` and joins a resumed run
+path of a preemptible request, which keeps the text in `Transcript` and joins a resumed run
 into the first one."""
 
 from __future__ import annotations
@@ -23,16 +23,16 @@ import orjson
 import pytest
 
 from tailguard.clock import monotonic
-from tailguard.gateway.config import LimitsConfig
+from tailguard.config import LimitsConfig
 from tailguard.gateway.ops.metrics import ChunkHistogram
 from tailguard.gateway.request import Request
 from tailguard.gateway.sink import ChunkQueue
 from tailguard.gateway.upstream.client import RelayError, Suspended
 from tailguard.gateway.upstream.h1 import H1Connection, H1Response
-from tailguard.gateway.upstream.resume import Progress, continuation_body
+from tailguard.gateway.upstream.resume import Transcript, continuation_body
 from tailguard.gateway.upstream.stream import StreamRelay
 from tailguard.gateway.upstream.tally import Tally
-from tailguard.gateway.upstream.watchdog import Watchdog
+from tailguard.gateway.upstream.watchdog import DeadlineWatch
 from tailguard.types import FailureKind
 from tailguard.wire.openai import chat_chunk, usage_dict
 from tailguard.wire.sse import DONE_EVENT, SSEDecoder, encode_event
@@ -125,15 +125,15 @@ async def backends() -> AsyncIterator[Backends]:
 
 
 @pytest.fixture
-async def watchdog() -> AsyncIterator[Watchdog]:
+async def watchdog() -> AsyncIterator[DeadlineWatch]:
     """A real watchdog whose deadlines are an hour away: never fired here."""
-    wd = Watchdog(asyncio.get_running_loop(), total_at=monotonic() + 3600, idle_s=3600)
+    wd = DeadlineWatch(asyncio.get_running_loop(), total_at=monotonic() + 3600, idle_s=3600)
     wd.start_attempt(first_token_at=monotonic() + 3600)
     yield wd
     wd.stop()
 
 
-def _relay(watchdog: Watchdog, sink: ChunkQueue, *, client_usage: bool = False, progress: Progress | None = None,
+def _relay(watchdog: DeadlineWatch, sink: ChunkQueue, *, client_usage: bool = False, progress: Transcript | None = None,
            service_tier: bytes | None = None) -> StreamRelay:
     """The relay as the exchange builds it; its headers say when the first content was seen."""
     times = _times()
@@ -183,7 +183,7 @@ class Running:
     task: asyncio.Task[None]
 
 
-async def _started(backends: Backends, watchdog: Watchdog, sink: ChunkQueue | None = None, **relay_kw: Any) -> Running:
+async def _started(backends: Backends, watchdog: DeadlineWatch, sink: ChunkQueue | None = None, **relay_kw: Any) -> Running:
     """What every relay test starts with: a backend, a client, the relay running on the response."""
     backend = await backends()
     sink = sink if sink is not None else ChunkQueue()
@@ -194,7 +194,7 @@ async def _started(backends: Backends, watchdog: Watchdog, sink: ChunkQueue | No
 
 @pytest.mark.parametrize("end", [b"\n", b"\r\n"], ids=["lf", "crlf"])
 async def test_events_reach_the_client_whole_however_the_reads_cut_them(
-        backends: Backends, watchdog: Watchdog, end: bytes) -> None:
+        backends: Backends, watchdog: DeadlineWatch, end: bytes) -> None:
     """Reads that end inside an event, carry the start of the next, or hold several: the client
     gets whole events, in order, each once, on the pull path (before the first content) and on
     the push path (after it) alike."""
@@ -219,7 +219,7 @@ async def test_events_reach_the_client_whole_however_the_reads_cut_them(
     assert relay.tally.times.content_chunks == 4 and relay.ended and not relay.upstream_error
 
 
-async def test_the_role_only_preamble_waits_for_the_first_content(backends: Backends, watchdog: Watchdog) -> None:
+async def test_the_role_only_preamble_waits_for_the_first_content(backends: Backends, watchdog: DeadlineWatch) -> None:
     """Nothing reaches the client before the first content: the role-only chunk is held and sent
     with it, and the headers are made then, so they carry the first content's instant (TTFT)."""
     run = await _started(backends, watchdog)
@@ -239,7 +239,7 @@ async def test_the_role_only_preamble_waits_for_the_first_content(backends: Back
     assert await _output(sink) == [role() + tok("Hi"), tok("!") + DONE_EVENT]
 
 
-async def test_content_is_recognised_and_counted(backends: Backends, watchdog: Watchdog) -> None:
+async def test_content_is_recognised_and_counted(backends: Backends, watchdog: DeadlineWatch) -> None:
     """Content is any non-empty text, reasoning or tool call; a role-only chunk, empty or null
     content, the finish chunk and usage are not. Each content chunk is counted once, the first
     as the first token and each later one as an ITL sample."""
@@ -277,7 +277,7 @@ async def test_content_is_recognised_and_counted(backends: Backends, watchdog: W
 @pytest.mark.parametrize("client_usage", [False, True])
 @pytest.mark.parametrize("alone", [True, False], ids=["own-read", "with-done"])
 async def test_usage_is_read_and_reaches_the_client_only_when_asked(
-        backends: Backends, watchdog: Watchdog, client_usage: bool, alone: bool) -> None:
+        backends: Backends, watchdog: DeadlineWatch, client_usage: bool, alone: bool) -> None:
     """The gateway always asks the backend for usage (it meters every request): the usage-only
     chunk is read either way, and relayed only if the client asked for it, whether it comes in
     a read of its own (the push path hands it back) or with [DONE]."""
@@ -303,7 +303,7 @@ async def test_usage_is_read_and_reaches_the_client_only_when_asked(
     assert out == b"".join(expected)
 
 
-async def test_done_ends_the_response_and_what_follows_is_drained(backends: Backends, watchdog: Watchdog) -> None:
+async def test_done_ends_the_response_and_what_follows_is_drained(backends: Backends, watchdog: DeadlineWatch) -> None:
     """[DONE] ends the client's response in the same send; bytes the backend still sends are
     read (so the connection can be reused) but not relayed."""
     run = await _started(backends, watchdog)
@@ -323,7 +323,7 @@ async def test_done_ends_the_response_and_what_follows_is_drained(backends: Back
     assert relay.tally.times.content_chunks == 1
 
 
-async def test_a_stream_without_done_ends_with_its_last_event(backends: Backends, watchdog: Watchdog) -> None:
+async def test_a_stream_without_done_ends_with_its_last_event(backends: Backends, watchdog: DeadlineWatch) -> None:
     """A backend that ends its body without [DONE], its last event cut off before the blank
     line: that event still reaches the client (ended with one), then the response ends."""
     run = await _started(backends, watchdog)
@@ -338,7 +338,7 @@ async def test_a_stream_without_done_ends_with_its_last_event(backends: Backends
     assert relay.tally.times.content_chunks == 2 and relay.ended
 
 
-async def test_an_upstream_error_event_is_relayed_and_marked(backends: Backends, watchdog: Watchdog) -> None:
+async def test_an_upstream_error_event_is_relayed_and_marked(backends: Backends, watchdog: DeadlineWatch) -> None:
     """An engine that fails mid-generation sends an error object in place of a chunk: the client
     gets it as it came, and the relay marks the stream (the request ends as an upstream error)."""
     error = encode_event(b'{"error":{"message":"engine died","type":"internal_error","code":500}}')
@@ -357,7 +357,7 @@ async def test_an_upstream_error_event_is_relayed_and_marked(backends: Backends,
     assert b"".join(await _output(sink)) == role() + tok("x") + error + DONE_EVENT
 
 
-async def test_a_backend_that_breaks_before_content_fails_the_attempt(backends: Backends, watchdog: Watchdog) -> None:
+async def test_a_backend_that_breaks_before_content_fails_the_attempt(backends: Backends, watchdog: DeadlineWatch) -> None:
     """The backend closes its connection after the role chunk: the client has seen nothing, so
     the attempt fails (the front may send it again) and the sink is untouched."""
     run = await _started(backends, watchdog)
@@ -373,7 +373,7 @@ async def test_a_backend_that_breaks_before_content_fails_the_attempt(backends: 
 
 
 async def test_a_backend_that_breaks_after_content_is_a_failure_the_front_decides_on(
-        backends: Backends, watchdog: Watchdog) -> None:
+        backends: Backends, watchdog: DeadlineWatch) -> None:
     """The relay reports the break (the front may continue the stream elsewhere) and leaves the
     client's stream open; ended, it gets one error event."""
     run = await _started(backends, watchdog)
@@ -393,7 +393,7 @@ async def test_a_backend_that_breaks_after_content_is_a_failure_the_front_decide
     assert relay.upstream_error and relay.ended
 
 
-async def test_a_slow_client_pauses_the_backend_and_loses_nothing(backends: Backends, watchdog: Watchdog) -> None:
+async def test_a_slow_client_pauses_the_backend_and_loses_nothing(backends: Backends, watchdog: DeadlineWatch) -> None:
     """A client whose queue holds two chunks and who does not read: the push relay stops at the
     full queue and the connection stops reading the backend; what still arrives waits in the
     response. Once the client reads, every chunk comes, in order, once."""
@@ -417,7 +417,7 @@ async def test_a_slow_client_pauses_the_backend_and_loses_nothing(backends: Back
     assert relay.tally.times.content_chunks == 20
 
 
-async def test_a_named_service_tier_is_written_into_every_event(backends: Backends, watchdog: Watchdog) -> None:
+async def test_a_named_service_tier_is_written_into_every_event(backends: Backends, watchdog: DeadlineWatch) -> None:
     """A request that named a service tier gets it reported in every chunk (the relay then takes
     the general path for every read)."""
     run = await _started(backends, watchdog, service_tier=b"flex")
@@ -439,12 +439,12 @@ async def test_a_named_service_tier_is_written_into_every_event(backends: Backen
 
 
 async def test_the_tracked_path_keeps_the_text_and_relays_the_same_bytes(
-        backends: Backends, watchdog: Watchdog) -> None:
+        backends: Backends, watchdog: DeadlineWatch) -> None:
     """A preemptible request parses every event to keep the text so far (what a continuation
     needs) and its token count (the backend's running count where it sends one); the client
     gets the same bytes as on the zero-parse path."""
     stream = [role(), tok("Once", running=1), tok(" upon", running=3), tok(" a"), finish(), usage(5, 4), DONE_EVENT]
-    prog = Progress()
+    prog = Transcript()
     run = await _started(backends, watchdog, progress=prog)
     backend, sink, relay, resp, task = run.backend, run.sink, run.relay, run.resp, run.task
     for ev in stream:
@@ -458,11 +458,11 @@ async def test_the_tracked_path_keeps_the_text_and_relays_the_same_bytes(
     assert (relay.tally.usage.prompt_tokens, relay.tally.usage.completion_tokens) == (5, 4)
 
 
-async def test_a_suspended_request_stops_between_reads(backends: Backends, watchdog: Watchdog) -> None:
+async def test_a_suspended_request_stops_between_reads(backends: Backends, watchdog: DeadlineWatch) -> None:
     """Once the dispatcher suspends the request, the next read ends the run with `Suspended`:
     what that read brought is neither relayed nor kept, so the continuation starts exactly
     where the client's text ends."""
-    prog = Progress()
+    prog = Transcript()
     run = await _started(backends, watchdog, progress=prog)
     backend, sink, relay, resp, task = run.backend, run.sink, run.relay, run.resp, run.task
     await _parked(resp, task)
@@ -479,7 +479,7 @@ async def test_a_suspended_request_stops_between_reads(backends: Backends, watch
 
 @pytest.mark.parametrize("client_usage", [True, False])
 async def test_a_resumed_run_continues_the_first_runs_stream(
-        backends: Backends, watchdog: Watchdog, client_usage: bool) -> None:
+        backends: Backends, watchdog: DeadlineWatch, client_usage: bool) -> None:
     """The continuation's stream goes on in the same response: its role-only preamble is dropped
     (the client had one), its chunks get the first run's id back, and its usage chunk is
     rewritten once to count the client's own prompt and every token of both runs. The relay's
@@ -489,7 +489,7 @@ async def test_a_resumed_run_continues_the_first_runs_stream(
     3000-token stream was metered as its second run's 2894 tokens, its prompt as 124.)"""
     body = {"model": "m", "messages": [{"role": "user", "content": "x" * 20}], "max_tokens": 5}
     sink = ChunkQueue()
-    prog = Progress()
+    prog = Transcript()
     relay = _relay(watchdog, sink, client_usage=client_usage, progress=prog)
     first = await backends()
     resp = await first.open()

@@ -14,7 +14,7 @@ from tailguard.clock import monotonic
 from tailguard.gateway.ops.metrics import ChunkHistogram
 from tailguard.gateway.request import Request
 from tailguard.gateway.upstream.tally import MAX_CHOICES, Tally
-from tailguard.gateway.upstream.watchdog import Watchdog
+from tailguard.gateway.upstream.watchdog import DeadlineWatch
 from tailguard.wire.chunks import Usage
 
 BOUNDS = (0.001, 0.3, 1.0)  # ITL buckets: "none", up to 0.3 s, up to 1 s, more
@@ -29,7 +29,7 @@ def _times() -> Request:
 async def tally() -> AsyncIterator[Tally]:
     """A tally over a real watchdog whose deadlines are an hour away: it never fires here, but
     it must be told when a run's first content arrives."""
-    wd = Watchdog(asyncio.get_running_loop(), total_at=monotonic() + 3600, idle_s=3600)
+    wd = DeadlineWatch(asyncio.get_running_loop(), total_at=monotonic() + 3600, idle_s=3600)
     wd.start_attempt(first_token_at=monotonic() + 3600)
     yield Tally(_times(), wd, ChunkHistogram(BOUNDS))
     wd.stop()
@@ -104,7 +104,7 @@ def test_usage_counts_come_from_the_last_chunk_that_has_them() -> None:
 async def test_a_traced_request_keeps_how_its_answer_ended() -> None:
     """Only a traced request's chunks are scanned: the first event's id, then each finish reason,
     bounded in number whatever a backend sends."""
-    wd = Watchdog(asyncio.get_running_loop(), total_at=monotonic() + 3600, idle_s=3600)
+    wd = DeadlineWatch(asyncio.get_running_loop(), total_at=monotonic() + 3600, idle_s=3600)
     untraced = Tally(_times(), wd, ChunkHistogram(BOUNDS))
     assert not untraced.traced
     times = _times()

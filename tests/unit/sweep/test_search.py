@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tailguard.errors import ConfigError
-from tailguard.gateway.config import GatewayConfig
+from tailguard.config import GatewayConfig
 from tailguard.sweep.search import Setting, Slo, Sweep, apply, knee, knee_or_why, parse_values, result
 
 

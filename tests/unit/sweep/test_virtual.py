@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tailguard.bench.workload import RequestClass, parse_workload
-from tailguard.gateway.config import GatewayConfig
+from tailguard.config import GatewayConfig
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.scenario import Timeline
 from tailguard.sweep.virtual import IntakeGate, VirtualRun, plan, run_virtual

@@ -4,7 +4,7 @@ gateway's front routing between them, each request recorded with the backend tha
 from __future__ import annotations
 
 from tailguard.bench.workload import parse_workload
-from tailguard.gateway.config import GatewayConfig
+from tailguard.config import GatewayConfig
 from tailguard.sim.cost import EngineConfig
 from tailguard.sweep.virtual import VirtualRun, run_virtual
 

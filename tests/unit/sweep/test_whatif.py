@@ -14,8 +14,8 @@ import pytest
 
 from tailguard.clock import VirtualClock
 from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, PreemptionParams
-from tailguard.front.recording import Observation, read, request_line
-from tailguard.front.replay import conform
+from tailguard.recording.codec import Observation, read, request_line
+from tailguard.recording.replay import conform
 from tailguard.sim.cost import PRESETS, CostModel
 from tailguard.sim.des import run
 from tailguard.sim.scenario import Arrival

@@ -17,11 +17,12 @@ from aiohttp import web
 
 from tailguard.clock import monotonic
 from tailguard.errors import APIError, BadRequest, Forbidden, RateLimited
-from tailguard.front.intake import bearer_key, key_id
+from tailguard.front.intake import key_id
+from tailguard.wire.headers import bearer_key
 from tailguard.front.limits import CallerLimits
 from tailguard.front.params import CallerSpec
-from tailguard.gateway.config import GatewayConfig
-from tailguard.gateway.config.auth import MAX_KEY_CHARS
+from tailguard.config import GatewayConfig
+from tailguard.config.auth import MAX_KEY_CHARS
 from tailguard.gateway.http.classes import ClassTable, Unauthorized
 from tailguard.gateway.ops.reload import Reloader
 

@@ -23,8 +23,9 @@ from aiohttp import web
 
 from tailguard.clock import monotonic
 from tailguard.errors import APIError
-from tailguard.front.intake import OutputEstimator, bearer_key
-from tailguard.gateway.config import BackendConfig, GatewayConfig
+from tailguard.front.intake import OutputEstimator
+from tailguard.wire.headers import bearer_key
+from tailguard.config import BackendConfig, GatewayConfig
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.exchange import Context
 from tailguard.gateway.http import admin as adm

@@ -27,10 +27,11 @@ from tailguard.batch.runner import Answer, Runner
 from tailguard.batch.sqlite import SqliteJournal
 from tailguard.batch.validation import ENDPOINT_OF
 from tailguard.errors import APIError, BadRequest, NotFound, RateLimited
-from tailguard.front.intake import CLASS_HEADER, KeyDigest, bearer_key, key_id
+from tailguard.front.intake import KeyDigest, key_id
+from tailguard.wire.headers import CLASS_HEADER, bearer_key
 from tailguard.front.params import KeySpec
-from tailguard.gateway.config import BatchesConfig
-from tailguard.gateway.config.base import fingerprint
+from tailguard.config import BatchesConfig
+from tailguard.config.base import fingerprint
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.http.classes import Unauthorized
 from tailguard.gateway.http.proxy import Proxy
@@ -44,7 +45,7 @@ _MAX_METADATA = 16
 
 
 class GatewayFront:
-    """The runner's `Front`: lines enter as the batch class while fewer than `ahead` wait in its
+    """The runner's `RequestPath`: lines enter as the batch class while fewer than `ahead` wait in its
     queue, each as a request of the key that made its batch (its classes, models, rate limits,
     reservations and metering), known by the key's digest recorded with the batch."""
 

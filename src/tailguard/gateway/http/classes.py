@@ -9,8 +9,8 @@ from __future__ import annotations
 from tailguard.errors import APIError
 from tailguard.front.intake import Intake
 from tailguard.front.params import ClassSpec
-from tailguard.gateway.config import GatewayConfig
-from tailguard.gateway.config.auth import MAX_KEY_CHARS
+from tailguard.config import GatewayConfig
+from tailguard.config.auth import MAX_KEY_CHARS
 
 
 class Unauthorized(APIError):

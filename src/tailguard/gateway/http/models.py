@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tailguard.errors import NotFound
-from tailguard.gateway.config import GatewayConfig
+from tailguard.config import GatewayConfig
 from tailguard.gateway.upstream.probes import served_models
 
 

@@ -19,8 +19,8 @@ from aiohttp import web
 
 from tailguard.clock import monotonic
 from tailguard.errors import APIError
-from tailguard.front.intake import NO_CLASS, Asked, bearer_key
-from tailguard.gateway.config import GatewayConfig
+from tailguard.front.intake import NO_CLASS, Asked
+from tailguard.config import GatewayConfig
 from tailguard.gateway.dispatch import overloaded
 from tailguard.gateway.exchange import Context, Ending, Exchange, Job
 from tailguard.gateway.http.classes import ClassTable
@@ -36,6 +36,7 @@ from tailguard.types import Outcome, RejectReason
 from tailguard.wire.openai import (
     CHUNKED, Endpoint, error_body, error_headers, parse_request,
 )
+from tailguard.wire.headers import bearer_key, class_header
 from tailguard.wire.prefix import prefix_blocks
 
 if TYPE_CHECKING:
@@ -178,7 +179,7 @@ class Proxy:
         if self._cfg.log_prompts:
             t.prompt_text = parsed.prompt_text()
         intake = self._classes.intake
-        asked = Asked.of(parsed, headers, api_key)
+        asked = Asked.of(parsed, class_header(headers), api_key)
         t.caller = intake.caller(api_key)  # before its class: a class it may not use is its caller's refusal
         cls = intake.classify(asked)
         t.cls = cls.name

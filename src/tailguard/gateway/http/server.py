@@ -29,7 +29,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from tailguard.clock import monotonic
 from tailguard.errors import APIError
-from tailguard.gateway.config import GatewayConfig, LimitsConfig
+from tailguard.config import GatewayConfig, LimitsConfig
 from tailguard.gateway.http.lean import Answerer, LeanProtocol
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.metrics import GatewayMetrics

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tailguard.gateway.config import GatewayConfig
+from tailguard.config import GatewayConfig
 
 
 @dataclass(slots=True)

@@ -29,7 +29,7 @@ from tailguard import __version__
 from tailguard.front.capacity import Capacity
 from tailguard.front.front import Front
 from tailguard.front.intake import NO_CLASS
-from tailguard.front.retry import Retry, continues_after, hurts_health, retry_of
+from tailguard.front.retry import Again, continues_after, hurts_health, retry_of
 from tailguard.gateway.ops.catalog import METRICS, MetricSpec
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.log_buffer import BufferedLineHandler
@@ -50,7 +50,7 @@ GENAI_OPERATION = {"chat": "chat", "completions": "text_completion", "responses"
                    "detokenize": "detokenize"}
 # Failure kinds the front may send again (of an attempt that delivered nothing and was never
 # answered): the retry counters' label values.
-RETRYABLE = tuple(k for k in FailureKind if retry_of(k, delivered=False, answered=False) is not Retry.NO)
+RETRYABLE = tuple(k for k in FailureKind if retry_of(k, delivered=False, answered=False) is not Again.NO)
 MIGRATING = tuple(k for k in FailureKind if continues_after(k, answered=True))  # a stream moved mid-answer
 EJECTING = tuple(k for k in FailureKind if hurts_health(k, answered=False))  # failures that count to eject
 CONNECTION_CLOSES = ("header_timeout", "evicted_idle", "over_cap")  # tailguard_connections_closed{reason}

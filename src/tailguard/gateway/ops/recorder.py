@@ -1,5 +1,5 @@
 """`tailguard serve --record FILE`: the front's events, its decisions and each request's ending,
-written as JSON lines (the format is `tailguard.front.recording`'s) for `tailguard replay`.
+written as JSON lines (the format is `tailguard.recording.codec`'s) for `tailguard replay`.
 
 The dispatcher hands over every event it gave the front, with the `now` it told it and the
 decisions that came back; the proxy hands over each request as it ends. Lines are gathered and
@@ -27,7 +27,7 @@ import orjson
 
 from tailguard.front.events import Decision, Event, Generated
 from tailguard.front.params import FrontParams
-from tailguard.front.recording import Header, Observation, header_line, request_line, step_line
+from tailguard.recording.codec import Header, Observation, header_line, request_line, step_line
 from tailguard.gateway.ops.log_buffer import BufferedLineHandler
 from tailguard.gateway.request import Request
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tailguard.errors import ConfigError
-from tailguard.gateway.config import BackendConfig, GatewayConfig
+from tailguard.config import BackendConfig, GatewayConfig
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.http.classes import ClassTable
 from tailguard.gateway.http.proxy import Proxy

@@ -28,7 +28,7 @@ import orjson
 import yaml
 
 from tailguard.errors import ConfigError
-from tailguard.gateway.config import GatewayConfig, load_config
+from tailguard.config import GatewayConfig, load_config
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from tailguard import __version__
 from tailguard.clock import monotonic
 from tailguard.errors import ConfigError
-from tailguard.gateway.config import GatewayConfig
+from tailguard.config import GatewayConfig
 from tailguard.gateway.ops.metrics import GENAI_OPERATION, UNKNOWN_PROVIDER
 from tailguard.gateway.request import Request
 from tailguard.types import Outcome

@@ -31,7 +31,8 @@ from dataclasses import dataclass, replace
 
 from tailguard.clock import monotonic
 from tailguard.errors import APIError, Overloaded
-from tailguard.front.limits import CallerLimits, Refusal, Standing, limited
+from tailguard.front.limits import CallerLimits, Standing, limited
+from tailguard.front.refusal import Refusal
 from tailguard.front.params import CallerSpec
 from tailguard.gateway.dispatch import overloaded
 from tailguard.gateway.shared.link import UNAVAILABLE, Link, stop

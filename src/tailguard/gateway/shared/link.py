@@ -24,7 +24,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from tailguard.gateway.config.state import StateConfig
+from tailguard.config.state import StateConfig
 
 log = logging.getLogger("tailguard.gateway")
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 import orjson
 
 from tailguard.clock import monotonic
-from tailguard.gateway.config import LimitsConfig
+from tailguard.config import LimitsConfig
 from tailguard.gateway.upstream.client import RelayError, Suspended, stream_failure
 from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
-from tailguard.gateway.upstream.resume import Progress
+from tailguard.gateway.upstream.resume import Transcript
 from tailguard.gateway.upstream.tally import Tally
 from tailguard.types import FailureKind
 from tailguard.wire.chunks import delta_text, has_content, running_usage
@@ -30,7 +30,7 @@ class Assembler:
     endpoint: Endpoint
     tally: Tally
     limits: LimitsConfig
-    progress: Progress | None = None  # set for preemptible requests
+    progress: Transcript | None = None  # set for preemptible requests
     service_tier: str | None = None  # the tier to report, when the request named one
     joiner: ChunkJoiner = field(init=False)
     read_bytes: int = 0  # of stream, over every run of a resumed request

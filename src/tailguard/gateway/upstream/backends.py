@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tailguard.gateway.config import BackendConfig
+from tailguard.config import BackendConfig
 from tailguard.gateway.upstream.kinds import get_kind
 
 Body = dict[str, Any]

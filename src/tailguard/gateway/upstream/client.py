@@ -15,7 +15,7 @@ import httptools
 import orjson
 
 from tailguard.errors import APIError, GatewayError
-from tailguard.gateway.config import BackendConfig, LimitsConfig
+from tailguard.config import BackendConfig, LimitsConfig
 from tailguard.gateway.upstream.backends import prepare_body
 from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.upstream.kinds import get_kind

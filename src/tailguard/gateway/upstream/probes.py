@@ -19,7 +19,7 @@ import aiohttp
 import orjson
 
 from tailguard.clock import monotonic
-from tailguard.gateway.config import BackendConfig
+from tailguard.config import BackendConfig
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.metrics import GatewayMetrics

@@ -36,7 +36,7 @@ _RAW_BLOCKS = 256
 
 
 @dataclass(slots=True)
-class Progress:
+class Transcript:
     """A request's generation so far, kept across its runs (suspended and resumed, or moved to
     another backend when its own died mid-answer).
 
@@ -177,7 +177,7 @@ _SAMPLING = ("model", "temperature", "top_p", "top_k", "min_p", "presence_penalt
              "spaces_between_special_tokens", "include_stop_str_in_output", "logit_bias", "user", "bad_words")
 
 
-def continuation_body(body: dict[str, Any], endpoint: Endpoint, progress: Progress,
+def continuation_body(body: dict[str, Any], endpoint: Endpoint, progress: Transcript,
                       by_ids: bool = False) -> tuple[dict[str, Any], Endpoint]:
     """The request that continues `body` after `progress`, and the endpoint it goes to; records
     in `progress` where the new run starts (`base_tokens`, `added_prompt_tokens`), and that it is
@@ -218,7 +218,7 @@ def continuation_body(body: dict[str, Any], endpoint: Endpoint, progress: Progre
     return out, endpoint
 
 
-def _by_ids(body: dict[str, Any], endpoint: Endpoint, progress: Progress) -> dict[str, Any]:
+def _by_ids(body: dict[str, Any], endpoint: Endpoint, progress: Transcript) -> dict[str, Any]:
     """A completions request whose prompt is the first run's prompt ids and every id generated
     since: its prompt count is exact (`added_prompt_tokens`), and a chat client's chunks are put
     back in chat's shape (`as_chat`)."""

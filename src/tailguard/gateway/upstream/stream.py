@@ -9,7 +9,7 @@ on another backend; they are bounded (`limits.max_preamble_bytes`), as is each e
 (`limits.max_event_bytes`) and what is drained past the end. A preemptible request takes the
 tracked path instead, which parses every event to keep the text so far; one that may only be
 moved to another backend if its own dies mid-answer keeps the fast path and its content events
-raw (`Progress.keep`), parsed only then.
+raw (`Transcript.keep`), parsed only then.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import orjson
 
 from tailguard.clock import monotonic
 from tailguard.errors import APIError
-from tailguard.gateway.config import LimitsConfig
+from tailguard.config import LimitsConfig
 from tailguard.gateway.sink import Sink
 from tailguard.gateway.upstream.client import RelayError, Suspended, stream_failure
 from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
-from tailguard.gateway.upstream.resume import Progress
+from tailguard.gateway.upstream.resume import Transcript
 from tailguard.gateway.upstream.tally import Tally
 from tailguard.speedups import speedups
 from tailguard.types import FailureKind
@@ -62,7 +62,7 @@ class StreamRelay:
     limits: LimitsConfig
     upstream_error: bool = False
     ended: bool = False  # the client's response is complete (eof written)
-    progress: Progress | None = None  # set for preemptible requests: the text so far is tracked
+    progress: Transcript | None = None  # set for preemptible requests: the text so far is tracked
     # A preemptible request's chunk id from its first run: a resumed run's chunks are given it
     # back, so the client sees one response id throughout.
     stream_id: str | None = None
@@ -74,7 +74,7 @@ class StreamRelay:
     # The callback relay's state (`_chunk`): this run's decoder, the events it handed back, and
     # whether the client's buffer is full.
     _dec: SSEDecoder = field(init=False)  # made by each run
-    _pending: tuple[bytes, list[int], float] | None = None
+    _pending: tuple[bytes, int, bool, float] | None = None
     _blocked: bool = False
 
     async def run(self, up: H1Response) -> None:
@@ -104,9 +104,8 @@ class StreamRelay:
                     step = step or self._step()
                     ended = await up.push(step)
                     if self._pending is not None:
-                        buf, ends, now = self._pending
-                        self._pending = None
-                        await self._emit(*self._scan(buf, ends), now)
+                        pending, self._pending = self._pending, None
+                        await self._emit(*pending)
                     elif self._blocked:
                         self._blocked = False
                         await sink.drain()
@@ -143,32 +142,26 @@ class StreamRelay:
         return step
 
     def _chunk(self, data: bytes) -> bool:
-        """One piece of the body, in the connection's callback: a lone content chunk goes
-        straight to the sink. False hands the rest back to `run` (`_pending`: events that need
-        `_emit`; `_blocked`: the client must drain first)."""
+        """One piece of the body, in the connection's callback: read by the one rule of what
+        its events carry (`_scan`), and a lone content chunk goes straight to the sink. False
+        hands the rest back to `run` (`_pending`: what needs `_emit`; `_blocked`: the client must
+        drain first)."""
         now = monotonic()
-        tally = self.tally
-        tally.watchdog.last_at = now
+        self.tally.watchdog.last_at = now
         buf, ends = self._dec.frame(data)
         if not ends:
             return True  # part of an event: the decoder keeps it
-        if len(ends) == 1 and self.framing.has_content(buf, 0, ends[0]):
-            tally.content(now, 1)
-            if tally.traced:
-                tally.answer_end(buf, 0, ends[0])
-            prog = self.progress
-            if prog is not None:
-                prog.keep(buf, self.endpoint == "chat")
-                if prog.hide_ids:
-                    buf = without_token_ids(buf)
-            if self.sink.write_nowait(buf):
+        chunk, content, last = self._scan(buf, ends)
+        if content == 1 and len(ends) == 1:
+            self.tally.content(now, 1)
+            if self.sink.write_nowait(chunk):
                 return True
             self._blocked = True
             return False
-        self._pending = (buf, ends, now)
+        self._pending = (chunk, content, last, now)
         return False
 
-    async def _run_tracked(self, up: H1Response, prog: Progress) -> None:
+    async def _run_tracked(self, up: H1Response, prog: Transcript) -> None:
         """The loop of a preemptible request: every event parsed (`_track`); between reads it
         stops with `Suspended` once the dispatcher has preempted the request."""
         clock = monotonic
@@ -230,7 +223,7 @@ class StreamRelay:
             buf = without_token_ids(buf)
         return buf, content, last
 
-    def _track(self, events: list[SSEEvent], prog: Progress) -> tuple[bytes, int, bool]:
+    def _track(self, events: list[SSEEvent], prog: Transcript) -> tuple[bytes, int, bool]:
         """The relay of a preemptible request: every event is parsed, to keep the text so far
         (the one thing a continuation needs). On a resumed run the client's stream is already
         open: the new upstream's role-only preamble is dropped and its usage is rewritten once,
@@ -282,7 +275,7 @@ class StreamRelay:
             obj["id"] = self.stream_id
         return raw
 
-    def _usage_event(self, raw: bytes, obj: dict[str, Any], prog: Progress) -> bytes:
+    def _usage_event(self, raw: bytes, obj: dict[str, Any], prog: Transcript) -> bytes:
         """The usage chunk as the client gets it: dropped if it did not ask for it, rewritten
         once (the one JSON rewrite of a resumed request) to count every run. The tally keeps
         the same counts, as the assembler's does: the request is metered from them."""

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tailguard.gateway.config.limits import LimitsConfig
+from tailguard.config.limits import LimitsConfig
 from tailguard.gateway.ops.metrics import ChunkHistogram
 from tailguard.gateway.request import Request
 from tailguard.gateway.upstream.client import RelayError
-from tailguard.gateway.upstream.watchdog import Watchdog
+from tailguard.gateway.upstream.watchdog import DeadlineWatch
 from tailguard.types import FailureKind
 from tailguard.wire.chunks import Usage, finish_reasons, response_id
 
@@ -26,7 +26,7 @@ class Tally:
     watchdog, whose first-token deadline applies again to each run (`start_run`)."""
 
     times: Request  # the request's record: the chunk facts are written here only
-    watchdog: Watchdog
+    watchdog: DeadlineWatch
     itl: ChunkHistogram
     usage: Usage = field(default_factory=Usage)
     run_started: bool = False

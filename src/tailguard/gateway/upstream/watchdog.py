@@ -9,7 +9,7 @@ from tailguard.clock import monotonic
 from tailguard.types import FailureKind
 
 
-class Watchdog:
+class DeadlineWatch:
     """Phase deadlines for one request with one timer, re-armed lazily.
 
     Chunks only store `last_at`; the timer, when it fires, re-arms itself at the next deadline

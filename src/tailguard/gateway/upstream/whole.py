@@ -8,7 +8,7 @@ from __future__ import annotations
 import orjson
 
 from tailguard.clock import monotonic
-from tailguard.gateway.config import LimitsConfig
+from tailguard.config import LimitsConfig
 from tailguard.gateway.upstream.client import RelayError, stream_failure
 from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.upstream.tally import Tally

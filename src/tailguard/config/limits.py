@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from tailguard.gateway.config.base import _Model
+from tailguard.config.base import _Model
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -14,7 +14,7 @@ Per-request bounds (body size, max_tokens, timeouts) are not shares and stay as 
 
 from __future__ import annotations
 
-from tailguard.gateway.config.gateway import GatewayConfig
+from tailguard.config.gateway import GatewayConfig
 
 
 def share(value: int, n: int) -> int:

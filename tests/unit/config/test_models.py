@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from tailguard.errors import ConfigError
-from tailguard.gateway.config import GatewayConfig, load_config
-from tailguard.gateway.config.loading import names_key_file
+from tailguard.config import GatewayConfig, load_config
+from tailguard.config.loading import names_key_file
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tailguard.yaml"
 
@@ -162,7 +162,7 @@ def test_quick_form_backend_kind() -> None:
 def test_docs_describe_every_field() -> None:
     from pydantic import BaseModel
 
-    from tailguard.gateway import config as mod
+    from tailguard import config as mod
 
     docs = (Path(__file__).resolve().parents[3] / "docs" / "configuration.md").read_text()
     models = [v for v in vars(mod).values() if isinstance(v, type) and issubclass(v, BaseModel) and v.__module__.startswith(mod.__name__)]

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from tailguard.errors import ConfigError
-from tailguard.gateway.config.base import fingerprint
+from tailguard.config.base import fingerprint
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -12,8 +12,8 @@ from dataclasses import replace
 import pytest
 
 from tailguard.front.events import Arrive, Decision, Finished, Retired, Start
-from tailguard.front.recording import Recording, read, step_line
-from tailguard.front.replay import conform
+from tailguard.recording.codec import Recording, read, step_line
+from tailguard.recording.replay import conform
 from tailguard.types import Outcome
 from tests.unit.front import test_front_walk
 from tests.unit.front.recorded import RecordedFront

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from tailguard.gateway.config.base import _Model
+from tailguard.config.base import _Model
 
 
 class BatchesConfig(_Model):
@@ -42,10 +42,11 @@ class BatchesConfig(_Model):
     )
     line_attempts: int = Field(
         default=3, ge=1,
-        description="Attempts of one line before it counts as failed, when it fails transiently (connection lost, 5xx, "
-        "429, the gateway's own 503): each retry waits `retry_base_s` doubled per attempt.",
+        description="Attempts of one line before it counts as failed, when it fails transiently (408, 409, 429, 502, "
+        "503, 504: the client's own set): each retry waits a full-jitter draw from a window of `retry_base_s` doubled "
+        "per attempt (at most 60 s), as `tailguard.client` does.",
     )
-    retry_base_s: float = Field(default=1.0, gt=0, description="Wait before a line's first retry.")
+    retry_base_s: float = Field(default=1.0, gt=0, description="The window of a line's first retry's wait.")
     ahead: int = Field(
         default=2, ge=1,
         description="Lines kept waiting in the front's queue for the batch class: a line is added whenever fewer wait, "

@@ -11,7 +11,7 @@ from pydantic import Field, field_validator, model_validator
 
 from tailguard.front import params as fp
 from tailguard.front.adaptive import AdaptiveParams
-from tailguard.gateway.config.base import _ADAPTIVE, _BACKEND, _Model
+from tailguard.config.base import _ADAPTIVE, _BACKEND, _Model
 
 BackendKind = Literal["auto", "vllm", "llamacpp", "sglang", "tgi", "openai", "sim"]
 

@@ -11,7 +11,7 @@ from pydantic import Field, field_validator, model_validator
 
 from tailguard.front import params as fp
 from tailguard.front.params import CapMode
-from tailguard.gateway.config.base import _CLS, _Model
+from tailguard.config.base import _CLS, _Model
 
 _CLASS_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 

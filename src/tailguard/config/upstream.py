@@ -8,7 +8,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from tailguard.front import params as fp
-from tailguard.gateway.config.base import _HEALTH, _RETRY, _Model
+from tailguard.config.base import _HEALTH, _RETRY, _Model
 
 
 class TimeoutsConfig(_Model):

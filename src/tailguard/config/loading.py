@@ -15,8 +15,8 @@ from pathlib import Path
 import yaml
 
 from tailguard.errors import ConfigError
-from tailguard.gateway.config.gateway import GatewayConfig
-from tailguard.gateway.config.problems import validate
+from tailguard.config.gateway import GatewayConfig
+from tailguard.config.problems import validate
 
 
 def load_config(path: str | Path) -> GatewayConfig:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tailguard.errors import ConfigError
-from tailguard.gateway.config import GatewayConfig, StateConfig
-from tailguard.gateway.config.loading import load_config
+from tailguard.config import GatewayConfig, StateConfig
+from tailguard.config.loading import load_config
 
 
 def test_state_is_off_by_default_and_takes_a_redis_url() -> None:

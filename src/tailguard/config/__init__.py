@@ -12,18 +12,18 @@ loading.py (`load_config`). Every public name is importable from here.
 """
 
 from tailguard.front.params import CapMode, ServiceTier
-from tailguard.gateway.config.auth import ApiKeyConfig, AuthConfig
-from tailguard.gateway.config.batches import BatchesConfig
-from tailguard.gateway.config.backends import AdaptiveConfig, BackendConfig, BackendKind
-from tailguard.gateway.config.classes import ClassConfig, default_classes
-from tailguard.gateway.config.fleet import EjectionConfig, HedgingConfig, RoutingConfig
-from tailguard.gateway.config.gateway import GatewayConfig
-from tailguard.gateway.config.limits import LimitsConfig
-from tailguard.gateway.config.loading import load_config
-from tailguard.gateway.config.scheduler import OutputEstimateConfig, SchedulerConfig, SchedulerPolicy
-from tailguard.gateway.config.state import StateConfig
-from tailguard.gateway.config.telemetry import TelemetryConfig
-from tailguard.gateway.config.upstream import HealthConfig, RetryConfig, TimeoutsConfig
+from tailguard.config.auth import ApiKeyConfig, AuthConfig
+from tailguard.config.batches import BatchesConfig
+from tailguard.config.backends import AdaptiveConfig, BackendConfig, BackendKind
+from tailguard.config.classes import ClassConfig, default_classes
+from tailguard.config.fleet import EjectionConfig, HedgingConfig, RoutingConfig
+from tailguard.config.gateway import GatewayConfig
+from tailguard.config.limits import LimitsConfig
+from tailguard.config.loading import load_config
+from tailguard.config.scheduler import OutputEstimateConfig, SchedulerConfig, SchedulerPolicy
+from tailguard.config.state import StateConfig
+from tailguard.config.telemetry import TelemetryConfig
+from tailguard.config.upstream import HealthConfig, RetryConfig, TimeoutsConfig
 
 __all__ = [
     "AdaptiveConfig", "ApiKeyConfig", "AuthConfig", "BackendConfig", "BackendKind", "BatchesConfig", "CapMode", "ClassConfig",

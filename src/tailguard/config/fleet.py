@@ -8,7 +8,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from tailguard.front import params as fp
-from tailguard.gateway.config.base import _Model
+from tailguard.config.base import _Model
 
 _ROUTING = fp.RoutingParams()
 _EJECTION = fp.EjectionParams()

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
-from tailguard.gateway.config.base import _Model, fingerprint
+from tailguard.config.base import _Model, fingerprint
 
 
 class StateConfig(_Model):

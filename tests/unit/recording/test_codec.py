@@ -17,7 +17,7 @@ from tailguard.front.events import (
 from tailguard.front.params import (
     BackendSpec, CallerSpec, ClassSpec, FrontParams, HealthParams, PreemptionParams, QueueParams, RetryParams,
 )
-from tailguard.front.recording import (
+from tailguard.recording.codec import (
     DECISION_TYPES, EVENT_TYPES, Header, Observation, RecordingError, header_line, read, request_line, step_line,
 )
 from tailguard.types import FailureKind, Outcome, RejectReason

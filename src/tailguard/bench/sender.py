@@ -32,7 +32,7 @@ class Timeouts:
     total_s: float = 600.0
 
 
-class Exchange:
+class Sender:
     """Sends requests over one session to one server and records each in full."""
 
     def __init__(self, session: aiohttp.ClientSession, url: str, headers: dict[str, str], timeouts: Timeouts) -> None:

@@ -14,7 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from tailguard.front.intake import key_id
 from tailguard.front.params import CallerSpec, KeySpec
-from tailguard.gateway.config.base import _Model, fingerprint
+from tailguard.config.base import _Model, fingerprint
 
 _HASHED = re.compile(r"sha256:[0-9a-f]{64}")
 MAX_KEY_CHARS = 256  # a longer key is refused before it is hashed (a header may hold 8 KB)

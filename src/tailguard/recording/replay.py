@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from tailguard.errors import ConfigError
 from tailguard.front.events import Decision, Event, WrongEvent
 from tailguard.front.front import Front
-from tailguard.front.recording import Recording
+from tailguard.recording.codec import Recording
 
 
 @dataclass(frozen=True, slots=True)

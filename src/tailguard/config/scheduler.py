@@ -10,7 +10,7 @@ from typing import Literal, cast
 from pydantic import Field, model_validator
 
 from tailguard.front import params as fp
-from tailguard.gateway.config.base import _OUTPUT, _PREEMPT, _QUEUE, _Model
+from tailguard.config.base import _OUTPUT, _PREEMPT, _QUEUE, _Model
 
 SchedulerPolicy = Literal["ranked-sjf", "fcfs"]
 

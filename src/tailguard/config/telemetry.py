@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from tailguard.gateway.config.base import _Model
+from tailguard.config.base import _Model
 
 
 class TelemetryConfig(_Model):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tailguard.gateway.config import GatewayConfig
-from tailguard.gateway.config.workers import per_worker
+from tailguard.config import GatewayConfig
+from tailguard.config.workers import per_worker
 
 
 def _cfg() -> GatewayConfig:

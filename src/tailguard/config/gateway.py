@@ -15,18 +15,18 @@ from tailguard import settings
 from tailguard.errors import ConfigError
 from tailguard.front import params as fp
 from tailguard.front.params import ServiceTier
-from tailguard.gateway.config.auth import AuthConfig
-from tailguard.gateway.config.backends import BackendConfig
-from tailguard.gateway.config.batches import BatchesConfig
-from tailguard.gateway.config.base import _INTAKE, _Model, fingerprint
-from tailguard.gateway.config.classes import POOLING_CLASS, ClassConfig, default_classes
-from tailguard.gateway.config.fleet import EjectionConfig, HedgingConfig, RoutingConfig
-from tailguard.gateway.config.limits import LimitsConfig
-from tailguard.gateway.config.problems import validate
-from tailguard.gateway.config.scheduler import SchedulerConfig
-from tailguard.gateway.config.state import StateConfig
-from tailguard.gateway.config.telemetry import TelemetryConfig
-from tailguard.gateway.config.upstream import HealthConfig, RetryConfig, TimeoutsConfig
+from tailguard.config.auth import AuthConfig
+from tailguard.config.backends import BackendConfig
+from tailguard.config.batches import BatchesConfig
+from tailguard.config.base import _INTAKE, _Model, fingerprint
+from tailguard.config.classes import POOLING_CLASS, ClassConfig, default_classes
+from tailguard.config.fleet import EjectionConfig, HedgingConfig, RoutingConfig
+from tailguard.config.limits import LimitsConfig
+from tailguard.config.problems import validate
+from tailguard.config.scheduler import SchedulerConfig
+from tailguard.config.state import StateConfig
+from tailguard.config.telemetry import TelemetryConfig
+from tailguard.config.upstream import HealthConfig, RetryConfig, TimeoutsConfig
 from tailguard.wire.openai import POOLING
 
 class GatewayConfig(_Model):
