@@ -56,7 +56,7 @@ async def run(n: int) -> dict[str, float]:
                 cpu0 = time.process_time()
                 for _ in range(n):
                     t0 = time.perf_counter()
-                    held = await shared.reserve("app", 600)
+                    _, held = await shared.reserve("app", 600)
                     t1 = time.perf_counter()
                     assert held is not None
                     shared.settle(held, 540, admitted=True)

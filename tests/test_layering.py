@@ -27,7 +27,7 @@ PURE = {
     "config.loading", "config.workers", "config.state",
     "bench.workload", "bench.stats", "bench.dataset", "bench.recorder", "bench.compare", "bench.configs", "bench.attribution",
     "doctor.finding", "doctor.evidence", "doctor.facts", "doctor.rules", "doctor.diagnosis", "sweep.virtual", "sweep.search",
-    "sweep.traffic", "sweep.whatif", "sweep.observed",
+    "sweep.traffic", "sweep.whatif", "sweep.caps",
     "retry_policy", "client.retry", "client.timeouts", "client.chunks", "client.assembly",
     "batch.records", "batch.validation", "batch.retry", "batch.journal", "config.batches",
 }

@@ -9,7 +9,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from tailguard.front.events import Arrive, Failed, Finished, Generated, Reconfigure, Retired, Start, Suspend
+from tailguard.front.events import Arrive, Failed, Finished, Generated, Reconfigure, Retired, Start, StartMode, Suspend
 from tailguard.recording.codec import Recording, read
 from tailguard.recording.replay import conform
 from tailguard.config import BackendConfig
@@ -85,14 +85,14 @@ def _ingredients(rec: Recording) -> dict[str, int]:
     events = [s.event for s in rec.steps]
     decisions = [d for s in rec.steps for d in s.decisions]
     retried = sum(1 for s in rec.steps if isinstance(s.event, Failed)
-                  and any(isinstance(d, Start) and d.id == s.event.id for d in s.decisions))
+                  and any(isinstance(d, Start) and d.id == s.event.id and d.mode is StartMode.RETRY for d in s.decisions))
     return {
         "arrivals": sum(isinstance(e, Arrive) for e in events),
         "retries": retried,
         "reloads": sum(isinstance(e, Reconfigure) for e in events),
         "retired": sum(isinstance(d, Retired) for d in decisions),
         "suspensions": sum(isinstance(d, Suspend) for d in decisions),
-        "resumptions": sum(isinstance(d, Start) and d.resumed for d in decisions),
+        "resumptions": sum(isinstance(d, Start) and d.mode is StartMode.CONTINUE for d in decisions),
         "generated": sum(isinstance(e, Generated) for e in events),
         "clients gone": sum(isinstance(e, Finished) and e.outcome is Outcome.CLIENT_GONE for e in events),
     }

@@ -79,11 +79,11 @@ async def test_a_renewal_is_one_round_trip_for_every_backend(tmp_path: Path) -> 
 
 
 async def test_the_des_model_of_the_allotment_answers_as_the_script_does(tmp_path: Path) -> None:
-    """`sim.replicas.SlotStore` (the DES's allotment) and the Lua script, given the same renewals
+    """`front.leases.SlotStore` (the rule; the DES runs it) and the Lua script, given the same renewals
     of three replicas (random demands and running counts), answer alike every time."""
     import random
 
-    from tailguard.sim.replicas import SlotStore
+    from tailguard.front.leases import SlotStore
 
     rng = random.Random(7)
     store = SlotStore(CAP)

@@ -7,6 +7,7 @@ fingerprinted and their digest, and `quick()` (the config behind `tailguard serv
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -105,7 +106,8 @@ class GatewayConfig(_Model):
         return fp.FrontParams(
             classes=[c.spec() for c in self.classes],
             backends=[b.spec(known.get(b.name, False)) for b in self.backends],
-            queue=self.scheduler.queue_params(), preemption=self.scheduler.preemption_params(),
+            queue=replace(self.scheduler.queue_params(), max_queued_body_bytes=self.limits.max_queued_body_bytes),
+            preemption=self.scheduler.preemption_params(),
             health=fp.HealthParams(unhealthy_after=h.unhealthy_after, healthy_after=h.healthy_after),
             retry=self.retries.params(),
             callers=self.auth.callers(),

@@ -52,6 +52,9 @@ class QueueParams:
     drain_ewma_weight: float = 0.1
     retry_after_min_s: float = 1.0
     retry_after_max_s: float = 300.0
+    # The request bodies that may wait for their first start at once (None: no bound): a queue's
+    # length alone lets a few thousand large bodies fill the host (`limits.max_queued_body_bytes`).
+    max_queued_body_bytes: int | None = None
     fair_share: bool = False  # callers share each rank by tokens served (`front.fairshare`, VTC)
     fair_input_price: float = 1.0  # a prompt token's weight in a caller's virtual counter
     fair_output_price: float = 2.0  # a generated token's (VTC's default prices)

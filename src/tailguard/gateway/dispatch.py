@@ -16,46 +16,35 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Any
 
 from tailguard.clock import monotonic
-from tailguard.errors import APIError, NotFound, Overloaded, RateLimited
 from tailguard.front.events import (
-    Allotted, Arrive, Close, Decision, Drop, Ejected, Event, Failed, Finished, FirstContent, Generated, HealthChanged,
-    Hedge, KindLearned, Loaded, Observed, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served,
-    ServedElsewhere, Start, Suspend,
-    Tick, Wait,
+    Allotted, Arrive, Close, Decision, Drop, Ejected, Event, Failed, Finished, FirstContent, Generated, GiveUp,
+    HealthChanged, KindLearned, Loaded, LocalShare, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served,
+    ServedElsewhere, SharedVerdict, Start, StartMode, Suspend, Tick, Wait,
 )
 from tailguard.front.front import Front
 from tailguard.front.limits import Standing
 from tailguard.front.params import FrontParams
-from tailguard.front.retry import Again, retry_of
+from tailguard.front.samples import sample
 from tailguard.gateway.ops.metrics import GatewayMetrics
 from tailguard.gateway.ops.recorder import Recorder
+from tailguard.gateway.rejection import rejection
 from tailguard.gateway.request import Request
 from tailguard.gateway.upstream.resume import Transcript
-from tailguard.types import FailureKind, Outcome, RejectReason
-from tailguard.wire.openai import duration_text, ratelimit_headers
+from tailguard.types import FailureKind, Outcome
+from tailguard.wire.openai import ratelimit_headers
 
 log = logging.getLogger("tailguard.gateway")
 
-_REJECT_TEXT = {
-    RejectReason.QUEUE_FULL: "The gateway's queue for this class is full; retry later.",
-    RejectReason.WAIT_BOUND: "The gateway would not start this request within its class's queue bound; retry later.",
-    RejectReason.QUEUE_TIMEOUT: "The request waited in the queue past its class bound.",
-    RejectReason.NO_HEALTHY_BACKEND: "No healthy backend is available.",
-    RejectReason.SHUTTING_DOWN: "The gateway is shutting down.",
-}  # a caller's own limits (RATE_LIMIT_*) are worded from where they stand: `Dispatcher._rate_message`
-_RATE_TYPES = {RejectReason.RATE_LIMIT_REQUESTS: "requests", RejectReason.RATE_LIMIT_TOKENS: "tokens",
-               RejectReason.RATE_LIMIT_PARALLEL: "requests"}
-
-
-def overloaded(reason: RejectReason, retry_after_s: float, message: str | None = None) -> Overloaded:
-    text = message if message is not None else _REJECT_TEXT[reason]
-    headers = {"X-Tailguard-Reject-Reason": reason.value}
-    rate = _RATE_TYPES.get(reason)
-    if rate is not None:  # the caller's own limit: OpenAI's 429, which its SDK retries after the wait
-        return RateLimited(text, type=rate, code="rate_limit_exceeded", retry_after_s=retry_after_s, headers=headers)
-    return Overloaded(text, code=reason, retry_after_s=retry_after_s, headers=headers)
+# How the dispatcher carries out each decision: every one of them (the contract test holds every
+# driver to its table), by the method named.
+CARRIED: dict[type, str] = {
+    Start: "_start", Suspend: "_suspend", Wait: "_wait", GiveUp: "_give_up", Drop: "_drop", Reject: "_reject",
+    HealthChanged: "_health", Ejected: "_health", Readmitted: "_health", Retired: "_retired",
+}
+NOT_APPLICABLE: dict[type, str] = {}
 
 
 def _adaptive(params: FrontParams) -> frozenset[str]:
@@ -85,37 +74,41 @@ class Dispatcher:
         self._tickets: dict[str, Request] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
+        self._carry: dict[type, Callable[[Any], None]] = {kind: getattr(self, name) for kind, name in CARRIED.items()}
 
     def __len__(self) -> int:
         """Requests waiting for a slot."""
         return len(self.front)
 
     async def admit(self, ticket: Request, est_tokens: int, *, progress: Transcript | None = None,
-                    max_tokens: int | None = None, prefix: tuple[int, ...] = (), pin: str | None = None) -> None:
+                    max_tokens: int | None = None, prefix: tuple[int, ...] = (), pin: str | None = None,
+                    body_bytes: int = 0, shared: SharedVerdict | None = None) -> Start:
         """Queue the request (its class, caller and model are on its record) and wait for its
         slot. Raises `Overloaded` when it is refused or expires (`RateLimited` over its caller's
         limits), `NotFound` when no backend serves its model. With `progress` (its text is
         tracked) it may be suspended while it runs; `prefix` is its prompt's block hashes; `pin` the
         backend that holds its state (`Arrive.pin`)."""
-        ticket.waiter = waiter = self._loop.create_future()
+        waiter: asyncio.Future[Start] = self._loop.create_future()
+        ticket.waiter = waiter
         ticket.progress = progress
         self._tickets[ticket.id] = ticket
         if progress is not None:
             progress.on_tokens = partial(self.generated, ticket)
         self._handle(Arrive(ticket.id, ticket.cls, est_tokens, progress is not None, max_tokens, ticket.caller,
-                            ticket.model, prefix, pin))
+                            ticket.model, prefix, pin, body_bytes, shared))
         try:
             # A future that is already done (idle gateway) returns here without yielding.
-            await waiter
+            return await waiter
         except asyncio.CancelledError:
             self.release(ticket, Outcome.CLIENT_GONE)  # left while queued (or as it was bound)
             raise
 
-    async def resume(self, ticket: Request) -> None:
-        """Wait until the suspended request has a slot again (`ticket.backend` is then its new
-        one). Raises `Overloaded` if it expired in the queue or the gateway shuts down."""
+    async def resume(self, ticket: Request) -> Start:
+        """Wait until the suspended (or waiting) request has a slot again: its `Start`, whose
+        mode says what to send (`ticket.backend` is then its new backend). Raises `Overloaded`
+        if it expired in the queue or the gateway shuts down."""
         assert ticket.waiter is not None
-        await ticket.waiter
+        return await ticket.waiter
 
     def progress(self, cls: str, resumable: bool) -> Transcript | None:
         """Where the request's text is kept, if it may be continued (`Front.tracks`): parsed
@@ -143,24 +136,16 @@ class Dispatcher:
         ticket.upstream_opened(on_suspend)
         self._handle(Opened(ticket.id))
 
-    def failed(self, ticket: Request, kind: FailureKind, *, delivered: bool, answered: bool) -> Start | Wait | None:
-        """An attempt failed. The `Start` when the front sends it again (`ticket.backend` then
-        names where; `resumed`: it continues from its text there); `Wait` when it waits for a
-        backend first (`resume` then returns once it has one); None: the caller ends the request."""
+    def failed(self, ticket: Request, kind: FailureKind, *, delivered: bool,
+               answered: bool) -> Start | Wait | GiveUp | None:
+        """An attempt failed; the front's decision about it: a `Start` (`ticket.backend` then
+        names where; its mode says whether to send the same body again or the continuation), a
+        `Wait` (`resume` then returns its `Start` once a backend has room), or a `GiveUp` (the
+        caller ends the request). None: its hedge's other attempt goes on."""
         ticket.upstream_closed()
         ticket.attempt_failed(kind)
-        failed_on = ticket.backend
         decisions = self._handle(Failed(ticket.id, kind, delivered, answered))
-        if ticket.hedged is not None:  # its attempt failed while hedged: the hedge's is its own now
-            ticket.backend, ticket.hedged = ticket.hedged, None
-        decision = next((d for d in decisions if isinstance(d, (Start, Wait)) and d.id == ticket.id), None)
-        # Sent again from the start (now, or once a backend frees) is a retry; continued from its
-        # text elsewhere is a migration (tailguard_migrations_total).
-        if isinstance(decision, Start) and not decision.resumed or isinstance(decision, Wait) and not delivered:
-            self._metrics.retries.labels(failed_on, kind).inc()
-        elif decision is None and retry_of(kind, delivered, answered) is not Again.NO:
-            self._metrics.retries_denied.labels(failed_on, kind).inc()
-        return decision
+        return next((d for d in decisions if isinstance(d, (Start, Wait, GiveUp)) and d.id == ticket.id), None)
 
     def hedges(self, cls: str) -> bool:
         """Whether requests of `cls` may be hedged (their exchange races for the first content)."""
@@ -170,15 +155,12 @@ class Dispatcher:
         """The first content came from `backend`. The backend whose attempt must stop now (the
         hedge's other one), or None."""
         decisions = self._handle(FirstContent(ticket.id, backend))
-        return next((d.backend for d in decisions if isinstance(d, Drop) and d.id == ticket.id), None)
+        return next((d.loser for d in decisions if isinstance(d, Drop) and d.id == ticket.id), None)
 
     def hedge_failed(self, ticket: Request, backend: str, kind: FailureKind, *, answered: bool) -> None:
         """One attempt of a hedged request failed (or was abandoned) while the other goes on."""
         if ticket.hedged is not None and not ticket.ended:
             self._handle(Failed(ticket.id, kind, False, answered, backend))
-            if backend == ticket.backend:
-                ticket.backend = ticket.hedged
-            ticket.hedged = None
 
     def generated(self, ticket: Request, tokens: int) -> None:
         """A running preemptible request's generated tokens so far (what a preemption weighs)."""
@@ -199,17 +181,12 @@ class Dispatcher:
         self._handle(Finished(ticket.id, outcome, tokens))
 
     def _observe(self, t: Request) -> None:
-        """What the ended request showed of its backend's latency, for its adaptive cap: TTFT from
-        its one `Start` (so its wait in the gateway's queue is not in it; a retry's, a
-        continuation's or a hedge's start is not on the record, so those give none) and its mean
-        gap between content chunks (none across a suspension)."""
-        first, last = t.first_content_at, t.last_content_at
-        if first is None or t.preemptions:
-            return
-        start = t.bound_at if t.attempts == 1 and not self.front.hedges(t.cls) else None
-        ttft = first - start if start is not None else None
-        itl = (last - first) / (t.content_chunks - 1) if last is not None and t.content_chunks > 1 else None
-        self._handle(Observed(t.backend, ttft, itl))
+        """What the ended request showed of its backend's latency between chunks, for its
+        adaptive cap (`front.samples`, as the DES works it out); its TTFT went in as it came
+        (`first_content`)."""
+        seen = sample(t.backend, t.first_content_at, t.last_content_at, t.content_chunks, t.counts)
+        if seen is not None:
+            self._handle(seen)
 
     def probe(self, backend: str, ok: bool, *, busy: bool = False) -> None:
         self._handle(Probed(backend, ok, busy))
@@ -233,6 +210,11 @@ class Dispatcher:
     def loaded(self, backend: str, queued: int) -> None:
         """The engine's own count of requests running and waiting, just read."""
         self._handle(Loaded(backend, queued))
+
+    def local_share(self, replicas: int | None) -> None:
+        """Redis is unavailable under `on_unavailable: local` (the front keeps 1/`replicas` of each
+        caller's limits), or (None) back (`gateway.shared.limits`)."""
+        self._handle(LocalShare(replicas))
 
     def allot(self, backend: str, slots: int | None) -> None:
         """This replica's part of `backend`'s slots, leased in Redis (`gateway.shared.slots`)."""
@@ -292,29 +274,24 @@ class Dispatcher:
         return decisions
 
     def _apply(self, decisions: Sequence[Decision]) -> None:
+        carry = self._carry
         for d in decisions:
-            if isinstance(d, Start):
-                self._start(d)
-            elif isinstance(d, Suspend):
-                self._suspend(self._tickets[d.id])
-            elif isinstance(d, Wait):
-                self._tickets[d.id].waiter = self._loop.create_future()  # `resume` waits on it
-            elif isinstance(d, Hedge):
-                self._hedge(d)
-            elif isinstance(d, Drop):
-                t = self._tickets[d.id]
-                if d.backend == t.backend and t.hedged is not None:
-                    t.backend = t.hedged  # the hedge won: the request's backend from now on
-                t.hedged = None
-            elif isinstance(d, Reject):
-                self._reject(d)
-            elif isinstance(d, (HealthChanged, Ejected, Readmitted)):
-                self._health(d)
-            elif isinstance(d, Retired):
-                self.healthy.pop(d.backend, None)
-                self._metrics.forget_backend(d.backend)
-                log.warning("backend %s removed: its last request has ended", d.backend)
+            carry[type(d)](d)
         self._arm()
+
+    def _wait(self, d: Wait) -> None:
+        self._tickets[d.id].waiter = self._loop.create_future()  # `resume` waits on it
+
+    def _give_up(self, d: GiveUp) -> None:
+        """Its exchange ends the request (`failed` returned the decision); counted here."""
+        self._tickets[d.id].counts.apply(d)
+        if d.reason.denied:
+            self._metrics.retries_denied.labels(d.backend, d.kind).inc()
+
+    def _retired(self, d: Retired) -> None:
+        self.healthy.pop(d.backend, None)
+        self._metrics.forget_backend(d.backend)
+        log.warning("backend %s removed: its last request has ended", d.backend)
 
     def _health(self, d: HealthChanged | Ejected | Readmitted) -> None:
         """A change of a backend's health: said once in the log with its reason, counted, and
@@ -338,65 +315,55 @@ class Dispatcher:
         m.backend_healthy.labels(name).set(1 if view is not None and view.healthy and not view.ejected else 0)
 
     def _start(self, d: Start) -> None:
+        """A start of any mode, counted on the record (`front.counts`) and in the metrics by the
+        failure it follows; a hedge's backend goes to the racing exchange, any other start to the
+        request's waiting handler."""
         t = self._tickets[d.id]
-        t.started(d.backend, d.resumed, monotonic())
+        t.counts.apply(d)
+        mode = d.mode
+        if mode is StartMode.HEDGE:
+            t.hedged = d.backend
+            self._metrics.hedges.labels(t.cls, "sent").inc()
+            w = t.hedge_waiter
+            if w is not None and not w.done():
+                w.set_result(d.backend)
+            return
+        if mode is StartMode.RETRY:
+            self._metrics.retries.labels(d.failed_on, d.after).inc()
+        elif mode is StartMode.MIGRATE:
+            self._metrics.migrations.labels(t.cls, d.after).inc()
+        t.started(d.backend, mode, monotonic())
         if t.waiter is not None and not t.waiter.done():
-            t.waiter.set_result(None)
+            t.waiter.set_result(d)
 
-    def _hedge(self, d: Hedge) -> None:
-        """The front sends the request to a second backend too: its exchange, racing for the first
-        content, is told where."""
+    def _drop(self, d: Drop) -> None:
+        """A hedge is over: the winner's attempt is the request's from now on (the racing exchange
+        stops the loser's)."""
         t = self._tickets[d.id]
-        t.hedged = d.backend
-        self._metrics.hedges.labels(t.cls, "sent").inc()
-        w = t.hedge_waiter
-        if w is not None and not w.done():
-            w.set_result(d.backend)
+        t.counts.apply(d)
+        outcome = "failed" if d.failed else "won" if d.winner == t.hedged else "lost"
+        self._metrics.hedges.labels(t.cls, outcome).inc()
+        t.backend, t.hedged = d.winner, None
 
-    def _suspend(self, t: Request) -> None:
+    def _suspend(self, d: Suspend) -> None:
+        t = self._tickets[d.id]
         assert t.on_suspend is not None and t.progress is not None
+        t.counts.apply(d)
         self._metrics.preemptions.labels(t.cls).inc()
         t.waiter = self._loop.create_future()
         t.progress.suspended = True
         t.suspended()
 
     def _reject(self, d: Reject) -> None:
-        self._metrics.rejected.labels(self._tickets[d.id].cls, d.reason).inc()
+        """The front refused or dropped the request: its handler gets the one wording of the
+        refusal (`gateway.rejection`), and it is counted once."""
         t = self._tickets.pop(d.id)
+        self._metrics.rejected.labels(t.cls, d.reason).inc()
         t.ended = True
-        message = None
-        if d.reason is RejectReason.MODEL_NOT_FOUND:
-            if t.waiter is not None and not t.waiter.done():
-                t.waiter.set_exception(self._not_served(t.model))
-            return
-        if d.reason is RejectReason.QUEUE_TIMEOUT:
-            message = (f"The request waited {monotonic() - t.arrived_at:.3f} s in the queue, "
-                       "past its class bound.")
-        elif d.reason in _RATE_TYPES:
-            assert t.caller is not None  # the front limits callers only
-            message = self._rate_message(d, t.caller)
         if t.waiter is not None and not t.waiter.done():
-            t.waiter.set_exception(overloaded(d.reason, d.retry_after_s, message))
-
-    def _not_served(self, model: str | None) -> APIError:
-        """OpenAI's 404 for a model nobody serves, naming those that are served."""
-        served = sorted({m for b in self.front.backends() if not b.retiring for m in (b.models or ())})
-        listing = f" Served here: {', '.join(served)}." if served else ""
-        return NotFound(f"The model `{model}` does not exist: no backend of this gateway serves it.{listing}",
-                        param="model", code="model_not_found")
-
-    def _rate_message(self, d: Reject, caller: str) -> str:
-        """OpenAI's words for a rate limit: which limit, its use, and when to try again."""
-        if d.reason is RejectReason.RATE_LIMIT_PARALLEL:
-            return (f"Rate limit reached for caller '{caller}' on requests at once (max_parallel_requests). "
-                    f"Please try again in {duration_text(d.retry_after_s)}.")
-        requests, tokens = self.front.standing(caller, monotonic())
-        per_requests = d.reason is RejectReason.RATE_LIMIT_REQUESTS
-        s = requests if per_requests else tokens
-        what = "requests per min (RPM)" if per_requests else "tokens per min (TPM)"
-        use = f": Limit {s.limit}, Used {s.limit - s.remaining}" if s is not None else ""
-        return (f"Rate limit reached for caller '{caller}' on {what}{use}. Please try again in "
-                f"{duration_text(d.retry_after_s)}.")
+            served = (m for b in self.front.backends() if not b.retiring for m in (b.models or ()))
+            t.waiter.set_exception(rejection(d, caller=t.caller, model=t.model, waited_s=monotonic() - t.arrived_at,
+                                             served=served))
 
     def _arm(self) -> None:
         at = self.front.next_wakeup()

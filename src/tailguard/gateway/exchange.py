@@ -24,9 +24,8 @@ from tailguard.clock import monotonic
 from tailguard.errors import APIError, Overloaded
 from tailguard.front.intake import Accepted, OutputEstimator
 from tailguard.front.params import ClassSpec
-from tailguard.front.retry import continues_after
 from tailguard.config import BackendConfig
-from tailguard.front.events import Wait
+from tailguard.front.events import GiveUp, GiveUpReason, Start, Wait
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.hedge import Race
 from tailguard.gateway.ops.live import Live
@@ -138,6 +137,7 @@ class Exchange:
         self._endpoint: Endpoint = job.endpoint  # where attempts go (a continuation by ids: completions)
         self._retried = False  # the last attempt failed: this one goes on a new connection
         self._dropped_here: set[str] = set()  # added fields this request went again without
+        self._gave_up: GiveUp | None = None  # why the front tried its last failed attempt no more
         # Relayed as one body: a route that answers once, or a non-stream call of a typed-event route.
         self._whole = job.endpoint in POOLING or (job.endpoint not in CHUNKED and not job.parsed.stream)
 
@@ -149,7 +149,7 @@ class Exchange:
             return await self._broken(Outcome.REJECTED, err.code, err)
         except RelayError as err:
             outcome = Outcome.TIMEOUT if err.is_timeout else Outcome.UPSTREAM_ERROR
-            if self.sink.started and not self.job.capped.resumable and continues_after(err.kind, self.rec.answered):
+            if self.sink.started and self._gave_up is not None and self._gave_up.reason is GiveUpReason.NOT_CONTINUABLE:
                 err.message += _NOT_CONTINUED  # say why this one was not, where others would be
             return await self._broken(outcome, err.kind, err.api_error())
         except ClientGone:
@@ -194,6 +194,9 @@ class Exchange:
                 rec.upstream_headers_at = monotonic()
                 if self._hedged():
                     up, backend = await self._race(up, backend)
+                elif self._tally.on_first is None and rec.first_content_at is None \
+                        and ctx.dispatcher.front.wants_first_content(job.cls.name, backend.name):
+                    self._tally.on_first = self._first_content
                 if rec.progress is not None and not rec.progress.lazy:
                     ctx.dispatcher.upstream_open(rec, up.close)
                 if self._whole:
@@ -223,6 +226,12 @@ class Exchange:
                 if up is not None:
                     up.close()  # no-op after release(); otherwise aborts the engine's request
 
+    def _first_content(self, now: float) -> None:
+        """The request's first content came (a TTFT sample of its adaptive backend)."""
+        self._tally.on_first = None
+        if self.rec.backend in self.ctx.backends:
+            self.ctx.dispatcher.first_content(self.rec, self.rec.backend)
+
     def _hedged(self) -> bool:
         """A first attempt of a hedged class: it races for its first content (`gateway.hedge`)."""
         return (self._resumed is None and not self._retried and not self.sink.started
@@ -236,11 +245,7 @@ class Exchange:
                 return await ctx.upstream.open(other, self._endpoint, self._body(other), job.req_id, self._to.connect_s,
                                              self._limits)
 
-        def count(cls: str, outcome: str) -> None:
-            ctx.metrics.hedges.labels(cls, outcome).inc()
-
-        race = Race(ctx.dispatcher, ctx.backends, self.rec, job.cls.name, open_hedge, _RACE_LIMIT, count)
-        return await race.run(up, backend)
+        return await Race(ctx.dispatcher, ctx.backends, self.rec, open_hedge, _RACE_LIMIT).run(up, backend)
 
     def _body(self, backend: BackendConfig) -> bytes:
         job = self.job
@@ -283,34 +288,31 @@ class Exchange:
         raise RelayError(kind, _TIMEOUT_TEXT[kind].format(backend=backend.name), status=504)
 
     async def _again(self, kind: FailureKind, answered: bool) -> bool:
-        """Tell the front the attempt failed; True when it goes again: from the start on a new
-        connection (a retry), or (`Start(resumed=True)`) on another backend from the text the
-        consumer already has, since its backend died or stalled mid-answer (a migration). With
-        no backend free for it now, it first waits for one (`Wait`), as a suspension does."""
-        old = self.rec.backend
-        start = self.ctx.dispatcher.failed(self.rec, kind, delivered=self._delivered(), answered=answered)
-        if start is None:
+        """Tell the front the attempt failed; True when it goes again as its `Start` says: the
+        same body on a new connection (a retry), or the continuation from the text the consumer
+        already has (a migration). With no backend free for it now, it first waits for one
+        (`Wait`), as a suspension does. False: the front gave it up (`GiveUp`, kept to word the
+        error), or its hedge's other attempt goes on."""
+        decision = self.ctx.dispatcher.failed(self.rec, kind, delivered=self._delivered(), answered=answered)
+        if decision is None or isinstance(decision, GiveUp):
+            self._gave_up = decision
             return False
-        if isinstance(start, Wait):
-            await self._waiting()
-            moved = self._delivered()  # the rest of an answer under way, or the whole one afresh
-        else:
-            moved = start.resumed and start.backend != old
-        if moved:
-            self.rec.migrations += 1
-            self.ctx.metrics.migrations.labels(self.job.cls.name, kind).inc()
+        start = await self._waiting() if isinstance(decision, Wait) else decision
+        if start.mode.continues:
             self._continue()
-        else:  # a retry, or a continuation's stale connection: the same body on a fresh connection
+        else:
             self._retried = True
         return True
 
-    async def _waiting(self) -> None:
+    async def _waiting(self) -> Start:
         """Wait, holding no slot and with no deadline running, until the front gives it a
-        backend again (`Overloaded` past its wait bound); a stream's client keeps its response."""
+        backend again (`Overloaded` past its wait bound): its `Start`. A stream's client keeps
+        its response meanwhile."""
         self._wd.stop()
         waited_at = monotonic()
-        await self.ctx.dispatcher.resume(self.rec)
+        start = await self.ctx.dispatcher.resume(self.rec)
         self._wd.total_at += monotonic() - waited_at
+        return start
 
     def _continue(self) -> None:
         """The next attempt continues the generation from its text so far (after a suspension or
@@ -364,7 +366,7 @@ class Exchange:
         `Overloaded` when it expires in the queue."""
         progress = self.rec.progress
         assert progress is not None
-        await self._waiting()
+        await self._waiting()  # its Start continues it
         progress.suspended = False
         self._continue()
 

@@ -2,14 +2,14 @@
 another backend, each read up to its first content; the first to have content wins, the other is
 stopped at once, and the winner's bytes read so far are put back for the relay.
 
-The front decides (`front.hedging`): when a hedge is due (`Hedge`, which the dispatcher hands to
-the racing exchange through `Request.hedge_waiter`) and which attempt to stop once one has content
-(`FirstContent` -> `Drop`). Nothing reaches the consumer before the race ends, so the loser's
+The front decides (`front.hedging`): when a hedge is due (`Start` with mode `hedge`, which the
+dispatcher hands to the racing exchange through `Request.hedge_waiter`) and which attempt to stop
+once one has content (`FirstContent` -> `Drop`); the dispatcher counts what the decisions say. Nothing reaches the consumer before the race ends, so the loser's
 bytes never do. An attempt that fails during the race is told to the front (`Failed(backend=)`)
 and the other goes on alone; when the last one fails, its error is the request's, as if there had
 been no hedge. A deadline (the request's task cancelled) ends both.
 
-    up, backend = await Race(dispatcher, backends, rec, cls, opener, limit, count).run(up, backend)
+    up, backend = await Race(dispatcher, backends, rec, opener, limit).run(up, backend)
 """
 
 from __future__ import annotations
@@ -69,10 +69,10 @@ class _Attempt:
 class Race:
     """One hedged request's race (see the module docstring)."""
 
-    def __init__(self, dispatcher: Dispatcher, backends: Mapping[str, BackendConfig], rec: Request, cls: str,
-                 opener: Opener, limit: int, count: Callable[[str, str], None]) -> None:
-        self.dispatcher, self.backends, self.rec, self.cls = dispatcher, backends, rec, cls
-        self.opener, self.limit, self.count = opener, limit, count  # count(class, outcome): the hedges counter
+    def __init__(self, dispatcher: Dispatcher, backends: Mapping[str, BackendConfig], rec: Request, opener: Opener,
+                 limit: int) -> None:
+        self.dispatcher, self.backends, self.rec = dispatcher, backends, rec
+        self.opener, self.limit = opener, limit
 
     async def run(self, up: H1Response, backend: BackendConfig) -> tuple[H1Response, BackendConfig]:
         """The winning attempt's upstream (its bytes so far put back) and backend. Raises the last
@@ -118,16 +118,12 @@ class Race:
     def _lost_to_failure(self, a: _Attempt, err: BaseException) -> None:
         kind = err.kind if isinstance(err, RelayError) else FailureKind.DISCONNECT
         self.dispatcher.hedge_failed(self.rec, a.backend.name, kind, answered=a.up is not None)
-        self.count(self.cls, "failed")
         a.stop()
 
     def _won(self, winner: _Attempt, attempts: list[_Attempt]) -> tuple[H1Response, BackendConfig]:
         """Tell the front which attempt has content; the other stops. The winner's bytes so far go
         back to be relayed."""
-        hedged = self.rec.hedged is not None  # a hedge was sent and has not failed
         self.dispatcher.first_content(self.rec, winner.backend.name)
-        if hedged:
-            self.count(self.cls, "won" if winner is not attempts[0] else "lost")
         assert winner.up is not None and winner.task is not None
         winner.up.unread(winner.task.result())
         return winner.up, winner.backend

@@ -4,8 +4,9 @@ the one clock (`tailguard.clock.monotonic`).
 The record is made when the request arrives and lives until its one end. Who writes what:
 
     the proxy          class, caller, prompt estimate, the caller's rate headers, how it ended
-    the dispatcher     backend, attempts, preemptions, bound_at: derived from the front's
-                       decisions as it applies them (`started`, `suspended`), never copied
+    the dispatcher     backend, bound_at, and its counts (attempts, retries, migrations,
+                       preemptions, hedges: `front.counts`) from the front's decisions as it
+                       applies them, never worked out again
     the exchange       upstream_headers_at, output tokens; its `Tally` the chunk facts
                        (first/last content, content chunks), the hot path's only writes
     the end            finished_at (the exchange, else the proxy)
@@ -19,11 +20,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from tailguard.clock import monotonic
 from tailguard.errors import APIError, Overloaded
+from tailguard.front.counts import Counts
+from tailguard.front.events import Start, StartMode
 from tailguard.front.intake import NO_CLASS
 from tailguard.gateway.upstream.resume import Transcript
 from tailguard.gateway.upstream.watchdog import DeadlineWatch
@@ -57,9 +60,7 @@ class Request:
     rate_headers: dict[str, str] | None = None  # where the caller's limits stand (x-ratelimit-*)
     # From the front's decisions.
     backend: str = "-"
-    attempts: int = 0
-    preemptions: int = 0
-    migrations: int = 0  # continued on another backend after its own died mid-answer (the exchange)
+    counts: Counts = field(default_factory=Counts)
     hedged: str | None = None  # the backend of its second attempt, once the front hedged it
     bound_at: float | None = None  # its first Start
     # Upstream and chunks.
@@ -82,7 +83,7 @@ class Request:
     prompt_text: str | None = None  # kept only with `log_prompts`
     completion: str | None = None
     # The driver's handle, from admission to its end.
-    waiter: asyncio.Future[None] | None = None
+    waiter: asyncio.Future[Start] | None = None
     hedge_waiter: asyncio.Future[str] | None = None  # set by its exchange while a hedge may come
     progress: Transcript | None = None  # its text is tracked: it may be suspended
     on_suspend: Callable[[], None] | None = None  # set by its relay while an upstream is open
@@ -92,19 +93,16 @@ class Request:
 
     # --- written by the dispatcher, from the front's decisions --------------------------------
 
-    def started(self, backend: str, resumed: bool, now: float) -> None:
-        """A `Start`: its first run, a retry (another attempt), or its continuation."""
+    def started(self, backend: str, mode: StartMode, now: float) -> None:
+        """A `Start` (not a hedge's: that one races beside the request's own attempt)."""
         self.backend = backend
-        if not resumed:
-            self.attempts += 1
         if self.bound_at is None:
             self.bound_at = now
         if self.trace is not None:
-            self.trace.started(backend, resumed, now)
+            self.trace.started(backend, mode.continues, now)
 
     def suspended(self) -> None:
         """A `Suspend`: its upstream is closed, and it waits in the queue again."""
-        self.preemptions += 1
         hook, self.on_suspend = self.on_suspend, None
         if hook is not None:
             hook()

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from tailguard.errors import Overloaded, RateLimited
+from tailguard.front.events import GiveUp, GiveUpReason, Start, StartMode
 from tailguard.front.params import BackendSpec, CallerSpec, ClassSpec, FrontParams, PreemptionParams
 from tailguard.gateway import dispatch as dispatch_module
 from tailguard.gateway.dispatch import Dispatcher
@@ -46,7 +47,7 @@ def test_an_idle_gateway_binds_at_once_and_the_record_says_where(clock: VirtualC
         d = make(loop)
         r = rec("r1")
         await d.admit(r, 100)
-        assert (r.backend, r.attempts, r.bound_at, r.queue_s) == ("a", 1, 1000.0, 0.0)
+        assert (r.backend, r.counts.attempts, r.bound_at, r.queue_s) == ("a", 1, 1000.0, 0.0)
         d.release(r, Outcome.SUCCESS)
         d.release(r, Outcome.SUCCESS)  # a second release is a no-op: a request ends once
         assert len(d) == 0 and d.front.backend("a").in_flight == 0
@@ -126,14 +127,14 @@ def test_a_suspension_lands_on_the_record_and_the_request_resumes_on_a_new_start
         d.upstream_open(job, lambda: stopped.append("closed"))
         progress.add("so far")  # a token: Generated goes to the front, which weighs it
         await d.admit(chat, 50)  # the chat takes the batch job's slot at once
-        assert stopped == ["closed"] and job.preemptions == 1 and progress.suspended
-        assert (chat.backend, job.attempts) == ("a", 1)
+        assert stopped == ["closed"] and job.counts.preemptions == 1 and progress.suspended
+        assert (chat.backend, job.counts.attempts) == ("a", 1)
         resumed = asyncio.ensure_future(d.resume(job))
         await asyncio.sleep(0)
         assert not resumed.done()
         d.release(chat, Outcome.SUCCESS)
         await asyncio.wait_for(resumed, 1.0)
-        assert (job.backend, job.attempts, job.preemptions) == ("a", 1, 1)  # a continuation is no new attempt
+        assert (job.backend, job.counts.attempts, job.counts.preemptions) == ("a", 1, 1)  # a continuation: no attempt
 
     run(clock, main)
 
@@ -144,9 +145,11 @@ def test_a_failed_attempt_the_front_retries_is_a_new_attempt_elsewhere(clock: Vi
         r = rec("r1")
         await d.admit(r, 100)
         first = r.backend
-        assert d.failed(r, FailureKind.CONNECT, delivered=False, answered=False)
-        assert r.backend != first and r.attempts == 2
-        assert not d.failed(r, FailureKind.TIMEOUT_IDLE, delivered=True, answered=True)  # never after bytes went out
+        retry = d.failed(r, FailureKind.CONNECT, delivered=False, answered=False)
+        assert isinstance(retry, Start) and retry.mode is StartMode.RETRY
+        assert r.backend != first and (r.counts.attempts, r.counts.retries) == (2, 1)
+        gave_up = d.failed(r, FailureKind.TIMEOUT_IDLE, delivered=True, answered=True)  # never after bytes went out
+        assert isinstance(gave_up, GiveUp) and gave_up.reason is GiveUpReason.NOT_CONTINUABLE
         d.release(r, Outcome.TIMEOUT)
 
     run(clock, main)

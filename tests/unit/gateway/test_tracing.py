@@ -8,6 +8,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tailguard.front.events import StartMode
 from tailguard.gateway.ops.tracing import Tracer
 from tailguard.gateway.request import Request
 from tailguard.types import Outcome
@@ -22,12 +23,12 @@ def test_spans_follow_the_record() -> None:
     t = Request("tg-1", 100.0, "chat", "req-1", model="llama", cls="batch")
     tracer.begin(t, {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
     assert t.trace is not None
-    t.started("a", False, 100.5)  # out of the queue
+    t.started("a", StartMode.FRESH, 100.5)  # out of the queue
     assert (t.trace.traceparent() or "").startswith("00-4bf92f3577b34da6a3ce929d0e0e4736-")
     t.trace.failed("connect", 100.6)
-    t.started("b", False, 100.6)  # the retry
+    t.started("b", StartMode.RETRY, 100.6)  # the retry
     t.trace.suspended(101.0)
-    t.started("b", True, 102.0)  # the continuation
+    t.started("b", StartMode.CONTINUE, 102.0)  # the continuation
     t.upstream_headers_at, t.prompt_tokens, t.output_tokens, t.finished_at = 100.7, 12, 30, 103.0
     t.response_id, t.finish_reasons = "chatcmpl-9", ("stop",)
     t.end(Outcome.SUCCESS, 200, None)

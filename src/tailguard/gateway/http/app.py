@@ -130,7 +130,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     flushing = loop.create_task(meter.run())
     app[PROBES] = Probes(app[LIVE], backends, dispatcher, upstream.session, metrics)
     app[PROBES].start()
-    shared = app[PROXY].shared = _shared_limits(cfg, metrics)
+    shared = app[PROXY].shared = _shared_limits(cfg, metrics, dispatcher)
     leases = None if shared is None else _slot_leases(app[LIVE], shared, dispatcher)
     fair = None
     if shared is not None:
@@ -163,9 +163,10 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await meter.close()  # the last rows are written
 
 
-def _shared_limits(cfg: GatewayConfig, metrics: GatewayMetrics) -> SharedLimits | None:
-    """Callers' limits shared with other replicas through Redis (`state.url`), or None. redis-py
-    is the `redis` extra, imported only when a config names Redis."""
+def _shared_limits(cfg: GatewayConfig, metrics: GatewayMetrics, dispatcher: Dispatcher) -> SharedLimits | None:
+    """Callers' limits shared with other replicas through Redis (`state.url`), or None; as Redis
+    goes or comes back, the front is told what it keeps of each limit itself (`LocalShare`).
+    redis-py is the `redis` extra, imported only when a config names Redis."""
     if cfg.state.url is None:
         return None
     from tailguard.gateway.shared.limits import SharedLimits
@@ -176,7 +177,7 @@ def _shared_limits(cfg: GatewayConfig, metrics: GatewayMetrics) -> SharedLimits 
 
     def changed(up: bool) -> None:
         gauge.set(1 if up else 0)
-        shared.follow_link()
+        dispatcher.local_share(shared.local_share())
 
     shared = SharedLimits(Link(cfg.state, changed), cfg.auth.callers())
     shared.start()

@@ -21,7 +21,6 @@ from tailguard.clock import monotonic
 from tailguard.errors import APIError
 from tailguard.front.intake import NO_CLASS, Asked
 from tailguard.config import GatewayConfig
-from tailguard.gateway.dispatch import overloaded
 from tailguard.gateway.exchange import Context, Ending, Exchange, Job
 from tailguard.gateway.http.classes import ClassTable
 from tailguard.gateway.http.inbound import AiohttpInbound, Inbound, Reply
@@ -79,7 +78,6 @@ class Proxy:
         self._ctx = ctx
         self._dispatcher = ctx.dispatcher
         self._metrics = ctx.metrics
-        self._queued_bytes = 0  # bodies of the requests waiting for a slot
         self._estimator = ctx.estimator
         self._ids = itertools.count()
         self._id_prefix = f"tg-{os.getpid():x}-{os.urandom(3).hex()}-"
@@ -191,20 +189,19 @@ class Proxy:
         progress = self._dispatcher.progress(cls.name, accepted.resumable)
         # Hashed only where a choice between backends can use it: one backend needs no affinity.
         prefix = prefix_blocks(t.prompt_text or parsed.prompt_text()) if self._affine else ()  # (kept: log_prompts)
-        self._hold_queued(len(raw), cls.name)
-        shared, held = self.shared, None
+        shared, verdict, held = self.shared, None, None
         try:
             if shared is not None and t.caller is not None:  # one Redis round trip (`gateway.shared.limits`)
-                held = await shared.reserve(t.caller, accepted.est_tokens)
+                verdict, held = await shared.reserve(t.caller, accepted.est_tokens)
             await self._dispatcher.admit(t, accepted.est_tokens, progress=progress, max_tokens=accepted.max_tokens,
                                          prefix=prefix,
-                                         pin=self._ctx.homes.home(parsed.body.get("previous_response_id")))
+                                         pin=self._ctx.homes.home(parsed.body.get("previous_response_id")),
+                                         body_bytes=len(raw), shared=verdict)
         except BaseException:
             if shared is not None and held is not None:  # never got in: the request and its tokens go back
                 shared.settle(held, 0, admitted=False)
             raise
         finally:  # let in or refused, the answer says where the caller's limits stand
-            self._queued_bytes -= len(raw)
             if t.caller is not None:
                 over_all = None if shared is None else shared.standing(t.caller)  # over all replicas
                 t.rate_headers = self._dispatcher.rate_headers(t.caller, over_all)
@@ -220,17 +217,6 @@ class Proxy:
             self._dispatcher.release(t, t.outcome, t.used_tokens())
             if shared is not None and held is not None:
                 shared.settle(held, t.used_tokens(), admitted=True)
-
-    def _hold_queued(self, size: int, cls: str) -> None:
-        """Count a body about to wait for a slot against `limits.max_queued_body_bytes`: the
-        queue's length alone lets a few thousand large bodies fill the host (a parsed body costs
-        several times its bytes). Past the budget: 503 `queue_full` with Retry-After."""
-        budget = self._cfg.limits.max_queued_body_bytes
-        if self._queued_bytes + size > budget:
-            self._metrics.rejected.labels(cls, RejectReason.QUEUE_FULL).inc()
-            raise overloaded(RejectReason.QUEUE_FULL, 1.0, f"The gateway's queue holds its budget of {budget} bytes "
-                             "of request bodies; retry later.")
-        self._queued_bytes += size
 
     def _reply(self, ending: Ending, t: Request) -> Reply | None:
         """The answer for how the exchange ended when its sink did not send it: a backend's own

@@ -439,17 +439,22 @@ def access_log(t: Request, *, method: str, path: str, logged_text: bool = False)
         "ts": _now_rfc3339(), "level": "info", "event": "access",
         "id": t.id, "request_id": t.request_id, "method": method, "path": path, "status": t.status,
         "outcome": t.outcome, "class": None if t.cls == NO_CLASS else t.cls, "model": t.model,
-        "backend": t.backend, "attempts": t.attempts,
+        "backend": t.backend, "attempts": t.counts.attempts,
         "queue_ms": None if t.bound_at is None else round((t.bound_at - t.arrived_at) * 1000.0, 3),
         "ttft_ms": None if t.first_content_at is None else round((t.first_content_at - t.arrived_at) * 1000.0, 3),
         "e2e_ms": round((end - t.arrived_at) * 1000.0, 3),
-        "prompt_tokens": t.prompt_tokens, "output_tokens": t.output_tokens, "preemptions": t.preemptions,
+        "prompt_tokens": t.prompt_tokens, "output_tokens": t.output_tokens, "preemptions": t.counts.preemptions,
         "client": t.client, "user_agent": t.user_agent,
     }
     if t.reason is not None:
         rec["reason"] = t.reason
-    if t.migrations:
-        rec["migrations"] = t.migrations
+    counts = t.counts
+    if counts.retries:
+        rec["retries"] = counts.retries
+    if counts.migrations:
+        rec["migrations"] = counts.migrations
+    if counts.hedges:
+        rec["hedges"] = counts.hedges
     if t.caller is not None:
         rec["caller"] = t.caller
     if t.output_estimated:

@@ -67,10 +67,12 @@ class Recorder:
 
     def request(self, t: Request) -> None:
         """A request ended: its sizes, instants and outcome, from its record."""
+        c = t.counts
         self._write(request_line(Observation(
             t.id, t.cls, t.outcome, t.prompt_tokens, t.output_tokens, t.arrived_at,
             t.finished_at if t.finished_at is not None else t.arrived_at, t.bound_at, t.first_content_at,
-            None if t.backend == "-" else t.backend, t.caller, t.attempts, t.preemptions)))
+            None if t.backend == "-" else t.backend, t.caller, c.attempts, c.preemptions, c.retries, c.retries_denied,
+            c.migrations, c.hedges, c.hedges_won)))
 
     def close(self) -> None:
         """Write what is pending and close the file; what comes later is dropped."""

@@ -183,7 +183,7 @@ class RequestTrace:
         attrs: dict[str, Any] = {
             "gen_ai.operation.name": op, "gen_ai.provider.name": provider or UNKNOWN_PROVIDER,
             "tailguard.class": t.cls, "tailguard.outcome": t.outcome.value,
-            "tailguard.attempts": t.attempts, "tailguard.preemptions": t.preemptions,
+            "tailguard.attempts": t.counts.attempts, "tailguard.preemptions": t.counts.preemptions,
             "http.response.status_code": t.status, "gen_ai.usage.output_tokens": t.output_tokens,
         }
         optional = {"gen_ai.request.model": t.model, "gen_ai.response.model": response_model or t.model,

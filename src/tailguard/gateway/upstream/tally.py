@@ -4,6 +4,7 @@ first content, inter-chunk gaps, the content chunk count and the usage chunk."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tailguard.config.limits import LimitsConfig
@@ -37,6 +38,10 @@ class Tally:
     # A traced request's chunks are scanned for how its answer ended (`answer_end`); an untraced
     # one's never are, so telemetry off costs the relay one attribute read per chunk.
     traced: bool = field(init=False)
+    # Told the instant of the request's first content, when its front wants to know it (a TTFT
+    # sample of an adaptive backend: `Front.wants_first_content`); once per request, off the
+    # per-chunk path.
+    on_first: Callable[[float], None] | None = None
 
     def __post_init__(self) -> None:
         self.traced = self.times.trace is not None
@@ -70,6 +75,8 @@ class Tally:
             self.watchdog.first_content(now)
         if last is None:
             t.first_content_at = now
+            if self.on_first is not None:
+                self.on_first(now)
         else:
             self.itl.observe(now - last)
         if n > 1:
