@@ -11,6 +11,7 @@ from pathlib import Path
 
 import openai
 
+from tailguard.clock import monotonic
 from tailguard.config import StateConfig
 from tailguard.front.events import Arrive, LocalShare, Reject
 from tailguard.front.params import CallerSpec
@@ -33,7 +34,7 @@ async def test_shared_refusals_are_recorded_and_replay_identically(tmp_path: Pat
         state = {"url": server.url, "on_unavailable": "local", "replicas": 2, "lease_s": 0.3, "timeout_s": 0.5}
         # The other replica: it spends the caller's shared bucket, as its own traffic would.
         other = SharedLimits(Link(StateConfig.model_validate(state), lambda up: None),
-                             [CallerSpec("team", requests_per_minute=RPM)])
+                             [CallerSpec("team", requests_per_minute=RPM)], monotonic)
         try:
             for _ in range(RPM - 1):
                 assert (await other.reserve("team", 10))[1] is not None

@@ -282,7 +282,6 @@ async def queue_client(stack: AsyncExitStack) -> tuple[ChunkQueue, Client]:
 async def relay_once(backends: Backends, make_client: MakeClient, reads: list[bytes],
                      seed: int, limits: LimitsConfig, native: bool, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """One relay over `reads`, with the C step (`native`) or Python alone; its outcome and state."""
-    monkeypatch.setattr(stream_module, "monotonic", SeededClock(seed))
     monkeypatch.setattr(stream_module, "speedups", speedups if native else None)
     framing = OPENAI if native else dataclasses.replace(OPENAI, has_content=has_content_py)
     loop = asyncio.get_running_loop()
@@ -296,12 +295,12 @@ async def relay_once(backends: Backends, make_client: MakeClient, reads: list[by
     monkeypatch.setattr(StreamRelay, "_chunk", counted)
     async with AsyncExitStack() as stack:
         sink, client = await make_client(stack)
-        wd = DeadlineWatch(loop, total_at=monotonic() + 3600, idle_s=3600)
+        wd = DeadlineWatch(loop, monotonic, total_at=monotonic() + 3600, idle_s=3600)
         wd.start_attempt(first_token_at=monotonic() + 3600)
         stack.callback(wd.stop)
         times = _times()
-        relay = StreamRelay(sink, "chat", Tally(times, wd, ChunkHistogram((0.001, 0.01, 0.1, 1.0))), True,
-                            lambda: {}, limits, framing=framing)
+        tally = Tally(times, wd, ChunkHistogram((0.001, 0.01, 0.1, 1.0)), SeededClock(seed))  # the relay's clock
+        relay = StreamRelay(sink, "chat", tally, True, lambda: {}, limits, framing=framing)
         backend: Backend = await backends()
         resp = await backend.open()
         task = asyncio.ensure_future(relay.run(resp))
@@ -368,6 +367,6 @@ async def test_an_event_over_the_bound_fails_both_the_same(backends: Backends, m
 @needs_c
 def test_a_step_needs_its_transport_with_its_connection() -> None:
     with pytest.raises(ValueError, match="go together"):
-        speedups.ChunkStep(None, monotonic, None, Tally(_times(), None, ChunkHistogram((1.0,))),  # type: ignore[union-attr, arg-type]
+        speedups.ChunkStep(None, monotonic, None, Tally(_times(), None, ChunkHistogram((1.0,)), monotonic),  # type: ignore[union-attr, arg-type]
                            None, object(), None)
 

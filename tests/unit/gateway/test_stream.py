@@ -127,7 +127,7 @@ async def backends() -> AsyncIterator[Backends]:
 @pytest.fixture
 async def watchdog() -> AsyncIterator[DeadlineWatch]:
     """A real watchdog whose deadlines are an hour away: never fired here."""
-    wd = DeadlineWatch(asyncio.get_running_loop(), total_at=monotonic() + 3600, idle_s=3600)
+    wd = DeadlineWatch(asyncio.get_running_loop(), monotonic, total_at=monotonic() + 3600, idle_s=3600)
     wd.start_attempt(first_token_at=monotonic() + 3600)
     yield wd
     wd.stop()
@@ -137,7 +137,7 @@ def _relay(watchdog: DeadlineWatch, sink: ChunkQueue, *, client_usage: bool = Fa
            service_tier: bytes | None = None) -> StreamRelay:
     """The relay as the exchange builds it; its headers say when the first content was seen."""
     times = _times()
-    return StreamRelay(sink, "chat", Tally(times, watchdog, ChunkHistogram((0.001, 1.0))), client_usage,
+    return StreamRelay(sink, "chat", Tally(times, watchdog, ChunkHistogram((0.001, 1.0)), monotonic), client_usage,
                        lambda: {"x-first-content-at": str(times.first_content_at)}, LimitsConfig(), progress=progress,
                        service_tier=service_tier)
 

@@ -29,9 +29,9 @@ def _times() -> Request:
 async def tally() -> AsyncIterator[Tally]:
     """A tally over a real watchdog whose deadlines are an hour away: it never fires here, but
     it must be told when a run's first content arrives."""
-    wd = DeadlineWatch(asyncio.get_running_loop(), total_at=monotonic() + 3600, idle_s=3600)
+    wd = DeadlineWatch(asyncio.get_running_loop(), monotonic, total_at=monotonic() + 3600, idle_s=3600)
     wd.start_attempt(first_token_at=monotonic() + 3600)
-    yield Tally(_times(), wd, ChunkHistogram(BOUNDS))
+    yield Tally(_times(), wd, ChunkHistogram(BOUNDS), monotonic)
     wd.stop()
 
 
@@ -104,12 +104,11 @@ def test_usage_counts_come_from_the_last_chunk_that_has_them() -> None:
 async def test_a_traced_request_keeps_how_its_answer_ended() -> None:
     """Only a traced request's chunks are scanned: the first event's id, then each finish reason,
     bounded in number whatever a backend sends."""
-    wd = DeadlineWatch(asyncio.get_running_loop(), total_at=monotonic() + 3600, idle_s=3600)
-    untraced = Tally(_times(), wd, ChunkHistogram(BOUNDS))
+    wd = DeadlineWatch(asyncio.get_running_loop(), monotonic, total_at=monotonic() + 3600, idle_s=3600)
+    untraced = Tally(_times(), wd, ChunkHistogram(BOUNDS), monotonic)
     assert not untraced.traced
     times = _times()
-    times.trace = object()  # type: ignore[assignment]  # any hook: the tally only asks whether there is one
-    t = Tally(times, wd, ChunkHistogram(BOUNDS))
+    t = Tally(times, wd, ChunkHistogram(BOUNDS), monotonic, traced=True)  # its line has a trace
     assert t.traced
     role = b'data: {"id":"chatcmpl-1","choices":[{"delta":{"role":"assistant"},"finish_reason":null}]}\n\n'
     last = b'data: {"id":"chatcmpl-1","choices":[{"delta":{"content":"x"},"finish_reason":"length"}]}\n\n'

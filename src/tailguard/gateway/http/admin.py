@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from tailguard.clock import monotonic
+from tailguard.clock import Now
 from tailguard.errors import APIError, BadRequest, Forbidden, RateLimited
 from tailguard.front.intake import key_id
 from tailguard.wire.headers import bearer_key
@@ -23,7 +23,7 @@ from tailguard.front.limits import CallerLimits
 from tailguard.front.params import CallerSpec
 from tailguard.config import GatewayConfig
 from tailguard.config.auth import MAX_KEY_CHARS
-from tailguard.gateway.http.classes import ClassTable, Unauthorized
+from tailguard.gateway.classes import ClassTable, Unauthorized
 from tailguard.gateway.ops.reload import Reloader
 
 ADMIN_RPM = 600  # a bucket of 600 requests, refilled at 10 a second: enough for any dashboard, not for a guesser
@@ -35,14 +35,15 @@ class Admin:
     """The admin routes' state: the rate limit they share, and the reloader once the gateway
     serves (`app.serve` sets it; an app hosted otherwise answers reloads with 409)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Now) -> None:
         self.reloader: Reloader | None = None
+        self._clock = clock
         self._limit = CallerLimits([CallerSpec("admin", requests_per_minute=ADMIN_RPM)])
 
     def admit(self, request: web.Request, cfg: GatewayConfig, classes: ClassTable, *, metrics: bool = False) -> None:
         """Raise unless this request may use an operator route: rate-limited first, so a key
         guesser is slowed down as much as a dashboard gone wild."""
-        now = monotonic()
+        now = self._clock()
         refusal = self._limit.refusal("admin", 0, now)
         if refusal is not None:
             raise RateLimited("Too many requests to the admin routes; retry later.", code="rate_limit_exceeded",

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from tailguard.clock import monotonic
+from tailguard.clock import Now
 from tailguard.errors import APIError
 from tailguard.config import GatewayConfig, LimitsConfig
 from tailguard.gateway.http.lean import Answerer, LeanProtocol
@@ -124,11 +124,12 @@ class GatewayServer(web.Server):
     served by the proxy straight from llhttp, and a connection that asks for anything else is
     handed to a `GatewayProtocol`; without one, every connection is aiohttp's."""
 
-    def __init__(self, *args: Any, live: Live, metrics: GatewayMetrics, proxy: Answerer | None = None,
+    def __init__(self, *args: Any, live: Live, metrics: GatewayMetrics, clock: Now, proxy: Answerer | None = None,
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._live = live
         self._metrics = metrics
+        self._clock = clock
         self.proxy: Answerer | None = proxy
         self._said_at = -_SAY_EVERY_S
         # Open connections, oldest first; aiohttp's own table keeps closed ones until their
@@ -217,7 +218,7 @@ class GatewayServer(web.Server):
         once a minute)."""
         self._metrics.connections_closed.labels(reason).inc()
         if reason != "header_timeout" and reason != "evicted_idle":
-            now = monotonic()
+            now = self._clock()
             if now - self._said_at >= _SAY_EVERY_S:
                 self._said_at = now
                 log.warning("client connections at the cap (limits.max_connections %d + reserved %d): new ones are "
@@ -255,16 +256,16 @@ class GatewayRunner(web.AppRunner):
     """An `AppRunner` whose server is a `GatewayServer`; with `proxy` (called once the app has
     started, which makes it), its hot routes are served lean."""
 
-    def __init__(self, app: web.Application, live: Live, metrics: GatewayMetrics,
+    def __init__(self, app: web.Application, live: Live, metrics: GatewayMetrics, clock: Now,
                  proxy: Callable[[], Answerer] | None = None, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
-        self._live, self._metrics, self._proxy = live, metrics, proxy
+        self._live, self._metrics, self._clock, self._proxy = live, metrics, clock, proxy
 
     async def _make_server(self) -> web.Server:
         plain = await super()._make_server()  # the app started, its handler's arguments gathered
         return GatewayServer(plain.request_handler, request_factory=plain.request_factory,
                              handler_cancellation=plain.handler_cancellation, loop=plain._loop,
-                             live=self._live, metrics=self._metrics,
+                             live=self._live, metrics=self._metrics, clock=self._clock,
                              proxy=None if self._proxy is None else self._proxy(), **plain._kwargs)
 
 

@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tailguard.gateway.request import Request
+from tailguard.front.intake import NO_CLASS
+from tailguard.gateway.request import Ended, Request
 from tailguard.types import Outcome
 
 if TYPE_CHECKING:
@@ -79,6 +80,13 @@ class Meter:
         self._pending: dict[_Key, list[float]] = {}
         self._clock = clock
         self.shared: SharedUsage | None = None  # the replicas' sums in Redis, set by the app
+
+    def ended(self, e: Ended) -> None:
+        """A request's one end (`gateway.lifecycle`): counted when it had a caller or a class (a
+        request refused before either is the gateway's, not a caller's)."""
+        t = e.request
+        if t.caller is not None or t.cls != NO_CLASS:
+            self.record(t)
 
     def record(self, t: Request) -> None:
         """One request that left, however it ended (refused ones included, by reason)."""

@@ -34,7 +34,7 @@ from tailguard.gateway.ops.catalog import METRICS, MetricSpec
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.log_buffer import BufferedLineHandler
 from tailguard.gateway.ops.metering import CallerLabels
-from tailguard.gateway.request import Request
+from tailguard.gateway.request import Ended, Request
 from tailguard.types import FailureKind, Outcome, RejectReason
 
 ACCESS_LOGGER = "tailguard.access"
@@ -280,6 +280,10 @@ class GatewayMetrics:
         if g is None:
             g = self._inflight[backend] = self.inflight.labels(backend)
         return g
+
+    def ended(self, e: Ended) -> None:
+        """A request's one end (`gateway.lifecycle`): everything observed of it, counted once."""
+        record_finish(self, e.request)
 
     def set_kind(self, backend: str, kind: str) -> None:
         old = self._kinds.get(backend)

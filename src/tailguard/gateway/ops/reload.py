@@ -30,8 +30,9 @@ from typing import Any
 from tailguard.errors import ConfigError
 from tailguard.config import BackendConfig, GatewayConfig
 from tailguard.gateway.dispatch import Dispatcher
-from tailguard.gateway.http.classes import ClassTable
+from tailguard.gateway.classes import ClassTable
 from tailguard.gateway.http.proxy import Proxy
+from tailguard.gateway.lifecycle import Lifecycle
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.metrics import GatewayMetrics
 from tailguard.gateway.ops.store import ConfigStore
@@ -82,6 +83,7 @@ class Parts:
 
     dispatcher: Dispatcher
     proxy: Proxy
+    lifecycle: Lifecycle
     backends: dict[str, BackendConfig]  # by name, kinds resolved: what exchanges and probes read
     probes: Probes
     metrics: GatewayMetrics
@@ -108,7 +110,8 @@ class Reloader:
                    for b in cfg.backends}
         continues = {n: get_kind(b.kind).continues_generation for n, b in entries.items()}
         p.dispatcher.reconfigure(cfg.front_params(continues))  # the last check that can refuse
-        p.proxy.reconfigure(cfg, ClassTable(cfg))
+        p.lifecycle.reconfigure(cfg, ClassTable(cfg))
+        p.proxy.reconfigure(cfg)
         p.backends.update(entries)  # a removed one stays: its requests in flight still read it
         added = [b for b in cfg.backends if b.name not in kept]
         for b in added:  # healthy as at start, or as it was when named again before it left

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from tailguard.clock import monotonic
 from tailguard.config import LimitsConfig
 from tailguard.gateway.upstream.client import RelayError, Suspended, stream_failure
 from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
@@ -50,7 +49,7 @@ class Assembler:
                 if prog is not None and prog.suspended:
                     raise Suspended()
                 self._count(len(data))
-                now = monotonic()
+                now = self.tally.clock()
                 self.tally.watchdog.last_at = now
                 for ev in dec.feed(data):
                     done = done or ev.data == DONE
@@ -58,7 +57,7 @@ class Assembler:
                 self.tally.no_content(now, self.limits)  # (nothing once this run's content has come)
             for ev in dec.flush():
                 done = done or ev.data == DONE
-                self._absorb(ev.data, monotonic())
+                self._absorb(ev.data, self.tally.clock())
         except (UpstreamBroke, EventTooLarge) as e:
             if isinstance(e, UpstreamBroke) and prog is not None and prog.suspended:
                 raise Suspended() from None

@@ -14,6 +14,7 @@ import aiohttp
 import httptools
 import orjson
 
+from tailguard.clock import Now
 from tailguard.errors import APIError, GatewayError
 from tailguard.config import BackendConfig, LimitsConfig
 from tailguard.gateway.upstream.backends import prepare_body
@@ -140,8 +141,8 @@ class Upstream:
     closed just the same would fail again). `session`, an aiohttp client, serves the gateway's
     own small requests (probes, the model list)."""
 
-    def __init__(self) -> None:
-        self.pool = Pool(asyncio.get_running_loop(), keepalive_s=30.0)
+    def __init__(self, clock: Now) -> None:
+        self.pool = Pool(asyncio.get_running_loop(), clock, keepalive_s=30.0)
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30.0),
             timeout=aiohttp.ClientTimeout(total=None),  # each of its requests sets its own bound

@@ -19,7 +19,6 @@ from typing import Any, Callable
 
 import orjson
 
-from tailguard.clock import monotonic
 from tailguard.errors import APIError
 from tailguard.config import LimitsConfig
 from tailguard.gateway.sink import Sink
@@ -115,7 +114,7 @@ class StreamRelay:
                 data = await up.readany()
                 if not data:
                     break
-                now = monotonic()
+                now = self.tally.clock()
                 wd.last_at = now
                 if self.ended:
                     drained += len(data)  # past [DONE]: drain so the connection can be reused
@@ -137,8 +136,9 @@ class StreamRelay:
         if speedups is None or self.framing is not OPENAI or self.tally.traced:
             return self._chunk
         conn, transport = self.sink.direct or (None, None)
-        step: Callable[[bytes], bool] = speedups.ChunkStep(self, monotonic, self._dec, self.tally, self.sink,
-                                                           conn, transport)
+        tally = self.tally
+        step: Callable[[bytes], bool] = speedups.ChunkStep(self, tally.clock, self._dec, tally, self.sink, conn,
+                                                           transport)
         return step
 
     def _chunk(self, data: bytes) -> bool:
@@ -146,7 +146,7 @@ class StreamRelay:
         its events carry (`_scan`), and a lone content chunk goes straight to the sink. False
         hands the rest back to `run` (`_pending`: what needs `_emit`; `_blocked`: the client must
         drain first)."""
-        now = monotonic()
+        now = self.tally.clock()
         self.tally.watchdog.last_at = now
         buf, ends = self._dec.frame(data)
         if not ends:
@@ -164,7 +164,7 @@ class StreamRelay:
     async def _run_tracked(self, up: H1Response, prog: Transcript) -> None:
         """The loop of a preemptible request: every event parsed (`_track`); between reads it
         stops with `Suspended` once the dispatcher has preempted the request."""
-        clock = monotonic
+        clock = self.tally.clock
         wd, read = self.tally.watchdog, up.readany
         dec = SSEDecoder(self.limits.max_event_bytes)
         try:
@@ -192,7 +192,7 @@ class StreamRelay:
         prog = self.progress
         chunk, content, _ = (self._scan(tail, [len(tail)]) if prog is None or prog.lazy
                              else self._track(events_of(tail), prog))
-        await self._emit(chunk, content, True, monotonic())
+        await self._emit(chunk, content, True, self.tally.clock())
 
     def _scan(self, buf: bytes, ends: list[int]) -> tuple[bytes, int, bool]:
         """The zero-parse path: which events carry content, usage or an error, found by their

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tailguard.clock import Now
 from tailguard.config.limits import LimitsConfig
 from tailguard.gateway.ops.metrics import ChunkHistogram
 from tailguard.gateway.request import Request
@@ -29,22 +30,20 @@ class Tally:
     times: Request  # the request's record: the chunk facts are written here only
     watchdog: DeadlineWatch
     itl: ChunkHistogram
+    clock: Now  # the gateway's one clock: every path that reads the stream reads it here
+    # A traced request's chunks are scanned for how its answer ended (`answer_end`); an untraced
+    # one's never are, so telemetry off costs the relay one attribute read per chunk.
+    traced: bool = False
     usage: Usage = field(default_factory=Usage)
     run_started: bool = False
     # Reads of this run that brought bytes but no content yet, and when the second came: a role
     # chunk and then silence is a long prefill; bytes that keep coming without content are not.
     empty_reads: int = 0
     empty_since: float = 0.0
-    # A traced request's chunks are scanned for how its answer ended (`answer_end`); an untraced
-    # one's never are, so telemetry off costs the relay one attribute read per chunk.
-    traced: bool = field(init=False)
     # Told the instant of the request's first content, when its front wants to know it (a TTFT
     # sample of an adaptive backend: `Front.wants_first_content`); once per request, off the
     # per-chunk path.
     on_first: Callable[[float], None] | None = None
-
-    def __post_init__(self) -> None:
-        self.traced = self.times.trace is not None
 
     def start_run(self) -> None:
         self.run_started = False

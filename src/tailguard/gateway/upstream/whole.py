@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import orjson
 
-from tailguard.clock import monotonic
 from tailguard.config import LimitsConfig
 from tailguard.gateway.upstream.client import RelayError, stream_failure
 from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
@@ -24,14 +23,14 @@ async def read_whole(up: H1Response, endpoint: Endpoint, tally: Tally, limits: L
     out = bytearray()
     try:
         while data := await up.readany():
-            tally.watchdog.last_at = monotonic()
+            tally.watchdog.last_at = tally.clock()
             out += data
             if len(out) > limits.max_answer_bytes:
                 raise RelayError(FailureKind.PROTOCOL, f"Backend sent over {limits.max_answer_bytes} bytes for one "
                                  "answer (limits.max_answer_bytes)")
     except UpstreamBroke as e:
         raise stream_failure(e) from None
-    tally.content(monotonic())
+    tally.content(tally.clock())
     try:
         ANSWER_USAGE[endpoint](tally.usage, orjson.loads(out))
     except orjson.JSONDecodeError:
