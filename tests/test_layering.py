@@ -27,6 +27,7 @@ PURE = {
     "config.loading", "config.workers", "config.state",
     "bench.workload", "bench.stats", "bench.dataset", "bench.recorder", "bench.compare", "bench.configs", "bench.attribution",
     "doctor.finding", "doctor.evidence", "doctor.facts", "doctor.rules", "doctor.diagnosis", "sweep.virtual", "sweep.search",
+    "doctor.hardware", "doctor.pages", "doctor.hardware_rules", "doctor.priority", "doctor.words", "wire.dcgm", "sim.gpu",
     "sweep.traffic", "sweep.whatif", "sweep.observed",
     "retry_policy", "client.retry", "client.timeouts", "client.chunks", "client.assembly",
     "batch.records", "batch.validation", "batch.retry", "batch.journal", "config.batches",

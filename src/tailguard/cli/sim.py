@@ -49,7 +49,7 @@ def sim(
         0.0, "--error-rate", min=0.0, max=1.0, help="Share of completion requests answered 500 (evenly spread)."),
     throttle: float = typer.Option(
         1.0, "--throttle", min=1e-3, max=1.0,
-        help="The GPU is held down one simulated second in every two (a card at its power or thermal limit): its "
+        help="The GPU is held down two simulated seconds in every four (a card at its power or thermal limit): its "
              "clocks fall to this share of their maximum, its steps take 1/share as long, and its DCGM gauges "
              "(SM clock, power at its limit) say so. 1: never."),
     fault_after_s: float = typer.Option(

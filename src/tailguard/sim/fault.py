@@ -27,7 +27,7 @@ from tailguard.errors import ConfigError
 
 Fault = Literal["hang", "hang-completions", "stall"]
 FAULTS: tuple[str, ...] = ("hang", "hang-completions", "stall")
-THROTTLE_PERIOD_S = 2.0  # simulated: one second at full clocks, one held down
+THROTTLE_PERIOD_S = 4.0  # simulated: two seconds at full clocks, two held down
 
 
 @dataclass(frozen=True, slots=True)

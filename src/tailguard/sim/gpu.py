@@ -18,6 +18,9 @@ its batch was), so it can say what a GPU doing that work would show:
 - SM clock (`DCGM_FI_DEV_SM_CLOCK`): the card's maximum while it works, its idle clock when the
   window held no step.
 
+Clock and power are averaged over the window (a real exporter reports an instant's value; an
+average means a scrape at any moment sees a card held down part of the time).
+
 A throttled card (`tailguard sim --throttle SHARE`, `sim.fault`) runs at SHARE of its maximum
 clock while held down, draws its power limit meanwhile (the cap is why it slows), and its steps
 take 1/SHARE as long.
@@ -105,26 +108,27 @@ class GpuMeter:
             self._steps[-1] = (start, end, fill, share)
 
     def read(self, now: float, kv_tokens: int, working: bool) -> GpuReading:
-        """The card at `now`, with `kv_tokens` of KV in memory; `working`: the engine has requests
-        (between two steps the card is still busy: the next one is on its way)."""
+        """The card over the window ending at `now`, with `kv_tokens` of KV in memory; `working`:
+        the engine has requests (between two steps the card is still busy: the next one is on its
+        way). Clock and power are averages over the window, so a scrape sees a card held down
+        part of the time whenever it scrapes."""
         s = self.spec
         since = now - self.window_s
-        busy = active = 0.0
+        busy = active = clocked = held = 0.0
         n = len(self._steps)
-        for i, (start, end, fill, _) in enumerate(self._steps):
+        for i, (start, end, fill, share) in enumerate(self._steps):
             if working and i == n - 1:
                 end = max(end, now)
             overlap = min(end, now) - max(start, since)
             if overlap > 0:
                 busy += overlap
                 active += overlap * fill
-        busy, active = min(busy / self.window_s, 1.0), min(active / self.window_s, 1.0)
-        share = self._steps[-1][3] if working and self._steps else None  # None: idle now
-        if share is not None and share < 1.0:
-            power = s.limit_w  # held down at its limit
-        else:
-            power = s.idle_w + (s.limit_w - s.idle_w) * (POWER_BUSY * busy + POWER_FILL * active)
-        clock = s.idle_sm_clock_mhz if share is None else s.max_sm_clock_mhz * share
+                clocked += overlap * share
+                held += overlap if share < 1.0 else 0.0
+        clock = s.max_sm_clock_mhz * clocked / busy if busy > 0 else s.idle_sm_clock_mhz
+        busy, active, held = (min(x / self.window_s, 1.0) for x in (busy, active, held))
+        drawn = s.idle_w + (s.limit_w - s.idle_w) * (POWER_BUSY * busy + POWER_FILL * active)
+        power = drawn * (1.0 - held) + s.limit_w * held  # held down, it draws its limit
         used = min(s.weights_mib + s.overhead_mib + kv_tokens * s.kv_bytes_per_token / 2**20, s.memory_mib)
         return GpuReading(util_pct=round(busy * 100.0), gr_engine_active=busy, sm_active=active, fb_used_mib=round(used),
                           fb_free_mib=round(s.memory_mib - used), power_w=power, power_limit_w=s.limit_w,
