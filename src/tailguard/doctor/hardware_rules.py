@@ -22,7 +22,10 @@ from tailguard.wire import dcgm
 
 SATURATED = 0.8  # the GPU's best activity signal at 80% or more of the run: full
 MIDDLING = 0.6  # at or under 60%: headroom (the article's "only 30% to 50%", with a margin)
-ITL_UNSTABLE = 2.0  # one token in a hundred twice as late as the median: steps that are not steady
+# One request in a hundred decoding 1.5x slower per token than the median: its steps were not
+# steady. TPOT (a request's decode time per token) and not ITL: a client that reads two chunks at
+# once sees one gap of zero and one of two steps, so per-chunk gaps wobble on a healthy server.
+TPOT_UNSTABLE = 1.5
 CLOCK_DROP = 0.15  # the SM clock 15% under its reference while busy: held down, not boost's own wobble
 POWER_AT_LIMIT = 0.97
 CPU_SATURATED = 0.9
@@ -163,16 +166,16 @@ def _in_flight(f: RunFacts) -> float:
 
 
 def throttled(f: RunFacts, ev: Evidence, found: Sequence[Finding]) -> Finding | None:
-    """Tokens come unevenly, and the GPU or host says it was held back: clocks down while busy,
+    """Requests decode unevenly, and the GPU or host says it was held back: clocks down while busy,
     its throttle counters growing, its power at the limit while not full, the host's CPUs saturated
     or its memory swapping (the article, 7.5: TPOT still unstable after lowering concurrency)."""
-    streams = [c for c in f.classes.values() if c.itl_p50 and c.itl_p99 is not None]
+    streams = [c for c in f.classes.values() if c.tpot_p50 and c.tpot_p99 is not None]
     if not streams:
         return None
-    c = max(streams, key=lambda c: c.ratio("itl") or 0.0)
-    itl = c.ratio("itl") or 0.0
+    c = max(streams, key=lambda c: c.ratio("tpot") or 0.0)
+    tpot = c.ratio("tpot") or 0.0
     signs = [s for g in ev.gpus for s in _gpu_signs(g)] + [s for h in ev.hosts for s in _host_signs(h)]
-    if itl < ITL_UNSTABLE or not signs:
+    if tpot < TPOT_UNSTABLE or not signs:
         return None
     against = []
     if any(x.kind == "kv_pressure" for x in found):
@@ -182,8 +185,8 @@ def throttled(f: RunFacts, ev: Evidence, found: Sequence[Finding]) -> Finding | 
         against.append(f"prompts of up to {prompts[-1]} tokens share steps with decodes: a prefill stretches a step too")
     return Finding(
         "throttled", "high",
-        symptom=(f"{c.name} ITL P99 {secs(c.itl_p99)} against P50 {secs(c.itl_p50)} ({times(itl)}) with "
-                 f"{_in_flight(f):.1f} requests in flight on average"),
+        symptom=(f"{c.name} TPOT P99 {secs(c.tpot_p99)} against P50 {secs(c.tpot_p50)} ({times(tpot)}; ITL P99 "
+                 f"{secs(c.itl_p99)}) with {_in_flight(f):.1f} requests in flight on average"),
         cause="the hardware slows some steps: a GPU held down by its power or temperature, or a host short of CPU or memory",
         next_step=_remedy(ev),
         check=f"{bench_command(f)}  # after the change, scraping the same pages; then {compare_command(f)}",

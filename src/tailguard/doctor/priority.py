@@ -3,16 +3,20 @@
 
 The seed article's table 10: "P99 fell but P50 rose after the fix: requests queue by priority and
 the high-priority ones took the capacity; compare the groups' latency curves; tune the priority
-ratio, reserve capacity". A class whose P99 fell and whose P50 rose, each beyond its bootstrap
-95% interval (`bench.stats.ratio_ci`, the intervals `bench compare` prints) and by at least
-`MOVED`, now waits at the median for what its tail gained: the change ranks it behind another
-class (or sends another class's work into its steps). The next change reserves capacity for it,
-with a value from the runs.
+ratio, reserve capacity". A group (a class, or all requests together) whose P99 fell and whose
+P50 rose, each beyond its bootstrap 95% interval (`bench.stats.ratio_ci`, the intervals `bench
+compare` prints) and by at least `MOVED`, traded its median for its tail; the class whose median
+rose most pays for it. The next change reserves capacity for that class, with a value from the
+runs: a `min_share` of what it held before when another class is served ahead of it, else a
+`max_share` on the class served after it that leaves it the slots it held. On the discrete-event
+simulator, taking preemption off a chat-heavy mix at full load does it: the reports' tail falls
+(they are no longer suspended), the chats' median rises (they wait behind reports again).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tailguard.bench.configs import config_changes, run_config
@@ -48,8 +52,8 @@ class Moved:
         return f"{label} {secs(self.before)} -> {secs(self.after)} (x{self.ratio:.2f}, 95% CI {ci})"
 
 
-def _moved(before: ClassFacts, after: ClassFacts, metric: str, q: float) -> Moved | None:
-    b, a = samples(before.records)[metric], samples(after.records)[metric]
+def _moved(before: Sequence[RequestRecord], after: Sequence[RequestRecord], metric: str, q: float) -> Moved | None:
+    b, a = samples(before)[metric], samples(after)[metric]
     if len(a) == 0 or len(b) == 0:
         return None
     key = "p99" if q == 99.0 else "p50"
@@ -69,60 +73,78 @@ def _share_in_flight(f: RunFacts, name: str) -> float:
     return sum(r.e2e_s for r in f.classes[name].records) / total if total > 0 else 0.0
 
 
-def _reservation(f: RunFacts, before: RunFacts, c: ClassFacts) -> tuple[str, str]:
-    """(the change, its setting as YAML) for class `c`: a `min_share` of what it held before the
-    change when another class is served first, else pacing the others' starts by one decode step."""
+def _reservation(f: RunFacts, before: RunFacts, c: ClassFacts) -> tuple[str, str] | None:
+    """(the change, its setting as YAML) that reserves capacity for class `c`, sized by the
+    share of the requests in flight it held in the earlier run; None without another class or
+    the gateway's settings to size it by."""
     view = f.gateway
-    server = c.server_class or c.name
-    ahead = [o for o in f.classes.values() if o is not c and o.count and view is not None
-             and view.waits_by_design(c, o)]
-    if ahead:
-        held = _share_in_flight(before, c.name)
-        cap = view.backends[0].max_concurrency if view is not None and view.backends else 0
-        share = max(math.floor(held * cap) / cap, 1 / cap) if cap else round(held, 2)
-        share = min(share, 0.9)
-        return (f"reserve capacity for {c.name}: `min_share: {share:g}` on the {server} class (it held {pct(held)} of "
-                f"the requests in flight before the change; {', '.join(o.name for o in ahead)} is served first)",
-                f"min_share: {share:g}")
     others = [o for o in f.classes.values() if o is not c and o.count]
-    other = max(others, key=lambda o: o.max_tokens) if others else None
-    step = (f.itl_p50 or 0.0) * float(f.meta.get("time_scale", 1.0))
-    name = (other.server_class or other.name) if other else "batch"
-    return (f"change the ratio between the classes: pace the {name} class's starts, `start_interval_s: {step:.3g}` "
-            f"(one decode step, this run's ITL P50, in wall seconds), so its prefills stop landing in {c.name}'s steps",
-            f"start_interval_s: {step:.3g}")
+    if view is None or not view.backends or not others:
+        return None
+    cap = view.backends[0].max_concurrency or 8
+    held = _share_in_flight(before, c.name)
+    server = c.server_class or c.name
+    ahead = [o for o in others if view.waits_by_design(c, o)]
+    if ahead:
+        share = min(max(math.floor(held * cap) / cap, 1 / cap), 0.9)
+        return (f"reserve capacity for {c.name}: `min_share: {share:g}` on the {server} class, the slots of "
+                f"{cap} it held before the change ({pct(held)} of the requests in flight; "
+                f"{', '.join(o.name for o in ahead)} is served first)", f"min_share: {share:g} on {server}")
+    after = max(others, key=lambda o: o.max_tokens)
+    other = after.server_class or after.name
+    share = max(1 - math.ceil(held * cap) / cap, 1 / cap)
+    return (f"reserve capacity for {c.name}: `max_share: {share:g}` on the {other} class, so {c.name} keeps the "
+            f"slots of {cap} it held before the change ({pct(held)} of the requests in flight)",
+            f"max_share: {share:g} on {other}")
+
+
+def _group_moved(before: Sequence[RequestRecord], after: Sequence[RequestRecord]) -> tuple[str, Moved, Moved] | None:
+    """(metric, P99, P50) of the first metric whose P99 fell and P50 rose between the runs."""
+    for metric in METRICS:
+        p99, p50 = _moved(before, after, metric, 99.0), _moved(before, after, metric, 50.0)
+        if p99 is not None and p50 is not None and p99.fell() and p50.rose():
+            return metric, p99, p50
+    return None
+
+
+def _payer(f: RunFacts, before: RunFacts) -> ClassFacts | None:
+    """The class whose median rose most (by at least `MOVED`)."""
+    rises = [(m.ratio, c) for name, c in f.classes.items() if c.count and name in before.classes
+             and (m := _moved(before.classes[name].records, c.records, "e2e_s", 50.0)) is not None]
+    best = max(rises, key=lambda x: x[0], default=None)
+    return best[1] if best is not None and best[0] >= 1.0 + MOVED else None
 
 
 def priority_cost(f: RunFacts, before: RunFacts) -> Finding | None:
     """`f` is the run after the change, `before` the earlier one."""
-    found: list[tuple[ClassFacts, str, Moved, Moved]] = []
-    for name, c in f.classes.items():
-        b = before.classes.get(name)
-        if b is None or not c.count or not b.count:
+    groups: list[tuple[str, Sequence[RequestRecord], Sequence[RequestRecord], ClassFacts | None]] = [
+        (name, before.classes[name].records, c.records, c) for name, c in f.classes.items()
+        if c.count and name in before.classes]
+    groups.append(("all requests", _records(before), _records(f), None))
+    for name, b, a, cls in groups:
+        moved = _group_moved(b, a)
+        payer = cls if cls is not None else _payer(f, before)
+        if moved is None or payer is None or (change := _reservation(f, before, payer)) is None:
             continue
-        for metric in METRICS:
-            p99, p50 = _moved(b, c, metric, 99.0), _moved(b, c, metric, 50.0)
-            if p99 is not None and p50 is not None and p99.fell() and p50.rose():
-                found.append((c, metric, p99, p50))
-                break
-    if not found:
-        return None
-    c, metric, p99, p50 = max(found, key=lambda x: x[3].ratio)
-    step, setting = _reservation(f, before, c)
-    label = "E2E" if metric == "e2e_s" else "TTFT"
-    against = []
-    changes = config_changes(run_config(_records(before), before.meta), run_config(_records(f), f.meta))
-    if changes and len(changes.get("changes") or []) > 1:
-        against.append(f"{len(changes['changes'])} gateway settings differ between the runs: which one cost the "
-                       "median cannot be told apart")
-    return Finding(
-        "priority_cost", "medium",
-        symptom=f"{c.name}: {label} P99 fell {secs(p99.before)} -> {secs(p99.after)} but P50 rose "
-                f"{secs(p50.before)} -> {secs(p50.after)} against the earlier run",
-        cause=("the change queues by priority: other work now takes the capacity this class's typical request "
-               "used to get, so its median waits for what its tail gained"),
-        next_step=step,
-        check=f"{bench_command(f)}  # with `{setting}`; then {compare_command(f)}",
-        evidence_for=(p99.line(f"{label} P99"), p50.line(f"{label} P50")),
-        evidence_against=tuple(against),
-    )
+        metric, p99, p50 = moved
+        label = "E2E" if metric == "e2e_s" else "TTFT"
+        pays = "" if cls is not None else \
+            f"; {payer.name}'s median rose most (E2E P50 {secs(before.classes[payer.name].e2e_p50)} -> {secs(payer.e2e_p50)})"
+        against = []
+        changes = config_changes(run_config(_records(before), before.meta), run_config(_records(f), f.meta))
+        if changes and len(changes.get("changes") or []) > 1:
+            against.append(f"{len(changes['changes'])} gateway settings differ between the runs: which one cost the "
+                           "median cannot be told apart")
+        step, setting = change
+        return Finding(
+            "priority_cost", "medium",
+            symptom=(f"{name}: {label} P99 fell {secs(p99.before)} -> {secs(p99.after)} but P50 rose "
+                     f"{secs(p50.before)} -> {secs(p50.after)} against the earlier run{pays}"),
+            cause=("the change moved capacity between classes: the tail got it, the typical request of "
+                   f"{payer.name} now waits for it (the article, table 10: high-priority requests took the capacity)"),
+            next_step=step,
+            check=f"{bench_command(f)}  # with `{setting}`; then {compare_command(f)}",
+            evidence_for=(p99.line(f"{label} P99"), p50.line(f"{label} P50")),
+            evidence_against=tuple(against),
+        )
+    return None
