@@ -105,3 +105,34 @@ def _ready(prom: Prometheus) -> bool:
             return bool(r.status == 200)
     except OSError:
         return False
+
+
+@contextmanager
+def running_node_exporter(workdir: Path) -> Iterator[str]:
+    """Debian's `prometheus-node-exporter` on loopback (this machine's real CPUs, memory and swap);
+    its base URL. Stopped (and waited for) on exit."""
+    port = _free_port()
+    with open(workdir / "node-exporter.log", "wb") as log:
+        proc = subprocess.Popen([tool("prometheus-node-exporter"), f"--web.listen-address=127.0.0.1:{port}",
+                                 "--log.level=error", "--no-collector.systemd"], stdout=subprocess.DEVNULL, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/metrics", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"node-exporter did not start: {(workdir / 'node-exporter.log').read_text()[-2000:]}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
