@@ -117,8 +117,8 @@ def queue_bound(f: RunFacts, ev: Evidence, found: Sequence[Finding]) -> Finding 
         against.append(f"GPU memory was {pct(g.fb_share or 0.0)} full: the KV cache may bind before the compute does")
     return Finding(
         "queue_bound", "medium",
-        symptom=(f"{c.name} P99/P50 {times(_tail(c))} (E2E P99 {secs(c.e2e_p99)}, TTFT P99 {secs(c.ttft_p99)}) while "
-                 f"the GPU was {pct(g.activity or 0.0)} active"),
+        symptom=(f"{c.name} E2E P99 {secs(c.e2e_p99)} against P50 {secs(c.e2e_p50)} ({times(c.ratio('e2e'))}; TTFT "
+                 f"P99 {secs(c.ttft_p99)}) while the GPU was {pct(g.activity or 0.0)} active"),
         cause=("requests wait on one another (the queue's order, or a wait outside the engine), not on the GPU (the "
                "article, 9.3: at 30-50% utilization with a high P99, check the queue before scaling out)"),
         next_step=f"do not add GPUs for this tail; first: {first.next_step}",
