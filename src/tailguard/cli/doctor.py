@@ -4,8 +4,8 @@ and rebuilds its report.html with a Doctor section."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 import typer

@@ -3,8 +3,8 @@
 A page is the gateway's or the engine's when the user named it so, else by what it holds
 (`vllm:*` is an engine, `tailguard_requests_*` the gateway); a GPU page when it was named one
 (`--gpu-metrics`) or holds `DCGM_FI_*` samples; a host page when named one (`--host-metrics`) or
-it holds `node_cpu_seconds_total`. One page may be two things: `tailguard sim`'s is an engine's
-and a GPU's at once.
+it holds `node_cpu_seconds_total`. A role named adds to what the page holds: `tailguard sim`'s page
+is an engine's and a GPU's at once, however it was named.
 """
 
 from __future__ import annotations
@@ -51,9 +51,9 @@ def sort_pages(pages: dict[str, tuple[str | None, list[Samples]]], gateway_url: 
             eng = snaps
         elif url == gateway_url:
             gw = snaps
-        elif is_engine(last) and not eng and role is None:
+        elif is_engine(last) and not eng:
             eng = snaps
-        elif is_gateway(last) and not gw and role is None:
+        elif is_gateway(last) and not gw:
             gw = snaps
         if role == "gpu" or is_gpu(last):
             out.gpus[url] = snaps
