@@ -181,6 +181,10 @@ def throttled(f: RunFacts, ev: Evidence, found: Sequence[Finding]) -> Finding | 
     against = []
     if any(x.kind == "kv_pressure" for x in found):
         against.append("the engine also preempted: recomputed sequences stall their tokens too (kv_pressure)")
+    lag = f.summary.get("validity", {}).get("loop_lag_p99_s")
+    if isinstance(lag, (int, float)) and lag > (c.tpot_p50 or 0.0):
+        against.append(f"the bench's own event loop lagged {secs(lag)} at P99, more than a token's median time: "
+                       "the client measured some of the unevenness itself")
     prompts = sorted(r.prompt_tokens for r in c.records)
     if prompts and prompts[-1] >= 1024:
         against.append(f"prompts of up to {prompts[-1]} tokens share steps with decodes: a prefill stretches a step too")
