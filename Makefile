@@ -24,7 +24,8 @@ test-pure: $(STAMP)
 	TAILGUARD_NO_EXTENSIONS=1 $(PY) -m pytest -q tests/unit/gateway tests/unit/wire \
 		tests/functional/test_gateway_lean.py tests/functional/test_gateway_relay.py
 
-# Debian's prometheus and promtool, for the alert-rule checks and the real-Prometheus test.
+# Debian's prometheus and promtool, for the alert-rule checks and the real-Prometheus test, and its
+# node-exporter, for doctor's host evidence test.
 prometheus:
 	bash deploy/prometheus/install.sh
 

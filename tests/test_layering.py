@@ -27,9 +27,10 @@ PURE = {
     "config.loading", "config.workers", "config.state",
     "bench.workload", "bench.stats", "bench.dataset", "bench.recorder", "bench.compare", "bench.configs", "bench.attribution",
     "doctor.finding", "doctor.evidence", "doctor.facts", "doctor.rules", "doctor.diagnosis", "sweep.virtual", "sweep.search",
+    "doctor.hardware", "doctor.pages", "doctor.hardware_rules", "doctor.priority", "doctor.words", "wire.dcgm", "sim.gpu",
     "sweep.traffic", "sweep.whatif", "sweep.caps",
     "retry_policy", "client.retry", "client.timeouts", "client.chunks", "client.assembly",
-    "batch.records", "batch.validation", "batch.retry", "batch.journal", "config.batches",
+    "batch.records", "batch.validation", "batch.journal", "config.batches",
 }
 IO_MODULES = ("asyncio", "aiohttp", "prometheus_client", "time", "socket", "uvloop", "httpx", "httpx2", "anyio")
 # part -> parts it must never import

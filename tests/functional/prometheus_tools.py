@@ -65,6 +65,36 @@ class Prometheus:
 
 
 @contextmanager
+def _serving(args: list[str], log_path: Path, ready_url: str) -> Iterator[None]:
+    """A server process (`args`, stderr to `log_path`) until `ready_url` answers 200 (30 s at most);
+    stopped (and waited for) on exit, whatever happened."""
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        deadline = time.monotonic() + 30
+        while not _ready(ready_url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{Path(args[0]).name} did not start: {log_path.read_text()[-2000:]}")
+            time.sleep(0.1)
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+@contextmanager
 def running_prometheus(workdir: Path, targets: dict[str, str], rule_file: Path | None = None,
                        scrape_s: float = 0.5) -> Iterator[Prometheus]:
     """Prometheus scraping each `job: host:port` every `scrape_s`, evaluating `rule_file`; stopped
@@ -77,31 +107,19 @@ def running_prometheus(workdir: Path, targets: dict[str, str], rule_file: Path |
     if rule_file is not None:
         config["rule_files"] = [str(rule_file)]
     (workdir / "prometheus.yml").write_bytes(orjson.dumps(config))  # JSON is YAML
-    with open(workdir / "prometheus.log", "wb") as log:
-        proc = subprocess.Popen(
-            [tool("prometheus"), f"--config.file={workdir / 'prometheus.yml'}",
-             f"--storage.tsdb.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=subprocess.DEVNULL, stderr=log)
-    try:
-        prom = Prometheus(f"http://127.0.0.1:{port}")
-        deadline = time.monotonic() + 30
-        while not _ready(prom):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"prometheus did not start: {(workdir / 'prometheus.log').read_text()[-2000:]}")
-            time.sleep(0.1)
-        yield prom
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    url = f"http://127.0.0.1:{port}"
+    with _serving([tool("prometheus"), f"--config.file={workdir / 'prometheus.yml'}",
+                   f"--storage.tsdb.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+                   "--log.level=warn"], workdir / "prometheus.log", f"{url}/-/ready"):
+        yield Prometheus(url)
 
 
-def _ready(prom: Prometheus) -> bool:
-    try:
-        with urllib.request.urlopen(f"{prom.url}/-/ready", timeout=1) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
+@contextmanager
+def running_node_exporter(workdir: Path) -> Iterator[str]:
+    """Debian's `prometheus-node-exporter` on loopback (this machine's real CPUs, memory and swap);
+    its base URL. Stopped (and waited for) on exit."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    with _serving([tool("prometheus-node-exporter"), f"--web.listen-address=127.0.0.1:{port}", "--log.level=error",
+                   "--no-collector.systemd"], workdir / "node-exporter.log", f"{url}/metrics"):
+        yield url

@@ -21,13 +21,13 @@ _ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 class Terminal:
-    """`tailguard top URL` on a pty of its own (its controlling terminal, so Ctrl-C is a keypress)."""
+    """`tailguard top URL ARGS` on a pty of its own (its controlling terminal, so Ctrl-C is a keypress)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *args: str) -> None:
         env = {**os.environ, "COLUMNS": "80", "LINES": "40", "TERM": "xterm-256color"}
         pid, fd = pty.fork()
         if pid == 0:  # the child: nothing but exec
-            os.execve(TAILGUARD, [TAILGUARD, "top", url], env)
+            os.execve(TAILGUARD, [TAILGUARD, "top", url, *args], env)
         self.pid, self.fd = pid, fd
         self.out = b""
 
@@ -76,7 +76,8 @@ async def test_top_shows_classes_backends_and_callers_and_leaves_on_ctrl_c() -> 
     async with asyncio.timeout(40), gateway(**cfg) as gw:
         stop = asyncio.Event()
         load = asyncio.create_task(_load(gw.url, stop))
-        term = Terminal(gw.url)
+        # the simulator's page carries its modelled GPU's DCGM gauges: a line for it
+        term = Terminal(gw.url, "--gpu-metrics", gw.sims[0].url, "--gpu-metrics", dead_url())
         try:
             screen = await asyncio.to_thread(term.read_for, 3.5)
             code = await asyncio.to_thread(term.ctrl_c)
@@ -85,7 +86,8 @@ async def test_top_shows_classes_backends_and_callers_and_leaves_on_ctrl_c() -> 
             stop.set()
             await load
     for field in ("classes", "interactive", "admitted/s", "rejected/s", "TTFT P99", "backends", "sim0", "healthy",
-                  "/8", "engine run/wait", "top callers", "app", "Ctrl-C to quit"):
+                  "/8", "engine run/wait", "top callers", "app", "GPU tailguard-sim gpu 0", "util", "/700 W",
+                  "/1980 MHz", "unreachable", "Ctrl-C to quit"):
         assert field in screen, f"{field!r} not shown:\n{screen[-3000:]}"
     assert code == 0 and "Traceback" not in screen
     assert max(len(line) for line in screen.splitlines()) <= 80

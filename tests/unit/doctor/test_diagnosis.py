@@ -11,6 +11,7 @@ import pytest
 from tailguard.bench.workload import Workload, load_workload, parse_workload
 from tailguard.doctor.diagnosis import diagnose
 from tailguard.doctor.finding import KINDS, Finding
+from tailguard.doctor.pages import Evidence
 from tailguard.config import GatewayConfig
 from tailguard.sim.cost import EngineConfig
 from tailguard.sweep.virtual import VirtualRun, run_virtual
@@ -44,7 +45,7 @@ def wl(name: str) -> Workload:
 
 def findings(vr: VirtualRun) -> list[Finding]:
     records, meta, engine_ev = run_virtual(vr)
-    return diagnose(records, meta, engine=engine_ev)
+    return diagnose(records, meta, evidence=Evidence(engine=engine_ev))
 
 
 SCENARIOS = {
@@ -100,15 +101,15 @@ def test_intended_batch_queueing_is_no_fault() -> None:
 
 def test_commands_are_filled_with_the_runs_own_values() -> None:
     records, meta, engine_ev = run_virtual(SCENARIOS["cap_above_engine"])
-    for f in diagnose(records, meta, engine=engine_ev, run_dir="runs/today"):
+    for f in diagnose(records, meta, evidence=Evidence(engine=engine_ev), run_dir="runs/today"):
         assert "<" not in f.check and "URL" not in f.check, f.check
         assert "runs/today" in f.check, f.check
-    behind = {f.kind: f for f in diagnose(records, meta, engine=engine_ev)}
+    behind = {f.kind: f for f in diagnose(records, meta, evidence=Evidence(engine=engine_ev))}
     # the gateway had preemption on and its batch class preemptible (the defaults): not proposed again
     assert "preemption" not in behind["head_of_line"].next_step
     assert "a lower `max_concurrency` than 32" in behind["head_of_line"].next_step
     records, meta, engine_ev = run_virtual(SCENARIOS["head_of_line"])
-    first = diagnose(records, meta, engine=engine_ev, run_dir="runs/before")[0]
+    first = diagnose(records, meta, evidence=Evidence(engine=engine_ev), run_dir="runs/before")[0]
     assert "--max-concurrency 8;" in first.check and "tailguard bench compare runs/before runs/before-after" in first.check
 
 
