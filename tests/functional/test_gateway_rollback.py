@@ -190,3 +190,30 @@ async def test_diff_status_and_rollback_see_the_edited_file(tmp_path: Path) -> N
             assert out.splitlines()[2].split()[1] == base and "differs" not in out
         code, out = await tailguard("config", "status", *c)
         assert out.splitlines()[0] == f"last run  {base}  config 1"
+
+
+async def test_a_second_gateway_on_the_same_state_directory_is_refused(tmp_path: Path) -> None:
+    """Two `serve --config` of one file would share its state directory: the second would take
+    over the pid file, so reloads would go to it and, once it stopped, find none though the first
+    still ran. The second is refused in one line naming the first's pid and `--state-dir`; with a
+    directory of its own it starts, and reloads still reach the first."""
+    path = tmp_path / "gw.yaml"
+    async with asyncio.timeout(60), running_sim(engine(), time_scale=SCALE) as sim:
+        path.write_text(gateway_yaml(sim.url, 2, 4096))
+        async with serving(path) as (first, url):
+            code, out = await tailguard("serve", "--config", str(path), "--port", "0")
+            assert code == 1, out
+            assert out.strip().splitlines() == [
+                f"error: a gateway (pid {first.pid}) already serves from the state directory "
+                f"{tmp_path / '.tailguard' / 'gw'}: stop it first, or give this one a state directory of its own "
+                "with --state-dir DIR"]
+            second, _ = await start_serve("--config", str(path), "--state-dir", str(tmp_path / "other"))
+            try:
+                code, out = await tailguard("config", "reload", "-c", str(path))
+                assert code == 0 and f"applied by pid {first.pid}" in out, out
+            finally:
+                assert await stop_serve(second) == 0
+            code, out = await tailguard("config", "reload", "-c", str(path))
+            assert code == 0 and f"applied by pid {first.pid}" in out, out
+        third, _ = await start_serve("--config", str(path))  # the first has gone: its directory is free again
+        assert await stop_serve(third) == 0

@@ -95,6 +95,12 @@ def serve(
     if workers > 1:
         _serve_workers(cfg, workers, reread if config is not None else None)
         return
+    if store is not None:
+        try:
+            store.claim()  # before the simulator or the port: a second gateway on this directory starts nothing
+        except ConfigError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(1) from None
     _run(_main(cfg, sim, sim_preset, sim_time_scale, sim_port, store, reread if config is not None else None, record))
 
 

@@ -450,6 +450,8 @@ async def serve(
             logger.addHandler(handler)
             logger.propagate = False
         logger.setLevel(logging.INFO)
+    if store is not None:
+        store.claim()  # one gateway per state directory (`tailguard serve` claims it before anything starts)
     app = create_app(cfg, record=record, state_dir=store.root if store is not None else None)
     raise_file_limit(cfg)
     runner = gateway_runner(app)
@@ -480,6 +482,8 @@ async def serve(
         if store is not None:
             store.clear_pid()
         await runner.cleanup()
+        if store is not None:
+            store.release()
         for sig in installed:
             loop.remove_signal_handler(sig)
         for h in logging.getLogger(ACCESS_LOGGER).handlers:
