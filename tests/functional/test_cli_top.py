@@ -80,7 +80,7 @@ class Terminal:
 async def _load(url: str, stop: asyncio.Event) -> None:
     async with AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-app", max_retries=0) as c:
         while not stop.is_set():
-            await c.chat.completions.create(model="m", messages=CHAT, max_tokens=4)
+            await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4)
             await asyncio.sleep(0.05)
 
 

@@ -43,7 +43,7 @@ async def test_serve_sim_answers_and_stops_on_sigterm() -> None:
         proc, url = await _start("--sim", "--sim-time-scale", "0.05", "--max-concurrency", "2", "--policy", "fcfs")
         try:
             async with AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as c:
-                raw = await c.chat.completions.with_raw_response.create(model="m", messages=CHAT, max_tokens=3)
+                raw = await c.chat.completions.with_raw_response.create(model="tailguard-sim", messages=CHAT, max_tokens=3)
             assert raw.headers["x-tailguard-backend"] == "sim"
             r = raw.parse()
             assert r.usage is not None and r.usage.completion_tokens == 3
@@ -63,7 +63,7 @@ async def test_serve_quick_form_in_front_of_a_backend_url() -> None:
         proc, url = await _start("--backend", sim.url, "--max-concurrency", "4")
         try:
             async with AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as c:
-                r = await c.completions.create(model="m", prompt="hi", max_tokens=2)
+                r = await c.completions.create(model="tailguard-sim", prompt="hi", max_tokens=2)
             assert r.choices[0].text == " tok tok"
         finally:
             assert await _stop(proc) == 0

@@ -63,7 +63,7 @@ async def health(url: str) -> dict[str, object]:
 async def config_of(url: str) -> tuple[str, object]:
     """The hash in the header of a fresh answer, and /health's config."""
     async with AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as c:
-        raw = await c.chat.completions.with_raw_response.create(model="m", messages=CHAT, max_tokens=1)
+        raw = await c.chat.completions.with_raw_response.create(model="tailguard-sim", messages=CHAT, max_tokens=1)
     return raw.headers["x-tailguard-config"], (await health(url))["config"]
 
 
@@ -71,7 +71,7 @@ async def stream(url: str, tokens: int) -> tuple[str, int, str | None]:
     """A batch stream to its end: (its config header, content chunks, finish reason)."""
     async with AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as c:
         raw = await c.chat.completions.with_raw_response.create(
-            model="m", messages=CHAT, max_tokens=tokens, stream=True, extra_headers={"X-Tailguard-Class": "batch"})
+            model="tailguard-sim", messages=CHAT, max_tokens=tokens, stream=True, extra_headers={"X-Tailguard-Class": "batch"})
         chunks, reason = 0, None
         async for ch in raw.parse():
             if ch.choices and ch.choices[0].delta.content:

@@ -52,12 +52,12 @@ async def _on_purpose(url: str) -> None:
             if sample(m, "tailguard_backend_healthy", backend="dead") == 0:
                 break
             try:
-                await c.chat.completions.create(model="m", messages=CHAT, max_tokens=4)
+                await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4)
             except openai.InternalServerError:  # its retry denied: a 502
                 pass
         assert sample(m, "tailguard_retries_total", backend="dead", kind="connect") == 1
         assert sample(m, "tailguard_retries_denied_total", backend="dead", kind="connect") >= 1
-        batch = [await c.chat.completions.create(model="m", messages=CHAT, max_tokens=3000, stream=True,
+        batch = [await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=3000, stream=True,
                                                  extra_headers={"X-Tailguard-Class": "batch"}) for _ in range(2)]
 
         async def drain(stream: Any) -> None:
@@ -65,12 +65,12 @@ async def _on_purpose(url: str) -> None:
                 pass
         drains = [asyncio.create_task(drain(s)) for s in batch]
         await asyncio.sleep(0.2)
-        await c.chat.completions.create(model="m", messages=CHAT, max_tokens=8)
+        await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=8)
         await asyncio.gather(*drains)
     async with AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-limited", max_retries=0) as limited:
-        await limited.chat.completions.create(model="m", messages=CHAT, max_tokens=4)
+        await limited.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4)
         with pytest.raises(openai.RateLimitError):
-            await limited.chat.completions.create(model="m", messages=CHAT, max_tokens=4)
+            await limited.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4)
     async with aiohttp.ClientSession() as s, s.post(f"{url}/v1/chat/completions", json={}) as r:
         assert r.status == 401
 
@@ -90,7 +90,7 @@ async def _scraped_after(prom: Prometheus, job: str, more: int) -> None:
 
 async def test_every_panel_and_rule_returns_data_from_a_real_prometheus(tmp_path: Path) -> None:
     tool("prometheus")
-    dead = BackendConfig(name="dead", url=dead_url(), max_concurrency=2)
+    dead = BackendConfig(name="dead", url=dead_url(), max_concurrency=2, models=["tailguard-sim"])
     async with asyncio.timeout(90), gateway(max_concurrency=2, scale=SCALE, extra_backends=[dead], **CFG) as gw:
         targets = {"tailguard": gw.url.removeprefix("http://"), "sim": gw.sims[0].url.removeprefix("http://")}
         with running_prometheus(tmp_path, targets) as prom:
