@@ -126,3 +126,30 @@ async def test_every_panel_and_rule_returns_data_from_a_real_prometheus(tmp_path
         path = out_dir / f"{n}-{row.lower().replace(' ', '-')}.png"
         draw_row(row, list(panels), series, started, path)
         assert path.stat().st_size > 10_000
+
+
+def _docs_scrape_config() -> dict[str, Any]:
+    """The scrape config docs/observability.md gives a Prometheus on another host."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "observability.md").read_text()
+    section = text[text.index("## Scraping `/metrics`"):]
+    block = section[section.index("```yaml\n") + 8:section.index("```", section.index("```yaml\n") + 8)]
+    [scrape] = yaml.safe_load(block)["scrape_configs"]
+    return dict(scrape)
+
+
+async def test_the_documented_scrape_config_sends_the_admin_key(tmp_path: Path) -> None:
+    """A gateway whose /metrics needs an admin key from everyone (`open_metrics: keys`) is scraped
+    by a real Prometheus with the docs' own block: `up` is 1 and tailguard's series are there."""
+    tool("prometheus")
+    admin = "prom-admin-0123456789"
+    key_file = tmp_path / "tailguard-admin-key"
+    key_file.write_text(admin + "\n")
+    scrape = _docs_scrape_config()
+    async with asyncio.timeout(60), gateway(auth={"api_keys": {"sk-app": {"name": "app"}}, "admin_keys": [admin],
+                                                  "open_metrics": "keys"}) as gw:
+        scrape.update(scrape_interval="500ms", static_configs=[{"targets": [gw.url.removeprefix("http://")]}])
+        scrape["authorization"]["credentials_file"] = str(key_file)
+        with running_prometheus(tmp_path, {}, scrapes=[scrape]) as prom:
+            while not await asyncio.to_thread(prom.query, 'up{job="tailguard"} == 1'):
+                await asyncio.sleep(0.25)
+            assert await asyncio.to_thread(prom.query, 'tailguard_queue_length{job="tailguard"}')
