@@ -96,3 +96,27 @@ async def test_serve_without_a_backend_says_what_to_give() -> None:
         _, err = await proc.communicate()
     assert proc.returncode == 2
     assert b"--config" in err and b"--backend" in err and b"--sim" in err
+
+
+# `tailguard serve` in an install without one extra: the module that extra installs is blocked.
+_WITHOUT = "import sys; sys.modules[{module!r}] = None; sys.argv = ['tailguard', 'serve', '--config', {path!r}]; " \
+           "from tailguard.__main__ import main; main()"
+
+
+@pytest.mark.parametrize("extra,module,setting,yaml_text", [
+    ("redis", "redis", "state.url", "state: {url: 'redis://127.0.0.1:6399'}\n"),
+    ("postgres", "psycopg", "batches.store", "batches: {store: 'postgresql://tg@127.0.0.1/tg'}\n"),
+    ("otel", "opentelemetry", "telemetry.otlp_endpoint", "telemetry: {otlp_endpoint: 'http://127.0.0.1:4318/v1/traces'}\n"),
+])
+async def test_a_setting_whose_extra_is_missing_names_the_extra(tmp_path: Path, extra: str, module: str, setting: str,
+                                                                 yaml_text: str) -> None:
+    path = tmp_path / "tailguard.yaml"
+    path.write_text("port: 0\nbackends: [{name: a, url: 'http://127.0.0.1:9'}]\n" + yaml_text)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _WITHOUT.format(module=module, path=str(path)),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    async with asyncio.timeout(30):
+        _, err = await proc.communicate()
+    text = err.decode()
+    assert proc.returncode == 2 and "Traceback" not in text, text
+    assert f"  {setting}: needs the `{extra}` extra, which is not installed: pip install 'tailguard[{extra}]'" in text

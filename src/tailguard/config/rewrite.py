@@ -26,7 +26,8 @@ from typing import Any
 
 def rewritten(text: str, settings: dict[str, Any]) -> str:
     """`text` (a YAML mapping) with `settings` (a stored config as written) merged in."""
-    from ruamel.yaml import YAML, YAMLError
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError
     from ruamel.yaml.util import load_yaml_guess_indent
 
     yaml = YAML()  # round trip
