@@ -139,7 +139,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         meter.shared = SharedUsage(shared.link)
         live = app[LIVE]
         fair = SharedFairShare(shared.link, dispatcher.take_served, dispatcher.served_elsewhere,
-                               lambda: live.cfg.scheduler.fair_share)
+                               lambda: live.cfg.fair_share())
         fair.start()
     try:
         yield
