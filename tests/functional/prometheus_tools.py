@@ -8,7 +8,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -96,14 +96,14 @@ def _ready(url: str) -> bool:
 
 @contextmanager
 def running_prometheus(workdir: Path, targets: dict[str, str], rule_file: Path | None = None,
-                       scrape_s: float = 0.5) -> Iterator[Prometheus]:
-    """Prometheus scraping each `job: host:port` every `scrape_s`, evaluating `rule_file`; stopped
-    (and waited for) on exit, whatever happened."""
+                       scrape_s: float = 0.5, scrapes: Sequence[dict[str, Any]] = ()) -> Iterator[Prometheus]:
+    """Prometheus scraping each `job: host:port` every `scrape_s` (and by each of `scrapes`, scrape
+    configs as written), evaluating `rule_file`; stopped (and waited for) on exit, whatever happened."""
     port = _free_port()
     config = {"global": {"scrape_interval": f"{int(scrape_s * 1000)}ms",
                          "evaluation_interval": f"{int(scrape_s * 1000)}ms"},
               "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [target]}]}
-                                 for job, target in targets.items()]}
+                                 for job, target in targets.items()] + list(scrapes)}
     if rule_file is not None:
         config["rule_files"] = [str(rule_file)]
     (workdir / "prometheus.yml").write_bytes(orjson.dumps(config))  # JSON is YAML

@@ -20,7 +20,7 @@ HC = {"interval_s": 0.5}
 async def chats(url: str, n: int, concurrency: int) -> None:
     """`n` streamed chats of 32 tokens, `concurrency` at a time; each must succeed."""
     sem = asyncio.Semaphore(concurrency)
-    body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x " * 200}], "max_tokens": 32,
+    body: dict[str, Any] = {"model": "tailguard-sim", "messages": [{"role": "user", "content": "x " * 200}], "max_tokens": 32,
                             "stream": True}
 
     async def one(s: aiohttp.ClientSession) -> None:

@@ -31,7 +31,7 @@ HASHED = "sk-stored-as-its-hash"
 KEYS: dict[str, Any] = {
     "sk-batch": {"name": "nightly", "default_class": "batch", "allowed_classes": ["batch"]},
     "sk-lower": {"name": "lowered", "allowed_classes": ["batch"], "on_disallowed_class": "lower"},
-    "sk-m": {"name": "m-only", "allowed_models": ["m"]},
+    "sk-m": {"name": "m-only", "allowed_models": ["tailguard-sim"]},
     "sha256:" + hashlib.sha256(HASHED.encode()).hexdigest(): {"name": "hashed"},
 }
 BATCH_CAP = 8
@@ -48,27 +48,27 @@ async def test_a_batch_only_key_cannot_get_interactive_and_a_key_is_held_to_its_
             client(gw.url, "sk-m") as m_only, client(gw.url, HASHED) as hashed:
         for asked in ({"extra_headers": {"X-Tailguard-Class": "interactive"}}, {"service_tier": "priority"}):
             with pytest.raises(openai.PermissionDeniedError) as refused:
-                await batch.chat.completions.create(model="m", messages=CHAT, max_tokens=50, **asked)
+                await batch.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=50, **asked)
             assert refused.value.status_code == 403 and refused.value.code == "class_not_allowed"
-        raw = await batch.chat.completions.with_raw_response.create(model="m", messages=CHAT, max_tokens=50)
+        raw = await batch.chat.completions.with_raw_response.create(model="tailguard-sim", messages=CHAT, max_tokens=50)
         assert raw.headers["x-tailguard-class"] == "batch" and raw.parse().usage.completion_tokens <= BATCH_CAP
 
         raw = await lower.chat.completions.with_raw_response.create(  # lowered: batch, and batch's cap
-            model="m", messages=CHAT, max_tokens=50, extra_headers={"X-Tailguard-Class": "interactive"})
+            model="tailguard-sim", messages=CHAT, max_tokens=50, extra_headers={"X-Tailguard-Class": "interactive"})
         assert raw.headers["x-tailguard-class"] == "batch" and raw.parse().usage.completion_tokens <= BATCH_CAP
 
-        assert (await m_only.chat.completions.create(model="m", messages=CHAT, max_tokens=1)).choices
+        assert (await m_only.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=1)).choices
         with pytest.raises(openai.PermissionDeniedError) as refused:
             await m_only.chat.completions.create(model="other", messages=CHAT, max_tokens=1)
         assert refused.value.code == "model_not_allowed"
 
-        assert (await hashed.chat.completions.create(model="m", messages=CHAT, max_tokens=1)).choices
+        assert (await hashed.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=1)).choices
         async with client(gw.url, "sha256:" + hashlib.sha256(HASHED.encode()).hexdigest()) as digest_as_key:
             with pytest.raises(openai.AuthenticationError):  # the digest is not the key
-                await digest_as_key.chat.completions.create(model="m", messages=CHAT, max_tokens=1)
+                await digest_as_key.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=1)
         async with client(gw.url, "k" * 5000) as huge:
             with pytest.raises(openai.AuthenticationError):  # refused before it is hashed
-                await huge.chat.completions.create(model="m", messages=CHAT, max_tokens=1)
+                await huge.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=1)
 
 
 async def test_concurrent_requests_never_spend_past_the_token_limit() -> None:
@@ -78,7 +78,7 @@ async def test_concurrent_requests_never_spend_past_the_token_limit() -> None:
     async with asyncio.timeout(30), gateway(auth={"api_keys": keys}) as gw, client(gw.url, "sk-app") as app:
         async def one() -> tuple[int, int]:
             try:
-                raw = await app.chat.completions.with_raw_response.create(model="m", messages=CHAT, max_tokens=200)
+                raw = await app.chat.completions.with_raw_response.create(model="tailguard-sim", messages=CHAT, max_tokens=200)
             except openai.RateLimitError as e:
                 assert e.type == "tokens" and int(e.response.headers["retry-after-ms"]) > 0
                 return 429, 0
@@ -95,18 +95,18 @@ async def test_max_parallel_requests_holds_while_streams_run() -> None:
     keys = {"sk-app": {"name": "app", "max_parallel_requests": 2}}
     async with asyncio.timeout(30), gateway(auth={"api_keys": keys}, scale=0.2) as gw, \
             client(gw.url, "sk-app") as app:
-        streams = [await app.chat.completions.create(model="m", messages=CHAT, max_tokens=4000, stream=True)
+        streams = [await app.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4000, stream=True)
                    for _ in range(2)]
         for s in streams:
             await anext(aiter(s))  # both run
         with pytest.raises(openai.RateLimitError) as over:
-            await app.chat.completions.create(model="m", messages=CHAT, max_tokens=1)
+            await app.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=1)
         assert over.value.response.headers["x-tailguard-reject-reason"] == "rate_limit_parallel"
         await streams[0].close()
 
         async def let_in() -> bool:
             try:
-                return bool((await app.chat.completions.create(model="m", messages=CHAT, max_tokens=1)).choices)
+                return bool((await app.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=1)).choices)
             except openai.RateLimitError:
                 return False
         await until(let_in, step_s=0.02)  # one closed: one more may go
@@ -123,7 +123,7 @@ async def test_operator_routes_answer_only_an_admin_key(tmp_path: Path) -> None:
     auth = {"api_keys": {"sk-app": {"name": "app"}}, "admin_keys": [ADMIN_KEY], "open_metrics": "keys"}
     async with asyncio.timeout(60), gateway(auth=auth) as gw, aiohttp.ClientSession() as s, \
             client(gw.url, "sk-app") as app:
-        assert (await app.chat.completions.create(model="m", messages=CHAT, max_tokens=3)).choices
+        assert (await app.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=3)).choices
         for path in ("/config", "/admin/config", "/metrics", "/admin/usage"):
             assert (await get(s, gw.url + path, None))[0] == 401
             assert (await get(s, gw.url + path, "sk-app"))[0] == 403
@@ -178,19 +178,19 @@ async def test_no_key_and_no_prompt_text_in_any_log_line(caplog: pytest.LogCaptu
         async with client(gw.url, "sk-batch") as batch, client(gw.url, HASHED) as hashed, \
                 client(gw.url, "sk-limited-5c1d") as limited, client(gw.url, "sk-unknown-77aa") as unknown, \
                 client(gw.url, "sk-m") as m_only:
-            assert (await hashed.chat.completions.create(model="m", messages=chat, max_tokens=3)).choices
-            stream = await hashed.chat.completions.create(model="m", messages=chat, max_tokens=500, stream=True)
+            assert (await hashed.chat.completions.create(model="tailguard-sim", messages=chat, max_tokens=3)).choices
+            stream = await hashed.chat.completions.create(model="tailguard-sim", messages=chat, max_tokens=500, stream=True)
             await anext(aiter(stream))
             await stream.close()
-            for call, error in ((batch.chat.completions.create(model="m", messages=chat, max_tokens=3,
+            for call, error in ((batch.chat.completions.create(model="tailguard-sim", messages=chat, max_tokens=3,
                                                                service_tier="priority"), openai.PermissionDeniedError),
                                 (m_only.chat.completions.create(model="x", messages=chat), openai.PermissionDeniedError),
-                                (unknown.chat.completions.create(model="m", messages=chat), openai.AuthenticationError)):
+                                (unknown.chat.completions.create(model="tailguard-sim", messages=chat), openai.AuthenticationError)):
                 with pytest.raises(error):
                     await call
-            await limited.chat.completions.create(model="m", messages=chat, max_tokens=1)
+            await limited.chat.completions.create(model="tailguard-sim", messages=chat, max_tokens=1)
             with pytest.raises(openai.RateLimitError):
-                await limited.chat.completions.create(model="m", messages=chat, max_tokens=1)
+                await limited.chat.completions.create(model="tailguard-sim", messages=chat, max_tokens=1)
         for key in (ADMIN_KEY, "sk-batch", "sk-unknown-77aa", None):
             for path in ("/admin/config", "/admin/usage", "/metrics"):
                 await get(s, gw.url + path, key)
@@ -216,10 +216,10 @@ async def test_usage_per_caller_survives_a_restart_of_the_gateway(tmp_path: Path
         async with running(app, runner=gateway_runner(app)) as url, client(url, "sk-app") as c, \
                 client(url, "sk-web") as w:
             for _ in range(2):
-                await c.chat.completions.create(model="m", messages=CHAT, max_tokens=4)
+                await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4)
             with pytest.raises(openai.RateLimitError):
-                await c.chat.completions.create(model="m", messages=CHAT, max_tokens=4)
-            await w.chat.completions.create(model="m", messages=CHAT, max_tokens=2, extra_headers={
+                await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4)
+            await w.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2, extra_headers={
                 "X-Tailguard-Class": "batch"})
         app = create_app(cfg, state_dir=tmp_path / "state")  # the same directory, a new process's state
         async with running(app, runner=gateway_runner(app)) as url, aiohttp.ClientSession() as s:

@@ -14,7 +14,7 @@ from tailguard.types import Outcome
 from tailguard.wire.sse import SSEDecoder
 from tests.functional.gateways import gateway, sample, scrape, sim_running, until
 
-BODY = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "stream": True}
+BODY = {"model": "tailguard-sim", "messages": [{"role": "user", "content": "hello"}], "stream": True}
 
 
 def contents(chunks: list[bytes]) -> str:
@@ -63,6 +63,6 @@ async def test_a_consumer_that_leaves_ends_it_and_the_engine_stops() -> None:
 
 async def test_a_bad_body_from_inside_is_refused_like_any_other() -> None:
     async with asyncio.timeout(30), gateway() as gw:
-        ending = await gw.app[LIFECYCLE].run(b'{"model": "m"}', "chat", ChunkQueue())
+        ending = await gw.app[LIFECYCLE].run(b'{"model": "tailguard-sim"}', "chat", ChunkQueue())
     assert ending.outcome is Outcome.CLIENT_ERROR and ending.status == 400
     assert ending.error is not None and ending.error.param == "messages"

@@ -23,8 +23,8 @@ import yaml
 from tailguard.sim.server import running_sim
 from tests.functional.gateways import SCALE, engine, gateway, sample, scrape
 
-CHAT = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
-LONG = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100_000,
+CHAT = orjson.dumps({"model": "tailguard-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+LONG = orjson.dumps({"model": "tailguard-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100_000,
                      "stream": True})
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -226,7 +226,7 @@ async def test_queued_bodies_past_their_byte_budget_are_refused_with_retry_after
     """One slot, held by a long stream; bodies of 600 KiB queue behind it until the next one
     would pass `max_queued_body_bytes` (1 MiB): that one gets 503 `queue_full`, before the
     queue's length is anywhere near its bound."""
-    big = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+    big = orjson.dumps({"model": "tailguard-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
                         "user": "u" * 600 * 1024})
     async with asyncio.timeout(30), gateway(limits={"max_queued_body_bytes": 1024 * 1024}, max_concurrency=1) as gw:
         holder = await _open(gw.url)

@@ -21,7 +21,7 @@ from tests.functional.gateways import engine
 from tests.functional.test_gateway_rollback import SCALE, gateway_yaml, health, serving, tailguard
 
 KEY = "sk-prod-4f9a7c1e2b"
-CHAT = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+CHAT = orjson.dumps({"model": "tailguard-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
 
 
 async def _status(url: str, key: str | None) -> int:

@@ -22,7 +22,7 @@ NOW = 1_800_000_030.0
 
 def ended(caller: str, *, prompt: int = 10, output: int = 5, outcome: Outcome = Outcome.SUCCESS,
           reason: str | None = None) -> Request:
-    t = Request("r", arrived_at=100.0, cls="interactive", caller=caller, model="m", prompt_tokens=prompt,
+    t = Request("r", arrived_at=100.0, cls="interactive", caller=caller, model="tailguard-sim", prompt_tokens=prompt,
                 output_tokens=output)
     t.upstream_headers_at, t.first_content_at, t.finished_at = 100.1, 100.25, 101.0
     t.outcome, t.reason = outcome, reason

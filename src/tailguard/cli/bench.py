@@ -42,15 +42,16 @@ def parse_warmup(text: str) -> tuple[int, float]:
 
 
 def console() -> "Console":
-    """A terminal gets its own width; a pipe or file gets room for the whole table (rich would
-    otherwise squeeze it to 80 columns)."""
+    """The console every verb prints to. A terminal gets its own width; a pipe or a file (`make
+    demo > demo.txt`) gets room for the widest table, and its prose lines are never wrapped: rich
+    would otherwise fold both at 80 columns, cutting a verdict mid-phrase."""
     import os
 
     from rich.console import Console
 
     if sys.stdout.isatty() or "COLUMNS" in os.environ:
         return Console()
-    return Console(width=150)
+    return Console(width=150, soft_wrap=True)
 
 
 def _fail(msg: str) -> NoReturn:

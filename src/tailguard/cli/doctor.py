@@ -78,7 +78,7 @@ def doctor(
     try:
         records, meta = load_run(run_dir)
     except ConfigError as e:
-        _fail(str(e))
+        _fail(str(e) + _runs_inside(run_dir))
     pages = snapshots(run_dir, gateway_metrics, engine_metrics, gpu_metrics, host_metrics)
     earlier = _earlier(against)
     found = diagnose(records, meta, evidence=evidence(pages), against=earlier, run_dir=str(run_dir))
@@ -106,6 +106,16 @@ def doctor(
         con.print(f"   next: {f.next_step}")
         con.print(f"   check: {f.check}", soft_wrap=True)
     con.print(f"wrote {run_dir / DOCTOR_FILE}; report.html has a Doctor section")
+
+
+def _runs_inside(folder: Path) -> str:
+    """A folder of runs (`runs/demo`: before/ and after/) named by what it holds, to pick from."""
+    from tailguard.bench.report import REQUESTS_FILE
+
+    inside = sorted(p.parent for p in folder.glob(f"*/{REQUESTS_FILE}")) if folder.is_dir() else []
+    if not inside:
+        return ""
+    return (f"; it holds the runs {', '.join(str(p) for p in inside)}: e.g. tailguard doctor {inside[0]}")
 
 
 def _earlier(against: Path | None) -> tuple[list[RequestRecord], dict[str, Any]] | None:

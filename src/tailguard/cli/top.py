@@ -2,12 +2,16 @@
 queue, admitted and rejected per second and TTFT over the last minute; per backend its load over
 its cap, health, kind and the engine's own counts; the busiest callers; with `--gpu-metrics URL`
 (a DCGM exporter, or a `tailguard sim`), a line per GPU. It reads /metrics and /health only, so it
-works against any gateway it can reach, and never changes anything."""
+works against any gateway it can reach, and never changes anything.
+
+A gateway with keys guards /metrics (`auth.admin_keys`, `auth.open_metrics`): the admin key is
+sent as a Bearer token (`--api-key` or `TAILGUARD_API_KEY`). A 401 or 403 is said as what it is,
+with what to do, and ends the command: no retry turns a refused key into an accepted one."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
@@ -21,13 +25,29 @@ FETCH_TIMEOUT_S = 2.0
 TOP_CALLERS = 5
 
 
-def _get(url: str) -> tuple[int, bytes]:
+class Refused(Exception):
+    """The gateway answered 401 or 403: the key is missing, wrong or not an admin key."""
+
+
+def _refusal(status: int, key: str | None) -> str:
+    """What a 401 or 403 on /metrics means, and what to do."""
+    if status == 403:
+        return ("GET /metrics answered 403: the key given is a client key; /metrics needs an admin key "
+                "(auth.admin_keys)")
+    if key is None:
+        return ("GET /metrics answered 401: this gateway needs an admin key for /metrics; give it with --api-key "
+                "KEY or TAILGUARD_API_KEY (or set auth.open_metrics)")
+    return "GET /metrics answered 401: the gateway does not accept the key given (--api-key or TAILGUARD_API_KEY)"
+
+
+def _get(url: str, key: str | None = None) -> tuple[int, bytes]:
     """One GET, bounded in time; an error status is an answer (a 503 /health still has a body)."""
     import urllib.error
     import urllib.request
 
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
-        with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as r:
+        with urllib.request.urlopen(request, timeout=FETCH_TIMEOUT_S) as r:
             return r.status, r.read(4 << 20)
     except urllib.error.HTTPError as e:
         return e.code, e.read(4 << 20)
@@ -139,14 +159,17 @@ def _gpu_pages(urls: list[str]) -> dict[str, str | None]:
     return out
 
 
-def _frame(url: str, window: Window, gpu_urls: list[str]) -> RenderableType:
-    """One refresh: fetch the gateway's pages (and the GPUs'), fold /metrics into the window, draw."""
+def _frame(url: str, window: Window, gpu_urls: list[str], key: str | None = None) -> RenderableType:
+    """One refresh: fetch the gateway's pages (and the GPUs'), fold /metrics into the window,
+    draw. Raises `Refused` on a 401 or 403."""
     import json
 
     from tailguard.doctor.metrics import parse
 
     try:
-        status, page = _get(f"{url}/metrics")
+        status, page = _get(f"{url}/metrics", key)
+        if status in (401, 403):
+            raise Refused(_refusal(status, key))
         if status != 200:
             return _unreachable(url, f"GET /metrics answered {status}")
         window.add(time.monotonic(), parse(page.decode("utf-8", "replace")))
@@ -161,6 +184,9 @@ def top_cmd(
     url: str = typer.Argument(..., help="The gateway's base URL, e.g. http://127.0.0.1:8080"),
     gpu_metrics: list[str] = typer.Option([], "--gpu-metrics", help="A DCGM exporter (or a tailguard sim): a line per "
                                           "GPU on its page (repeatable)"),
+    api_key: Optional[str] = typer.Option(
+        None, "--api-key", envvar="TAILGUARD_API_KEY", show_envvar=False,
+        help="An admin key (auth.admin_keys), sent as a Bearer token for /metrics (env TAILGUARD_API_KEY)."),
 ) -> None:
     """Watch a running gateway: classes, backends and callers (and GPUs), refreshed each second."""
     from rich.console import Console
@@ -172,12 +198,16 @@ def top_cmd(
     window = Window(span_s=60.0)
     console = Console()
     try:
-        with Live(_frame(url, window, gpu_metrics), console=console, refresh_per_second=4, transient=False) as live:
+        with Live(_frame(url, window, gpu_metrics, api_key), console=console, refresh_per_second=4,
+                  transient=False) as live:
             while True:
                 time.sleep(REFRESH_S)
-                live.update(_frame(url, window, gpu_metrics))
+                live.update(_frame(url, window, gpu_metrics, api_key))
     except KeyboardInterrupt:
         pass  # Ctrl-C is how one leaves: no traceback, exit 0
+    except Refused as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
 
 
 def register(app: typer.Typer) -> None:

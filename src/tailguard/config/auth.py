@@ -153,6 +153,10 @@ class AuthConfig(_Model):
     def admin_digests(self) -> frozenset[str]:
         return frozenset(_digest(k) for k in self.admin_keys)
 
+    def names(self) -> set[str]:
+        """The callers the keys name (keys that share a `name` are one caller)."""
+        return {k.caller(key) for key, k in self.api_keys.items()}
+
     def callers(self) -> list[CallerSpec]:
         """Each caller with limits or a weight of its own, once."""
         found = {k.caller(key): k.limits(key) for key, k in self.api_keys.items()}

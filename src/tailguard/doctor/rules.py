@@ -69,7 +69,8 @@ def _engine(f: RunFacts) -> tuple[str, str] | None:
     if f.gateway is not None and f.gateway.backends:
         b = f.gateway.backends[0]
         return b.url, b.kind
-    return (f.meta["url"], "vllm") if not f.behind_gateway and f.meta.get("url") else None
+    kind = "sim" if f.meta.get("engine") == SIMULATOR else "vllm"  # the simulator names itself (/version)
+    return (f.meta["url"], kind) if not f.behind_gateway and f.meta.get("url") else None
 
 
 def sweep_command(f: RunFacts, setting: str, values: str, slo: str) -> str:
@@ -155,14 +156,9 @@ def _hold_fewer(f: RunFacts, short: ClassFacts, long: ClassFacts) -> tuple[str, 
         ways.append(f"`preemption: true` with `preemptible: true` on the {cls} class")
     ways.append(f"a `max_share` below 1 or a lower `max_tokens_cap` for the {cls} class")
     cap = _cap(f)
-    if cap is not None and cap > 1:
-        ways.append(f"a lower `max_concurrency` than {cap}")
-        values = f"{max(1, cap // 4)}..{cap}"
-    else:
-        ways.append("a lower `max_concurrency`")
-        values = "2..16"
+    ways.append(f"a lower `max_concurrency` than {cap}" if cap is not None and cap > 1 else "a lower `max_concurrency`")
     step = f"the gateway is in front already: let it hold fewer {long.name} requests: " + ", or ".join(ways)
-    return step, sweep_command(f, "max_concurrency", values, slo_target(short, "e2e"))
+    return step, sweep_command(f, "max_concurrency", _cap_values(f, lower=True), slo_target(short, "e2e"))
 
 
 def _ttft_slow(f: RunFacts) -> list[ClassFacts]:
@@ -173,10 +169,17 @@ def _ttft_slow(f: RunFacts) -> list[ClassFacts]:
             and c.ttft_p99 > TTFT_HIGH_ITLS * step and c.ttft_p99 >= TTFT_OF_E2E * c.e2e_p99]
 
 
-def _cap_values(f: RunFacts) -> str:
-    """max_concurrency values around the run's own (or 2..32 when it had none)."""
+def _cap_values(f: RunFacts, *, lower: bool = False) -> str:
+    """About seven max_concurrency values around the run's own, up to twice it (`lower`: up to
+    it; 2 to 32, or 16, when it had none), kept below a closed loop's clients: a cap at or above
+    them never binds (`sweep` would say so)."""
     cap = _cap(f)
-    return f"{max(1, cap // 4)}..{cap * 2}" if cap else "2..32"
+    low, high = (max(1, cap // 4), cap if lower else cap * 2) if cap else (2, 16 if lower else 32)
+    clients = f.meta.get("concurrency") if f.meta.get("mode") == "closed" else None
+    if clients:
+        high = max(low, min(high, int(clients) - 1))
+    step = max(1, (high - low) // 6)
+    return f"{low}..{high}:{step}" if step > 1 else f"{low}..{high}"
 
 
 def _by_design(f: RunFacts, c: ClassFacts) -> bool:

@@ -113,6 +113,20 @@ def test_commands_are_filled_with_the_runs_own_values() -> None:
     assert "--max-concurrency 8;" in first.check and "tailguard bench compare runs/before runs/before-after" in first.check
 
 
+def test_a_closed_loop_sweep_offers_only_caps_that_can_bind() -> None:
+    """16 clients: a max_concurrency of 16 or more never binds, so no finding proposes one; about
+    seven values, not every integer."""
+    records, meta, engine_ev = run_virtual(VirtualRun(engine(), wl("seed-mixed"), 600, gateway=gateway(32),
+                                                      concurrency=16, seed=1))
+    checks = [f.check for f in diagnose(records, meta, engine=engine_ev) if "--setting max_concurrency" in f.check]
+    assert checks
+    for check in checks:
+        values = check.split("--values ")[1].split()[0]
+        span, _, step = values.partition(":")
+        low, high = (int(v) for v in span.split(".."))
+        assert high < 16 and len(range(low, high + 1, int(step or 1))) <= 8, check
+
+
 def test_kinds_are_the_documented_list() -> None:
     assert set(KINDS) >= {"head_of_line", "queueing", "prefill", "overload", "client_timeouts", "kv_pressure",
                           "cap_above_engine", "prefix_misses", "generator_bound", "starvation"}

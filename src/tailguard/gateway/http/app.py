@@ -155,7 +155,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         def elsewhere(service: dict[str, float]) -> None:
             dispatcher.tell(ServedElsewhere(service))
 
-        fair = SharedFairShare(shared.link, dispatcher.take_served, elsewhere, lambda: live.cfg.scheduler.fair_share)
+        fair = SharedFairShare(shared.link, dispatcher.take_served, elsewhere, lambda: live.cfg.fair_share())
         fair.start()
     try:
         yield
@@ -233,16 +233,19 @@ def _api_handler(endpoint: Endpoint) -> Handler:
 
 async def _health(request: web.Request) -> web.Response:
     """Each backend as the gateway knows it (`state`: unknown until a probe has answered, failing,
-    unhealthy, ejected or healthy; why its last probe failed; its pool and models; the engine's own counts
-    with their age), the moment of the answer (`at`, RFC 3339), and overall: `ok` when every backend taking
-    requests is healthy and known, `degraded` while some are not (the gateway still serves),
-    `unavailable` (503) when none takes requests."""
+    unhealthy, ejected or healthy; `healthy` whether it takes requests now, so false while ejected; why
+    its last probe failed; its pool and models; the engine's own counts with their age), the moment of the
+    answer (`at`, RFC 3339), and overall: `ok` when every backend taking requests is healthy and known,
+    `degraded` while some are not (the gateway still serves), `unavailable` (503) when none takes
+    requests: every backend unhealthy or ejected (a load balancer in front of several gateways then
+    sends its clients elsewhere, though the router, in panic, still tries the ejected ones)."""
     front = request.app[DISPATCHER].front
     kinds = request.app[BACKENDS]
     probes = request.app[PROBES]
     load, now = probes.load, request.app[CLOCK]()
     views = list(front.backends())
-    backends = {s.name: {"state": s.state, "healthy": s.healthy, "ejected": s.ejected, "retiring": s.retiring,
+    backends = {s.name: {"state": s.state, "healthy": s.healthy and not s.ejected, "ejected": s.ejected,
+                         "retiring": s.retiring,
                          "kind": kinds[s.name].kind, "pool": s.pool, "models": s.models,
                          "in_flight": s.in_flight, "max_concurrency": s.max_concurrency, "cap": s.cap,
                          "reserved_slots": s.reserved_slots,
@@ -254,7 +257,7 @@ async def _health(request: web.Request) -> web.Response:
                          # Fields the gateway adds that this backend refused, no longer sent to it.
                          "dropped_fields": sorted(request.app[UPSTREAM].refusals.dropped(s.name))}
                 for s in views}
-    ok = front.any_healthy()
+    ok = any(s.takes_requests for s in views)
     all_known = all(s.state == "healthy" for s in views if not s.retiring)
     status = "unavailable" if not ok else "ok" if all_known else "degraded"
     live = request.app[LIVE]
@@ -472,6 +475,8 @@ async def serve(
             logger.addHandler(handler)
             logger.propagate = False
         logger.setLevel(logging.INFO)
+    if store is not None:
+        store.claim()  # one gateway per state directory (`tailguard serve` claims it before anything starts)
     app = create_app(cfg, record=record, state_dir=store.root if store is not None else None)
     raise_file_limit(cfg)
     runner = gateway_runner(app)
@@ -502,6 +507,8 @@ async def serve(
         if store is not None:
             store.clear_pid()
         await runner.cleanup()
+        if store is not None:
+            store.release()
         for sig in installed:
             loop.remove_signal_handler(sig)
         for h in logging.getLogger(ACCESS_LOGGER).handlers:

@@ -183,8 +183,9 @@ def add_routes(app: web.Application) -> None:
 def _service(request: web.Request) -> Batches:
     svc = request.app.get(SERVICE)
     if svc is None:
-        raise NotFound("Batches are not enabled on this gateway (set batches.dir, or serve with a config file so it "
-                       "has a state directory).", code="batches_disabled")
+        raise NotFound("Batches are not enabled on this gateway: they need somewhere to keep files and their journal "
+                       "(serve with a config file, which has a state directory beside it, or give `tailguard serve "
+                       "--state-dir DIR`, or set batches.dir).", code="batches_disabled")
     return svc
 
 

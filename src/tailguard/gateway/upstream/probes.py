@@ -180,7 +180,7 @@ class Probes:
         reachable = any(isinstance(a, bytes) or a.answered for a in answers)
         current = self.backends[name]  # as it is now: a reload may have changed it meanwhile
         if current.kind != kind:
-            log.warning("backend %s is %s (detected)", name, kind)
+            log.info("backend %s is %s (detected)", name, kind)
             self.backends[name] = current.model_copy(update={"kind": kind})
             self.metrics.set_kind(name, kind)
         self.dispatcher.tell(KindLearned(name, get_kind(kind).continues_generation))
