@@ -43,9 +43,9 @@ async def test_shared_refusals_are_recorded_and_replay_identically(tmp_path: Pat
             await other.link.close()
         async with gateway(record=path, auth={"api_keys": KEYS}, state=state) as gw, \
                 openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="sk-team", max_retries=0) as c:
-            await c.chat.completions.create(model="m", messages=CHAT, max_tokens=2)  # the last of the six
+            await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2)  # the last of the six
             try:
-                await c.chat.completions.create(model="m", messages=CHAT, max_tokens=2)
+                await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2)
             except openai.RateLimitError as e:
                 assert "over all replicas" in e.message
             else:
@@ -54,7 +54,7 @@ async def test_shared_refusals_are_recorded_and_replay_identically(tmp_path: Pat
             outcomes = []
             for _ in range(4):
                 try:
-                    await c.chat.completions.create(model="m", messages=CHAT, max_tokens=2)
+                    await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2)
                     outcomes.append("ok")
                 except openai.RateLimitError as e:
                     assert "over all replicas" not in e.message

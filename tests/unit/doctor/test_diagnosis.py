@@ -118,7 +118,7 @@ def test_a_closed_loop_sweep_offers_only_caps_that_can_bind() -> None:
     seven values, not every integer."""
     records, meta, engine_ev = run_virtual(VirtualRun(engine(), wl("seed-mixed"), 600, gateway=gateway(32),
                                                       concurrency=16, seed=1))
-    checks = [f.check for f in diagnose(records, meta, engine=engine_ev) if "--setting max_concurrency" in f.check]
+    checks = [f.check for f in diagnose(records, meta, evidence=Evidence(engine=engine_ev)) if "--setting max_concurrency" in f.check]
     assert checks
     for check in checks:
         values = check.split("--values ")[1].split()[0]
