@@ -11,7 +11,8 @@ Two things, each the exact twin of Python code that stays as the fallback:
 
 A piece of the body is "usual" when the decoder holds nothing and the piece is one whole event of
 one LF-ended line (`SSEDecoder.frame`'s fast case) that carries content, in a run that has had its
-first content already, for a request neither traced nor tracked. Then the step reads the clock,
+first content already, for a request neither traced nor tracked, whose answer has room for one
+more content event (`Tally.max_events`: past it `Tally.content` cuts the answer). Then the step reads the clock,
 counts the chunk (`Tally.content`: the watchdog's `last_at`, the record's `content_chunks` and
 `last_content_at`, the ITL histogram's bucket), and writes the chunked frame to the client's
 transport (`LeanSink.write_nowait`), or hands the piece to `sink.write_nowait` when no transport
@@ -31,7 +32,7 @@ not change during a run.
 /* Attribute names, interned once. */
 static PyObject *s_buf, *s_started, *s_run_started, *s_last_content_at, *s_content_chunks, *s_last_at,
     *s_closing, *s_paused, *s_blocked, *s_progress, *s_chunk, *s_write_nowait, *s_lo, *s_hi, *s_i,
-    *s_counts, *s_sum, *s_observe, *s_write, *s_watchdog, *s_times, *s_itl, *s_one;
+    *s_counts, *s_sum, *s_observe, *s_write, *s_watchdog, *s_times, *s_itl, *s_max_events, *s_one;
 
 /* ---- the content test (wire/chunks.py) --------------------------------------------------- */
 
@@ -189,6 +190,7 @@ typedef struct {
     PyObject_HEAD
     PyObject *relay, *clock, *dec, *tally, *watchdog, *times, *itl, *sink;
     PyObject *conn, *write;  /* the lean connection and its transport's `write`; NULL: `sink.write_nowait` */
+    Py_ssize_t max_events;  /* `tally.max_events`, fixed for the request */
     Field f[N_FIELDS];
     vectorcallfunc vectorcall;
 } ChunkStep;
@@ -218,6 +220,14 @@ static int usual(ChunkStep *s, PyObject *data)
     r = v != Py_None;  /* else the request's first content */
     Py_DECREF(v);
     if (r == 0)
+        return 0;
+    if ((v = field_get(&s->f[CONTENT_CHUNKS])) == NULL)
+        return -1;
+    Py_ssize_t chunks = PyLong_AsSsize_t(v);
+    Py_DECREF(v);
+    if (chunks == -1 && PyErr_Occurred())
+        return -1;
+    if (chunks >= s->max_events)  /* the answer's bound: `Tally.content` cuts it */
         return 0;
     if ((v = field_get(&s->f[PROGRESS])) == NULL)
         return -1;
@@ -391,8 +401,11 @@ static int step_init(PyObject *op, PyObject *args, PyObject *kwds)
         return -1;
     }
     PyObject *watchdog = PyObject_GetAttr(tally, s_watchdog), *times = PyObject_GetAttr(tally, s_times),
-             *itl = PyObject_GetAttr(tally, s_itl), *write = NULL;
-    if (watchdog == NULL || times == NULL || itl == NULL
+             *itl = PyObject_GetAttr(tally, s_itl), *max_events = PyObject_GetAttr(tally, s_max_events),
+             *write = NULL;
+    Py_ssize_t bound = max_events == NULL ? -1 : PyLong_AsSsize_t(max_events);
+    Py_XDECREF(max_events);
+    if (watchdog == NULL || times == NULL || itl == NULL || (bound == -1 && PyErr_Occurred())
         || (transport != Py_None && (write = PyObject_GetAttr(transport, s_write)) == NULL)) {
         Py_XDECREF(watchdog);
         Py_XDECREF(times);
@@ -410,6 +423,7 @@ static int step_init(PyObject *op, PyObject *args, PyObject *kwds)
     Py_XSETREF(s->itl, itl);
     Py_XSETREF(s->conn, conn == Py_None ? NULL : Py_NewRef(conn));
     Py_XSETREF(s->write, write);
+    s->max_events = bound;
     bind_fields(s);
     s->vectorcall = step_call;
     return 0;
@@ -485,7 +499,7 @@ static int intern_names(void)
         {&s_closing, "closing"}, {&s_paused, "paused"}, {&s_blocked, "_blocked"}, {&s_progress, "progress"},
         {&s_chunk, "_chunk"}, {&s_write_nowait, "write_nowait"}, {&s_lo, "_lo"}, {&s_hi, "_hi"}, {&s_i, "_i"},
         {&s_counts, "counts"}, {&s_sum, "sum"}, {&s_observe, "observe"}, {&s_write, "write"},
-        {&s_watchdog, "watchdog"}, {&s_times, "times"}, {&s_itl, "itl"},
+        {&s_watchdog, "watchdog"}, {&s_times, "times"}, {&s_itl, "itl"}, {&s_max_events, "max_events"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL)

@@ -35,6 +35,7 @@ from tailguard.gateway.request import Request
 from tailguard.gateway.sink import ClientGone, Sink
 from tailguard.gateway.stored import ResponseHomes
 from tailguard.gateway.upstream.assemble import Assembler
+from tailguard.gateway.upstream.bound import AnswerBound
 from tailguard.gateway.upstream.client import RelayError, Suspended, Upstream, UpstreamStatus, upstream_body
 from tailguard.gateway.upstream.h1 import H1Response
 from tailguard.gateway.upstream.kinds import get_kind
@@ -131,7 +132,8 @@ class Exchange:
         self._limits = ctx.live.cfg.limits
         self._wd = DeadlineWatch(ctx.loop, total_at=rec.bound_at + to.total_s, idle_s=to.idle_s)
         rec.watchdog = self._wd
-        self._tally = Tally(rec, self._wd, ctx.metrics.cls(job.cls.name).itl)  # across attempts and runs
+        self._tally = Tally(rec, self._wd, ctx.metrics.cls(job.cls.name).itl,  # across attempts and runs
+                            AnswerBound.of(job.capped.max_tokens, job.parsed.n, len(job.raw), self._limits))
         self._stream: StreamRelay | None = None
         self._asm: Assembler | None = None  # kept across the runs of a preemptible request
         self._resumed: dict[str, Any] | None = None  # the continuation body after a suspension
@@ -352,7 +354,7 @@ class Exchange:
         return self._ok(self._asm.text() if self.ctx.keep_text else None)
 
     async def _answer_whole(self, up: H1Response) -> Ending:
-        payload = await read_whole(up, self.job.endpoint, self._tally, self._limits)
+        payload = await read_whole(up, self.job.endpoint, self._tally)
         up.release()
         self._finish_tokens()
         await self.sink.answer(payload, response_headers(self.rec))

@@ -17,12 +17,12 @@ import orjson
 from tailguard.errors import APIError, GatewayError
 from tailguard.config import BackendConfig, LimitsConfig
 from tailguard.gateway.upstream.backends import prepare_body
-from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
+from tailguard.gateway.upstream.h1 import AnswerTooLarge, H1Response, UpstreamBroke
 from tailguard.gateway.upstream.kinds import get_kind
 from tailguard.gateway.upstream.pool import Pool, origin_of
 from tailguard.gateway.upstream.refusals import Refusals
 from tailguard.types import FailureKind
-from tailguard.wire.openai import CHUNKED, Endpoint, error_body, error_fields
+from tailguard.wire.openai import CHUNKED, Endpoint, error_body, error_fields, is_json_media_type
 from tailguard.wire.sse import EventTooLarge
 
 UPSTREAM_PATHS: dict[Endpoint, str] = {
@@ -87,14 +87,38 @@ class UpstreamStatus(GatewayError):
         self.content_type = content_type
 
 
-def stream_failure(e: UpstreamBroke | EventTooLarge) -> RelayError:
-    """How a stream being read failed: cut off (`DISCONNECT`) or an event past its bound
-    (`PROTOCOL`: the backend broke the protocol, as a malformed answer does). An attempt's
-    failure, whether or not the client has seen bytes: the front decides what follows (a retry,
-    a continuation on another backend, or the end of the client's stream with an error event)."""
+# How reading a body can break: what `stream_failure` turns into an attempt's failure.
+BROKEN = (UpstreamBroke, EventTooLarge, AnswerTooLarge)
+
+
+def stream_failure(e: UpstreamBroke | EventTooLarge | AnswerTooLarge) -> RelayError:
+    """How a stream being read failed: cut off (`DISCONNECT`), or an event or the whole answer
+    past its bound (`PROTOCOL`: the backend broke the protocol, as a malformed answer does). An
+    attempt's failure, whether or not the client has seen bytes: the front decides what follows
+    (a retry, a continuation on another backend, or the end of the client's stream with an error
+    event)."""
     if isinstance(e, EventTooLarge):
         return RelayError(FailureKind.PROTOCOL, f"Backend sent {e} (limits.max_event_bytes)")
+    if isinstance(e, AnswerTooLarge):
+        return RelayError(FailureKind.PROTOCOL, str(e))
     return RelayError(FailureKind.DISCONNECT, f"Backend closed the stream early: {e}")
+
+
+def check_answer(up: H1Response, backend: str, *, stream: bool) -> None:
+    """Raise `RelayError(PROTOCOL)` unless `up`'s head says what was asked for: an SSE stream
+    (`text/event-stream`) or a JSON body, either in the identity encoding (the gateway asks for
+    no other: a gzip body relayed as it came reaches a client that cannot read it, and one
+    assembled from it is empty). The attempt is the backend's failure, tried again elsewhere
+    while nothing reached the client."""
+    ctype = up.headers.get("content-type", "")
+    mime = ctype.partition(";")[0].strip().lower()
+    encoding = up.headers.get("content-encoding", "identity").strip().lower()
+    wanted = "text/event-stream" if stream else "application/json"
+    if (mime == wanted if stream else is_json_media_type(mime)) and encoding in ("identity", ""):
+        return
+    said = f"Content-Type {ctype[:64]!r}" + (f", Content-Encoding {encoding[:32]!r}" if encoding != "identity" else "")
+    raise RelayError(FailureKind.PROTOCOL, f"Backend '{backend}' answered a {'stream' if stream else 'non-stream'} "
+                     f"request with {said}; {wanted} in the identity encoding was asked for")
 
 
 class Suspended(GatewayError):

@@ -23,7 +23,7 @@ from tailguard.clock import monotonic
 from tailguard.errors import APIError
 from tailguard.config import LimitsConfig
 from tailguard.gateway.sink import Sink
-from tailguard.gateway.upstream.client import RelayError, Suspended, stream_failure
+from tailguard.gateway.upstream.client import BROKEN, RelayError, Suspended, check_answer, stream_failure
 from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.upstream.resume import Transcript
 from tailguard.gateway.upstream.tally import Tally
@@ -32,9 +32,9 @@ from tailguard.types import FailureKind
 from tailguard.wire.chunks import (
     delta_text, has_content, parse, role_only, running_usage, with_service_tier,
 )
-from tailguard.wire.framing import OPENAI, Framing
+from tailguard.wire.framing import OPENAI, Cut, Framing
 from tailguard.wire.openai import Endpoint
-from tailguard.wire.sse import DONE, DONE_EVENT, EventTooLarge, SSEDecoder, SSEEvent, encode_event, events_of
+from tailguard.wire.sse import DONE, DONE_EVENT, SSEDecoder, SSEEvent, encode_event, events_of
 from tailguard.wire.token_ids import without_token_ids
 
 # What a stream may still send after its `[DONE]`, drained so its connection can be reused; past
@@ -85,15 +85,23 @@ class StreamRelay:
         relayed by `_chunk` from the connection's own callback (`H1Response.push`): no task is
         woken per chunk. Anything else (the preamble, usage, the end, a client that reads slower
         than the backend writes) comes back here and takes `_emit`."""
+        check_answer(up, self.tally.times.backend, stream=True)
         self.tally.start_run()
+        self.tally.hold(up, stream=True)
         self.held.clear()  # a failed attempt's preamble is not this one's
         self.held_bytes = 0
-        prog = self.progress
-        if prog is not None and not prog.lazy:
-            if self.stream_id is None:
-                self.stream_id = prog.first_id  # (a lazy first run's, continued after a migration)
-            await self._run_tracked(up, prog)
-            return
+        try:
+            prog = self.progress
+            if prog is not None and not prog.lazy:
+                if self.stream_id is None:
+                    self.stream_id = prog.first_id  # (a lazy first run's, continued after a migration)
+                await self._run_tracked(up, prog)
+            else:
+                await self._run_pushed(up)
+        finally:
+            self.tally.end_run(up)
+
+    async def _run_pushed(self, up: H1Response) -> None:
         self._dec = dec = SSEDecoder(self.limits.max_event_bytes)
         sink, wd = self.sink, self.tally.watchdog
         drained = 0
@@ -125,7 +133,7 @@ class StreamRelay:
                 buf, ends = dec.frame(data)
                 if ends:
                     await self._emit(*self._scan(buf, ends), now)
-        except (UpstreamBroke, EventTooLarge) as e:
+        except BROKEN as e:
             if not self.ended:
                 raise stream_failure(e) from None
         await self._eof(dec)
@@ -175,7 +183,7 @@ class StreamRelay:
                 wd.last_at = now
                 if not self.ended:
                     await self._emit(*self._track(dec.feed(data), prog), now)
-        except (UpstreamBroke, EventTooLarge) as e:
+        except BROKEN as e:
             if isinstance(e, UpstreamBroke) and prog.suspended and not self.ended:
                 raise Suspended() from None
             if not self.ended:
@@ -210,12 +218,15 @@ class StreamRelay:
             elif f.has_usage(buf, pos, end):
                 if f.read_usage(self.tally.usage, _event_json(buf, pos, end)) and not self.client_usage:
                     drop = (pos, end)
+                self.tally.counted()
             elif f.is_error(buf, pos, end):
                 self.upstream_error = True
             last_start, pos = pos, end
         last = content < len(ends) and f.is_last(buf, last_start, pos)  # [DONE] is not content
         prog = self.progress
         if prog is not None and (content or prog.wants_ids()):
+            if content:
+                self.tally.room(content)  # text past the answer's bound is neither relayed nor kept
             prog.keep(buf, self.endpoint == "chat")
         if drop is not None:
             buf = buf[:drop[0]] + buf[drop[1]:]
@@ -284,6 +295,7 @@ class StreamRelay:
         if prog.runs > 1:
             usage.prompt_tokens, usage.completion_tokens = prog.client_usage(usage.prompt_tokens,
                                                                              usage.completion_tokens)
+        self.tally.counted()
         if usage_only and not self.client_usage:
             return b""
         if prog.runs > 1:
@@ -341,8 +353,16 @@ class StreamRelay:
         await self.sink.end(data)
 
     async def fail(self, err: APIError) -> None:
-        """The stream broke after the client got bytes: end it with an OpenAI error event."""
+        """The stream broke after the client got bytes: end it with the route's error event,
+        after the event that says it ended at its length when it was cut there (`Tally.cut`)."""
         self.upstream_error = True
-        if not self.ended:
-            await self._end(self.framing.error_event(err))
+        if self.ended:
+            return
+        last = self.framing.error_event(err)
+        tally = self.tally
+        if tally.cut:
+            t, bound = tally.times, tally.bound
+            cut = Cut(t.request_id, t.model or "", bound.n, bound.charged, chat=self.endpoint == "chat")
+            last = self.framing.cut_event(cut) + last
+        await self._end(last)
 

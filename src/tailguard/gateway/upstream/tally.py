@@ -1,6 +1,7 @@
 """One request's chunk bookkeeping, kept the same way by every path that reads an upstream
-stream (the client relay, the tracked relay of a preemptible request, the non-stream assembler):
-first content, inter-chunk gaps, the content chunk count and the usage chunk."""
+stream (the client relay, the tracked relay of a preemptible request, the non-stream assembler,
+a whole answer): first content, inter-chunk gaps, the content chunk count and the usage chunk,
+each held to what the request asked (`gateway.upstream.bound`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from dataclasses import dataclass, field
 from tailguard.config.limits import LimitsConfig
 from tailguard.gateway.ops.metrics import ChunkHistogram
 from tailguard.gateway.request import Request
+from tailguard.gateway.upstream.bound import AnswerBound
 from tailguard.gateway.upstream.client import RelayError
+from tailguard.gateway.upstream.h1 import H1Response
 from tailguard.gateway.upstream.watchdog import DeadlineWatch
 from tailguard.types import FailureKind
 from tailguard.wire.chunks import Usage, finish_reasons, response_id
@@ -23,11 +26,16 @@ class Tally:
 
     It outlives a suspension: a resumed run's first chunk is not a first token for the request
     (its gap since the last chunk before the suspension is an ITL sample), but it is for the
-    watchdog, whose first-token deadline applies again to each run (`start_run`)."""
+    watchdog, whose first-token deadline applies again to each run (`start_run`).
+
+    It holds the answer to its `bound` over every run: content past it fails the attempt (`cut`),
+    and a count the engine reports past it is charged as the bound (the rest is the record's
+    `overrun_tokens`, the backend's fault)."""
 
     times: Request  # the request's record: the chunk facts are written here only
     watchdog: DeadlineWatch
     itl: ChunkHistogram
+    bound: AnswerBound = field(default_factory=AnswerBound)
     usage: Usage = field(default_factory=Usage)
     run_started: bool = False
     # Reads of this run that brought bytes but no content yet, and when the second came: a role
@@ -37,13 +45,61 @@ class Tally:
     # A traced request's chunks are scanned for how its answer ended (`answer_end`); an untraced
     # one's never are, so telemetry off costs the relay one attribute read per chunk.
     traced: bool = field(init=False)
+    # Content events an answer may carry (`bound.events`): the C step reads it once per run.
+    max_events: int = field(init=False)
+    cut: bool = False  # the answer passed its bound: its relay ends it as cut at its length
+    earlier_bytes: int = 0  # the body bytes of this request's earlier runs (all count toward the bound)
 
     def __post_init__(self) -> None:
         self.traced = self.times.trace is not None
+        self.max_events = self.bound.events
+        if self.times.progress is not None:  # its text so far counts no more than the request allows
+            self.times.progress.most_tokens = self.bound.charged
 
     def start_run(self) -> None:
         self.run_started = False
         self.empty_reads = 0
+
+    def hold(self, up: H1Response, stream: bool) -> None:
+        """A run begins reading `up`: its body is bounded by what is left of the answer's bytes."""
+        bound = self.bound
+        up.bound_body(bound.byte_limit(stream) - self.earlier_bytes,
+                      f"Backend '{self.times.backend}' sent {bound.why_bytes(stream)}")
+
+    def end_run(self, up: H1Response) -> None:
+        """The run stopped reading (ended, failed or suspended): its bytes count for the next,
+        and what its engine reported or sent past the bound is charged as the bound."""
+        self.earlier_bytes += up.received
+        t, ct = self.times, self.usage.completion_tokens
+        if ct is None and t.content_chunks > self.bound.charged:  # no count of the engine's: the events
+            self._overran(t.content_chunks)
+
+    def counted(self) -> None:
+        """The engine's usage was read: a count past what the request allows is charged as the
+        most it allows (a backend that says it generated a million tokens for `max_tokens: 5`
+        must not put its caller in debt)."""
+        ct = self.usage.completion_tokens
+        if ct is not None and ct > self.bound.charged:
+            self._overran(ct)
+
+    def room(self, n: int) -> None:
+        """`n` more content events fit in the answer's bound, or the attempt fails (`_cut`)."""
+        events = self.times.content_chunks + n
+        if events > self.max_events:
+            self._cut(events)
+
+    def _overran(self, generated: int) -> None:
+        charged = self.bound.charged
+        self.times.overrun_tokens = max(self.times.overrun_tokens, generated - charged)
+        self.usage.completion_tokens = charged
+
+    def _cut(self, events: int) -> None:
+        """Content past the bound: the attempt fails as the backend's protocol error; its caller
+        is charged the most the request allows."""
+        self.cut = True
+        self._overran(events)
+        raise RelayError(FailureKind.PROTOCOL, f"Backend '{self.times.backend}' sent "
+                         f"{self.bound.why_tokens(events, 'content events')}; the answer was cut there")
 
     def no_content(self, now: float, limits: LimitsConfig) -> None:
         """A read before this run's first content brought none: past `limits.max_preamble_s` from
@@ -61,7 +117,9 @@ class Tally:
     def content(self, now: float, n: int = 1) -> None:
         """`n` content chunks arrived in one read at `now`: the first has the gap since the last
         content chunk, the others none. The usual chunk (one, past the run's first) costs one
-        test before its gap is counted: the relay calls this per chunk."""
+        test before its gap is counted: the relay calls this per chunk. Past the answer's bound
+        nothing of the read is counted, and the attempt fails (`_cut`)."""
+        self.room(n)
         t = self.times
         t.content_chunks += n
         last, t.last_content_at = t.last_content_at, now
