@@ -3,8 +3,9 @@ bytes relayed to the client, the gateway's RSS growth, how the request ended and
 was metered (the access log's `output_tokens`), for a request that asked for `max_tokens: 5`.
 
 Processes on loopback: the hostile backend of the functional tests
-(`tests/functional/hostile_backend.py`, case `post-content`: content events in the route's shape,
-400 to a write, for ever), a `tailguard serve` in front of it (one per case, so each RSS is its
+(`tests/functional/hostile_backend.py`: `post-content`, content events in the route's shape, 400
+to a write, for ever; `post-trickle`, one a millisecond, for ever; `post-endless-json`, a JSON
+answer that never ends), a `tailguard serve` in front of it (one per case, so each RSS is its
 own; retries off, access log to a file) and this client, which reads each answer for at most
 `--cap` seconds. With `--baseline-src DIR`, every case runs a second time on the gateway whose
 `tailguard` package is in DIR (a checkout of an earlier revision, its extension built in place),
@@ -37,8 +38,10 @@ RESULTS = ROOT / "benchmarks" / "results"
 MiB = 1024 * 1024
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "responses": "/v1/responses",
          "messages": "/v1/messages"}
-CASES = [("chat", True), ("chat", False), ("completions", True), ("responses", True), ("responses", False),
-         ("messages", True), ("messages", False)]
+CASES = [("chat", True, "post-content"), ("chat", True, "post-trickle"), ("chat", False, "post-content"),
+         ("completions", True, "post-content"), ("responses", True, "post-content"),
+         ("responses", True, "post-trickle"), ("responses", False, "post-endless-json"),
+         ("messages", True, "post-content"), ("messages", True, "post-trickle"), ("messages", False, "post-content")]
 CONFIG = """\
 port: {port}
 access_log: true
@@ -66,9 +69,9 @@ def rss(pid: int) -> int:
     return 0
 
 
-async def one_case(route: str, stream: bool, cap_s: float, src: str | None, tmp: Path) -> dict[str, Any]:
+async def one_case(route: str, stream: bool, case: str, cap_s: float, src: str | None, tmp: Path) -> dict[str, Any]:
     """One request against a fresh gateway in front of a fresh hostile backend."""
-    hostile = subprocess.Popen([sys.executable, "-m", "tests.functional.hostile_backend", "post-content"],
+    hostile = subprocess.Popen([sys.executable, "-m", "tests.functional.hostile_backend", case],
                                stdout=subprocess.PIPE, cwd=ROOT)
     assert hostile.stdout is not None
     url = f"http://127.0.0.1:{int(hostile.stdout.readline())}"
@@ -107,7 +110,7 @@ async def one_case(route: str, stream: bool, cap_s: float, src: str | None, tmp:
         hostile.wait()
     lines = [json.loads(x) for x in log.read_text().splitlines() if x.startswith('{"ts"') and '"access"' in x]
     access: dict[str, Any] = next((x for x in lines if x.get("path") == PATHS[route]), {})
-    return {"route": route, "stream": stream, "gateway": "before" if src is not None else "after", "status": status,
+    return {"route": route, "stream": stream, "case": case, "gateway": "before" if src is not None else "after", "status": status,
             "relayed_bytes": got, "seconds": round(seconds, 2), "ended": seconds < cap_s - 0.05,
             "rss_growth_mib": round((peak - base) / MiB, 1), "output_tokens": access.get("output_tokens"),
             "outcome": access.get("outcome"), "reason": access.get("reason"),
@@ -115,11 +118,11 @@ async def one_case(route: str, stream: bool, cap_s: float, src: str | None, tmp:
 
 
 def table(rows: list[dict[str, Any]], cap_s: float) -> str:
-    out = ["| route | stream | gateway | status | relayed | ended after | RSS growth | metered output tokens | outcome |",
-           "|---|---|---|---:|---:|---:|---:|---:|---|"]
+    out = ["| route | stream | backend | gateway | status | relayed | ended after | RSS growth | metered output tokens | outcome |",
+           "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         ended = f"{r['seconds']:.2f} s" if r["ended"] else f"not in {cap_s:g} s"
-        out.append(f"| {r['route']} | {'yes' if r['stream'] else 'no'} | {r['gateway']} | {r['status']} | "
+        out.append(f"| {r['route']} | {'yes' if r['stream'] else 'no'} | {r['case']} | {r['gateway']} | {r['status']} | "
                    f"{r['relayed_bytes'] / MiB:,.2f} MiB | {ended} | {r['rss_growth_mib']:+.1f} MiB | "
                    f"{r['output_tokens'] if r['output_tokens'] is not None else '-'} | "
                    f"{r['outcome'] or '-'} {r['reason'] or ''} |")
@@ -133,9 +136,9 @@ async def main() -> None:
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as d:
-        for route, stream in CASES:
+        for route, stream, case in CASES:
             for src in ([args.baseline_src] if args.baseline_src else []) + [None]:
-                row = await one_case(route, stream, args.cap, src, Path(d))
+                row = await one_case(route, stream, case, args.cap, src, Path(d))
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     load = os.getloadavg()[0]
@@ -143,8 +146,8 @@ async def main() -> None:
     (RESULTS / "endless_backend.json").write_text(json.dumps({"cap_s": args.cap, "load": load, "rows": rows}, indent=1))
     (RESULTS / "endless_backend.md").write_text(
         "# A backend that never stops, per route\n\n"
-        f"`benchmarks/endless_backend.py --cap {args.cap:g}`: one request of `max_tokens: 5` per case against the "
-        "hostile backend's endless content (`tests/functional/hostile_backend.py post-content`), read for at most "
+        f"`benchmarks/endless_backend.py --cap {args.cap:g}`: one request of `max_tokens: 5` per case against a "
+        "hostile backend that never ends (`tests/functional/hostile_backend.py`, the case named), read for at most "
         f"{args.cap:g} s; a fresh gateway process per case (RSS growth is its own, peak less its idle RSS); the "
         f"metered tokens are its access log's. Load average {load:.1f} at the end.\n\n" + table(rows, args.cap) + "\n")
 

@@ -61,6 +61,9 @@ async def test_a_batch_only_key_cannot_get_interactive_and_a_key_is_held_to_its_
         with pytest.raises(openai.PermissionDeniedError) as refused:
             await m_only.chat.completions.create(model="other", messages=CHAT, max_tokens=1)
         assert refused.value.code == "model_not_allowed"
+        with pytest.raises(openai.BadRequestError) as missing:  # no model named: not "may not use model None"
+            await m_only.post("/chat/completions", cast_to=object, body={"messages": CHAT, "max_tokens": 1})
+        assert missing.value.code == "missing_required_parameter" and "None" not in missing.value.message
 
         assert (await hashed.chat.completions.create(model="m", messages=CHAT, max_tokens=1)).choices
         async with client(gw.url, "sha256:" + hashlib.sha256(HASHED.encode()).hexdigest()) as digest_as_key:
@@ -69,6 +72,21 @@ async def test_a_batch_only_key_cannot_get_interactive_and_a_key_is_held_to_its_
         async with client(gw.url, "k" * 5000) as huge:
             with pytest.raises(openai.AuthenticationError):  # refused before it is hashed
                 await huge.chat.completions.create(model="m", messages=CHAT, max_tokens=1)
+
+
+async def test_a_key_sees_only_the_models_it_may_use() -> None:
+    """`/v1/models` and `/v1/models/{id}` answer a key limited to some models as if the others did
+    not exist (OpenAI's 404 for a model an organisation cannot access); an unlimited key sees all."""
+    keys = {"sk-fast": {"name": "fast-only", "allowed_models": ["fast"]}, "sk-all": {"name": "all"}}
+    async with asyncio.timeout(30), gateway(auth={"api_keys": keys}, aliases={"fast": "tailguard-sim"}) as gw, \
+            client(gw.url, "sk-fast") as fast, client(gw.url, "sk-all") as every:
+        assert sorted([m.id async for m in every.models.list()]) == ["fast", "tailguard-sim"]
+        assert [m.id async for m in fast.models.list()] == ["fast"]
+        assert (await fast.models.retrieve("fast")).id == "fast"
+        with pytest.raises(openai.NotFoundError) as hidden:
+            await fast.models.retrieve("tailguard-sim")
+        assert hidden.value.code == "model_not_found" and "tailguard-sim" not in hidden.value.message.split("Served")[1]
+        assert (await every.models.retrieve("tailguard-sim")).id == "tailguard-sim"
 
 
 async def test_concurrent_requests_never_spend_past_the_token_limit() -> None:

@@ -169,14 +169,17 @@ class Intake:
                         f"{', '.join(sorted(allowed[0]))}.", param=CLASS_HEADER, code="class_not_allowed")
 
     def allow_model(self, asked: Asked) -> None:
-        """Raise `Forbidden` when the request's key lists its models and this one is not among them."""
+        """Raise `Forbidden` when the request's key lists its models and this one is not among them
+        (`BadRequest` when it names none: which model it may use is for the request to say)."""
         k = self.key(asked.api_key)
         if k is None or k.allowed_models is None:
             return
         model = asked.body.get("model")
-        if not isinstance(model, str) or model not in k.allowed_models:
-            shown = model[:64] if isinstance(model, str) else model
-            raise Forbidden(f"This API key may not use model {shown!r}.", param="model", code="model_not_allowed")
+        if not isinstance(model, str):
+            raise BadRequest("'model' is required: this API key may use only the models it lists.", param="model",
+                             code="missing_required_parameter")
+        if model not in k.allowed_models:
+            raise Forbidden(f"This API key may not use model {model[:64]!r}.", param="model", code="model_not_allowed")
 
     def _key_default(self, asked: Asked) -> ClassSpec:
         """A class the client did not name: its route's own (the pooling routes'), its key's

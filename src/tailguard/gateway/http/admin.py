@@ -95,19 +95,24 @@ async def json_body(request: web.Request) -> dict[str, Any]:
 
 
 def reload_request(body: dict[str, Any]) -> dict[str, Any]:
-    allow = body.get("allow_auth_change", False)
-    if not isinstance(allow, bool):
-        raise BadRequest("'allow_auth_change' must be true or false.", param="allow_auth_change")
-    return {"how": "reload (admin)", "allow_auth_change": allow}
+    """`{"force": true}` applies a config that weakens the guard (`ops.reload.weakened`);
+    `allow_auth_change`, its name before, is the same."""
+    name = "force" if "force" in body else "allow_auth_change"
+    force = body.get(name, False)
+    if not isinstance(force, bool):
+        raise BadRequest(f"'{name}' must be true or false.", param=name)
+    return {"how": "reload (admin)", "force": force}
 
 
 def rollback_request(body: dict[str, Any]) -> dict[str, Any]:
-    to = body.get("to")
+    to, force = body.get("to"), body.get("force", False)
+    if not isinstance(force, bool):
+        raise BadRequest("'force' must be true or false.", param="force")
     if to is None:
-        return {"good": True}
+        return {"good": True, "force": force}
     if not isinstance(to, int) or isinstance(to, bool) or to < 1:
         raise BadRequest("'to' must be a stored config's number.", param="to")
-    return {"n": to, "how": f"rollback to {to} (admin)"}
+    return {"n": to, "how": f"rollback to {to} (admin)", "force": force}
 
 
 def query_float(request: web.Request, name: str) -> float | None:

@@ -16,7 +16,7 @@ import signal
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 import orjson
 from aiohttp import web
@@ -254,20 +254,27 @@ async def _metrics(request: web.Request) -> web.Response:
 async def _models(request: web.Request) -> web.Response:
     # Keys guard the model list as they guard generation (vLLM's --api-key does the same), so a
     # client with a wrong key learns it from its first call, not from its first generation.
-    request.app[PROXY].classes.authenticate(bearer_key(request.headers))
-    models = fleet_models(request.app[LIVE].cfg, await request.app[PROBES].known_models())
+    models = await _visible_models(request)
     return web.Response(body=orjson.dumps({"object": "list", "data": models}), content_type="application/json")
 
 
 async def _model(request: web.Request) -> web.Response:
     """One model's object (`client.models.retrieve`), or OpenAI's 404."""
-    request.app[PROXY].classes.authenticate(bearer_key(request.headers))
-    models = fleet_models(request.app[LIVE].cfg, await request.app[PROBES].known_models())
+    models = await _visible_models(request)
     try:
         body = one_model(models, request.match_info["model"])
     except APIError as err:
         return error_response(err)
     return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+
+async def _visible_models(request: web.Request) -> list[dict[str, Any]]:
+    """The fleet's models this request's key may use (401 for a key the gateway does not know)."""
+    classes, key = request.app[PROXY].classes, bearer_key(request.headers)
+    classes.authenticate(key)
+    spec = classes.intake.key(key)
+    return fleet_models(request.app[LIVE].cfg, await request.app[PROBES].known_models(),
+                        None if spec is None else spec.allowed_models)
 
 
 async def _config(request: web.Request) -> web.Response:
