@@ -100,6 +100,7 @@ class Accepted:
     body: dict[str, Any]
     resumable: bool  # its generation can be suspended and continued from its text
     model: str | None = None  # the model it names, an alias resolved (None: none named, any backend)
+    own_priority: bool = False  # its `priority` field is its own (its key may set it): an engine gets it as sent
 
 
 class Intake:
@@ -220,15 +221,26 @@ class Intake:
     def accept(self, asked: Asked, cls: ClassSpec, output_estimate_tokens: int) -> Accepted:
         """Apply `cls`'s prompt bound and output cap, size the job (`output_estimate_tokens`
         per choice when it has no limit) and resolve the model's alias; raises `BadRequest` (400)
-        on a violation, `Forbidden` (403) for a model its key may not use."""
+        on a violation, `Forbidden` (403) for a model its key may not use.
+
+        A `priority` field is the class's to set (the gateway writes it for engines that have a
+        priority queue, `Kind.priority_for`): a client's own is dropped unless its key may set it
+        (`set_priority`), so a batch-only key cannot jump an engine's queue with `priority: -100`
+        on any kind of backend."""
         self.allow_model(asked)
-        model = asked.body.get("model")
+        k = self.key(asked.api_key)
+        own = k is not None and k.set_priority and "priority" in asked.body
+        changed = "priority" in asked.body and not own
+        body = {f: v for f, v in asked.body.items() if f != "priority"} if changed else asked.body
+        model = body.get("model")
         model = model if isinstance(model, str) else None
         target = self.params.aliases.get(model) if model is not None else None
-        if target is None:
-            return self._capped(asked, cls, output_estimate_tokens, model)
-        aliased = replace(asked, body={**asked.body, "model": target})  # sent upstream as the served name
-        return replace(self._capped(aliased, cls, output_estimate_tokens, target), body_changed=True)
+        if target is not None:
+            body = {**body, "model": target}  # sent upstream as the served name
+            changed = True
+        accepted = self._capped(replace(asked, body=body) if changed else asked, cls, output_estimate_tokens,
+                                model if target is None else target)
+        return replace(accepted, body_changed=accepted.body_changed or changed, own_priority=own)
 
     def _capped(self, asked: Asked, cls: ClassSpec, output_estimate_tokens: int, model: str | None) -> Accepted:
         _bound_prompt(asked, cls)

@@ -254,7 +254,7 @@ class Exchange:
             job.raw, job.capped.body if resumed is None else resumed, client_stream=job.parsed.stream,
             client_usage=job.parsed.include_usage, body_changed=job.capped.body_changed or resumed is not None,
             backend=backend, rank=job.cls.rank, count_tokens=self.rec.progress is not None, endpoint=job.endpoint,
-            dropped=self.ctx.upstream.refusals.dropped(backend.name),
+            dropped=self.ctx.upstream.refusals.dropped(backend.name), own_priority=job.capped.own_priority,
         )
 
     def _refused_field(self, backend: BackendConfig, us: UpstreamStatus) -> bool:

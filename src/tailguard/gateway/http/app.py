@@ -11,6 +11,7 @@ to its `AppRunner` too, or a departed client is noticed only at the next write.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import signal
 import sys
@@ -396,13 +397,25 @@ def _say_what_it_finds(cfg: GatewayConfig) -> None:
 
 
 def _started(cfg: GatewayConfig, live: Live, url: str) -> None:
-    """The start line: where it listens, which config (number and hash), its backends, auth."""
+    """The start line: where it listens, which config (number and hash), its backends, auth; and
+    a warning when it listens beyond loopback with no key at all."""
     names = ", ".join(f"{b.name}={b.url}" for b in cfg.backends)
     log.info("tailguard gateway listening on %s (%s; backends: %s)", url, cfg.scheduler.policy, names,
              extra={"event": "start", "fields": {
                  "url": url, "config": {"n": live.n, "hash": live.hash}, "auth": bool(cfg.auth.api_keys),
                  "backends": [{"name": b.name, "url": b.url, "kind": b.kind, "max_concurrency": b.max_concurrency}
                               for b in cfg.backends]}})
+    if not cfg.auth.api_keys and not cfg.auth.admin_keys and not _loopback(cfg.host):
+        log.warning("listening on %s with no API keys: anyone who reaches it may call every API route, /config and "
+                    "/metrics; the admin routes (/admin/*: reload, rollback, usage) answer loopback clients only. "
+                    "Set auth.api_keys and auth.admin_keys", cfg.host, extra={"event": "auth", "fields": {"host": cfg.host}})
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _handle_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event,

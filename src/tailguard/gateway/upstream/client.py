@@ -129,7 +129,7 @@ class Suspended(GatewayError):
 def upstream_body(
     raw: bytes, body: dict[str, Any], *, client_stream: bool, client_usage: bool, body_changed: bool,
     backend: BackendConfig, rank: int, count_tokens: bool = False, dropped: frozenset[str] = frozenset(),
-    endpoint: Endpoint = "chat",
+    endpoint: Endpoint = "chat", own_priority: bool = False,
 ) -> bytes:
     """The bytes sent upstream: always a stream with usage. The client's raw bytes when they
     already say exactly that, else the body serialised once (the only JSON encode per request).
@@ -137,9 +137,10 @@ def upstream_body(
     `count_tokens` (a request that may be continued) asks a backend whose chunks may carry several
     tokens for the running usage on every chunk, so the tokens generated so far are known exactly,
     and one that returns token ids for them (`Kind.continues_by_ids`), to continue by ids.
-    Fields the backend refused (`dropped`) are left out. Routes other than chat and completions
-    go as the client sent them (streamed or not), with only the class and model fields set."""
-    prepared = prepare_body(backend, body, rank, dropped)
+    Fields the backend refused (`dropped`) are left out; a client's `priority` stays only when
+    `own_priority` (`backends.translate_body`). Routes other than chat and completions go as the
+    client sent them (streamed or not), with only the class and model fields set."""
+    prepared = prepare_body(backend, body, rank, dropped, own_priority)
     if endpoint not in CHUNKED:
         return raw if prepared is None and not body_changed else orjson.dumps(prepared if prepared is not None else body)
     kind = get_kind(backend.kind)
