@@ -123,8 +123,9 @@ async def _protocol_errors(gw: Stack) -> float:
 
 async def test_a_non_stream_answer_that_never_ends_is_cut_at_max_answer_bytes() -> None:
     """Events of half a MiB each for `max_tokens: 100000`: what that many tokens may carry is far
-    past `limits.max_answer_bytes`, which a non-stream answer, held whole, is cut at."""
-    async with asyncio.timeout(60), _evil_gateway("post-big-events") as gw:
+    past `limits.max_answer_bytes` (16 MiB here: the text is held until the answer ends), which a
+    non-stream answer is cut at."""
+    async with asyncio.timeout(60), _evil_gateway("post-big-events", limits={"max_answer_bytes": 16 * MiB}) as gw:
         a = await _attack(gw, {**EVIL, "max_tokens": 100_000})
         assert a.status == 502 and b"max_answer_bytes" in a.body
         _assert_bounded(a)

@@ -228,19 +228,26 @@ class Intake:
         (`set_priority`), so a batch-only key cannot jump an engine's queue with `priority: -100`
         on any kind of backend."""
         self.allow_model(asked)
-        k = self.key(asked.api_key)
-        own = k is not None and k.set_priority and "priority" in asked.body
-        changed = "priority" in asked.body and not own
-        body = {f: v for f, v in asked.body.items() if f != "priority"} if changed else asked.body
+        body = asked.body
+        own = "priority" in body and self._sets_priority(asked.api_key)
+        changed = "priority" in body and not own
+        if changed:
+            body = {f: v for f, v in body.items() if f != "priority"}
         model = body.get("model")
         model = model if isinstance(model, str) else None
         target = self.params.aliases.get(model) if model is not None else None
         if target is not None:
             body = {**body, "model": target}  # sent upstream as the served name
             changed = True
-        accepted = self._capped(replace(asked, body=body) if changed else asked, cls, output_estimate_tokens,
+        if not changed and not own:  # the usual request: nothing to replace
+            return self._capped(asked, cls, output_estimate_tokens, model)
+        accepted = self._capped(replace(asked, body=body), cls, output_estimate_tokens,
                                 model if target is None else target)
         return replace(accepted, body_changed=accepted.body_changed or changed, own_priority=own)
+
+    def _sets_priority(self, api_key: str | None) -> bool:
+        k = self.key(api_key)
+        return k is not None and k.set_priority
 
     def _capped(self, asked: Asked, cls: ClassSpec, output_estimate_tokens: int, model: str | None) -> Accepted:
         _bound_prompt(asked, cls)

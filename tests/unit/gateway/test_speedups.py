@@ -322,7 +322,8 @@ async def relay_once(backends: Backends, make_client: MakeClient, reads: list[by
                 "first_content_at": times.first_content_at, "last_content_at": times.last_content_at,
                 "itl": (list(h.counts), h.sum, h._i, h._lo, h._hi), "usage": (u.prompt_tokens, u.completion_tokens),
                 "ended": relay.ended, "upstream_error": relay.upstream_error, "last_at": wd.last_at,
-                "python_calls": calls, "reads": len(reads), "cut": tally.cut, "overrun": times.overrun_tokens}
+                "python_calls": calls, "reads": len(reads), "cut": tally.cut, "overrun": times.overrun_tokens,
+                "body_bytes": tally.body_bytes}
 
 
 CLIENTS: dict[str, MakeClient] = {"lean": lean_client, "queue": queue_client}
@@ -384,6 +385,28 @@ async def test_an_answer_past_its_max_tokens_is_cut_the_same_by_both(
     py = await relay_once(backends, CLIENTS[client], reads, seed, limits, False, monkeypatch, bound)
     assert "RelayError" in c["raised"] and "max_tokens 20" in c["raised"], c["raised"]
     assert c["content_chunks"] == 24 and c["cut"] and c["usage"][1] == 20 and c["overrun"] >= 5
+    c.pop("python_calls"), py.pop("python_calls")
+    assert c == py
+
+
+@needs_c
+@pytest.mark.parametrize("client", sorted(CLIENTS))
+async def test_an_answer_past_the_bytes_its_max_tokens_allows_is_cut_the_same_by_both(
+        backends: Backends, monkeypatch: pytest.MonkeyPatch, client: str) -> None:
+    """Content events of 6,000 bytes, each over `answer_bytes_per_token` (4 KiB): neither path
+    passes them uncounted, so both count every byte and cut the answer where its bytes run out
+    (4 KiB of preamble allowance and 4 KiB a token for 24 events), long before 24 events."""
+    rng = random.Random(9)
+    events = chat_stream(rng, 5)
+    big = [_ev(_chat({"delta": {"content": "x" * 6000}}), False) for _ in range(40)]
+    events[3:3] = big
+    reads = reads_of(rng, events)
+    limits = LimitsConfig(max_tokens_margin=4, max_preamble_bytes=4096, answer_bytes_per_token=4096)
+    bound = AnswerBound.of(20, 1, 100, limits)
+    c = await relay_once(backends, CLIENTS[client], reads, 9, limits, True, monkeypatch, bound)
+    py = await relay_once(backends, CLIENTS[client], reads, 9, limits, False, monkeypatch, bound)
+    assert "RelayError" in c["raised"] and "answer_bytes_per_token" in c["raised"], c["raised"]
+    assert c["content_chunks"] < 20 and not c["cut"] and c["body_bytes"] > bound.stream_bytes
     c.pop("python_calls"), py.pop("python_calls")
     assert c == py
 

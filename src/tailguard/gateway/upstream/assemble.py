@@ -13,7 +13,7 @@ import orjson
 
 from tailguard.clock import monotonic
 from tailguard.config import LimitsConfig
-from tailguard.gateway.upstream.client import BROKEN, RelayError, Suspended, check_answer, stream_failure
+from tailguard.gateway.upstream.client import RelayError, Suspended, check_answer, stream_failure
 from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.upstream.resume import Transcript
 from tailguard.gateway.upstream.tally import Tally
@@ -21,7 +21,7 @@ from tailguard.types import FailureKind
 from tailguard.wire.chunks import delta_text, has_content, running_usage
 from tailguard.wire.join import ChunkJoiner
 from tailguard.wire.openai import Endpoint
-from tailguard.wire.sse import DONE, SSEDecoder
+from tailguard.wire.sse import DONE, EventTooLarge, SSEDecoder
 
 
 @dataclass(slots=True)
@@ -43,12 +43,11 @@ class Assembler:
         """Assemble until the upstream ends. A preemptible request's assembler outlives a
         suspension (`Suspended`) and keeps accumulating over the resumed run."""
         check_answer(up, self.tally.times.backend, stream=True)
-        self.tally.start_run()
-        self.tally.hold(up, stream=False)
+        self.tally.start_run(stream=False)
         try:
             done = await self._read(up)
         finally:
-            self.tally.end_run(up)
+            self.tally.end_run()
         prog = self.progress
         if prog is not None and prog.suspended and not done:
             raise Suspended()
@@ -74,6 +73,7 @@ class Assembler:
                     raise Suspended()
                 now = monotonic()
                 self.tally.watchdog.last_at = now
+                self.tally.read(len(data))
                 for ev in dec.feed(data):
                     done = done or ev.data == DONE
                     self._absorb(ev.data, now)
@@ -81,7 +81,7 @@ class Assembler:
             for ev in dec.flush():
                 done = done or ev.data == DONE
                 self._absorb(ev.data, monotonic())
-        except BROKEN as e:
+        except (UpstreamBroke, EventTooLarge) as e:
             if isinstance(e, UpstreamBroke) and prog is not None and prog.suspended:
                 raise Suspended() from None
             raise stream_failure(e) from None

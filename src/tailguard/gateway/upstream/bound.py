@@ -14,9 +14,12 @@ and metered 1,092,462 tokens). So each answer is held to two bounds, as Envoy ho
   at most: what its limits reserved.
 - **bytes**: `limits.max_preamble_bytes + 2 x the request's bytes + limits.answer_bytes_per_token
   x the tokens above` (the request's bytes twice: `echo`, and a Responses stream's last event
-  repeating its instructions), enforced as the body arrives (`H1Response.bound_body`), so an
-  answer of huge events that each count once is bounded too. A non-stream answer is also held
-  whole: `limits.max_answer_bytes` caps it.
+  repeating its instructions), counted by the readers as they read (`Tally.read`), so an answer
+  of huge events that each count once is bounded too. A content event of at most
+  `answer_bytes_per_token` bytes that the relay's step passes on alone (the usual chunk, and the
+  C step's only one) is held by the event bound instead, so the hot path counts no bytes: what a
+  stream may carry is then at most that bound plus `answer_bytes_per_token` an event. A
+  non-stream answer is also held whole: `limits.max_answer_bytes` caps it, and every byte counts.
 
 A request without `max_tokens` (its class sets none and it asks none) has no token bound: the
 engine's own context limit applies, and for a stream the total deadline.
@@ -31,9 +34,10 @@ from tailguard.config import LimitsConfig
 UNBOUNDED = 1 << 62
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AnswerBound:
-    """The bounds of one answer (see the module docstring).
+    """The bounds of one answer (see the module docstring); made once per request, and treated
+    as a value (not frozen: a frozen dataclass's `__init__` costs a request several microseconds).
 
         bound = AnswerBound.of(max_tokens=5, n=1, request_bytes=len(raw), limits=cfg.limits)
         bound.events       # content events before the answer is cut (UNBOUNDED without max_tokens)
@@ -48,15 +52,17 @@ class AnswerBound:
     charged: int = UNBOUNDED
     stream_bytes: int = UNBOUNDED
     answer_bytes: int = UNBOUNDED  # a non-stream answer, held whole
+    event_bytes: int = UNBOUNDED  # a lone content event of at most this many is held by `events` alone
 
     @classmethod
     def of(cls, max_tokens: int | None, n: int, request_bytes: int, limits: LimitsConfig) -> AnswerBound:
         if max_tokens is None:
             return cls(answer_bytes=limits.max_answer_bytes)
+        per_token = limits.answer_bytes_per_token
         events = n * (max_tokens + limits.max_tokens_margin)
-        stream = limits.max_preamble_bytes + 2 * request_bytes + events * limits.answer_bytes_per_token
+        stream = limits.max_preamble_bytes + 2 * request_bytes + events * per_token
         return cls(max_tokens, n, limits.max_tokens_margin, events, n * max_tokens, stream,
-                   min(stream, limits.max_answer_bytes))
+                   min(stream, limits.max_answer_bytes), per_token)
 
     def byte_limit(self, stream: bool) -> int:
         return self.stream_bytes if stream else self.answer_bytes

@@ -17,7 +17,7 @@ import orjson
 from tailguard.errors import APIError, GatewayError
 from tailguard.config import BackendConfig, LimitsConfig
 from tailguard.gateway.upstream.backends import prepare_body
-from tailguard.gateway.upstream.h1 import AnswerTooLarge, H1Response, UpstreamBroke
+from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.upstream.kinds import get_kind
 from tailguard.gateway.upstream.pool import Pool, origin_of
 from tailguard.gateway.upstream.refusals import Refusals
@@ -87,20 +87,13 @@ class UpstreamStatus(GatewayError):
         self.content_type = content_type
 
 
-# How reading a body can break: what `stream_failure` turns into an attempt's failure.
-BROKEN = (UpstreamBroke, EventTooLarge, AnswerTooLarge)
-
-
-def stream_failure(e: UpstreamBroke | EventTooLarge | AnswerTooLarge) -> RelayError:
-    """How a stream being read failed: cut off (`DISCONNECT`), or an event or the whole answer
-    past its bound (`PROTOCOL`: the backend broke the protocol, as a malformed answer does). An
-    attempt's failure, whether or not the client has seen bytes: the front decides what follows
-    (a retry, a continuation on another backend, or the end of the client's stream with an error
-    event)."""
+def stream_failure(e: UpstreamBroke | EventTooLarge) -> RelayError:
+    """How a stream being read failed: cut off (`DISCONNECT`) or an event past its bound
+    (`PROTOCOL`: the backend broke the protocol, as a malformed answer does). An attempt's
+    failure, whether or not the client has seen bytes: the front decides what follows (a retry,
+    a continuation on another backend, or the end of the client's stream with an error event)."""
     if isinstance(e, EventTooLarge):
         return RelayError(FailureKind.PROTOCOL, f"Backend sent {e} (limits.max_event_bytes)")
-    if isinstance(e, AnswerTooLarge):
-        return RelayError(FailureKind.PROTOCOL, str(e))
     return RelayError(FailureKind.DISCONNECT, f"Backend closed the stream early: {e}")
 
 
@@ -110,9 +103,12 @@ def check_answer(up: H1Response, backend: str, *, stream: bool) -> None:
     no other: a gzip body relayed as it came reaches a client that cannot read it, and one
     assembled from it is empty). The attempt is the backend's failure, tried again elsewhere
     while nothing reached the client."""
-    ctype = up.headers.get("content-type", "")
+    headers = up.headers
+    ctype = headers.get("content-type", "")
+    if stream and "content-encoding" not in headers and ctype[:17] == "text/event-stream" and ctype[17:18] in ("", ";"):
+        return  # what every engine answers a stream (vLLM adds `; charset=utf-8`): one look
     mime = ctype.partition(";")[0].strip().lower()
-    encoding = up.headers.get("content-encoding", "identity").strip().lower()
+    encoding = headers.get("content-encoding", "identity").strip().lower()
     wanted = "text/event-stream" if stream else "application/json"
     if (mime == wanted if stream else is_json_media_type(mime)) and encoding in ("identity", ""):
         return

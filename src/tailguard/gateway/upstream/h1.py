@@ -14,10 +14,6 @@ second. Pull serves everything else (a preemptible request's parsed relay, a non
 Flow control both ways: while nobody reads (pull) the socket is paused past `_HIGH_WATER`
 buffered bytes; `on_data` returning False (the consumer must wait, e.g. for its client to drain)
 pauses it until the next `readany` or `push`.
-
-A body is bounded in bytes as they arrive (`H1Response.bound_body`, which the readers set from
-what the request asked: `gateway.upstream.bound`): past it the connection is closed and the reader
-gets `AnswerTooLarge`, whichever way it reads, so a backend that never ends costs the bound.
 """
 
 from __future__ import annotations
@@ -36,7 +32,6 @@ _HIGH_WATER = 64 * 1024
 # hold the event loop for tens of milliseconds; in slices, with the loop run between them, every
 # other request and `/health` keep being served.
 _SLICE = 16 * 1024
-_UNBOUNDED = 1 << 62
 MAX_HEAD = 64 * 1024  # the default bound of a response's head (`limits.max_response_head_bytes`)
 
 
@@ -48,15 +43,10 @@ class UpstreamBroke(GatewayError):
         self.answered = answered
 
 
-class AnswerTooLarge(GatewayError):
-    """The body passed the bound its reader set (`H1Response.bound_body`); the message says which."""
-
-
 class H1Response:
     """One response being received on an `H1Connection`."""
 
-    __slots__ = ("conn", "status", "headers", "_chunks", "_size", "_ended", "_error", "_waiter", "_push", "_sliced",
-                 "received", "_max_body", "_over")
+    __slots__ = ("conn", "status", "headers", "_chunks", "_size", "_ended", "_error", "_waiter", "_push", "_sliced")
 
     def __init__(self, conn: H1Connection) -> None:
         self.conn = conn
@@ -69,9 +59,6 @@ class H1Response:
         self._waiter: asyncio.Future[None] | None = None
         self._push: Callable[[bytes], bool] | None = None
         self._sliced = False  # the last `readany` left bytes it had: the loop runs before the next
-        self.received = 0  # bytes of the body so far, however read (the bound counts them)
-        self._max_body = _UNBOUNDED
-        self._over = ""  # what the bound's error says
 
     # -- the protocol's side -------------------------------------------------------------------
 
@@ -167,13 +154,6 @@ class H1Response:
         if self._error is not None:
             raise self._error
         return self._ended and not self._chunks
-
-    def bound_body(self, max_bytes: int, why: str) -> None:
-        """From now on the body may be `max_bytes` long in all (what came before counts): past
-        it, the connection is closed and the reader gets `AnswerTooLarge(why)`."""
-        self._max_body, self._over = max_bytes, why
-        if self.received > max_bytes:
-            self.conn.over_bound(self)
 
     def unread(self, data: bytes) -> None:
         """Put back `data`, read already, to be read (or pushed) again first: a hedge's race
@@ -311,10 +291,6 @@ class H1Connection(asyncio.Protocol):
         resp = self._resp
         if resp is None or self._complete:
             return
-        got = resp.received = resp.received + len(body)
-        if got > resp._max_body:
-            self.over_bound(resp)
-            return
         push = resp._push
         if push is not None:
             try:
@@ -346,12 +322,6 @@ class H1Connection(asyncio.Protocol):
             self._head.set_exception(err)
         elif self._resp is not None:
             self._resp._end(err)
-
-    def over_bound(self, resp: H1Response) -> None:
-        """`resp`'s body passed its bound: its reader gets `AnswerTooLarge`, and the connection is
-        closed (the backend sees its client leave; nothing more of it is read)."""
-        resp._end(AnswerTooLarge(resp._over))
-        self.abort(resp)
 
     def pause(self) -> None:
         if not self._paused and self.transport is not None:

@@ -23,7 +23,7 @@ from tailguard.clock import monotonic
 from tailguard.errors import APIError
 from tailguard.config import LimitsConfig
 from tailguard.gateway.sink import Sink
-from tailguard.gateway.upstream.client import BROKEN, RelayError, Suspended, check_answer, stream_failure
+from tailguard.gateway.upstream.client import RelayError, Suspended, check_answer, stream_failure
 from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.upstream.resume import Transcript
 from tailguard.gateway.upstream.tally import Tally
@@ -34,7 +34,7 @@ from tailguard.wire.chunks import (
 )
 from tailguard.wire.framing import OPENAI, Cut, Framing
 from tailguard.wire.openai import Endpoint
-from tailguard.wire.sse import DONE, DONE_EVENT, SSEDecoder, SSEEvent, encode_event, events_of
+from tailguard.wire.sse import DONE, DONE_EVENT, EventTooLarge, SSEDecoder, SSEEvent, encode_event, events_of
 from tailguard.wire.token_ids import without_token_ids
 
 # What a stream may still send after its `[DONE]`, drained so its connection can be reused; past
@@ -87,7 +87,6 @@ class StreamRelay:
         than the backend writes) comes back here and takes `_emit`."""
         check_answer(up, self.tally.times.backend, stream=True)
         self.tally.start_run()
-        self.tally.hold(up, stream=True)
         self.held.clear()  # a failed attempt's preamble is not this one's
         self.held_bytes = 0
         try:
@@ -99,11 +98,12 @@ class StreamRelay:
             else:
                 await self._run_pushed(up)
         finally:
-            self.tally.end_run(up)
+            self.tally.end_run()
 
     async def _run_pushed(self, up: H1Response) -> None:
         self._dec = dec = SSEDecoder(self.limits.max_event_bytes)
-        sink, wd = self.sink, self.tally.watchdog
+        sink, tally = self.sink, self.tally
+        wd = tally.watchdog
         drained = 0
         step: Callable[[bytes], bool] | None = None
         try:
@@ -125,6 +125,7 @@ class StreamRelay:
                     break
                 now = monotonic()
                 wd.last_at = now
+                tally.read(len(data))
                 if self.ended:
                     drained += len(data)  # past [DONE]: drain so the connection can be reused
                     if drained > _DRAIN_BYTES:
@@ -133,7 +134,7 @@ class StreamRelay:
                 buf, ends = dec.frame(data)
                 if ends:
                     await self._emit(*self._scan(buf, ends), now)
-        except BROKEN as e:
+        except (UpstreamBroke, EventTooLarge) as e:
             if not self.ended:
                 raise stream_failure(e) from None
         await self._eof(dec)
@@ -153,19 +154,26 @@ class StreamRelay:
         """One piece of the body, in the connection's callback: read by the one rule of what
         its events carry (`_scan`), and a lone content chunk goes straight to the sink. False
         hands the rest back to `run` (`_pending`: what needs `_emit`; `_blocked`: the client must
-        drain first)."""
+        drain first). Its bytes count toward the answer's bound (`Tally.read`) unless it is one
+        whole content event of at most `Tally.event_bytes` read alone (the C step's own piece),
+        which the bound on content events holds instead."""
         now = monotonic()
-        self.tally.watchdog.last_at = now
+        tally = self.tally
+        tally.watchdog.last_at = now
         buf, ends = self._dec.frame(data)
         if not ends:
+            tally.read(len(data))
             return True  # part of an event: the decoder keeps it
         chunk, content, last = self._scan(buf, ends)
         if content == 1 and len(ends) == 1:
-            self.tally.content(now, 1)
+            if buf is not data or len(data) > tally.event_bytes:
+                tally.read(len(data))
+            tally.content(now, 1)
             if self.sink.write_nowait(chunk):
                 return True
             self._blocked = True
             return False
+        tally.read(len(data))
         self._pending = (chunk, content, last, now)
         return False
 
@@ -181,9 +189,10 @@ class StreamRelay:
                     raise Suspended()
                 now = clock()
                 wd.last_at = now
+                self.tally.read(len(data))
                 if not self.ended:
                     await self._emit(*self._track(dec.feed(data), prog), now)
-        except BROKEN as e:
+        except (UpstreamBroke, EventTooLarge) as e:
             if isinstance(e, UpstreamBroke) and prog.suspended and not self.ended:
                 raise Suspended() from None
             if not self.ended:

@@ -12,7 +12,6 @@ from tailguard.gateway.ops.metrics import ChunkHistogram
 from tailguard.gateway.request import Request
 from tailguard.gateway.upstream.bound import AnswerBound
 from tailguard.gateway.upstream.client import RelayError
-from tailguard.gateway.upstream.h1 import H1Response
 from tailguard.gateway.upstream.watchdog import DeadlineWatch
 from tailguard.types import FailureKind
 from tailguard.wire.chunks import Usage, finish_reasons, response_id
@@ -45,33 +44,44 @@ class Tally:
     # A traced request's chunks are scanned for how its answer ended (`answer_end`); an untraced
     # one's never are, so telemetry off costs the relay one attribute read per chunk.
     traced: bool = field(init=False)
-    # Content events an answer may carry (`bound.events`): the C step reads it once per run.
+    # The answer's bound as the C step reads it (once per run): the content events it may carry,
+    # and the largest lone content event the step passes on without counting its bytes.
     max_events: int = field(init=False)
+    event_bytes: int = field(init=False)
     cut: bool = False  # the answer passed its bound: its relay ends it as cut at its length
-    earlier_bytes: int = 0  # the body bytes of this request's earlier runs (all count toward the bound)
+    # Bytes of the answer counted so far, over every run, and what they may come to (`read`):
+    # set per run, a stream's bound or a non-stream answer's.
+    body_bytes: int = 0
+    max_body: int = field(init=False)
+    stream: bool = True
 
     def __post_init__(self) -> None:
         self.traced = self.times.trace is not None
-        self.max_events = self.bound.events
+        b = self.bound
+        self.max_events, self.event_bytes, self.max_body = b.events, b.event_bytes, b.stream_bytes
         if self.times.progress is not None:  # its text so far counts no more than the request allows
-            self.times.progress.most_tokens = self.bound.charged
+            self.times.progress.most_tokens = b.charged
 
-    def start_run(self) -> None:
+    def start_run(self, stream: bool = True) -> None:
+        """A run begins: `stream`, read for a stream (else for a non-stream answer, held whole)."""
         self.run_started = False
         self.empty_reads = 0
+        self.stream = stream
+        self.max_body = self.bound.byte_limit(stream)
 
-    def hold(self, up: H1Response, stream: bool) -> None:
-        """A run begins reading `up`: its body is bounded by what is left of the answer's bytes."""
-        bound = self.bound
-        up.bound_body(bound.byte_limit(stream) - self.earlier_bytes,
-                      f"Backend '{self.times.backend}' sent {bound.why_bytes(stream)}")
+    def read(self, n: int) -> None:
+        """`n` more bytes of the answer were read: past its bound, the attempt fails (the backend
+        broke the protocol: an answer larger than its request allows)."""
+        self.body_bytes += n
+        if self.body_bytes > self.max_body:
+            raise RelayError(FailureKind.PROTOCOL,
+                             f"Backend '{self.times.backend}' sent {self.bound.why_bytes(self.stream)}")
 
-    def end_run(self, up: H1Response) -> None:
-        """The run stopped reading (ended, failed or suspended): its bytes count for the next,
-        and what its engine reported or sent past the bound is charged as the bound."""
-        self.earlier_bytes += up.received
-        t, ct = self.times, self.usage.completion_tokens
-        if ct is None and t.content_chunks > self.bound.charged:  # no count of the engine's: the events
+    def end_run(self) -> None:
+        """The run stopped reading (ended, failed or suspended): what its engine sent past the
+        bound, without a count of its own, is charged as the bound."""
+        t = self.times
+        if self.usage.completion_tokens is None and t.content_chunks > self.bound.charged:
             self._overran(t.content_chunks)
 
     def counted(self) -> None:
@@ -119,8 +129,9 @@ class Tally:
         content chunk, the others none. The usual chunk (one, past the run's first) costs one
         test before its gap is counted: the relay calls this per chunk. Past the answer's bound
         nothing of the read is counted, and the attempt fails (`_cut`)."""
-        self.room(n)
         t = self.times
+        if t.content_chunks + n > self.max_events:
+            self._cut(t.content_chunks + n)
         t.content_chunks += n
         last, t.last_content_at = t.last_content_at, now
         if not self.run_started:

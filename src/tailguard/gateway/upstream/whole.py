@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 
 from tailguard.clock import monotonic
-from tailguard.gateway.upstream.client import BROKEN, RelayError, check_answer, stream_failure
-from tailguard.gateway.upstream.h1 import H1Response
+from tailguard.gateway.upstream.client import RelayError, check_answer, stream_failure
+from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.upstream.tally import Tally
 from tailguard.types import FailureKind
 from tailguard.wire.framing import ANSWER_USAGE
@@ -28,17 +28,17 @@ async def read_whole(up: H1Response, endpoint: Endpoint, tally: Tally) -> bytes:
     sends more than the bound, breaks off, or answers what is not the route's JSON."""
     backend = tally.times.backend
     check_answer(up, backend, stream=False)
-    tally.start_run()
-    tally.hold(up, stream=False)
+    tally.start_run(stream=False)
     out = bytearray()
     try:
         while data := await up.readany():
             tally.watchdog.last_at = monotonic()
+            tally.read(len(data))
             out += data
-    except BROKEN as e:
+    except UpstreamBroke as e:
         raise stream_failure(e) from None
     finally:
-        tally.end_run(up)
+        tally.end_run()
     tally.content(monotonic())
     try:
         obj = orjson.loads(out)
