@@ -117,13 +117,17 @@ async def one_case(route: str, stream: bool, case: str, cap_s: float, src: str |
             "last_bytes": last.decode("utf-8", "replace")[-300:]}
 
 
+def size(n: int) -> str:
+    return f"{n / MiB:,.1f} MiB" if n >= MiB else f"{n / 1024:,.1f} KiB" if n >= 1024 else f"{n} B"
+
+
 def table(rows: list[dict[str, Any]], cap_s: float) -> str:
     out = ["| route | stream | backend | gateway | status | relayed | ended after | RSS growth | metered output tokens | outcome |",
            "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         ended = f"{r['seconds']:.2f} s" if r["ended"] else f"not in {cap_s:g} s"
         out.append(f"| {r['route']} | {'yes' if r['stream'] else 'no'} | {r['case']} | {r['gateway']} | {r['status']} | "
-                   f"{r['relayed_bytes'] / MiB:,.2f} MiB | {ended} | {r['rss_growth_mib']:+.1f} MiB | "
+                   f"{size(r['relayed_bytes'])} | {ended} | {r['rss_growth_mib']:+.1f} MiB | "
                    f"{r['output_tokens'] if r['output_tokens'] is not None else '-'} | "
                    f"{r['outcome'] or '-'} {r['reason'] or ''} |")
     return "\n".join(out)
