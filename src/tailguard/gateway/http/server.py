@@ -52,7 +52,7 @@ class GatewayProtocol(RequestHandler):
     """aiohttp's request handler with a header deadline and a parser error in OpenAI's shape."""
 
     # aiohttp's handler has __slots__; these are this connection's own.
-    __slots__ = ("reserve_only", "_header_timer", "_header_timeout_s", "_gw", "_head_bytes")
+    __slots__ = ("reserve_only", "_header_timer", "_header_timeout_s", "_gw", "_head_bytes", "_body")
 
     def __init__(self, server: GatewayServer, *, header_timeout_s: float, **kwargs: Any) -> None:
         super().__init__(server, **kwargs)
@@ -61,6 +61,7 @@ class GatewayProtocol(RequestHandler):
         self._header_timeout_s = header_timeout_s
         self._gw = server
         self._head_bytes = 0  # of the head being received
+        self._body: Any = None  # the last head's payload (a StreamReader) while its body comes
 
     @property
     def idle(self) -> bool:
@@ -77,7 +78,7 @@ class GatewayProtocol(RequestHandler):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self.idle and self._keepalive:  # a head coming (not the rest of one refused): bounded in all
+        if self._in_head():  # bounded in all, up to its end when this read has it
             end = data.find(b"\r\n\r\n")
             self._head_bytes += len(data) if end < 0 else end + 4
             if self._head_bytes > MAX_HEAD_BYTES:
@@ -87,6 +88,7 @@ class GatewayProtocol(RequestHandler):
         super().data_received(data)
         if self._request_count != before:
             self._head_bytes = 0
+            self._body = self._messages[-1][1] if self._messages else None
             self._stop_header_clock()  # a whole head is in: the body has its own deadline
         elif self._current_request is None and self._header_timer is None:
             self._start_header_clock()  # the first bytes of a kept-alive connection's next request
@@ -104,6 +106,11 @@ class GatewayProtocol(RequestHandler):
         if self._current_request is None and self.transport is not None:
             self._gw.closed("header_timeout")
             self.force_close()
+
+    def _in_head(self) -> bool:
+        """The bytes coming are a head's: the last head's body (if any) has all come, and no
+        refused one is being answered (the rest of its head is not counted twice)."""
+        return self._keepalive and not self._force_close and (self._body is None or self._body.is_eof())
 
     def _refuse_head(self) -> None:
         """A head past its size: 431, counted, and the connection closed."""

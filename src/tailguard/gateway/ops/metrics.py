@@ -304,6 +304,7 @@ class GatewayMetrics:
     def add_backend(self, backend: str, kind: str, healthy: bool = True) -> None:
         """A backend the gateway serves from now on (at start, or added by a reload)."""
         self.backend_healthy.labels(backend).set(1 if healthy else 0)
+        self.overrun_tokens.labels(backend)  # at 0 from the start: rate() sees the first overrun
         self.set_kind(backend, kind)
 
     def forget_backend(self, backend: str) -> None:
