@@ -125,12 +125,12 @@ class StreamRelay:
                     break
                 now = monotonic()
                 wd.last_at = now
-                tally.read(len(data))
                 if self.ended:
                     drained += len(data)  # past [DONE]: drain so the connection can be reused
                     if drained > _DRAIN_BYTES:
                         return  # not worth it: the caller closes it
                     continue
+                tally.read(len(data))
                 buf, ends = dec.frame(data)
                 if ends:
                     await self._emit(*self._scan(buf, ends), now)
