@@ -19,7 +19,8 @@ import pytest
 from openai import AsyncOpenAI
 
 from tailguard.config import GatewayConfig
-from tailguard.gateway.http.app import ADMIN, LIVE, create_app, gateway_runner, reloader_of
+from tailguard.gateway.http.app import ADMIN, LIVE, _started, create_app, gateway_runner, reloader_of
+from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.store import ConfigStore
 from tailguard.sim.server import running_sim
 from tests.functional.gateways import classes, engine, gateway, until
@@ -61,6 +62,9 @@ async def test_a_batch_only_key_cannot_get_interactive_and_a_key_is_held_to_its_
         with pytest.raises(openai.PermissionDeniedError) as refused:
             await m_only.chat.completions.create(model="other", messages=CHAT, max_tokens=1)
         assert refused.value.code == "model_not_allowed"
+        with pytest.raises(openai.BadRequestError) as missing:  # no model named: not "may not use model None"
+            await m_only.post("/chat/completions", cast_to=object, body={"messages": CHAT, "max_tokens": 1})
+        assert missing.value.code == "missing_required_parameter" and "None" not in missing.value.message
 
         assert (await hashed.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=1)).choices
         async with client(gw.url, "sha256:" + hashlib.sha256(HASHED.encode()).hexdigest()) as digest_as_key:
@@ -69,6 +73,21 @@ async def test_a_batch_only_key_cannot_get_interactive_and_a_key_is_held_to_its_
         async with client(gw.url, "k" * 5000) as huge:
             with pytest.raises(openai.AuthenticationError):  # refused before it is hashed
                 await huge.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=1)
+
+
+async def test_a_key_sees_only_the_models_it_may_use() -> None:
+    """`/v1/models` and `/v1/models/{id}` answer a key limited to some models as if the others did
+    not exist (OpenAI's 404 for a model an organisation cannot access); an unlimited key sees all."""
+    keys = {"sk-fast": {"name": "fast-only", "allowed_models": ["fast"]}, "sk-all": {"name": "all"}}
+    async with asyncio.timeout(30), gateway(auth={"api_keys": keys}, aliases={"fast": "tailguard-sim"}) as gw, \
+            client(gw.url, "sk-fast") as fast, client(gw.url, "sk-all") as every:
+        assert sorted([m.id async for m in every.models.list()]) == ["fast", "tailguard-sim"]
+        assert [m.id async for m in fast.models.list()] == ["fast"]
+        assert (await fast.models.retrieve("fast")).id == "fast"
+        with pytest.raises(openai.NotFoundError) as hidden:
+            await fast.models.retrieve("tailguard-sim")
+        assert hidden.value.code == "model_not_found" and "tailguard-sim" not in hidden.value.message.split("Served")[1]
+        assert (await every.models.retrieve("tailguard-sim")).id == "tailguard-sim"
 
 
 async def test_concurrent_requests_never_spend_past_the_token_limit() -> None:
@@ -161,6 +180,29 @@ async def test_metrics_stay_open_on_loopback_by_default() -> None:
     async with asyncio.timeout(30), gateway(auth=auth) as gw, aiohttp.ClientSession() as s:
         assert (await get(s, gw.url + "/metrics", None))[0] == 200
         assert (await get(s, gw.url + "/config", "sk-app"))[0] == 403  # no admin key configured: nobody
+
+
+async def test_without_keys_the_admin_routes_answer_loopback_only(caplog: pytest.LogCaptureFixture) -> None:
+    """No key at all: `/admin/*` (reload, rollback, everyone's usage) from an address the gateway
+    does not count as loopback (127.0.0.2, its other addresses alike) is 403, from 127.0.0.1 it
+    answers; `/config` and `/metrics` stay open. Listening beyond loopback says so at start."""
+    async with asyncio.timeout(30), gateway() as gw, \
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))) as elsewhere, \
+            aiohttp.ClientSession() as here:
+        for path in ("/admin/usage", "/admin/config"):
+            status, text = await get(elsewhere, gw.url + path, None)
+            assert status == 403 and "admin_key_required" in text
+            assert (await get(here, gw.url + path, None))[0] == 200
+        async with elsewhere.post(gw.url + "/admin/reload") as r:
+            assert r.status == 403
+        for path in ("/config", "/metrics", "/health"):
+            assert (await get(elsewhere, gw.url + path, None))[0] == 200
+    caplog.set_level(logging.WARNING, logger="tailguard.gateway")
+    cfg = GatewayConfig.model_validate({"host": "0.0.0.0", "backends": [{"name": "a", "url": "http://127.0.0.1:9"}]})
+    _started(cfg, Live.of(cfg), "http://0.0.0.0:8000")
+    _started(cfg.model_copy(update={"host": "127.0.0.1"}), Live.of(cfg), "http://127.0.0.1:8000")
+    said = [r.getMessage() for r in caplog.records if "no API keys" in r.getMessage()]
+    assert len(said) == 1 and "answer loopback clients only" in said[0]
 
 
 PROMPT_MARK = "zebra-umbrella-4417"  # a prompt's text, to look for in the logs

@@ -170,7 +170,9 @@ def rollback(to: Optional[int] = typer.Option(None, "--to", help="Config number 
              write: bool = typer.Option(False, "--write", help="Also put the restored settings in the --config file, "
                                         "keeping its comments and layout (the file as it was is kept beside it, as "
                                         "FILE.bak)."),
-             config: Optional[Path] = _CONFIG, state_dir: Optional[Path] = _STATE) -> None:
+             config: Optional[Path] = _CONFIG, state_dir: Optional[Path] = _STATE,
+             force: bool = typer.Option(False, "--force", help="Apply it even if it weakens the gateway's guard "
+                                        "(as `reload --force`).")) -> None:
     """Return the running gateway to the known-good baseline (or config N), live: queued and
     running requests are kept. Says when the --config file still holds the change, which the next
     reload or restart would bring back."""
@@ -191,7 +193,7 @@ def rollback(to: Optional[int] = typer.Option(None, "--to", help="Config number 
             raise ConfigError(f"{config} reads its keys from auth.api_keys_file, and config {entry.n} holds them as "
                               "keys: --write would copy them into the config. Roll back without --write and edit "
                               "the file by hand.")
-        _signal_and_wait(store, {"n": entry.n, "how": f"rollback to {entry.n}"})
+        _signal_and_wait(store, {"n": entry.n, "how": f"rollback to {entry.n}", "force": force})
         if config is not None:
             _settle_file(config, entry, write)
     except ConfigError as e:
@@ -247,14 +249,15 @@ def _write_into(config: Path, entry: Entry) -> None:
 
 
 def reload(config: Optional[Path] = _CONFIG, state_dir: Optional[Path] = _STATE,
-           allow_auth_change: bool = typer.Option(
-               False, "--allow-auth-change",
-               help="Apply the file even if it removes every API key (auth off); refused otherwise.")) -> None:
+           force: bool = typer.Option(
+               False, "--force", "--allow-auth-change",
+               help="Apply the file even if it weakens the gateway's guard (removes every API key, more than half "
+               "of them or every admin key, or opens /metrics to everyone); refused otherwise, saying why.")) -> None:
     """Make the running gateway read its --config file again (as SIGHUP does), and say how it went."""
     from tailguard.errors import ConfigError
 
     try:
-        _signal_and_wait(_store(config, state_dir), {"how": "reload", "allow_auth_change": allow_auth_change})
+        _signal_and_wait(_store(config, state_dir), {"how": "reload", "force": force})
     except ConfigError as e:
         _fail(str(e))
 

@@ -41,6 +41,7 @@ from tailguard.gateway.request import Request
 from tailguard.gateway.sink import ClientGone, Sink
 from tailguard.gateway.stored import ResponseHomes
 from tailguard.gateway.upstream.assemble import Assembler
+from tailguard.gateway.upstream.bound import AnswerBound
 from tailguard.gateway.upstream.client import RelayError, Suspended, Upstream, UpstreamStatus, upstream_body
 from tailguard.gateway.upstream.h1 import H1Response
 from tailguard.gateway.upstream.kinds import get_kind
@@ -145,8 +146,11 @@ class Exchange:
         self._limits = ctx.live.cfg.limits
         self._wd = line.watchdog = DeadlineWatch(ctx.loop, ctx.clock, total_at=req.bound_at + to.total_s,
                                                  idle_s=to.idle_s)
+        bound = AnswerBound.of(job.capped.max_tokens, job.parsed.n, len(job.raw), self._limits)
         # Across attempts and runs.
-        self._tally = Tally(req, self._wd, ctx.metrics.cls(job.cls.name).itl, ctx.clock, line.trace is not None)
+        self._tally = Tally(req, self._wd, ctx.metrics.cls(job.cls.name).itl, ctx.clock, line.trace is not None, bound)
+        if line.transcript is not None:  # its text so far counts no more than the request allows
+            line.transcript.most_tokens = bound.charged
         self._stream: StreamRelay | None = None
         self._asm: Assembler | None = None  # kept across the runs of a preemptible request
         self._resumed: dict[str, Any] | None = None  # the continuation body after a suspension
@@ -273,7 +277,7 @@ class Exchange:
             job.raw, job.capped.body if resumed is None else resumed, client_stream=job.parsed.stream,
             client_usage=job.parsed.include_usage, body_changed=job.capped.body_changed or resumed is not None,
             backend=backend, rank=job.cls.rank, count_tokens=transcript is not None, endpoint=job.endpoint,
-            dropped=self.ctx.upstream.refusals.dropped(backend.name),
+            dropped=self.ctx.upstream.refusals.dropped(backend.name), own_priority=job.capped.own_priority,
         )
 
     def _refused_field(self, backend: BackendConfig, us: UpstreamStatus) -> bool:
@@ -375,7 +379,7 @@ class Exchange:
         return self._ok(self._asm.text() if self.ctx.keep_text else None)
 
     async def _answer_whole(self, up: H1Response) -> Ending:
-        payload = await read_whole(up, self.job.endpoint, self._tally, self._limits)
+        payload = await read_whole(up, self.job.endpoint, self._tally)
         up.release()
         self._finish_tokens()
         await self.sink.answer(payload, response_headers(self.req))

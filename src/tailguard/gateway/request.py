@@ -54,6 +54,7 @@ class Request:
     prompt_tokens: int = 0
     output_tokens: int = 0
     output_estimated: bool = False  # counted from content chunks: the engine never said
+    overrun_tokens: int = 0  # what its backend sent or counted past what it asked, not charged (`Tally`)
     content_chunks: int = 0
     # What the answer said of its end, read only for a traced request (its span's
     # gen_ai.response.finish_reasons and gen_ai.response.id; `Tally.answer_end`).

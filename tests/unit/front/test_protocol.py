@@ -42,7 +42,8 @@ CASES = [
     (K.TIMEOUT_FIRST_TOKEN, False, True, None, False),  # the engine took it: it may be working
     (K.TIMEOUT_IDLE, False, True, None, False),
     (K.TIMEOUT_TOTAL, False, True, None, False),
-    (K.PROTOCOL, False, True, None, False),
+    (K.PROTOCOL, False, True, "other", True),  # not what was asked (a gzip JSON to a stream): broken there
+    (K.PROTOCOL, True, True, None, True),  # past its max_tokens mid-answer: cut, and the backend is broken
     (K.STREAM_ERROR, False, True, None, False),
     (K.RESET, True, True, None, False),  # some of the answer reached the consumer: never again
     (K.CONNECT, True, False, None, True),

@@ -11,12 +11,13 @@ to its `AppRunner` too, or a departed client is noticed only at the next write.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import signal
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 import orjson
 from aiohttp import web
@@ -278,20 +279,27 @@ async def _metrics(request: web.Request) -> web.Response:
 async def _models(request: web.Request) -> web.Response:
     # Keys guard the model list as they guard generation (vLLM's --api-key does the same), so a
     # client with a wrong key learns it from its first call, not from its first generation.
-    request.app[LIFECYCLE].classes.authenticate(bearer_key(request.headers))
-    models = fleet_models(request.app[LIVE].cfg, await request.app[PROBES].known_models())
+    models = await _visible_models(request)
     return web.Response(body=orjson.dumps({"object": "list", "data": models}), content_type="application/json")
 
 
 async def _model(request: web.Request) -> web.Response:
     """One model's object (`client.models.retrieve`), or OpenAI's 404."""
-    request.app[LIFECYCLE].classes.authenticate(bearer_key(request.headers))
-    models = fleet_models(request.app[LIVE].cfg, await request.app[PROBES].known_models())
+    models = await _visible_models(request)
     try:
         body = one_model(models, request.match_info["model"])
     except APIError as err:
         return error_response(err)
     return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+
+async def _visible_models(request: web.Request) -> list[dict[str, Any]]:
+    """The fleet's models this request's key may use (401 for a key the gateway does not know)."""
+    classes, key = request.app[LIFECYCLE].classes, bearer_key(request.headers)
+    classes.authenticate(key)
+    spec = classes.intake.key(key)
+    return fleet_models(request.app[LIVE].cfg, await request.app[PROBES].known_models(),
+                        None if spec is None else spec.allowed_models)
 
 
 async def _config(request: web.Request) -> web.Response:
@@ -414,13 +422,25 @@ def _say_what_it_finds(cfg: GatewayConfig) -> None:
 
 
 def _started(cfg: GatewayConfig, live: Live, url: str) -> None:
-    """The start line: where it listens, which config (number and hash), its backends, auth."""
+    """The start line: where it listens, which config (number and hash), its backends, auth; and
+    a warning when it listens beyond loopback with no key at all."""
     names = ", ".join(f"{b.name}={b.url}" for b in cfg.backends)
     log.info("tailguard gateway listening on %s (%s; backends: %s)", url, cfg.scheduler.policy, names,
              extra={"event": "start", "fields": {
                  "url": url, "config": {"n": live.n, "hash": live.hash}, "auth": bool(cfg.auth.api_keys),
                  "backends": [{"name": b.name, "url": b.url, "kind": b.kind, "max_concurrency": b.max_concurrency}
                               for b in cfg.backends]}})
+    if not cfg.auth.api_keys and not cfg.auth.admin_keys and not _loopback(cfg.host):
+        log.warning("listening on %s with no API keys: anyone who reaches it may call every API route, /config and "
+                    "/metrics; the admin routes (/admin/*: reload, rollback, usage) answer loopback clients only. "
+                    "Set auth.api_keys and auth.admin_keys", cfg.host, extra={"event": "auth", "fields": {"host": cfg.host}})
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _handle_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event,

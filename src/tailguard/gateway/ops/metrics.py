@@ -63,6 +63,7 @@ HEALTH_CHANGES = ("unhealthy", "healthy", "ejected", "readmitted")  # tailguard_
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 _access_log = logging.getLogger(ACCESS_LOGGER)
+log = logging.getLogger("tailguard.gateway")
 
 
 class ChunkHistogram:
@@ -221,6 +222,8 @@ class GatewayMetrics:
         self.connections_closed = f["tailguard_connections_closed"]
         self.rejected = f["tailguard_rejected"]
         self.upstream_errors = f["tailguard_upstream_errors"]
+        self.overrun_tokens = f["tailguard_upstream_overrun_tokens"]
+        self._overran: set[str] = set()  # backends whose overrun was logged (once each)
         self.retries = f["tailguard_retries"]
         self.retries_denied = f["tailguard_retries_denied"]
         self.requests = f["tailguard_requests"]
@@ -269,6 +272,16 @@ class GatewayMetrics:
             u = self._genai[op, provider] = GenAIUsage(self, op, provider, INPUT_MODALITY.get(endpoint, "unknown"))
         return u
 
+    def overran(self, t: Request) -> None:
+        """A request's backend sent or counted tokens past what it asked (`Tally`): counted, and
+        said once per backend (a broken backend repeats itself; the counter counts each)."""
+        self.overrun_tokens.labels(t.backend).inc(t.overrun_tokens)
+        if t.backend not in self._overran:
+            self._overran.add(t.backend)
+            log.warning("backend %s generated %d tokens past what request %s asked; its caller was charged the "
+                        "request's max_tokens (said once; tailguard_upstream_overrun_tokens_total counts each)",
+                        t.backend, t.overrun_tokens, t.request_id)
+
     def cls(self, name: str) -> ClassMetrics:
         c = self._classes.get(name)
         if c is None:
@@ -295,6 +308,7 @@ class GatewayMetrics:
     def add_backend(self, backend: str, kind: str, healthy: bool = True) -> None:
         """A backend the gateway serves from now on (at start, or added by a reload)."""
         self.backend_healthy.labels(backend).set(1 if healthy else 0)
+        self.overrun_tokens.labels(backend)  # at 0 from the start: rate() sees the first overrun
         self.set_kind(backend, kind)
 
     def forget_backend(self, backend: str) -> None:
@@ -419,6 +433,8 @@ def record_finish(m: GatewayMetrics, t: Request) -> None:
         c.prompt_tokens.inc(prompt)
     if t.output_tokens:
         c.output_tokens.inc(t.output_tokens)
+    if t.overrun_tokens:
+        m.overran(t)
     if t.caller is not None:
         caller = m.caller_label(t.caller)  # `other` past the first callers seen: bounded series
         m.caller_requests.labels(caller, outcome.value).inc()
@@ -463,6 +479,8 @@ def access_log(t: Request, *, method: str, path: str, logged_text: bool = False)
         rec["caller"] = t.caller
     if t.output_estimated:
         rec["output_tokens_estimated"] = True
+    if t.overrun_tokens:
+        rec["overrun_tokens"] = t.overrun_tokens
     if logged_text:
         if t.prompt_text is not None:
             rec["prompt"] = t.prompt_text

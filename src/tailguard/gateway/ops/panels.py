@@ -116,6 +116,10 @@ PANELS: tuple[Panel, ...] = (
           (Query(f"max by (backend, state) (tailguard_backend_engine_requests{{{B}}})", "{{backend}} {{state}}"),)),
     Panel("Backends and fleet", "Upstream errors", "reqps", "Failed attempts by backend and how they failed.",
           (Query(_rate("tailguard_upstream_errors_total", "backend, kind", B), "{{backend}} {{kind}}"),)),
+    Panel("Backends and fleet", "Tokens past max_tokens", "short",
+          "Tokens a backend generated, or said it generated, past what its requests asked (n x max_tokens), "
+          "charged to nobody: above 0, it ignores max_tokens or counts differently from the gateway.",
+          (Query(_rate("tailguard_upstream_overrun_tokens_total", "backend", B), "{{backend}}"),)),
     Panel("Backends and fleet", "Health changes and ejections", "short",
           "Each backend's health changes (probes: unhealthy/healthy; passive: ejected/readmitted) and its "
           "ejections by the last failure, over the window: a flapping backend shows here first.",

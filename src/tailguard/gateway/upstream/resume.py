@@ -47,6 +47,9 @@ class Transcript:
 
     parts: list[str] = field(default_factory=list)
     tokens: int = 0  # content chunks relayed, over every run: the generated-token count
+    # The most `tokens` counts: what the request allows (`gateway.upstream.bound`, set by its
+    # tally); a backend that sends or counts more is not believed, nor charged for.
+    most_tokens: int = 1 << 62
     base_tokens: int = 0  # tokens generated before the current run
     added_prompt_tokens: int = 0  # estimated tokens the current run's continuation added to the prompt
     # The first run's prompt as its engine counted it, where the engine puts a running usage on
@@ -82,7 +85,7 @@ class Transcript:
         self.parts.append(text)
         if self.runs == 1 and run_prompt_tokens is not None:
             self.prompt_tokens = run_prompt_tokens
-        self.tokens = self.base_tokens + run_tokens if run_tokens is not None else self.tokens + 1
+        self.tokens = min(self.most_tokens, self.base_tokens + run_tokens if run_tokens is not None else self.tokens + 1)
 
     def run_on(self, gives_ids: bool, client_ids: bool) -> None:
         """A run starts on a backend that returns token ids (`gives_ids`) or not: the ids stay
