@@ -34,7 +34,7 @@ not change during a run.
 /* Attribute names, interned once. */
 static PyObject *s_buf, *s_started, *s_run_started, *s_last_content_at, *s_content_chunks, *s_last_at,
     *s_closing, *s_paused, *s_blocked, *s_progress, *s_chunk, *s_write_nowait, *s_lo, *s_hi, *s_i,
-    *s_counts, *s_sum, *s_observe, *s_write, *s_watchdog, *s_times, *s_itl, *s_max_events, *s_event_bytes, *s_one;
+    *s_counts, *s_sum, *s_observe, *s_write, *s_watchdog, *s_request, *s_itl, *s_max_events, *s_event_bytes, *s_one;
 
 /* ---- the content test (wire/chunks.py) --------------------------------------------------- */
 
@@ -180,7 +180,7 @@ static int field_add(Field *f, PyObject *x)
 enum {
     DEC_BUF, DEC_STARTED,                          /* SSEDecoder: a kept partial event; past the BOM */
     RUN_STARTED,                                   /* Tally: this run has had content */
-    LAST_CONTENT_AT, CONTENT_CHUNKS,               /* Request (the tally's `times`) */
+    LAST_CONTENT_AT, CONTENT_CHUNKS,               /* Request (the tally's `request`) */
     LAST_AT,                                       /* DeadlineWatch */
     PROGRESS, BLOCKED,                             /* StreamRelay */
     ITL_LO, ITL_HI, ITL_I, ITL_COUNTS, ITL_SUM,    /* ChunkHistogram: the last bucket, counts, sum */
@@ -190,7 +190,7 @@ enum {
 
 typedef struct {
     PyObject_HEAD
-    PyObject *relay, *clock, *dec, *tally, *watchdog, *times, *itl, *sink;
+    PyObject *relay, *clock, *dec, *tally, *watchdog, *request, *itl, *sink;
     PyObject *conn, *write;  /* the lean connection and its transport's `write`; NULL: `sink.write_nowait` */
     Py_ssize_t max_events, event_bytes;  /* `tally.max_events`, `tally.event_bytes`: fixed for the request */
     Py_ssize_t chunks;  /* the record's `content_chunks` as `usual` read it, for `count` */
@@ -387,7 +387,7 @@ static void bind_fields(ChunkStep *s)
 {
     const struct { int field; PyObject *obj, *name; } binds[] = {
         {DEC_BUF, s->dec, s_buf}, {DEC_STARTED, s->dec, s_started}, {RUN_STARTED, s->tally, s_run_started},
-        {LAST_CONTENT_AT, s->times, s_last_content_at}, {CONTENT_CHUNKS, s->times, s_content_chunks},
+        {LAST_CONTENT_AT, s->request, s_last_content_at}, {CONTENT_CHUNKS, s->request, s_content_chunks},
         {LAST_AT, s->watchdog, s_last_at}, {PROGRESS, s->relay, s_progress}, {BLOCKED, s->relay, s_blocked},
         {ITL_LO, s->itl, s_lo}, {ITL_HI, s->itl, s_hi}, {ITL_I, s->itl, s_i}, {ITL_COUNTS, s->itl, s_counts},
         {ITL_SUM, s->itl, s_sum}, {CLOSING, s->conn, s_closing}, {PAUSED, s->conn, s_paused},
@@ -409,17 +409,17 @@ static int step_init(PyObject *op, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_ValueError, "ChunkStep: conn and transport go together");
         return -1;
     }
-    PyObject *watchdog = PyObject_GetAttr(tally, s_watchdog), *times = PyObject_GetAttr(tally, s_times),
+    PyObject *watchdog = PyObject_GetAttr(tally, s_watchdog), *request = PyObject_GetAttr(tally, s_request),
              *itl = PyObject_GetAttr(tally, s_itl), *max_events = PyObject_GetAttr(tally, s_max_events),
              *event_bytes = PyObject_GetAttr(tally, s_event_bytes), *write = NULL;
     Py_ssize_t bound = max_events == NULL ? -1 : PyLong_AsSsize_t(max_events);
     Py_ssize_t per_event = event_bytes == NULL ? -1 : PyLong_AsSsize_t(event_bytes);
     Py_XDECREF(max_events);
     Py_XDECREF(event_bytes);
-    if (watchdog == NULL || times == NULL || itl == NULL || ((bound == -1 || per_event == -1) && PyErr_Occurred())
+    if (watchdog == NULL || request == NULL || itl == NULL || ((bound == -1 || per_event == -1) && PyErr_Occurred())
         || (transport != Py_None && (write = PyObject_GetAttr(transport, s_write)) == NULL)) {
         Py_XDECREF(watchdog);
-        Py_XDECREF(times);
+        Py_XDECREF(request);
         Py_XDECREF(itl);
         return -1;
     }
@@ -430,7 +430,7 @@ static int step_init(PyObject *op, PyObject *args, PyObject *kwds)
     Py_XSETREF(s->tally, Py_NewRef(tally));
     Py_XSETREF(s->sink, Py_NewRef(sink));
     Py_XSETREF(s->watchdog, watchdog);
-    Py_XSETREF(s->times, times);
+    Py_XSETREF(s->request, request);
     Py_XSETREF(s->itl, itl);
     Py_XSETREF(s->conn, conn == Py_None ? NULL : Py_NewRef(conn));
     Py_XSETREF(s->write, write);
@@ -442,7 +442,7 @@ static int step_init(PyObject *op, PyObject *args, PyObject *kwds)
 }
 
 /* Every object the step holds, for the collector: each visited, or each cleared. */
-#define STEP_REFS(X) X(relay) X(clock) X(dec) X(tally) X(watchdog) X(times) X(itl) X(sink) X(conn) X(write)
+#define STEP_REFS(X) X(relay) X(clock) X(dec) X(tally) X(watchdog) X(request) X(itl) X(sink) X(conn) X(write)
 #define VISIT(name) Py_VISIT(((ChunkStep *)op)->name);
 #define CLEAR(name) Py_CLEAR(((ChunkStep *)op)->name);
 
@@ -511,7 +511,7 @@ static int intern_names(void)
         {&s_closing, "closing"}, {&s_paused, "paused"}, {&s_blocked, "_blocked"}, {&s_progress, "progress"},
         {&s_chunk, "_chunk"}, {&s_write_nowait, "write_nowait"}, {&s_lo, "_lo"}, {&s_hi, "_hi"}, {&s_i, "_i"},
         {&s_counts, "counts"}, {&s_sum, "sum"}, {&s_observe, "observe"}, {&s_write, "write"},
-        {&s_watchdog, "watchdog"}, {&s_times, "times"}, {&s_itl, "itl"}, {&s_max_events, "max_events"},
+        {&s_watchdog, "watchdog"}, {&s_request, "request"}, {&s_itl, "itl"}, {&s_max_events, "max_events"},
         {&s_event_bytes, "event_bytes"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)

@@ -46,7 +46,7 @@ from tailguard.wire import chunks
 from tailguard.wire.chunks import has_content_py
 from tailguard.wire.framing import OPENAI
 from tailguard.wire.sse import DONE_EVENT, encode_event
-from tests.unit.gateway.test_stream import Backend, Backends, _parked, _times, backends
+from tests.unit.gateway.test_stream import Backend, Backends, _parked, _request, backends
 
 __all__ = ["backends"]  # the fixture, shared with test_stream.py
 
@@ -300,8 +300,8 @@ async def relay_once(backends: Backends, make_client: MakeClient, reads: list[by
         wd = DeadlineWatch(loop, monotonic, total_at=monotonic() + 3600, idle_s=3600)
         wd.start_attempt(first_token_at=monotonic() + 3600)
         stack.callback(wd.stop)
-        times = _times()
-        tally = Tally(times, wd, ChunkHistogram((0.001, 0.01, 0.1, 1.0)), SeededClock(seed),  # the relay's clock
+        req = _request()
+        tally = Tally(req, wd, ChunkHistogram((0.001, 0.01, 0.1, 1.0)), SeededClock(seed),  # the relay's clock
                       bound=bound or AnswerBound())
         relay = StreamRelay(sink, "chat", tally, True, lambda: {}, limits, framing=framing)
         backend: Backend = await backends()
@@ -318,11 +318,11 @@ async def relay_once(backends: Backends, make_client: MakeClient, reads: list[by
         if not relay.ended:
             await sink.end(b"")  # (the exchange would end it with an error event)
         h, u = relay.tally.itl, relay.tally.usage
-        return {"client": await client(), "raised": repr(raised[0]), "content_chunks": times.content_chunks,
-                "first_content_at": times.first_content_at, "last_content_at": times.last_content_at,
+        return {"client": await client(), "raised": repr(raised[0]), "content_chunks": req.content_chunks,
+                "first_content_at": req.first_content_at, "last_content_at": req.last_content_at,
                 "itl": (list(h.counts), h.sum, h._i, h._lo, h._hi), "usage": (u.prompt_tokens, u.completion_tokens),
                 "ended": relay.ended, "upstream_error": relay.upstream_error, "last_at": wd.last_at,
-                "python_calls": calls, "reads": len(reads), "cut": tally.cut, "overrun": times.overrun_tokens,
+                "python_calls": calls, "reads": len(reads), "cut": tally.cut, "overrun": req.overrun_tokens,
                 "body_bytes": tally.body_bytes}
 
 
@@ -414,6 +414,6 @@ async def test_an_answer_past_the_bytes_its_max_tokens_allows_is_cut_the_same_by
 @needs_c
 def test_a_step_needs_its_transport_with_its_connection() -> None:
     with pytest.raises(ValueError, match="go together"):
-        speedups.ChunkStep(None, monotonic, None, Tally(_times(), None, ChunkHistogram((1.0,)), monotonic),  # type: ignore[union-attr, arg-type]
+        speedups.ChunkStep(None, monotonic, None, Tally(_request(), None, ChunkHistogram((1.0,)), monotonic),  # type: ignore[union-attr, arg-type]
                            None, object(), None)
 

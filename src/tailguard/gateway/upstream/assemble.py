@@ -41,7 +41,7 @@ class Assembler:
     async def run(self, up: H1Response) -> bytes:
         """Assemble until the upstream ends. A preemptible request's assembler outlives a
         suspension (`Suspended`) and keeps accumulating over the resumed run."""
-        check_answer(up, self.tally.times.backend, stream=True)
+        check_answer(up, self.tally.request.backend, stream=True)
         self.tally.start_run(stream=False)
         try:
             done = await self._read(up)
@@ -54,7 +54,7 @@ class Assembler:
         if error is not None:
             raise RelayError(FailureKind.STREAM_ERROR, str(error.get("message", "upstream error")))
         if not self.chunks:
-            raise RelayError(FailureKind.PROTOCOL, f"Backend '{self.tally.times.backend}' ended its stream without "
+            raise RelayError(FailureKind.PROTOCOL, f"Backend '{self.tally.request.backend}' ended its stream without "
                              "a chunk")
         if prog is not None:
             usage = self.tally.usage
@@ -118,7 +118,7 @@ class Assembler:
         """The joined body with the usage the gateway counted: over every run of a resumed
         request, and estimated where the engine sent none."""
         out = self.joiner.finish()
-        usage, t = self.tally.usage, self.tally.times
+        usage, t = self.tally.usage, self.tally.request
         pt = usage.prompt_tokens if usage.prompt_tokens is not None else t.prompt_tokens
         ct = usage.completion_tokens if usage.completion_tokens is not None else t.content_chunks
         out["usage"] = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}

@@ -84,7 +84,7 @@ class StreamRelay:
         relayed by `_chunk` from the connection's own callback (`H1Response.push`): no task is
         woken per chunk. Anything else (the preamble, usage, the end, a client that reads slower
         than the backend writes) comes back here and takes `_emit`."""
-        check_answer(up, self.tally.times.backend, stream=True)
+        check_answer(up, self.tally.request.backend, stream=True)
         self.tally.start_run()
         self.held.clear()  # a failed attempt's preamble is not this one's
         self.held_bytes = 0
@@ -328,7 +328,7 @@ class StreamRelay:
             if chunk:
                 self.held.append(chunk)
                 self.held_bytes += len(chunk)
-            if tally.times.first_content_at is None and not last:
+            if tally.request.first_content_at is None and not last:
                 self._bound_preamble(now)
                 return
             first = b"".join(self.held)
@@ -370,7 +370,7 @@ class StreamRelay:
         last = self.framing.error_event(err)
         tally = self.tally
         if tally.cut:
-            t, bound = tally.times, tally.bound
+            t, bound = tally.request, tally.bound
             cut = Cut(t.request_id, t.model or "", bound.n, bound.charged, chat=self.endpoint == "chat")
             last = self.framing.cut_event(cut) + last
         await self._end(last)

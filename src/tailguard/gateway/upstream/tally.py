@@ -23,7 +23,7 @@ MAX_CHOICES = 128  # finish reasons kept per request (OpenAI's `n` is at most 12
 
 @dataclass(slots=True)
 class Tally:
-    """Counts content chunks into `times` and `itl`, and ends the watchdog's first-token phase.
+    """Counts content chunks into `request` and `itl`, and ends the watchdog's first-token phase.
 
     It outlives a suspension: a resumed run's first chunk is not a first token for the request
     (its gap since the last chunk before the suspension is an ITL sample), but it is for the
@@ -33,7 +33,7 @@ class Tally:
     and a count the engine reports past it is charged as the bound (the rest is the record's
     `overrun_tokens`, the backend's fault)."""
 
-    times: Request  # the request's record: the chunk facts are written here only
+    request: Request  # the request's record: the chunk facts are written here only
     watchdog: DeadlineWatch
     itl: ChunkHistogram
     clock: Now  # the gateway's one clock: every path that reads the stream reads it here
@@ -79,12 +79,12 @@ class Tally:
         self.body_bytes += n
         if self.body_bytes > self.max_body:
             raise RelayError(FailureKind.PROTOCOL,
-                             f"Backend '{self.times.backend}' sent {self.bound.why_bytes(self.stream)}")
+                             f"Backend '{self.request.backend}' sent {self.bound.why_bytes(self.stream)}")
 
     def end_run(self) -> None:
         """The run stopped reading (ended, failed or suspended): what its engine sent past the
         bound, without a count of its own, is charged as the bound."""
-        t = self.times
+        t = self.request
         if self.usage.completion_tokens is None and t.content_chunks > self.bound.charged:
             self._overran(t.content_chunks)
 
@@ -98,13 +98,13 @@ class Tally:
 
     def room(self, n: int) -> None:
         """`n` more content events fit in the answer's bound, or the attempt fails (`_cut`)."""
-        events = self.times.content_chunks + n
+        events = self.request.content_chunks + n
         if events > self.max_events:
             self._cut(events)
 
     def _overran(self, generated: int) -> None:
         charged = self.bound.charged
-        self.times.overrun_tokens = max(self.times.overrun_tokens, generated - charged)
+        self.request.overrun_tokens = max(self.request.overrun_tokens, generated - charged)
         self.usage.completion_tokens = charged
 
     def _cut(self, events: int) -> None:
@@ -112,7 +112,7 @@ class Tally:
         is charged the most the request allows."""
         self.cut = True
         self._overran(events)
-        raise RelayError(FailureKind.PROTOCOL, f"Backend '{self.times.backend}' sent "
+        raise RelayError(FailureKind.PROTOCOL, f"Backend '{self.request.backend}' sent "
                          f"{self.bound.why_tokens(events, 'content events')}; the answer was cut there")
 
     def no_content(self, now: float, limits: LimitsConfig) -> None:
@@ -133,7 +133,7 @@ class Tally:
         content chunk, the others none. The usual chunk (one, past the run's first) costs one
         test before its gap is counted: the relay calls this per chunk. Past the answer's bound
         nothing of the read is counted, and the attempt fails (`_cut`)."""
-        t = self.times
+        t = self.request
         if t.content_chunks + n > self.max_events:
             self._cut(t.content_chunks + n)
         t.content_chunks += n
@@ -153,7 +153,7 @@ class Tally:
     def answer_end(self, data: bytes, start: int, end: int) -> None:
         """A traced request's event(s) in data[start:end]: the response id (from the first event
         that has one) and each choice's finish reason, onto the record."""
-        t = self.times
+        t = self.request
         if t.response_id is None:
             t.response_id = response_id(data, start, end)
         if len(t.finish_reasons) < MAX_CHOICES:

@@ -25,7 +25,7 @@ _SHAPES: dict[Endpoint, tuple[str, str]] = {"responses": ("object", "response"),
 async def read_whole(up: H1Response, endpoint: Endpoint, tally: Tally) -> bytes:
     """The answer's bytes; its usage goes into `tally`. Raises `RelayError` when the backend
     sends more than the bound, breaks off, or answers what is not the route's JSON."""
-    backend = tally.times.backend
+    backend = tally.request.backend
     check_answer(up, backend, stream=False)
     tally.start_run(stream=False)
     out = bytearray()
