@@ -157,7 +157,7 @@ async def test_a_head_past_its_bounds_is_a_431_on_either_server(what: str, path:
 async def test_a_large_body_on_a_connection_aiohttp_holds_is_no_head() -> None:
     """A body of 300 KB sent in pieces after its head, on a kept-alive connection aiohttp serves:
     its bytes are the body's, not a head's (counted as one, it was a 431 half way)."""
-    body = orjson.dumps({"model": "m", "input": "hello " * 50_000})
+    body = orjson.dumps({"model": "tailguard-sim", "input": "hello " * 50_000})
     async with asyncio.timeout(20), gateway() as gw:
         reader, writer = await _open(gw.url)
         for _ in range(2):
