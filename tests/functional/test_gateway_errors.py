@@ -81,7 +81,9 @@ async def test_upstream_4xx_is_passed_back_with_its_body() -> None:
 
 
 async def test_dead_backend_is_retried_on_the_other_one() -> None:
-    dead = BackendConfig(name="dead", url=dead_url(), kind="sim")
+    # Said to serve the model: one whose models are not known yet is tried only after those known to
+    # serve it (the simulator, once its /v1/models is read), and the race with that read decided the test.
+    dead = BackendConfig(name="dead", url=dead_url(), kind="sim", models=["tailguard-sim"])
     async with asyncio.timeout(20), gateway(extra_backends=[dead]) as gw, gw.client() as c:
         raw = await c.chat.completions.with_raw_response.create(model="tailguard-sim", messages=CHAT, max_tokens=3)
         s = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=3, stream=True)
