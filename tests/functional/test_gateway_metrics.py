@@ -23,7 +23,8 @@ CHAT = [{"role": "user", "content": "hello there"}]
 
 async def test_metrics_follow_prometheus_habits(caplog: pytest.LogCaptureFixture) -> None:
     keys = {"sk-app": {"name": "app", "rpm_limit": 2}}
-    dead = BackendConfig(name="dead", url=dead_url(), max_concurrency=4)
+    # Said to serve the model, so it is tried beside the simulator once the simulator's models are known.
+    dead = BackendConfig(name="dead", url=dead_url(), max_concurrency=4, models=["tailguard-sim"])
     caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
     async with asyncio.timeout(30), gateway(auth={"api_keys": keys}, extra_backends=[dead],
                                            routing={"policy": "round-robin"}) as gw, \
