@@ -104,21 +104,51 @@ class Admission:
         expected_s = predicted_s * self._wait_factor
         if expected_s > budget_s * _ADMIT_SHARE:
             # Retry once enough of the backlog has drained for the bound to be met.
-            return self._clamp(expected_s - max(budget_s, 0.0))
+            return self.clamp(expected_s - max(budget_s, 0.0))
         return None
+
+    def late_s(self, predicted_s: float | None, service_s: float | None, budget_s: float,
+               margin: float) -> float | None:
+        """By how much a request with a TTFT target is predicted to miss it: its expected wait
+        (`predicted_s`, raw, scaled by the feedback) plus its predicted TTFT once started
+        (`service_s`, `front.latency`), against `margin` x the `budget_s` left until its deadline.
+        None when it makes it, when nothing is predicted yet, or when it would miss even with
+        nothing ahead of it (then no wait is to blame: it is served, late, as it would be alone)."""
+        if predicted_s is None or service_s is None:
+            return None
+        allowed_s = budget_s * margin
+        if service_s > allowed_s:
+            return None
+        expected_s = predicted_s * self._wait_factor + service_s
+        return expected_s - allowed_s if expected_s > allowed_s else None
+
+    def requests_in(self, seconds: float) -> int | None:
+        """How many requests fewer ahead would shorten an expected wait by `seconds` (None before
+        a rate is known)."""
+        rate = self.drain_rate()
+        if rate is None or rate == math.inf:
+            return None
+        return max(1, math.ceil(seconds * rate / self._wait_factor - 1e-9))
+
+    def slot_s(self) -> float:
+        """The expected time until the next slot frees (0 before a rate is known): what a request
+        loses if a slot it would have taken goes to another first."""
+        rate = self.drain_rate()
+        return self._wait_factor / rate if rate else 0.0
 
     def queue_full_s(self, ahead: int) -> float:
         """The Retry-After for a full class queue whose head waits behind `ahead` requests."""
         rate = self.drain_rate()
         if rate is None:
-            return self._clamp(self._cfg.retry_after_min_s)
-        return self._clamp((ahead + 1) / rate)
+            return self.clamp(self._cfg.retry_after_min_s)
+        return self.clamp((ahead + 1) / rate)
 
     def retry_after_s(self) -> float:
         """A Retry-After for rejections made outside the scheduler (e.g. no healthy backend):
         the expected time until the next completion, within the configured bounds."""
         rate = self.drain_rate()
-        return self._clamp(1.0 / rate if rate else self._cfg.retry_after_min_s)
+        return self.clamp(1.0 / rate if rate else self._cfg.retry_after_min_s)
 
-    def _clamp(self, seconds: float) -> float:
+    def clamp(self, seconds: float) -> float:
+        """A Retry-After within the configured bounds."""
         return min(self._cfg.retry_after_max_s, max(self._cfg.retry_after_min_s, seconds))
