@@ -101,12 +101,20 @@ class SchedulerConfig(_Model):
         "(null: never). At most one suspension per arrival; the two can never suspend each other in turn.",
     )
 
+    slo_margin: float = Field(
+        default=_QUEUE.slo_margin, gt=0, le=1,
+        description="A request whose class has a TTFT target (`classes[].slo.ttft_s`) is refused (or, in a class "
+        "with `slo.shed: false`, counted late) when its predicted TTFT passes this share of its target: a "
+        "prediction is a mean, and without a margin about half of those admitted near the target would miss it.",
+    )
+
     def queue_params(self) -> fp.QueueParams:
         return fp.QueueParams(policy=self.policy, aging_s=self.aging_s, sjf_size_ratio=self.sjf_size_ratio,
                               drain_ewma_weight=self.drain_ewma_weight, retry_after_min_s=self.retry_after_min_s,
                               retry_after_max_s=self.retry_after_max_s, fair_share=self.fair_share,
                               fair_input_price=self.fair_input_price, fair_output_price=self.fair_output_price,
-                              fair_credit=self.fair_credit, fair_preempt_gap=self.fair_preempt_gap)
+                              fair_credit=self.fair_credit, fair_preempt_gap=self.fair_preempt_gap,
+                              slo_margin=self.slo_margin)
 
     def preemption_params(self) -> fp.PreemptionParams:
         return fp.PreemptionParams(enabled=self.preemption, min_run_s=self.min_run_s,

@@ -251,7 +251,8 @@ class Front(Recovery):
         s = self._slots[name]
         models = s.cfg.models or (tuple(sorted(s.learned_models)) if s.learned_models is not None else None)
         return BackendView(s.name, s.healthy, s.retiring, s.in_flight, s.cfg.max_concurrency, s.cfg.reserve(s.cap),
-                           s.probed, s.failures, self._ejector.ejected(name), s.cfg.pool, models, s.cap)
+                           s.probed, s.failures, self._ejector.ejected(name), s.cfg.pool, models, s.cap,
+                           self._router.stale(s, self._now))
 
     def is_healthy(self, backend: str) -> bool:
         return self._slots.is_healthy(backend)

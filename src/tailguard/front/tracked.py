@@ -80,6 +80,7 @@ class BackendView:
     pool: str = "default"
     models: tuple[str, ...] | None = None  # what it serves, configured or listed (None: not known)
     cap: int = 0  # the in-flight cap in force: `max_concurrency`, or the adaptive one
+    stale: bool = False  # its probes or engine metrics have gone stale: routing counts it as saturated
 
     @property
     def state(self) -> str:

@@ -95,7 +95,7 @@ class Dispatcher:
         if progress is not None:
             progress.on_tokens = partial(self.generated, ticket)
         self._handle(Arrive(ticket.id, ticket.cls, est_tokens, progress is not None, max_tokens, ticket.caller,
-                            ticket.model, prefix, pin, body_bytes, shared))
+                            ticket.model, prefix, pin, body_bytes, shared, ticket.prompt_tokens, None if ticket.slo is None else ticket.slo.ttft_s))
         try:
             # A future that is already done (idle gateway) returns here without yielding.
             return await waiter

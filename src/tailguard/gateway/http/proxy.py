@@ -35,7 +35,7 @@ from tailguard.types import Outcome, RejectReason
 from tailguard.wire.openai import (
     CHUNKED, Endpoint, error_body, error_headers, parse_request,
 )
-from tailguard.wire.headers import bearer_key, class_header
+from tailguard.wire.headers import bearer_key, class_header, ttft_slo_header
 from tailguard.wire.prefix import prefix_blocks
 
 if TYPE_CHECKING:
@@ -177,7 +177,7 @@ class Proxy:
         if self._cfg.log_prompts:
             t.prompt_text = parsed.prompt_text()
         intake = self._classes.intake
-        asked = Asked.of(parsed, class_header(headers), api_key)
+        asked = Asked.of(parsed, class_header(headers), api_key, ttft_slo_header(headers))
         t.caller = intake.caller(api_key)  # before its class: a class it may not use is its caller's refusal
         cls = intake.classify(asked)
         t.cls = cls.name
@@ -185,7 +185,7 @@ class Proxy:
             self._tracer.begin(t, headers, parsed)
         t.prompt_tokens = parsed.prompt_tokens
         accepted = intake.accept(asked, cls, self._estimator.estimate(cls.name))
-        t.model = accepted.model
+        t.model, t.slo = accepted.model, accepted.slo
         progress = self._dispatcher.progress(cls.name, accepted.resumable)
         # Hashed only where a choice between backends can use it: one backend needs no affinity.
         prefix = prefix_blocks(t.prompt_text or parsed.prompt_text()) if self._affine else ()  # (kept: log_prompts)
