@@ -25,7 +25,7 @@ PURE = {
     "config.base", "config.classes", "config.backends", "config.scheduler",
     "config.upstream", "config.auth", "config.telemetry", "config.gateway", "config.problems",
     "config.loading", "config.workers", "config.state",
-    "bench.workload", "bench.stats", "bench.dataset", "bench.recorder", "bench.compare", "bench.configs", "bench.attribution",
+    "bench.workload", "bench.stats", "bench.capacity", "bench.dataset", "bench.recorder", "bench.compare", "bench.configs", "bench.attribution",
     "doctor.finding", "doctor.evidence", "doctor.facts", "doctor.rules", "doctor.diagnosis", "sweep.virtual", "sweep.search",
     "sweep.traffic", "sweep.whatif", "sweep.caps",
     "retry_policy", "client.retry", "client.timeouts", "client.chunks", "client.assembly",

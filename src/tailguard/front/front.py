@@ -227,6 +227,12 @@ class Front(Recovery):
             return None
         return self._latency.predict(r.tried[0], r.x)
 
+    def start_ttft_s(self, backend: str) -> float | None:
+        """`backend`'s mean TTFT from a start lately (its latency fit's samples; None: none yet):
+        what a first token costs once a slot is had, for the capacity signal's TTFT budget."""
+        fit = self._latency.fit(backend)
+        return None if fit is None else fit.mean_s()
+
     def latency(self, backend: str) -> Coefficients | None:
         """`backend`'s fitted TTFT terms (None: not fitted yet): what /metrics and docs show."""
         fit = self._latency.fit(backend)

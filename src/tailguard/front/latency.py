@@ -108,6 +108,12 @@ class TtftFit:
         return (c[0] + c[1] * prefill * _SCALE[1] + c[2] * running * _SCALE[2] + c[3] * context * _SCALE[3]
                 + c[4] * queued * _SCALE[4])
 
+    def mean_s(self) -> float | None:
+        """The mean TTFT from a start of the samples it remembers (weighed as the fit weighs them),
+        which the fit predicts at their mean features; None before any sample."""
+        w = self._xtx[0][0]
+        return self._xty[0] / w if w > 0 else None
+
     def coefficients(self) -> Coefficients | None:
         c = self._coef
         if c is None:
