@@ -189,8 +189,9 @@ async def router(arm: str, urls: list[str], logs: Path, time_scale: float, old_s
     url = f"http://127.0.0.1:{port}"
     if arm == "smg":
         exe = Path(sys.executable).with_name("smg")
+        # Its metrics on a port of its own (29000 by default: another smg on the machine may hold it).
         argv = [str(exe), "launch", "--host", "127.0.0.1", "--port", str(port), "--policy", "cache_aware",
-                "--worker-urls", *urls]
+                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--worker-urls", *urls]
         with open(logs / "smg.log", "wb") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             try:

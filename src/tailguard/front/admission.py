@@ -45,6 +45,9 @@ class Admission:
         self._finishes: deque[float] = deque(maxlen=max(8, round(4 / cfg.drain_ewma_weight)))
         self._backlogged = False
         self._wait_factor = 1.0  # real waits over predicted ones, lately (see _WAIT_SLACK_S)
+        # The rate the last backlog drained at: what a TTFT target is admitted by at the start of the
+        # next one, before its own two completions (`recent_predict_s`).
+        self._last_rate: float | None = None
 
     def carry_over(self, cfg: QueueParams) -> Admission:
         """The same measurements under new parameters (a live reconfiguration): the window of
@@ -53,6 +56,7 @@ class Admission:
         new._finishes.extend(self._finishes)
         new._backlogged = self._backlogged
         new._wait_factor = self._wait_factor
+        new._last_rate = self._last_rate
         return new
 
     # --- what the scheduler tells it ----------------------------------------------------------
@@ -63,6 +67,9 @@ class Admission:
             self._finishes.clear()  # idle since the last one: that gap says nothing of capacity
         self._finishes.append(now)
         self._backlogged = queued > 0
+        rate = self.drain_rate()
+        if rate is not None and rate != math.inf:
+            self._last_rate = rate
 
     def emptied(self) -> None:
         """The queue ran empty: the gap until the next completion may be idle time."""
@@ -95,6 +102,15 @@ class Admission:
         if rate is None:
             return None
         return ahead / rate if ahead else 0.0
+
+    def recent_predict_s(self, ahead: int) -> float | None:
+        """`predict_s`, or before this backlog's rate is measured, the wait at the rate the last
+        backlog drained at: a burst after an idle spell is admitted by its TTFT target from its
+        first request, not only once two of it have completed. None before any rate was measured."""
+        predicted = self.predict_s(ahead)
+        if predicted is not None or self._last_rate is None:
+            return predicted
+        return ahead / self._last_rate
 
     def refusal_s(self, predicted_s: float | None, budget_s: float) -> float | None:
         """The Retry-After for a request whose raw predicted wait is `predicted_s` and which may

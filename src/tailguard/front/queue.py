@@ -107,12 +107,14 @@ class BaseScheduler(abc.ABC):
             raise ValueError(f"request id {req.id!r} is already queued")
         if q.live >= q.cfg.max_queue_len:
             return Refusal(RejectReason.QUEUE_FULL, self.admission.queue_full_s(self._ahead_of_class(q)))
-        predicted_s = self.admission.predict_s(self._ahead(req, q))
+        ahead = self._ahead(req, q)
+        predicted_s = self.admission.predict_s(ahead)
         retry_s = self.admission.refusal_s(predicted_s, req.wait_bound_at - now)
         if retry_s is not None:
             return Refusal(RejectReason.WAIT_BOUND, retry_s)
         if req.deadline_at != math.inf:
-            late = self.admission.late_s(predicted_s, req.service_s, req.deadline_at - now, self._cfg.slo_margin)
+            wait_s = predicted_s if predicted_s is not None else self.admission.recent_predict_s(ahead)
+            late = self.admission.late_s(wait_s, req.service_s, req.deadline_at - now, self._cfg.slo_margin)
             slo = q.cfg.slo
             if late is not None and slo is not None and slo.shed and not self._make_room(req, late, now):
                 return Refusal(RejectReason.DEADLINE, self.admission.clamp(late))
