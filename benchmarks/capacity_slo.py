@@ -137,7 +137,8 @@ async def http_search(label: str, args: argparse.Namespace, start: float) -> dic
                 await _bench(url, out, args, start)
         else:
             await _bench(url, out, args, start)
-    return json.loads((out / "capacity.json").read_text())
+    result: dict[str, Any] = json.loads((out / "capacity.json").read_text())
+    return result
 
 
 async def _bench(url: str, out: Path, args: argparse.Namespace, start: float) -> None:

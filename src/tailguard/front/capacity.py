@@ -88,28 +88,31 @@ class CapacitySignal:
 
     def needed(self, now: float, queued: int, bound_s: float, slots_per_backend: float) -> int:
         """Backends needed now: 0 while nothing has run in the window (nothing to size from)."""
-        self._expire(now)
-        if not self._served or slots_per_backend <= 0 or self._started_at is None:
+        load = self._load(now)
+        if load is None or slots_per_backend <= 0:
             return 0
-        # A gateway up for less than a window has seen less than a window of requests.
-        span_s = min(self.window_s, max(now - self._started_at, 1.0))
-        rate = len(self._ends) / span_s
-        service_s = self._service_sum / self._served
+        rate, service_s = load
         slots = (rate + queued / max(bound_s, 1e-3)) * service_s
         return math.ceil(slots / slots_per_backend - 1e-9)
 
     def needed_for_ttft(self, now: float, budget_s: float, slots_per_backend: int, max_backends: int = 1024) -> int:
         """Backends needed for all but `1 - SLO_SHARE` of requests to wait at most `budget_s` for a
         slot (Erlang C, see the module docstring); 0 while nothing has run in the window."""
-        self._expire(now)
-        if not self._served or slots_per_backend <= 0 or self._started_at is None:
+        load = self._load(now)
+        if load is None or slots_per_backend <= 0 or load[1] <= 0:
             return 0
-        span_s = min(self.window_s, max(now - self._started_at, 1.0))
-        rate = len(self._ends) / span_s
-        service_s = self._service_sum / self._served
-        if service_s <= 0:
-            return 0
+        rate, service_s = load
         return backends_for_wait(rate * service_s, service_s, max(budget_s, 0.0), slots_per_backend, max_backends)
+
+    def _load(self, now: float) -> tuple[float, float] | None:
+        """The requests per second that ended in the window and the mean service time of those
+        that ran; None while nothing has run in it."""
+        self._expire(now)
+        if not self._served or self._started_at is None:
+            return None
+        # A gateway up for less than a window has seen less than a window of requests.
+        span_s = min(self.window_s, max(now - self._started_at, 1.0))
+        return len(self._ends) / span_s, self._service_sum / self._served
 
     def _expire(self, now: float) -> None:
         ends = self._ends

@@ -11,9 +11,10 @@ rank the order is composed of stages, tried in this order:
   groups are the leaves (`Leaf`: one per class and group key), and the pick below chooses inside
   the first group (in the stages' order) that has an admissible request.
   **The place for program attained service (PLAS)**: a `Stage` whose `group` is the request's
-  program and whose `order` is least attained service first, appended after `CallerShare` in
-  `RankedSjfScheduler`'s `stages` (`front.schedulers.make_scheduler` builds the list), so it
-  orders each caller's own programs.
+  program and whose `order` is least attained service first, returned by
+  `front.schedulers.stages_after_caller`, which `make_scheduler` puts after `CallerShare` (or
+  first, without fair share) in `RankedSjfScheduler`'s stages, so it orders each caller's own
+  programs.
 - **The pick** (`pick`) chooses one request among a set of leaves:
   1. aging: the oldest request, once it has waited `aging_s`, goes before any younger one;
   2. deadline: the request with the earliest deadline (`Pending.deadline_at`: its arrival plus its
