@@ -144,7 +144,7 @@ async def http_search(label: str, args: argparse.Namespace, start: float) -> dic
 async def _bench(url: str, out: Path, args: argparse.Namespace, start: float) -> None:
     argv = [sys.executable, "-m", "tailguard", "bench", "--url", url, "--workload", "seed-mixed", "--out", str(out),
             "--rate", f"{start:.4g}", "--duration", str(args.seconds), "--time-scale", str(args.time_scale),
-            "--find-capacity", "interactive", "--capacity-slo", f"ttft_s={TTFT_S}", "--capacity-share", str(SHARE),
+            "--find-capacity", "chat", "--capacity-slo", f"ttft_s={TTFT_S}", "--capacity-share", str(SHARE),
             "--seed", str(args.seed), "--max-dispatch-lag-ms", "20", "--quiet"]
     proc = await asyncio.create_subprocess_exec(*argv)
     await proc.wait()

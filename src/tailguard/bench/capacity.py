@@ -55,7 +55,7 @@ class CapacitySearch:
     start_rate: float
     precision: float = 0.05
     max_steps: int = 16
-    min_rate: float = 1e-3
+    max_halvings: int = 6  # below start_rate / 2**6 with nothing passing, the search gives up
     steps: list[Step] = field(default_factory=list)
     stopped: str | None = None
 
@@ -86,8 +86,8 @@ class CapacitySearch:
             return lo * 2.0
         if lo is None:
             rate = hi / 2.0
-            if rate < self.min_rate:
-                self.stopped = f"no rate down to {self.min_rate:g}/s meets the SLO"
+            if rate < self.start_rate / 2 ** self.max_halvings:
+                self.stopped = f"no rate down to {hi:g}/s meets the SLO"
                 return None
             return rate
         if hi <= lo * (1.0 + self.precision):

@@ -95,8 +95,9 @@ def bench_run(
     workers: int = typer.Option(1, "--workers", min=1, help="Open loop over N processes: one schedule, one clock "
                                 "origin, merged results, each worker's dispatch lag checked (no progress bar)"),
     find_capacity: Optional[str] = typer.Option(
-        None, "--find-capacity", metavar="CLASS", help="Search the highest open-loop rate (from --rate) at which CLASS "
-        "meets its SLO for --capacity-share of its requests; writes capacity.json and each step's run under steps/"),
+        None, "--find-capacity", metavar="CLASS", help="Search the highest open-loop rate (from --rate) at which the "
+        "workload's class CLASS meets its SLO for --capacity-share of its requests; writes capacity.json and each "
+        "step's run under steps/"),
     capacity_slo: list[str] = typer.Option([], "--capacity-slo", metavar="KEY=SECONDS", help="The SLO --find-capacity "
                                            "holds CLASS to (ttft_s, tpot_s, e2e_s; repeatable; default: the workload "
                                            "class's `slo`)"),
@@ -221,12 +222,16 @@ async def run_capacity(config: "BenchConfig", out: Path, con: "Console", cls: st
         if not target:
             raise ConfigError(f"class {cls!r} has no SLO in the workload: give one with --capacity-slo ttft_s=1.0")
         met = judge(records, cls, target)
+        if met is None:
+            sent = sorted({r.cls for r in records})
+            raise ConfigError(f"the run sent no request of class {cls!r}: --find-capacity names one of the "
+                              f"workload's classes ({', '.join(sent)})")
         validity = summary.get("validity") or {}
         valid = bool(validity.get("valid", True))
-        passed = met is not None and met >= share
+        passed = met >= share
         search.add(rate, passed, valid, met, None if valid else
                    f"dispatch lag P99 {1000 * float(validity.get('dispatch_lag_p99_s', 0)):.1f} ms")
-        con.print(f"{rate:.4g}/s: {'-' if met is None else f'{100 * met:.2f}%'} of {cls} within {target} "
+        con.print(f"{rate:.4g}/s: {100 * met:.2f}% of {cls} within {target} "
                   f"({'pass' if passed else 'fail'}{'' if valid else ', not valid'})", soft_wrap=True)
         if passed and rate == search.passing():  # the highest passing run so far
             best = step

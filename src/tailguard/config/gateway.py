@@ -116,6 +116,11 @@ class GatewayConfig(_Model):
             hedging=self.hedging.params(),
         )
 
+    def ttft_targets(self) -> dict[str, float]:
+        """Each class with a TTFT target, and the target in seconds: the classes the TTFT burn-rate
+        alerts judge (`gateway.ops.alerts`), each on its own target."""
+        return {c.name: c.slo.ttft_s for c in self.classes if c.slo is not None and c.slo.ttft_s is not None}
+
     def intake_params(self) -> fp.IntakeParams:
         """The intake's parameters: how a request is classified and capped (`tailguard.front.intake`)."""
         return fp.IntakeParams(classes=[c.spec() for c in self.classes], default_class=self.default_class,
