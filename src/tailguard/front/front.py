@@ -300,9 +300,9 @@ class Front(Recovery):
         route = Route(ev.model, ev.prefix, ev.pin, ev.prompt) if self._predicts else \
             Route(ev.model, ev.prefix, ev.pin) if ev.model is not None or ev.prefix or ev.pin else NO_ROUTE
         pending = Pending(req_id, ev.cls, spec.rank, ev.est_tokens, now, now + spec.max_queue_wait_s, caller,
-                          ev.max_tokens)
-        if self._predicts:
-            pending = self._targeted(pending, spec, route, ev.ttft_slo_s, now)
+                          ev.max_tokens, self._deadline(spec, ev.ttft_slo_s, now))
+        if self._predicts and len(self._queue):
+            pending = self._targeted(pending, spec, route, now)
         queued = self._queue.push(pending, now)
         for shed in self._queue.take_shed():  # queued requests that cost more, shed to make room for it
             self._left(self._reqs.pop(shed.id), now)
@@ -321,11 +321,17 @@ class Front(Recovery):
             r.held = self._limits.take(caller, ev.est_tokens, now)
         self._pump(now, self._may_preempt)
 
-    def _targeted(self, p: Pending, spec: ClassSpec, route: Route, ttft_slo_s: float | None, now: float) -> Pending:
-        """`p` with its deadline (its own TTFT target, else its class's), its predicted TTFT once
-        started on the best backend that may take it (a slot freeing first where none is free)
-        and the prompt tokens that backend's cache is expected to hold."""
+    def _deadline(self, spec: ClassSpec, ttft_slo_s: float | None, now: float) -> float:
+        """When a request arriving now is due its first token: its own TTFT target, else its
+        class's (inf: none)."""
         ttft_s = ttft_slo_s if ttft_slo_s is not None else spec.slo.ttft_s if spec.slo is not None else None
+        return math.inf if ttft_s is None else now + ttft_s
+
+    def _targeted(self, p: Pending, spec: ClassSpec, route: Route, now: float) -> Pending:
+        """`p` with its predicted TTFT once started on the best backend that may take it (a slot
+        freeing first where none is free) and the prompt tokens that backend's cache is expected to
+        hold: what admission, the order and shedding weigh. Asked only while requests are queued:
+        with none ahead no wait can make a request miss, and it starts at once where a slot is free."""
         hits = self._router.hits(route)
         best: float | None = None
         cached = 0
@@ -334,8 +340,7 @@ class Front(Recovery):
             if t is not None and (best is None or t < best):
                 best = t
             cached = max(cached, hits.get(s.name, 0) * PREFIX_BLOCK_TOKENS)
-        return replace(p, deadline_at=math.inf if ttft_s is None else now + ttft_s, service_s=best,
-                       cached_tokens=min(cached, route.prompt_tokens))
+        return replace(p, service_s=best, cached_tokens=min(cached, route.prompt_tokens))
 
     def _refusal(self, ev: Arrive, now: float) -> Reject | None:
         """Why a request is refused before it is queued (the bodies queued already fill their

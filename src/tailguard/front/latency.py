@@ -47,6 +47,9 @@ Features = tuple[float, float, float, float]
 # thousands of context tokens.
 _SCALE = (1.0, 1e-3, 0.1, 1e-4, 1e-3)
 _TERMS = len(_SCALE)
+# The normal equations' upper triangle, row by row, as one flat list: (i, j) of each entry.
+_PAIRS = tuple((i, j) for i in range(_TERMS) for j in range(i, _TERMS))
+_AT = {pair: k for k, pair in enumerate(_PAIRS)}
 # Samples remembered: each is weighed this much less per later sample (an effective window of
 # about 1 / (1 - _FORGET) = 200 requests).
 _FORGET = 0.995
@@ -55,9 +58,10 @@ _FORGET = 0.995
 _RIDGE = 1e-3
 # Samples before the fit predicts anything (until then, nothing is refused or routed by it).
 MIN_SAMPLES = 12
-# After the first samples, the fit is solved again every this many samples (a 4x4 solve per first
-# token would be most of the front's work per request).
-_REFIT_EVERY = 8
+# After the first samples, the fit is solved again every this many samples (a solve per first
+# token would be most of the front's work per request; forgetting moves the fit by about 1/200
+# of its weight per sample, so a solve every 16 lags by a few per cent at most).
+_REFIT_EVERY = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +82,7 @@ class TtftFit:
     __slots__ = ("_xtx", "_xty", "_weight", "samples", "_coef", "_since")
 
     def __init__(self) -> None:
-        self._xtx = [[0.0] * _TERMS for _ in range(_TERMS)]
+        self._xtx = [0.0] * len(_PAIRS)  # the upper triangle of X'WX, flat (`_PAIRS`)
         self._xty = [0.0] * _TERMS
         self._weight = 0.0  # the samples' total weight, after forgetting
         self.samples = 0
@@ -87,12 +91,8 @@ class TtftFit:
 
     def observe(self, prefill: float, running: float, context: float, ttft_s: float, queued: float = 0.0) -> None:
         x = (1.0, prefill * _SCALE[1], running * _SCALE[2], context * _SCALE[3], queued * _SCALE[4])
-        xtx, xty = self._xtx, self._xty
-        for i in range(_TERMS):
-            row, xi = xtx[i], x[i]
-            for j in range(i, _TERMS):
-                row[j] = row[j] * _FORGET + xi * x[j]
-            xty[i] = xty[i] * _FORGET + xi * ttft_s
+        self._xtx = [v * _FORGET + x[i] * x[j] for v, (i, j) in zip(self._xtx, _PAIRS)]
+        self._xty = [v * _FORGET + xi * ttft_s for v, xi in zip(self._xty, x)]
         self._weight = self._weight * _FORGET + 1.0
         self.samples += 1
         self._since += 1
@@ -111,7 +111,7 @@ class TtftFit:
     def mean_s(self) -> float | None:
         """The mean TTFT from a start of the samples it remembers (weighed as the fit weighs them),
         which the fit predicts at their mean features; None before any sample."""
-        w = self._xtx[0][0]
+        w = self._xtx[0]
         return self._xty[0] / w if w > 0 else None
 
     def coefficients(self) -> Coefficients | None:
@@ -143,7 +143,7 @@ class TtftFit:
         xtx, ridge = self._xtx, _RIDGE * self._weight
         rows = []
         for i in active:
-            row = [xtx[min(i, j)][max(i, j)] + (ridge if i == j and i else 0.0) for j in active]
+            row = [xtx[_AT[min(i, j), max(i, j)]] + (ridge if i == j and i else 0.0) for j in active]
             rows.append([*row, self._xty[i]])
         return rows
 

@@ -127,7 +127,8 @@ class Router:
     def stale(self, s: BackendState, now: float) -> bool:
         """Its probes or engine metrics were read once and not since within `stale_after_s`."""
         limit = self.params.stale_after_s
-        return any(at is not None and now - at > limit for at in (s.probed_at, s.engine_read_at))
+        probed, read = s.probed_at, s.engine_read_at
+        return (probed is not None and now - probed > limit) or (read is not None and now - read > limit)
 
     # --- which backends may take it -------------------------------------------------------------
 
