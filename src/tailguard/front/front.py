@@ -655,7 +655,7 @@ class Front(Recovery):
                 return
 
     def _bind(self, r: Tracked, backend: str, now: float) -> None:
-        if self._predicts:
+        if self._predicts and not r.first:  # its prefill is owed there until its first content
             hits = self._router.hits(r.route)
             x = self._router.features(self._slots[backend], r.route, hits, now)
             if r.attempts == 0 and r.state is State.QUEUED:  # what its first start looks like to the fit
