@@ -70,7 +70,8 @@ class Arrive:
     against `QueueParams.max_queued_body_bytes` until it first starts; `shared`: the verdict of the
     replicas' shared limits on its caller (None: not asked); `prompt_tokens`: its prompt's size
     (None: `est_tokens` less `max_tokens`), what its first token costs (`front.latency`);
-    `ttft_slo_s`: its own TTFT target, as the intake tightened its class's (None: its class's)."""
+    `ttft_slo_s`: the TTFT target it is held to, its class's or tighter as the intake allowed
+    (`x-tailguard-ttft-slo-ms`; None: its class's)."""
 
     id: str
     cls: str
