@@ -37,7 +37,7 @@ async def send(session: aiohttp.ClientSession, url: str, cls: str, max_tokens: i
     r.lag = time.perf_counter() - (t0 + at)
     if prompt is None:
         prompt = "Summarize the report." if cls == "batch" else "Hello there."
-    body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+    body = {"model": "tailguard-sim", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "stream": True}
     headers = {"X-Tailguard-Class": cls}
     if fresh_connection:

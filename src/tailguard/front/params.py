@@ -248,8 +248,10 @@ class KeySpec:
     when neither header nor `service_tier` names one (`default_class`), the classes and models
     it may use (None: any), whether a class it may not use is lowered to its best allowed
     one (`lower`) or refused, how many tokens its batches in progress may hold together
-    (`batch_enqueued_tokens`, None: no limit), and the tightest TTFT target its requests may ask
-    for (`min_ttft_slo_s`, below their class's own floor; None: the class's floor)."""
+    (`batch_enqueued_tokens`, None: no limit), whether its requests may set an engine's
+    `priority` themselves (`set_priority`; else the field is the class's to set), and the tightest
+    TTFT target its requests may ask for (`min_ttft_slo_s`, below their class's own floor; None:
+    the class's floor)."""
 
     caller: str
     default_class: str | None = None
@@ -257,6 +259,7 @@ class KeySpec:
     lower: bool = False
     allowed_models: frozenset[str] | None = None
     batch_enqueued_tokens: int | None = None
+    set_priority: bool = False
     min_ttft_slo_s: float | None = None
 
 

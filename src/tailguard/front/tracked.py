@@ -83,6 +83,11 @@ class BackendView:
     stale: bool = False  # its probes or engine metrics have gone stale: routing counts it as saturated
 
     @property
+    def takes_requests(self) -> bool:
+        """Healthy by its probes, not ejected for failing requests, not retiring."""
+        return self.healthy and not self.ejected and not self.retiring
+
+    @property
     def state(self) -> str:
         """What /health says of it: `unknown` until a probe has answered, `failing` while probes
         fail but fewer than `unhealthy_after` in a row (it still takes requests), `unhealthy`,

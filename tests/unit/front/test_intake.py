@@ -295,3 +295,18 @@ def test_a_target_that_is_not_a_positive_number_is_a_400(raw: str) -> None:
     with pytest.raises(BadRequest) as e:
         _targeted(raw, Slo(ttft_s=2.0, min_ttft_s=0.1))
     assert e.value.param == "x-tailguard-ttft-slo-ms" and e.value.code == "invalid_ttft_slo"
+
+
+def test_a_clients_priority_is_dropped_unless_its_key_may_set_it() -> None:
+    """The field is the class's to set: a key without `set_priority` (or no key) loses it, and the
+    body goes upstream rewritten; a key with it keeps it, marked as its own."""
+    i = intake(keys={"k": KeySpec("k"), "ops": KeySpec("ops", set_priority=True)})
+    asked = chat(priority=-100)
+    cls = i.classify(asked)
+    for key in (None, "k"):
+        a = i.accept(replace(asked, api_key=key), cls, 10)
+        assert "priority" not in a.body and a.body_changed and not a.own_priority
+    kept = i.accept(replace(asked, api_key="ops"), cls, 10)
+    assert kept.body["priority"] == -100 and kept.own_priority and not kept.body_changed
+    plain = i.accept(chat(), cls, 10)
+    assert not plain.body_changed and not plain.own_priority
