@@ -27,11 +27,11 @@ def _classes(**slo: float) -> list[dict[str, object]]:
 async def test_a_tighter_target_asked_for_is_judged_logged_and_counted(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="tailguard.access")
     async with asyncio.timeout(30), gateway(classes=_classes(ttft_s=5.0, min_ttft_s=0.05)) as gw, gw.client() as c:
-        await c.chat.completions.create(model="m", messages=CHAT, max_tokens=3,
+        await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=3,
                                         extra_headers={"x-tailguard-ttft-slo-ms": "250"})
-        await c.chat.completions.create(model="m", messages=CHAT, max_tokens=3,
+        await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=3,
                                         extra_headers={"x-tailguard-ttft-slo-ms": "1"})  # raised to the 50 ms floor
-        await c.chat.completions.create(model="m", messages=CHAT, max_tokens=3)
+        await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=3)
         m = await scrape(gw.url)
     lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "tailguard.access"]
     assert [line["ttft_slo_ms"] for line in lines] == [250.0, 50.0, 5000.0]
@@ -45,7 +45,7 @@ async def test_a_tighter_target_asked_for_is_judged_logged_and_counted(caplog: p
 async def test_a_malformed_target_is_a_400_in_the_routes_shape(value: str) -> None:
     async with asyncio.timeout(30), gateway(classes=_classes(ttft_s=2.0, min_ttft_s=0.1)) as gw, gw.client() as c:
         with pytest.raises(openai.BadRequestError) as e:
-            await c.chat.completions.create(model="m", messages=CHAT, max_tokens=3,
+            await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=3,
                                             extra_headers={"x-tailguard-ttft-slo-ms": value})
         m = await scrape(gw.url)
     body = e.value.body
@@ -56,7 +56,7 @@ async def test_a_malformed_target_is_a_400_in_the_routes_shape(value: str) -> No
 async def _send(session: aiohttp.ClientSession, url: str) -> tuple[int, str | None, str | None, float]:
     """One streamed chat of 40 tokens: its status, reject reason, Retry-After and how long the answer took."""
     start = time.perf_counter()
-    body = {"model": "m", "messages": CHAT, "max_tokens": 40, "stream": True}
+    body = {"model": "tailguard-sim", "messages": CHAT, "max_tokens": 40, "stream": True}
     async with session.post(url + "/v1/chat/completions", json=body) as r:
         await r.read()
         return (r.status, r.headers.get("X-Tailguard-Reject-Reason"), r.headers.get("Retry-After"),
