@@ -73,7 +73,7 @@ SEQS = 16
 PRESET = "a100-llama8b"
 MAX_MODEL_LEN = 16384
 SLO_S = 2.0  # the TTFT target, and the default interactive one
-MODEL = "m"  # what the engines serve and the requests name (smg routes by it)
+MODEL = "tailguard-sim"  # what the engines serve and the requests name (smg routes by it; `send` names it)
 WAIT_S = 10.0  # the interactive queue bound (both gateways)
 
 
