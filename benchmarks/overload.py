@@ -14,7 +14,7 @@ at half speed so the load generator can offer 10x on a shared 2-core machine), o
 time in front of it (quick form, `--max-concurrency 8`), and this open-loop generator. Capacity
 is measured first with 8 closed-loop clients straight to the engine.
 
-    .venv/bin/python benchmarks/overload.py [--seconds 60] [--factors 5,10] [--baseline-rev c98ee60]
+    .venv/bin/python benchmarks/overload.py [--seconds 60] [--factors 5,10] [--baseline-rev 81317f0]
 
 Writes benchmarks/results/overload.{json,md}.
 """
@@ -278,7 +278,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--factors", default="5,10")
     p.add_argument("--capacity-seconds", type=float, default=10.0)
-    p.add_argument("--baseline-rev", default="c98ee60", help="the gateway to compare with (git revision)")
+    p.add_argument("--baseline-rev", default="81317f0", help="the gateway to compare with (git revision: main before SLOs)")
     return p.parse_args()
 
 

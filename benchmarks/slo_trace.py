@@ -347,7 +347,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--factors", type=lambda s: [float(x) for x in s.split(",")], default=[1.5, 2.0])
     p.add_argument("--http", action="store_true", help="also over HTTP (four simulators, smg, two gateways)")
     p.add_argument("--time-scale", type=float, default=2.0, help="the simulators' wall seconds per second (HTTP)")
-    p.add_argument("--baseline-rev", default="c98ee60", help="`today`: the gateway before SLOs (git revision)")
+    p.add_argument("--baseline-rev", default="81317f0", help="`today`: main before SLOs (git revision)")
     p.add_argument("--out", default=str(RESULTS / "slo_trace"), help="output path without extension")
     return p.parse_args()
 
