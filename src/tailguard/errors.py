@@ -7,8 +7,8 @@
     │                          named with the event and the state (front/events.py)
     ├── APIError               answered to an HTTP client as an OpenAI-style error body
     │   ├── BadRequest         400: malformed, missing or wrongly typed fields
-    │   │   └── ContentBlocked 400 `content_policy_violation`: an input guard blocked its text
-    │   │                      (tailguard/guards/guard.py)
+    │   │   └── ContentBlocked  400 `content_policy_violation`: an input guard blocked its
+    │   │                      text (tailguard/guards/guard.py)
     │   ├── Unauthorized       401: an API key the gateway does not know (gateway/http/classes.py)
     │   ├── Forbidden          403: a known key asking for a class, model or route it may not use
     │   ├── NotFound           404: a model no backend serves, a route the gateway does not have

@@ -94,15 +94,21 @@ def _serve_workers(cfg: GatewayConfig, n: int, reread: Callable[[], GatewayConfi
     from tailguard.cli.workers import hold_port, run_workers
     from tailguard.config.workers import per_worker
 
+    from tailguard.gateway.ops.audit import default_chain
+
     port, holder = hold_port(cfg.host, cfg.port)
 
-    def share(c: GatewayConfig) -> GatewayConfig:
-        return per_worker(c, n).model_copy(update={"port": port})
+    def share(c: GatewayConfig, index: int) -> GatewayConfig:
+        c = per_worker(c, n).model_copy(update={"port": port})
+        if c.audit.chain is None:  # each worker appends to an audit chain of its own
+            c = c.model_copy(update={"audit": c.audit.model_copy(update={"chain": f"{default_chain(c)}/w{index}"})})
+        return c
 
-    def worker(_index: int) -> None:
+    def worker(index: int) -> None:
         if holder is not None:
             holder.close()
-        _run(_gateway(share(cfg), None, None, (lambda: share(reread())) if reread else None, None, reuse_port=True))
+        _run(_gateway(share(cfg, index), None, None, (lambda: share(reread(), index)) if reread else None, None,
+                      reuse_port=True))
 
     status = run_workers(n, worker)
     if status:

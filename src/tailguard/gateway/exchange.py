@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -47,6 +47,9 @@ from tailguard.types import FailureKind, Outcome
 from tailguard.gateway.upstream.whole import read_whole
 from tailguard.wire.framing import FRAMINGS
 from tailguard.wire.openai import CHUNKED, POOLING, Endpoint, ParsedRequest
+
+if TYPE_CHECKING:
+    from tailguard.guards.output import OutputScreen
 
 log = logging.getLogger("tailguard.gateway")
 
@@ -104,6 +107,7 @@ class Job:
     cls: ClassSpec
     tier: str | None = None  # the service tier to report, when the request named one
     headers: tuple[tuple[str, str], ...] = ()  # client headers the route passes on (`anthropic-version`)
+    screen: OutputScreen | None = None  # its output guards (`tailguard.guards.output`), when any apply
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,7 +336,7 @@ class Exchange:
             tier = job.tier.encode() if job.tier is not None else None
             self._stream = StreamRelay(self.sink, job.endpoint, self._tally, job.parsed.include_usage,
                                        lambda: response_headers(rec), self._limits, progress=rec.progress,
-                                       service_tier=tier, framing=FRAMINGS[job.endpoint])
+                                       service_tier=tier, framing=FRAMINGS[job.endpoint], screen=job.screen)
         await self._stream.run(up)
         self._finish_tokens()
         up.release()
@@ -344,7 +348,7 @@ class Exchange:
     async def _assemble(self, up: H1Response) -> Ending:
         if self._asm is None:
             self._asm = Assembler(self.job.endpoint, self._tally, self._limits, progress=self.rec.progress,
-                                  service_tier=self.job.tier)
+                                  service_tier=self.job.tier, screen=self.job.screen)
         payload = await self._asm.run(up)
         up.release()
         self._finish_tokens()
@@ -395,4 +399,5 @@ class Exchange:
         made = self._tally.usage.answer_id
         if made is not None and self.rec.backend is not None:
             self.ctx.homes.remember(made, self.rec.backend)  # its follow-ups go where its state is
-        return Ending(Outcome.SUCCESS, 200, completion=completion)
+        screen = self.job.screen  # `content_filter` when its output guards withheld the answer
+        return Ending(Outcome.SUCCESS, 200, None if screen is None else screen.reason, completion=completion)

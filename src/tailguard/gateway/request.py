@@ -53,6 +53,7 @@ class Request:
     user_agent: str | None = None
     cls: str = NO_CLASS
     caller: str | None = None  # its API key's name, when keys are configured
+    key: str | None = None  # its API key's fingerprint, kept only for the audit trail
     model: str | None = None  # the model it names (an alias resolved)
     rate_headers: dict[str, str] | None = None  # where the caller's limits stand (x-ratelimit-*)
     # From the front's decisions.
@@ -79,8 +80,9 @@ class Request:
     outcome: Outcome = Outcome.CLIENT_GONE
     status: int = 499
     reason: str | None = None
-    prompt_text: str | None = None  # kept only with `log_prompts`
+    prompt_text: str | None = None  # kept only with `log_prompts` or `audit.retain_text`
     completion: str | None = None
+    verdicts: list[str] | None = None  # its guards' verdicts but `pass` ("pii:redact"), when guards are on
     # The driver's handle, from admission to its end.
     waiter: asyncio.Future[None] | None = None
     hedge_waiter: asyncio.Future[str] | None = None  # set by its exchange while a hedge may come

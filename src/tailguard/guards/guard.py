@@ -11,8 +11,8 @@ queued: a blocked request never reaches an engine, never holds a slot, is never 
 LiteLLM's Presidio masking holds a streamed answer whole and sends it in one chunk at the end.
 
     guards = GuardSet.of(cfg, Moderation(), stats)      # None when no guard is configured
-    body = await guards.screen_input(body, "interactive", "llama", verdicts)   # None: unchanged
-    screen = guards.output("chat", "interactive", "llama", stream=True, verdicts=verdicts)
+    body, screen = await guards.screen(body, "chat", "interactive", "llama", True, verdicts)
+    # body: the request's body redacted (None: unchanged); screen: its answer's (None: no output guard)
 """
 
 from __future__ import annotations
@@ -140,6 +140,13 @@ class GuardSet:
                 self._applying.clear()
             found = self._applying[key] = tuple(g for g in self.guards if g.stage == stage and g.applies(cls, model))
         return found
+
+    async def screen(self, body: dict[str, Any], endpoint: str, cls: str, model: str | None, stream: bool,
+                     verdicts: list[str]) -> tuple[dict[str, Any] | None, OutputScreen | None]:
+        """A request as it arrives: its input screened (`screen_input`), and the screen its answer
+        will pass (`output`)."""
+        return (await self.screen_input(body, cls, model, verdicts),
+                self.output(endpoint, cls, model, stream=stream, verdicts=verdicts))
 
     async def screen_input(self, body: dict[str, Any], cls: str, model: str | None,
                            verdicts: list[str]) -> dict[str, Any] | None:

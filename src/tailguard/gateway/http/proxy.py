@@ -12,7 +12,8 @@ import itertools
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -26,6 +27,7 @@ from tailguard.gateway.exchange import Context, Ending, Exchange, Job
 from tailguard.gateway.http.classes import ClassTable
 from tailguard.gateway.http.inbound import AiohttpInbound, Inbound, Reply
 from tailguard.gateway.http.routes import anthropic_refusal, error_shape, passed_headers
+from tailguard.gateway.ops.audit import key_fingerprint
 from tailguard.gateway.ops.metering import Meter
 from tailguard.gateway.ops.metrics import access_log, record_finish, response_headers
 from tailguard.gateway.ops.tracing import Tracer
@@ -40,7 +42,9 @@ from tailguard.wire.headers import bearer_key, class_header
 from tailguard.wire.prefix import prefix_blocks
 
 if TYPE_CHECKING:
+    from tailguard.gateway.ops.audit import AuditLog
     from tailguard.gateway.shared.limits import SharedLimits
+    from tailguard.guards.guard import GuardSet
 
 log = logging.getLogger("tailguard.gateway")
 
@@ -85,6 +89,9 @@ class Proxy:
         self._id_prefix = f"tg-{os.getpid():x}-{os.urandom(3).hex()}-"
         self.meter: Meter | None = None  # usage per caller, set by the app (`gateway.ops.metering`)
         self.shared: SharedLimits | None = None  # limits shared by replicas (`gateway.shared`), set by the app
+        self.guards: GuardSet | None = None  # content guards (`tailguard.guards`), set by the app and a reload
+        self.audit: AuditLog | None = None  # the audit trail (`gateway.ops.audit`), set by the app
+        self._log_text = _log_text(cfg)
 
     @property
     def classes(self) -> ClassTable:
@@ -95,6 +102,7 @@ class Proxy:
         `cfg`; those in flight keep the class and caps they were given."""
         self._cfg, self._classes = cfg, classes
         self._affine = _affine(cfg)
+        self._log_text = _log_text(cfg)
         if self.shared is not None:
             self.shared.reconfigure(cfg.auth.callers())
 
@@ -112,6 +120,8 @@ class Proxy:
             api_key = bearer_key(inbound.headers)
             if api_key is None and endpoint == "messages":  # Anthropic's SDK sends its key this way
                 api_key = inbound.headers.get("x-api-key") or None
+            if self.audit is not None:
+                t.key = key_fingerprint(api_key)
             self._classes.authenticate(api_key)  # before the body: a stranger's body is never read
             raw = await inbound.read_body(self._cfg.max_body_bytes, self._cfg.body_timeout_s)
             return self._reply(await self._serve(raw, endpoint, inbound.headers, api_key, inbound.sink(), t), t)
@@ -164,7 +174,9 @@ class Proxy:
         if self._dispatcher.recorder is not None:  # `--record`: its sizes and instants, for a what-if
             self._dispatcher.recorder.request(t)
         if self._cfg.access_log:
-            access_log(t, method=method, path=path, logged_text=self._cfg.log_prompts)
+            access_log(t, method=method, path=path, text=self._log_text)
+        if self.audit is not None:
+            self.audit.request(t, method, path)
         if self._tracer is not None:
             backend = self._ctx.backends.get(t.backend)
             self._tracer.end(t, None if backend is None else backend.kind, None if backend is None else backend.model)
@@ -176,7 +188,7 @@ class Proxy:
         """Parse, classify, cap, wait for a slot, run the exchange; the slot is released once."""
         parsed = parse_request(raw, endpoint)
         t.model = parsed.model
-        if self._cfg.log_prompts:
+        if self._cfg.log_prompts or self._cfg.audit.retain_text:
             t.prompt_text = parsed.prompt_text()
         intake = self._classes.intake
         asked = Asked.of(parsed, class_header(headers), api_key)
@@ -188,6 +200,15 @@ class Proxy:
         t.prompt_tokens = parsed.prompt_tokens
         accepted = intake.accept(asked, cls, self._estimator.estimate(cls.name))
         t.model = accepted.model
+        if self.audit is not None:  # `audit.when_full: refuse` while its queue is full
+            self.audit.admit(self._metrics, cls.name)
+        screen = None
+        if self.guards is not None:  # input guards, before it is queued or charged (`tailguard.guards`)
+            t.verdicts = []
+            body, screen = await self.guards.screen(accepted.body, endpoint, cls.name, accepted.model, parsed.stream,
+                                                    t.verdicts)
+            if body is not None:
+                accepted = replace(accepted, body=body, body_changed=True)
         progress = self._dispatcher.progress(cls.name, accepted.resumable)
         # Hashed only where a choice between backends can use it: one backend needs no affinity.
         prefix = prefix_blocks(t.prompt_text or parsed.prompt_text()) if self._affine else ()  # (kept: log_prompts)
@@ -212,7 +233,7 @@ class Proxy:
             assert t.bound_at is not None
             self._metrics.cls(cls.name).queue_wait.observe(t.bound_at - t.arrived_at)
             tier = self._classes.served_tier(parsed.body.get("service_tier"), cls) if endpoint in CHUNKED else None
-            job = Job(t.request_id, endpoint, raw, parsed, accepted, cls, tier, passed_headers(endpoint, headers))
+            job = Job(t.request_id, endpoint, raw, parsed, accepted, cls, tier, passed_headers(endpoint, headers), screen)
             ending = await Exchange(job, t, sink, self._ctx).run()
             t.end(ending.outcome, ending.status, ending.reason, ending.completion)
             return ending
@@ -242,6 +263,12 @@ class Proxy:
         if ending.error is not None:
             return Reply.of_error(ending.error, response_headers(t), body=error_shape(t.endpoint))
         return None
+
+
+def _log_text(cfg: GatewayConfig) -> Callable[[str], str] | None:
+    """What the access log writes a request's text through (`log_prompts`): the personal data of
+    `redaction:` redacted; None when no text is logged."""
+    return cfg.redaction.finder().redact if cfg.log_prompts else None
 
 
 def _affine(cfg: GatewayConfig) -> bool:

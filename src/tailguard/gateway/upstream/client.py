@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -152,6 +153,9 @@ class Upstream:
         )
         self._said: set[tuple[str, str]] = set()  # (backend, failure kind) logged already
         self.refusals = Refusals()  # fields the gateway adds that a backend refused
+        # How a backend's error message is redacted before a client gets it (`redaction:`; set by
+        # the app and a reload): an engine's 4xx may echo the prompt that caused it.
+        self.redact: Callable[[str], str] | None = None
 
     async def close(self) -> None:
         self.pool.close()
@@ -228,16 +232,22 @@ class Upstream:
             raise RelayError(FailureKind.STATUS, f"Backend '{backend.name}' answered {resp.status}{said}", status=502)
         if passthrough:
             raise UpstreamStatus(resp.status, payload, resp.headers.get("content-type", "application/json"))
-        raise UpstreamStatus(resp.status, sanitized_error(resp.status, payload, backend), "application/json")
+        raise UpstreamStatus(resp.status, sanitized_error(resp.status, payload, backend, self.redact),
+                             "application/json")
 
 
-def sanitized_error(status: int, payload: bytes, backend: BackendConfig) -> bytes:
+def sanitized_error(status: int, payload: bytes, backend: BackendConfig,
+                    redact: Callable[[str], str] | None = None) -> bytes:
     """A backend's 4xx as OpenAI's error body: its type, code and param when it sent them in
     OpenAI's shape (a client acts on `context_length_exceeded`), and its message cut to one line
-    of 200 characters with anything credential-like blanked; never the body itself."""
+    of 200 characters with anything credential-like blanked and personal data redacted
+    (`redact`); never the body itself."""
     fields, err = error_fields(payload)
     said = [m for m in (fields.get("message"), err, fields.get("detail")) if isinstance(m, str)]  # OpenAI, TGI, FastAPI
-    text = _sanitized(said[0] if said else "", backend) or f"Backend '{backend.name}' refused the request ({status})."
+    text = said[0] if said else ""
+    if redact is not None:
+        text = redact(text[:4096])  # (cut to 200 after: a long message is not worth scanning whole)
+    text = _sanitized(text, backend) or f"Backend '{backend.name}' refused the request ({status})."
     return error_body(APIError(text, status=status, type=_short(fields.get("type")) or "invalid_request_error",
                                code=_short(fields.get("code")), param=_short(fields.get("param"))))
 
