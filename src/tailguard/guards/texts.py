@@ -19,7 +19,7 @@ from typing import Any
 
 Path = tuple[str | int, ...]
 
-_TOP = ("messages", "prompt", "input", "system", "instructions")
+_TOP = ("system", "instructions", "messages", "prompt", "input")  # in the order a model reads them
 _INNER = frozenset({"content", "text", "output", "input"})
 _MAX_DEPTH = 8  # message > content list > block > content list > block ... (a tool result's blocks)
 
