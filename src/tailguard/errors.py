@@ -128,7 +128,8 @@ class GuardUnavailable(Overloaded):
 
     def __init__(self, guard: str) -> None:
         super().__init__(f"The gateway's content guard '{guard}' could not check the request; retry later.",
-                         code="guard_unavailable", retry_after_s=1.0)
+                         code="guard_unavailable", retry_after_s=1.0,
+                         headers={"X-Tailguard-Reject-Reason": "guard_unavailable"})
 
 
 class AuditFull(Overloaded):
@@ -136,7 +137,7 @@ class AuditFull(Overloaded):
 
     def __init__(self) -> None:
         super().__init__("The gateway's audit trail is behind; retry later.", code="audit_unavailable",
-                         retry_after_s=1.0)
+                         retry_after_s=1.0, headers={"X-Tailguard-Reject-Reason": "audit_unavailable"})
 
 
 class GatewayError(TailguardError):

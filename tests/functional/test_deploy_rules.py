@@ -3,6 +3,7 @@ deploy/generate.py writes, and promtool accepts the rules and passes their unit 
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -28,7 +29,11 @@ def test_every_rule_reads_catalog_metrics() -> None:
     for rule in alerts.rules():
         named = metrics_of(rule.expr)
         assert named and named <= known(), (rule.alert, sorted(named - known()))
-        assert rule.runbook.startswith("docs/tuning.md#")
+        page, _, anchor = rule.runbook.partition("#")
+        assert page in ("docs/tuning.md", "docs/security.md") and anchor, rule.runbook
+        headings = {re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+                    for line in (DEPLOY.parent / page).read_text().splitlines() if line.startswith("#")}
+        assert anchor in headings, (rule.alert, rule.runbook)
 
 
 def test_the_committed_files_are_what_the_catalog_generates() -> None:

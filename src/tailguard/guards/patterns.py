@@ -39,17 +39,19 @@ class Span:
 @dataclass(frozen=True, slots=True)
 class Pattern:
     """One kind: its regex, and what of a match it is (`fit`: the span, or None when its check
-    fails). `needs` is a character every match contains (`@`), `needs_digit` that every match
-    has a digit: a text without it is not searched."""
+    fails). `needs` is a character every match contains (`@`): a text without it is not
+    searched. `near_digits`: every match has a digit within `REACH` characters of each of its
+    ends, so only the text around digits is searched (a built-in kind's shape; an operator's
+    national id is searched whole)."""
 
     kind: str
     regex: re.Pattern[str]
     fit: Fit | None = None
     needs: str = ""
-    needs_digit: bool = False
+    near_digits: bool = False
 
-    def spans(self, text: str) -> Iterable[Span]:
-        for m in self.regex.finditer(text):
+    def spans(self, text: str, start: int = 0, end: int | None = None) -> Iterable[Span]:
+        for m in self.regex.finditer(text, start, len(text) if end is None else end):
             se = m.span() if self.fit is None else self.fit(m)
             if se is not None and se[1] > se[0]:
                 yield Span(se[0], se[1], self.kind)
@@ -109,15 +111,26 @@ def _br_cpf(s: str) -> bool:
     return True
 
 
+def _us_ssn(s: str) -> bool:
+    """A US SSN as issued: no area 000, 666 or 9xx, no group 00, no serial 0000."""
+    return s[:3] not in ("000", "666") and s[0] != "9" and s[3:5] != "00" and s[5:] != "0000"
+
+
+def _uk_nino(s: str) -> bool:
+    """A UK NINO's prefix: never BG, GB, NK, KN, TN, NT or ZZ."""
+    return s[:2] not in ("BG", "GB", "NK", "KN", "TN", "NT", "ZZ")
+
+
 def _iban_ok(compact: str) -> bool:
     moved = compact[4:] + compact[:4]
     return int("".join(str(int(c, 36)) for c in moved)) % 97 == 1
 
 
 CHECKS: dict[str, Callable[[str], bool]] = {"luhn": luhn, "verhoeff": verhoeff, "es_dni": _es_dni,
-                                            "fr_nir": _fr_nir, "br_cpf": _br_cpf}
-"""Check digits a national id may name (`redaction.national_ids[].check`), read on the match's
-letters and digits alone (separators removed)."""
+                                            "fr_nir": _fr_nir, "br_cpf": _br_cpf, "us_ssn": _us_ssn,
+                                            "uk_nino": _uk_nino}
+"""Checks a national id may name (`redaction.national_ids[].check`): check digits, or the numbers
+a format never issues; read on the match's letters and digits alone (separators removed)."""
 
 # IBAN lengths by country (the SWIFT IBAN registry).
 IBAN_LENGTHS = {
@@ -167,28 +180,34 @@ def _iban(m: re.Match[str]) -> tuple[int, int] | None:
     return m.start(), m.start() + end
 
 
-_EMAIL = re.compile(r"(?<![\w.%+-])[A-Za-z0-9._%+-]{1,64}@(?:[A-Za-z0-9-]{1,63}\.){1,8}[A-Za-z]{2,24}(?![\w-])")
+# Each regex starts with a character class, so the regex engine skips ahead to where a match can
+# start (a regex that starts with a lookbehind is tried at every position: four times slower on
+# prose). "Not after P" is therefore written after the first character X, as `X(?<!P.)`: the
+# lookbehind spans the character before X and X itself.
+_EMAIL = re.compile(r"[A-Za-z0-9._%+-](?<![\w.%+-].)[A-Za-z0-9._%+-]{0,63}@(?:[A-Za-z0-9-]{1,63}\.){1,8}[A-Za-z]{2,24}"
+                    r"(?![\w-])", re.ASCII)
+_NOT_A_TAIL = r"(?<![\w+.-].)(?<!\d[ .-].)"  # not inside a word, nor the tail of a longer run of digit groups
 _PHONE = re.compile(
-    r"(?<![\w+.-])(?<!\d[ .-])(?:"  # not the tail of a longer run of digit groups
-    r"\+\d{1,3}(?:[ .-]?\(?\d{1,4}\)?){2,5}"  # international: +44 20 7946 0958, +1 (415) 555-0100
-    r"|\(\d{3}\) ?\d{3}[ .-]\d{4}"  # North American, area code in parentheses: (415) 555-0100
-    r"|\d{3}[.-]\d{3}[.-]\d{4}"  # North American: 415-555-0100, 415.555.0100
-    r"|0[1-9]\d{0,3}(?:[ .-]\d{2,8}){1,4}"  # national, its trunk 0: 020 7946 0958, 01 23 45 67 89, 030 1234567
-    r")(?![\w])")
-_CARD = re.compile(r"(?<![\d.-])(?:\d[ -]?){12,18}\d(?![\d-])")
-_IBAN = re.compile(r"(?<![A-Za-z0-9])[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,34}")
+    r"(?:"
+    r"\+" + _NOT_A_TAIL + r"\d{1,3}(?:[ .-]?\(?\d{1,4}\)?){2,5}"  # international: +44 20 7946 0958, +1 (415) 555-0100
+    r"|\(" + _NOT_A_TAIL + r"\d{3}\) ?\d{3}[ .-]\d{4}"  # North American, area code in parentheses: (415) 555-0100
+    r"|\d" + _NOT_A_TAIL + r"\d{2}[.-]\d{3}[.-]\d{4}"  # North American: 415-555-0100, 415.555.0100
+    r"|0" + _NOT_A_TAIL + r"[1-9]\d{0,3}(?:[ .-]\d{2,8}){1,4}"  # national, its trunk 0: 020 7946 0958, 030 1234567
+    r")(?![\w])", re.ASCII)
+_CARD = re.compile(r"\d(?<![\d.-].)(?:[ -]?\d){12,18}(?![\d-])", re.ASCII)
+_IBAN = re.compile(r"[A-Z](?<![A-Za-z0-9].)[A-Z]\d{2}(?: ?[A-Z0-9]){11,34}", re.ASCII)
+
 
 NATIONAL_IDS: dict[str, tuple[str, str | None]] = {
     # name: (regex, check) -- the shapes that say "an id" with few false positives
-    "us_ssn": (r"(?<![\d-])(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}(?![\d-])", None),
-    "uk_nino": (r"(?<![A-Za-z0-9])(?!BG|GB|NK|KN|TN|NT|ZZ)[A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z] ?\d{2} ?\d{2} ?\d{2} ?"
-                r"[A-D](?![A-Za-z0-9])", None),
-    "ca_sin": (r"(?<![\d-])\d{3}[ -]\d{3}[ -]\d{3}(?![\d-])", "luhn"),
-    "es_dni": (r"(?<![A-Za-z0-9])\d{8}-?[A-HJ-NP-TV-Z](?![A-Za-z0-9])", "es_dni"),
-    "fr_nir": (r"(?<![\d])[12] ?\d{2} ?(?:0[1-9]|1[0-2]|[2-9]\d) ?(?:\d{2}|2A|2B) ?\d{3} ?\d{3} ?\d{2}(?!\d)",
-               "fr_nir"),
-    "br_cpf": (r"(?<![\d.])\d{3}\.\d{3}\.\d{3}-\d{2}(?![\d-])", "br_cpf"),
-    "in_aadhaar": (r"(?<![\d-])[2-9]\d{3} ?\d{4} ?\d{4}(?![\d-])", "verhoeff"),
+    "us_ssn": (r"\d(?<![\d-].)\d{2}-\d{2}-\d{4}(?![\d-])", "us_ssn"),
+    "uk_nino": (r"[A-CEGHJ-PR-TW-Z](?<![A-Za-z0-9].)[A-CEGHJ-NPR-TW-Z] ?\d{2} ?\d{2} ?\d{2} ?[A-D](?![A-Za-z0-9])",
+                "uk_nino"),
+    "ca_sin": (r"\d(?<![\d-].)\d{2}[ -]\d{3}[ -]\d{3}(?![\d-])", "luhn"),
+    "es_dni": (r"\d(?<![A-Za-z0-9].)\d{7}-?[A-HJ-NP-TV-Z](?![A-Za-z0-9])", "es_dni"),
+    "fr_nir": (r"[12](?<!\d.) ?\d{2} ?(?:0[1-9]|1[0-2]|[2-9]\d) ?(?:\d{2}|2A|2B) ?\d{3} ?\d{3} ?\d{2}(?!\d)", "fr_nir"),
+    "br_cpf": (r"\d(?<![\d.].)\d{2}\.\d{3}\.\d{3}-\d{2}(?![\d-])", "br_cpf"),
+    "in_aadhaar": (r"[2-9](?<![\d-].)\d{3} ?\d{4} ?\d{4}(?![\d-])", "verhoeff"),
 }
 """The built-in national ids: name -> (regex, check). `redaction.national_ids` adds to it or
 replaces an entry of the same name."""
@@ -200,20 +219,21 @@ def _builtin(kind: str) -> Pattern:
     if kind == "email":
         return Pattern("email", _EMAIL, needs="@")
     if kind == "phone":
-        return Pattern("phone", _PHONE, _phone, needs_digit=True)
+        return Pattern("phone", _PHONE, _phone, near_digits=True)
     if kind == "card":
-        return Pattern("card", _CARD, _card, needs_digit=True)
+        return Pattern("card", _CARD, _card, near_digits=True)
     if kind == "iban":
-        return Pattern("iban", _IBAN, _iban, needs_digit=True)
+        return Pattern("iban", _IBAN, _iban, near_digits=True)
     raise ValueError(f"unknown personal data kind {kind!r} (known: {', '.join(KINDS)})")
 
 
-def national_id(name: str, regex: str, check: str | None) -> Pattern:
-    """One national id's pattern (every national id has a digit); an unknown check names the
-    known ones."""
+def national_id(name: str, regex: str, check: str | None, builtin: bool = False) -> Pattern:
+    """One national id's pattern; an unknown check names the known ones. A built-in one is ASCII
+    and searched near digits only; an operator's as written, over the whole text."""
     if check is not None and check not in CHECKS:
         raise ValueError(f"unknown check {check!r} (known: {', '.join(sorted(CHECKS))})")
-    return Pattern(name, re.compile(regex), None if check is None else _checked(CHECKS[check]), needs_digit=True)
+    return Pattern(name, re.compile(regex, re.ASCII if builtin else 0),
+                   None if check is None else _checked(CHECKS[check]), near_digits=builtin)
 
 
 class Finder:
@@ -234,7 +254,8 @@ class Finder:
         out: list[Pattern] = []
         if "national_id" in kinds:
             table = {**NATIONAL_IDS, **(national_ids or {})}
-            out.extend(national_id(name, rx, check) for name, (rx, check) in table.items())
+            out.extend(national_id(name, rx, check, builtin=(rx, check) == NATIONAL_IDS.get(name))
+                       for name, (rx, check) in table.items())
         out.extend(_builtin(kind) for kind in kinds if kind != "national_id")
         return cls(out)
 
@@ -246,12 +267,17 @@ class Finder:
     def find(self, text: str) -> list[Span]:
         """Every match, by start; where two overlap the longer is kept."""
         found: list[Span] = []
-        # Every built-in kind but e-mail has a digit: a text without one (most prose) costs one scan.
-        has_digit = _DIGIT.search(text) is not None
+        regions: list[tuple[int, int]] | None = None
         for p in self.patterns:
-            if (p.needs and p.needs not in text) or (p.needs_digit and not has_digit):
+            if p.needs and p.needs not in text:
                 continue
-            found.extend(p.spans(text))
+            if not p.near_digits:
+                found.extend(p.spans(text))
+                continue
+            if regions is None:
+                regions = near_digits(text)
+            for a, b in regions:
+                found.extend(p.spans(text, a, b))
         if len(found) < 2:
             return found
         found.sort(key=lambda s: (s.start, s.start - s.end))
@@ -267,7 +293,26 @@ class Finder:
         return redact(text, self.find(text))
 
 
-_DIGIT = re.compile(r"\d")
+REACH = 40  # a built-in kind's match has a digit within this many characters of each end
+_DIGITS = re.compile(r"[0-9]+")  # (the built-in kinds are ASCII: their digits are these)
+
+
+def near_digits(text: str) -> list[tuple[int, int]]:
+    """The parts of `text` within `REACH` characters of a digit, merged: all a built-in kind can
+    be in. Every built-in kind but e-mail has digits, and a regex whose first item is a
+    lookbehind is tried at every position: prose (most of a prompt) costs one scan for digits
+    instead of one per kind. A text without a digit at all costs a `str.find` per digit."""
+    out: list[tuple[int, int]] = []
+    if not any(d in text for d in "0123456789"):
+        return out
+    n = len(text)
+    for m in _DIGITS.finditer(text):
+        a, b = max(0, m.start() - REACH), min(n, m.end() + REACH)
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
 
 
 def label(kind: str) -> str:

@@ -95,6 +95,9 @@ def rules(ttft_slo_s: float = DEFAULT_TTFT_SLO_S) -> tuple[Rule, ...]:
              "{{ $value | humanizePercentage }} of clients leave before their answer while the engines answer: "
              "a client's total timeout is shorter than a generation (use a first-token timeout and stream)",
              f"{RUNBOOK}#5-deadlines"),
+        _over("TailguardAuditDropping", "sum(rate(tailguard_audit_dropped_total[5m]))", ">", "0", "1m", "page",
+             "the audit trail drops entries: its store cannot keep up or is down (each run of them is a gap entry)",
+             "docs/security.md#the-audit-trail"),
         _over("TailguardNeedsCapacity", "max by (pool) (tailguard_capacity_needed) - max by (pool) (tailguard_capacity_ready)", ">", "0",
              "10m", "ticket",
              "pool {{ $labels.pool }}: the load needs {{ $value }} more backend(s) to keep every class inside its "
