@@ -8,24 +8,20 @@ from __future__ import annotations
 
 from typing import Any
 
-import psycopg
-
 from tailguard.audit.store import AuditStore
+from tailguard.db import postgres
 
 
 class PostgresStore(AuditStore):
-    MARK = "%s"
-    REAL = "DOUBLE PRECISION"
+    MARK, REAL = "%s", "DOUBLE PRECISION"
 
     def __init__(self, url: str) -> None:
         super().__init__()
-        self._url = url
+        self.url = url
 
     def _connect(self) -> Any:
-        return psycopg.connect(self._url, autocommit=True)
+        return postgres(self.url)
 
     def _create(self) -> None:
-        """Replicas starting together create the tables one at a time (concurrent `CREATE TABLE
-        IF NOT EXISTS` can collide in PostgreSQL's catalog)."""
-        self._sql("SELECT pg_advisory_xact_lock(3033)")
+        self._sql("SELECT pg_advisory_xact_lock(3033)")  # replicas starting together: one at a time
         super()._create()

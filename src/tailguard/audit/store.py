@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import os
-import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from tailguard.audit.chain import Entry
+from tailguard.db import private_sqlite, transaction
 
 FILE_NAME = "audit.sqlite3"
 _COLUMNS = "chain, seq, at, kind, caller, doc, prev, hash"
@@ -44,15 +43,8 @@ class AuditStore(abc.ABC):
         cur.execute(sql if self.MARK == "?" else sql.replace("?", self.MARK), args)
         return cur
 
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[None]:
-        self._sql(self.BEGIN)
-        try:
-            yield
-        except BaseException:
-            self._sql("ROLLBACK")
-            raise
-        self._sql("COMMIT")
+    def _transaction(self) -> contextlib.AbstractContextManager[None]:
+        return transaction(self._sql, self.BEGIN)
 
     def open(self) -> None:
         self._db = self._connect()
@@ -148,12 +140,7 @@ class SqliteStore(AuditStore):
         self.path = path
 
     def _connect(self) -> Any:
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        return db
+        return private_sqlite(self.path)
 
 
 def open_store(store: str, path: Path | None) -> AuditStore:

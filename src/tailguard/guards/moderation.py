@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from tailguard.capped import read_capped
 from tailguard.guards.check import CLEAN, Finding
 
 MAX_ANSWER_BYTES = 1 << 20
@@ -70,12 +71,8 @@ class ModerationCheck:
         async with self._client.session().post(self.url, data=orjson.dumps(body), headers=self._headers) as resp:
             if resp.status != 200:
                 raise CheckFailed(f"answered {resp.status}")
-            raw = bytearray()
-            async for piece in resp.content.iter_any():
-                raw += piece
-                if len(raw) > MAX_ANSWER_BYTES:
-                    raise CheckFailed(f"answered over {MAX_ANSWER_BYTES} bytes")
-        return self.finding(bytes(raw))
+            raw = await read_capped(resp, MAX_ANSWER_BYTES)
+        return self.finding(raw)
 
     def finding(self, raw: bytes) -> Finding:
         """The service's answer as a finding; `CheckFailed` unless it is OpenAI's shape."""

@@ -42,22 +42,6 @@ _NOT_PRINTABLE = re.compile(r"[^\x20-\x7e\u00a0-\uffff]+")
 log = logging.getLogger("tailguard.gateway")
 
 
-class BodyTooLarge(aiohttp.ClientPayloadError):
-    """A probe's or the model list's answer passed `limits.max_probe_bytes` (an aiohttp client
-    error, so whoever reads one treats it as any failed read)."""
-
-
-async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
-    """The body of a small answer (a probe, a load page, `/v1/models`), refused past `limit`
-    bytes as they arrive, so a backend that answers endlessly costs at most `limit`."""
-    if resp.content_length is not None and resp.content_length > limit:
-        raise BodyTooLarge(f"answer of {resp.content_length} bytes is over the limit of {limit}")
-    out = bytearray()
-    async for piece in resp.content.iter_any():
-        out += piece
-        if len(out) > limit:
-            raise BodyTooLarge(f"answer over the limit of {limit} bytes")
-    return bytes(out)
 
 
 class RelayError(GatewayError):
