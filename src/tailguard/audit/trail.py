@@ -46,6 +46,7 @@ class Trail:
         self._lock = threading.Lock()  # the drop counters, shared by the loop and the writer
         self._gap: tuple[int, float, float] | None = None  # dropped since the last write: (n, first, last)
         self._unwritten: list[Entry] = []  # a batch the store refused, tried again first
+        self._reconnect = False  # the last write failed: its connection is made anew before the next
         self._said: dict[str, float] = {}
         seq_hash = store.head(chain)
         self._seq, self._prev = seq_hash if seq_hash is not None else (0, GENESIS)
@@ -143,11 +144,16 @@ class Trail:
 
     def _write(self, batch: list[Entry]) -> bool:
         try:
+            if self._reconnect:  # (a PostgreSQL restarted meanwhile left the old connection dead)
+                self.store.close()
+                self.store.open()
+                self._reconnect = False
             self.store.append(batch)
         except Exception as e:
             self.failures += 1
             if self._taken(e, batch):
                 return self._write(self._unwritten)
+            self._reconnect = True
             self._say("store", f"audit trail: writing {len(batch)} entries failed ({type(e).__name__}: {e}); "
                       "they are tried again, and new entries queue meanwhile")
             return False

@@ -210,6 +210,8 @@ async def _gateway(cfg: GatewayConfig, first_line: str | None, store: ConfigStor
 
 
 def _run(coro: Any) -> None:
+    from tailguard.errors import ConfigError
+
     try:
         try:
             import uvloop
@@ -222,3 +224,6 @@ def _run(coro: Any) -> None:
     except CannotListen as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
+    except ConfigError as e:  # found as the gateway starts (a store it cannot open)
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None

@@ -111,6 +111,8 @@ def create_app(cfg: GatewayConfig, *, record: Path | None = None, state_dir: Pat
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     cfg = app[LIVE].cfg
+    # First, so a store that cannot be opened stops the start before anything else is made.
+    audit = await asyncio.to_thread(AuditLog.open, app[LIVE], app.get(STATE_DIR))
     loop = asyncio.get_running_loop()
     metrics = app[METRICS]
     backends = {b.name: resolved(b) for b in cfg.backends}  # kind `auto` is `openai` until detected
@@ -135,7 +137,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     moderation = app[MODERATION] = Moderation()
     app[PROXY].guards = GuardSet.of(cfg, moderation, metrics)
     upstream.redact = cfg.redaction.finder().redact
-    audit = app[PROXY].audit = AuditLog.open(app[LIVE], state_dir)
+    app[PROXY].audit = audit
     if audit is not None:
         app[AUDIT] = audit
     meter = app[METER] = app[PROXY].meter = Meter(state_dir / USAGE_FILE if state_dir is not None else None)

@@ -26,7 +26,7 @@ from tailguard.audit.trail import Trail
 from tailguard.config import GatewayConfig
 from tailguard.config.auth import MAX_KEY_CHARS
 from tailguard.config.base import fingerprint
-from tailguard.errors import APIError, AuditFull
+from tailguard.errors import APIError, AuditFull, ConfigError
 from tailguard.front.intake import NO_CLASS
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.metrics import GatewayMetrics
@@ -63,7 +63,12 @@ class AuditLog:
         if not a.enabled:
             return None
         path = a.path or (state_dir / FILE_NAME if state_dir is not None else None)
-        store = open_store(a.store, path)
+        try:
+            store = open_store(a.store, path)
+        except Exception as e:  # one line at start, never the store's password
+            where = a.shown_store() if a.store != "sqlite" else str(path)
+            raise ConfigError(f"audit: cannot open the trail at {where}: {type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''}") from None
         finder = cfg.redaction.finder()
         trail = Trail(store, a.chain or default_chain(cfg), queue_entries=a.queue_entries, flush_s=a.flush_s,
                       max_age_s=a.max_age_days * 86400.0, max_entries=a.max_entries, redact=finder.redact)
