@@ -14,14 +14,14 @@ order number and a date. The arms:
                  redacted, so the body is re-encoded)
     moderation   an input guard on the moderation service (one HTTP round trip on loopback per request)
     audit        the audit trail, in SQLite (WAL), one entry per request
-    pii+audit    both of the first kind
+    pii+audit    both (with `--arms off,pii,moderation,audit,pii+audit`)
 
 "Added" is an arm's percentile minus the `off` arm's, per round; the report gives each round and
 the median over `--rounds`. Also: the guards' own check time from each gateway's
 `tailguard_guard_seconds` (mean), the trail's entries and how long `tailguard audit verify` takes
 to check them, and the moderation service's own CPU per request.
 
-    .venv/bin/python benchmarks/guard_audit_cost.py [--rate 200] [--seconds 20] [--rounds 3]
+    .venv/bin/python benchmarks/guard_audit_cost.py [--rate 200] [--seconds 20] [--rounds 3] [--arms off,pii,...]
 
 Writes benchmarks/results/guard_audit_cost.{json,md}.
 """
@@ -55,7 +55,11 @@ import gateway_overhead as go  # noqa: E402  beside this script: its sender, pha
 RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT_TEXT = ("Hi, this is Jane Doe (jane.doe@example.com). Order 4471-2290 placed on 2024-03-05 arrived "
                "damaged; the box was crushed and two of the three items are broken. " + "word " * 60)
-ARMS = ("off", "pii", "moderation", "audit", "pii+audit")
+ARMS = ("off", "pii", "moderation", "audit")  # (`--arms` may add "pii+audit")
+
+WHAT = {"off": "no guard, no audit trail", "pii": "an input guard: the built-in personal data, `action: redact`",
+        "moderation": "an input guard calling a moderation service in OpenAI's shape on loopback",
+        "audit": "the audit trail in SQLite", "pii+audit": "both"}
 
 MODERATOR = """
 import sys
@@ -89,9 +93,9 @@ def arm_config(arm: str, port: int, sim_url: str, moderation_url: str, tmp: Path
     return cfg
 
 
-def summarize(samples: list[go.Sample], seconds: float, rate: float) -> dict[str, Any]:
+def summarize(samples: list[go.Sample], arms: list[str], seconds: float, rate: float) -> dict[str, Any]:
     out: dict[str, Any] = {"rate_per_s": rate, "seconds": seconds, "arms": {}}
-    for arm in ARMS:
+    for arm in arms:
         ok = [s for s in samples if s.arm == arm and s.ok]
         n = sum(1 for s in samples if s.arm == arm)
         out["arms"][arm] = {"requests": n, "errors": n - len(ok),
@@ -99,7 +103,7 @@ def summarize(samples: list[go.Sample], seconds: float, rate: float) -> dict[str
                             "e2e_ms": {q: go.pct([s.e2e_s for s in ok], p) * 1e3 for q, p in (("p50", 50), ("p99", 99))}}
     off = out["arms"]["off"]
     out["added_ms"] = {arm: {f"{m}_{q}": out["arms"][arm][f"{m}_ms"][q] - off[f"{m}_ms"][q]
-                             for m in ("ttft", "e2e") for q in ("p50", "p99")} for arm in ARMS[1:]}
+                             for m in ("ttft", "e2e") for q in ("p50", "p99")} for arm in arms[1:]}
     out["generator_lag_p99_ms"] = go.pct([s.lag_s for s in samples], 99) * 1e3
     out["valid"] = out["generator_lag_p99_ms"] <= go.MAX_LAG_MS
     return out
@@ -108,7 +112,7 @@ def summarize(samples: list[go.Sample], seconds: float, rate: float) -> dict[str
 async def one_round(sessions: dict[str, aiohttp.ClientSession], urls: dict[str, str], pids: dict[str, list[int]],
                     rate: float, seconds: float, seed: int) -> dict[str, Any]:
     before = {arm: go.cpu_seconds(p) for arm, p in pids.items()}
-    res = summarize(await go.phase(sessions, urls, rate, seconds, seed=seed), seconds, rate)
+    res = summarize(await go.phase(sessions, urls, rate, seconds, seed=seed), list(urls), seconds, rate)
     res["cpu_ms_per_request"] = {}
     for arm, p in pids.items():
         (u0, k0), (u1, k1) = before[arm], go.cpu_seconds(p)
@@ -162,8 +166,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     start("sim", [py, "-m", "tailguard", "sim", "--port", str(sim_port), "--preset", "h100-llama8b",
                   "--max-num-seqs", "4096", "--time-scale", "1"])
     start("moderator", [py, "-c", MODERATOR, str(mod_port)])
+    arms: list[str] = args.arms.split(",")
     urls = {}
-    for arm in ARMS:
+    for arm in arms:
         port = free_port()
         path = tmp / f"{arm}.yaml"
         path.write_text(yaml.safe_dump(arm_config(arm, port, sim_url, mod_url, tmp)))
@@ -173,12 +178,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     rounds: list[dict[str, Any]] = []
     try:
         await wait_healthy(f"{sim_url}/health", procs["sim"])
-        for arm in ARMS:
+        for arm in arms:
             await wait_healthy(urls[arm].replace("/v1/chat/completions", "/health"), procs[arm])
         await _wait_moderator(mod_url, procs["moderator"])
-        pids = {arm: [procs[arm].pid] for arm in ARMS} | {"moderator": [procs["moderator"].pid]}
+        pids = {arm: [procs[arm].pid] for arm in arms} | {"moderator": [procs["moderator"].pid]}
         sessions = {arm: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0))
-                    for arm in ARMS}
+                    for arm in arms}
         try:
             await go.phase(sessions, urls, args.rate, 2.0, seed=1)  # warm-up: connections, caches
             for k in range(args.rounds):
@@ -190,7 +195,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 res["attempts"] = attempt + 1
                 rounds.append(res)
                 print(_line(k + 1, res), flush=True)
-            checks = {arm: await guard_seconds(urls[arm].replace("/v1/chat/completions", "")) for arm in ARMS
+            checks = {arm: await guard_seconds(urls[arm].replace("/v1/chat/completions", "")) for arm in arms
                       if arm in ("pii", "moderation", "pii+audit")}
         finally:
             for s in sessions.values():
@@ -206,20 +211,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 p.wait()
         for f in logs:
             f.close()
-    trails = {arm: verify_trail(tmp / f"audit-{arm}.sqlite3") for arm in ARMS if "audit" in arm}
+    trails = {arm: verify_trail(tmp / f"audit-{arm}.sqlite3") for arm in arms if "audit" in arm}
     shutil.rmtree(tmp, ignore_errors=True)
     return {
         "benchmark": "guard_audit_cost",
         "setup": {
             "preset": "h100-llama8b", "time_scale": 1.0, "tokens_per_response": go.TOKENS, "prompt": PROMPT_TEXT,
-            "arms": list(ARMS), "assignment": "rotating per request, one simulator", "arrivals": "open-loop Poisson",
+            "arms": arms, "assignment": "rotating per request, one simulator", "arrivals": "open-loop Poisson",
             "rate_per_s_all_arms": args.rate, "seconds_per_round": args.seconds, "rounds": args.rounds,
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
             "load_average_1m": {"start": load_before, "end": os.getloadavg()[0]},
         },
         "rounds": rounds,
         "median_added_ms": {arm: {key: statistics.median(r["added_ms"][arm][key] for r in rounds)
-                                  for key in rounds[0]["added_ms"][arm]} for arm in ARMS[1:]},
+                                  for key in rounds[0]["added_ms"][arm]} for arm in arms[1:]},
         "median_cpu_ms_per_request": {arm: statistics.median(r["cpu_ms_per_request"][arm] for r in rounds)
                                       for arm in rounds[0]["cpu_ms_per_request"]},
         "guard_check_mean_us": checks,
@@ -267,9 +272,7 @@ def markdown(res: dict[str, Any]) -> str:
         f"{s['load_average_1m']['start']:.1f} at the start, {s['load_average_1m']['end']:.1f} at the end; other "
         "work on the machine adds noise). Command: `.venv/bin/python benchmarks/guard_audit_cost.py`.",
         "",
-        "Arms: `off` (neither), `pii` (an input guard: built-in personal data, `action: redact`), `moderation` "
-        "(an input guard calling a moderation service in OpenAI's shape on loopback), `audit` (the trail in "
-        "SQLite), `pii+audit`.",
+        "Arms: " + "; ".join(f"`{a}` ({WHAT[a]})" for a in s["arms"]) + ".",
         "",
         "## Added to the `off` arm (median of the rounds)",
         "",
@@ -308,6 +311,8 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=200.0, help="requests per second, all arms together")
     p.add_argument("--seconds", type=float, default=20.0, help="length of each round")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--arms", default=",".join(ARMS), help="the arms, `off` first (off, pii, moderation, audit, "
+                   "pii+audit)")
     args = p.parse_args()
     res = asyncio.run(run(args))
     RESULTS.mkdir(exist_ok=True)
