@@ -185,3 +185,18 @@ async def test_a_flagged_request_goes_on_and_says_so() -> None:
             assert r.status == 200
         assert sample(await scrape(gw.url), "tailguard_guard_checks_total", guard="mod-input", stage="input",
                       verdict="flag") == 1
+
+
+async def test_a_reload_applies_new_guards_to_the_requests_after_it() -> None:
+    from tailguard.config import GatewayConfig
+    from tailguard.gateway.http.app import LIVE, reloader_of
+
+    forbidden = [{"role": "user", "content": "the forbidden thing"}]
+    async with asyncio.timeout(30), moderation_server() as m, guarded([]) as gw:
+        client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="sk-team", max_retries=0)
+        assert (await client.chat.completions.create(model="m", messages=forbidden, max_tokens=2)).choices
+        cfg = gw.app[LIVE].cfg.model_dump(mode="json", exclude_unset=True)
+        reloader_of(gw.app).apply(GatewayConfig.model_validate({**cfg, "guards": [moderation(m)]}))
+        with pytest.raises(openai.BadRequestError):
+            await client.chat.completions.create(model="m", messages=forbidden, max_tokens=2)
+        await client.close()
