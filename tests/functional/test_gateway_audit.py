@@ -154,6 +154,7 @@ async def test_every_request_admin_action_and_auth_failure_is_in_a_trail_that_ve
         "team", "interactive", "/v1/chat/completions", 200, "success")
     assert chat["key"].startswith("key:") and chat["prompt_tokens"] > 0 and chat["output_tokens"] == 4
     assert "[EMAIL]" in chat["prompt"] and "jane.doe" not in out  # retained, redacted
+    assert chat["completion"].startswith(" tok")  # a non-stream answer's text too
     assert by_id["r-messages"]["route"] == "/v1/messages"
     assert (by_id["r-badkey"]["kind"], by_id["r-badkey"]["status"]) == ("auth_failure", 401)
     assert by_id["r-badkey"]["key"] != chat["key"]  # the wrong key, fingerprinted

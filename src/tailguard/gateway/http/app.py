@@ -127,8 +127,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     app[BACKENDS] = backends
     estimator = OutputEstimator(cfg.scheduler.output_estimate.params())
     tracer = Tracer.of(cfg)
+    keep_text = cfg.log_prompts or cfg.audit.retain_text  # a non-stream answer's text, for the log or the trail
     app[PROXY] = Proxy(cfg, ClassTable(cfg), Context(
-        dispatcher, upstream, backends, metrics, app[LIVE], estimator, loop, keep_text=cfg.log_prompts), tracer)
+        dispatcher, upstream, backends, metrics, app[LIVE], estimator, loop, keep_text=keep_text), tracer)
     for b in backends.values():
         metrics.add_backend(b.name, b.kind)
     state_dir = app.get(STATE_DIR)
