@@ -59,6 +59,8 @@ class OutputScreen:
         self._hold = max((self.guards[i].window_chars for i in self._holding), default=0)
         self._dec = SSEDecoder(max_event_bytes) if stream else None
         self._held: deque[_Held] = deque()
+        self._held_bytes = 0
+        self._max_held = max(max_event_bytes, 1 << 20)
         self._windows: dict[int, Window] = {}
         self._checked: dict[tuple[int, int], int] = {}  # (guard, choice) -> how far it has read
         self._last: dict[str, Any] | None = None  # the latest chunk: the filter chunk's id, model, created
@@ -111,9 +113,12 @@ class OutputScreen:
             events += self._dec.flush()
         for ev in events:
             self._take(ev)
-        if not await self._check(last):
+        # Bytes held past the bound (a backend sending events without text behind a held one):
+        # everything so far is checked as if the answer ended here, and released.
+        flush = last or self._held_bytes > self._max_held
+        if not await self._check(flush):
             return self._withheld(), True
-        return self._release(last), last
+        return self._release(flush), last
 
     def _take(self, ev: SSEEvent) -> None:
         obj: Any = None
@@ -132,6 +137,7 @@ class OutputScreen:
                 start, end = w.add(text)
                 held.pieces.append((index, start, end, text))
         self._held.append(held)
+        self._held_bytes += len(ev.raw)
 
     async def _check(self, final: bool) -> bool:
         """Every guard due (or all, at the end) reads its view of each choice; False when the
@@ -164,6 +170,7 @@ class OutputScreen:
             if not final and any(end > targets[i] for i, _, end, _ in ev.pieces):
                 break
             self._held.popleft()
+            self._held_bytes -= len(ev.raw)
             out.append(self._out(ev))
             for i, _, end, _ in ev.pieces:
                 sent[i] = end

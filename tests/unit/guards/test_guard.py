@@ -276,3 +276,21 @@ async def test_stream_moderation_runs_every_half_window() -> None:
     # At 20, 40 and 60 characters (each waits for 16 new ones); at the end nothing new was left.
     assert [len(r[0]) for r in mod.read] == [20, 40, 60]
     assert texts_of(out)[0] == "0123456789" * 6
+
+
+async def test_a_stream_holds_a_bounded_number_of_bytes() -> None:
+    """Events without text behind a held chunk (a backend's comments, say) are not held without
+    bound: past the bound, what came is checked as if the answer ended there, and released."""
+    gs = GuardSet([guard("pii", "output", "redact", PatternCheck(PII))], Stats(), max_event_bytes=1024)
+    screen = gs.output("chat", "interactive", "m", stream=True, verdicts=[])
+    assert screen is not None
+    out, _ = await screen.feed(b"data: " + chat_chunk("c1", "m", 1, content="mail a@b.org") + b"\n\n", False)
+    assert out == b""  # held: 32 characters behind
+    filler = b"data: " + chat_chunk("c1", "m", 1, role="assistant") + b"\n\n"
+    sent = []
+    for _ in range(20_000):
+        out, ended = await screen.feed(filler, False)
+        sent.append(out)
+        assert not ended
+    assert texts_of(b"".join(sent))[0] == "mail [EMAIL]"
+    assert screen._held_bytes <= 1 << 20
