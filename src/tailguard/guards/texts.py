@@ -20,7 +20,7 @@ from typing import Any
 Path = tuple[str | int, ...]
 
 _TOP = ("system", "instructions", "messages", "prompt", "input")  # in the order a model reads them
-_INNER = frozenset({"content", "text", "output", "input"})
+_INNER = ("content", "text", "output", "input")  # (a tuple: the order texts are read in is fixed)
 _MAX_DEPTH = 8  # message > content list > block > content list > block ... (a tool result's blocks)
 
 
