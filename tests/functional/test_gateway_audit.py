@@ -197,6 +197,9 @@ async def test_two_replicas_append_their_own_chains_to_one_postgresql_table(tmp_
                                                     extra_headers={"X-Request-Id": rid})
                     ids.add(rid)
             assert (await get(gw.url, "/admin/usage", ADMIN))[0] == 200
+            assert (await get(gw.url, "/admin/usage", "sk-team-secret-1"))[0] == 403
+            status, body = await post(gw.url, "/admin/reload", ADMIN, {})
+            assert status == 200 and body["ok"], body
         for gw in gws:
             await stopped(gw)
         code, out = await tailguard("audit", "verify", "--store", url)
@@ -206,7 +209,9 @@ async def test_two_replicas_append_their_own_chains_to_one_postgresql_table(tmp_
         assert ids <= {e.get("request_id") for e in entries}
         chains = {e["chain"] for e in entries}
         assert len(chains) == 2
-        assert sum(e.get("action") == "read_usage" for e in entries) == 2
+        for action in ("read_usage", "reload"):
+            assert {e["chain"] for e in entries if e.get("action") == action} == chains
+        assert {e["chain"] for e in entries if e["kind"] == "auth_failure"} == chains
         victim = next(e for e in entries if e.get("request_id") == "r1-1")
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("UPDATE audit_entries SET doc = replace(doc, '\"output_tokens\":4', '\"output_tokens\":1') "
