@@ -200,3 +200,35 @@ async def test_a_reload_applies_new_guards_to_the_requests_after_it() -> None:
         with pytest.raises(openai.BadRequestError):
             await client.chat.completions.create(model="m", messages=forbidden, max_tokens=2)
         await client.close()
+
+
+async def test_personal_data_is_redacted_in_the_access_log_and_in_a_relayed_engine_error(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Where text is kept or passed on: the access log's prompt (log_prompts), including a batch
+    line's (a request like any other), and an engine's 4xx message echoing the prompt."""
+    import logging
+
+    async def refusing(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        body = orjson.dumps({"error": {"message": "cannot answer 'write to jane.doe@example.com about card "
+                                                  "4111 1111 1111 1111'", "type": "invalid_request_error",
+                                       "code": "bad_prompt"}})
+        w.write(b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
+                % (len(body), body))
+        await w.drain()
+
+    caplog.set_level(logging.INFO, logger="tailguard.access")
+    said = [{"role": "user", "content": "write to jane.doe@example.com about card 4111 1111 1111 1111"}]
+    async with asyncio.timeout(30), gateway(log_prompts=True) as gw:
+        async with gw.client() as c:
+            await c.chat.completions.create(model="m", messages=said, max_tokens=2)
+    async with asyncio.timeout(30), raw_server(refusing) as url, gateway(
+            sims=0, backends=[{"name": "raw", "url": url, "kind": "openai"}]) as gw:
+        async with gw.client() as c:
+            with pytest.raises(openai.BadRequestError) as e:
+                await c.chat.completions.create(model="m", messages=said, max_tokens=2)
+    assert e.value.code == "bad_prompt" and "[EMAIL]" in e.value.message and "[CARD]" in e.value.message
+    assert "jane.doe" not in e.value.message and "4111" not in e.value.message
+    logged = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "tailguard.access"]
+    assert "[EMAIL]" in logged[0]["prompt"] and "[CARD]" in logged[0]["prompt"]
+    assert "jane.doe" not in " ".join(r.getMessage() for r in caplog.records)
