@@ -204,8 +204,9 @@ async def test_a_reload_applies_new_guards_to_the_requests_after_it() -> None:
 
 async def test_personal_data_is_redacted_in_the_access_log_and_in_a_relayed_engine_error(
         caplog: pytest.LogCaptureFixture) -> None:
-    """Where text is kept or passed on: the access log's prompt (log_prompts), including a batch
-    line's (a request like any other), and an engine's 4xx message echoing the prompt."""
+    """Where text is kept or passed on: the access log's prompt (log_prompts; a batch line's is
+    written by the same code, as a request like any other), and an engine's 4xx message echoing
+    the prompt."""
     import logging
 
     async def refusing(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
