@@ -162,7 +162,7 @@ async def on_the_loop(n: int = 2000) -> dict[str, float]:
     from tailguard.gateway.ops.audit import AuditLog
     from tailguard.gateway.ops.live import Live
     from tailguard.gateway.ops.metrics import GatewayMetrics
-    from tailguard.gateway.request import Request
+    from tailguard.gateway.request import Ended, Request
     from tailguard.guards.guard import GuardSet
     from tailguard.guards.moderation import Moderation
 
@@ -177,6 +177,7 @@ async def on_the_loop(n: int = 2000) -> dict[str, float]:
     log = AuditLog(Trail(store, "bench", queue_entries=n * 10), Live.of(cfg), retain_text=False, refuse=False)
     t = Request("tg-1", 0.0, "chat", request_id="req-1", client="127.0.0.1", user_agent="bench", cls="interactive",
                 caller="team", key="key:0123456789abcdef", model="m", prompt_tokens=104, output_tokens=16)
+    ended = Ended(t, "POST", "/v1/chat/completions")
 
     async def screened() -> None:
         for _ in range(n):
@@ -184,7 +185,7 @@ async def on_the_loop(n: int = 2000) -> dict[str, float]:
 
     def audited() -> None:
         for _ in range(n):
-            log.request(t, "POST", "/v1/chat/completions")
+            log.ended(ended)
 
     out: dict[str, list[float]] = {"pii_screen_us": [], "audit_request_us": []}
     for _ in range(5):

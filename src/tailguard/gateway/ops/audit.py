@@ -1,6 +1,6 @@
 """The gateway's audit log: what goes into the trail (`tailguard.audit`) and when.
 
-    request        every request, as the proxy ends it: time, ids, caller, key fingerprint,
+    request        every request, as it ends (a listener of `Lifecycle.end`): time, ids, caller, key fingerprint,
                    client address, route, model, class, tokens, outcome, status, reason, backend,
                    the guards' verdicts, the config's hash; its prompt (and a non-stream answer)
                    only with `audit.retain_text`, redacted as `redaction:` says
@@ -10,7 +10,7 @@
                    reads of usage and of the config, batch create, cancel and retry
     start, gap     the gateway started (its config); entries dropped when the queue was full
 
-The proxy and the routes call it; it builds a small dict on the loop and hands it to the trail's
+The lifecycle (each request's end, and its `admit` before the front) and the routes call it; it builds a small dict on the loop and hands it to the trail's
 queue, whose thread does the rest (redaction, hashing, writing).
 """
 
@@ -30,7 +30,7 @@ from tailguard.errors import APIError, AuditFull, ConfigError
 from tailguard.front.intake import NO_CLASS
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.metrics import GatewayMetrics
-from tailguard.gateway.request import Request
+from tailguard.gateway.request import Ended
 from tailguard.types import RejectReason
 
 
@@ -84,10 +84,12 @@ class AuditLog:
             metrics.rejected.labels(cls, RejectReason.AUDIT_UNAVAILABLE).inc()
             raise AuditFull()
 
-    def request(self, t: Request, method: str, path: str) -> None:
+    def ended(self, e: Ended) -> None:
+        """A request's entry, as the lifecycle ends it (a 401 is an `auth_failure`)."""
+        t = e.request
         doc: dict[str, Any] = {
             "kind": "auth_failure" if t.status == 401 else "request", "id": t.id, "request_id": t.request_id,
-            "caller": t.caller, "key": t.key, "client": t.client, "method": method, "route": path,
+            "caller": t.caller, "key": t.key, "client": t.client, "method": e.method, "route": e.path,
             "model": t.model, "class": None if t.cls == NO_CLASS else t.cls, "prompt_tokens": t.prompt_tokens,
             "output_tokens": t.output_tokens, "outcome": t.outcome.value, "status": t.status, "reason": t.reason,
             "backend": None if t.backend == "-" else t.backend, "guards": t.verdicts or None, "config": self._live.hash,
@@ -98,7 +100,7 @@ class AuditLog:
 
     def auth_failure(self, *, method: str, path: str, client: str | None, key: str | None, status: int,
                      reason: str | None) -> None:
-        """A route other than the proxy's refused a key (the proxy's are `request` entries with 401)."""
+        """A route other than a generation route refused a key (theirs are `request` entries with 401)."""
         self._add({"kind": "auth_failure", "caller": None, "key": key_fingerprint(key), "client": client,
                    "method": method, "route": path, "status": status, "reason": reason})
 
