@@ -72,20 +72,20 @@ async def requests_of_every_kind(url: str) -> set[str]:
     ids the trail must hold."""
     ids = set()
     async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-team-secret-1", max_retries=0) as c:
-        await c.chat.completions.create(model="m", messages=CHAT, max_tokens=4, extra_headers={"X-Request-Id": "r-chat"})
-        stream = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=4, stream=True,
+        await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4, extra_headers={"X-Request-Id": "r-chat"})
+        stream = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4, stream=True,
                                                  extra_headers={"X-Request-Id": "r-stream"})
         async for _ in stream:
             pass
-        await c.completions.create(model="m", prompt="hi", max_tokens=4, extra_headers={"X-Request-Id": "r-text"})
+        await c.completions.create(model="tailguard-sim", prompt="hi", max_tokens=4, extra_headers={"X-Request-Id": "r-text"})
         ids |= {"r-chat", "r-stream", "r-text"}
     async with anthropic.AsyncAnthropic(base_url=url, api_key="sk-team-secret-1", max_retries=0) as a:
-        await a.messages.create(model="m", max_tokens=4, messages=[{"role": "user", "content": "hi"}],
+        await a.messages.create(model="tailguard-sim", max_tokens=4, messages=[{"role": "user", "content": "hi"}],
                                 extra_headers={"X-Request-Id": "r-messages"})
         ids.add("r-messages")
     async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-wrong-key-3", max_retries=0) as bad:
         try:
-            await bad.chat.completions.create(model="m", messages=CHAT, extra_headers={"X-Request-Id": "r-badkey"})
+            await bad.chat.completions.create(model="tailguard-sim", messages=CHAT, extra_headers={"X-Request-Id": "r-badkey"})
         except openai.AuthenticationError:
             ids.add("r-badkey")
         try:
@@ -97,7 +97,7 @@ async def requests_of_every_kind(url: str) -> set[str]:
 
 async def batch_actions(url: str) -> None:
     """A batch made, cancelled while its lines run, and retried."""
-    line = {"method": "POST", "url": "/v1/chat/completions", "body": {"model": "m", "messages": CHAT, "max_tokens": 3000}}
+    line = {"method": "POST", "url": "/v1/chat/completions", "body": {"model": "tailguard-sim", "messages": CHAT, "max_tokens": 3000}}
     data = b"".join(orjson.dumps({"custom_id": f"l{i}", **line}) + b"\n" for i in range(2))
     async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-team-secret-1", max_retries=0) as c:
         f = await c.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
@@ -193,7 +193,7 @@ async def test_two_replicas_append_their_own_chains_to_one_postgresql_table(tmp_
             async with openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="sk-team-secret-1", max_retries=0) as c:
                 for k in range(3):
                     rid = f"r{i}-{k}"
-                    await c.chat.completions.create(model="m", messages=CHAT, max_tokens=4,
+                    await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4,
                                                     extra_headers={"X-Request-Id": rid})
                     ids.add(rid)
             assert (await get(gw.url, "/admin/usage", ADMIN))[0] == 200
@@ -230,7 +230,7 @@ async def test_a_full_queue_drops_with_a_gap_or_refuses(tmp_path: Path) -> None:
             statuses = []
             for _ in range(12):
                 try:
-                    await client.chat.completions.create(model="m", messages=CHAT, max_tokens=2)
+                    await client.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2)
                     statuses.append(200)
                 except openai.InternalServerError as e:
                     assert e.code == "audit_unavailable" and e.response.headers["retry-after"] == "1"
@@ -240,7 +240,7 @@ async def test_a_full_queue_drops_with_a_gap_or_refuses(tmp_path: Path) -> None:
         async with gateway(audit={**slow, "path": str(tmp_path / "b.sqlite3")}) as gw:
             client = gw.client()
             for _ in range(12):
-                await client.chat.completions.create(model="m", messages=CHAT, max_tokens=2)
+                await client.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2)
             await client.close()
         code, out = await tailguard("audit", "verify", "--store", str(tmp_path / "b.sqlite3"))
         assert code == 0, out

@@ -51,18 +51,18 @@ async def guarded(guards: list[dict[str, Any]], **cfg: Any) -> AsyncIterator[Any
 async def test_a_blocked_input_never_reaches_the_engine_and_is_not_charged() -> None:
     async with asyncio.timeout(60), moderation_server() as m, guarded([moderation(m)]) as gw:
         client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="sk-team", max_retries=0)
-        ok = await client.chat.completions.create(model="m", messages=CHAT, max_tokens=4)
+        ok = await client.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4)
         assert ok.choices[0].message.content
         before, prompt_before = await sim_counts(gw.sims[0].url)
         with pytest.raises(openai.BadRequestError) as e:
             await client.chat.completions.create(
-                model="m", messages=[{"role": "user", "content": "tell me the forbidden thing"}], max_tokens=4)
+                model="tailguard-sim", messages=[{"role": "user", "content": "tell me the forbidden thing"}], max_tokens=4)
         assert e.value.code == "content_policy_violation" and "mod-input" in str(e.value)
         with pytest.raises(openai.BadRequestError):
-            await client.completions.create(model="m", prompt="forbidden words", max_tokens=4, stream=True)
+            await client.completions.create(model="tailguard-sim", prompt="forbidden words", max_tokens=4, stream=True)
         anth = anthropic.AsyncAnthropic(base_url=gw.url, api_key="sk-team", max_retries=0)
         with pytest.raises(anthropic.BadRequestError) as ae:
-            await anth.messages.create(model="m", max_tokens=4, system="be forbidden",
+            await anth.messages.create(model="tailguard-sim", max_tokens=4, system="be forbidden",
                                        messages=[{"role": "user", "content": "hi"}])
         assert ae.value.body["type"] == "error"  # Anthropic's error shape on its route
         await client.close()
@@ -92,7 +92,7 @@ async def test_input_redaction_changes_what_the_engine_receives() -> None:
             sims=0, backends=[{"name": "raw", "url": url, "kind": "openai"}], guards=[pii]) as gw:
         client = gw.client()
         said = "mail jane.doe@example.com or call +44 20 7946 0958 about card 4111 1111 1111 1111"
-        got = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": said}])
+        got = await client.chat.completions.create(model="tailguard-sim", messages=[{"role": "user", "content": said}])
         assert got.choices[0].message.content == "ok"
         await client.close()
     chats = [r for r in received if r.startswith(b"POST /v1/chat/completions")]  # (not the probes)
@@ -121,7 +121,7 @@ async def test_a_streamed_address_split_over_chunks_is_redacted() -> None:
     async with asyncio.timeout(30), raw_server(backend) as url, gateway(
             sims=0, backends=[{"name": "raw", "url": url, "kind": "openai"}], guards=[pii]) as gw:
         client = gw.client()
-        stream = await client.chat.completions.create(model="m", messages=CHAT, stream=True)
+        stream = await client.chat.completions.create(model="tailguard-sim", messages=CHAT, stream=True)
         text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
         await client.close()
     assert text == "Sure, write to [EMAIL] and I will answer by phone on [PHONE]."
@@ -132,7 +132,7 @@ async def test_a_blocked_stream_ends_with_content_filter_and_the_engine_stops() 
             [moderation(m, "output", window_chars=16)]) as gw:
         m.flag_from_call = 8  # the first seven windows pass: some text goes out first
         client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="sk-team", max_retries=0)
-        stream = await client.chat.completions.create(model="m", messages=CHAT, max_tokens=2000, stream=True)
+        stream = await client.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2000, stream=True)
         text, reasons = [], []
         with pytest.raises(openai.APIError) as e:
             async for c in stream:
@@ -143,7 +143,7 @@ async def test_a_blocked_stream_ends_with_content_filter_and_the_engine_stops() 
         assert reasons[-1] == "content_filter" and "tok" in "".join(text)
         generated = sum(v for (n, _), v in (await scrape(gw.sims[0].url)).items() if n == "vllm:generation_tokens_total")
         assert generated < 500  # its stream was closed: the engine did not go on to 2000 tokens
-        plain = await client.chat.completions.create(model="m", messages=CHAT, max_tokens=64)
+        plain = await client.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=64)
         assert plain.choices[0].finish_reason == "content_filter" and plain.choices[0].message.content == ""
         await client.close()
 
@@ -160,11 +160,11 @@ async def test_a_slow_or_failing_guard_follows_on_error_within_its_timeout(on_er
         client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="sk-team", max_retries=0)
         started = monotonic()
         if on_error == "open":
-            got = await client.chat.completions.create(model="m", messages=CHAT, max_tokens=4)
+            got = await client.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4)
             assert got.choices[0].message.content
         else:
             with pytest.raises(openai.InternalServerError) as e:
-                await client.chat.completions.create(model="m", messages=CHAT, max_tokens=4)
+                await client.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4)
             assert e.value.status_code == 503 and e.value.code == "guard_unavailable"
             assert e.value.response.headers["retry-after"] == "1"
         took = monotonic() - started
@@ -181,7 +181,7 @@ async def test_a_flagged_request_goes_on_and_says_so() -> None:
     async with asyncio.timeout(30), moderation_server() as m, guarded([moderation(m, action="flag")]) as gw:
         async with aiohttp.ClientSession() as s, s.post(
                 f"{gw.url}/v1/chat/completions", headers={"Authorization": "Bearer sk-team"},
-                json={"model": "m", "messages": [{"role": "user", "content": "forbidden"}], "max_tokens": 4}) as r:
+                json={"model": "tailguard-sim", "messages": [{"role": "user", "content": "forbidden"}], "max_tokens": 4}) as r:
             assert r.status == 200
         assert sample(await scrape(gw.url), "tailguard_guard_checks_total", guard="mod-input", stage="input",
                       verdict="flag") == 1
@@ -194,11 +194,11 @@ async def test_a_reload_applies_new_guards_to_the_requests_after_it() -> None:
     forbidden = [{"role": "user", "content": "the forbidden thing"}]
     async with asyncio.timeout(30), moderation_server() as m, guarded([]) as gw:
         client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="sk-team", max_retries=0)
-        assert (await client.chat.completions.create(model="m", messages=forbidden, max_tokens=2)).choices
+        assert (await client.chat.completions.create(model="tailguard-sim", messages=forbidden, max_tokens=2)).choices
         cfg = gw.app[LIVE].cfg.model_dump(mode="json", exclude_unset=True)
         reloader_of(gw.app).apply(GatewayConfig.model_validate({**cfg, "guards": [moderation(m)]}))
         with pytest.raises(openai.BadRequestError):
-            await client.chat.completions.create(model="m", messages=forbidden, max_tokens=2)
+            await client.chat.completions.create(model="tailguard-sim", messages=forbidden, max_tokens=2)
         await client.close()
 
 
@@ -222,12 +222,12 @@ async def test_personal_data_is_redacted_in_the_access_log_and_in_a_relayed_engi
     said = [{"role": "user", "content": "write to jane.doe@example.com about card 4111 1111 1111 1111"}]
     async with asyncio.timeout(30), gateway(log_prompts=True) as gw:
         async with gw.client() as c:
-            await c.chat.completions.create(model="m", messages=said, max_tokens=2)
+            await c.chat.completions.create(model="tailguard-sim", messages=said, max_tokens=2)
     async with asyncio.timeout(30), raw_server(refusing) as url, gateway(
             sims=0, backends=[{"name": "raw", "url": url, "kind": "openai"}]) as gw:
         async with gw.client() as c:
             with pytest.raises(openai.BadRequestError) as e:
-                await c.chat.completions.create(model="m", messages=said, max_tokens=2)
+                await c.chat.completions.create(model="tailguard-sim", messages=said, max_tokens=2)
     assert e.value.code == "bad_prompt" and "[EMAIL]" in e.value.message and "[CARD]" in e.value.message
     assert "jane.doe" not in e.value.message and "4111" not in e.value.message
     logged = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "tailguard.access"]
