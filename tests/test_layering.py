@@ -30,6 +30,7 @@ PURE = {
     "sweep.traffic", "sweep.whatif", "sweep.caps",
     "retry_policy", "client.retry", "client.timeouts", "client.chunks", "client.assembly",
     "batch.records", "batch.validation", "batch.journal", "config.batches",
+    "config.guards", "config.audit", "guards.patterns", "guards.texts", "guards.window", "audit.chain",
 }
 IO_MODULES = ("asyncio", "aiohttp", "prometheus_client", "time", "socket", "uvloop", "httpx", "httpx2", "anyio")
 # part -> parts it must never import
@@ -54,6 +55,12 @@ FORBIDDEN_PARTS = {
     # a front's conversation written down and replayed: it knows the front, no driver of it
     "recording": ("tailguard.gateway", "tailguard.sim", "tailguard.bench", "tailguard.client", "tailguard.cli",
                   "tailguard.sweep", "tailguard.doctor", "tailguard.batch"),
+    # content guards: the gateway calls them; they know the config and the wire, no driver or server
+    "guards": ("tailguard.gateway", "tailguard.front", "tailguard.sim", "tailguard.bench", "tailguard.client",
+               "tailguard.cli", "tailguard.sweep", "tailguard.doctor", "tailguard.batch", "tailguard.audit"),
+    # the audit trail and its stores: the gateway (gateway/ops/audit.py) and `tailguard audit` use it
+    "audit": ("tailguard.gateway", "tailguard.front", "tailguard.sim", "tailguard.bench", "tailguard.client",
+              "tailguard.cli", "tailguard.sweep", "tailguard.doctor", "tailguard.batch", "tailguard.guards"),
     # a leaf both the front and the light client import: it imports no part
     "retry_policy": ("tailguard.front", "tailguard.gateway", "tailguard.sim", "tailguard.bench", "tailguard.client",
                      "tailguard.cli", "tailguard.wire", "tailguard.doctor", "tailguard.sweep", "tailguard.batch"),
@@ -82,6 +89,7 @@ GATEWAY_SIDES = {
     "gateway.ops.live": (_GW + "http", _GW + "upstream", _GW + "exchange", _GW + "dispatch"),
     "gateway.ops.store": (_GW + "http", _GW + "upstream", _GW + "exchange", _GW + "dispatch"),
     "gateway.ops.recorder": (_GW + "http", _GW + "upstream", _GW + "exchange", _GW + "dispatch"),
+    "gateway.ops.audit": (_GW + "http", _GW + "upstream", _GW + "exchange", _GW + "dispatch"),
     "gateway.shared.": (_GW + "http", _GW + "upstream", _GW + "exchange", _GW + "ops.reload", _GW + "ops.store"),
 }
 

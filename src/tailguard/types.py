@@ -57,4 +57,6 @@ class RejectReason(enum.StrEnum):
     RATE_LIMIT_REQUESTS = "rate_limit_requests"  # its caller's requests per minute
     RATE_LIMIT_TOKENS = "rate_limit_tokens"  # its caller's tokens per minute
     RATE_LIMIT_PARALLEL = "rate_limit_parallel"  # its caller's requests at once (`max_parallel_requests`)
+    GUARD_UNAVAILABLE = "guard_unavailable"  # an input guard failed or timed out, and fails closed
+    AUDIT_UNAVAILABLE = "audit_unavailable"  # the audit trail's queue is full and `audit.when_full: refuse`
     SHARED_STATE_UNAVAILABLE = "shared_state_unavailable"  # Redis is away and `state.on_unavailable` is `closed`

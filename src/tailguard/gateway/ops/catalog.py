@@ -19,6 +19,8 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 2.5, 5.0,
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5.0)
 # The OpenTelemetry GenAI semantic conventions' explicit bucket boundaries (gen-ai-metrics.md), so
 # these histograms aggregate with Envoy AI Gateway's and any other conforming emitter's.
+# Seconds of one guard check: the built-in patterns' tens of microseconds to a classifier's seconds.
+GUARD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 GENAI_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 GENAI_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 GENAI_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
@@ -130,6 +132,18 @@ METRICS: tuple[MetricSpec, ...] = (
     _c("tailguard_caller_requests", "Requests by caller and terminal outcome.", "caller", "outcome"),
     _c("tailguard_caller_tokens", "Tokens by caller: prompt and output (from upstream usage, else the estimate "
        "and content chunks).", "caller", "kind"),
+    # Guards and the audit trail (docs/security.md).
+    _c("tailguard_guard_checks", "Guard checks by verdict: pass, block, redact, flag (its action on a finding), or "
+       "error_open and error_closed (the check failed or passed its timeout_s, and its on_error).",
+       "guard", "stage", "verdict"),
+    _h("tailguard_guard_seconds", "Time of one guard check, bounded by its timeout_s: the built-in patterns on the "
+       "loop, a long text's on a thread, or a moderation service's round trip.", GUARD_BUCKETS, "guard", "stage"),
+    _c("tailguard_audit_entries", "Audit entries written to the store."),
+    _c("tailguard_audit_dropped", "Audit entries dropped because the queue was full (`audit.when_full: drop`; the "
+       "trail records a gap entry for each run of them)."),
+    _c("tailguard_audit_write_failures", "Batches of audit entries the store refused (each is tried again)."),
+    _g("tailguard_audit_queue_length", "Audit entries waiting to be written (at `audit.queue_entries` the queue is "
+       "full)."),
     # What runs.
     _g("tailguard_state_shared", "1 while callers' limits and backends' slots are shared with the other replicas through Redis, 0 "
        "otherwise: no `state.url`, or Redis unavailable (state.on_unavailable applies)."),

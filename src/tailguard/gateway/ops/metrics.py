@@ -14,7 +14,7 @@ import math
 import platform
 from datetime import datetime, timezone
 from bisect import bisect_left
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import orjson
 import prometheus_client
@@ -264,6 +264,20 @@ class GatewayMetrics:
         self._inflight: dict[str, Any] = {}
         self._kinds: dict[str, str] = {}
         self._genai: dict[tuple[str, str], GenAIUsage] = {}
+        self._guard_seconds: dict[tuple[str, str], Any] = {}
+        self._guard_checks: dict[tuple[str, str, str], Any] = {}
+
+    def observe(self, guard: str, stage: str, seconds: float, verdict: str) -> None:
+        """One guard check's time and verdict (the guards' `Stats`)."""
+        h = self._guard_seconds.get((guard, stage))
+        if h is None:
+            h = self._guard_seconds[guard, stage] = self.families["tailguard_guard_seconds"].labels(guard, stage)
+        h.observe(seconds)
+        c = self._guard_checks.get((guard, stage, verdict))
+        if c is None:
+            c = self._guard_checks[guard, stage, verdict] = self.families["tailguard_guard_checks"].labels(
+                guard, stage, verdict)
+        c.inc()
 
     def genai_usage(self, endpoint: str, backend: str) -> GenAIUsage:
         """The GenAI token children of a request by its route and the kind of its backend."""
@@ -466,9 +480,10 @@ def _now_rfc3339() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
-def access_log(t: Request, *, method: str, path: str, logged_text: bool = False) -> None:
+def access_log(t: Request, *, method: str, path: str, text: Callable[[str], str] | None = None) -> None:
     """One JSON line per request on logger `tailguard.access`; its prompt and completion text
-    only with `logged_text` (the app passes it only with `log_prompts: true`)."""
+    only with `text`, written through it (the lifecycle passes the redaction of `redaction:`, and
+    only with `log_prompts: true`). The guards' verdicts other than pass, when there were any."""
     if not _access_log.isEnabledFor(logging.INFO):
         return
     end = t.finished_at if t.finished_at is not None else t.arrived_at
@@ -503,11 +518,13 @@ def access_log(t: Request, *, method: str, path: str, logged_text: bool = False)
         rec["output_tokens_estimated"] = True
     if t.overrun_tokens:
         rec["overrun_tokens"] = t.overrun_tokens
-    if logged_text:
+    if t.verdicts:
+        rec["guards"] = t.verdicts
+    if text is not None:
         if t.prompt_text is not None:
-            rec["prompt"] = t.prompt_text
+            rec["prompt"] = text(t.prompt_text)
         if t.completion is not None:
-            rec["completion"] = t.completion
+            rec["completion"] = text(t.completion)
     _write_access(rec)
 
 

@@ -185,6 +185,22 @@ PANELS: tuple[Panel, ...] = (
            Query(_rate("gen_ai_client_inference_usage_detailed_output_tokens_total",
                        "gen_ai_provider_name, gen_ai_token_modality"),
                  "{{gen_ai_provider_name}} output {{gen_ai_token_modality}}"))),
+    # Guards and the audit trail.
+    Panel("Guards and audit", "Guard checks by verdict", "reqps",
+          "Each guard's checks: passed, its action on a finding (block, redact, flag), or failed (error_open went "
+          "on, error_closed refused or withheld).",
+          (Query(_rate("tailguard_guard_checks_total", "guard, stage, verdict"), "{{guard}} {{stage}} {{verdict}}"),)),
+    Panel("Guards and audit", "Guard check time P50 and P99", "s",
+          "What a guard adds before a request is queued (input) or to a stream's chunks (output); bounded by its "
+          "timeout_s.",
+          (Query(_p(0.99, "tailguard_guard_seconds", "guard, stage"), "{{guard}} {{stage}} P99"),
+           Query(_p(0.5, "tailguard_guard_seconds", "guard, stage"), "{{guard}} {{stage}} P50"))),
+    Panel("Guards and audit", "Audit trail", "short",
+          "Entries written per second, dropped (the queue was full) and failed writes; the queue waiting.",
+          (Query(f"sum(rate(tailguard_audit_entries_total[{RATE}]))", "written /s"),
+           Query(f"sum(rate(tailguard_audit_dropped_total[{RATE}]))", "dropped /s"),
+           Query(f"sum(rate(tailguard_audit_write_failures_total[{RATE}]))", "failed writes /s"),
+           Query("max(tailguard_audit_queue_length)", "queued"))),
     Panel("Process", "Connections closed by the gateway", "reqps",
           "Slow or idle clients cut (header_timeout, evicted_idle) and connections refused at the cap (over_cap).",
           (Query(_rate("tailguard_connections_closed_total", "reason"), "{{reason}}"),)),
