@@ -210,7 +210,7 @@ async def run_load(config: BenchConfig, progress: Callable[[LoadProgress], None]
             factory = TraceFactory(replay, seed=config.seed, model=target.model, endpoint=config.endpoint)
         else:
             factory = RequestFactory(workload, seed=config.seed, model=target.model, base_dir=base_dir)
-        run = _Run(config, workload, factory, session, target.model, progress, stop, origin)
+        run = _Run(config, workload, factory, session, target.model, progress, stop, origin, time_scale)
         result = await run.go()
     if isinstance(factory, TraceFactory):
         result.meta["trace"] = factory.describe()
@@ -248,8 +248,10 @@ def rescale(result: RunResult, time_scale: float) -> None:
 class _Run:
     def __init__(self, config: BenchConfig, workload: Workload, factory: RequestFactory | TraceFactory,
                  session: aiohttp.ClientSession, model: str, progress: Callable[[LoadProgress], None] | None,
-                 stop: asyncio.Event | None, origin: Callable[[], Awaitable[float]] | None = None) -> None:
+                 stop: asyncio.Event | None, origin: Callable[[], Awaitable[float]] | None = None,
+                 time_scale: float = 1.0) -> None:
         self.config = config
+        self.time_scale = time_scale
         self.origin = origin
         self.workload = workload
         self.factory = factory
@@ -390,7 +392,10 @@ class _Run:
     def _arrivals(self) -> Iterator[tuple[float, str]]:
         """(due offset, class) in order: the trace's own instants, or the workload's open-loop schedule."""
         if isinstance(self.factory, TraceFactory):
-            return self.factory.schedule()
+            # A trace's seconds are the served model's: against a simulator at time scale X they
+            # pass X times as fast on the wall, so its modelled engine sees the trace's own rate.
+            scale = self.time_scale
+            return ((at * scale, cls) for at, cls in self.factory.schedule())
         c = self.config
         return schedule(self.factory, rate=c.rate, process=c.arrival, burstiness=c.burstiness, seed=c.seed)
 

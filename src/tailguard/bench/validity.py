@@ -23,6 +23,7 @@ DEFAULT_MAX_DISPATCH_LAG_S = 0.005
 WORST_SHOWN = 3
 # Lagging requests all among the first 5% (at least the first one) are the generator's start.
 START_FRACTION = 0.05
+BURST = 10  # requests due within one threshold's time: a burst the generator sends one after another
 
 
 def _per_worker(ordered: Sequence[RequestRecord], n: int, threshold: float) -> list[dict[str, Any]]:
@@ -69,6 +70,8 @@ def validity(records: Sequence[RequestRecord], meta: dict[str, Any]) -> dict[str
     }
     if workers:
         out["workers"] = workers
+    if meta.get("trace"):
+        out["bursts"] = bursts(ordered, threshold)
     if not valid:
         cause, advice = _cause(late, ordered, meta, threshold)
         out["cause"], out["advice"] = cause, advice
@@ -78,6 +81,24 @@ def validity(records: Sequence[RequestRecord], meta: dict[str, Any]) -> dict[str
         out["reason"] = (f"{said} is above the {threshold_text(threshold, scale)}: "
                          f"{_late_text(late, len(ordered), scale)}; these latencies partly measure the generator")
     return out
+
+
+def _crowd(due: np.ndarray, window_s: float) -> np.ndarray:  # type: ignore[type-arg]
+    """For each instant of the ascending `due`, how many are due in the `window_s` up to it."""
+    return np.arange(1, len(due) + 1) - np.searchsorted(due, due - window_s, side="left")
+
+
+def bursts(ordered: Sequence[RequestRecord], threshold: float) -> dict[str, Any]:
+    """The generator on a trace's bursts: the most requests due within one threshold's time (the
+    lag budget: a generator that sends one every ~0.1-0.3 ms falls behind on a burst of tens),
+    and the dispatch lag of the requests due in a crowd of 10 or more against everyone's."""
+    by_due = sorted(ordered, key=lambda r: r.scheduled_at)
+    due = np.asarray([r.scheduled_at for r in by_due], dtype=np.float64)
+    crowd = _crowd(due, threshold) if len(due) else np.zeros(0, dtype=np.int64)
+    in_burst = [r.dispatch_lag_s for r, c in zip(by_due, crowd) if c >= BURST]
+    return {"window_s": threshold, "most_due_in_window": int(crowd.max()) if len(crowd) else 0,
+            "requests_in_bursts": len(in_burst),
+            "dispatch_lag_p99_s": round(float(np.percentile(in_burst, 99.0)), 6) if in_burst else None}
 
 
 def ms(seconds: float, scale: float) -> str:
@@ -109,6 +130,16 @@ def _cause(late: list[tuple[int, RequestRecord]], ordered: list[RequestRecord], 
         k = max(pos for pos, _ in late) + 1
         return "start", (f"only the first {k} request(s) lagged: the generator's start, not its pace; "
                          f"exclude them with --warmup {k}")
+    if late and meta.get("mode") == "open":
+        by_due = sorted(ordered, key=lambda r: r.scheduled_at)
+        due = np.asarray([r.scheduled_at for r in by_due], dtype=np.float64)
+        crowd = dict(zip((r.index for r in by_due), _crowd(due, threshold).tolist()))
+        crowded = [crowd[r.index] for _, r in late]
+        if float(np.median(crowded)) >= BURST:
+            within = ms(threshold, float(meta.get("time_scale") or 1.0))
+            return "burst", (f"the arrivals' bursts: up to {max(crowded)} requests due within {within}, sent one "
+                             "after another; spread the sending over processes (--workers N), or replay slower "
+                             "(--speed below 1)")
     if meta.get("mode") == "open":
         tail = [r.dispatch_lag_s for r in ordered[-max(1, n // 4):]]
         if float(np.median(tail)) > threshold:
