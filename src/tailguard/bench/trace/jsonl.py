@@ -126,3 +126,19 @@ def read_tailguard(lines: Iterable[str], where: str) -> tuple[list[TraceRequest]
             raise TraceError(f"{where}:{n}: neither an access-log line (event: access) nor a bench record "
                              "(scheduled_at)")
     return out, skipped
+
+
+def recorded_latency(r: TraceRequest) -> tuple[float | None, float | None]:
+    """(TTFT, E2E) in seconds as tailguard's own log recorded them (None where it did not: a
+    public trace, a request that failed or never had content)."""
+    f = r.fields
+    if "e2e_ms" in f:  # the gateway's access log
+        ttft, e2e = f.get("ttft_ms"), f.get("e2e_ms")
+        ok = f.get("outcome") in (None, "success")
+        return (ttft / 1000.0 if ok and isinstance(ttft, (int, float)) else None,
+                e2e / 1000.0 if ok and isinstance(e2e, (int, float)) else None)
+    due, first, end = f.get("scheduled_at"), f.get("first_token_at"), f.get("ended_at")
+    if not isinstance(due, (int, float)) or not f.get("ok"):
+        return None, None
+    return (first - due if isinstance(first, (int, float)) else None,
+            end - due if isinstance(end, (int, float)) else None)
