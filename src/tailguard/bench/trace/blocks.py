@@ -34,9 +34,12 @@ class PromptText:
         texts.text(7, (0, 1, 9), 1300)   # blocks 0 and 1 whole, 276 tokens of block 9
     """
 
-    def __init__(self, seed: int, block_tokens: int = 0) -> None:
+    def __init__(self, seed: int, block_tokens: int = 0, trace: str = "") -> None:
         self.seed = seed
         self.block_tokens = block_tokens
+        # A request's own text is named by the trace too: two traces replayed with one seed on one
+        # server share nothing (blocks are the trace's own ids, so they are named by it as well).
+        self._name = f"{seed}.{trace}" if trace else str(seed)
         self._pool = synthetic_text(_POOL_TOKENS, random.Random(f"{seed}:trace-text"))
         self._blocks: OrderedDict[int, str] = OrderedDict()
 
@@ -53,7 +56,7 @@ class PromptText:
         """Block `hash_id`'s text: the same for every request that names it."""
         text = self._blocks.get(hash_id)
         if text is None:
-            text = self._slice(f"[{self.seed}.{hash_id}] ", f"{self.seed}:block:{hash_id}",
+            text = self._slice(f"[{self._name}.{hash_id}] ", f"{self._name}:block:{hash_id}",
                                self.block_tokens * BYTES_PER_TOKEN)
             self._blocks[hash_id] = text
             if len(self._blocks) > _CACHED_BLOCKS:
@@ -73,7 +76,7 @@ class PromptText:
             parts.append(block if take == self.block_tokens else block[:take * BYTES_PER_TOKEN])
             left -= take
         if left > 0:
-            parts.append(self._slice(f"<{self.seed}.{index}> ", f"{self.seed}:own:{index}", left * BYTES_PER_TOKEN))
+            parts.append(self._slice(f"<{self._name}.{index}> ", f"{self._name}:own:{index}", left * BYTES_PER_TOKEN))
         return "".join(parts)
 
 

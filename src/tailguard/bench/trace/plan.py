@@ -97,7 +97,7 @@ class TraceFactory:
         self.replay = replay
         self._model = model
         self._endpoint = endpoint
-        self._texts = PromptText(seed, replay.trace.block_tokens)
+        self._texts = PromptText(seed, replay.trace.block_tokens, Path(replay.spec.path).name)
         self._request_classes = {c.name: c.request_class(replay.spec.ignore_eos) for c in replay.classes}
         self._index = 0
 
