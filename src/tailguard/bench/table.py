@@ -90,7 +90,7 @@ def summary_tables(summary: dict[str, Any]) -> Group:
         )
     lat = _latency(summary, "Latency (from the scheduled send time; failures rank as worst)", _PCT_COLS)
     low = _latency(summary, "Latency, the low end and the spread", _LOW_COLS)
-    lines = [Text(METRIC_NOTE, style="dim"), fit(low), fit(_lengths(summary))]
+    lines: list[Text | Table] = [Text(METRIC_NOTE, style="dim"), fit(low), fit(_lengths(summary))]
     if summary.get("trace"):
         lines.append(Text(trace_line(summary["trace"])))
     lines.append(validity_text(summary["validity"]))

@@ -14,6 +14,7 @@ import math
 from typing import Any, Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tailguard.bench.recorder import RequestRecord
 
@@ -83,9 +84,10 @@ def validity(records: Sequence[RequestRecord], meta: dict[str, Any]) -> dict[str
     return out
 
 
-def _crowd(due: np.ndarray, window_s: float) -> np.ndarray:  # type: ignore[type-arg]
+def _crowd(due: NDArray[np.float64], window_s: float) -> NDArray[np.int64]:
     """For each instant of the ascending `due`, how many are due in the `window_s` up to it."""
-    return np.arange(1, len(due) + 1) - np.searchsorted(due, due - window_s, side="left")
+    crowd: NDArray[np.int64] = np.arange(1, len(due) + 1) - np.searchsorted(due, due - window_s, side="left")
+    return crowd
 
 
 def bursts(ordered: Sequence[RequestRecord], threshold: float) -> dict[str, Any]:
