@@ -264,7 +264,7 @@ def run_virtual(vr: VirtualRun) -> tuple[list[RequestRecord], dict[str, Any], En
     follow: Callable[[str, float], Planned | None] | None = None
     if vr.trace is not None:
         planned = trace_planned(vr.trace, vr.engine, vr.seed)
-        wl_class = {p.id: p.id.rsplit("-", 1)[0] for p in planned}
+        wl_class = {p.id: c.name for p, c in zip(planned, vr.trace.classes)}
     else:
         src = _Source(vr)
         planned, follow = _planned(vr, src)

@@ -83,7 +83,7 @@ def test_mooncake_reads_blocks_and_sessions() -> None:
     ('{"timestamp": 0, "input_length": 10, "output_length": -2}\n', "m.jsonl:1: output_length is -2"),
     ('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1, "2"]}\n',
      "m.jsonl:1: hash_ids is \\[1, '2'\\], not a list of integers"),
-    ('[1, 2]\n', "m.jsonl:1: a line is one JSON object, not list"),
+    ('[1, 2]\n', "m.jsonl:1: each line is one JSON object, not list"),
 ])
 def test_mooncake_malformed_lines_name_the_line(text: str, message: str) -> None:
     with pytest.raises(TraceError, match=message):

@@ -20,25 +20,11 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-import orjson
-
+from tailguard.bench.dataset import json_objects
 from tailguard.bench.trace.request import Scalar, TraceRequest
 from tailguard.errors import TraceError
 
 MOONCAKE_BLOCK_TOKENS = 512  # the block size of Mooncake's hash_ids
-
-
-def _objects(lines: Iterable[str], where: str) -> Iterable[tuple[int, dict[str, Any]]]:
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError as e:
-            raise TraceError(f"{where}:{n}: not JSON ({e})") from None
-        if not isinstance(obj, dict):
-            raise TraceError(f"{where}:{n}: a line is one JSON object, not {type(obj).__name__}")
-        yield n, obj
 
 
 def _number(obj: dict[str, Any], key: str, where: str, n: int) -> float:
@@ -63,7 +49,7 @@ def _scalars(obj: dict[str, Any], leave: tuple[str, ...]) -> dict[str, Scalar]:
 
 def read_mooncake(lines: Iterable[str], where: str) -> list[TraceRequest]:
     out = []
-    for n, obj in _objects(lines, where):
+    for n, obj in json_objects(lines, where, "one JSON object", TraceError):
         at = _number(obj, "timestamp", where, n) / 1000.0
         ids = obj.get("hash_ids", [])
         if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
@@ -115,7 +101,7 @@ def read_tailguard(lines: Iterable[str], where: str) -> tuple[list[TraceRequest]
     """The requests of an access log or a requests.jsonl, and how many lines were not requests
     (the gateway's other log lines, access lines of routes that generate nothing)."""
     out, skipped = [], 0
-    for n, obj in _objects(lines, where):
+    for n, obj in json_objects(lines, where, "one JSON object", TraceError):
         if "scheduled_at" in obj:
             out.append(_bench_record(obj, where, n))
         elif obj.get("event") == "access" and "prompt_tokens" in obj:
