@@ -26,6 +26,8 @@ PURE = {
     "config.upstream", "config.auth", "config.telemetry", "config.gateway", "config.problems",
     "config.loading", "config.workers", "config.state",
     "bench.workload", "bench.stats", "bench.dataset", "bench.recorder", "bench.compare", "bench.configs", "bench.attribution",
+    "bench.trace.request", "bench.trace.tables", "bench.trace.jsonl", "bench.trace.formats", "bench.trace.timing",
+    "bench.trace.rules", "bench.trace.blocks", "bench.trace.plan", "bench.validity",
     "doctor.finding", "doctor.evidence", "doctor.facts", "doctor.rules", "doctor.diagnosis", "sweep.virtual", "sweep.search",
     "sweep.traffic", "sweep.whatif", "sweep.observed",
     "retry_policy", "client.retry", "client.timeouts", "client.chunks", "client.assembly",
