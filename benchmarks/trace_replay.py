@@ -151,7 +151,8 @@ def markdown(r: dict[str, Any]) -> str:
                     f"| {'yes' if a['valid'] else 'no'} |")
     checks = ["| DES / HTTP | TTFT P50 | TTFT P99 | within 15% |", "|---|---:|---:|---|"]
     for name, c in r["fidelity"].items():
-        verdict = "yes" if c["ok"] else "NO" if c["judged"] else "not judged: the HTTP run was invalid"
+        verdict = ("yes" if c["ok"] else "NO") if c["judged"] else \
+            f"not judged: the HTTP run was invalid (the ratios are {'' if c['ok'] else 'not '}within it)"
         checks.append(f"| {name} | {c['ttft_p50']} | {c['ttft_p99']} | {verdict} |")
     g = arms["gateway"].get("gateway_ttft_s")
     if g:
