@@ -85,8 +85,7 @@ def server_ttft(folder: Path) -> dict[str, float] | None:
     it to the first content leaving it), on the trace's clock: what the HTTP run measured without
     the bench's side of loopback."""
     records = [json.loads(line) for line in (folder / "requests.jsonl").read_text().splitlines()]
-    values = sorted((r.get("server_timing_s") or {}).get("ttft") for r in records)
-    values = [v for v in values if v is not None]
+    values: list[float] = sorted(v for r in records if (v := (r.get("server_timing_s") or {}).get("ttft")) is not None)
     if not values:
         return None
     return {"p50": values[len(values) // 2], "p99": values[min(len(values) - 1, int(len(values) * 0.99))]}
