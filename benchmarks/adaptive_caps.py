@@ -6,8 +6,9 @@ protects. A cap too low loses throughput; one above what the engine runs at once
 to the engine's FCFS queue, where a chat waits behind batch jobs. Arms: fixed caps below, at and
 above the engine's batch size, and `adaptive` started low and started high.
 
-- DES: an H100-class engine of 64 sequences (`sim.des` behind the front, the latency samples fed
-  by `sweep.observed`), 60 simulated seconds of Poisson arrivals per offered rate.
+- DES: an H100-class engine of 64 sequences (`sim.des` behind the front, which it tells each ended
+  request's latency as the gateway does: `front.samples`), 60 simulated seconds of Poisson
+  arrivals per offered rate; the cap's history read after every event (`sweep.caps`).
 - HTTP: `tailguard sim` (8 sequences, time scale 2: the engine at half speed, so that two shared
   cores can offer it more than it serves) behind `tailguard serve --config` with each arm,
   open-loop Poisson load for `--seconds` wall seconds per offered rate; the cap read from /health.
@@ -38,11 +39,13 @@ import aiohttp
 from tailguard.cli.experiment import free_port, spawned
 from tailguard.clock import VirtualClock
 from tailguard.front.adaptive import AdaptiveParams
+from tailguard.front.front import Front
 from tailguard.front.params import BackendSpec, FrontParams, default_classes
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.des import run
+from tailguard.sim.engine import Engine
 from tailguard.sim.scenario import Arrival, Timeline
-from tailguard.sweep.observed import ObservedFront, ObservingEngine
+from tailguard.sweep.caps import CapHistory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from open_loop import Result, send  # noqa: E402  beside this script
@@ -74,15 +77,15 @@ def des_arrivals(rate: float) -> list[Arrival]:
 
 
 def des_run(start: int, adaptive: bool, rate: float) -> dict[str, Any]:
-    engine = ObservingEngine(DES_ENGINE)
     spec = BackendSpec("engine", max_concurrency=start, continues=True,
                        adaptive=AdaptiveParams(min_cap=1, max_cap=256) if adaptive else None)
-    front = ObservedFront(FrontParams(classes=default_classes(), backends=[spec]), engine)
-    tls = run(engine, des_arrivals(rate), VirtualClock(), front)
+    front = Front(FrontParams(classes=default_classes(), backends=[spec]))
+    caps = CapHistory("engine")
+    tls = run(Engine(DES_ENGINE), des_arrivals(rate), VirtualClock(), front, watch=caps.watch)
     out = des_figures(tls)
     if adaptive:
-        out["cap_mean_2nd_half"] = front.mean_cap(DES_SECONDS / 2, DES_SECONDS)
-        out["cap_range_2nd_half"] = front.cap_range(DES_SECONDS / 2, DES_SECONDS)
+        out["cap_mean_2nd_half"] = caps.mean(DES_SECONDS / 2, DES_SECONDS)
+        out["cap_range_2nd_half"] = caps.range(DES_SECONDS / 2, DES_SECONDS)
     return out
 
 

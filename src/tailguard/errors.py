@@ -4,11 +4,17 @@
     ├── ConfigError            a config or workload file is invalid (message says where)
     │   └── TraceError         a line of a request trace cannot be read (message names the file and line)
     ├── TargetError            the bench's target cannot be measured: unreachable, refused, 401, 404
-    ├── WrongEvent             a driver told the front an event its state does not allow: a bug,
-    │                          named with the event and the state (front/events.py)
+    ├── ProtocolError          a driver broke the front's protocol; the front is left as it was
+    │   │                      (front/events.py)
+    │   ├── WrongEvent         an event its state does not allow: a bug, named with the event and
+    │   │                      the state it met
+    │   ├── NotAnEvent         a decision, or something that is no event at all, handed in
+    │   └── ClockWentBack      a `now` earlier than the last one the front was told
+    ├── FrontBroken            a handler failed halfway: the front refuses every later call
+    │                          (front/events.py)
     ├── APIError               answered to an HTTP client as an OpenAI-style error body
     │   ├── BadRequest         400: malformed, missing or wrongly typed fields
-    │   ├── Unauthorized       401: an API key the gateway does not know (gateway/http/classes.py)
+    │   ├── Unauthorized       401: an API key the gateway does not know (gateway/classes.py)
     │   ├── Forbidden          403: a known key asking for a class, model or route it may not use
     │   ├── NotFound           404: a model no backend serves, a route the gateway does not have
     │   ├── PayloadTooLarge    413: body over the configured limit

@@ -55,3 +55,4 @@ class RejectReason(enum.StrEnum):
     RATE_LIMIT_REQUESTS = "rate_limit_requests"  # its caller's requests per minute
     RATE_LIMIT_TOKENS = "rate_limit_tokens"  # its caller's tokens per minute
     RATE_LIMIT_PARALLEL = "rate_limit_parallel"  # its caller's requests at once (`max_parallel_requests`)
+    SHARED_STATE_UNAVAILABLE = "shared_state_unavailable"  # Redis is away and `state.on_unavailable` is `closed`

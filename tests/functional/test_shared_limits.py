@@ -1,5 +1,8 @@
 """`gateway.shared`: callers' buckets in a real `redis-server`, reserved and settled by its Lua
-scripts, and what a replica does while Redis is gone (`state.on_unavailable`) and once it is back."""
+scripts; what a replica does while Redis is gone (`state.on_unavailable`) and once it is back. A
+reservation answers a verdict, never a refusal of its own: the front refuses what it refuses
+(`Arrive.shared`), worded once (`gateway.rejection`), and while Redis is away under `local` the
+front keeps 1/N of each limit itself (`LocalShare`)."""
 
 from __future__ import annotations
 
@@ -10,11 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from tailguard.errors import Overloaded, RateLimited
-from tailguard.front.params import CallerSpec
+from tailguard.clock import monotonic
 from tailguard.config import StateConfig
-from tailguard.gateway.shared.limits import SharedLimits
+from tailguard.errors import RateLimited
+from tailguard.front.events import Arrive, Finished, LocalShare, Reject, SharedVerdict, Start
+from tailguard.front.front import Front
+from tailguard.front.params import BackendSpec, CallerSpec, FrontParams, default_classes
+from tailguard.gateway.rejection import rejection
+from tailguard.gateway.shared.limits import GRANTED, SharedLimits
 from tailguard.gateway.shared.link import Link, stop
+from tailguard.types import Outcome, RejectReason
 from tests.functional.redis_server import RedisServer, redis_server
 
 
@@ -23,7 +31,7 @@ async def limits(url: str, *specs: CallerSpec, **state: object) -> AsyncIterator
     changes: list[bool] = []
     cfg = StateConfig.model_validate({"url": url, **state})
     link = Link(cfg, changes.append)
-    shared = SharedLimits(link, list(specs))
+    shared = SharedLimits(link, list(specs), monotonic)
     shared.start()
     try:
         yield shared, changes
@@ -39,22 +47,34 @@ async def bucket(server: RedisServer, key: str) -> tuple[float, int]:
         return float(await r.hget(key, "level") or "nan"), int(await r.pttl(key))
 
 
+def refused_by_front(verdict: SharedVerdict | None, caller: str = "team") -> RateLimited:
+    """What the gateway answers for a request that arrives with `verdict`: the front's Reject, worded."""
+    front = Front(FrontParams(classes=default_classes(), backends=[BackendSpec("a", 4)]))
+    [reject] = front.handle(Arrive("r", "interactive", 10, caller=caller, shared=verdict), 0.0)
+    assert isinstance(reject, Reject) and reject.shared
+    err = rejection(reject, caller=caller)
+    assert isinstance(err, RateLimited)
+    return err
+
+
 async def test_a_reservation_takes_from_every_bucket_or_none_and_settles_to_real_use(tmp_path: Path) -> None:
     async with asyncio.timeout(20), redis_server(tmp_path) as server, \
             limits(server.url, CallerSpec("team", requests_per_minute=10, tokens_per_minute=1000)) as (shared, _):
-        held = await shared.reserve("team", 900)
-        assert held is not None and held.shared
+        verdict, held = await shared.reserve("team", 900)
+        assert verdict == GRANTED and held is not None
         rpm, tpm = "tailguard:{team}:rpm", "tailguard:{team}:tpm"
         assert (await bucket(server, tpm))[0] == pytest.approx(100, abs=1)
-        with pytest.raises(RateLimited) as over:  # 200 more than the bucket holds: neither bucket is touched
-            await shared.reserve("team", 300)
-        assert over.value.status == 429 and over.value.type == "tokens"
-        assert 11 < over.value.retry_after_s <= 12.1  # 200 tokens at 1000 a minute
+        over, nothing = await shared.reserve("team", 300)  # 200 more than the bucket holds: neither bucket is touched
+        assert nothing is None and over is not None and over.reason is RejectReason.RATE_LIMIT_TOKENS
+        assert 11 < over.retry_after_s <= 12.1  # 200 tokens at 1000 a minute
+        assert (over.limit, over.used) == (1000, 900)
+        err = refused_by_front(over)
+        assert err.status == 429 and err.type == "tokens" and "over all replicas: Limit 1000, Used 900" in err.message
         assert (await bucket(server, rpm))[0] == pytest.approx(9, abs=0.1)  # only the first request taken
         shared.settle(held, 400, admitted=True)  # used 400 of its 900: 500 back
         await shared.close()
         assert (await bucket(server, tpm))[0] == pytest.approx(600, abs=1)
-        again = await shared.reserve("team", 300)
+        _, again = await shared.reserve("team", 300)
         assert again is not None
         shared.settle(again, 0, admitted=False)  # never got in: its request and tokens go back
         await shared.close()
@@ -65,43 +85,58 @@ async def test_a_reservation_takes_from_every_bucket_or_none_and_settles_to_real
 async def test_a_bucket_in_debt_is_kept_until_it_would_be_full_again(tmp_path: Path) -> None:
     async with asyncio.timeout(20), redis_server(tmp_path) as server, \
             limits(server.url, CallerSpec("team", tokens_per_minute=600)) as (shared, _):
-        held = await shared.reserve("team", 600)
+        _, held = await shared.reserve("team", 600)
         assert held is not None
         shared.settle(held, 1800, admitted=True)  # an estimate that fell 1200 short: debt
         await shared.close()
         level, ttl_ms = await bucket(server, "tailguard:{team}:tpm")
         assert level == pytest.approx(-1200, abs=2)
         assert 179_000 < ttl_ms <= 181_000  # 1800 tokens to refill at 10 a second, then a second more
-        with pytest.raises(RateLimited):
-            await shared.reserve("team", 1)
+        verdict, _ = await shared.reserve("team", 1)
+        assert verdict is not None and verdict.reason is RejectReason.RATE_LIMIT_TOKENS
 
 
 @pytest.mark.parametrize("policy", ["local", "closed"])
 async def test_while_redis_is_gone_a_replica_follows_its_policy_and_shares_again_when_it_returns(
         tmp_path: Path, policy: str) -> None:
     spec = CallerSpec("team", requests_per_minute=6)
+    front = Front(FrontParams(classes=default_classes(), backends=[BackendSpec("a", 64)], callers=[spec]))
+    n = 0
+
+    async def arrive() -> object:
+        """A request of `team` as the gateway sends it: its verdict from Redis, then the front."""
+        nonlocal n
+        n += 1
+        verdict, _ = await shared.reserve("team", 10)
+        [d] = front.handle(Arrive(f"r{n}", "interactive", 10, caller="team", shared=verdict), 0.01 * n)
+        return d
+
     async with asyncio.timeout(30), redis_server(tmp_path) as server, \
             limits(server.url, spec, CallerSpec("free"), on_unavailable=policy, replicas=3, lease_s=0.3,
                    timeout_s=0.5) as (shared, changes):
-        assert await shared.reserve("team", 10) is not None
+        assert isinstance(await arrive(), Start)
         await server.kill()
-        if policy == "closed":
-            with pytest.raises(Overloaded) as gone:
-                await shared.reserve("team", 10)
-            assert gone.value.status == 503 and gone.value.code == "shared_state_unavailable"
-        else:  # a third of 6 a minute: 2 here, then this replica's share is spent
-            held = [await shared.reserve("team", 10) for _ in range(2)]
-            assert all(h is not None and not h.shared for h in held)
-            with pytest.raises(RateLimited):
-                await shared.reserve("team", 10)
-        assert await shared.reserve("free", 10) is None  # a caller without limits never asks Redis
+        first = await shared.reserve("team", 10)
         assert changes == [False]
+        front.handle(LocalShare(shared.local_share()), 0.01 * n)  # what the gateway tells its front on the change
+        if policy == "closed":
+            assert first == (SharedVerdict(RejectReason.SHARED_STATE_UNAVAILABLE, 1.0), None)
+            gone = await arrive()
+            assert isinstance(gone, Reject) and gone.reason is RejectReason.SHARED_STATE_UNAVAILABLE
+            assert rejection(gone).status == 503
+        else:  # a third of 6 a minute: the bucket shrinks to 2 here, then this replica's share is spent
+            assert first == (None, None) and shared.local_share() == 3
+            assert isinstance(await arrive(), Start) and isinstance(await arrive(), Start)
+            over = await arrive()
+            assert isinstance(over, Reject) and over.reason is RejectReason.RATE_LIMIT_REQUESTS and not over.shared
+        assert await shared.reserve("free", 10) == (None, None)  # a caller without limits never asks Redis
         await server.start()  # back, empty: the heartbeat finds it within a third of a lease
         async with asyncio.timeout(5):
             while changes != [False, True]:
                 await asyncio.sleep(0.02)
-        held_again = await shared.reserve("team", 10)
-        assert held_again is not None and held_again.shared
+        assert shared.local_share() is None
+        verdict, held_again = await shared.reserve("team", 10)
+        assert verdict == GRANTED and held_again is not None
 
 
 async def test_replicas_are_counted_by_heartbeat_and_a_dead_ones_lease_lapses(tmp_path: Path) -> None:
@@ -126,17 +161,18 @@ async def test_a_callers_places_are_one_count_over_replicas_and_a_refusal_takes_
     spec = CallerSpec("team", requests_per_minute=100, max_parallel=2)
     async with asyncio.timeout(20), redis_server(tmp_path) as server, \
             limits(server.url, spec) as (one, _), limits(server.url, spec) as (two, _):
-        first, second = await one.reserve("team", 10), await two.reserve("team", 10)
+        (_, first), (_, second) = await one.reserve("team", 10), await two.reserve("team", 10)
         assert first is not None and first.place and second is not None and second.place
-        with pytest.raises(RateLimited) as over:  # two in flight over the two replicas: no third anywhere
-            await one.reserve("team", 10)
-        assert over.value.status == 429 and over.value.type == "requests"
-        assert "max_parallel_requests" in over.value.message and "over all replicas" in over.value.message
-        assert over.value.headers["X-Tailguard-Reject-Reason"] == "rate_limit_parallel"
+        over, nothing = await one.reserve("team", 10)  # two in flight over the two replicas: no third anywhere
+        assert over is not None and over.reason is RejectReason.RATE_LIMIT_PARALLEL and nothing is None
+        err = refused_by_front(over)
+        assert err.status == 429 and err.type == "requests"
+        assert "max_parallel_requests" in err.message and "over all replicas" in err.message
+        assert err.headers["X-Tailguard-Reject-Reason"] == "rate_limit_parallel"
         assert (await bucket(server, "tailguard:{team}:rpm"))[0] == pytest.approx(98, abs=0.1)  # not 97
         two.settle(second, 5, admitted=True)  # its place back, on the other replica
         await two.close()
-        third = await one.reserve("team", 10)
+        _, third = await one.reserve("team", 10)
         assert third is not None
 
 
@@ -148,21 +184,16 @@ async def test_a_place_is_held_while_renewed_and_comes_back_a_lease_after_its_re
     async with asyncio.timeout(20), redis_server(tmp_path) as server, \
             limits(server.url, spec, lease_s=lease_s) as (alive, _), \
             limits(server.url, spec, lease_s=lease_s) as (other, _):
-        held = await alive.reserve("team", 10)
+        _, held = await alive.reserve("team", 10)
         assert held is not None
         await asyncio.sleep(3 * lease_s)  # three leases: renewed, still held
-        with pytest.raises(RateLimited):
-            await other.reserve("team", 10)
+        assert (await other.reserve("team", 10))[1] is None
         await stop(alive._task)  # its renewals stop as a killed replica's would; the place is left in Redis
         died = asyncio.get_running_loop().time()
-        while True:
-            try:
-                back = await other.reserve("team", 10)
-                break
-            except RateLimited:
-                await asyncio.sleep(0.02)
+        while (await other.reserve("team", 10))[1] is None:
+            await asyncio.sleep(0.02)
         waited = asyncio.get_running_loop().time() - died
-        assert back is not None and waited < lease_s + 0.3  # at most a lease (and slack for a busy machine)
+        assert waited < lease_s + 0.3  # at most a lease (and slack for a busy machine)
 
 
 async def test_the_standing_is_the_shared_buckets_with_what_other_replicas_took(tmp_path: Path) -> None:
@@ -171,8 +202,8 @@ async def test_the_standing_is_the_shared_buckets_with_what_other_replicas_took(
             limits(server.url, spec) as (one, _), limits(server.url, spec) as (two, _):
         assert two.standing("team") is None  # nothing seen here yet: the front's own buckets say it
         for _ in range(3):
-            assert await one.reserve("team", 1000) is not None
-        held = await two.reserve("team", 500)
+            assert (await one.reserve("team", 1000))[1] is not None
+        _, held = await two.reserve("team", 500)
         assert held is not None
         standing = two.standing("team")
         assert standing is not None
@@ -186,17 +217,19 @@ async def test_the_standing_is_the_shared_buckets_with_what_other_replicas_took(
         assert after is not None and 2900 <= after.remaining <= 2915
 
 
-async def test_while_redis_is_gone_a_replica_holds_its_share_of_the_callers_places(tmp_path: Path) -> None:
+async def test_while_redis_is_gone_the_front_holds_this_replicas_share_of_the_callers_places(tmp_path: Path) -> None:
     spec = CallerSpec("team", max_parallel=4)
+    front = Front(FrontParams(classes=default_classes(), backends=[BackendSpec("a", 64)], callers=[spec]))
     async with asyncio.timeout(20), redis_server(tmp_path) as server, \
             limits(server.url, spec, replicas=2, timeout_s=0.5) as (shared, changes):
         await server.kill()
-        held = [await shared.reserve("team", 10) for _ in range(2)]  # half of 4 here
-        assert changes == [False] and all(h is not None and not h.shared for h in held)
-        with pytest.raises(RateLimited) as over:
-            await shared.reserve("team", 10)
-        assert over.value.headers["X-Tailguard-Reject-Reason"] == "rate_limit_parallel"
-        first = held[0]
-        assert first is not None
-        shared.settle(first, 10, admitted=True)
-        assert await shared.reserve("team", 10) is not None  # its place back
+        assert await shared.reserve("team", 10) == (None, None)
+        assert changes == [False]
+        front.handle(LocalShare(shared.local_share()), 0.0)
+        decided = [front.handle(Arrive(f"r{i}", "interactive", 10, caller="team"), 0.0)[0] for i in range(3)]
+        assert [type(d) for d in decided] == [Start, Start, Reject]  # half of 4 here
+        refused = decided[2]
+        assert isinstance(refused, Reject)
+        assert rejection(refused, caller="team").headers["X-Tailguard-Reject-Reason"] == "rate_limit_parallel"
+        front.handle(Finished("r0", Outcome.SUCCESS, 10), 0.1)
+        assert isinstance(front.handle(Arrive("r3", "interactive", 10, caller="team"), 0.1)[0], Start)  # its place back

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from redis import asyncio as aioredis
 
+from tailguard.clock import monotonic
 from tailguard.config import StateConfig
 from tailguard.gateway.shared.link import Link
 from tailguard.gateway.shared.slots import SlotLeases
@@ -26,7 +27,7 @@ class Replica:
         self.counts = {b: (0, 0) for b in backends}
         self.caps: dict[str, int | None] = {}
         self.leases = SlotLeases(self.link, lambda: {b: CAP for b in backends}, self.counts.__getitem__,
-                                 self.caps.__setitem__)
+                                 self.caps.__setitem__, monotonic)
 
     async def renew(self, running: int, waiting: int, backend: str = "gpu") -> int | None:
         self.counts[backend] = (running, waiting)
@@ -79,11 +80,11 @@ async def test_a_renewal_is_one_round_trip_for_every_backend(tmp_path: Path) -> 
 
 
 async def test_the_des_model_of_the_allotment_answers_as_the_script_does(tmp_path: Path) -> None:
-    """`sim.replicas.SlotStore` (the DES's allotment) and the Lua script, given the same renewals
+    """`front.leases.SlotStore` (the rule; the DES runs it) and the Lua script, given the same renewals
     of three replicas (random demands and running counts), answer alike every time."""
     import random
 
-    from tailguard.sim.replicas import SlotStore
+    from tailguard.front.leases import SlotStore
 
     rng = random.Random(7)
     store = SlotStore(CAP)

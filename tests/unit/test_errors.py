@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 import tailguard.errors as errors
-from tailguard.front.events import WrongEvent
-from tailguard.gateway.http.classes import Unauthorized
+from tailguard.front.events import ClockWentBack, FrontBroken, NotAnEvent, ProtocolError, WrongEvent
+from tailguard.gateway.classes import Unauthorized
 from tailguard.gateway.sink import ClientGone
 from tailguard.gateway.upstream.client import RelayError, Suspended, UpstreamStatus
 from tailguard.gateway.upstream.h1 import UpstreamBroke
@@ -26,7 +26,8 @@ def test_the_drawn_tree_is_the_class_tree() -> None:
         if parents:
             drawn[m.group(2)] = parents[-1]
         parents.append(m.group(2))
-    classes = {c.__name__: c for c in (*GATEWAY, Unauthorized, WrongEvent)} | {
+    front = (ProtocolError, WrongEvent, NotAnEvent, ClockWentBack, FrontBroken)
+    classes = {c.__name__: c for c in (*GATEWAY, Unauthorized, *front)} | {
         n: c for n, c in vars(errors).items() if isinstance(c, type) and issubclass(c, errors.TailguardError)}
     assert set(drawn) == set(classes) - {"TailguardError"}
     for name, parent in drawn.items():

@@ -7,6 +7,7 @@ fingerprinted and their digest, and `quick()` (the config behind `tailguard serv
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -105,7 +106,9 @@ class GatewayConfig(_Model):
         return fp.FrontParams(
             classes=[c.spec() for c in self.classes],
             backends=[b.spec(known.get(b.name, False)) for b in self.backends],
-            queue=self.scheduler.queue_params(), preemption=self.scheduler.preemption_params(),
+            queue=replace(self.scheduler.queue_params(len(self.auth.names())),
+                          max_queued_body_bytes=self.limits.max_queued_body_bytes),
+            preemption=self.scheduler.preemption_params(),
             health=fp.HealthParams(unhealthy_after=h.unhealthy_after, healthy_after=h.healthy_after),
             retry=self.retries.params(),
             callers=self.auth.callers(),
@@ -113,6 +116,10 @@ class GatewayConfig(_Model):
             ejection=self.ejection.params(),
             hedging=self.hedging.params(),
         )
+
+    def fair_share(self) -> bool:
+        """Whether callers share each rank (`scheduler.fair_share`, or its default for these keys)."""
+        return self.scheduler.fair_share_on(len(self.auth.names()))
 
     def intake_params(self) -> fp.IntakeParams:
         """The intake's parameters: how a request is classified and capped (`tailguard.front.intake`)."""

@@ -26,7 +26,7 @@ As in Gradient2: the long-term average is an exponential average over `long_wind
 (their plain mean for the first ten), pulled down by a tenth when it is over twice the short
 one (latency back to normal after a long overload); the cap does not grow while fewer than
 half of it are in flight (the backend is not what limits); the gradient is floored at 0.5 so one
-outlier never halves the cap. Three departures, measured on the DES of tests/unit/sweep/test_observed.py
+outlier never halves the cap. Three departures, measured on the DES of tests/unit/sweep/test_adaptive_des.py
 (an engine of 64 sequences whose swept knee is 56, and one of 8 whose knee is 8):
 
 - Gradient2's long-term average takes every sample alike, so under a lasting overload it learns
@@ -42,7 +42,9 @@ outlier never halves the cap. Three departures, measured on the DES of tests/uni
   prompt's length, so here it is a short exponential average (`short_window`).
 
 Updates count samples, not seconds, as Gradient2's do, so the object is not told the time: a busy
-backend adapts faster, an idle one does not drift.
+backend adapts faster, an idle one does not drift. Both drivers hand it the same samples at the
+same moments: a TTFT as each request's first content comes (the front takes it from its own
+`Start` to the driver's `FirstContent`), a mean ITL as it ends (`front.samples`).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ CONGESTED_WEIGHT = 0.1
 @dataclass(frozen=True, slots=True)
 class AdaptiveParams:
     """Bounds and gains of one backend's adaptive cap (defaults from the DES sweep in
-    tests/unit/front/test_adaptive_des.py and benchmarks/adaptive_caps.py). `initial` None starts
+    tests/unit/sweep/test_adaptive_des.py and benchmarks/adaptive_caps.py). `initial` None starts
     at the backend's `max_concurrency`."""
 
     min_cap: int = 1

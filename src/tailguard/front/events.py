@@ -7,17 +7,23 @@ written down and replayed (`tailguard serve --record`, `tailguard replay`), and 
 `WrongEvent` that names the event and the state it met, never a silent no-op (h11's shape:
 python-hyper/h11, `h11/_state.py`).
 
+A decision says everything its driver needs to carry it out and to count it: a `Start` says what
+kind of start it is (`StartMode`: a first run, a retry, a continuation after a suspension, a
+migration after a failure mid-answer, a hedge) and, for a retry or a migration, the failure it
+follows; a failed attempt the front will not try again is a `GiveUp` that says why; a hedge's
+loser is dropped by a `Drop` that names the winner too. So no driver works policy out again.
+
     events in                                       decisions out
     Arrive(id, cls, est_tokens, model=, prefix=) -> Start | Reject (refused on arrival)
     Opened(id)    (its upstream is open)         -> Suspend of a victim, Start of the waiter
     Generated(id, tokens)  (preemptible only)    -> nothing: what a preemption weighs
-    Failed(id, kind, delivered=, answered=)      -> Start again (a retry; resumed: a migration), Wait, Ejected
-    FirstContent(id, backend)                    -> Drop of a hedge's other attempt
+    Failed(id, kind, delivered=, answered=)      -> Start(retry | migrate), Wait, GiveUp, Ejected
+    FirstContent(id, backend)                    -> Drop of a hedge's other attempt (a hedge's failed one too)
     Finished(id, outcome, tokens=)  (once)       -> Start of whoever gets the slot, HealthChanged
     Probed(backend, ok, busy=), KindLearned      -> HealthChanged, Start
     Observed(backend, ttft_s=, itl_s=)           -> Start when an adaptive cap grew
     Served(backend, models), Loaded(backend, n)  -> Start (what it serves, the engine's own load)
-    Tick()  (at `next_wakeup()`)                 -> Reject(QUEUE_TIMEOUT), Readmitted, Hedge, Start
+    Tick()  (at `next_wakeup()`)                 -> Reject(QUEUE_TIMEOUT), Readmitted, Start(hedge), Start
     Close()                                      -> Reject(SHUTTING_DOWN) for every queued request
     Reconfigure(params)  (a live reload)         -> Start, Retired
 """
@@ -27,11 +33,28 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import enum
+import typing
+
 from tailguard.errors import TailguardError
 from tailguard.front.params import FrontParams
 from tailguard.types import FailureKind, Outcome, RejectReason
 
 # --- events ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SharedVerdict:
+    """What the replicas' shared state (Redis) said of a request's caller before it arrived
+    (`gateway.shared.limits`): let in (`reason` None), or refused over all replicas by the limit
+    `reason` names (`limit` and `used` then, for its words), or `SHARED_STATE_UNAVAILABLE` (Redis
+    is away and `state.on_unavailable` is `closed`). The front refuses what it refuses, so the
+    recording holds it and a replay or the DES reproduces it."""
+
+    reason: RejectReason | None = None
+    retry_after_s: float = 0.0
+    limit: int | None = None
+    used: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +66,9 @@ class Arrive:
     the model it names (after aliases; None: any backend may serve it); `prefix`: its prompt's
     chained block hashes, for prefix-affine routing (`front.prefix`); `pin`: the backend that holds
     its state (a Responses API follow-up goes where its `previous_response_id` was made), the only
-    one that may take it while that backend is in the fleet."""
+    one that may take it while that backend is in the fleet; `body_bytes`: its body's size, held
+    against `QueueParams.max_queued_body_bytes` until it first starts; `shared`: the verdict of the
+    replicas' shared limits on its caller (None: not asked)."""
 
     id: str
     cls: str
@@ -54,6 +79,8 @@ class Arrive:
     model: str | None = None
     prefix: tuple[int, ...] = ()
     pin: str | None = None
+    body_bytes: int = 0
+    shared: SharedVerdict | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +104,8 @@ class Failed:
     """An attempt failed as `kind`. `delivered`: some of its answer already reached the consumer
     (it can never be retried); `answered`: the engine sent its response head (it accepted the
     request, so a deadline after that is not a hung server). The front decides from these whether
-    it goes again (a `Start`) or the driver ends it with `Finished`. `backend`: which attempt
+    it goes again (a `Start`), waits for a backend (`Wait`) or ends (`GiveUp`, then the driver's
+    `Finished`). `backend`: which attempt
     failed when the request is hedged (two attempts at once; None: its only one). A hedged
     request's attempt that fails while the other runs leads to nothing: the other goes on."""
 
@@ -177,6 +205,15 @@ class ServedElsewhere:
 
 
 @dataclass(frozen=True, slots=True)
+class LocalShare:
+    """The replicas' shared state is unavailable and `state.on_unavailable` is `local`: each
+    caller's limits are kept here at 1/`replicas` of themselves; None: whole again (Redis is back,
+    and checks them over all replicas first)."""
+
+    replicas: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed (the driver's timer at `next_wakeup()`): queue bounds are checked."""
 
@@ -194,26 +231,45 @@ class Reconfigure:
 
 
 Event = (Arrive | Opened | Generated | Failed | FirstContent | Finished | Probed | Observed | KindLearned | Served
-         | Loaded | Tick | Close | Reconfigure | Allotted | ServedElsewhere)
+         | Loaded | Tick | Close | Reconfigure | Allotted | ServedElsewhere | LocalShare)
 
 # --- decisions ------------------------------------------------------------------------------
 
 
+class StartMode(enum.StrEnum):
+    """What a `Start` is, so its driver knows what to send without working it out again."""
+
+    FRESH = "fresh"  # the request's first run
+    RETRY = "retry"  # the failed attempt's body again, from its start, on a fresh connection
+    CONTINUE = "continue"  # a suspended request's continuation from its text so far
+    MIGRATE = "migrate"  # the continuation after its backend failed mid-answer
+    HEDGE = "hedge"  # a second attempt beside the one it runs: no content came within its class's hedge delay
+
+    @property
+    def continues(self) -> bool:
+        """The driver sends the continuation of what was generated so far."""
+        return self is StartMode.CONTINUE or self is StartMode.MIGRATE
+
+
 @dataclass(frozen=True, slots=True)
 class Start:
-    """Send request `id` to `backend`: its first run, a retry, or (`resumed`) its continuation."""
+    """Send request `id` to `backend` as `mode` says. A retry or a migration names the failure it
+    follows (`after`) and the backend that failed (`failed_on`): what its counters are labelled
+    by. A hedge's first attempt to stream content wins (`FirstContent`)."""
 
     id: str
     backend: str
-    resumed: bool = False
+    mode: StartMode = StartMode.FRESH
+    after: FailureKind | None = None
+    failed_on: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Wait:
     """Request `id`'s attempt failed and no backend that may take its retry or continuation is
-    free now: it waits in the queue, holding no slot, its client kept; a `Start(resumed=True)`
-    follows when one is (or a `Reject` past its wait bound). The driver retries it from the start
-    if none of the answer went out yet, else continues it from its text."""
+    free now: it waits in the queue, holding no slot, its client kept; a `Start` (mode `retry` if
+    none of the answer went out yet, else `migrate`) follows when one is, or a `Reject` past its
+    wait bound."""
 
     id: str
 
@@ -230,11 +286,16 @@ class Suspend:
 @dataclass(frozen=True, slots=True)
 class Reject:
     """Request `id` is refused (on arrival) or dropped (expired, shut down); it has left the
-    front. `retry_after_s` is what to tell the client."""
+    front. `retry_after_s` is what to tell the client; for a caller's limit, `limit` and `used`
+    are the limit and its use then, and `shared` says it was over all replicas (what the one
+    wording of each refusal says: `gateway.rejection`)."""
 
     id: str
     reason: RejectReason
     retry_after_s: float
+    limit: int | None = None
+    used: int | None = None
+    shared: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,21 +304,45 @@ class HealthChanged:
     healthy: bool
 
 
+class GiveUpReason(enum.StrEnum):
+    """Why the front does not try a failed attempt again."""
+
+    NOT_RETRYABLE = "not_retryable"  # the failure allows no retry (the engine answered, or a deadline of its own)
+    NOT_CONTINUABLE = "not_continuable"  # the answer is under way and cannot be continued from its text
+    ATTEMPTS = "attempts"  # `retries.max_attempts` reached
+    MIGRATIONS = "migrations"  # `retries.max_migrations` reached
+    BUDGET = "budget"  # the retry budget is spent
+    NO_BACKEND = "no_backend"  # no backend it has not failed on could ever take it
+
+    @property
+    def denied(self) -> bool:
+        """A retry or a migration the failure allowed was denied by a bound
+        (`tailguard_retries_denied_total`)."""
+        return self is not GiveUpReason.NOT_RETRYABLE and self is not GiveUpReason.NOT_CONTINUABLE
+
+
 @dataclass(frozen=True, slots=True)
-class Hedge:
-    """Send request `id` to `backend` too, beside the attempt it runs: no content came within
-    its class's hedge delay. The first attempt to stream content wins (`FirstContent`)."""
+class GiveUp:
+    """Request `id`'s attempt on `backend` failed as `kind` and the front will not try it again
+    (`reason`): the driver ends it (an error to its consumer, or an error event on a stream under
+    way) and tells `Finished`. Until then it keeps its slot and may only be finished."""
 
     id: str
+    reason: GiveUpReason
+    kind: FailureKind
     backend: str
 
 
 @dataclass(frozen=True, slots=True)
 class Drop:
-    """Stop request `id`'s attempt on `backend` now: the other attempt of its hedge won."""
+    """Request `id`'s hedge is over: its attempt on `winner` is the request's attempt from now
+    on, and the one on `loser` stops now. `failed`: the loser failed (its `Failed`) while the
+    winner ran; else the winner streamed content first."""
 
     id: str
-    backend: str
+    loser: str
+    winner: str
+    failed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,15 +372,54 @@ class Retired:
     backend: str
 
 
-Decision = Start | Wait | Suspend | Reject | Hedge | Drop | HealthChanged | Ejected | Readmitted | Retired
+Decision = Start | Wait | Suspend | Reject | GiveUp | Drop | HealthChanged | Ejected | Readmitted | Retired
 
 
-class WrongEvent(TailguardError):
+class ProtocolError(TailguardError):
+    """A driver broke the front's protocol: a bug in the driver, named; the front is left exactly
+    as it was before the call (every check runs before anything changes)."""
+
+
+class WrongEvent(ProtocolError):
     """An event the front's state does not allow (a request ended twice, a failure of a request
-    that is not running, an unknown class): a driver bug, named with the event and the state it
-    met. The front is left as it was before the event."""
+    that is not running, an unknown class, a hedge's attempt it does not run): named with the
+    event and the state it met."""
 
     def __init__(self, event: Event, state: str) -> None:
         super().__init__(f"{event!r}: {state}")
         self.event = event
         self.state = state
+
+
+class NotAnEvent(ProtocolError):
+    """Something that is not one of the front's events was handed in (a decision, say)."""
+
+    def __init__(self, thing: object) -> None:
+        what = "a decision" if isinstance(thing, DECISION_TYPES) else f"a {type(thing).__name__}"
+        super().__init__(f"{thing!r} is {what}, not an event of the front's "
+                         f"({', '.join(t.__name__ for t in EVENT_TYPES)})")
+        self.thing = thing
+
+
+class ClockWentBack(ProtocolError):
+    """A `now` earlier than the last one the front was told: its clock is one monotonic clock."""
+
+    def __init__(self, now: float, last: float) -> None:
+        super().__init__(f"now {now!r} is before the last instant the front was told ({last!r})")
+        self.now = now
+        self.last = last
+
+
+class FrontBroken(TailguardError):
+    """A handler of the front failed with an error nobody expected, so the front may be half
+    changed: it refuses every later call with this, naming the first failure (h11's ERROR
+    state). A gateway whose front broke answers 500 and says so in /health; restart it."""
+
+    def __init__(self, cause: BaseException, event: object) -> None:
+        super().__init__(f"the front failed while handling {event!r} ({type(cause).__name__}: {cause}) and "
+                         "refuses every later call")
+        self.cause = cause
+
+
+EVENT_TYPES: tuple[type, ...] = typing.get_args(Event)
+DECISION_TYPES: tuple[type, ...] = typing.get_args(Decision)

@@ -8,10 +8,16 @@ replayed on virtual time, and tested without a socket (h11's shape: the protocol
 machine its callers drive, and a wrong event is a named error: python-hyper/h11, `h11/_state.py`). The
 front never calls back into its driver: what it needs to know arrives as an event.
 
-A request is QUEUED, RUNNING on a backend, or SUSPENDED (preempted: queued again, holding no
-slot, its client still waiting). It leaves the front exactly once: by `Finished`, or by a
-`Reject` the front itself decided (refused on arrival, expired in the queue, shut down), after
-which the driver must not finish it.
+A request is QUEUED, RUNNING on a backend, SUSPENDED (preempted, or its retry waits for a
+backend: queued again, holding no slot, its client still waiting) or FAILED (given up after a
+failure: holding its slot until the driver ends it). Which events each state takes is one table,
+`TRANSITIONS` (h11's `EVENT_TRIGGERED_TRANSITIONS`), checked before anything changes: a wrong
+event is a `WrongEvent`, a decision or anything else handed in a `NotAnEvent`, a `now` earlier
+than the last a `ClockWentBack`, each with the front unchanged. A handler that fails past its
+checks leaves the front broken (`FrontBroken` on every later call), never half-changed and
+going on. A request leaves the front exactly once: by `Finished`, or by a `Reject` the front
+itself decided (refused on arrival, expired in the queue, shut down), after which the driver
+must not finish it.
 
     front = Front(params)
     for d in front.handle(Arrive("r1", "interactive", 300), now): ...   # Start("r1", "b1")
@@ -20,6 +26,7 @@ which the driver must not finish it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -27,10 +34,10 @@ from typing import Any
 from tailguard.errors import ConfigError
 from tailguard.front.ejection import Ejector
 from tailguard.front.events import (
-    Allotted, Arrive, Close, Decision, Drop, Event, Failed, Finished, FirstContent, Generated, HealthChanged,
-    Hedge, KindLearned, Loaded, Observed, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served,
-    ServedElsewhere, Start, Suspend,
-    Tick, WrongEvent,
+    Allotted, Arrive, ClockWentBack, Close, Decision, Drop, Event, Failed, Finished, FirstContent, FrontBroken,
+    Generated, HealthChanged, KindLearned, Loaded, LocalShare, NotAnEvent, Observed, Opened, Probed, Readmitted,
+    Reconfigure,
+    Reject, Retired, Served, ServedElsewhere, Start, StartMode, Suspend, Tick, WrongEvent,
 )
 from tailguard.front.hedging import Hedger
 from tailguard.front.limits import CallerLimits, Standing
@@ -47,6 +54,28 @@ from tailguard.front.tracked import BackendView, State, Tracked
 from tailguard.types import Outcome, RejectReason
 
 NOTHING: Sequence[Decision] = ()
+
+# The transition table: the events about one request, by the state it is in (None: not in the
+# front), and the handler each pair goes to. Any other pair is a `WrongEvent`, before anything
+# changes. A request in any state may end (`Finished`); only a running one has an attempt that
+# can open, generate, fail or stream.
+TRANSITIONS: dict[tuple[State | None, type], str] = {
+    (None, Arrive): "_arrive",
+    (State.RUNNING, Opened): "_opened",
+    (State.RUNNING, Generated): "_generated",
+    (State.RUNNING, Failed): "_failed",
+    (State.RUNNING, FirstContent): "_first_content",
+    **{(state, Finished): "_finished" for state in State},
+}
+# The events about the fleet or the front itself, taken in any state. A late probe, sample or
+# reading of a backend that has left is not wrong (one can be in flight as it leaves): its
+# handler lets it pass.
+FRONT_EVENTS: dict[type, str] = {
+    Probed: "_probed", Observed: "_observed", KindLearned: "_kind_learned", Served: "_served", Loaded: "_loaded",
+    Tick: "_tick", Close: "_close", Reconfigure: "_reconfigure", Allotted: "_allotted",
+    ServedElsewhere: "_served_elsewhere", LocalShare: "_local_share",
+}
+_REQUEST_EVENTS = frozenset(event for _, event in TRANSITIONS)
 
 
 def _weights(params: FrontParams) -> dict[str, float]:
@@ -76,26 +105,64 @@ class Front(Recovery):
         self._out: list[Decision] = []
         self._may_preempt = True
         self._closed = False
-        # Each event's handler by its type: one dict lookup per event, not a chain of isinstance.
-        self._handlers: dict[type, Callable[[Any, float], None]] = {
-            Arrive: self._arrive, Opened: self._opened, Generated: self._generated, Failed: self._failed,
-            FirstContent: self._first_content,
-            Finished: self._finished, Probed: self._probed, Observed: self._observed, KindLearned: self._kind_learned,
-            Served: self._served, Loaded: self._loaded, Tick: self._tick, Close: self._close, Allotted: self._allotted,
-            Reconfigure: self._reconfigure, ServedElsewhere: self._served_elsewhere,
-        }
+        self._now = -math.inf  # the last instant it was told
+        self._queued_bytes = 0  # the bodies of the requests not yet started (`Arrive.body_bytes`)
+        self._broken: FrontBroken | None = None
+        # The tables as bound methods: one dict lookup per event, not a chain of isinstance.
+        self._transitions: dict[tuple[State | None, type], Callable[[Any, float], None]] = {
+            key: getattr(self, name) for key, name in TRANSITIONS.items()}
+        self._front_events: dict[type, Callable[[Any, float], None]] = {
+            event: getattr(self, name) for event, name in FRONT_EVENTS.items()}
+        # What an event must satisfy beyond its state's row, checked before anything changes.
+        self._checks: dict[type, Callable[[Any, Tracked | None], None]] = {
+            Arrive: self._check_arrive, FirstContent: self._check_attempt, Failed: self._check_attempt}
 
     # --- the chokepoint ---------------------------------------------------------------------
 
     def handle(self, event: Event, now: float, *, preempt: bool = True) -> Sequence[Decision]:
         """Apply one event at `now`; the decisions it led to, in the order to carry them out.
         `preempt=False` defers any preemption it would cause to the next event (the simulator's
-        engine cannot abort mid-step). Raises `WrongEvent` (the front unchanged) for an event
-        its state does not allow."""
+        engine cannot abort mid-step). Raises a `ProtocolError` (`WrongEvent`, `NotAnEvent`,
+        `ClockWentBack`) with the front unchanged, or `FrontBroken` once a handler has failed."""
+        if self._broken is not None:
+            raise self._broken
+        handler = self._handler(event)
+        if now < self._now:
+            raise ClockWentBack(now, self._now)
         out = self._out = []  # built per call: a failed call leaks nothing into the next
         self._may_preempt = preempt  # what every pump this event leads to may do
-        self._handlers[type(event)](event, now)
+        try:
+            handler(event, now)
+        except Exception as e:  # past every check: the front may be half changed
+            self._broken = FrontBroken(e, event)
+            raise self._broken from e
+        self._now = now
         return out if out else NOTHING
+
+    def _handler(self, event: object) -> Callable[[Any, float], None]:
+        """The handler the tables give `event`, once every check has passed."""
+        kind = type(event)
+        handler = self._front_events.get(kind)
+        if handler is not None:
+            if kind is Reconfigure:
+                self._check_reconfigure(event)  # type: ignore[arg-type]
+            return handler
+        if kind not in _REQUEST_EVENTS:
+            raise NotAnEvent(event)
+        r = self._reqs.get(event.id)  # type: ignore[attr-defined]
+        state = None if r is None else r.state
+        handler = self._transitions.get((state, kind))
+        if handler is None:
+            raise WrongEvent(event, _not_taken(state, kind))  # type: ignore[arg-type]
+        check = self._checks.get(kind)
+        if check is not None:
+            check(event, r)
+        return handler
+
+    @property
+    def broken(self) -> FrontBroken | None:
+        """Why the front refuses every call, once a handler has failed (None while it works)."""
+        return self._broken
 
     # --- views ------------------------------------------------------------------------------
 
@@ -174,13 +241,27 @@ class Front(Recovery):
 
     # --- events -----------------------------------------------------------------------------
 
-    def _arrive(self, ev: Arrive, now: float) -> None:
-        spec = self._classes.get(ev.cls)
-        if spec is None:
+    def _check_arrive(self, ev: Arrive, r: Tracked | None) -> None:
+        if ev.cls not in self._classes:
             raise WrongEvent(ev, f"unknown class (known: {', '.join(self._classes)})")
+
+    def _check_attempt(self, ev: FirstContent | Failed, r: Tracked | None) -> None:
+        """A hedged request's event names one of the attempts it runs."""
+        assert r is not None
+        if ev.backend is not None and ev.backend != r.backend and ev.backend != r.hedge:
+            runs = r.backend if r.hedge is None else f"{r.backend} and {r.hedge}"
+            raise WrongEvent(ev, f"the request runs on {runs}, not {ev.backend}")
+
+    def _check_reconfigure(self, ev: Reconfigure) -> None:
+        """A reload that needs a restart (classes added, removed or renamed; a scheduler policy
+        that does not exist) is refused with nothing changed."""
+        params = ev.params
+        _same_names("classes", [c.name for c in self._params.classes], [c.name for c in params.classes])
+        make_scheduler(params.queue, params.classes, _weights(params))
+
+    def _arrive(self, ev: Arrive, now: float) -> None:
+        spec = self._classes[ev.cls]
         req_id, caller = ev.id, ev.caller
-        if req_id in self._reqs:
-            raise WrongEvent(ev, f"request {req_id!r} is {self._reqs[req_id].state.value} already")
         refused = self._refusal(ev, now)
         if refused is not None:
             self._out.append(refused)
@@ -196,14 +277,23 @@ class Front(Recovery):
         route = Route(ev.model, ev.prefix, ev.pin) if ev.model is not None or ev.prefix or ev.pin else NO_ROUTE
         kept = self.tracks(ev.cls, ev.resumable)
         r = self._reqs[req_id] = Tracked(pending, kept and self.may_suspend(ev.cls), ev.max_tokens, caller, route,
-                                         kept)
+                                         kept, ev.resumable)
+        r.body_bytes = ev.body_bytes
+        self._queued_bytes += ev.body_bytes
         if caller is not None:  # its one reservation, which its retries and continuations share
             r.held = self._limits.take(caller, ev.est_tokens, now)
         self._pump(now, self._may_preempt)
 
     def _refusal(self, ev: Arrive, now: float) -> Reject | None:
-        """Why a request is refused before it is queued (shut down, a model nobody serves,
-        nowhere to go, its caller's limits), or None."""
+        """Why a request is refused before it is queued (the bodies queued already fill their
+        budget, the replicas' shared limits refused its caller, shut down, a model nobody serves,
+        nowhere to go, its caller's limits here), or None."""
+        budget = self._params.queue.max_queued_body_bytes
+        if budget is not None and self._queued_bytes + ev.body_bytes > budget:
+            return Reject(ev.id, RejectReason.QUEUE_FULL, 1.0, budget, self._queued_bytes)
+        shared = ev.shared
+        if shared is not None and shared.reason is not None:
+            return Reject(ev.id, shared.reason, shared.retry_after_s, shared.limit, shared.used, True)
         if self._closed:
             return Reject(ev.id, RejectReason.SHUTTING_DOWN, 1.0)
         route = Route(ev.model)
@@ -213,7 +303,9 @@ class Front(Recovery):
         if not self._router.usable(self._slots, serving):
             return Reject(ev.id, RejectReason.NO_HEALTHY_BACKEND, self.retry_after_s())
         limited = self._limits.refusal(ev.caller, ev.est_tokens, now) if ev.caller is not None else None
-        return Reject(ev.id, limited.reason, limited.retry_after_s) if limited is not None else None
+        if limited is None:
+            return None
+        return Reject(ev.id, limited.reason, limited.retry_after_s, limited.limit, limited.used)
 
     def _nobody_serves(self, model: str) -> bool:
         """No backend serves `model`, as far as every backend's models are known (one whose are
@@ -223,7 +315,7 @@ class Front(Recovery):
     def _opened(self, ev: Opened, now: float) -> None:
         """A running request's upstream is open, so a `Suspend` can stop it now. A request
         waiting for a slot may take this one's at once."""
-        r = self._running(ev, ev.id)
+        r = self._reqs[ev.id]
         if not r.preemptible:
             return
         r.suspendable = True
@@ -231,26 +323,42 @@ class Front(Recovery):
             self._pump(now, self._may_preempt)
 
     def _generated(self, ev: Generated, now: float) -> None:
-        self._running(ev, ev.id).generated = ev.tokens
+        self._reqs[ev.id].generated = ev.tokens
 
     def _first_content(self, ev: FirstContent, now: float) -> None:
         """The first content came from `ev.backend`. Unhedged: its TTFT on its backend is a
-        sample of its class's. Hedged: that attempt wins, the other is dropped at once."""
-        r = self._running(ev, ev.id)
+        sample (`_ttft`). Hedged: that attempt wins, the other is dropped at once."""
+        r = self._reqs[ev.id]
         if r.first:
             return
         r.first = True
         self._hedger.disarm(ev.id)
         if r.hedge is None:
-            self._hedger.observe(r.pending.cls, now - r.bound_at)
+            self._ttft(r, now - r.bound_at, now)
             return
-        if ev.backend not in (r.backend, r.hedge):
-            raise WrongEvent(ev, f"the request runs on {r.backend} and {r.hedge}")
         loser = r.hedge if ev.backend == r.backend else r.backend
         r.backend, r.hedge = ev.backend, None
-        self._out.append(Drop(ev.id, loser))
+        self._out.append(Drop(ev.id, loser, ev.backend))
         self._release(loser, r.pending)
         self._pump(now, self._may_preempt)
+
+    def _ttft(self, r: Tracked, ttft_s: float, now: float) -> None:
+        """An unhedged request's TTFT on its backend, from its start there: a sample of its
+        class's (what a hedge waits), and, from its one start of an undisturbed run, of an
+        adaptive backend's latency (a race's first content is the faster attempt's, not the
+        backend's). A cap that grew lets the queue in, suspending nothing itself (a sample may
+        come between two ends of one engine step)."""
+        cls = r.pending.cls
+        hedged = self._hedger.hedges(cls)
+        if hedged:
+            self._hedger.observe(cls, ttft_s)
+        elif r.attempts == 1 and not r.preemptions and self._slots.observe(r.backend, ttft_s, None):
+            self._pump(now, False)
+
+    def wants_first_content(self, cls: str, backend: str) -> bool:
+        """Whether a driver tells `FirstContent` of a request of `cls` on `backend`: its class is
+        hedged (a race ends there), or the backend's cap learns from its TTFT."""
+        return self._hedger.hedges(cls) or self._slots.adapts(backend)
 
     def _hedge_due(self, now: float) -> None:
         """Requests still without content past their hedge delay go to a second backend too,
@@ -266,21 +374,19 @@ class Front(Recovery):
             self._router.bound(target, r.route)
             r.hedge = target
             r.tried.append(target)
-            self._out.append(Hedge(req_id, target))
+            self._out.append(Start(req_id, target, StartMode.HEDGE))
 
     def _finished(self, ev: Finished, now: float) -> None:
         """The request ended (success, error, timeout, client gone): the one event that ends a
         request the front has not rejected itself. An engine that answered, even with a 4xx the
         client caused, is alive."""
-        r = self._reqs.pop(ev.id, None)
-        if r is None:
-            raise WrongEvent(ev, "not in the front (ended twice, or rejected)")
+        r = self._reqs.pop(ev.id)
         self._hedger.disarm(ev.id)
         if r.caller is not None:
             self._limits.settle(r.caller, r.held, ev.tokens, now)
-        self._queue.settled(ev.id, ev.tokens)
         p = r.pending
-        if r.state is State.RUNNING:
+        held = r.state is State.RUNNING or r.state is State.FAILED  # it holds its slot
+        if held:
             if r.hedge is not None:  # ended before either attempt streamed: both go
                 self._release(r.hedge, p)
             alive = ev.outcome is Outcome.SUCCESS or ev.outcome is Outcome.CLIENT_ERROR
@@ -294,8 +400,10 @@ class Front(Recovery):
             self._candidates.pop(ev.id, None)
         else:
             self._queue.remove(ev.id, now)
+            self._unqueued(r)
+        self._queue.settled(ev.id, ev.tokens)  # after `remove`: a fair queue knows its caller until then
         if r.state is not State.QUEUED:  # it was dispatched once: a completion for the drain rate
-            self._queue.on_finish(p.cls if r.state is State.RUNNING else None, ev.outcome, now)
+            self._queue.on_finish(p.cls if held else None, ev.outcome, now)
         self._pump(now, self._may_preempt)
 
     def _probed(self, ev: Probed, now: float) -> None:
@@ -342,6 +450,10 @@ class Front(Recovery):
         do not, so nothing is started here."""
         self._queue.served_elsewhere(ev.service)
 
+    def _local_share(self, ev: LocalShare, now: float) -> None:
+        """Redis went away under `on_unavailable: local` (each limit 1/N here), or came back."""
+        self._limits.share(ev.replicas)
+
     def take_served(self) -> dict[str, float]:
         """The fair-share service this front gave each caller since the last call, for the
         other replicas (`gateway.shared.fair`); empty unless `scheduler.fair_share`."""
@@ -379,9 +491,8 @@ class Front(Recovery):
         requests at once; a removed one takes no new request and its running ones end where they
         are (`Retired` when the last has). Adding, removing or renaming a class needs a restart:
         `ConfigError`, and nothing changed. A changed retry budget starts afresh."""
-        params = ev.params
-        _same_names("classes", [c.name for c in self._params.classes], [c.name for c in params.classes])
-        self._queue = carry_over(self._queue, params.queue, params.classes, _weights(params))  # unknown policy: fails here
+        params = ev.params  # checked (`_check_reconfigure`): the same classes, a known policy
+        self._queue = carry_over(self._queue, params.queue, params.classes, _weights(params))
         if params.retry != self._params.retry:
             self._budget = retry_budget(params.retry)
         self._limits.reconfigure(params.callers)
@@ -405,22 +516,18 @@ class Front(Recovery):
                 self._candidates.pop(req_id, None)
         self._pump(now, self._may_preempt)
 
+    def _unqueued(self, r: Tracked) -> None:
+        """Its body no longer waits for a first start: it started, or left."""
+        self._queued_bytes -= r.body_bytes
+        r.body_bytes = 0
+
     def _left(self, r: Tracked, now: float) -> None:
         """A request the front refused after letting it in (expired, shut down) is charged what it
         generated before (a suspended one's earlier runs), and its caller gets back the rest."""
+        self._unqueued(r)
         if r.caller is not None:
             self._limits.settle(r.caller, r.held, r.generated, now)
         self._queue.settled(r.pending.id, r.generated)
-
-    # --- checks -----------------------------------------------------------------------------
-
-    def _running(self, ev: Event, req_id: str) -> Tracked:
-        r = self._reqs.get(req_id)
-        if r is None:
-            raise WrongEvent(ev, "not in the front (ended, or rejected)")
-        if r.state is not State.RUNNING:
-            raise WrongEvent(ev, f"request is {r.state.value}, not running")
-        return r
 
     # --- internals --------------------------------------------------------------------------
 
@@ -487,15 +594,17 @@ class Front(Recovery):
         self._router.bound(backend, r.route)
         self._pacer.started(backend, r.pending.cls, now)
         resumed = r.state is State.SUSPENDED
+        mode, after, failed_on = r.again if resumed else (StartMode.FRESH, None, None)
         r.state, r.backend, r.bound_at = State.RUNNING, backend, now
         if not resumed:
+            self._unqueued(r)
             r.attempts += 1
             r.tried.append(backend)
             if not r.preemptible and self._hedger.hedges(r.pending.cls):
                 self._hedger.arm(r.pending.id, r.pending.cls, now)
         if r.preemptible:
             self._candidates[r.pending.id] = r
-        self._out.append(Start(r.pending.id, backend, resumed))
+        self._out.append(Start(r.pending.id, backend, mode, after, failed_on))
 
     def _preempt_for_head(self, now: float) -> bool:
         """Suspend the victim the policy names for the best waiting request, and give it the
@@ -551,12 +660,22 @@ class Front(Recovery):
         self._release(r.backend, p)
         del self._candidates[p.id]
         r.state, r.suspendable, r.must_continue = State.SUSPENDED, False, True
+        r.again = (StartMode.CONTINUE, None, None)
         r.preemptions += 1
         # Queued again with its first arrival (aging counts from there) and a fresh wait bound.
         again = Pending(p.id, p.cls, p.rank, p.est_tokens, p.arrived_at, now + self._classes[p.cls].max_queue_wait_s)
         r.pending = again
         self._queue.requeue(again, now)
         self._out.append(Suspend(p.id, r.backend))
+
+
+def _not_taken(state: State | None, kind: type) -> str:
+    """What a request in `state` is, for a `WrongEvent` naming an event of `kind` it does not take."""
+    if state is None:
+        return "not in the front (it ended, was rejected, or never arrived)"
+    if kind is Arrive:
+        return f"the request is {state.value} already"
+    return f"the request is {state.value}, not running"
 
 
 def _same_names(what: str, old: list[str], new: list[str]) -> None:

@@ -10,7 +10,13 @@ one of its caller's buckets can give what it needs at once, else none is touched
 whatever the outcome, the reservation is settled against what it really used: the unused part
 goes back, an overrun (an estimate that fell short) is taken as debt. A request needing more than
 a whole minute's tokens waits for a full bucket, then takes it all and the rest as debt. A caller
-also holds at most `max_parallel` requests queued or running. A refusal says when it may try again.
+also holds at most `max_parallel` requests queued or running. A refusal says when it may try again,
+and the limit and its use then (what its words say).
+
+Replicas that share limits through Redis check them there first (the verdict reaches the front
+with the request: `Arrive.shared`), and these buckets, told this replica's traffic only, never
+bind first. While Redis is unavailable and `state.on_unavailable` is `local`, each limit here is
+1/N of itself (`share`), N the replicas last counted: the one bucket rule either way.
 
     limits = CallerLimits([CallerSpec("reports", requests_per_minute=60, tokens_per_minute=100_000)])
     refusal = limits.refusal("reports", need_tokens, now)   # None, or why and for how long
@@ -21,7 +27,7 @@ also holds at most `max_parallel` requests queued or running. A refusal says whe
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tailguard.front.params import CallerSpec
 from tailguard.front.refusal import Refusal
@@ -64,7 +70,10 @@ class _Bucket:
         return short / self.rate if short > 0 else 0.0
 
     def standing(self, now: float) -> Standing:
-        level = self.refill(now)
+        """Where it stands at `now`, read without refilling it: a view must change nothing, or
+        a replay (which reads no views) would refill at other instants and round otherwise."""
+        level = self.level if self.at is None or now <= self.at else min(
+            self.capacity, self.level + (now - self.at) * self.rate)
         return Standing(int(self.capacity), max(0, int(level)), (self.capacity - level) / self.rate)
 
     def resize(self, per_minute: int) -> None:
@@ -87,6 +96,12 @@ class _Caller:
         self.tokens = _resized(self.tokens, spec.tokens_per_minute)
         self.max_parallel = spec.max_parallel
 
+    def refill(self) -> None:
+        """Every bucket full, at the capacity it has."""
+        for bucket in (self.requests, self.tokens):
+            if bucket is not None:
+                bucket.level = bucket.capacity
+
 
 def _resized(bucket: _Bucket | None, per_minute: int | None) -> _Bucket | None:
     if not per_minute:
@@ -95,6 +110,22 @@ def _resized(bucket: _Bucket | None, per_minute: int | None) -> _Bucket | None:
         return _Bucket(per_minute)
     bucket.resize(per_minute)
     return bucket
+
+
+def _refused(reason: RejectReason, wait_s: float, bucket: _Bucket, now: float) -> Refusal:
+    s = bucket.standing(now)
+    return Refusal(reason, wait_s, s.limit, s.limit - s.remaining)
+
+
+def _part(spec: CallerSpec, n: int) -> CallerSpec:
+    """1/n of each of a caller's limits (at least 1 each)."""
+    if n == 1:
+        return spec
+
+    def part(v: int | None) -> int | None:
+        return None if not v else max(1, v // n)
+    return replace(spec, requests_per_minute=part(spec.requests_per_minute),
+                   tokens_per_minute=part(spec.tokens_per_minute), max_parallel=part(spec.max_parallel))
 
 
 def limited(spec: CallerSpec) -> bool:
@@ -108,13 +139,30 @@ class CallerLimits:
 
     def __init__(self, specs: Iterable[CallerSpec] = ()) -> None:
         self._callers: dict[str, _Caller] = {}
+        self._specs: list[CallerSpec] = []
+        self._share = 1
         self.reconfigure(specs)
 
     def reconfigure(self, specs: Iterable[CallerSpec]) -> None:
         """A live reload: new limits apply from now, and a caller keeps what it has used and
         what it holds (requests in flight settle against the buckets they reserved from)."""
+        self._specs = list(specs)
+        self._follow()
+
+    def share(self, replicas: int | None) -> None:
+        """Enforce 1/`replicas` of each limit here (at least one of each), or (None) each whole
+        again. Each bucket starts full at its new size: while Redis decided, what a caller used
+        was counted there, not here, so going local it has a fresh 1/N here (as a replica that
+        had just started would), and once Redis is back this replica's own buckets never bind
+        before the shared ones. Its requests in flight stay counted."""
+        self._share = replicas or 1
+        self._follow()
+        for c in self._callers.values():
+            c.refill()
+
+    def _follow(self) -> None:
         callers: dict[str, _Caller] = {}
-        for s in specs:
+        for s in (_part(spec, self._share) for spec in self._specs):
             if not limited(s):
                 continue
             c = self._callers.get(s.name)
@@ -132,15 +180,15 @@ class CallerLimits:
             return None
         if c.max_parallel is not None and c.in_flight >= c.max_parallel:
             # No bucket says when one ends: a second is what a client polling for it waits.
-            return Refusal(RejectReason.RATE_LIMIT_PARALLEL, 1.0)
+            return Refusal(RejectReason.RATE_LIMIT_PARALLEL, 1.0, c.max_parallel, c.in_flight)
         if c.requests is not None:
             wait = c.requests.wait_s(1.0, now)
             if wait > 0:
-                return Refusal(RejectReason.RATE_LIMIT_REQUESTS, wait)
+                return _refused(RejectReason.RATE_LIMIT_REQUESTS, wait, c.requests, now)
         if c.tokens is not None:
             wait = c.tokens.wait_s(max(1.0, need_tokens), now)
             if wait > 0:
-                return Refusal(RejectReason.RATE_LIMIT_TOKENS, wait)
+                return _refused(RejectReason.RATE_LIMIT_TOKENS, wait, c.tokens, now)
         return None
 
     def take(self, caller: str, need_tokens: int, now: float) -> int:

@@ -52,6 +52,9 @@ class QueueParams:
     drain_ewma_weight: float = 0.1
     retry_after_min_s: float = 1.0
     retry_after_max_s: float = 300.0
+    # The request bodies that may wait for their first start at once (None: no bound): a queue's
+    # length alone lets a few thousand large bodies fill the host (`limits.max_queued_body_bytes`).
+    max_queued_body_bytes: int | None = None
     fair_share: bool = False  # callers share each rank by tokens served (`front.fairshare`, VTC)
     fair_input_price: float = 1.0  # a prompt token's weight in a caller's virtual counter
     fair_output_price: float = 2.0  # a generated token's (VTC's default prices)
@@ -219,8 +222,9 @@ class KeySpec:
     """What a client API key says about its requests: whose they are (`caller`), their class
     when neither header nor `service_tier` names one (`default_class`), the classes and models
     it may use (None: any), whether a class it may not use is lowered to its best allowed
-    one (`lower`) or refused, and how many tokens its batches in progress may hold together
-    (`batch_enqueued_tokens`, None: no limit)."""
+    one (`lower`) or refused, how many tokens its batches in progress may hold together
+    (`batch_enqueued_tokens`, None: no limit), and whether its requests may set an engine's
+    `priority` themselves (`set_priority`; else the field is the class's to set)."""
 
     caller: str
     default_class: str | None = None
@@ -228,6 +232,7 @@ class KeySpec:
     lower: bool = False
     allowed_models: frozenset[str] | None = None
     batch_enqueued_tokens: int | None = None
+    set_priority: bool = False
 
 
 @dataclass(frozen=True, slots=True)

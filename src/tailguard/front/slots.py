@@ -125,6 +125,11 @@ class BackendPool:
         self._set_slots(s)
         return True
 
+    def adapts(self, backend: str) -> bool:
+        """Whether `backend`'s cap learns from its requests' latency (`front.adaptive`)."""
+        s = self._states.get(backend)
+        return s is not None and s.adaptive is not None
+
     def allot(self, backend: str, slots: int | None) -> bool:
         """This replica's part of `backend`'s slots (None: all of them): True when the cap in
         force grew. A backend that has left ignores it."""

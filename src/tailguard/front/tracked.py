@@ -7,14 +7,20 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from tailguard.front.events import StartMode
 from tailguard.front.queue import Pending
 from tailguard.front.router import Route
+from tailguard.types import FailureKind
 
 
 class State(enum.Enum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUSPENDED = "suspended"
+    """Where a request stands in the front. Which events each state takes is the front's
+    transition table (`front.front.TRANSITIONS`)."""
+
+    QUEUED = "queued"  # waiting for its first start
+    RUNNING = "running"  # on a backend, holding a slot (and, while hedged, a second one)
+    SUSPENDED = "suspended"  # waiting again, holding no slot: suspended, or its retry or continuation waits
+    FAILED = "failed"  # the front gave it up after a failure (`GiveUp`): it keeps its slot until `Finished`
 
 
 class Tracked:
@@ -22,11 +28,13 @@ class Tracked:
 
     __slots__ = ("pending", "state", "backend", "bound_at", "preemptible", "max_tokens", "suspendable",
                  "preemptions", "attempts", "tried", "fresh_retried", "caller", "generated", "route", "hedge",
-                 "first", "continuable", "migrations", "avoid", "must_continue", "held")
+                 "first", "continuable", "migrations", "avoid", "must_continue", "held", "again", "resumable",
+                 "body_bytes")
 
     def __init__(self, pending: Pending, preemptible: bool, max_tokens: int | None, caller: str | None,
-                 route: Route, continuable: bool = False) -> None:
+                 route: Route, continuable: bool = False, resumable: bool = False) -> None:
         self.pending = pending
+        self.resumable = resumable  # its output could be continued from its text (the intake's rule)
         # Its driver keeps its text (`Front.tracks` at its arrival), so it can be continued.
         self.continuable = continuable
         self.caller = caller
@@ -47,7 +55,11 @@ class Tracked:
         self.migrations = 0  # continued on another backend after its own died or stalled mid-answer
         self.avoid: set[str] = set()  # backends it failed on, skipped while it waits for another
         self.must_continue = False  # waiting to be continued: only a kind that can continue takes it
+        # How it starts again once it waits (suspended, or its retry or continuation waits), and
+        # the failure that made it wait: what its next `Start` says.
+        self.again: tuple[StartMode, FailureKind | None, str | None] = (StartMode.CONTINUE, None, None)
         self.held = 0  # tokens reserved against its caller's tpm_limit, settled once as it leaves
+        self.body_bytes = 0  # its body's size while it waits for its first start (`max_queued_body_bytes`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +78,11 @@ class BackendView:
     pool: str = "default"
     models: tuple[str, ...] | None = None  # what it serves, configured or listed (None: not known)
     cap: int = 0  # the in-flight cap in force: `max_concurrency`, or the adaptive one
+
+    @property
+    def takes_requests(self) -> bool:
+        """Healthy by its probes, not ejected for failing requests, not retiring."""
+        return self.healthy and not self.ejected and not self.retiring
 
     @property
     def state(self) -> str:

@@ -31,10 +31,11 @@ from typing import Any
 from tailguard.errors import TailguardError
 from tailguard.front.events import Decision, Event
 from tailguard.front.params import FrontParams
+from tailguard.recording import legacy
 from tailguard.types import Outcome
 
 FORMAT = "tailguard-front-recording"
-VERSION = 1
+VERSION = 2  # 2: decisions that say everything (Start's mode, GiveUp, Drop's winner); 1 is read too (`legacy`)
 
 EVENT_TYPES: dict[str, type] = {t.__name__: t for t in typing.get_args(Event)}
 DECISION_TYPES: dict[str, type] = {t.__name__: t for t in typing.get_args(Decision)}
@@ -60,8 +61,14 @@ class Observation:
     first_content_at: float | None = None
     backend: str | None = None
     caller: str | None = None
+    # What the front's decisions said of it (`front.counts`).
     attempts: int = 0
     preemptions: int = 0
+    retries: int = 0
+    retries_denied: int = 0
+    migrations: int = 0
+    hedges: int = 0
+    hedges_won: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +80,7 @@ class Header:
     config_hash: str | None = None
     settings: Mapping[str, Any] | None = None
     clock: Mapping[str, Any] | None = None
+    version: int = VERSION  # of the format it was read from (a recording is written in VERSION only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +91,7 @@ class Step:
     event: Event
     now: float
     preempt: bool
-    decisions: tuple[Decision, ...]
+    decisions: tuple[Any, ...]  # as the recording's version wrote them (`legacy` for version 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +163,7 @@ def _fields(v: Any, out: dict[str, Any]) -> dict[str, Any]:
 def read(lines: Iterable[str]) -> Recording:
     """A recording from its lines (blank lines are skipped). Raises `RecordingError`."""
     header: Header | None = None
+    decision_types = DECISION_TYPES
     steps: list[Step] = []
     requests: list[Observation] = []
     for n, text in enumerate(lines, 1):
@@ -167,11 +176,14 @@ def read(lines: Iterable[str]) -> Recording:
         try:
             if header is None:
                 header = _header(data)
+                if header.version == legacy.VERSION:
+                    decision_types = {**{k: v for k, v in DECISION_TYPES.items() if k not in legacy.GONE_SINCE},
+                                      **legacy.RENAMED}
             elif isinstance(data, dict) and "request" in data:
                 _keys(data, {"request"}, set(), "the line")
                 requests.append(_decode(Observation, data["request"], "request"))
             else:
-                steps.append(_step(n, data))
+                steps.append(_step(n, data, decision_types))
         except RecordingError as e:
             raise RecordingError(f"line {n}: {e}") from None
     if header is None:
@@ -183,8 +195,10 @@ def _header(data: Any) -> Header:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise RecordingError(f"not a front recording: the first line must be a header with format {FORMAT!r}")
     _keys(data, {"format", "version", "params"}, {"config", "clock"}, "the header")
-    if data["version"] != VERSION:
-        raise RecordingError(f"recording format version {data['version']!r}; this tailguard reads version {VERSION}")
+    version = data["version"]
+    if version not in (legacy.VERSION, VERSION):
+        raise RecordingError(f"recording format version {version!r}; this tailguard reads versions "
+                             f"{legacy.VERSION} and {VERSION}")
     params = _decode(FrontParams, data["params"], "params")
     config = data.get("config")
     hash_, settings = None, None
@@ -192,7 +206,7 @@ def _header(data: Any) -> Header:
         _keys(config, {"hash", "settings"}, set(), "config")
         hash_ = _decode(str | None, config["hash"], "config.hash")
         settings = _mapping(config["settings"], "config.settings")
-    return Header(params, hash_, settings, _mapping(data.get("clock"), "clock"))
+    return Header(params, hash_, settings, _mapping(data.get("clock"), "clock"), version)
 
 
 def _mapping(v: Any, where: str) -> Mapping[str, Any] | None:
@@ -201,7 +215,7 @@ def _mapping(v: Any, where: str) -> Mapping[str, Any] | None:
     return v
 
 
-def _step(n: int, data: Any) -> Step:
+def _step(n: int, data: Any, decision_types: dict[str, type]) -> Step:
     _keys(data, {"now", "preempt", "event", "decisions"}, set(), "the line")
     now = _decode(float, data["now"], "now")
     preempt = _decode(bool, data["preempt"], "preempt")
@@ -209,7 +223,7 @@ def _step(n: int, data: Any) -> Step:
     decisions = data["decisions"]
     if not isinstance(decisions, list):
         raise RecordingError(f"decisions: expected a list, got {decisions!r}")
-    return Step(n, event, now, preempt, tuple(_typed(d, DECISION_TYPES, f"decisions[{i}]")
+    return Step(n, event, now, preempt, tuple(_typed(d, decision_types, f"decisions[{i}]")
                                                for i, d in enumerate(decisions)))
 
 

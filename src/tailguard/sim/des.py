@@ -50,19 +50,38 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Iterable
+from typing import Any, Iterable
 
 from tailguard.clock import VirtualClock
 from tailguard.front.events import (
-    Decision, Drop, Failed, Finished, FirstContent, Generated, Hedge, Loaded, Opened, Probed, Reject, Served,
-    Reconfigure, Start, Suspend, Tick, Wait,
+    Decision, Drop, Ejected, Event, Failed, Finished, FirstContent, Generated, GiveUp, HealthChanged, Loaded,
+    Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, Start, StartMode, Suspend, Tick, Wait,
 )
 from tailguard.front.capacity import Capacity
+from tailguard.front.counts import COUNTED_DECISIONS
 from tailguard.front.front import Front
+from tailguard.front.samples import sample
 from tailguard.sim.engine import Admitted, Engine, FirstToken, Preempted, RequestFinished, SimRequest, Step
 from tailguard.sim.fault import ErrorSpread, Faults
 from tailguard.sim.scenario import Arrival, Gate, Host, Probing, Scaled, Scaling, Timeline
 from tailguard.types import FailureKind, Outcome
+
+# Told each event the front was handed, at what instant, whether it could preempt, and what it
+# decided: what the gateway's recorder writes (`gateway.ops.recorder.Recorder.event`).
+Tap = Callable[[Event, float, bool, Sequence[Decision]], None]
+
+# What the DES does with each decision (`_apply`): all of them, but those that say something of a
+# backend to the gateway's probes, gauges and logs, which a simulated fleet has none of. The
+# decisions about a request are counted on its timeline (`front.counts.COUNTED_DECISIONS`).
+CARRIED: dict[type, str] = {Start: "_carry_start", Suspend: "_suspend", Drop: "_drop", GiveUp: "_give_up",
+                            Reject: "_carry_reject"}
+NOT_APPLICABLE: dict[type, str] = {
+    Wait: "the request stays in `waiting` (set as it failed) until its next Start",
+    HealthChanged: "health is the front's; the DES has no probe loop or gauge to move",
+    Ejected: "ejection is the front's; the DES has no log or gauge to tell",
+    Readmitted: "ejection is the front's; the DES has no log or gauge to tell",
+    Retired: "a host a scaling run adds never leaves, so none retires",
+}
 
 # How a request at a hung host fails: no response head by the gateway's deadline (its
 # `timeouts.header_s`), which the front reads as a hung server.
@@ -79,6 +98,8 @@ def run(
     record_tokens: bool = False,
     follow_up: Callable[[Timeline, float], Arrival | None] | None = None,
     gate: Gate | None = None,
+    watch: Callable[[float, Front], None] | None = None,
+    tap: Tap | None = None,
 ) -> list[Timeline]:
     """Run every arrival through one engine to its end; Timelines come back in the order the
     arrivals were given (then those of follow-ups, in the order they were sent).
@@ -87,13 +108,16 @@ def run(
     when each goes in (and may suspend and reject); it must have exactly one backend, this
     engine. `follow_up(timeline, now)` is called when a request ends and may return the next
     arrival (at `now`). `gate` decides what each arrival asks of the front, as it arrives.
+    `watch(now, front)` is called after every event the run handles (a cap's history, say);
+    `tap(event, now, preempt, decisions)` is told each event the front is handed and what it
+    decided, as the gateway's recorder is (`tailguard serve --record`).
     """
     if front is not None and len(front.params.backends) != 1:
         raise ValueError("the discrete-event run of one engine drives a front with exactly one backend; "
                          "give a fleet of hosts to run_fleet for more")
     name = front.params.backends[0].name if front is not None else "engine"
     return run_fleet([Host(name, engine)], arrivals, clock, front, record_tokens=record_tokens,
-                     follow_up=follow_up, gate=gate)
+                     follow_up=follow_up, gate=gate, watch=watch, tap=tap)
 
 
 def run_fleet(
@@ -108,6 +132,8 @@ def run_fleet(
     follow_up: Callable[[Timeline, float], Arrival | None] | None = None,
     gate: Gate | None = None,
     scaling: Scaling | None = None,
+    watch: Callable[[float, Front], None] | None = None,
+    tap: Tap | None = None,
 ) -> list[Timeline]:
     """`run` over a fleet: the front's `Start(id, backend)` picks the host; its backends must be
     exactly the hosts' names. `header_timeout_s` is the gateway's response-header deadline, after
@@ -151,6 +177,9 @@ def run_fleet(
         raise ValueError(f"arrival {first.id!r} at {first.at} is before the clock ({clock.now()})")
     r = _Driver(hosts, clock, front, by_id, pending, record_tokens, header_timeout_s, probes)
     r.follow_up, r.timelines, r.gate = follow_up, timelines, gate
+    if (watch is not None or tap is not None) and front is None:
+        raise ValueError("watch and tap read the front: they need one")
+    r.watch, r.tap = watch, tap
     if scaling is not None:
         r.scaler = _Scaler(scaling, len(hosts))
         r._schedule(clock.now() + scaling.interval_s, _SCALE, r.scaler)
@@ -284,6 +313,21 @@ class _Driver:
         self.gate: Gate | None = None
         self.timelines: list[Timeline] = []
         self.scaler: _Scaler | None = None
+        self.watch: Callable[[float, Front], None] | None = None
+        self.tap: Tap | None = None
+        self._carry: dict[type, Callable[[Any, float], Sequence[Decision]]] = {
+            kind: getattr(self, name) for kind, name in CARRIED.items()}
+        # The backends whose cap learns from their requests' latency: told `Observed` as each ends.
+        self.adaptive = frozenset(() if front is None else (b.name for b in front.params.backends if b.adaptive))
+
+    def tell(self, event: Event, now: float, preempt: bool = True) -> Sequence[Decision]:
+        """Hand the front one event: the one place the run does (and the tap hears it)."""
+        front = self.front
+        assert front is not None
+        decisions = front.handle(event, now, preempt=preempt)
+        if self.tap is not None:
+            self.tap(event, now, preempt, decisions)
+        return decisions
 
     def _schedule(self, at: float, order: int, what: _Due) -> None:
         heapq.heappush(self.agenda, (at, order, self.seq, what))
@@ -298,14 +342,14 @@ class _Driver:
         assert front is not None
         for rid, lv in self.tracked.items():
             if rid not in waiting and lv.host is not None:
-                front.handle(Generated(rid, lv.base_tokens + lv.host.engine.output_tokens(rid)), now)
+                self.tell(Generated(rid, lv.base_tokens + lv.host.engine.output_tokens(rid)), now)
 
     def _tell_served(self) -> None:
         """The models each host lists, as the gateway's first probes read them."""
         front = self.front
         for h in self.hosts.values():
             if front is not None and h.models:
-                self._apply(front.handle(Served(h.name, tuple(sorted(h.models))), self.clock.now()))
+                self._apply(self.tell(Served(h.name, tuple(sorted(h.models))), self.clock.now()))
 
     def loop(self) -> None:
         """Until nothing is pending, take the next thing that happens: a front wake-up, an
@@ -314,7 +358,7 @@ class _Driver:
         instant a wake-up goes first while every engine is idle, and after the arrivals otherwise
         (a request arriving as its queue bound passes is still counted), and both before a step's
         end."""
-        pending, agenda, front, clock = self.pending, self.agenda, self.front, self.clock
+        pending, agenda, front, clock, watch = self.pending, self.agenda, self.front, self.clock, self.watch
         inf, heappop = math.inf, heapq.heappop
         self._tell_served()
         while True:
@@ -337,6 +381,8 @@ class _Driver:
                     raise RuntimeError("requests are stuck in the front with every engine idle")
                 return
             clock.advance_to(t)
+            if watch is not None:  # what the last event left
+                watch(t, front)  # type: ignore[arg-type]
             if t_wake == t and (not self.stepping or t_arr > t):
                 self._tick()
             elif t_arr == t:
@@ -395,8 +441,8 @@ class _Driver:
             elif isinstance(ev, FirstToken):
                 if tl.first_token_at is None:
                     tl.first_token_at = end
-                    if front is not None:  # its TTFT sample; a hedge's winner
-                        self._apply(front.handle(FirstContent(ev.req_id, h.name), end, preempt=False))
+                    if front is not None and front.wants_first_content(tl.cls, h.name):  # a TTFT sample; a race won
+                        self._apply(self.tell(FirstContent(ev.req_id, h.name), end, preempt=False))
             elif isinstance(ev, Admitted):
                 if not ev.resumed and tl.admitted_at is None:
                     tl.admitted_at = step.started_at
@@ -408,7 +454,7 @@ class _Driver:
         self.stepping -= 1
         if front is not None and len(front):
             self._tell_progress(end)
-            self._apply(front.handle(Tick(), end))
+            self._apply(self.tell(Tick(), end))
 
     # --- scaling ---------------------------------------------------------------------------
 
@@ -446,7 +492,7 @@ class _Driver:
         self.max_model_len = max(self.max_model_len, host.engine.config.max_model_len)
         params = front.params
         spec = replace(params.backends[0], name=host.name)
-        self._apply(front.handle(Reconfigure(replace(params, backends=[*params.backends, spec])), t,
+        self._apply(self.tell(Reconfigure(replace(params, backends=[*params.backends, spec])), t,
                                  preempt=not self.stepping))
         if self.probes is not None:
             self._schedule(t, _PROBE, h)
@@ -488,10 +534,10 @@ class _Driver:
         page, read with the probe) when it answered."""
         front = self.front
         assert front is not None
-        self._apply(front.handle(Probed(h.name, ok), t, preempt=not self.stepping))
+        self._apply(self.tell(Probed(h.name, ok), t, preempt=not self.stepping))
         if ok:
             e = h.engine
-            self._apply(front.handle(Loaded(h.name, e.num_running + e.num_waiting), t, preempt=not self.stepping))
+            self._apply(self.tell(Loaded(h.name, e.num_running + e.num_waiting), t, preempt=not self.stepping))
 
     def _die(self, h: _Host) -> None:
         """`h`'s process died: its step in flight is lost, and what it held fails; a request
@@ -525,35 +571,36 @@ class _Driver:
 
     def _fail(self, rid: str, lv: _Live, h: _Host, kind: FailureKind, answered: bool, produced: int,
               t: float) -> None:
-        """The attempt at `h` failed after `produced` tokens. Of a hedged request, the other
-        attempt goes on; else the front decides whether it goes again and, if not, it ends here
-        as an upstream error with what it had generated."""
+        """The attempt at `h` failed after `produced` tokens; the front decides what follows. Of
+        a hedged request, the other attempt goes on (`Drop` of this one); else it goes again
+        (`Start`), waits for a backend (`Wait`), or ends here as an upstream error with what it
+        had generated (`GiveUp`)."""
         front = self.front
         assert front is not None
-        tl = self.by_id[rid]
-        tl.failures += 1
+        self.by_id[rid].failures += 1
         if lv.hedge is not None:
-            if h is lv.host:
-                lv.promote_hedge()
-                assert lv.host is not None
-                tl.backend = lv.host.name
-            else:
-                lv.hedge = None
-            self._apply(front.handle(Failed(rid, kind, False, answered, h.name), t, preempt=not self.stepping))
+            self._apply(self.tell(Failed(rid, kind, False, answered, h.name), t, preempt=not self.stepping))
             return
         lv.base_tokens += produced
         lv.host = None
         self.waiting[rid] = lv.arrival
-        decisions = front.handle(Failed(rid, kind, lv.base_tokens > 0, answered), t, preempt=not self.stepping)
-        if any(isinstance(d, (Start, Wait)) and d.id == rid for d in decisions):  # again, now or once one is free
-            self._apply(decisions)
-            return
-        del self.waiting[rid]
+        self._apply(self.tell(Failed(rid, kind, lv.base_tokens > 0, answered), t, preempt=not self.stepping))
+
+    def _give_up(self, d: GiveUp, t: float) -> Sequence[Decision]:
+        """The front will not try `d.id` again: it ends as an upstream error (a timeout for a
+        deadline) with what it had generated, and the front is told it ended."""
+        front = self.front
+        assert front is not None
+        rid = d.id
+        self.waiting.pop(rid, None)
+        tl, lv = self.by_id[rid], self.live[rid]
         tl.output_tokens = lv.base_tokens
         self._forget(rid)
-        ended = front.handle(Finished(rid, Outcome.UPSTREAM_ERROR, tl.prompt_tokens + lv.base_tokens), t)
-        self._apply([*decisions, *ended])
-        self._end(tl, Outcome.UPSTREAM_ERROR, kind.value, t)
+        outcome = Outcome.TIMEOUT if d.kind.is_timeout else Outcome.UPSTREAM_ERROR
+        self._observe(tl, t, lv.base_tokens)
+        self._apply(self.tell(Finished(rid, outcome, tl.prompt_tokens + lv.base_tokens), t))
+        self._end(tl, outcome, d.kind.value, t)
+        return ()
 
     def _refuse(self, rid: str, reason: str, t: float) -> None:
         """The engine answered `rid` with a 4xx (a model it does not serve, a context too long
@@ -566,7 +613,7 @@ class _Driver:
                 if h is not None:
                     self._abort(h, rid, t)
         self._forget(rid)
-        self._apply(front.handle(Finished(rid, Outcome.CLIENT_ERROR, 0), t))
+        self._apply(self.tell(Finished(rid, Outcome.CLIENT_ERROR, 0), t))
         self._end(self.by_id[rid], Outcome.CLIENT_ERROR, reason, t)
 
     def _forget(self, rid: str) -> None:
@@ -588,13 +635,26 @@ class _Driver:
         if self.front is not None:
             # No preemption yet: another request of this step may be told its end next, and must
             # not be suspended first; the step's Tick lets the front preempt once all are in.
+            self._observe(tl, end, ev.output_tokens)
             tokens = tl.prompt_tokens + tl.output_tokens
-            self._apply(self.front.handle(Finished(ev.req_id, Outcome.SUCCESS, tokens), end, preempt=False))
+            self._apply(self.tell(Finished(ev.req_id, Outcome.SUCCESS, tokens), end, preempt=False))
         if self.gate is not None:
             self.gate.finished(tl)
         self._ended(tl, end)
         if self.follow_up is not None:
             self._follow(tl, end)
+
+    def _observe(self, tl: Timeline, end: float, chunks: int) -> None:
+        """A request on an adaptive backend ended: what it showed of its backend's latency between
+        tokens, as the gateway's dispatcher tells it (`front.samples`). Its last token came at
+        its end."""
+        front = self.front
+        assert front is not None
+        if tl.backend not in self.adaptive:
+            return
+        seen = sample(tl.backend, tl.first_token_at, end, chunks, tl.counts)
+        if seen is not None:
+            self._apply(self.tell(seen, end, preempt=False))
 
     def _follow(self, tl: Timeline, t: float) -> None:
         assert self.follow_up is not None
@@ -643,57 +703,72 @@ class _Driver:
             h.engine.add(SimRequest(a.id, a.prompt_tokens, a.max_tokens, a.priority, a.block_hashes), t)
             return
         self.waiting[a.id] = a
-        self._apply(front.handle(a.arrive(), t, preempt=not self.stepping))
+        self._apply(self.tell(a.arrive(), t, preempt=not self.stepping))
 
     def _tick(self) -> None:
         assert self.front is not None
-        self._apply(self.front.handle(Tick(), self.clock.now(), preempt=not self.stepping))
+        self._apply(self.tell(Tick(), self.clock.now(), preempt=not self.stepping))
 
     def _apply(self, decisions: Sequence[Decision]) -> None:
-        """Carry out the front's decisions (and those they lead to) on the engine models."""
+        """Carry out the front's decisions (and those they lead to) on the engine models, each by
+        its method in `CARRIED`, and count those about a request on its timeline as the gateway
+        counts them (`front.counts`)."""
         if not decisions:
             return
-        front = self.front
-        assert front is not None
         todo: deque[Decision] = deque(decisions)
         t = self.clock.now()
+        carry = self._carry
         while todo:
             d = todo.popleft()
-            if isinstance(d, Start):
-                if self._start(d, t):
-                    todo.extend(front.handle(Opened(d.id), t, preempt=not self.stepping))
-            elif isinstance(d, Hedge):
-                self.by_id[d.id].hedges += 1
-                self._send(d.id, self.live[d.id], self.hosts[d.backend], t, hedge=True)
-            elif isinstance(d, Drop):
-                self._drop(d.id, self.hosts[d.backend], t)
-            elif isinstance(d, Suspend):
-                self._suspend(d.id, t)
-            elif isinstance(d, Reject):
-                self.waiting.pop(d.id, None)
-                self._forget(d.id)
-                self._end(self.by_id[d.id], Outcome.REJECTED, d.reason, t, d.retry_after_s)
+            kind = type(d)
+            if kind in COUNTED_DECISIONS:
+                self.by_id[d.id].counts.apply(d)  # type: ignore[union-attr]
+            method = carry.get(kind)
+            if method is not None:
+                todo.extend(method(d, t))
 
-    def _suspend(self, req_id: str, t: float) -> None:
+    def _carry_start(self, d: Start, t: float) -> Sequence[Decision]:
+        """A hedge's second attempt, or a start of any other mode (its engine then has it, and
+        the front is told `Opened` when the request may be suspended)."""
+        front = self.front
+        assert front is not None
+        if d.mode is StartMode.HEDGE:
+            self._send(d.id, self.live[d.id], self.hosts[d.backend], t, hedge=True)
+        elif self._start(d, t):
+            return self.tell(Opened(d.id), t, preempt=not self.stepping)
+        return ()
+
+    def _carry_reject(self, d: Reject, t: float) -> Sequence[Decision]:
+        self.waiting.pop(d.id, None)
+        self._forget(d.id)
+        self._end(self.by_id[d.id], Outcome.REJECTED, d.reason, t, d.retry_after_s)
+        return ()
+
+    def _suspend(self, d: Suspend, t: float) -> Sequence[Decision]:
+        req_id = d.id
         lv = self.live[req_id]
         h = lv.host
         assert h is not None
         lv.base_tokens += h.produced(req_id)
         self._abort(h, req_id, t)
         lv.host = None
-        self.by_id[req_id].suspensions += 1
         self.waiting[req_id] = lv.arrival
+        return ()
 
-    def _drop(self, req_id: str, h: _Host, t: float) -> None:
-        """The other attempt of a hedge won: the one at `h` stops now."""
-        lv = self.live[req_id]
-        if h is lv.host:
+    def _drop(self, d: Drop, t: float) -> Sequence[Decision]:
+        """A hedge is over: the attempt at `d.winner` is the request's from now on; the one at
+        `d.loser` stops now (one that failed has stopped already)."""
+        lv = self.live[d.id]
+        loser = self.hosts[d.loser]
+        if loser is lv.host:
             lv.promote_hedge()
             assert lv.host is not None
-            self.by_id[req_id].backend = lv.host.name
+            self.by_id[d.id].backend = lv.host.name
         else:
             lv.hedge = None
-        self._abort(h, req_id, t)
+        if not d.failed:
+            self._abort(loser, d.id, t)
+        return ()
 
     @staticmethod
     def _abort(h: _Host, req_id: str, t: float) -> None:

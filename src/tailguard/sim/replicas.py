@@ -3,10 +3,11 @@
 allotments as `gateway.shared.slots` leases them in Redis. What it shows: together the replicas
 never have more than the cap in the engine, and what sharing costs their requests in waiting.
 
-The allotment is `SlotStore.renew`, the renewal script of `gateway.shared.slots` in Python (the
-same steps, in the same order: expired leases dropped, the cap water-filled over the replicas'
-demands, never more than the others leave free); `tests/functional/test_shared_slots.py` runs
-both on the same renewals and checks that they answer alike. Each replica renews as
+The allotment is `front.leases.SlotStore.renew`, the rule the renewal script of
+`gateway.shared.slots` is the Lua copy of (the same steps, in the same order: expired leases
+dropped, the cap water-filled over the replicas' demands, never more than the others leave free);
+`tests/functional/test_shared_slots.py` runs both on the same renewals and checks that they
+answer alike. Each replica renews as
 `SlotLeases` does, on `front.leases`' pacing: every third of a lease, and within `eager_s` of
 lacking slots for its queue or holding slots it does not use; it lowers its front's cap to what it runs as it sends a
 renewal, and the answer reaches its front `rtt_s` later (`Allotted`); with each renewal the
@@ -23,49 +24,35 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from tailguard.front.events import Allotted, Decision, FirstContent, Finished, Reject, ServedElsewhere, Start, Tick
+from tailguard.front.events import (
+    Allotted, Decision, Drop, Ejected, FirstContent, Finished, GiveUp, HealthChanged, Readmitted, Reject, Retired,
+    ServedElsewhere, Start, StartMode, Suspend, Tick, Wait,
+)
 from tailguard.front.front import Front
-from tailguard.front.leases import EAGER_S, RenewalPacing, short
+from tailguard.front.leases import EAGER_S, RenewalPacing, SlotStore, short
 from tailguard.front.params import FrontParams
 from tailguard.sim.scenario import Arrival, Timeline
 from tailguard.sim.engine import Engine, FirstToken, RequestFinished, SimRequest, Step
 from tailguard.types import Outcome
 
 
-class SlotStore:
-    """Redis's side of one backend's slot allotments (see the module docstring)."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.allotted: dict[int, int] = {}
-        self.demand: dict[int, int] = {}
-        self.expiry: dict[int, float] = {}
-
-    def renew(self, replica: int, demand: int, running: int, now: float, lease_s: float) -> tuple[int, int]:
-        """What `replica` holds now, and its front's cap."""
-        for r in [r for r, at in self.expiry.items() if at <= now]:
-            del self.expiry[r]
-            self.allotted.pop(r, None)
-            self.demand.pop(r, None)
-        self.expiry[replica] = now + lease_s
-        self.demand[replica] = demand
-        others = sum(v for r, v in self.allotted.items() if r != replica)
-        demands = sorted(self.demand.values())
-        left: float = self.cap
-        level = None
-        for i, d in enumerate(demands):
-            share = left / (len(demands) - i)
-            if d > share:
-                level = share
-                break
-            left -= d
-        part = demand if level is None else min(demand, math.ceil(level))
-        allot = max(0, min(max(part, running), self.cap - others))
-        self.allotted[replica] = allot
-        return allot, min(allot, part)
+# What this run does with each decision: a first `Start` and a `Reject`. The others cannot come
+# from the fronts it builds, and one that does stops the run naming it.
+CARRIED: dict[type, str] = {Start: "_start", Reject: "_reject"}
+NOT_APPLICABLE: dict[type, str] = {
+    Suspend: "no class here is preemptible: one engine that never fails, no preemption modelled",
+    Wait: "an attempt never fails here, so no retry waits",
+    GiveUp: "an attempt never fails here, so none is given up",
+    Drop: "no class here is hedged",
+    HealthChanged: "no probes here: the engine is always up",
+    Ejected: "an attempt never fails here, so no backend is ejected",
+    Readmitted: "no backend is ejected here",
+    Retired: "the fronts are never reconfigured here",
+}
 
 
 @dataclass
@@ -111,6 +98,8 @@ class _Run:
         self.store = SlotStore(params.backends[0].max_concurrency) if shared else None
         self.replicas = [_Replica(i, Front(params), RenewalPacing(lease_s, eager_s)) for i in range(n)]
         self.timelines = {a.id: Timeline(a.id, a.cls, a.at, a.prompt_tokens, a.max_tokens) for a in arrivals}
+        self._carry: dict[type, Callable[[Any, float], None]] = {
+            kind: getattr(self, name) for kind, name in CARRIED.items()}
         self.result = ReplicasRun(list(self.timelines.values()))
         self.arrivals = {a.id: a for a in arrivals}
         self.agenda: list[tuple[float, int, int, object]] = []
@@ -189,18 +178,27 @@ class _Run:
 
     def _apply(self, r: _Replica, decisions: Sequence[Decision], now: float) -> None:
         for d in decisions:
-            if isinstance(d, Start):
-                a, tl = self.arrivals[d.id], self.timelines[d.id]
-                tl.dispatched_at, tl.backend = now, d.backend
-                self.engine.add(SimRequest(a.id, a.prompt_tokens, a.max_tokens, a.priority), now)
-                in_engine = self.engine.num_running + self.engine.num_waiting
-                self.result.most_in_engine = max(self.result.most_in_engine, in_engine)
-            elif isinstance(d, Reject):
-                tl = self.timelines[d.id]
-                tl.outcome, tl.reject_reason, tl.finished_at = Outcome.REJECTED, d.reason, now
-                self.open -= 1
-            else:
-                raise ValueError(f"the replicas run does not model {type(d).__name__}: use sim.des for one front")
+            method = self._carry.get(type(d))
+            if method is None:
+                raise ValueError(f"the replicas run does not model {d!r} ({NOT_APPLICABLE[type(d)]}): use sim.des "
+                                 "for one front")
+            method(d, now)
+
+    def _start(self, d: Start, now: float) -> None:
+        if d.mode is not StartMode.FRESH:
+            raise ValueError(f"the replicas run does not model {d!r} (an attempt never fails here, no class is "
+                             "preemptible or hedged): use sim.des for one front")
+        a, tl = self.arrivals[d.id], self.timelines[d.id]
+        tl.counts.apply(d)
+        tl.dispatched_at, tl.backend = now, d.backend
+        self.engine.add(SimRequest(a.id, a.prompt_tokens, a.max_tokens, a.priority), now)
+        in_engine = self.engine.num_running + self.engine.num_waiting
+        self.result.most_in_engine = max(self.result.most_in_engine, in_engine)
+
+    def _reject(self, d: Reject, now: float) -> None:
+        tl = self.timelines[d.id]
+        tl.outcome, tl.reject_reason, tl.finished_at = Outcome.REJECTED, d.reason, now
+        self.open -= 1
 
     def _check(self, r: _Replica, now: float) -> None:
         """As `SlotLeases._run`: renew when the pacing says so, and look again in `eager_s`."""

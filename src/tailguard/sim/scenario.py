@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from tailguard.front.counts import Counts
 from tailguard.front.events import Arrive
 from tailguard.front.intake import Accepted
 from tailguard.sim.engine import Engine
@@ -92,7 +93,8 @@ class Timeline:
     the engine's own queue); `front_queue_s` is the part spent in the front scheduler.
     `token_times` is filled only when `run(..., record_tokens=True)`. `backend` is the host of its
     last attempt (a hedge's winner); `failures` counts its attempts that failed (a dead, hung or
-    failing host), `hedges` the second attempts the front sent beside its first.
+    failing host); `counts` is what the front's decisions say of it (`front.counts`: attempts,
+    retries, migrations, suspensions, hedges), counted as the gateway counts them.
     """
 
     id: str
@@ -111,11 +113,20 @@ class Timeline:
     output_tokens: int = 0
     cached_tokens: int = 0
     preemptions: int = 0  # by the engine (KV pressure)
-    suspensions: int = 0  # by the front (gateway preemption)
     token_times: list[float] | None = None
     backend: str | None = None
     failures: int = 0
-    hedges: int = 0
+    counts: Counts = field(default_factory=Counts)
+
+    @property
+    def suspensions(self) -> int:
+        """Suspended by the front (the gateway's preemption)."""
+        return self.counts.preemptions
+
+    @property
+    def hedges(self) -> int:
+        """Second attempts the front sent beside its first."""
+        return self.counts.hedges
 
     @property
     def queue_s(self) -> float | None:

@@ -12,8 +12,13 @@ import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from tailguard.front.events import Arrive, Finished, Generated, KindLearned, Reconfigure, Reject, Start, Suspend
+from tailguard.front.counts import Counts
+from tailguard.front.events import (
+    Arrive, Drop, Ejected, Finished, Generated, GiveUp, HealthChanged, KindLearned, Readmitted, Reconfigure, Reject,
+    Retired, Start, StartMode, Suspend, Wait,
+)
 from tailguard.recording.codec import Observation, Recording
+from tailguard.recording.legacy import DropV1, HedgeV1, StartV1
 from tailguard.sim.fit import Served
 from tailguard.types import Outcome
 
@@ -27,8 +32,12 @@ class Request:
     at: float
     bound_at: float | None = None  # its first Start
     rejected: str | None = None
-    suspensions: int = 0
+    counts: Counts = field(default_factory=Counts)  # what the front's decisions said of it
     seen: Observation | None = None
+
+    @property
+    def suspensions(self) -> int:
+        return self.counts.preemptions
 
     @property
     def cls(self) -> str:
@@ -70,56 +79,103 @@ class Traffic:
 
 def traffic_of(rec: Recording) -> Traffic:
     """The recording's requests and what happened to them, joined by id."""
-    reqs: dict[str, Request] = {}
-    running: dict[str, tuple[str, float]] = {}
-    intervals: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
-    starts: dict[str, list[tuple[float, str, int]]] = defaultdict(list)
-    generated: dict[str, int] = {}
-    continues = {b.name: b.continues for b in rec.header.params.backends}
-    reloads = 0
+    return _Reader(rec).read()
 
-    def stop(req_id: str, now: float) -> None:
-        backend, since = running.pop(req_id)
-        intervals[backend].append((since, now, req_id))
 
-    for step in rec.steps:
-        ev, now = step.event, step.now
+# How a recording's decisions become traffic (a recording of format version 1 has its own Start,
+# Hedge and Drop: `recording.legacy`), and why the others do not.
+CARRIED: dict[type, str] = {Start: "_start", StartV1: "_start_v1", Suspend: "_suspend", Reject: "_reject",
+                            GiveUp: "_counted", Drop: "_counted"}
+NOT_APPLICABLE: dict[type, str] = {
+    Wait: "it holds no slot until its next Start, which moves it",
+    HealthChanged: "a backend's health is not traffic: its requests' starts say where they ran",
+    Ejected: "an ejection is not traffic: its requests' starts say where they ran",
+    Readmitted: "a readmission is not traffic",
+    Retired: "a backend that left has no start after its last request's",
+    HedgeV1: "a hedge's second attempt is not traffic (version 1)",
+    DropV1: "a hedge's loser is not traffic (version 1)",
+}
+
+
+class _Reader:
+    """One pass over a recording's steps; each decision by its method in `CARRIED`."""
+
+    def __init__(self, rec: Recording) -> None:
+        self.rec = rec
+        self.reqs: dict[str, Request] = {}
+        self.running: dict[str, tuple[str, float]] = {}
+        self.intervals: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+        self.starts: dict[str, list[tuple[float, str, int]]] = defaultdict(list)
+        self.generated: dict[str, int] = {}
+        self.continues = {b.name: b.continues for b in rec.header.params.backends}
+        self.reloads = 0
+        self.carry = {kind: getattr(self, name) for kind, name in CARRIED.items()}
+
+    def read(self) -> Traffic:
+        rec = self.rec
+        for step in rec.steps:
+            self._event(step.event, step.now)
+            for d in step.decisions:
+                method = self.carry.get(type(d))
+                if method is not None:
+                    method(d, step.now)
+        end = rec.steps[-1].now if rec.steps else 0.0
+        for req_id in list(self.running):
+            self._stop(req_id, end)
+        for obs in rec.requests:
+            if obs.id in self.reqs:
+                self.reqs[obs.id].seen = obs
+        ended = [r for r in self.reqs.values() if r.seen is not None]
+        return Traffic(ended, dict(self.intervals), dict(self.starts), self.continues, self.reloads,
+                       len(self.reqs) - len(ended))
+
+    def _event(self, ev: object, now: float) -> None:
         if isinstance(ev, Arrive):
-            reqs[ev.id] = Request(ev, now)
+            self.reqs[ev.id] = Request(ev, now)
         elif isinstance(ev, Generated):
-            generated[ev.id] = ev.tokens
-        elif isinstance(ev, Finished) and ev.id in running:
-            stop(ev.id, now)
+            self.generated[ev.id] = ev.tokens
+        elif isinstance(ev, Finished) and ev.id in self.running:
+            self._stop(ev.id, now)
         elif isinstance(ev, KindLearned):
-            continues[ev.backend] = ev.continues
+            self.continues[ev.backend] = ev.continues
         elif isinstance(ev, Reconfigure):
-            reloads += 1
-            continues.update((b.name, b.continues) for b in ev.params.backends)
-        for d in step.decisions:
-            if isinstance(d, Start):
-                r = reqs[d.id]
-                if r.bound_at is None:
-                    r.bound_at = now
-                where = running.get(d.id)
-                if where is not None and where[0] == d.backend:
-                    continue  # a retry on the same backend keeps its slot
-                if where is not None:
-                    stop(d.id, now)
-                running[d.id] = (d.backend, now)
-                starts[d.backend].append((now, d.id, generated.get(d.id, 0) if d.resumed else 0))
-            elif isinstance(d, Suspend):
-                reqs[d.id].suspensions += 1
-                stop(d.id, now)
-            elif isinstance(d, Reject):
-                reqs[d.id].rejected = d.reason.value
-    end = rec.steps[-1].now if rec.steps else 0.0
-    for req_id in list(running):
-        stop(req_id, end)
-    for obs in rec.requests:
-        if obs.id in reqs:
-            reqs[obs.id].seen = obs
-    ended = [r for r in reqs.values() if r.seen is not None]
-    return Traffic(ended, dict(intervals), dict(starts), continues, reloads, len(reqs) - len(ended))
+            self.reloads += 1
+            self.continues.update((b.name, b.continues) for b in ev.params.backends)
+
+    def _stop(self, req_id: str, now: float) -> None:
+        backend, since = self.running.pop(req_id)
+        self.intervals[backend].append((since, now, req_id))
+
+    def _start(self, d: Start, now: float) -> None:
+        self.reqs[d.id].counts.apply(d)
+        if d.mode is not StartMode.HEDGE:  # a hedge's second attempt is not traffic
+            self._ran(d.id, d.backend, d.mode.continues, now)
+
+    def _start_v1(self, d: StartV1, now: float) -> None:
+        self._ran(d.id, d.backend, d.resumed, now)
+
+    def _ran(self, req_id: str, backend: str, continued: bool, now: float) -> None:
+        """It runs on `backend` from `now` (a continuation of what it had generated)."""
+        r = self.reqs[req_id]
+        if r.bound_at is None:
+            r.bound_at = now
+        where = self.running.get(req_id)
+        if where is not None and where[0] == backend:
+            return  # a retry on the same backend keeps its slot
+        if where is not None:
+            self._stop(req_id, now)
+        self.running[req_id] = (backend, now)
+        self.starts[backend].append((now, req_id, self.generated.get(req_id, 0) if continued else 0))
+
+    def _suspend(self, d: Suspend, now: float) -> None:
+        self.reqs[d.id].counts.apply(d)
+        self._stop(d.id, now)
+
+    def _reject(self, d: Reject, now: float) -> None:
+        self.reqs[d.id].rejected = d.reason.value
+
+    def _counted(self, d: GiveUp | Drop, now: float) -> None:
+        self.reqs[d.id].counts.apply(d)
 
 
 def served(t: Traffic) -> dict[str, list[Served]]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tailguard.front.events import (
-    Arrive, Close, Ejected, Failed, Finished, Generated, HealthChanged, KindLearned, Opened, Probed, Readmitted, Reject,
-    Start, Suspend, Tick, WrongEvent,
+    Arrive, Close, Ejected, Failed, Finished, Generated, GiveUp, GiveUpReason, HealthChanged, KindLearned, Opened,
+    Probed, Readmitted, Reject, Start, StartMode, Suspend, Tick, WrongEvent,
 )
 from tailguard.front.front import Front
 from tailguard.front.tracked import State
@@ -54,7 +54,7 @@ def test_a_chat_suspends_a_running_batch_job_which_resumes_after_it() -> None:
     assert list(f.handle(Opened("b1"), 0.1)) == []  # nobody waits yet
     assert chat(f, "c1", 1.0) == [Suspend("b1", "a"), Start("c1", "a")]
     assert f.state("b1") is State.SUSPENDED
-    assert list(f.handle(Finished("c1", Outcome.SUCCESS), 1.2)) == [Start("b1", "a", resumed=True)]
+    assert list(f.handle(Finished("c1", Outcome.SUCCESS), 1.2)) == [Start("b1", "a", StartMode.CONTINUE)]
     assert list(f.handle(Finished("b1", Outcome.SUCCESS), 3.0)) == []
 
 
@@ -92,9 +92,11 @@ def test_a_reset_is_retried_on_the_same_backend_once_then_elsewhere() -> None:
     assert isinstance(start, Start)
     first = start.backend
     other = "b" if first == "a" else "a"
-    assert list(f.handle(Failed("c1", FailureKind.RESET), 0.1)) == [Start("c1", first)]  # a fresh connection
-    assert list(f.handle(Failed("c1", FailureKind.RESET), 0.2)) == [Start("c1", other)]
-    assert list(f.handle(Failed("c1", FailureKind.RESET), 0.3)) == []  # max_attempts (3) used up: the driver ends it
+    reset = FailureKind.RESET
+    assert list(f.handle(Failed("c1", reset), 0.1)) == [Start("c1", first, StartMode.RETRY, reset, first)]  # fresh
+    assert list(f.handle(Failed("c1", reset), 0.2)) == [Start("c1", other, StartMode.RETRY, reset, first)]
+    # max_attempts (3) used up: the driver ends it.
+    assert list(f.handle(Failed("c1", reset), 0.3)) == [GiveUp("c1", GiveUpReason.ATTEMPTS, reset, other)]
     f.handle(Finished("c1", Outcome.UPSTREAM_ERROR), 0.3)
     assert all(b.in_flight == 0 for b in f.backends())
 
@@ -107,7 +109,7 @@ def test_a_refused_connection_goes_elsewhere_and_ejects_its_backend_for_a_while(
     bad = start.backend
     good = "b" if bad == "a" else "a"
     assert list(f.handle(Failed("c1", FailureKind.CONNECT), 0.1)) == [
-        Ejected(bad, 3.0, 1, FailureKind.CONNECT, 1), Start("c1", good)]
+        Ejected(bad, 3.0, 1, FailureKind.CONNECT, 1), Start("c1", good, StartMode.RETRY, FailureKind.CONNECT, bad)]
     assert f.backend(bad).state == "ejected"
     assert chat(f, "c2", 0.2) == []  # the only backend in is busy; the ejected one is skipped
     assert f.next_wakeup() == pytest.approx(3.1)  # the ejection ends before c2's wait bound
@@ -119,10 +121,13 @@ def test_a_refused_connection_goes_elsewhere_and_ejects_its_backend_for_a_while(
 def test_with_one_backend_a_refusal_is_not_retried_and_deadlines_never_are() -> None:
     f = make()
     chat(f, "c1", 0.0)
-    assert list(f.handle(Failed("c1", FailureKind.CONNECT), 0.1)) == []
+    # Nowhere else to go, and never back to the backend that refused.
+    assert list(f.handle(Failed("c1", FailureKind.CONNECT), 0.1)) == [
+        GiveUp("c1", GiveUpReason.NO_BACKEND, FailureKind.CONNECT, "a")]
     f.handle(Finished("c1", Outcome.UPSTREAM_ERROR), 0.1)
     chat(f, "c2", 0.2)
-    assert list(f.handle(Failed("c2", FailureKind.TIMEOUT_FIRST_TOKEN), 0.3)) == []
+    assert list(f.handle(Failed("c2", FailureKind.TIMEOUT_FIRST_TOKEN, answered=True), 0.3)) == [
+        GiveUp("c2", GiveUpReason.NOT_RETRYABLE, FailureKind.TIMEOUT_FIRST_TOKEN, "a")]
 
 
 def test_the_retry_budget_bounds_retries_to_a_share_of_requests() -> None:
@@ -131,7 +136,7 @@ def test_the_retry_budget_bounds_retries_to_a_share_of_requests() -> None:
     retried = 0
     for i in range(50):
         chat(f, f"c{i}", 0.01 * i)
-        if f.handle(Failed(f"c{i}", FailureKind.RESET), 0.01 * i):
+        if any(isinstance(d, Start) for d in f.handle(Failed(f"c{i}", FailureKind.RESET), 0.01 * i)):
             retried += 1
     assert retried == 5  # 10% of 50
 
@@ -152,7 +157,7 @@ def test_a_request_ends_once() -> None:
     f = make()
     chat(f, "c1", 0.0)
     f.handle(Finished("c1", Outcome.SUCCESS), 0.1)
-    with pytest.raises(WrongEvent, match="ended twice"):
+    with pytest.raises(WrongEvent, match="not in the front"):
         f.handle(Finished("c1", Outcome.SUCCESS), 0.2)
     with pytest.raises(WrongEvent, match="already"):
         chat(f, "c2", 0.3)

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from tailguard.front.events import (
-    Arrive, Drop, Ejected, Failed, Finished, FirstContent, HealthChanged, Hedge, Opened, Probed, Readmitted, Reconfigure,
-    Reject, Retired, Start, Suspend, Tick, Wait,
+    Arrive, Drop, Ejected, Failed, Finished, FirstContent, GiveUp, HealthChanged, Opened, Probed, Readmitted,
+    Reconfigure, Reject, Retired, Start, StartMode, Suspend, Tick, Wait,
 )
 from tailguard.front.front import Front
 from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, HedgeParams, PreemptionParams
@@ -50,25 +50,31 @@ class Driver:
     running: dict[str, str] = field(default_factory=dict)  # id -> backend
     hedged: dict[str, str] = field(default_factory=dict)  # id -> its second attempt's backend
     waiting: set[str] = field(default_factory=set)  # queued or suspended
+    given_up: set[str] = field(default_factory=set)  # a GiveUp came: the driver must end it
     retired: list[str] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)  # started at least once
 
     def apply(self, decisions: object) -> None:
         for d in decisions:  # type: ignore[attr-defined]
-            if isinstance(d, Start):
-                assert d.backend in self.configured, f"{d} names a backend the config no longer has"
-                assert d.id not in self.hedged, f"{d} starts a request that is hedged"
-                self.waiting.discard(d.id)
-                self.running[d.id] = d.backend
-            elif isinstance(d, Hedge):
+            if isinstance(d, Start) and d.mode is StartMode.HEDGE:
                 assert d.backend in self.configured and d.id in self.running and d.id not in self.hedged, d
                 assert d.backend != self.running[d.id], d
                 self.hedged[d.id] = d.backend
+            elif isinstance(d, Start):
+                assert d.backend in self.configured, f"{d} names a backend the config no longer has"
+                assert d.id not in self.hedged, f"{d} starts a request that is hedged"
+                assert (d.mode is StartMode.FRESH) == (d.id not in self.running and d.id in self.waiting
+                                                       and d.id not in self.seen), d
+                self.seen.add(d.id)
+                self.waiting.discard(d.id)
+                self.running[d.id] = d.backend
             elif isinstance(d, Drop):
                 other = self.hedged.pop(d.id)
-                if d.backend == self.running[d.id]:
-                    self.running[d.id] = other
-                else:
-                    assert d.backend == other, d
+                assert {d.loser, d.winner} == {other, self.running[d.id]}, d
+                self.running[d.id] = d.winner
+            elif isinstance(d, GiveUp):
+                assert d.id in self.running and d.id not in self.hedged and d.backend == self.running[d.id], d
+                self.given_up.add(d.id)
             elif isinstance(d, Suspend):
                 assert self.running.pop(d.id) == d.backend
                 self.waiting.add(d.id)
@@ -111,27 +117,33 @@ def step(rng: random.Random, drv: Driver, n: int, now: float) -> None:
         drv.running.pop(req_id, None)
         drv.hedged.pop(req_id, None)
         drv.waiting.discard(req_id)
+        drv.given_up.discard(req_id)
         drv.apply(f.handle(Finished(req_id, rng.choice(OUTCOMES)), now))
     elif roll < 0.65 and drv.running:
         req_id = rng.choice(sorted(drv.running))
+        if req_id in drv.given_up:
+            return  # its attempt has failed already: only its end may come
         hedge = drv.hedged.get(req_id)
-        if hedge is not None:  # one of its two attempts fails: the other goes on alone
+        if hedge is not None:  # one of its two attempts fails: the other goes on alone (a Drop of it)
             failed = rng.choice((hedge, drv.running[req_id]))
-            del drv.hedged[req_id]  # the driver stops that attempt as it tells the front
-            drv.running[req_id] = hedge if failed != hedge else drv.running[req_id]
-            drv.apply(f.handle(Failed(req_id, rng.choice(KINDS), answered=rng.random() < 0.5, backend=failed), now))
+            decisions = list(f.handle(Failed(req_id, rng.choice(KINDS), answered=rng.random() < 0.5, backend=failed),
+                                      now))
+            assert Drop(req_id, failed, hedge if failed != hedge else drv.running[req_id], failed=True) in decisions
+            drv.apply(decisions)
             return
         decisions = list(f.handle(Failed(req_id, rng.choice(KINDS), answered=rng.random() < 0.5), now))
         drv.apply(decisions)
-        if not any(isinstance(d, (Start, Wait)) and d.id == req_id for d in decisions):
-            drv.running.pop(req_id)  # not retried: the driver ends it
+        assert any(isinstance(d, (Start, Wait, GiveUp)) and d.id == req_id for d in decisions), decisions
+        if req_id in drv.given_up:  # the driver ends it
+            drv.given_up.discard(req_id)
+            drv.running.pop(req_id)
             drv.apply(f.handle(Finished(req_id, Outcome.UPSTREAM_ERROR), now))
-    elif roll < 0.72 and drv.running:
-        req_id = rng.choice(sorted(drv.running))
+    elif roll < 0.72 and drv.running.keys() - drv.given_up:
+        req_id = rng.choice(sorted(drv.running.keys() - drv.given_up))
         drv.apply(f.handle(FirstContent(req_id, rng.choice((drv.running[req_id], drv.hedged.get(req_id) or
                                                             drv.running[req_id]))), now))
-    elif roll < 0.76 and drv.running:
-        drv.apply(f.handle(Opened(rng.choice(sorted(drv.running))), now))
+    elif roll < 0.76 and drv.running.keys() - drv.given_up:
+        drv.apply(f.handle(Opened(rng.choice(sorted(drv.running.keys() - drv.given_up))), now))
     elif roll < 0.82:
         drv.apply(f.handle(Probed(rng.choice(NAMES), rng.random() < 0.6, busy=rng.random() < 0.2), now))
     elif roll < 0.9:

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from tailguard.front.events import Arrive, Close, Failed, Finished, Generated, Opened, Reject, Start, Suspend, Tick
+from tailguard.front.events import Arrive, Close, Failed, Finished, Generated, Opened, Reject, Start, StartMode, Suspend, Tick
 from tailguard.front.front import Front
 from tailguard.front.limits import CallerLimits, Standing
 from tailguard.front.refusal import Refusal
@@ -21,6 +21,11 @@ def tokens_left(limits: CallerLimits | Front, caller: str, now: float) -> int:
     s = limits.standing(caller, now)[1]
     assert s is not None
     return s.remaining
+
+
+def why(r: Refusal | None) -> tuple[str, float] | None:
+    """A refusal's reason and wait (its limit and use are `test_refusals`')."""
+    return None if r is None else (r.reason, r.retry_after_s)
 
 
 def test_a_caller_may_burst_its_rpm_and_then_goes_at_its_pace() -> None:
@@ -39,7 +44,7 @@ def test_tokens_are_reserved_on_arrival_and_the_unused_part_refunded_at_the_end(
     held = limits.take("app", 1000, 0.0)
     assert held == 1000 and tokens_left(limits, "app", 0.0) == 5000
     # 5500 is 500 short: five seconds at 100 a second.
-    assert limits.refusal("app", 5500, 0.0) == Refusal("rate_limit_tokens", pytest.approx(5.0))
+    assert why(limits.refusal("app", 5500, 0.0)) == ("rate_limit_tokens", pytest.approx(5.0))
     limits.settle("app", held, 300, 0.0)  # it used 300 of its 1000
     assert tokens_left(limits, "app", 0.0) == 5700 and limits.refusal("app", 5500, 0.0) is None
 
@@ -49,14 +54,14 @@ def test_an_estimate_that_fell_short_is_charged_as_debt_and_waited_out() -> None
     held = limits.take("reports", 500, 0.0)
     limits.settle("reports", held, 9000, 1.0)  # used far more than it held: 2900 in debt (100 refilled)
     assert tokens_left(limits, "reports", 1.0) == 0
-    assert limits.refusal("reports", 100, 1.0) == Refusal("rate_limit_tokens", pytest.approx(30.0))
+    assert why(limits.refusal("reports", 100, 1.0)) == ("rate_limit_tokens", pytest.approx(30.0))
     assert limits.refusal("reports", 100, 31.0) is None
 
 
 def test_a_request_larger_than_a_minute_waits_for_a_full_bucket_then_goes_into_debt() -> None:
     limits = CallerLimits([CallerSpec("big", tokens_per_minute=600)])
     limits.settle("big", limits.take("big", 300, 0.0), 300, 0.0)
-    assert limits.refusal("big", 5000, 0.0) == Refusal("rate_limit_tokens", pytest.approx(30.0))
+    assert why(limits.refusal("big", 5000, 0.0)) == ("rate_limit_tokens", pytest.approx(30.0))
     assert limits.refusal("big", 5000, 30.0) is None
     assert limits.take("big", 5000, 30.0) == 5000 and tokens_left(limits, "big", 30.0) == 0
 
@@ -64,7 +69,7 @@ def test_a_request_larger_than_a_minute_waits_for_a_full_bucket_then_goes_into_d
 def test_all_buckets_or_none() -> None:
     limits = CallerLimits([CallerSpec("app", requests_per_minute=1, tokens_per_minute=600)])
     limits.take("app", 100, 0.0)
-    assert limits.refusal("app", 100, 0.0) == Refusal("rate_limit_requests", pytest.approx(60.0))
+    assert why(limits.refusal("app", 100, 0.0)) == ("rate_limit_requests", pytest.approx(60.0))
     assert tokens_left(limits, "app", 0.0) == 500  # the refused request took no tokens
     limits.take("app", 500, 60.0)  # a minute on: its request came back; its tokens too, but 500 went
     assert limits.refusal("app", 200, 120.0) is None
@@ -77,7 +82,7 @@ def test_all_buckets_or_none() -> None:
 def test_requests_at_once_are_bounded_and_freed_as_each_ends() -> None:
     limits = CallerLimits([CallerSpec("app", max_parallel=2)])
     a, b = limits.take("app", 10, 0.0), limits.take("app", 10, 0.0)
-    assert limits.refusal("app", 10, 0.0) == Refusal("rate_limit_parallel", 1.0)
+    assert why(limits.refusal("app", 10, 0.0)) == ("rate_limit_parallel", 1.0)
     limits.settle("app", a, 10, 1.0)
     assert limits.refusal("app", 10, 1.0) is None
     limits.settle("app", b, 10, 1.0)
@@ -137,7 +142,7 @@ def test_the_front_refuses_a_caller_over_its_limits_before_it_is_queued() -> Non
     assert list(f.handle(Arrive("r1", "interactive", 50, caller="app"), 0.0)) == [Start("r1", "a")]
     assert list(f.handle(Arrive("r2", "interactive", 50, caller="app"), 0.0)) == []  # queued behind r1
     refused = list(f.handle(Arrive("r3", "interactive", 50, caller="app"), 0.0))
-    assert refused == [Reject("r3", "rate_limit_requests", pytest.approx(30.0))] and "r3" not in f
+    assert refused == [Reject("r3", "rate_limit_requests", pytest.approx(30.0), 2, 2)] and "r3" not in f
     assert list(f.handle(Arrive("other", "interactive", 50, caller="web"), 0.0)) == []  # another caller is not held up
     f.handle(Finished("r1", Outcome.SUCCESS, tokens=1200), 1.0)  # two minutes' worth of tokens
     assert [d.reason for d in f.handle(Arrive("r4", "interactive", 50, caller="app"), 40.0)] == ["rate_limit_tokens"]  # type: ignore[union-attr]
@@ -183,7 +188,7 @@ def test_retries_and_a_suspension_share_the_requests_one_reservation() -> None:
     f.handle(Opened("b1"), 1.0)
     assert Suspend("b1", "a") in f.handle(Arrive("c2", "interactive", 100, caller="app"), 1.0)
     assert tokens_left(f, "app", 1.0) == 6000 - 2300
-    assert Start("b1", "a", resumed=True) in f.handle(Finished("c2", Outcome.SUCCESS, tokens=60), 1.0)
+    assert Start("b1", "a", StartMode.CONTINUE) in f.handle(Finished("c2", Outcome.SUCCESS, tokens=60), 1.0)
     f.handle(Finished("b1", Outcome.SUCCESS, tokens=900), 1.0)  # resumed on its one reservation
     f.handle(Finished("b2", Outcome.CLIENT_GONE, tokens=40), 1.0)  # streamed, then its client left
     assert tokens_left(f, "app", 1.0) == 6000 - 60 - 900 - 40

@@ -1,12 +1,13 @@
 """Streams that survive their backend, as the front decides them: an attempt that failed after
-part of its answer reached the client is continued elsewhere (`Start(resumed=True)`) when its
-backend died or stalled and its text can be continued, never otherwise. Plain numbers, no loop."""
+part of its answer reached the client is continued elsewhere (`Start` of mode `migrate`) when its
+backend died or stalled and its text can be continued; otherwise it is given up (`GiveUp`, which
+says why). Plain numbers, no loop."""
 
 from __future__ import annotations
 
 import pytest
 
-from tailguard.front.events import Arrive, Failed, Finished, Start, Wait
+from tailguard.front.events import Arrive, Failed, Finished, GiveUp, GiveUpReason, Start, StartMode, Wait
 from tailguard.front.front import Front
 from tailguard.front.tracked import State
 from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, HealthParams, QueueParams, RetryParams
@@ -28,7 +29,7 @@ def three(retry: RetryParams = RetryParams()) -> Front:
 def stream(f: Front, req_id: str, now: float, resumable: bool = True) -> str:
     """A chat arrives and starts; the backend it went to."""
     [start] = f.handle(Arrive(req_id, "interactive", 60, resumable=resumable, max_tokens=40), now)
-    assert isinstance(start, Start) and not start.resumed
+    assert isinstance(start, Start) and start.mode is StartMode.FRESH
     return start.backend
 
 
@@ -44,7 +45,8 @@ def test_a_stream_whose_backend_died_or_stalled_goes_on_elsewhere_with_its_slot(
     f = three()
     first = stream(f, "c1", 0.0)
     [start] = died(f, "c1", 1.0, kind)
-    assert start == Start("c1", start.backend, resumed=True) and start.backend != first
+    assert isinstance(start, Start)
+    assert start == Start("c1", start.backend, StartMode.MIGRATE, kind, first) and start.backend != first
     assert f.state("c1") is State.RUNNING
     assert f.backend(first).in_flight == 0 and f.backend(start.backend).in_flight == 1
     assert list(f.handle(Finished("c1", Outcome.SUCCESS, tokens=100), 2.0)) == []
@@ -57,10 +59,12 @@ def test_a_continuation_whose_connection_was_stale_goes_once_more_to_the_same_ba
     f = three()
     first = stream(f, "c1", 0.0)
     [moved] = died(f, "c1", 1.0)
+    assert isinstance(moved, Start)
     stale = Failed("c1", FailureKind.RESET, delivered=True, answered=False)
-    assert list(f.handle(stale, 1.1)) == [Start("c1", moved.backend, resumed=True)]
+    # The continuation's own body again, on a fresh connection: a retry, not a move.
+    assert list(f.handle(stale, 1.1)) == [Start("c1", moved.backend, StartMode.RETRY, FailureKind.RESET, moved.backend)]
     [third] = set("abc") - {first, moved.backend}
-    assert list(f.handle(stale, 1.2)) == [Start("c1", third, resumed=True)]
+    assert list(f.handle(stale, 1.2)) == [Start("c1", third, StartMode.MIGRATE, FailureKind.RESET, moved.backend)]
 
 
 def test_a_continuation_that_meets_a_hung_host_goes_on_again() -> None:
@@ -69,9 +73,10 @@ def test_a_continuation_that_meets_a_hung_host_goes_on_again() -> None:
     f = three()
     first = stream(f, "c1", 0.0)
     [moved] = died(f, "c1", 1.0)
+    assert isinstance(moved, Start)
     [third] = set("abc") - {first, moved.backend}
     assert list(f.handle(Failed("c1", FailureKind.TIMEOUT_FIRST_TOKEN, delivered=True, answered=False), 2.0)) == [
-        Start("c1", third, resumed=True)]
+        Start("c1", third, StartMode.MIGRATE, FailureKind.TIMEOUT_FIRST_TOKEN, moved.backend)]
     assert retry_of(FailureKind.TIMEOUT_FIRST_TOKEN, delivered=True, answered=True, continuable=True) is Again.NO
 
 
@@ -80,15 +85,16 @@ def test_only_a_dead_or_stalled_backend_moves_a_stream(kind: FailureKind) -> Non
     """A total deadline is the request's own bound; an error event or a malformed stream came from
     an engine that answered (its text elsewhere could repeat what broke it)."""
     f = three()
-    stream(f, "c1", 0.0)
-    assert died(f, "c1", 1.0, kind) == []  # the driver ends it with one error event
+    first = stream(f, "c1", 0.0)
+    # The driver ends it with one error event.
+    assert died(f, "c1", 1.0, kind) == [GiveUp("c1", GiveUpReason.NOT_RETRYABLE, kind, first)]
 
 
 def test_a_request_that_cannot_be_continued_from_text_is_never_moved() -> None:
     """Tools, structured output, n > 1, logprobs: the intake's `resumable` is False."""
     f = three()
-    stream(f, "t1", 0.0, resumable=False)
-    assert died(f, "t1", 1.0) == []
+    first = stream(f, "t1", 0.0, resumable=False)
+    assert died(f, "t1", 1.0) == [GiveUp("t1", GiveUpReason.NOT_CONTINUABLE, FailureKind.DISCONNECT, first)]
     assert retry_of(FailureKind.DISCONNECT, delivered=True, answered=True, continuable=False) is Again.NO
 
 
@@ -96,7 +102,7 @@ def test_nothing_delivered_is_still_a_retry_from_the_start() -> None:
     f = three()
     first = stream(f, "c1", 0.0)
     assert list(f.handle(Failed("c1", FailureKind.RESET, delivered=False, answered=True), 0.5)) == [
-        Start("c1", first)]  # the same backend on a fresh connection, as before
+        Start("c1", first, StartMode.RETRY, FailureKind.RESET, first)]  # the same backend on a fresh connection
 
 
 def test_at_most_max_migrations_and_never_back_to_a_backend_it_failed_on() -> None:
@@ -104,8 +110,10 @@ def test_at_most_max_migrations_and_never_back_to_a_backend_it_failed_on() -> No
     first = stream(f, "c1", 0.0)
     [second] = died(f, "c1", 1.0)
     [third] = died(f, "c1", 2.0)
-    assert len({first, second.backend, third.backend}) == 3 and third.resumed
-    assert died(f, "c1", 3.0) == []  # the limit: the driver ends it
+    assert isinstance(second, Start) and isinstance(third, Start)
+    assert len({first, second.backend, third.backend}) == 3 and third.mode is StartMode.MIGRATE
+    # The limit: the driver ends it.
+    assert died(f, "c1", 3.0) == [GiveUp("c1", GiveUpReason.MIGRATIONS, FailureKind.DISCONNECT, third.backend)]
 
 
 def test_only_to_a_backend_whose_kind_can_continue_a_generation() -> None:
@@ -116,7 +124,8 @@ def test_only_to_a_backend_whose_kind_can_continue_a_generation() -> None:
         if "a" in on:
             break
     assert f.backend("o").in_flight < 9
-    assert died(f, on["a"], 1.0) == []  # `o` has room but (a plain OpenAI server) cannot continue
+    # `o` has room but (a plain OpenAI server) cannot continue.
+    assert died(f, on["a"], 1.0) == [GiveUp(on["a"], GiveUpReason.NO_BACKEND, FailureKind.DISCONNECT, "a")]
 
 
 def test_with_every_slot_taken_it_waits_for_one_where_it_did_not_fail_and_continues_there() -> None:
@@ -127,16 +136,18 @@ def test_with_every_slot_taken_it_waits_for_one_where_it_did_not_fail_and_contin
     assert stream(f, "c2", 0.1) == "b"
     assert list(f.handle(Arrive("c3", "interactive", 60, resumable=True), 0.5)) == []  # queued
     assert died(f, "c1", 1.0) == [Wait("c1")]  # a is free, but c1 failed there (and, older, goes first)
-    assert list(f.handle(Finished("c2", Outcome.SUCCESS), 1.5)) == [Start("c1", "b", resumed=True),
-                                                                     Start("c3", "a")]
+    assert list(f.handle(Finished("c2", Outcome.SUCCESS), 1.5)) == [
+        Start("c1", "b", StartMode.MIGRATE, FailureKind.DISCONNECT, "a"), Start("c3", "a")]
 
 
 def test_the_retry_budget_bounds_migrations() -> None:
     f = three(RetryParams(max_migrations=1, budget_ratio=0.0, min_retries_per_s=0.1, window_s=10.0))
     stream(f, "c1", 0.0)
     stream(f, "c2", 0.0)
-    assert len(died(f, "c1", 1.0)) == 1  # the one retry the floor allows in the window
-    assert died(f, "c2", 1.1) == []
+    [moved] = died(f, "c1", 1.0)  # the one retry the floor allows in the window
+    assert isinstance(moved, Start)
+    [gave_up] = died(f, "c2", 1.1)
+    assert isinstance(gave_up, GiveUp) and gave_up.reason is GiveUpReason.BUDGET
 
 
 def test_a_chat_text_is_kept_only_where_it_could_move() -> None:

@@ -3,7 +3,7 @@ virtual time: the pacer alone, then the front that consults it, as both drivers 
 
 from __future__ import annotations
 
-from tailguard.front.events import Arrive, Finished, Opened, Start, Suspend, Tick
+from tailguard.front.events import Arrive, Finished, Opened, Start, StartMode, Suspend, Tick
 from tailguard.front.front import Front
 from tailguard.front.pacing import Pacer
 from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, PreemptionParams, QueueParams
@@ -65,7 +65,7 @@ def test_a_chat_is_never_paced_and_a_suspended_line_resumes_within_the_pace() ->
     chat = list(f.handle(Arrive("c1", "interactive", 50, max_tokens=20), 0.001))
     assert chat == [Suspend("l1", "a"), Start("c1", "a")]  # the chat's start waits for no pace
     assert list(f.handle(Finished("c1", Outcome.SUCCESS), 0.005)) == []  # l1 started at 0.0: held to 0.01
-    assert list(f.handle(Tick(), 0.01)) == [Start("l1", "a", resumed=True)]
+    assert list(f.handle(Tick(), 0.01)) == [Start("l1", "a", StartMode.CONTINUE)]
 
 
 def test_pacing_takes_no_slot_from_the_class_when_lines_end_apart() -> None:

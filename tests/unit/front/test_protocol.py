@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from tailguard.front.events import (
-    Arrive, Ejected, Failed, Finished, Generated, HealthChanged, Opened, Probed, Start, WrongEvent,
+    Arrive, Ejected, Failed, Finished, Generated, GiveUp, GiveUpReason, HealthChanged, Opened, Probed, Start, StartMode,
+    WrongEvent,
 )
 from tailguard.front.front import Front
 from tailguard.front.tracked import State
@@ -41,7 +42,8 @@ CASES = [
     (K.TIMEOUT_FIRST_TOKEN, False, True, None, False),  # the engine took it: it may be working
     (K.TIMEOUT_IDLE, False, True, None, False),
     (K.TIMEOUT_TOTAL, False, True, None, False),
-    (K.PROTOCOL, False, True, None, False),
+    (K.PROTOCOL, False, True, "other", True),  # not what was asked (a gzip JSON to a stream): broken there
+    (K.PROTOCOL, True, True, None, True),  # past its max_tokens mid-answer: cut, and the backend is broken
     (K.STREAM_ERROR, False, True, None, False),
     (K.RESET, True, True, None, False),  # some of the answer reached the consumer: never again
     (K.CONNECT, True, False, None, True),
@@ -54,11 +56,17 @@ def test_the_front_alone_decides_whether_and_where_a_failed_attempt_goes_again(
     f, first, other = two_backends()
     out = list(f.handle(Failed("r1", kind, delivered=delivered, answered=answered), 0.1))
     ejected = [d.backend for d in out if isinstance(d, Ejected)]
-    starts = [d for d in out if isinstance(d, Start)]
+    starts = [d for d in out if isinstance(d, (Start, GiveUp))]
     assert ejected == ([first] if hurts else [])
-    expected = {"same": [Start("r1", first)], "other": [Start("r1", other)], None: []}[where]
+    # An answer under way that this request (tools, say: not `resumable`) cannot have continued;
+    # one cut for breaking its bound is no failure a continuation follows at all.
+    continuable = delivered and kind is not K.PROTOCOL
+    gave_up = GiveUp("r1", GiveUpReason.NOT_CONTINUABLE if continuable else GiveUpReason.NOT_RETRYABLE, kind, first)
+    expected = {"same": [Start("r1", first, StartMode.RETRY, kind, first)],
+                "other": [Start("r1", other, StartMode.RETRY, kind, first)], None: [gave_up]}[where]
     assert starts == expected
-    assert f.state("r1") is State.RUNNING  # retried, or running until the driver ends it
+    # Retried, or given up: it keeps its slot until the driver ends it.
+    assert f.state("r1") is (State.RUNNING if where else State.FAILED)
     f.handle(Finished("r1", Outcome.UPSTREAM_ERROR), 0.2)
     assert "r1" not in f and all(b.in_flight == 0 for b in f.backends())
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from tailguard.errors import ConfigError
-from tailguard.front.events import Arrive, Failed, Finished, Opened, Probed, Reconfigure, Retired, Start, Suspend
+from tailguard.front.events import Arrive, Failed, Finished, Opened, Probed, Reconfigure, Retired, Start, StartMode, Suspend
 from tailguard.front.front import Front, State
 from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, PreemptionParams, QueueParams
 from tailguard.types import FailureKind, Outcome
@@ -80,7 +80,7 @@ def test_a_suspended_request_survives_a_reload_and_resumes() -> None:
     assert chat(f, "c1", 0.2) == [Suspend("b1", "a"), Start("c1", "a")]
     assert list(f.handle(Reconfigure(params(preemption=False)), 0.3)) == []
     assert f.state("b1") is State.SUSPENDED
-    assert list(f.handle(Finished("c1", Outcome.SUCCESS), 0.4)) == [Start("b1", "a", resumed=True)]
+    assert list(f.handle(Finished("c1", Outcome.SUCCESS), 0.4)) == [Start("b1", "a", StartMode.CONTINUE)]
 
 
 def test_preemption_turned_off_leaves_a_running_batch_job_running() -> None:
@@ -179,7 +179,8 @@ def test_a_failed_attempt_on_a_retiring_backend_is_retried_elsewhere() -> None:
     chat(f, "c0", 0.0)  # on a
     f.handle(Reconfigure(fleet(("b", 1))), 0.1)
     # A reset is retried on the same backend, except one that is leaving: it goes to b.
-    assert list(f.handle(Failed("c0", FailureKind.RESET), 0.2)) == [Start("c0", "b"), Retired("a")]
+    assert list(f.handle(Failed("c0", FailureKind.RESET), 0.2)) == [
+        Start("c0", "b", StartMode.RETRY, FailureKind.RESET, "a"), Retired("a")]
 
 
 def test_only_retiring_backends_left_refuse_new_requests() -> None:

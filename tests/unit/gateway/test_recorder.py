@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 
+from tailguard.front.counts import Counts
 from tailguard.front.events import Arrive, Decision, Event, Finished, Generated, Opened, Start, Suspend
 from tailguard.front.front import Front
 from tailguard.front.params import BackendSpec, ClassSpec, FrontParams
@@ -70,10 +71,11 @@ def test_counts_still_pending_are_written_at_close_and_nothing_after() -> None:
 def test_a_request_is_written_from_its_record() -> None:
     d = Drive()
     t = Request("r1", 1.0, cls="batch", caller="alice", bound_at=1.25, first_content_at=1.5, finished_at=3.0,
-                prompt_tokens=40, output_tokens=7, attempts=2, preemptions=1, outcome=Outcome.SUCCESS)
+                prompt_tokens=40, output_tokens=7, counts=Counts(attempts=2, retries=1, preemptions=1),
+                outcome=Outcome.SUCCESS)
     d.recorder.request(t)
     d.recorder.request(Request("r2", 2.0, outcome=Outcome.CLIENT_ERROR))
     assert read(d.lines()).requests == (
-        Observation("r1", "batch", Outcome.SUCCESS, 40, 7, 1.0, 3.0, 1.25, 1.5, None, "alice", 2, 1),
+        Observation("r1", "batch", Outcome.SUCCESS, 40, 7, 1.0, 3.0, 1.25, 1.5, None, "alice", 2, 1, retries=1),
         Observation("r2", "none", Outcome.CLIENT_ERROR, 0, 0, 2.0, 2.0),
     )

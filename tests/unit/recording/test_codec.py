@@ -11,8 +11,9 @@ import pytest
 
 from tailguard.front.adaptive import AdaptiveParams
 from tailguard.front.events import (
-    Allotted, Arrive, Close, Drop, Ejected, Failed, Finished, FirstContent, Generated, HealthChanged, Hedge, KindLearned, Loaded,
-    Observed, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served, ServedElsewhere, Start, Suspend, Tick, Wait,
+    Allotted, Arrive, Close, Drop, Ejected, Failed, Finished, FirstContent, Generated, GiveUp, GiveUpReason,
+    HealthChanged, KindLearned, Loaded, LocalShare, Observed, Opened, Probed, Readmitted, Reconfigure, Reject,
+    Retired, Served, ServedElsewhere, SharedVerdict, Start, StartMode, Suspend, Tick, Wait,
 )
 from tailguard.front.params import (
     BackendSpec, CallerSpec, ClassSpec, FrontParams, HealthParams, PreemptionParams, QueueParams, RetryParams,
@@ -43,13 +44,19 @@ EVENTS = [
     Opened("r1"), Generated("r1", 17), Failed("r1", FailureKind.TIMEOUT_FIRST_TOKEN, delivered=True, answered=True),
     Finished("r1", Outcome.CLIENT_GONE, tokens=300), Probed("a", False, busy=True), Observed("b", 0.25, 0.0125),
     Observed("a", itl_s=0.5), KindLearned("b", True), Tick(), Allotted("a", 3), Allotted("b", None),
-    ServedElsewhere({"alice": 412.5, "bob": -3.0}),
+    ServedElsewhere({"alice": 412.5, "bob": -3.0}), LocalShare(3), LocalShare(None),
+    Arrive("r4", "chat", 70, caller="alice", body_bytes=2048,
+           shared=SharedVerdict(RejectReason.RATE_LIMIT_TOKENS, 1.5, 1000, 990)),
     Close(), Reconfigure(PARAMS),
 ]
-DECISIONS = [Start("r1", "a", resumed=True), Suspend("r1", "a"), Reject("r2", RejectReason.RATE_LIMIT_TOKENS, 12.5),
-             Hedge("r3", "b"), Drop("r3", "a"), Wait("r3"), HealthChanged("b", False), Ejected("a", 30.0, 3, FailureKind.CONNECT, 1), Readmitted("a"), Retired("a")]
+DECISIONS = [Start("r1", "a", StartMode.CONTINUE), Start("r1", "b", StartMode.MIGRATE, FailureKind.RESET, "a"),
+             Suspend("r1", "a"), Reject("r2", RejectReason.RATE_LIMIT_TOKENS, 12.5, 1000, 950, True), Start("r3", "b", StartMode.HEDGE),
+             Drop("r3", "a", "b"), Drop("r3", "b", "a", failed=True), Wait("r3"),
+             GiveUp("r3", GiveUpReason.ATTEMPTS, FailureKind.STATUS, "a"), HealthChanged("b", False),
+             Ejected("a", 30.0, 3, FailureKind.CONNECT, 1), Readmitted("a"), Retired("a")]
 SEEN = Observation("r1", "bulk", Outcome.SUCCESS, 100, 900, 10.0, 19.5, bound_at=10.25, first_content_at=10.5,
-                   backend="a", caller="alice", attempts=2, preemptions=1)
+                   backend="a", caller="alice", attempts=2, preemptions=1, retries=1, retries_denied=1, migrations=1,
+                   hedges=1, hedges_won=1)
 
 
 def lines(*objs: dict[str, Any]) -> list[str]:
@@ -117,7 +124,7 @@ def test_a_line_that_is_not_exactly_a_recording_line_is_named(line: str, message
 @pytest.mark.parametrize("first,message", [
     ("", "empty recording: no header line"),
     (json.dumps({"now": 1.0}), "line 1: not a front recording"),
-    (json.dumps({**header_line(Header(PARAMS)), "version": 2}), "line 1: recording format version 2; this tailguard reads"),
+    (json.dumps({**header_line(Header(PARAMS)), "version": 3}), "line 1: recording format version 3; this tailguard reads"),
     (json.dumps({**header_line(Header(PARAMS)), "mode": "x"}), "line 1: the header: unknown field(s) mode"),
     (json.dumps({**header_line(Header(PARAMS)), "params": {"classes": []}}), "line 1: params: missing field(s) backends"),
 ])

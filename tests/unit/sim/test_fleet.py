@@ -6,7 +6,7 @@ from collections.abc import Sequence
 import pytest
 
 from tailguard.clock import VirtualClock
-from tailguard.front.events import Decision, Drop, Ejected, Event, Failed, HealthChanged, Hedge, Probed, Start
+from tailguard.front.events import Decision, Drop, Ejected, Event, Failed, HealthChanged, Probed, Start, StartMode
 from tailguard.front.front import Front
 from tailguard.front.params import (
     BackendSpec, ClassSpec, FrontParams, HedgeParams, PreemptionParams, QueueParams, RoutingParams,
@@ -33,7 +33,7 @@ class _Recorded(Front):
         self.probed: list[tuple[float, Probed]] = []
         self.health: list[tuple[float, HealthChanged]] = []
         self.ejected: list[tuple[int, Ejected]] = []  # with how many Starts came before it
-        self.hedge_decisions: list[Hedge | Drop] = []
+        self.hedge_decisions: list[Start | Drop] = []  # hedges' Starts and their Drops
 
     def handle(self, event: Event, now: float, *, preempt: bool = True) -> Sequence[Decision]:
         if isinstance(event, Failed):
@@ -42,11 +42,13 @@ class _Recorded(Front):
             self.probed.append((now, event))
         out = super().handle(event, now, preempt=preempt)
         for d in out:
-            if isinstance(d, Start):
+            if isinstance(d, Start) and d.mode is StartMode.HEDGE:
+                self.hedge_decisions.append(d)
+            elif isinstance(d, Start):
                 self.starts.append(d)
             elif isinstance(d, Ejected):
                 self.ejected.append((len(self.starts), d))
-            elif isinstance(d, Hedge | Drop):
+            elif isinstance(d, Drop):
                 self.hedge_decisions.append(d)
         self.health += [(now, d) for d in out if isinstance(d, HealthChanged)]
         return out
@@ -108,7 +110,7 @@ def test_a_dying_engine_fails_what_it_holds_and_the_front_decides_what_goes_agai
     tls = {tl.id: tl for tl in run_fleet(hosts, early + late, VirtualClock(), f, record_tokens=True)}
     assert all(tl.outcome is Outcome.SUCCESS and tl.backend == "a" and whole(tl) for tl in tls.values())
     assert all(tls[f"e{i}"].output_tokens == 200 for i in range(4))
-    [moved] = [s.id for s in f.starts if s.resumed]
+    [moved] = [s.id for s in f.starts if s.mode is StartMode.MIGRATE]
     m = tls[moved]
     assert [e.kind for e in f.failed if e.id == moved] == [FailureKind.DISCONNECT]
     assert [e.delivered for e in f.failed if e.id == moved] == [True] and m.failures == 1
@@ -210,13 +212,13 @@ def test_a_hedge_runs_beside_the_first_attempt_and_the_first_to_stream_wins() ->
     tls = run_fleet(hosts, [Arrival(f"r{i}", 0.3 * i, 200, 20) for i in range(30)], VirtualClock(), f,
                     record_tokens=True)
     assert all(tl.outcome is Outcome.SUCCESS and tl.output_tokens == 20 and whole(tl) for tl in tls)
-    hedged = {d.id for d in f.hedge_decisions if isinstance(d, Hedge)}
+    hedged = {d.id for d in f.hedge_decisions if isinstance(d, Start)}
     drops = [d for d in f.hedge_decisions if isinstance(d, Drop)]
     assert hedged and sorted(d.id for d in drops) == sorted(hedged)  # one loser each
     assert {tl.id for tl in tls if tl.hedges} == hedged and all(tl.hedges <= 1 for tl in tls)
-    loser = {d.id: d.backend for d in drops}
+    loser = {d.id: d.loser for d in drops}
     assert all(tl.backend != loser[tl.id] for tl in tls if tl.id in hedged)  # served by the winner
-    assert {d.backend for d in f.hedge_decisions if isinstance(d, Hedge)} == {"fast"}  # only the slow one's chats wait
+    assert {d.backend for d in f.hedge_decisions if isinstance(d, Start)} == {"fast"}  # only the slow one's chats wait
     # each losing attempt was stopped in its engine at once
     assert sum(h.engine.finished_total["abort"] for h in hosts) == len(hedged)
 

@@ -14,7 +14,8 @@ from tailguard.front.params import BackendSpec, CallerSpec, ClassSpec, FrontPara
 from tailguard.sim.cost import CostModel, EngineConfig
 from tailguard.sim.scenario import Arrival
 from tailguard.sim.engine import Engine
-from tailguard.sim.replicas import SlotStore, run_replicas
+from tailguard.front.leases import SlotStore
+from tailguard.sim.replicas import run_replicas
 from tailguard.types import Outcome
 
 COST = CostModel(a_s=0.01, b_s_per_prefill_token=0.0001, c_s_per_decode_seq=0.0001, d_s_per_kv_token=1e-7)

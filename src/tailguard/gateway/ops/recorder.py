@@ -14,7 +14,7 @@ kept, and written just before the next other event: the front replaying the file
 counts at every moment it can decide anything.
 
 Clock: the front's `now` and a request's instants (its record, `gateway.request.Request`) are the
-gateway's one clock (`tailguard.clock.monotonic`), so the file's times need no conversion.
+gateway's one clock, so the file's times need no conversion.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tailguard.front.events import Decision, Event, Generated
 from tailguard.front.params import FrontParams
 from tailguard.recording.codec import Header, Observation, header_line, request_line, step_line
 from tailguard.gateway.ops.log_buffer import BufferedLineHandler
-from tailguard.gateway.request import Request
+from tailguard.gateway.request import Ended, Request
 
 FLUSH_S = 0.2
 MAX_LINES = 4096
@@ -65,12 +65,18 @@ class Recorder:
             self._write_generated()
         self._write(step_line(event, now, preempt, decisions))
 
+    def ended(self, e: Ended) -> None:
+        """A request's one end (`gateway.lifecycle`): its line in the recording."""
+        self.request(e.request)
+
     def request(self, t: Request) -> None:
         """A request ended: its sizes, instants and outcome, from its record."""
+        c = t.counts
         self._write(request_line(Observation(
             t.id, t.cls, t.outcome, t.prompt_tokens, t.output_tokens, t.arrived_at,
             t.finished_at if t.finished_at is not None else t.arrived_at, t.bound_at, t.first_content_at,
-            None if t.backend == "-" else t.backend, t.caller, t.attempts, t.preemptions)))
+            None if t.backend == "-" else t.backend, t.caller, c.attempts, c.preemptions, c.retries, c.retries_denied,
+            c.migrations, c.hedges, c.hedges_won)))
 
     def close(self) -> None:
         """Write what is pending and close the file; what comes later is dropped."""

@@ -16,11 +16,14 @@ a replica that dies gives its callers' places back within a lease and no lost se
 one (LiteLLM's PR #28160 leaked one for good on a client's cancel).
 
 Each answer carries the caller's shared bucket levels; `standing` says where the caller stands
-from the last one this replica saw, refilled since: what the `x-ratelimit-*` headers say. The
-front keeps its own buckets and parallel count for the same caller, told only this replica's
-traffic: they never bind before the shared ones do. While Redis is unavailable (`link.Link`),
-`state.on_unavailable: local` enforces 1/N of each limit here with the front's own pure
-`CallerLimits`, and `closed` refuses callers that have limits.
+from the last one this replica saw, refilled since: what the `x-ratelimit-*` headers say. What
+`reserve` answers is a verdict, never a refusal of its own: the front is told it with the request
+(`Arrive.shared`) and refuses what it refuses, so a recording holds every refusal and a replay
+or the DES reproduces it. The front keeps its own buckets for the same caller, told only this
+replica's traffic: they never bind before the shared ones do. While Redis is unavailable
+(`link.Link`), `state.on_unavailable: local` has the front keep 1/N of each limit itself
+(`LocalShare`, the same bucket rule), and `closed` makes every verdict for a limited caller
+`shared_state_unavailable`.
 """
 
 from __future__ import annotations
@@ -29,32 +32,30 @@ import asyncio
 import itertools
 from dataclasses import dataclass, replace
 
-from tailguard.clock import monotonic
-from tailguard.errors import APIError, Overloaded
-from tailguard.front.limits import CallerLimits, Standing, limited
-from tailguard.front.refusal import Refusal
+from tailguard.clock import Now
+from tailguard.front.events import SharedVerdict
+from tailguard.front.limits import Standing, limited
 from tailguard.front.params import CallerSpec
-from tailguard.gateway.dispatch import overloaded
+from tailguard.gateway.request import Ended, Request
 from tailguard.gateway.shared.link import UNAVAILABLE, Link, stop
 from tailguard.gateway.shared.scripts import RENEW_PLACES, RESERVE, SETTLE, Script
-from tailguard.wire.openai import duration_text
 from tailguard.types import RejectReason
 
-UNAVAILABLE_CODE = "shared_state_unavailable"
+GRANTED = SharedVerdict()
+UNAVAILABLE_VERDICT = SharedVerdict(RejectReason.SHARED_STATE_UNAVAILABLE, 1.0)
 
-# A caller's shared buckets as last seen: when (monotonic), and per kind (requests, tokens) its
+# A caller's shared buckets as last seen: when (the gateway's clock), and per kind (requests, tokens) its
 # capacity and level then, or None for a limit the caller does not have.
 _Seen = tuple[float, tuple[tuple[int, float] | None, tuple[int, float] | None]]
 
 
 @dataclass(frozen=True, slots=True)
 class Held:
-    """What one admitted request holds: in Redis (`shared`) or in the local share; `place`, its
-    entry among its caller's places in flight in Redis ('' for none)."""
+    """What one request holds in Redis: a request and `tokens` from its caller's buckets, and
+    `place`, its entry among its caller's places in flight ('' for none)."""
 
     caller: str
     tokens: int
-    shared: bool
     place: str = ""
 
 
@@ -63,31 +64,24 @@ def _keys(caller: str) -> tuple[str, str, str]:
     return f"tailguard:{{{caller}}}:rpm", f"tailguard:{{{caller}}}:tpm", f"tailguard:{{{caller}}}:parallel"
 
 
-def _share(spec: CallerSpec, n: int) -> CallerSpec:
-    """1/n of each of a caller's limits (at least 1 each)."""
-    def part(v: int | None) -> int | None:
-        return None if not v else max(1, v // n)
-    return replace(spec, requests_per_minute=part(spec.requests_per_minute),
-                   tokens_per_minute=part(spec.tokens_per_minute), max_parallel=part(spec.max_parallel))
-
-
 class SharedLimits:
     """See the module docstring.
 
-        shared.start()                                    # the places' renewals
-        held = await shared.reserve(caller, est_tokens)   # raises RateLimited / Overloaded
-        shared.standing(caller)                           # for the x-ratelimit-* headers
-        shared.settle(held, used_tokens, admitted=True)   # exactly once; returns at once
+        shared.start()                                             # the places' renewals
+        verdict, held = await shared.reserve(caller, est_tokens)   # the front is told the verdict
+        shared.standing(caller)                                    # for the x-ratelimit-* headers
+        shared.settle(held, used_tokens, admitted=True)            # exactly once; returns at once
     """
 
-    def __init__(self, link: Link, specs: list[CallerSpec]) -> None:
+    def __init__(self, link: Link, specs: list[CallerSpec], clock: Now) -> None:
         self.link = link
+        self._clock = clock
         self._reserve, self._settle, self._renew = Script(RESERVE), Script(SETTLE), Script(RENEW_PLACES)
         self._specs: dict[str, CallerSpec] = {}
-        self._local = CallerLimits()
         self._pending: set[asyncio.Task[None]] = set()
         self._seen: dict[str, _Seen] = {}
         self._places: dict[str, set[str]] = {}  # caller -> this replica's places in flight in Redis
+        self._held: dict[str, Held] = {}  # by request id: what each of the gateway's requests holds
         self._ids = itertools.count()
         self._task: asyncio.Task[None] | None = None
         self.reconfigure(specs)
@@ -95,43 +89,58 @@ class SharedLimits:
     def reconfigure(self, specs: list[CallerSpec]) -> None:
         self._specs = {s.name: s for s in specs if limited(s)}
         self._seen = {c: seen for c, seen in self._seen.items() if c in self._specs}
-        self.follow_link()
 
-    def follow_link(self) -> None:
-        """Redis went away or came back: the local share restarts from full buckets of 1/N."""
-        self._local = CallerLimits(_share(s, self.link.replicas) for s in self._specs.values())
+    def local_share(self) -> int | None:
+        """What the front keeps of each limit itself now (`LocalShare`): 1/N while Redis is
+        unavailable under `on_unavailable: local`, else (None) the whole, never binding first."""
+        if self.link.shared or self.link.cfg.on_unavailable != "local":
+            return None
+        return self.link.replicas
 
     def start(self) -> None:
         """The link's heartbeat, and the renewal of this replica's places every third of a lease."""
         self.link.start()
         self._task = asyncio.get_running_loop().create_task(self._renewing())
 
-    async def reserve(self, caller: str, tokens: int) -> Held | None:
-        """Take a place, one request and `tokens` from every limit of `caller`, or raise the
-        refusal (`RateLimited`, 429 with Retry-After; `Overloaded`, 503, when Redis is
-        unavailable and `on_unavailable` is `closed`). None: the caller has no limits."""
+    async def reserve(self, caller: str, tokens: int) -> tuple[SharedVerdict | None, Held | None]:
+        """Take a place, one request and `tokens` from every limit of `caller` in Redis, or from
+        none: the verdict to tell the front with the request, and what it holds (for `settle`;
+        None when nothing was taken). No verdict: the caller has no limits, or Redis is
+        unavailable under `on_unavailable: local` (the front then keeps 1/N itself)."""
         spec = self._specs.get(caller)
         if spec is None:
-            return None
+            return None, None
         place = f"{self.link.id}:{next(self._ids):x}" if spec.max_parallel else ""
         keys, args = self._limits(spec, place, 1, max(1, tokens))
         answer = await self.link.call(lambda: self._reserve(self.link.redis, keys, args))
-        if answer is not None:
-            self._saw(spec, answer[3:])
-            if int(answer[0]) == 1:
-                if place:
-                    self._places.setdefault(caller, set()).add(place)
-                return Held(caller, tokens, True, place)
-            raise _refused(caller, spec, Refusal(_reason(spec, int(answer[1])), float(answer[2])))
-        if self.link.cfg.on_unavailable == "closed":
-            raise Overloaded("The gateway cannot reach its shared state (Redis) to check this caller's limits; "
-                             "retry later.", code=UNAVAILABLE_CODE, retry_after_s=1.0,
-                             headers={"X-Tailguard-Reject-Reason": UNAVAILABLE_CODE})
-        now = monotonic()
-        refusal = self._local.refusal(caller, tokens, now)
-        if refusal is not None:
-            raise _refused(caller, spec, refusal)
-        return Held(caller, self._local.take(caller, tokens, now), False)
+        if answer is None:
+            return (UNAVAILABLE_VERDICT if self.link.cfg.on_unavailable == "closed" else None), None
+        levels = [float(v) for v in answer[3:]]
+        self._saw(spec, levels)
+        if int(answer[0]) == 1:
+            if place:
+                self._places.setdefault(caller, set()).add(place)
+            return GRANTED, Held(caller, tokens, place)
+        reason = _reason(spec, int(answer[1]))
+        limit, used = _use(spec, reason, levels)
+        return SharedVerdict(reason, float(answer[2]), limit, used), None
+
+    async def reserve_for(self, req: Request, tokens: int) -> SharedVerdict | None:
+        """`reserve` for a request of the gateway's, whose hold is settled as it ends (`ended`)."""
+        if req.caller is None:
+            return None
+        verdict, held = await self.reserve(req.caller, tokens)
+        if held is not None:
+            self._held[req.id] = held
+        return verdict
+
+    def ended(self, e: Ended) -> None:
+        """A request ended (the gateway's one end): what it holds goes back, settled to what it
+        used; all of it, its request too, when it never started (refused, or gone while queued)."""
+        held = self._held.pop(e.request.id, None)
+        if held is not None:
+            req = e.request
+            self.settle(held, req.used_tokens(), admitted=req.bound_at is not None)
 
     def settle(self, held: Held, used_tokens: int, *, admitted: bool) -> None:
         """The request ended having used `used_tokens`; `admitted`: it got past the front (else
@@ -140,9 +149,6 @@ class SharedLimits:
         if held.place:
             self._places.get(held.caller, set()).discard(held.place)
         if spec is None:
-            return
-        if not held.shared:
-            self._local.settle(held.caller, held.tokens, 0 if not admitted else used_tokens, monotonic())
             return
         back = held.tokens - (used_tokens if admitted else 0)
         keys, args = self._limits(spec, held.place, 0 if admitted else 1, back)
@@ -154,13 +160,11 @@ class SharedLimits:
 
     def standing(self, caller: str) -> tuple[Standing | None, Standing | None] | None:
         """Where `caller`'s shared buckets stand now, from the last answer this replica had from
-        Redis refilled since (the local share's while Redis is unavailable); None when nothing
-        is known of them here."""
-        if caller not in self._specs:
+        Redis refilled since; None when nothing is known of them here, or Redis is unavailable
+        (the front's own buckets say then)."""
+        if caller not in self._specs or not self.link.shared:
             return None
-        now = monotonic()
-        if not self.link.shared:
-            return self._local.standing(caller, now)
+        now = self._clock()
         seen = self._seen.get(caller)
         if seen is None:
             return None
@@ -177,7 +181,7 @@ class SharedLimits:
     async def _send(self, spec: CallerSpec, keys: list[str], args: list[object]) -> None:
         levels = await self.link.call(lambda: self._settle(self.link.redis, keys, args))
         if levels is not None:
-            self._saw(spec, levels)
+            self._saw(spec, [float(v) for v in levels])
 
     async def _renewing(self) -> None:
         """Every third of a lease, every place this replica holds is held one lease more: one
@@ -193,12 +197,12 @@ class SharedLimits:
             except UNAVAILABLE as err:
                 self.link.lost(err)
 
-    def _saw(self, spec: CallerSpec, levels: list[bytes]) -> None:
+    def _saw(self, spec: CallerSpec, levels: list[float]) -> None:
         """Keep the bucket levels a script answered, in the order `_limits` named the buckets."""
-        found = iter(float(v) for v in levels)
+        found = iter(levels)
         kinds = tuple(None if not cap else (cap, next(found))
                       for cap in (spec.requests_per_minute, spec.tokens_per_minute))
-        self._seen[spec.name] = (monotonic(), (kinds[0], kinds[1]))
+        self._seen[spec.name] = (self._clock(), (kinds[0], kinds[1]))
 
     def _limits(self, spec: CallerSpec, place: str, requests: int, tokens: int) -> tuple[list[str], list[object]]:
         """The caller's keys and the scripts' args: its buckets, each with its capacity and an
@@ -236,13 +240,13 @@ def _standing(seen: tuple[int, float] | None, elapsed_s: float) -> Standing | No
     return Standing(cap, max(0, int(level)), (cap - level) * 60 / cap)
 
 
-def _refused(caller: str, spec: CallerSpec, refusal: Refusal) -> APIError:
-    """OpenAI's 429 for a shared limit, worded as the front's own (`Dispatcher._rate_message`)."""
-    what, limit = {
-        RejectReason.RATE_LIMIT_REQUESTS: ("requests per min (RPM)", spec.requests_per_minute),
-        RejectReason.RATE_LIMIT_TOKENS: ("tokens per min (TPM)", spec.tokens_per_minute),
-        RejectReason.RATE_LIMIT_PARALLEL: ("requests at once (max_parallel_requests)", spec.max_parallel),
-    }[refusal.reason]
-    return overloaded(refusal.reason, refusal.retry_after_s,
-                      f"Rate limit reached for caller '{caller}' on {what} over all replicas: Limit {limit}. "
-                      f"Please try again in {duration_text(refusal.retry_after_s)}.")
+def _use(spec: CallerSpec, reason: RejectReason, levels: list[float]) -> tuple[int | None, int | None]:
+    """The refusing limit and how much of it is used, from the levels a script answered (in the
+    order `_limits` named the buckets): what the refusal's words say."""
+    if reason is RejectReason.RATE_LIMIT_PARALLEL:
+        return spec.max_parallel, spec.max_parallel
+    caps = [cap for cap in (spec.requests_per_minute, spec.tokens_per_minute) if cap]
+    k = 0 if reason is RejectReason.RATE_LIMIT_REQUESTS or not spec.requests_per_minute else 1
+    if k >= len(levels):
+        return None, None
+    return caps[k], caps[k] - max(0, int(levels[k]))

@@ -1,5 +1,5 @@
-"""The adaptive cap on the discrete-event run (sweep/observed.py feeding the front its engine's
-latency): from a low start and from a high one it settles near the knee of the same engine's
+"""The adaptive cap on the discrete-event run (the DES telling the front each ended request's
+latency, as the gateway does: `front.samples`): from a low start and from a high one it settles near the knee of the same engine's
 throughput curve, found here by a sweep of fixed caps over the same overload, on an engine of 64
 sequences and on one of 8."""
 
@@ -18,7 +18,8 @@ from tailguard.front.params import BackendSpec, FrontParams, default_classes
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.des import run
 from tailguard.sim.scenario import Arrival
-from tailguard.sweep.observed import ObservedFront, ObservingEngine
+from tailguard.sim.engine import Engine
+from tailguard.sweep.caps import CapHistory
 
 SECONDS = 60.0
 
@@ -55,16 +56,16 @@ def spec(cap: int, adaptive: AdaptiveParams | None = None) -> FrontParams:
                        backends=[BackendSpec("engine", max_concurrency=cap, continues=True, adaptive=adaptive)])
 
 
-def tokens_per_s(case: Case, front: Front, engine: ObservingEngine) -> float:
+def tokens_per_s(case: Case, front: Front, caps: CapHistory | None = None) -> float:
     """Output tokens finished within the arrivals' window, per second."""
-    tls = run(engine, case.arrivals(), VirtualClock(), front)
+    tls = run(Engine(case.engine), case.arrivals(), VirtualClock(), front, watch=None if caps is None else caps.watch)
     return sum(t.output_tokens for t in tls if t.finished_at is not None and t.finished_at <= SECONDS) / SECONDS
 
 
 @functools.cache
 def knee(case: Case) -> tuple[int, float]:
     """The smallest fixed cap that reaches 90% of the best throughput of the sweep, and that best."""
-    rates = [tokens_per_s(case, Front(spec(c)), ObservingEngine(case.engine)) for c in case.caps]
+    rates = [tokens_per_s(case, Front(spec(c))) for c in case.caps]
     best = max(rates)
     return next(c for c, r in zip(case.caps, rates) if r >= 0.9 * best), best
 
@@ -73,9 +74,8 @@ def knee(case: Case) -> tuple[int, float]:
                          ids=["64-from-2", "64-from-160", "8-from-2", "8-from-32"])
 def test_the_cap_settles_near_the_knee_from_a_low_start_and_a_high_one(case: Case, k: int, start: int) -> None:
     assert knee(case)[0] == k
-    engine = ObservingEngine(case.engine)
-    front = ObservedFront(spec(start, AdaptiveParams(min_cap=1, max_cap=4 * max(case.caps))), engine)
-    rate = tokens_per_s(case, front, engine)
-    level = front.mean_cap(SECONDS / 2, SECONDS)  # the second half: settled
+    caps = CapHistory("engine")
+    rate = tokens_per_s(case, Front(spec(start, AdaptiveParams(min_cap=1, max_cap=4 * max(case.caps)))), caps)
+    level = caps.mean(SECONDS / 2, SECONDS)  # the second half: settled
     assert 0.8 * k <= level <= 1.3 * k, level
     assert rate >= 0.85 * knee(case)[1]  # from 2, the climb is in it too
