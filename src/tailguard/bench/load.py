@@ -31,6 +31,7 @@ from tailguard import __version__
 from tailguard.bench.sender import Sender
 from tailguard.bench.sender import Timeouts as Timeouts  # part of BenchConfig, so importable here too
 from tailguard.bench.recorder import RequestRecord
+from tailguard.bench.stalls import SchedClock, Stalls, host
 from tailguard.bench.trace.plan import Replay, TraceFactory, TraceSpec, load_replay
 from tailguard.bench.workload import (
     ArrivalProcess, Distribution, Endpoint, PlannedRequest, RequestFactory, Workload, load_workload, schedule,
@@ -266,6 +267,7 @@ class _Run:
         self.sender = Sender(session, tuple(base_url(u) for u in config.urls), self.headers, config.timeouts)
         self.records: list[RequestRecord] = []
         self.loop_lag_s: list[float] = []
+        self.stalls = Stalls()
         self.in_flight = 0
         self.failed = 0
         self.total = len(factory) if isinstance(factory, TraceFactory) else (
@@ -430,18 +432,30 @@ class _Run:
     # --- bookkeeping ---
 
     async def _tick(self) -> None:
-        """Event-loop lag: how late a 10 ms ticker wakes up. Also drives the progress callback."""
+        """Event-loop lag: how late a 10 ms ticker wakes up, and where a tick later than the
+        dispatch-lag threshold spent its time (`bench.stalls`). Also drives the progress callback."""
         perf = time.perf_counter
+        stall_s = self.config.max_dispatch_lag_s  # wall seconds, as the ticker's
+        clock = SchedClock()
         expected = perf() + LOOP_TICK_S
-        next_report = perf()
-        while True:
-            await asyncio.sleep(max(0.0, expected - perf()))
-            now = perf()
-            self.loop_lag_s.append(max(0.0, now - expected))
-            expected = max(expected + LOOP_TICK_S, now)
-            if self.progress is not None and now >= next_report:
-                self._report_progress()
-                next_report = now + 0.25
+        next_report = woke = perf()
+        sched = clock.read()
+        self.stalls.measured = sched is not None
+        try:
+            while True:
+                await asyncio.sleep(max(0.0, expected - perf()))
+                now, before, sched = perf(), sched, clock.read()
+                lag = max(0.0, now - expected)
+                self.loop_lag_s.append(lag)
+                if lag > stall_s:
+                    self.stalls.add(now - woke, before, sched)
+                woke = now
+                expected = max(expected + LOOP_TICK_S, now)
+                if self.progress is not None and now >= next_report:
+                    self._report_progress()
+                    next_report = now + 0.25
+        finally:
+            clock.close()
 
     def _report_progress(self) -> None:
         if self.progress is not None:
@@ -485,4 +499,6 @@ class _Run:
                 "max": lag[-1] if lag else 0.0,
                 "samples": len(lag),
             },
+            "loop_stalls": self.stalls.as_dict() if self.stalls.measured else None,
+            "host": host(),
         }

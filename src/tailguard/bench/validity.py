@@ -25,6 +25,8 @@ WORST_SHOWN = 3
 # Lagging requests all among the first 5% (at least the first one) are the generator's start.
 START_FRACTION = 0.05
 BURST = 10  # requests due within one threshold's time: a burst the generator sends one after another
+# The loop's stalls were starved (or the generator's own work) when at least this share of them was spent so.
+MOST = 0.5
 
 
 def _per_worker(ordered: Sequence[RequestRecord], n: int, threshold: float) -> list[dict[str, Any]]:
@@ -71,6 +73,8 @@ def validity(records: Sequence[RequestRecord], meta: dict[str, Any]) -> dict[str
     }
     if workers:
         out["workers"] = workers
+    if meta.get("loop_stalls") is not None:
+        out["loop_stalls"] = meta["loop_stalls"]  # bench.stalls: where the loop's stalls went (wall seconds)
     if meta.get("trace"):
         out["bursts"] = bursts(ordered, threshold)
     if not valid:
@@ -148,10 +152,34 @@ def _cause(late: list[tuple[int, RequestRecord]], ordered: list[RequestRecord], 
             return "rate", ("the generator fell ever further behind its schedule: it cannot send at this rate; "
                             "lower --rate, or give the generator a core of its own")
     if loop_max > threshold:
-        return "stall", ("the generator's event loop stalled (another process took its CPU, or the servers share "
-                         "its core): run the servers elsewhere or give the generator a core of its own (taskset)")
+        # Where the stalls' time went, when the kernel said; else the guess.
+        return _stall_cause(meta.get("loop_stalls"), meta.get("host")) or (
+            "stall", "the generator's event loop stalled (another process took its CPU, or the servers share its "
+                     "core): run the servers elsewhere or give the generator a core of its own (taskset)")
     return "busy", ("the generator's CPU was too busy to send on time: fewer --concurrency, or give the "
                     "generator a core of its own")
+
+
+def _stall_cause(stalls: dict[str, Any] | None, host_info: dict[str, Any] | None) -> tuple[str, str] | None:
+    """(cause, advice) from where the loop's stalls spent their time (`bench.stalls`: the kernel's
+    scheduler statistics, wall seconds), or None where nothing was measured."""
+    if not stalls or not stalls.get("count") or stalls["wall_s"] <= 0:
+        return None
+    wall = stalls["wall_s"]
+    waiting, running = stalls["waiting_s"] / wall, stalls["running_s"] / wall
+    said = (f"the generator's event loop stalled {stalls['count']} times ({wall:.2f} s in all, wall) and spent "
+            f"{waiting:.0%} of that waiting for a CPU and {running:.0%} running its own code")
+    load = (host_info or {}).get("load_average")
+    if load:
+        said += f" (load average {load[0]:g} on {(host_info or {}).get('cpus')} CPUs at the end)"
+    if waiting >= MOST:
+        return "starved", (f"{said}: other processes held the CPUs; run the servers and other work elsewhere, "
+                           "or give the generator a core of its own (taskset)")
+    if running >= MOST:
+        return "own-work", (f"{said}: the generator's own work (reading answers, garbage collection) was "
+                            "too much for one process; spread the sending over processes (--workers N)")
+    return "blocked", (f"{said}: neither, so a call blocked its loop (disk, swap, a synchronous call "
+                       "in a plugin); look at what else the generator's process does")
 
 
 def verdict_line(v: dict[str, Any]) -> str:
