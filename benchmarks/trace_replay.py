@@ -66,18 +66,42 @@ def gateway_config(urls: list[str], slots: int, straight: bool = False) -> dict[
 
 
 @contextlib.asynccontextmanager
-async def simulators(args: argparse.Namespace, logs: Path, label: str) -> AsyncIterator[list[str]]:
+async def simulators(args: argparse.Namespace, logs: Path, label: str,
+                     pids: list[int]) -> AsyncIterator[list[str]]:
+    """Four simulators' URLs; their process ids are added to `pids` (for their CPU time)."""
     async with contextlib.AsyncExitStack() as stack:
         urls = []
         for i in range(INSTANCES):
             port = free_port()
             url = f"http://127.0.0.1:{port}"
-            await stack.enter_async_context(spawned(
+            proc = await stack.enter_async_context(spawned(
                 ["sim", "--port", str(port), "--preset", args.preset, "--max-num-seqs", str(args.max_num_seqs),
                  "--max-model-len", str(MAX_MODEL_LEN), "--time-scale", str(args.time_scale)],
                 f"{url}/health", logs / f"{label}-sim{i}.log"))
             urls.append(url)
+            pids.append(proc.pid)
         yield urls
+
+
+def cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user and system) the processes used so far, from /proc/PID/stat."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
+    return total / tick
+
+
+async def measured(cfg: BenchConfig, folder: Path, label: str, servers: list[int]) -> dict[str, Any]:
+    """One HTTP arm, with the CPU the generator (this process) and the servers used over it, in
+    cores: whether the run itself asked more of the machine than it has, or others took it."""
+    wall, mine, theirs = time.perf_counter(), time.process_time(), cpu_s(servers)
+    got = figures(await bench_to_dir(cfg, folder, console=None, label=label))
+    wall = time.perf_counter() - wall
+    got["cores"] = {"generator": round((time.process_time() - mine) / wall, 3),
+                    "servers": round((cpu_s(servers) - theirs) / wall, 3), "machine": os.cpu_count()}
+    return got
 
 
 def server_ttft(folder: Path) -> dict[str, float] | None:
@@ -97,24 +121,27 @@ def figures(summary: dict[str, Any]) -> dict[str, Any]:
             "ttft_p50_s": o["ttft_s"]["p50"], "ttft_p99_s": o["ttft_s"]["p99"],
             "e2e_p50_s": o["e2e_s"]["p50"], "e2e_p99_s": o["e2e_s"]["p99"],
             "tpot_p50_s": o["tpot_s"]["p50"], "dispatch_lag_p99_s": v["dispatch_lag_p99_s"], "valid": v["valid"],
-            "bursts": v.get("bursts")}
+            "bursts": v.get("bursts"), "cause": v.get("cause"), "advice": v.get("advice"),
+            "loop_stalls": v.get("loop_stalls")}
 
 
 async def http_arms(args: argparse.Namespace, spec: TraceSpec, out: Path) -> dict[str, dict[str, Any]]:
     logs = out / "logs"
     got: dict[str, dict[str, Any]] = {}
-    async with simulators(args, logs, "straight") as urls:
+    pids: list[int] = []
+    async with simulators(args, logs, "straight", pids) as urls:
         cfg = BenchConfig(url=urls[0], extra_urls=tuple(urls[1:]), trace=spec, requests=None,
                           time_scale=args.time_scale)
-        got["straight"] = figures(await bench_to_dir(cfg, out / "straight", console=None, label="straight"))
-    async with simulators(args, logs, "gateway") as urls:
+        got["straight"] = await measured(cfg, out / "straight", "straight", pids)
+    pids = []
+    async with simulators(args, logs, "gateway", pids) as urls:
         port = free_port()
         path = logs / "gateway.yaml"
         path.write_text(yaml.safe_dump(gateway_config(urls, args.max_num_seqs)))
         async with spawned(["serve", "--port", str(port), "--config", str(path)], f"http://127.0.0.1:{port}/health",
-                           logs / "gateway.log"):
+                           logs / "gateway.log") as gateway:
             cfg = BenchConfig(url=f"http://127.0.0.1:{port}", trace=spec, requests=None, time_scale=args.time_scale)
-            got["gateway"] = figures(await bench_to_dir(cfg, out / "gateway", console=None, label="gateway"))
+            got["gateway"] = await measured(cfg, out / "gateway", "gateway", [*pids, gateway.pid])
             got["gateway"]["gateway_ttft_s"] = server_ttft(out / "gateway")
     return got
 
@@ -153,6 +180,12 @@ def markdown(r: dict[str, Any]) -> str:
         verdict = ("yes" if c["ok"] else "NO") if c["judged"] else \
             f"not judged: the HTTP run was invalid (the ratios are {'' if c['ok'] else 'not '}within it)"
         checks.append(f"| {name} | {c['ttft_p50']} | {c['ttft_p99']} | {verdict} |")
+    for name in ("straight", "gateway"):
+        a = arms[name]
+        if "cores" in a:
+            checks += ["", f"`{name}` used {a['cores']['generator']:.2f} cores for the generator and "
+                       f"{a['cores']['servers']:.2f} for its servers, of {a['cores']['machine']}."
+                       + ("" if a["valid"] else f" Invalid ({a['cause']}): {a['advice']}.")]
     g = arms["gateway"].get("gateway_ttft_s")
     if g:
         d = arms["des-gateway"]

@@ -448,7 +448,7 @@ class _Run:
                 lag = max(0.0, now - expected)
                 self.loop_lag_s.append(lag)
                 if lag > stall_s:
-                    self.stalls.add(now - woke, before, sched)
+                    self.stalls.add(now - woke, lag, before, sched)
                 woke = now
                 expected = max(expected + LOOP_TICK_S, now)
                 if self.progress is not None and now >= next_report:

@@ -7,8 +7,9 @@ Linux's scheduler statistics (`/proc/thread-self/schedstat`: nanoseconds on a CP
 runnable but waiting on a run queue, timeslices; the "sched_info" of
 Documentation/scheduler/sched-stats.rst) are read once per tick of the loop-lag ticker, one
 `pread` of a file held open (a few microseconds). A tick that came late by more than the
-dispatch-lag threshold is a stall: its wall time, and the CPU and run-queue time the loop's thread
-got in it, are added up. Elsewhere (no such file) nothing is measured and the verdict keeps its
+dispatch-lag threshold is a stall: its wall time, its time past due, and the CPU and run-queue
+time the loop's thread got in it, are added up (the shares the verdict gives are of the time past
+due: the 10 ms the ticker asked to sleep is nobody's fault). Elsewhere (no such file) nothing is measured and the verdict keeps its
 guess.
 """
 
@@ -52,29 +53,34 @@ class Stalls:
 
     measured: bool = False  # the kernel said (no stall at all is a measurement too)
     count: int = 0
-    wall_s: float = 0.0
+    wall_s: float = 0.0  # the late ticks' whole intervals, the 10 ms asked for included
+    late_s: float = 0.0  # their time past due: what the verdict's shares are of
     running_s: float = 0.0
     waiting_s: float = 0.0
 
-    def add(self, wall_s: float, before: tuple[float, float] | None, after: tuple[float, float] | None) -> None:
+    def add(self, wall_s: float, late_s: float, before: tuple[float, float] | None,
+            after: tuple[float, float] | None) -> None:
         if before is None or after is None:
             return
         self.count += 1
         self.wall_s += wall_s
+        self.late_s += late_s
         self.running_s += max(0.0, after[0] - before[0])
         self.waiting_s += max(0.0, after[1] - before[1])
 
     def as_dict(self) -> dict[str, Any]:
-        return {"count": self.count, "wall_s": round(self.wall_s, 6), "running_s": round(self.running_s, 6),
-                "waiting_s": round(self.waiting_s, 6), "source": SCHEDSTAT}
+        return {"count": self.count, **{key: round(getattr(self, key), 6) for key in _SECONDS}, "source": SCHEDSTAT}
+
+
+_SECONDS = ("wall_s", "late_s", "running_s", "waiting_s")
 
 
 def merged(parts: list[dict[str, Any] | None]) -> dict[str, Any] | None:
     """The stalls of a run spread over processes: each worker's added up (None if one did not measure)."""
     if not parts or any(p is None for p in parts):
         return None
-    total = {key: sum(p[key] for p in parts if p is not None) for key in ("count", "wall_s", "running_s", "waiting_s")}
-    return {**{k: (round(v, 6) if isinstance(v, float) else v) for k, v in total.items()}, "source": SCHEDSTAT}
+    seconds = {key: round(sum(p[key] for p in parts if p is not None), 6) for key in _SECONDS}
+    return {"count": sum(p["count"] for p in parts if p is not None), **seconds, "source": SCHEDSTAT}
 
 
 def host() -> dict[str, Any]:

@@ -163,12 +163,12 @@ def _cause(late: list[tuple[int, RequestRecord]], ordered: list[RequestRecord], 
 def _stall_cause(stalls: dict[str, Any] | None, host_info: dict[str, Any] | None) -> tuple[str, str] | None:
     """(cause, advice) from where the loop's stalls spent their time (`bench.stalls`: the kernel's
     scheduler statistics, wall seconds), or None where nothing was measured."""
-    if not stalls or not stalls.get("count") or stalls["wall_s"] <= 0:
+    if not stalls or not stalls.get("count") or stalls["late_s"] <= 0:
         return None
-    wall = stalls["wall_s"]
-    waiting, running = stalls["waiting_s"] / wall, stalls["running_s"] / wall
-    said = (f"the generator's event loop stalled {stalls['count']} times ({wall:.2f} s in all, wall) and spent "
-            f"{waiting:.0%} of that waiting for a CPU and {running:.0%} running its own code")
+    late = stalls["late_s"]
+    waiting, running = min(1.0, stalls["waiting_s"] / late), min(1.0, stalls["running_s"] / late)
+    said = (f"the generator's event loop was late {stalls['count']} times ({late:.2f} s past due in all, wall); "
+            f"its thread waited for a CPU {waiting:.0%} of that and ran its own code {running:.0%}")
     load = (host_info or {}).get("load_average")
     if load:
         said += f" (load average {load[0]:g} on {(host_info or {}).get('cpus')} CPUs at the end)"

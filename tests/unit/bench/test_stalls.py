@@ -35,10 +35,11 @@ def test_this_threads_own_statistics_grow_as_it_runs() -> None:
 
 def test_stalls_add_up_and_a_spread_run_sums_its_workers() -> None:
     s = Stalls(measured=True)
-    s.add(0.2, (1.0, 2.0), (1.01, 2.15))
-    s.add(0.1, None, (1.0, 2.0))  # a read that failed is not counted
-    s.add(0.1, (1.01, 2.15), (1.09, 2.16))
+    s.add(0.2, 0.19, (1.0, 2.0), (1.01, 2.15))
+    s.add(0.1, 0.09, None, (1.0, 2.0))  # a read that failed is not counted
+    s.add(0.1, 0.09, (1.01, 2.15), (1.09, 2.16))
     d = s.as_dict()
-    assert d["count"] == 2 and d["wall_s"] == 0.3 and d["running_s"] == 0.09 and d["waiting_s"] == 0.16
+    assert d["count"] == 2 and d["wall_s"] == 0.3 and d["late_s"] == 0.28
+    assert d["running_s"] == 0.09 and d["waiting_s"] == 0.16
     assert merged([d, d])["count"] == 4 and merged([d, d])["waiting_s"] == 0.32  # type: ignore[index]
     assert merged([d, None]) is None and merged([]) is None

@@ -57,7 +57,7 @@ def test_a_time_scaled_run_states_the_threshold_in_simulated_units_and_why() -> 
 
 def stalled(share_waiting: float, share_running: float) -> dict[str, Any]:
     return {**META, "mode": "open", "loop_lag_s": {"p99": 0.003, "max": 0.2},
-            "loop_stalls": {"count": 4, "wall_s": 0.8, "waiting_s": 0.8 * share_waiting,
+            "loop_stalls": {"count": 4, "wall_s": 0.84, "late_s": 0.8, "waiting_s": 0.8 * share_waiting,
                             "running_s": 0.8 * share_running, "source": "/proc/thread-self/schedstat"},
             "host": {"cpus": 2, "load_average": [11.64, 7.79, 3.65]}}
 
@@ -68,8 +68,10 @@ def test_a_stall_measured_by_the_kernel_names_where_its_time_went() -> None:
         lags[i] = 0.02
     starved = validity(recs(lags), stalled(0.9, 0.05))
     assert starved["cause"] == "starved" and starved["loop_stalls"]["count"] == 4
-    assert ("stalled 4 times (0.80 s in all, wall) and spent 90% of that waiting for a CPU and 5% running its own "
-            "code (load average 11.64 on 2 CPUs at the end): other processes held the CPUs") in starved["advice"]
+    assert ("was late 4 times (0.80 s past due in all, wall); its thread waited for a CPU 90% of that and ran its "
+            "own code 5% (load average 11.64 on 2 CPUs at the end): other processes held the CPUs") in starved["advice"]
+    # waiting that began before the tick was due (runnable at a chunk's arrival) counts at most all of it
+    assert "waited for a CPU 100% of that" in validity(recs(lags), stalled(1.3, 0.0))["advice"]
     own = validity(recs(lags), stalled(0.2, 0.7))
     assert own["cause"] == "own-work" and "--workers N" in own["advice"]
     blocked = validity(recs(lags), stalled(0.1, 0.1))
