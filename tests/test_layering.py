@@ -25,6 +25,8 @@ PURE = {
     "config.upstream", "config.auth", "config.telemetry", "config.gateway", "config.problems",
     "config.loading", "config.workers", "config.state", "config.rewrite",
     "bench.workload", "bench.stats", "bench.capacity", "bench.dataset", "bench.recorder", "bench.compare", "bench.configs", "bench.attribution",
+    "bench.trace.request", "bench.trace.tables", "bench.trace.jsonl", "bench.trace.formats", "bench.trace.timing",
+    "bench.trace.rules", "bench.trace.blocks", "bench.trace.plan", "bench.validity",
     "doctor.finding", "doctor.evidence", "doctor.facts", "doctor.rules", "doctor.diagnosis", "sweep.virtual", "sweep.search",
     "doctor.hardware", "doctor.pages", "doctor.hardware_rules", "doctor.priority", "doctor.words", "wire.dcgm", "sim.gpu",
     "sweep.traffic", "sweep.whatif", "sweep.caps",

@@ -2,6 +2,7 @@
 
     TailguardError
     ├── ConfigError            a config or workload file is invalid (message says where)
+    │   └── TraceError         a line of a request trace cannot be read (message names the file and line)
     ├── TargetError            the bench's target cannot be measured: unreachable, refused, 401, 404
     ├── ProtocolError          a driver broke the front's protocol; the front is left as it was
     │   │                      (front/events.py)
@@ -49,6 +50,10 @@ class TailguardError(Exception):
 
 class ConfigError(TailguardError):
     """A configuration or workload file is invalid; the message names the field."""
+
+
+class TraceError(ConfigError):
+    """A request trace (`bench --trace`) cannot be read: the message names the file and the line."""
 
 
 class TargetError(TailguardError):

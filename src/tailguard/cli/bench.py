@@ -64,8 +64,27 @@ def _fail(msg: str) -> NoReturn:
 
 def bench_run(
     ctx: typer.Context,
-    url: Optional[str] = typer.Option(None, help="Server or gateway base URL, e.g. http://127.0.0.1:8000"),
-    workload: str = typer.Option("seed-mixed", help="Built-in workload name or a YAML file"),
+    url: list[str] = typer.Option([], "--url", help="Server or gateway base URL, e.g. http://127.0.0.1:8000 "
+                                  "(repeat it to spread requests over several servers, round-robin)"),
+    workload: Optional[str] = typer.Option(None, help="Built-in workload name or a YAML file (default seed-mixed; "
+                                           "fixed-lengths with --input-tokens or --output-tokens)"),
+    input_tokens: Optional[str] = typer.Option(
+        None, help="Every request's prompt tokens: 512, 512:64 (normal: mean:stddev) or 100..1000 (uniform)"),
+    output_tokens: Optional[str] = typer.Option(
+        None, help="Every request's max_tokens, same forms; sent with ignore_eos so answers are that long"),
+    ignore_eos: Optional[bool] = typer.Option(
+        None, "--ignore-eos/--no-ignore-eos", help="Send vLLM's ignore_eos (default: on with --output-tokens and "
+        "--trace, else the workload's)"),
+    trace: Optional[Path] = typer.Option(None, help="Replay this trace's arrivals and sizes (open loop) instead of "
+                                         "a workload: docs/bench.md, \"Replaying a trace\""),
+    trace_format: Optional[str] = typer.Option(None, help="azure, burstgpt, mooncake or tailguard (access log or "
+                                               "requests.jsonl); default: found from the file's first line"),
+    speed: float = typer.Option(1.0, help="With --trace: X times the trace's rate (2 halves every gap)"),
+    window: Optional[str] = typer.Option(None, help="With --trace: START:DURATION of the trace to replay, in its "
+                                         "seconds (600:300, 10m:5m)"),
+    limit: Optional[int] = typer.Option(None, help="With --trace: replay its first N requests (of the window)"),
+    rules: Optional[Path] = typer.Option(None, help="With --trace: a YAML rule file mapping trace fields to a class, "
+                                         "its headers and body fields"),
     endpoint: Optional[str] = typer.Option(
         None, help="Route to drive: chat, completions, responses, messages or embeddings (default: the "
                    "workload's); TTFT and ITL are read from each route's own events"),
@@ -112,29 +131,42 @@ def bench_run(
     """Run a workload against an OpenAI-compatible server and write summary.json, requests.jsonl and report.html."""
     if ctx.invoked_subcommand is not None:
         return
-    if url is None:
+    if not url:
         typer.echo(ctx.get_help())
         _fail("--url is required to run a benchmark")
-    assert url is not None
     from tailguard.bench.load import BenchConfig, Timeouts
+    from tailguard.bench.trace.plan import TraceSpec
+    from tailguard.bench.workload import ENDPOINTS, parse_length
     from tailguard.errors import ConfigError, TargetError
 
     if arrival not in ("constant", "poisson", "gamma"):
         _fail(f"--arrival must be constant, poisson or gamma, not {arrival!r}")
-    from tailguard.bench.workload import ENDPOINTS
-
     if endpoint is not None and endpoint not in ENDPOINTS:
         _fail(f"--endpoint must be one of {', '.join(ENDPOINTS)}, not {endpoint!r}")
+    if trace is None and (trace_format or window or limit is not None or rules or speed != 1.0):
+        _fail("--trace-format, --speed, --window, --limit and --rules go with --trace FILE")
     try:
         warm_n, warm_s = parse_warmup(warmup)
+        lengths = input_tokens is not None or output_tokens is not None
+        spec = None if trace is None else TraceSpec(
+            str(trace), trace_format, speed, window, limit, None if rules is None else str(rules),
+            True if ignore_eos is None else ignore_eos)
+        if spec is not None and workload is not None:
+            raise ConfigError("--trace replays the trace's own requests: --workload does not apply")
         config = BenchConfig(
-            url=url, workload=workload, concurrency=concurrency, rate=rate, arrival=arrival,  # type: ignore[arg-type]
-            burstiness=burstiness, requests=requests if requests is not None or duration is not None else 200,
+            url=url[0], extra_urls=tuple(url[1:]), workload=workload or ("fixed-lengths" if lengths else "seed-mixed"),
+            concurrency=concurrency, rate=rate, arrival=arrival,  # type: ignore[arg-type]
+            burstiness=burstiness,
+            requests=requests if requests is not None or duration is not None or spec is not None else 200,
             duration_s=duration, warmup_requests=warm_n, warmup_s=warm_s, seed=seed, model=model, api_key=api_key,
             timeouts=Timeouts(connect_s=connect_timeout, first_token_s=first_token_timeout, total_s=timeout),
             max_dispatch_lag_s=max_dispatch_lag_ms / 1000.0, time_scale=time_scale, interrupt_grace_s=interrupt_grace,
             workers=workers,
             endpoint=endpoint,  # type: ignore[arg-type]
+            trace=spec,
+            input_tokens=None if input_tokens is None else parse_length(input_tokens, "--input-tokens"),
+            output_tokens=None if output_tokens is None else parse_length(output_tokens, "--output-tokens"),
+            ignore_eos=ignore_eos,
         )
         from tailguard.bench.scrape import while_scraping
 
