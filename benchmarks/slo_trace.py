@@ -25,8 +25,9 @@ engines' seconds.
 
     .venv/bin/python benchmarks/slo_trace.py [--trace PATH] [--limit 2000] [--factors 1.5,2] [--http]
 
-`--trace` reads a whole published file (default: the excerpt in benchmarks/data). The trace reader
-here is a minimal one of its own (`tailguard bench --trace`, issue 35, had not landed). Writes
+`--trace` reads a published file (default: Azure's conversation hour in benchmarks/data, of which
+`--limit` keeps the first 2,000 requests, about 6 minutes). The trace reader here is a minimal one
+of its own, written before `tailguard bench --trace` (`bench/trace/`) landed. Writes
 benchmarks/results/slo_trace.{json,md}.
 """
 
@@ -67,7 +68,7 @@ from sim_des_speed import pct  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-EXCERPT = HERE / "data" / "azure_conv_excerpt.csv"
+TRACE = HERE / "data" / "azure_llm_2023_conv.csv"  # the whole hour; the first 2,000 by default
 ENGINES = 4
 SEQS = 16
 PRESET = "a100-llama8b"
@@ -285,7 +286,7 @@ def ratios(runs: dict[str, Any], factors: list[float], arms: list[str]) -> dict[
 
 def main() -> None:
     args = parse_args()
-    trace = read_trace(Path(args.trace), args.limit)
+    trace = read_trace(Path(args.trace), args.limit or None)
     rate = len(trace) / (trace[-1].at - trace[0].at)
     cap = capacity(trace)
     print(f"{len(trace)} requests at {rate:.2f}/s; the fleet's capacity {cap:.2f}/s", flush=True)
@@ -342,8 +343,8 @@ def _f(v: float | None) -> str:
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--trace", default=str(EXCERPT), help="an Azure LLM inference trace CSV (default: the excerpt)")
-    p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+    p.add_argument("--trace", default=str(TRACE), help="an Azure LLM inference trace CSV (default: the one in benchmarks/data)")
+    p.add_argument("--limit", type=int, default=2000, help="replay only the first N requests (0: all of them)")
     p.add_argument("--factors", type=lambda s: [float(x) for x in s.split(",")], default=[1.5, 2.0])
     p.add_argument("--http", action="store_true", help="also over HTTP (four simulators, smg, two gateways)")
     p.add_argument("--time-scale", type=float, default=2.0, help="the simulators' wall seconds per second (HTTP)")
