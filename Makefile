@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help demo test test-pure test-real test-sdk bench bench-real engines lint clean prometheus deploy observe nginx postgresql redis
+.PHONY: help demo test test-pure test-real test-sdk bench bench-real engines lint clean prometheus deploy observe nginx aiperf postgresql redis
 
 # `make help` lists the targets below with what each does (the text after `##` on its line).
 help: ## this list (also what a bare `make` prints)
@@ -60,7 +60,17 @@ $(PEERS_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[test,peers]'
 	touch $(PEERS_STAMP)
 
-bench: $(PEERS_STAMP) nginx ## every benchmark; results and their commands in benchmarks/results/
+# NVIDIA's AIPerf, beside which benchmarks/peer_aiperf.py runs tailguard bench: a virtualenv of its own
+# (its pins are not ours).
+AIPERF := .venv-aiperf/bin/aiperf
+
+$(AIPERF):
+	python3 -m venv .venv-aiperf
+	.venv-aiperf/bin/pip install -q aiperf==0.13.0
+
+aiperf: $(AIPERF) ## NVIDIA's AIPerf 0.13 in .venv-aiperf, for benchmarks/peer_aiperf.py
+
+bench: $(PEERS_STAMP) nginx $(AIPERF) ## every benchmark; results and their commands in benchmarks/results/
 	$(PY) benchmarks/run_all.py
 
 # nginx, the reference proxy of benchmarks/gateway_overhead.py and benchmarks/nginx_class.py (Debian's package).

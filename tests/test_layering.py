@@ -14,22 +14,25 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "tailguard"
 
 PURE = {
-    "types", "errors", "settings", "retry_budget", "wire.sse", "wire.openai", "wire.tokens", "wire.chunks", "wire.join",
+    "types", "errors", "settings", "retry_budget", "slo", "wire.sse", "wire.openai", "wire.tokens", "wire.chunks", "wire.join",
     "sim.cost", "sim.kv", "sim.engine", "sim.request", "sim.answer", "sim.fault",
     "front.params", "front.admission", "front.queue", "front.slots", "front.router", "front.preemption", "front.retry", "front.events", "front.front",
-    "front.fairshare", "front.fairqueue", "front.schedulers",
+    "front.fairshare", "front.fairqueue", "front.schedulers", "front.order", "front.latency",
     "front.intake", "recording.codec", "recording.replay", "front.adaptive", "sim.fit", "gateway.classes", "gateway.upstream.backends",
     "config", "gateway.ops.live", "gateway.ops.catalog", "front.capacity",
     "gateway.ops.panels", "gateway.ops.alerts", "gateway.upstream.resume", "gateway.upstream.kinds", "sim.des", "sim.scenario",
     "config.base", "config.classes", "config.backends", "config.scheduler",
     "config.upstream", "config.auth", "config.telemetry", "config.gateway", "config.problems",
     "config.loading", "config.workers", "config.state", "config.rewrite",
-    "bench.workload", "bench.stats", "bench.dataset", "bench.recorder", "bench.compare", "bench.configs", "bench.attribution",
+    "bench.workload", "bench.stats", "bench.capacity", "bench.dataset", "bench.recorder", "bench.compare", "bench.configs", "bench.attribution",
+    "bench.trace.request", "bench.trace.tables", "bench.trace.jsonl", "bench.trace.formats", "bench.trace.timing",
+    "bench.trace.rules", "bench.trace.blocks", "bench.trace.plan", "bench.validity",
     "doctor.finding", "doctor.evidence", "doctor.facts", "doctor.rules", "doctor.diagnosis", "sweep.virtual", "sweep.search",
     "doctor.hardware", "doctor.pages", "doctor.hardware_rules", "doctor.priority", "doctor.words", "wire.dcgm", "sim.gpu",
     "sweep.traffic", "sweep.whatif", "sweep.caps",
     "retry_policy", "client.retry", "client.timeouts", "client.chunks", "client.assembly",
     "batch.records", "batch.validation", "batch.journal", "config.batches",
+    "config.guards", "config.audit", "guards.patterns", "guards.texts", "guards.window", "audit.chain",
 }
 IO_MODULES = ("asyncio", "aiohttp", "prometheus_client", "time", "socket", "uvloop", "httpx", "httpx2", "anyio")
 # part -> parts it must never import
@@ -54,6 +57,12 @@ FORBIDDEN_PARTS = {
     # a front's conversation written down and replayed: it knows the front, no driver of it
     "recording": ("tailguard.gateway", "tailguard.sim", "tailguard.bench", "tailguard.client", "tailguard.cli",
                   "tailguard.sweep", "tailguard.doctor", "tailguard.batch"),
+    # content guards: the gateway calls them; they know the config and the wire, no driver or server
+    "guards": ("tailguard.gateway", "tailguard.front", "tailguard.sim", "tailguard.bench", "tailguard.client",
+               "tailguard.cli", "tailguard.sweep", "tailguard.doctor", "tailguard.batch", "tailguard.audit"),
+    # the audit trail and its stores: the gateway (gateway/ops/audit.py) and `tailguard audit` use it
+    "audit": ("tailguard.gateway", "tailguard.front", "tailguard.sim", "tailguard.bench", "tailguard.client",
+              "tailguard.cli", "tailguard.sweep", "tailguard.doctor", "tailguard.batch", "tailguard.guards"),
     # a leaf both the front and the light client import: it imports no part
     "retry_policy": ("tailguard.front", "tailguard.gateway", "tailguard.sim", "tailguard.bench", "tailguard.client",
                      "tailguard.cli", "tailguard.wire", "tailguard.doctor", "tailguard.sweep", "tailguard.batch"),
@@ -82,6 +91,7 @@ GATEWAY_SIDES = {
     "gateway.ops.live": (_GW + "http", _GW + "upstream", _GW + "exchange", _GW + "dispatch"),
     "gateway.ops.store": (_GW + "http", _GW + "upstream", _GW + "exchange", _GW + "dispatch"),
     "gateway.ops.recorder": (_GW + "http", _GW + "upstream", _GW + "exchange", _GW + "dispatch"),
+    "gateway.ops.audit": (_GW + "http", _GW + "upstream", _GW + "exchange", _GW + "dispatch"),
     "gateway.shared.": (_GW + "http", _GW + "upstream", _GW + "exchange", _GW + "ops.reload", _GW + "ops.store"),
 }
 

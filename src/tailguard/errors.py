@@ -2,6 +2,7 @@
 
     TailguardError
     ├── ConfigError            a config or workload file is invalid (message says where)
+    │   └── TraceError         a line of a request trace cannot be read (message names the file and line)
     ├── TargetError            the bench's target cannot be measured: unreachable, refused, 401, 404
     ├── ProtocolError          a driver broke the front's protocol; the front is left as it was
     │   │                      (front/events.py)
@@ -13,12 +14,16 @@
     │                          (front/events.py)
     ├── APIError               answered to an HTTP client as an OpenAI-style error body
     │   ├── BadRequest         400: malformed, missing or wrongly typed fields
+    │   │   └── ContentBlocked  400 `content_policy_violation`: an input guard blocked its
+    │   │                      text (tailguard/guards/guard.py)
     │   ├── Unauthorized       401: an API key the gateway does not know (gateway/classes.py)
     │   ├── Forbidden          403: a known key asking for a class, model or route it may not use
     │   ├── NotFound           404: a model no backend serves, a route the gateway does not have
     │   ├── PayloadTooLarge    413: body over the configured limit
     │   └── Overloaded         503 with Retry-After: rejected by admission
-    │       └── RateLimited    429 with Retry-After: over its caller's requests or tokens per minute
+    │       ├── RateLimited    429 with Retry-After: over its caller's requests or tokens per minute
+    │       ├── GuardUnavailable  503: an input guard failed or timed out and fails closed
+    │       └── AuditFull      503: the audit trail's queue is full and `audit.when_full: refuse`
     └── GatewayError           how one request's way through the gateway stopped short; caught
         │                      inside the gateway, where each becomes a retry, a resume or an answer
         ├── RelayError         an upstream attempt failed: its `kind` (a FailureKind) says how, and
@@ -45,6 +50,10 @@ class TailguardError(Exception):
 
 class ConfigError(TailguardError):
     """A configuration or workload file is invalid; the message names the field."""
+
+
+class TraceError(ConfigError):
+    """A request trace (`bench --trace`) cannot be read: the message names the file and the line."""
 
 
 class TargetError(TailguardError):
@@ -114,6 +123,32 @@ class RateLimited(Overloaded):
 
     status = 429
     type = "requests"
+
+
+class ContentBlocked(BadRequest):
+    """An input guard found what it blocks: OpenAI's `content_policy_violation` (a 400)."""
+
+    def __init__(self, guard: str, categories: tuple[str, ...] = ()) -> None:
+        said = f" ({', '.join(categories)})" if categories else ""
+        super().__init__(f"The request was blocked by the gateway's content guard '{guard}'{said}.",
+                         code="content_policy_violation")
+
+
+class GuardUnavailable(Overloaded):
+    """An input guard could not check the request in time and fails closed."""
+
+    def __init__(self, guard: str) -> None:
+        super().__init__(f"The gateway's content guard '{guard}' could not check the request; retry later.",
+                         code="guard_unavailable", retry_after_s=1.0,
+                         headers={"X-Tailguard-Reject-Reason": "guard_unavailable"})
+
+
+class AuditFull(Overloaded):
+    """The audit trail cannot keep up and the operator chose to refuse rather than drop entries."""
+
+    def __init__(self) -> None:
+        super().__init__("The gateway's audit trail is behind; retry later.", code="audit_unavailable",
+                         retry_after_s=1.0, headers={"X-Tailguard-Reject-Reason": "audit_unavailable"})
 
 
 class GatewayError(TailguardError):

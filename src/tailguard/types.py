@@ -48,6 +48,8 @@ class RejectReason(enum.StrEnum):
 
     QUEUE_FULL = "queue_full"
     WAIT_BOUND = "wait_bound"  # its expected wait is past its class's bound
+    DEADLINE = "deadline"  # predicted to miss its TTFT target (a class that sheds)
+    SHED = "shed"  # queued, then shed for cheaper requests that can make their targets in its place
     QUEUE_TIMEOUT = "queue_timeout"  # it waited past its class's bound
     NO_HEALTHY_BACKEND = "no_healthy_backend"
     MODEL_NOT_FOUND = "model_not_found"  # no backend serves the model it names
@@ -55,4 +57,6 @@ class RejectReason(enum.StrEnum):
     RATE_LIMIT_REQUESTS = "rate_limit_requests"  # its caller's requests per minute
     RATE_LIMIT_TOKENS = "rate_limit_tokens"  # its caller's tokens per minute
     RATE_LIMIT_PARALLEL = "rate_limit_parallel"  # its caller's requests at once (`max_parallel_requests`)
+    GUARD_UNAVAILABLE = "guard_unavailable"  # an input guard failed or timed out, and fails closed
+    AUDIT_UNAVAILABLE = "audit_unavailable"  # the audit trail's queue is full and `audit.when_full: refuse`
     SHARED_STATE_UNAVAILABLE = "shared_state_unavailable"  # Redis is away and `state.on_unavailable` is `closed`

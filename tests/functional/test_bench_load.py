@@ -121,6 +121,22 @@ async def test_a_generator_that_falls_behind_is_invalid_and_latency_counts_the_l
     assert result.meta["loop_lag_s"]["max"] >= 0.2
 
 
+async def test_a_stall_is_told_apart_by_where_its_time_went() -> None:
+    # The server's time.sleep blocks the shared loop: the loop's thread neither runs nor waits
+    # for a CPU, which the kernel's scheduler statistics show (bench.stalls), so the verdict says
+    # "blocked", not the guess that another process took the CPU.
+    block = 0.3
+    async with running(one_at_a_time_app(service_s=0.005, block_first_s=block)) as url, asyncio.timeout(30):
+        result = await run_bench(BenchConfig(url=url, workload=chat_workload(max_tokens=1), rate=100.0,
+                                             arrival="constant", requests=100, model="tailguard-sim"))
+    v = summarize(result.records, result.meta)["validity"]
+    stalls = v["loop_stalls"]
+    assert v["valid"] is False and v["cause"] == "blocked", v["advice"]
+    assert stalls["count"] >= 1 and stalls["late_s"] >= block - 0.02 and stalls["running_s"] < 0.5 * stalls["late_s"]
+    assert "a call blocked its loop" in v["advice"] and f"was late {stalls['count']} times" in v["advice"]
+    assert result.meta["host"]["cpus"] >= 1
+
+
 async def until_client_leaves(request: web.Request, limit_s: float = 5.0) -> None:
     """Hold a response open without sending, until the client gives up (ends fast at teardown)."""
     deadline = time.monotonic() + limit_s

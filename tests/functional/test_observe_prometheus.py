@@ -33,11 +33,13 @@ CHAT = [{"role": "user", "content": "hello " * 8}]
 KEYS = {"sk-load": {"name": "load"}, "sk-limited": {"name": "limited", "rpm_limit": 1}}
 CFG: dict[str, Any] = {
     "auth": {"api_keys": KEYS},
-    "classes": classes(batch={"preemptible": True, "max_share": 1.0}),
+    "classes": classes(interactive={"slo": {"ttft_s": 2.0}}, batch={"preemptible": True, "max_share": 1.0}),
     "scheduler": {"min_run_s": 0.0},
     # One retry in the window, then none: the dead backend's next failure is a denied retry.
     "retries": {"budget_ratio": 0.0, "min_retries_per_s": 0.1},
     "health": {"unhealthy_after": 4},  # its first probe and three requests' connections
+    # Every request's text checked (and flagged when it holds personal data), and audited.
+    "guards": [{"name": "pii", "stage": "input", "check": "personal_data", "action": "flag"}],
 }
 WINDOW = "1m"  # stands for Grafana's $__rate_interval: covers the whole short run
 
@@ -91,7 +93,9 @@ async def _scraped_after(prom: Prometheus, job: str, more: int) -> None:
 async def test_every_panel_and_rule_returns_data_from_a_real_prometheus(tmp_path: Path) -> None:
     tool("prometheus")
     dead = BackendConfig(name="dead", url=dead_url(), max_concurrency=2, models=["tailguard-sim"])
-    async with asyncio.timeout(90), gateway(max_concurrency=2, scale=SCALE, extra_backends=[dead], **CFG) as gw:
+    audit = {"enabled": True, "path": str(tmp_path / "audit.sqlite3")}
+    async with asyncio.timeout(90), gateway(max_concurrency=2, scale=SCALE, extra_backends=[dead], audit=audit,
+                                            **CFG) as gw:
         targets = {"tailguard": gw.url.removeprefix("http://"), "sim": gw.sims[0].url.removeprefix("http://")}
         with running_prometheus(tmp_path, targets) as prom:
             await _scraped_after(prom, "tailguard", 1)

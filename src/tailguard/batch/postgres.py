@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import psycopg
-
 from tailguard.batch.records import QUEUED, RUNNING, Line
 from tailguard.batch.sql import SqlJournal
+from tailguard.db import postgres
 
 
 class PostgresJournal(SqlJournal):
@@ -25,7 +24,7 @@ class PostgresJournal(SqlJournal):
         self._url = url
 
     def _connect(self) -> Any:
-        return psycopg.connect(self._url, autocommit=True)
+        return postgres(self._url)
 
     def _open(self) -> None:
         """Replicas starting together create the tables one at a time (concurrent `CREATE TABLE IF

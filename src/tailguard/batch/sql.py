@@ -13,12 +13,13 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import orjson
 
+from tailguard.db import transaction
 from tailguard.batch.records import ACTIVE, DONE, FAILED, QUEUED, RUNNING, BatchRecord, FileRecord, Line, error_line
 
 T = TypeVar("T")
@@ -65,15 +66,8 @@ class SqlJournal(abc.ABC):
         cur.execute(self._q(sql), args)
         return cur
 
-    @contextlib.contextmanager
-    def _txn(self) -> Iterator[None]:
-        self._x(self.BEGIN)
-        try:
-            yield
-        except BaseException:
-            self._x("ROLLBACK")
-            raise
-        self._x("COMMIT")
+    def _txn(self) -> contextlib.AbstractContextManager[None]:
+        return transaction(self._x, self.BEGIN)
 
     async def open(self) -> None:
         await self._run(self._open)

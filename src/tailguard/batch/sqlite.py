@@ -5,13 +5,12 @@ being killed (not a power cut: docs/batch.md). One gateway per file: on open, ev
 
 from __future__ import annotations
 
-import os
-import sqlite3
 from pathlib import Path
 from typing import Any
 
 from tailguard.batch.records import QUEUED, RUNNING, Line
 from tailguard.batch.sql import SqlJournal
+from tailguard.db import private_sqlite
 
 
 class SqliteJournal(SqlJournal):
@@ -22,14 +21,7 @@ class SqliteJournal(SqlJournal):
         self.path = path
 
     def _connect(self) -> Any:
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        # Private to the user, like the rest of the state directory (SQLite gives its -wal and -shm
-        # files the database file's mode).
-        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        return db
+        return private_sqlite(self.path)
 
     def _after_open(self) -> None:
         self._x("UPDATE lines SET state = ?, holder = NULL, not_before = 0 WHERE state = ?", (QUEUED, RUNNING))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterable, Iterator, Literal
 
 import orjson
 
@@ -28,17 +28,25 @@ class DatasetPrompt:
     max_tokens: int | None
 
 
-def parse_openai_jsonl(text: str, where: str = "dataset") -> list[DatasetPrompt]:
-    out: list[DatasetPrompt] = []
-    for i, line in enumerate(text.splitlines(), 1):
+def json_objects(lines: Iterable[str], where: str, what: str,
+                 error: type[ConfigError] = ConfigError) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line of a JSON-lines file; a line that is not
+    JSON, or not an object, is `error` naming the line (`what`: what a line should be)."""
+    for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            body = orjson.loads(line)
+            obj = orjson.loads(line)
         except orjson.JSONDecodeError as e:
-            raise ConfigError(f"{where}:{i}: not valid JSON: {e}") from None
-        if not isinstance(body, dict):
-            raise ConfigError(f"{where}:{i}: each line is an OpenAI request body (a JSON object)")
+            raise error(f"{where}:{i}: not JSON ({e})") from None
+        if not isinstance(obj, dict):
+            raise error(f"{where}:{i}: each line is {what}, not {type(obj).__name__}")
+        yield i, obj
+
+
+def parse_openai_jsonl(text: str, where: str = "dataset") -> list[DatasetPrompt]:
+    out: list[DatasetPrompt] = []
+    for i, body in json_objects(text.splitlines(), where, "an OpenAI request body (a JSON object)"):
         endpoint: Endpoint = "chat" if "messages" in body else "completions"
         try:
             parsed = validate_body(body, endpoint)

@@ -14,7 +14,9 @@ from tailguard.bench.attribution import tail_parts
 from tailguard.bench.recorder import RequestRecord
 from tailguard.bench.stats import measured
 from tailguard.bench.compare_table import RATE_LABELS, fmt_ci, fmt_side, headline, significant_change, verdict_parts
-from tailguard.bench.table import METRIC_LABELS, fmt_ratio, fmt_s, interrupted_line, num
+from tailguard.bench.table import (
+    LENGTH_LABELS, METRIC_LABELS, METRIC_NOTE, fmt_ratio, fmt_s, fmt_tokens, interrupted_line, num, trace_line,
+)
 from tailguard.bench.throughput import N_SLICES
 from tailguard.bench.validity import verdict_line
 
@@ -49,7 +51,7 @@ _REPORT = """{% extends "base.html" %}
 {% block body %}
 <h1>tailguard bench: {{ run.workload }}</h1>
 <div class="meta">
- <b>{{ run.mode }} loop</b>{% if run.mode == "closed" %}, {{ run.concurrency }} clients{% elif run.rate %}, {{ run.rate }} req/s {{ run.arrival }}{% if run.arrival == "gamma" %} (burstiness {{ run.burstiness }}){% endif %}{% else %}, per-class arrivals{% endif %}
+ <b>{{ run.mode }} loop</b>{% if run.mode == "closed" %}, {{ run.concurrency }} clients{% elif trace %}, the arrivals of the trace <code>{{ trace.file }}</code>{% elif run.rate %}, {{ run.rate }} req/s {{ run.arrival }}{% if run.arrival == "gamma" %} (burstiness {{ run.burstiness }}){% endif %}{% else %}, per-class arrivals{% endif %}
  &middot; target <code>{{ run.url }}</code> &middot; model <code>{{ run.model }}</code>
  &middot; seed {{ run.seed }} &middot; started {{ when(run.started_at) }}
  &middot; {{ run.measured_requests }} requests measured ({{ run.warmup_requests_excluded }} warm-up excluded) over {{ fmt_s(run.window_s) }}
@@ -82,10 +84,25 @@ _REPORT = """{% extends "base.html" %}
 {% endfor %}{% endfor %}
 </table>
 <p class="note">E2E and TTFT are measured from the time each request was due to be sent, so queueing in
-the client and the generator counts. TTFT is the first chunk with generated content. ITL is pooled per
-chunk over all requests; TPOT = (E2E - TTFT) / (output tokens - 1). A failed request ranks as worse than
-every success ("fail": the percentile lands on a failure); a timed-out request counts at the time the
-client gave up. Queue wait comes from the gateway's X-Tailguard-Queue-Ms header when present.</p>
+the client and the generator counts. TTFT is the first chunk with generated content. {{ metric_note }}
+A failed request ranks as worse than every success ("fail": the percentile lands on a failure); a
+timed-out request counts at the time the client gave up; mean and std are over the finite values.
+Queue wait comes from the gateway's X-Tailguard-Queue-Ms header when present.</p>
+
+<h2>Lengths</h2>
+<table>
+<tr><th class="l">class</th><th class="l">tokens</th>{% for _, label in length_cols %}<th>{{ label }}</th>{% endfor %}</tr>
+{% for name, g in groups %}{% for key, label in length_labels.items() %}
+<tr class="{{ 'sep' if loop.last else '' }} {{ 'overall' if name == 'overall' else '' }}"><td class="l">{{ name if loop.first else '' }}</td><td class="l">{{ label }}</td>
+{% for k, _ in length_cols %}<td>{{ fmt_tokens(g.lengths[key][k]) }}</td>{% endfor %}</tr>
+{% endfor %}{% endfor %}
+</table>
+<p class="note">Input and output sequence lengths (AIPerf's ISL and OSL) of the requests that succeeded: the
+prompt as the server's <code>usage</code> counted it (as the bench sized it where no usage came back), the
+output tokens from <code>usage</code>, else the content chunks counted.</p>
+{% if trace %}<h2>Trace</h2>
+<p class="note">{% for line in trace_line(trace).splitlines() %}{{ line }}<br>{% endfor %}</p>
+<img alt="arrival rate and TTFT over time" src="data:image/png;base64,{{ img.arrivals }}">{% endif %}
 
 <h2>Latency CDFs</h2>
 <img alt="latency CDFs" src="data:image/png;base64,{{ img.cdf }}">
@@ -185,7 +202,10 @@ requests (each run resampled independently); green when the whole interval is be
 {% endblock %}
 """
 
-_PCTS = (("p50", "P50"), ("p90", "P90"), ("p95", "P95"), ("p99", "P99"), ("p999", "P99.9"), ("max", "max"), ("mean", "mean"))
+_PCTS = (("min", "min"), ("p1", "P1"), ("p5", "P5"), ("p10", "P10"), ("p25", "P25"), ("p50", "P50"), ("p90", "P90"),
+         ("p95", "P95"), ("p99", "P99"), ("p999", "P99.9"), ("max", "max"), ("mean", "mean"), ("std", "std"))
+_LENGTH_COLS = (("mean", "mean"), ("std", "std"), ("min", "min"), ("p1", "P1"), ("p25", "P25"), ("p50", "P50"),
+                ("p90", "P90"), ("p99", "P99"), ("max", "max"))
 
 
 def _env() -> Environment:
@@ -194,7 +214,9 @@ def _env() -> Environment:
     env.globals.update(fmt_s=fmt_s, fmt_side=fmt_side, fmt_ratio=fmt_ratio, fmt_ci=fmt_ci, num=num,
                        labels=METRIC_LABELS, pcts=_PCTS, ratio_class=_ratio_class, metric_rows=_metric_rows,
                        when=_when, verdict_html=_verdict_html, rate_labels=RATE_LABELS, n_slices=N_SLICES,
-                       verdict_line=verdict_line, interrupted_line=interrupted_line)
+                       verdict_line=verdict_line, interrupted_line=interrupted_line, metric_note=METRIC_NOTE,
+                       length_cols=_LENGTH_COLS, length_labels=LENGTH_LABELS, fmt_tokens=fmt_tokens,
+                       trace_line=trace_line)
     return env
 
 
@@ -237,11 +259,12 @@ def render_report(summary: dict[str, Any], records: Sequence[RequestRecord], ver
         "itl": plots.itl_distribution(rec, names),
         "lag": plots.dispatch_lag(records, summary["validity"]["threshold_s"]),
         "tail": plots.tail_attribution(tail_parts(rec)),
+        "arrivals": plots.arrivals_and_ttft(rec, names) if summary.get("trace") else None,
     }
     errors = [(n, g["error_kinds"]) for n, g in summary["classes"].items() if g["error_kinds"]]
     return _env().get_template("report.html").render(
         run=summary["run"], validity=summary["validity"], interrupted=summary.get("interrupted"), groups=groups,
-        img=img, errors=errors, version=version,
+        img=img, errors=errors, version=version, trace=summary.get("trace"),
         doctor=doctor)
 
 

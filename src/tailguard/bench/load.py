@@ -23,7 +23,7 @@ import gc
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterator
 
 import aiohttp
 
@@ -31,8 +31,11 @@ from tailguard import __version__
 from tailguard.bench.sender import Sender
 from tailguard.bench.sender import Timeouts as Timeouts  # part of BenchConfig, so importable here too
 from tailguard.bench.recorder import RequestRecord
+from tailguard.bench.stalls import SchedClock, Stalls, host
+from tailguard.bench.trace.plan import Replay, TraceFactory, TraceSpec, load_replay
 from tailguard.bench.workload import (
-    ArrivalProcess, Endpoint, PlannedRequest, RequestFactory, Workload, load_workload, schedule,
+    ArrivalProcess, Distribution, Endpoint, PlannedRequest, RequestFactory, Workload, load_workload, schedule,
+    with_lengths,
 )
 from tailguard.bench.target import base_url, engine_name, gateway_config, probe, time_scale_for
 from tailguard.bench.validity import DEFAULT_MAX_DISPATCH_LAG_S
@@ -83,9 +86,40 @@ class BenchConfig:
     worker: int = 0
     # The route every class without its own is sent to (`tailguard bench --endpoint`); None: the workload's.
     endpoint: Endpoint | None = None
+    # Replay a trace's arrivals and sizes instead of a workload (`bench --trace`): open loop, the
+    # run as long as the trace (`TraceSpec.window`, `limit`).
+    trace: TraceSpec | None = None
+    # More servers to spread the requests over, round-robin by request index with `url` (AIPerf's
+    # repeated --url): a fleet measured without a gateway in front.
+    extra_urls: tuple[str, ...] = ()
+    # Every class's prompt and answer lengths (`--input-tokens`, `--output-tokens`), and vLLM's
+    # ignore_eos on every request (`--ignore-eos`; on by default with output_tokens and for a trace).
+    input_tokens: Distribution | None = None
+    output_tokens: Distribution | None = None
+    ignore_eos: bool | None = None
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        return (self.url, *self.extra_urls)
 
     def check(self, workload: Workload) -> None:
         """Raises `ConfigError` for a run that cannot be measured as asked."""
+        if self.trace is not None:
+            self._check_trace()
+        else:
+            self._check_workload(workload)
+        self._check_common()
+
+    def _check_trace(self) -> None:
+        given = [flag for flag, v in (("--concurrency", self.concurrency), ("--rate", self.rate),
+                                      ("--requests", self.requests), ("--duration", self.duration_s),
+                                      ("--input-tokens", self.input_tokens), ("--output-tokens", self.output_tokens))
+                 if v is not None]
+        if given:
+            raise ConfigError(f"a trace sets its own arrivals and length: {', '.join(given)} do not apply "
+                              "(--speed, --window and --limit do)")
+
+    def _check_workload(self, workload: Workload) -> None:
         own_arrivals = any(c.arrival is not None for c in workload.classes)
         if self.concurrency is not None and self.rate is not None:
             raise ConfigError("give --concurrency N (closed loop) or --rate R (open loop), not both")
@@ -103,6 +137,10 @@ class BenchConfig:
             raise ConfigError("--requests must be at least 1")
         if self.duration_s is not None and self.duration_s <= 0:
             raise ConfigError("--duration must be > 0")
+        if self.workers > 1 and self.concurrency is not None:
+            raise ConfigError("--workers spreads an open loop: give --rate, not --concurrency")
+
+    def _check_common(self) -> None:
         if self.warmup_requests < 0 or self.warmup_s < 0:
             raise ConfigError("--warmup must be >= 0")
         t = self.timeouts
@@ -116,8 +154,6 @@ class BenchConfig:
             raise ConfigError("--interrupt-grace must be >= 0")
         if self.workers < 1 or not 0 <= self.worker < self.workers:
             raise ConfigError("--workers must be at least 1")
-        if self.workers > 1 and self.concurrency is not None:
-            raise ConfigError("--workers spreads an open loop: give --rate, not --concurrency")
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,10 +181,17 @@ async def run_load(config: BenchConfig, progress: Callable[[LoadProgress], None]
     the event loop. Setting `stop` interrupts the run (`meta["interrupted"]` says when and how
     many were cut). A worker of a spread run (`bench.workers`) passes `origin`, which says when
     its clock starts (the same instant for all)."""
-    if isinstance(config.workload, Workload):
-        workload, base_dir = config.workload, None
+    replay: Replay | None = None
+    base_dir: Path | None = None
+    if config.trace is not None:  # read and checked before anything connects
+        replay = load_replay(config.trace)
+        workload = TraceFactory(replay).workload
+    elif isinstance(config.workload, Workload):
+        workload = config.workload
     else:
         workload, base_dir = load_workload(config.workload)
+    if replay is None:
+        workload = with_lengths(workload, config.input_tokens, config.output_tokens, config.ignore_eos)
     if config.endpoint is not None:
         workload = workload.model_copy(update={"endpoint": config.endpoint})
     config.check(workload)
@@ -156,14 +199,22 @@ async def run_load(config: BenchConfig, progress: Callable[[LoadProgress], None]
     timeout = aiohttp.ClientTimeout(total=None, connect=config.timeouts.connect_s)
     url = base_url(config.url)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        target = await probe(session, url, api_key=config.api_key, timeout_s=config.timeouts.connect_s + 5.0,
-                             model=config.model)
+        probe_s = config.timeouts.connect_s + 5.0
+        target = await probe(session, url, api_key=config.api_key, timeout_s=probe_s, model=config.model)
+        for extra in config.extra_urls:  # every server of a spread run must answer before the clock starts
+            await probe(session, base_url(extra), api_key=config.api_key, timeout_s=probe_s, model=target.model)
         time_scale = time_scale_for(config.time_scale, target.time_scale, url)
-        gateway = await gateway_config(session, url, api_key=config.api_key, timeout_s=config.timeouts.connect_s + 5.0)
-        engine = None if gateway is not None else await engine_name(session, url, timeout_s=config.timeouts.connect_s + 5.0)
-        factory = RequestFactory(workload, seed=config.seed, model=target.model, base_dir=base_dir)
-        run = _Run(config, workload, factory, session, target.model, progress, stop, origin)
+        gateway = await gateway_config(session, url, api_key=config.api_key, timeout_s=probe_s)
+        engine = None if gateway is not None else await engine_name(session, url, timeout_s=probe_s)
+        factory: RequestFactory | TraceFactory
+        if replay is not None:
+            factory = TraceFactory(replay, seed=config.seed, model=target.model, endpoint=config.endpoint)
+        else:
+            factory = RequestFactory(workload, seed=config.seed, model=target.model, base_dir=base_dir)
+        run = _Run(config, workload, factory, session, target.model, progress, stop, origin, time_scale)
         result = await run.go()
+    if isinstance(factory, TraceFactory):
+        result.meta["trace"] = factory.describe()
     result.meta["gateway_config"] = gateway
     result.meta["target_time_scale"] = target.time_scale  # announced by a simulator (or a gateway before one)
     result.meta["engine"] = engine  # what the target says it is at /version, when no gateway was in front
@@ -196,10 +247,12 @@ def rescale(result: RunResult, time_scale: float) -> None:
 
 
 class _Run:
-    def __init__(self, config: BenchConfig, workload: Workload, factory: RequestFactory,
+    def __init__(self, config: BenchConfig, workload: Workload, factory: RequestFactory | TraceFactory,
                  session: aiohttp.ClientSession, model: str, progress: Callable[[LoadProgress], None] | None,
-                 stop: asyncio.Event | None, origin: Callable[[], Awaitable[float]] | None = None) -> None:
+                 stop: asyncio.Event | None, origin: Callable[[], Awaitable[float]] | None = None,
+                 time_scale: float = 1.0) -> None:
         self.config = config
+        self.time_scale = time_scale
         self.origin = origin
         self.workload = workload
         self.factory = factory
@@ -211,12 +264,14 @@ class _Run:
         self.headers = {"Content-Type": "application/json"}
         if config.api_key:
             self.headers["Authorization"] = f"Bearer {config.api_key}"
-        self.sender = Sender(session, self.url, self.headers, config.timeouts)
+        self.sender = Sender(session, tuple(base_url(u) for u in config.urls), self.headers, config.timeouts)
         self.records: list[RequestRecord] = []
         self.loop_lag_s: list[float] = []
+        self.stalls = Stalls()
         self.in_flight = 0
         self.failed = 0
-        self.total = None if config.requests is None else config.requests + config.warmup_requests
+        self.total = len(factory) if isinstance(factory, TraceFactory) else (
+            None if config.requests is None else config.requests + config.warmup_requests)
         self.horizon_s = None if config.duration_s is None else config.duration_s + config.warmup_s
         self.t0 = 0.0
         self._issued = 0
@@ -259,13 +314,15 @@ class _Run:
         the first requests' latencies."""
         n = min(self.config.concurrency or _WARM_CONNECTIONS_OPEN, _WARM_CONNECTIONS_MAX)
 
-        async def one() -> None:
-            async with self.session.get(self.url + "/v1/models", headers=self.headers) as resp:
+        urls = self.sender.urls
+
+        async def one(url: str) -> None:
+            async with self.session.get(url + "/v1/models", headers=self.headers) as resp:
                 await resp.read()
 
         try:
             async with asyncio.timeout(self.config.timeouts.connect_s + 5.0):
-                await asyncio.gather(*(one() for _ in range(n)))
+                await asyncio.gather(*(one(urls[i % len(urls)]) for i in range(n * len(urls))))
         except (aiohttp.ClientError, TimeoutError):
             pass  # the probe showed the target answers; a slow warm-up only costs the first requests
 
@@ -320,7 +377,7 @@ class _Run:
     async def _send_open(self) -> None:
         c = self.config
         tasks = self._tasks
-        for due_s, cls in schedule(self.factory, rate=c.rate, process=c.arrival, burstiness=c.burstiness, seed=c.seed):
+        for due_s, cls in self._arrivals():
             if not self._more(due_s):
                 break
             req = self.factory.next(cls)  # built before its due time, off the clock
@@ -334,12 +391,23 @@ class _Run:
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
+    def _arrivals(self) -> Iterator[tuple[float, str]]:
+        """(due offset, class) in order: the trace's own instants, or the workload's open-loop schedule."""
+        if isinstance(self.factory, TraceFactory):
+            # A trace's seconds are the served model's: against a simulator at time scale X they
+            # pass X times as fast on the wall, so its modelled engine sees the trace's own rate.
+            scale = self.time_scale
+            return ((at * scale, cls) for at, cls in self.factory.schedule())
+        c = self.config
+        return schedule(self.factory, rate=c.rate, process=c.arrival, burstiness=c.burstiness, seed=c.seed)
+
     async def _client(self) -> None:
         # Closed loop: a client is due again the moment its previous request ends (no think time).
         delay = self.t0 - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
         ready_s = max(0.0, time.perf_counter() - self.t0)
+        assert isinstance(self.factory, RequestFactory)  # a trace is an open loop (BenchConfig.check)
         while self._more(ready_s):
             req = self.factory.next()
             self._issued += 1
@@ -350,7 +418,8 @@ class _Run:
 
     async def _one(self, req: PlannedRequest, due_s: float, warmup: bool) -> None:
         rec = RequestRecord(index=req.index, cls=req.cls, warmup=warmup, scheduled_at=due_s,
-                            prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens, stream=req.stream)
+                            prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens, stream=req.stream,
+                            session=req.session)
         self.records.append(rec)
         self.in_flight += 1
         try:
@@ -363,18 +432,30 @@ class _Run:
     # --- bookkeeping ---
 
     async def _tick(self) -> None:
-        """Event-loop lag: how late a 10 ms ticker wakes up. Also drives the progress callback."""
+        """Event-loop lag: how late a 10 ms ticker wakes up, and where a tick later than the
+        dispatch-lag threshold spent its time (`bench.stalls`). Also drives the progress callback."""
         perf = time.perf_counter
+        stall_s = self.config.max_dispatch_lag_s  # wall seconds, as the ticker's
+        clock = SchedClock()
         expected = perf() + LOOP_TICK_S
-        next_report = perf()
-        while True:
-            await asyncio.sleep(max(0.0, expected - perf()))
-            now = perf()
-            self.loop_lag_s.append(max(0.0, now - expected))
-            expected = max(expected + LOOP_TICK_S, now)
-            if self.progress is not None and now >= next_report:
-                self._report_progress()
-                next_report = now + 0.25
+        next_report = woke = perf()
+        sched = clock.read()
+        self.stalls.measured = sched is not None
+        try:
+            while True:
+                await asyncio.sleep(max(0.0, expected - perf()))
+                now, before, sched = perf(), sched, clock.read()
+                lag = max(0.0, now - expected)
+                self.loop_lag_s.append(lag)
+                if lag > stall_s:
+                    self.stalls.add(now - woke, lag, before, sched)
+                woke = now
+                expected = max(expected + LOOP_TICK_S, now)
+                if self.progress is not None and now >= next_report:
+                    self._report_progress()
+                    next_report = now + 0.25
+        finally:
+            clock.close()
 
     def _report_progress(self) -> None:
         if self.progress is not None:
@@ -390,6 +471,7 @@ class _Run:
             "started_at": started.isoformat(),
             "wall_s": round(wall_s, 6),
             "url": self.url,
+            "urls": list(c.urls) if c.extra_urls else None,
             "model": self.model,
             "mode": "closed" if c.concurrency is not None else "open",
             "concurrency": c.concurrency,
@@ -417,4 +499,6 @@ class _Run:
                 "max": lag[-1] if lag else 0.0,
                 "samples": len(lag),
             },
+            "loop_stalls": self.stalls.as_dict() if self.stalls.measured else None,
+            "host": host(),
         }

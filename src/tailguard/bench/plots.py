@@ -144,6 +144,51 @@ def over_time(records: Sequence[RequestRecord], names: Sequence[str]) -> str:
     return to_png_b64(fig)
 
 
+def arrival_bins(due: Array, n_max: int = 120) -> tuple[Array, float]:
+    """Requests due per bin over the run, and the bin's width: whole seconds (or a round fraction
+    of one), at most `n_max` bins, so a burst shows as the rate it was and not averaged away."""
+    span = float(due.max()) if len(due) else 0.0
+    width = 1.0
+    for w in (0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600):
+        width = float(w)
+        if span / w <= n_max:
+            break
+    edges = np.arange(0.0, span + width, width)
+    counts, _ = np.histogram(due, bins=edges if len(edges) > 1 else np.asarray([0.0, width]))
+    return counts.astype(np.float64), width
+
+
+def arrivals_and_ttft(records: Sequence[RequestRecord], names: Sequence[str]) -> str:
+    """A trace's arrival rate over time above TTFT over time, on one time axis: where the trace
+    bursts, what the bursts did to the first token."""
+    colors = class_colors(names)
+    fig = Figure(figsize=(12, 6.0))
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": (1, 1.6)})
+    due = np.asarray([r.scheduled_at for r in records], dtype=np.float64)
+    counts, width = arrival_bins(due)
+    top.bar(np.arange(len(counts)) * width, counts / width, width=width, align="edge", color="#7f7f7f",
+            linewidth=0)
+    top.set_ylabel("requests/s")
+    top.set_title(f"Arrival rate of the trace (per {width:g} s) and TTFT of the requests due then")
+    top.grid(True, alpha=0.3)
+    for n, recs in _by_class(records, names).items():
+        good = [r for r in recs if r.ok]
+        if good:
+            ax_y = np.maximum(np.asarray([ttft_sample(r) for r in good]), 1e-4)
+            bottom.scatter([r.scheduled_at for r in good], ax_y, s=9, alpha=0.7, color=colors[n], label=n, linewidths=0)
+        failed = [r.scheduled_at for r in recs if not r.ok]
+        if failed:
+            bottom.scatter(failed, [bottom.get_ylim()[1]] * len(failed), marker="x", s=22, color=FAIL_COLOR,
+                           label=f"{n}: failed ({len(failed)})")
+    bottom.set_yscale("log")
+    log_seconds(bottom.yaxis)
+    bottom.set_ylabel("TTFT (log scale)")
+    bottom.set_xlabel("scheduled send time (s since start)")
+    bottom.grid(True, alpha=0.3)
+    bottom.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=9, markerscale=2)
+    return to_png_b64(fig)
+
+
 def in_flight(records: Sequence[RequestRecord], names: Sequence[str]) -> str:
     colors = class_colors(names)
     fig = Figure(figsize=(12, 3.6))

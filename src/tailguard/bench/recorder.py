@@ -48,6 +48,7 @@ class RequestRecord:
     server_timing_s: dict[str, float] | None = None  # the gateway's Server-Timing, in seconds
     config: str | None = None  # the gateway's X-Tailguard-Config: the hash of the config it ran under
     attribution: dict[str, float] | None = None  # where the E2E went (bench.attribution.PARTS)
+    session: str | None = None  # the session it was sent in (a trace's), so a replay of this run keeps it
 
     # Derived values, measured from the schedule (design principle 5).
     @property

@@ -33,11 +33,14 @@ class Timeouts:
 
 
 class Sender:
-    """Sends requests over one session to one server and records each in full."""
+    """Sends requests over one session and records each in full: to one server, or spread over
+    several round-robin by request index (AIPerf's repeated --url), each request's server then
+    recorded as its backend."""
 
-    def __init__(self, session: aiohttp.ClientSession, url: str, headers: dict[str, str], timeouts: Timeouts) -> None:
+    def __init__(self, session: aiohttp.ClientSession, urls: tuple[str, ...], headers: dict[str, str],
+                 timeouts: Timeouts) -> None:
         self.session = session
-        self.url = url
+        self.urls = urls
         self.headers = headers
         self.timeouts = timeouts
         self.t0 = 0.0
@@ -53,10 +56,14 @@ class Sender:
         first_s = min(to.first_token_s, to.total_s) if req.stream else to.total_s
         phase = "first_token" if first_s < to.total_s else "total"
         headers = self.headers if not req.headers else {**self.headers, **dict(req.headers)}
+        urls = self.urls
+        url = urls[0] if len(urls) == 1 else urls[req.index % len(urls)]
         try:
             async with asyncio.timeout_at(sent_loop + first_s) as cm:
-                async with self.session.post(self.url + req.path, data=req.body, headers=headers) as resp:
+                async with self.session.post(url + req.path, data=req.body, headers=headers) as resp:
                     _take_headers(rec, resp.status, resp.headers)
+                    if rec.backend is None and len(urls) > 1:
+                        rec.backend = url
                     if resp.status != 200:
                         rec.error_kind = "http"
                         rec.error = (await resp.read())[:ERROR_TEXT_LIMIT].decode("utf-8", "replace")

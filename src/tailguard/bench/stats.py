@@ -9,8 +9,11 @@ How failures stay in the tail (the documented rule):
   up, and +inf for any other failure.
 - A percentile that lands on a +inf sample is written as `null` in summary.json and shown as
   "fail" in tables. `mean` is over finite samples only.
-- ITL is pooled per chunk over every request (failed ones included: the gaps they saw happened);
-  TPOT = (E2E - TTFT) / (output tokens - 1), for successful requests with at least 2 tokens.
+- ITL is pooled per chunk over every request (failed ones included: the gaps they saw happened):
+  AIPerf's inter-chunk latency, vllm bench's ITL. TPOT = (E2E - TTFT) / (output tokens - 1), for
+  successful requests with at least 2 tokens: AIPerf's and GuideLLM's ITL (docs/bench.md has the table).
+- Input and output lengths (`lengths`) are over successful requests: the prompt as the server's
+  `usage` counted it, the output tokens as above.
 """
 
 from __future__ import annotations
@@ -25,9 +28,13 @@ from tailguard.bench.recorder import RequestRecord
 from tailguard.bench.validity import validity
 
 Array = NDArray[np.float64]
-PERCENTILES: tuple[tuple[str, float], ...] = (("p50", 50.0), ("p90", 90.0), ("p95", 95.0), ("p99", 99.0), ("p999", 99.9))
+# The low end (P1-P25) beside the tail, and the spread (std, min), as AIPerf and vllm bench show them.
+PERCENTILES: tuple[tuple[str, float], ...] = (
+    ("p1", 1.0), ("p5", 5.0), ("p10", 10.0), ("p25", 25.0),
+    ("p50", 50.0), ("p90", 90.0), ("p95", 95.0), ("p99", 99.0), ("p999", 99.9))
 METRICS: tuple[str, ...] = ("e2e_s", "ttft_s", "itl_s", "tpot_s", "queue_s")
-STAT_KEYS: tuple[str, ...] = tuple(k for k, _ in PERCENTILES) + ("max", "mean")
+STAT_KEYS: tuple[str, ...] = tuple(k for k, _ in PERCENTILES) + ("max", "mean", "min", "std")
+LENGTHS: tuple[str, ...] = ("input_tokens", "output_tokens")
 TAIL_RATIO_METRICS: tuple[str, ...] = ("e2e_s", "ttft_s")
 DEFAULT_BOOTSTRAP = 2000
 
@@ -53,12 +60,16 @@ def percentile(sorted_values: Array, q: float) -> float:
 
 
 def describe(values: Iterable[float] | Array) -> dict[str, float]:
-    """p50 p90 p95 p99 p999 max mean of a sample (floats; +inf kept, nan when empty)."""
+    """p1 ... p999, max, mean, min and std of a sample (floats; +inf kept, nan when empty). The
+    mean and the standard deviation (of the population, numpy's and vllm bench's) are over the
+    finite samples only."""
     x = np.sort(np.asarray(values, dtype=np.float64))
     out = {k: percentile(x, q) for k, q in PERCENTILES}
     out["max"] = float(x[-1]) if len(x) else math.nan
+    out["min"] = float(x[0]) if len(x) else math.nan
     finite = x[np.isfinite(x)]
     out["mean"] = float(finite.mean()) if len(finite) else math.nan
+    out["std"] = float(finite.std()) if len(finite) else math.nan
     return out
 
 
@@ -87,6 +98,19 @@ def tpot_sample(rec: RequestRecord) -> float | None:
     if not rec.ok or ttft is None or rec.output_tokens < 2:
         return None
     return (rec.e2e_s - ttft) / (rec.output_tokens - 1)
+
+
+def input_tokens(rec: RequestRecord) -> int:
+    """The prompt as the server counted it (its `usage`), else as the bench sized it."""
+    return rec.usage_prompt_tokens if rec.usage_prompt_tokens is not None else rec.prompt_tokens
+
+
+def lengths(records: Sequence[RequestRecord]) -> dict[str, Array]:
+    """Input and output sequence lengths (AIPerf's ISL and OSL) of the requests that succeeded:
+    a failed request's output is cut short, so it would only blur what the server was asked."""
+    ok = [r for r in records if r.ok]
+    return {"input_tokens": np.asarray([input_tokens(r) for r in ok], dtype=np.float64),
+            "output_tokens": np.asarray([r.output_tokens for r in ok], dtype=np.float64)}
 
 
 def samples(records: Sequence[RequestRecord]) -> dict[str, Array]:
@@ -219,8 +243,8 @@ def point_ratio(num: float, den: float) -> float:
 
 # --- summary.json ------------------------------------------------------------------------------------------
 
-def _stats_json(d: dict[str, float]) -> dict[str, float | None]:
-    return {k: json_number(d[k]) for k in STAT_KEYS}
+def _stats_json(d: dict[str, float], digits: int = 6) -> dict[str, float | None]:
+    return {k: json_number(d[k], digits) for k in STAT_KEYS}
 
 
 def _group(records: list[RequestRecord], window_s: float, slos: dict[str, dict[str, float]] | None,
@@ -251,6 +275,8 @@ def _group(records: list[RequestRecord], window_s: float, slos: dict[str, dict[s
         }
     g["goodput"] = _goodput(records, window_s, slos)
     g["output_tokens"] = out_tokens
+    g["input_tokens"] = sum(input_tokens(r) for r in records)
+    g["lengths"] = {k: _stats_json(describe(v), 2) for k, v in lengths(records).items()}
     kinds: dict[str, int] = {}
     phases: dict[str, int] = {}
     for r in records:
@@ -304,6 +330,7 @@ def summarize(records: Sequence[RequestRecord], meta: dict[str, Any], *, n_boot:
         "throughput": overall["throughput"],
         "validity": validity(rec, meta),
         "interrupted": _interrupted(records, meta),
+        "trace": meta.get("trace"),  # what a trace replay sent (bench.trace.plan.TraceFactory.describe)
         "run": {
             "workload": (meta.get("workload") or {}).get("name"),
             "url": meta.get("url"), "model": meta.get("model"), "mode": meta.get("mode"),

@@ -18,8 +18,17 @@ from rich.text import Text
 from tailguard.bench.load import LoadProgress
 from tailguard.bench.validity import verdict_line
 
-METRIC_LABELS = {"e2e_s": "E2E", "ttft_s": "TTFT", "itl_s": "ITL", "tpot_s": "TPOT", "queue_s": "queue"}
+# "ITL" means two things among the tools: vllm bench's pools every gap between chunks (ours), AIPerf's
+# and GuideLLM's is per request, (E2E - TTFT) / (output tokens - 1), our TPOT. So ours says "chunk".
+METRIC_LABELS = {"e2e_s": "E2E", "ttft_s": "TTFT", "itl_s": "ITL/chunk", "tpot_s": "TPOT", "queue_s": "queue"}
+METRIC_NOTE = ("ITL/chunk: every gap between content chunks, pooled over requests (AIPerf's inter-chunk latency, "
+               "vllm bench's ITL). TPOT: (E2E - TTFT) / (output tokens - 1) per request (AIPerf's and "
+               "GuideLLM's ITL). docs/bench.md has every tool's names.")
 _PCT_COLS = (("p50", "P50"), ("p90", "P90"), ("p95", "P95"), ("p99", "P99"), ("p999", "P99.9"), ("max", "max"), ("mean", "mean"))
+_LOW_COLS = (("min", "min"), ("p1", "P1"), ("p5", "P5"), ("p10", "P10"), ("p25", "P25"), ("std", "std"))
+_LENGTH_COLS = (("mean", "mean"), ("std", "std"), ("min", "min"), ("p50", "P50"), ("p90", "P90"), ("p99", "P99"),
+                ("max", "max"))
+LENGTH_LABELS = {"input_tokens": "input", "output_tokens": "output"}
 
 
 def fmt_s(v: float | None) -> str:
@@ -79,24 +88,74 @@ def summary_tables(summary: dict[str, Any]) -> Group:
             num(g["throughput"]["requests_per_s"]), num(g["throughput"]["output_tokens_per_s"]),
             "-" if not gp else f"{gp['fraction'] * 100:.1f}%", ratio,  # goodput/s: in summary.json
         )
-    lat = table("Latency (from the scheduled send time; failures rank as worst)",
-                ("class", "metric", *(label for _, label in _PCT_COLS)), left=2)
-    for name, g in _groups(summary):
-        first = True
-        for m, label in METRIC_LABELS.items():
-            st = g[m]
-            if g.get("samples", {}).get(m) == 0 or (all(st[k] is None for k, _ in _PCT_COLS) and g["count"]
-                                                    and m in ("itl_s", "tpot_s", "queue_s")):
-                continue
-            lat.add_row(name if first else "", label, *(fmt_s(st[k]) for k, _ in _PCT_COLS),
-                        end_section=False)
-            first = False
-        if lat.rows:  # an interrupted run can end with nothing measured
-            lat.rows[-1].end_section = True
-    lines = [validity_text(summary["validity"])]
+    lat = _latency(summary, "Latency (from the scheduled send time; failures rank as worst)", _PCT_COLS)
+    low = _latency(summary, "Latency, the low end and the spread", _LOW_COLS)
+    lines: list[Text | Table] = [Text(METRIC_NOTE, style="dim"), fit(low), fit(_lengths(summary))]
+    if summary.get("trace"):
+        lines.append(Text(trace_line(summary["trace"])))
+    lines.append(validity_text(summary["validity"]))
     if summary.get("interrupted"):
         lines.append(Text(interrupted_line(summary["interrupted"]), style="bold yellow"))
     return Group(fit(counts), fit(lat), *lines)
+
+
+def shown_metrics(g: dict[str, Any]) -> list[str]:
+    """The metrics a group has figures for: E2E and TTFT always; ITL, TPOT and queue when measured."""
+    out = []
+    for m in METRIC_LABELS:
+        st = g[m]
+        if g.get("samples", {}).get(m) == 0 or (all(st[k] is None for k, _ in _PCT_COLS) and g["count"]
+                                                and m in ("itl_s", "tpot_s", "queue_s")):
+            continue
+        out.append(m)
+    return out
+
+
+def _latency(summary: dict[str, Any], title: str, cols: tuple[tuple[str, str], ...]) -> Table:
+    lat = table(title, ("class", "metric", *(label for _, label in cols)), left=2)
+    for name, g in _groups(summary):
+        for i, m in enumerate(shown_metrics(g)):
+            lat.add_row(name if i == 0 else "", METRIC_LABELS[m], *(fmt_s(g[m][k]) for k, _ in cols),
+                        end_section=False)
+        if lat.rows:  # an interrupted run can end with nothing measured
+            lat.rows[-1].end_section = True
+    return lat
+
+
+def _lengths(summary: dict[str, Any]) -> Table:
+    """Input and output sequence lengths (AIPerf's ISL and OSL) of the requests that succeeded."""
+    t = table("Lengths in tokens (requests that succeeded)",
+              ("class", "tokens", *(label for _, label in _LENGTH_COLS)), left=2)
+    for name, g in _groups(summary):
+        for i, (key, label) in enumerate(LENGTH_LABELS.items()):
+            st = g["lengths"][key]
+            t.add_row(name if i == 0 else "", label, *(fmt_tokens(st[k]) for k, _ in _LENGTH_COLS),
+                      end_section=i == len(LENGTH_LABELS) - 1)
+    return t
+
+
+def fmt_tokens(v: float | None) -> str:
+    if v is None or math.isnan(v):
+        return "-"
+    return f"{v:.0f}" if v == int(v) or v >= 100 else f"{v:.1f}"
+
+
+def trace_line(t: dict[str, Any]) -> str:
+    """What a trace replay sent: the file, its part, its classes and its prefix reuse."""
+    part = []
+    if t.get("window"):
+        part.append(f"window {t['window']}")
+    if t.get("limit"):
+        part.append(f"first {t['limit']}")
+    if t.get("speed", 1.0) != 1.0:
+        part.append(f"at {t['speed']:g}x its rate")
+    classes = ", ".join(f"{n} {c}" for n, c in t["classes"].items())
+    reuse = f"; prefix blocks reused: {t['block_reuse'] * 100:.1f}% of prompt tokens" if t.get("block_reuse") else ""
+    sessions = f"; {t['sessions']} sessions" if t.get("sessions") else ""
+    notes = "".join(f"\nnote: {n}" for n in t.get("notes") or [])
+    return (f"trace {t['file']} ({t['format']}): {t['requests']} of its {t['requests_in_file']} requests "
+            f"over {fmt_s(t['span_s'])}{' (' + ', '.join(part) + ')' if part else ''}; per class: {classes}"
+            f"{sessions}{reuse}{notes}")
 
 
 def validity_text(v: dict[str, Any]) -> Text:

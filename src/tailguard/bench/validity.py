@@ -14,6 +14,7 @@ import math
 from typing import Any, Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tailguard.bench.recorder import RequestRecord
 
@@ -23,6 +24,9 @@ DEFAULT_MAX_DISPATCH_LAG_S = 0.005
 WORST_SHOWN = 3
 # Lagging requests all among the first 5% (at least the first one) are the generator's start.
 START_FRACTION = 0.05
+BURST = 10  # requests due within one threshold's time: a burst the generator sends one after another
+# The loop's stalls were starved (or the generator's own work) when at least this share of them was spent so.
+MOST = 0.5
 
 
 def _per_worker(ordered: Sequence[RequestRecord], n: int, threshold: float) -> list[dict[str, Any]]:
@@ -69,6 +73,10 @@ def validity(records: Sequence[RequestRecord], meta: dict[str, Any]) -> dict[str
     }
     if workers:
         out["workers"] = workers
+    if meta.get("loop_stalls") is not None:
+        out["loop_stalls"] = meta["loop_stalls"]  # bench.stalls: where the loop's stalls went (wall seconds)
+    if meta.get("trace"):
+        out["bursts"] = bursts(ordered, threshold)
     if not valid:
         cause, advice = _cause(late, ordered, meta, threshold)
         out["cause"], out["advice"] = cause, advice
@@ -78,6 +86,25 @@ def validity(records: Sequence[RequestRecord], meta: dict[str, Any]) -> dict[str
         out["reason"] = (f"{said} is above the {threshold_text(threshold, scale)}: "
                          f"{_late_text(late, len(ordered), scale)}; these latencies partly measure the generator")
     return out
+
+
+def _crowd(due: NDArray[np.float64], window_s: float) -> NDArray[np.int64]:
+    """For each instant of the ascending `due`, how many are due in the `window_s` up to it."""
+    crowd: NDArray[np.int64] = np.arange(1, len(due) + 1) - np.searchsorted(due, due - window_s, side="left")
+    return crowd
+
+
+def bursts(ordered: Sequence[RequestRecord], threshold: float) -> dict[str, Any]:
+    """The generator on a trace's bursts: the most requests due within one threshold's time (the
+    lag budget: a generator that sends one every ~0.1-0.3 ms falls behind on a burst of tens),
+    and the dispatch lag of the requests due in a crowd of 10 or more against everyone's."""
+    by_due = sorted(ordered, key=lambda r: r.scheduled_at)
+    due = np.asarray([r.scheduled_at for r in by_due], dtype=np.float64)
+    crowd = _crowd(due, threshold) if len(due) else np.zeros(0, dtype=np.int64)
+    in_burst = [r.dispatch_lag_s for r, c in zip(by_due, crowd) if c >= BURST]
+    return {"window_s": threshold, "most_due_in_window": int(crowd.max()) if len(crowd) else 0,
+            "requests_in_bursts": len(in_burst),
+            "dispatch_lag_p99_s": round(float(np.percentile(in_burst, 99.0)), 6) if in_burst else None}
 
 
 def ms(seconds: float, scale: float) -> str:
@@ -109,16 +136,50 @@ def _cause(late: list[tuple[int, RequestRecord]], ordered: list[RequestRecord], 
         k = max(pos for pos, _ in late) + 1
         return "start", (f"only the first {k} request(s) lagged: the generator's start, not its pace; "
                          f"exclude them with --warmup {k}")
+    if late and meta.get("mode") == "open":
+        by_due = sorted(ordered, key=lambda r: r.scheduled_at)
+        due = np.asarray([r.scheduled_at for r in by_due], dtype=np.float64)
+        crowd = dict(zip((r.index for r in by_due), _crowd(due, threshold).tolist()))
+        crowded = [crowd[r.index] for _, r in late]
+        if float(np.median(crowded)) >= BURST:
+            within = ms(threshold, float(meta.get("time_scale") or 1.0))
+            return "burst", (f"the arrivals' bursts: up to {max(crowded)} requests due within {within}, sent one "
+                             "after another; spread the sending over processes (--workers N), or replay slower "
+                             "(--speed below 1)")
     if meta.get("mode") == "open":
         tail = [r.dispatch_lag_s for r in ordered[-max(1, n // 4):]]
         if float(np.median(tail)) > threshold:
             return "rate", ("the generator fell ever further behind its schedule: it cannot send at this rate; "
                             "lower --rate, or give the generator a core of its own")
     if loop_max > threshold:
-        return "stall", ("the generator's event loop stalled (another process took its CPU, or the servers share "
-                         "its core): run the servers elsewhere or give the generator a core of its own (taskset)")
+        # Where the stalls' time went, when the kernel said; else the guess.
+        return _stall_cause(meta.get("loop_stalls"), meta.get("host")) or (
+            "stall", "the generator's event loop stalled (another process took its CPU, or the servers share its "
+                     "core): run the servers elsewhere or give the generator a core of its own (taskset)")
     return "busy", ("the generator's CPU was too busy to send on time: fewer --concurrency, or give the "
                     "generator a core of its own")
+
+
+def _stall_cause(stalls: dict[str, Any] | None, host_info: dict[str, Any] | None) -> tuple[str, str] | None:
+    """(cause, advice) from where the loop's stalls spent their time (`bench.stalls`: the kernel's
+    scheduler statistics, wall seconds), or None where nothing was measured."""
+    if not stalls or not stalls.get("count") or stalls["late_s"] <= 0:
+        return None
+    late = stalls["late_s"]
+    waiting, running = min(1.0, stalls["waiting_s"] / late), min(1.0, stalls["running_s"] / late)
+    said = (f"the generator's event loop was late {stalls['count']} times ({late:.2f} s past due in all, wall); "
+            f"its thread waited for a CPU {waiting:.0%} of that and ran its own code {running:.0%}")
+    load = (host_info or {}).get("load_average")
+    if load:
+        said += f" (load average {load[0]:g} on {(host_info or {}).get('cpus')} CPUs at the end)"
+    if waiting >= MOST:
+        return "starved", (f"{said}: other processes held the CPUs; run the servers and other work elsewhere, "
+                           "or give the generator a core of its own (taskset)")
+    if running >= MOST:
+        return "own-work", (f"{said}: the generator's own work (reading answers, garbage collection) was "
+                            "too much for one process; spread the sending over processes (--workers N)")
+    return "blocked", (f"{said}: neither, so a call blocked its loop (disk, swap, a synchronous call "
+                       "in a plugin); look at what else the generator's process does")
 
 
 def verdict_line(v: dict[str, Any]) -> str:

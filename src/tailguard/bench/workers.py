@@ -21,6 +21,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from tailguard.bench import stalls
 from tailguard.bench.load import BenchConfig, RunResult, run_load
 
 _START_LEAD_S = 0.2  # from the last worker's "ready" to the clock's start
@@ -96,6 +97,7 @@ def merge(results: list[RunResult]) -> RunResult:
     lags = [res.meta["loop_lag_s"] for res in results]
     meta["loop_lag_s"] = {"p50": max(x["p50"] for x in lags), "p99": max(x["p99"] for x in lags),
                           "max": max(x["max"] for x in lags), "samples": sum(x["samples"] for x in lags)}
+    meta["loop_stalls"] = stalls.merged([res.meta.get("loop_stalls") for res in results])
     meta["wall_s"] = max(res.meta["wall_s"] for res in results)
     cut = [res.meta["interrupted"] for res in results if res.meta.get("interrupted")]
     meta["interrupted"] = cut[0] if cut else None

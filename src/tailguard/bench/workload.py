@@ -237,6 +237,14 @@ BUILTIN_WORKLOADS: dict[str, dict[str, Any]] = {
         "description": "Only 32-token chats (interactive): the baseline without contention.",
         "classes": [{**_CHAT, "weight": 1.0}],
     },
+    # What `--input-tokens` and `--output-tokens` shape when no workload is named: vllm bench's
+    # random dataset, AIPerf's --isl/--osl, GuideLLM's synthetic data, with no YAML file.
+    "fixed-lengths": {
+        "name": "fixed-lengths",
+        "description": "One class of 128-token prompts and 256-token answers; set both with --input-tokens and "
+                       "--output-tokens.",
+        "classes": [{"name": "default", "prompt_tokens": 128, "max_tokens": 256}],
+    },
 }
 
 
@@ -267,6 +275,48 @@ def parse_workload(data: dict[str, Any], where: str = "workload") -> Workload:
         raise ConfigError(f"{where}: invalid workload:\n  " + "\n  ".join(lines)) from None
 
 
+def parse_length(text: str, flag: str) -> Distribution:
+    """A length on the command line: `512` (fixed), `512:64` (normal, mean and standard deviation,
+    as AIPerf's --isl with --isl-stddev), `100..1000` (uniform, both ends included, as vllm bench's
+    --random-range-ratio draws)."""
+    t = text.strip()
+    try:
+        if ".." in t:
+            lo, hi = (int(x) for x in t.split(".."))
+            return Uniform(dist="uniform", low=lo, high=hi)
+        if ":" in t:
+            mean, std = (float(x) for x in t.split(":"))
+            return Normal(dist="normal", mean=mean, std=std)
+        return Fixed(value=int(t))
+    except (ValueError, ValidationError) as e:
+        why = e.errors()[0]["msg"] if isinstance(e, ValidationError) else "not a number"
+        raise ConfigError(f"{flag} {text!r}: 512 (fixed), 512:64 (normal: mean:stddev) or 100..1000 (uniform): "
+                          f"{why}") from None
+
+
+def with_lengths(w: Workload, input_tokens: Distribution | None, output_tokens: Distribution | None,
+                 ignore_eos: bool | None) -> Workload:
+    """`w` with every class's prompt and answer lengths replaced where given, and `ignore_eos` set
+    where given (on by default with `output_tokens`: answers of the asked length, as AIPerf's docs
+    advise for a fixed --osl)."""
+    if input_tokens is None and output_tokens is None and ignore_eos is None:
+        return w
+    eos = ignore_eos if ignore_eos is not None else (True if output_tokens is not None else None)
+    classes = []
+    for c in w.classes:
+        if input_tokens is not None and c.source is not None:
+            raise ConfigError(f"--input-tokens: class {c.name!r} takes its prompts from {c.source.path}")
+        update: dict[str, Any] = {}
+        if input_tokens is not None:
+            update["prompt_tokens"] = input_tokens
+        if output_tokens is not None:
+            update["max_tokens"] = output_tokens
+        if eos is not None:
+            update["ignore_eos"] = eos
+        classes.append(c.model_copy(update=update))
+    return w.model_copy(update={"classes": classes})
+
+
 def workload_yaml(w: Workload) -> str:
     return yaml.safe_dump(w.model_dump(mode="json", exclude_defaults=True), sort_keys=False)
 
@@ -286,6 +336,7 @@ class PlannedRequest:
     max_tokens: int
     stream: bool
     endpoint: Endpoint = "chat"
+    session: str | None = None  # a trace's session, sent as `user` and x-session-id (recorded as it is)
 
 
 class _TextPool:

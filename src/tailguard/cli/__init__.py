@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-VERB_MODULES: tuple[str, ...] = ("batch", "bench", "config", "demo", "doctor", "replay", "serve", "sim", "sweep", "top")
+VERB_MODULES: tuple[str, ...] = ("audit", "batch", "bench", "config", "demo", "doctor", "replay", "serve", "sim", "sweep", "top")
 
 app = typer.Typer(
     name="tailguard",

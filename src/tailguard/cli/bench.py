@@ -3,6 +3,7 @@ AFTER`, `tailguard bench report DIR` (re-render from requests.jsonl) and `tailgu
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Coroutine, NoReturn, Optional, TypeVar
@@ -63,8 +64,27 @@ def _fail(msg: str) -> NoReturn:
 
 def bench_run(
     ctx: typer.Context,
-    url: Optional[str] = typer.Option(None, help="Server or gateway base URL, e.g. http://127.0.0.1:8000"),
-    workload: str = typer.Option("seed-mixed", help="Built-in workload name or a YAML file"),
+    url: list[str] = typer.Option([], "--url", help="Server or gateway base URL, e.g. http://127.0.0.1:8000 "
+                                  "(repeat it to spread requests over several servers, round-robin)"),
+    workload: Optional[str] = typer.Option(None, help="Built-in workload name or a YAML file (default seed-mixed; "
+                                           "fixed-lengths with --input-tokens or --output-tokens)"),
+    input_tokens: Optional[str] = typer.Option(
+        None, help="Every request's prompt tokens: 512, 512:64 (normal: mean:stddev) or 100..1000 (uniform)"),
+    output_tokens: Optional[str] = typer.Option(
+        None, help="Every request's max_tokens, same forms; sent with ignore_eos so answers are that long"),
+    ignore_eos: Optional[bool] = typer.Option(
+        None, "--ignore-eos/--no-ignore-eos", help="Send vLLM's ignore_eos (default: on with --output-tokens and "
+        "--trace, else the workload's)"),
+    trace: Optional[Path] = typer.Option(None, help="Replay this trace's arrivals and sizes (open loop) instead of "
+                                         "a workload: docs/bench.md, \"Replaying a trace\""),
+    trace_format: Optional[str] = typer.Option(None, help="azure, burstgpt, mooncake or tailguard (access log or "
+                                               "requests.jsonl); default: found from the file's first line"),
+    speed: float = typer.Option(1.0, help="With --trace: X times the trace's rate (2 halves every gap)"),
+    window: Optional[str] = typer.Option(None, help="With --trace: START:DURATION of the trace to replay, in its "
+                                         "seconds (600:300, 10m:5m)"),
+    limit: Optional[int] = typer.Option(None, help="With --trace: replay its first N requests (of the window)"),
+    rules: Optional[Path] = typer.Option(None, help="With --trace: a YAML rule file mapping trace fields to a class, "
+                                         "its headers and body fields"),
     endpoint: Optional[str] = typer.Option(
         None, help="Route to drive: chat, completions, responses, messages or embeddings (default: the "
                    "workload's); TTFT and ITL are read from each route's own events"),
@@ -98,38 +118,68 @@ def bench_run(
     scrape_interval: float = typer.Option(1.0, help="Wall seconds between --scrape snapshots"),
     workers: int = typer.Option(1, "--workers", min=1, help="Open loop over N processes: one schedule, one clock "
                                 "origin, merged results, each worker's dispatch lag checked (no progress bar)"),
+    find_capacity: Optional[str] = typer.Option(
+        None, "--find-capacity", metavar="CLASS", help="Search the highest open-loop rate (from --rate) at which the "
+        "workload's class CLASS meets its SLO for --capacity-share of its requests; writes capacity.json and each "
+        "step's run under steps/"),
+    capacity_slo: list[str] = typer.Option([], "--capacity-slo", metavar="KEY=SECONDS", help="The SLO --find-capacity "
+                                           "holds CLASS to (ttft_s, tpot_s, e2e_s; repeatable; default: the workload "
+                                           "class's `slo`)"),
+    capacity_share: float = typer.Option(0.99, help="Share of CLASS's requests that must meet the SLO"),
+    capacity_precision: float = typer.Option(0.05, help="Stop once the passing and failing rates are this close"),
 ) -> None:
     """Run a workload against an OpenAI-compatible server and write summary.json, requests.jsonl and report.html."""
     if ctx.invoked_subcommand is not None:
         return
-    if url is None:
+    if not url:
         typer.echo(ctx.get_help())
         _fail("--url is required to run a benchmark")
-    assert url is not None
     from tailguard.bench.load import BenchConfig, Timeouts
+    from tailguard.bench.trace.plan import TraceSpec
+    from tailguard.bench.workload import ENDPOINTS, parse_length
     from tailguard.errors import ConfigError, TargetError
 
     if arrival not in ("constant", "poisson", "gamma"):
         _fail(f"--arrival must be constant, poisson or gamma, not {arrival!r}")
-    from tailguard.bench.workload import ENDPOINTS
-
     if endpoint is not None and endpoint not in ENDPOINTS:
         _fail(f"--endpoint must be one of {', '.join(ENDPOINTS)}, not {endpoint!r}")
+    if trace is None and (trace_format or window or limit is not None or rules or speed != 1.0):
+        _fail("--trace-format, --speed, --window, --limit and --rules go with --trace FILE")
     try:
         warm_n, warm_s = parse_warmup(warmup)
+        lengths = input_tokens is not None or output_tokens is not None
+        spec = None if trace is None else TraceSpec(
+            str(trace), trace_format, speed, window, limit, None if rules is None else str(rules),
+            True if ignore_eos is None else ignore_eos)
+        if spec is not None and workload is not None:
+            raise ConfigError("--trace replays the trace's own requests: --workload does not apply")
         config = BenchConfig(
-            url=url, workload=workload, concurrency=concurrency, rate=rate, arrival=arrival,  # type: ignore[arg-type]
-            burstiness=burstiness, requests=requests if requests is not None or duration is not None else 200,
+            url=url[0], extra_urls=tuple(url[1:]), workload=workload or ("fixed-lengths" if lengths else "seed-mixed"),
+            concurrency=concurrency, rate=rate, arrival=arrival,  # type: ignore[arg-type]
+            burstiness=burstiness,
+            requests=requests if requests is not None or duration is not None or spec is not None else 200,
             duration_s=duration, warmup_requests=warm_n, warmup_s=warm_s, seed=seed, model=model, api_key=api_key,
             timeouts=Timeouts(connect_s=connect_timeout, first_token_s=first_token_timeout, total_s=timeout),
             max_dispatch_lag_s=max_dispatch_lag_ms / 1000.0, time_scale=time_scale, interrupt_grace_s=interrupt_grace,
             workers=workers,
             endpoint=endpoint,  # type: ignore[arg-type]
+            trace=spec,
+            input_tokens=None if input_tokens is None else parse_length(input_tokens, "--input-tokens"),
+            output_tokens=None if output_tokens is None else parse_length(output_tokens, "--output-tokens"),
+            ignore_eos=ignore_eos,
         )
         from tailguard.bench.scrape import while_scraping
 
-        code = run_async(while_scraping(run_interruptible(config, out, console(), progress=not quiet),
-                                        scrape, scrape_interval, out, {"gpu": gpu_metrics, "host": host_metrics}))
+        if find_capacity is not None:
+            if rate is None:
+                _fail("--find-capacity searches open-loop rates: give the first to try with --rate")
+            slo = dict(parse_slo(s) for s in capacity_slo)
+            code = run_async(run_capacity(config, out, console(), find_capacity, slo, capacity_share,
+                                          capacity_precision))
+        else:
+            code = run_async(while_scraping(run_interruptible(config, out, console(), progress=not quiet),
+                                            scrape, scrape_interval, out,
+                                            {"gpu": gpu_metrics, "host": host_metrics}))
     except (ConfigError, TargetError) as e:
         _fail(str(e))
     if code:
@@ -168,6 +218,72 @@ async def run_interruptible(config: "BenchConfig", out: Path, con: "Console", *,
             for s in signals:
                 loop.remove_signal_handler(s)
     return 128 + caught[0].value if caught else 0
+
+
+def parse_slo(text: str) -> tuple[str, float]:
+    """`ttft_s=1.0` -> ("ttft_s", 1.0); a key that is not a target, or a value that is not a
+    positive number, is an error."""
+    from tailguard.errors import ConfigError
+
+    key, sep, value = text.partition("=")
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not sep or key not in ("ttft_s", "tpot_s", "e2e_s") or not seconds > 0:
+        raise ConfigError(f"--capacity-slo takes ttft_s, tpot_s or e2e_s = a positive number of seconds, got {text!r}")
+    return key, seconds
+
+
+async def run_capacity(config: "BenchConfig", out: Path, con: "Console", cls: str, slo: dict[str, float],
+                       share: float, precision: float) -> int:
+    """`--find-capacity`: each step a run of the workload open loop at the search's rate (its folder
+    under out/steps/), judged on `cls`'s requests; out/ gets capacity.json and the files of the run
+    at the capacity found. Exit code 1 when no rate met the SLO."""
+    import dataclasses
+    import json
+    import shutil
+
+    from tailguard.bench.capacity import CAPACITY_JSON, CapacitySearch, judge
+    from tailguard.bench.report import bench_to_dir, load_run
+    from tailguard.errors import ConfigError
+
+    assert config.rate is not None
+    search = CapacitySearch(config.rate, precision)
+    best: Path | None = None
+    while (rate := search.next_rate()) is not None:
+        step = out / "steps" / f"{len(search.steps):02d}-rate-{rate:.4g}"
+        summary = await bench_to_dir(dataclasses.replace(config, rate=rate), step, console=con, progress=False,
+                                     tables=False)
+        records, meta = load_run(step)
+        target = slo or (meta.get("slo") or {}).get(cls)
+        if not target:
+            raise ConfigError(f"class {cls!r} has no SLO in the workload: give one with --capacity-slo ttft_s=1.0")
+        met = judge(records, cls, target)
+        if met is None:
+            sent = sorted({r.cls for r in records})
+            raise ConfigError(f"the run sent no request of class {cls!r}: --find-capacity names one of the "
+                              f"workload's classes ({', '.join(sent)})")
+        validity = summary.get("validity") or {}
+        valid = bool(validity.get("valid", True))
+        passed = met >= share
+        search.add(rate, passed, valid, met, None if valid else
+                   f"dispatch lag P99 {1000 * float(validity.get('dispatch_lag_p99_s', 0)):.1f} ms")
+        con.print(f"{rate:.4g}/s: {100 * met:.2f}% of {cls} within {target} "
+                  f"({'pass' if passed else 'fail'}{'' if valid else ', not valid'})", soft_wrap=True)
+        if passed and rate == search.passing():  # the highest passing run so far
+            best = step
+    result = {"class": cls, "slo": slo or None, "share": share, "precision": precision, **search.result()}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CAPACITY_JSON).write_text(json.dumps(result, indent=2) + "\n")
+    if best is not None:
+        for f in best.iterdir():
+            if f.is_file():
+                shutil.copy2(f, out / f.name)
+    lo, hi = result["bracket"]
+    con.print(f"capacity at the SLO: {lo or 0:.4g}/s (failing at {'-' if hi is None else f'{hi:.4g}'}/s); "
+              f"{result['stopped']}; wrote {out}/{CAPACITY_JSON}", soft_wrap=True)
+    return 0 if lo else 1
 
 
 def bench_compare(

@@ -111,15 +111,21 @@ def _serve_workers(cfg: GatewayConfig, n: int, reread: Callable[[], GatewayConfi
     from tailguard.cli.workers import hold_port, run_workers
     from tailguard.config.workers import per_worker
 
+    from tailguard.gateway.ops.audit import default_chain
+
     port, holder = hold_port(cfg.host, cfg.port)
 
-    def share(c: GatewayConfig) -> GatewayConfig:
-        return per_worker(c, n).model_copy(update={"port": port})
+    def share(c: GatewayConfig, index: int) -> GatewayConfig:
+        c = per_worker(c, n).model_copy(update={"port": port})
+        if c.audit.chain is None:  # each worker appends to an audit chain of its own
+            c = c.model_copy(update={"audit": c.audit.model_copy(update={"chain": f"{default_chain(c)}/w{index}"})})
+        return c
 
-    def worker(_index: int) -> None:
+    def worker(index: int) -> None:
         if holder is not None:
             holder.close()
-        _run(_gateway(share(cfg), None, None, (lambda: share(reread())) if reread else None, None, reuse_port=True))
+        _run(_gateway(share(cfg, index), None, None, (lambda: share(reread(), index)) if reread else None, None,
+                      reuse_port=True))
 
     status = run_workers(n, worker)
     if status:
@@ -237,6 +243,8 @@ async def _gateway(cfg: GatewayConfig, first_line: str | None, store: ConfigStor
 
 
 def _run(coro: Any) -> None:
+    from tailguard.errors import ConfigError
+
     try:
         try:
             import uvloop
@@ -249,3 +257,6 @@ def _run(coro: Any) -> None:
     except CannotListen as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
+    except ConfigError as e:  # found as the gateway starts (a store it cannot open)
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 
 if TYPE_CHECKING:
+    from tailguard.bench.trace.plan import TraceSpec
     from tailguard.sweep.search import Setting, Sweep
 
 ENGINE = "engine"
@@ -33,6 +34,7 @@ class Plan:
     max_num_seqs: int
     time_scale: float | None  # wall seconds per simulated second of the simulator measured, if it is one
     out: Path
+    trace: "TraceSpec | None" = None  # replayed instead of the workload: its arrivals and sizes
 
     @property
     def sim_time_scale(self) -> float:
@@ -70,13 +72,20 @@ def run_des(sw: "Sweep", plan: Plan) -> None:
     from tailguard.sweep.search import apply
     from tailguard.sweep.virtual import VirtualRun, run_virtual
 
-    workload, _ = load_workload(plan.workload)
+    from tailguard.bench.trace.plan import load_replay
+
+    replay = load_replay(plan.trace) if plan.trace is not None else None
+    workload = None if replay is not None else load_workload(plan.workload)[0]
     progress = SweepProgress(sw)
     while (nxt := sw.next_run()) is not None:
         i, value, seed = nxt
         gw, eng = apply(sw.setting, value, plan.gateway, {"max_num_seqs": plan.max_num_seqs})
-        vr = VirtualRun(EngineConfig.from_preset(plan.preset, **eng), workload, plan.requests,
-                        GatewayConfig.model_validate(gw), plan.concurrency, plan.rate, seed)
+        engine, gateway = EngineConfig.from_preset(plan.preset, **eng), GatewayConfig.model_validate(gw)
+        if replay is not None:
+            vr = VirtualRun.of_trace(engine, replay, gateway, seed)
+        else:
+            assert workload is not None
+            vr = VirtualRun(engine, workload, plan.requests, gateway, plan.concurrency, plan.rate, seed)
         records, meta, _ = run_virtual(vr)
         meta["label"] = f"{sw.setting.label}={value}"
         sw.add(i, write_outputs(RunResult(records, meta), _folder(sw, value, seed, plan.out), html=False))
@@ -128,8 +137,9 @@ async def run_http(sw: "Sweep", plan: Plan, backend: str | None) -> None:
         async with _gateway_for(gw, eng, plan, backend, label) as url:
             while (nxt := sw.next_run()) is not None and nxt[0] == i:
                 seed = nxt[2]
+                traced = plan.trace is not None
                 cfg = BenchConfig(url=url, workload=plan.workload, concurrency=plan.concurrency, rate=plan.rate,
-                                  requests=plan.requests, seed=seed,
+                                  requests=None if traced else plan.requests, seed=seed, trace=plan.trace,
                                   time_scale=plan.sim_time_scale if backend is None else plan.time_scale)
                 sw.add(i, await bench_to_dir(cfg, _folder(sw, value, seed, plan.out), console=None, label=label))
                 progress.done(i, seed)
@@ -175,7 +185,14 @@ def sweep(
     workload: str = typer.Option("seed-mixed", help="Built-in workload name or a YAML file"),
     concurrency: Optional[int] = typer.Option(None, help="Closed loop: N clients"),
     rate: Optional[float] = typer.Option(None, help="Open loop: requests per second (wall seconds over HTTP)"),
-    requests: int = typer.Option(400, help="Requests per run"),
+    requests: Optional[int] = typer.Option(None, help="Requests per run (default 400)"),
+    trace: Optional[Path] = typer.Option(None, help="Replay this trace's arrivals and sizes in every run instead of "
+                                         "a workload (formats: `tailguard bench --help`)"),
+    trace_format: Optional[str] = typer.Option(None, help="With --trace: azure, burstgpt, mooncake or tailguard"),
+    speed: float = typer.Option(1.0, help="With --trace: X times the trace's rate"),
+    window: Optional[str] = typer.Option(None, help="With --trace: START:DURATION of it, in its seconds"),
+    limit: Optional[int] = typer.Option(None, help="With --trace: its first N requests"),
+    rules: Optional[Path] = typer.Option(None, help="With --trace: the rule file mapping its fields to classes"),
     seed: int = typer.Option(0, help="Seed of a value's first run; repeats take the next seeds"),
     min_repeats: int = typer.Option(2, help="Runs per value at least"),
     max_repeats: int = typer.Option(5, help="Runs per value at most"),
@@ -194,20 +211,29 @@ def sweep(
     from tailguard.sweep.page import render
     from tailguard.sweep.search import Setting, Slo, Sweep, parse_values, result
 
+    from tailguard.bench.trace.plan import TraceSpec
+
     try:
         st = Setting.parse(setting)
         _check(st, backend, target)
-        if (concurrency is None) == (rate is None):
+        spec = None if trace is None else TraceSpec(str(trace), trace_format, speed, window, limit,
+                                                    None if rules is None else str(rules))
+        if spec is not None and (concurrency, rate, requests) != (None, None, None):
+            raise ConfigError("--trace sets every run's arrivals and length: --concurrency, --rate and --requests "
+                              "do not apply (--speed, --window and --limit do)")
+        if spec is None and (trace_format or window or limit is not None or rules or speed != 1.0):
+            raise ConfigError("--trace-format, --speed, --window, --limit and --rules go with --trace FILE")
+        if spec is None and (concurrency is None) == (rate is None):
             raise ConfigError("give one of --concurrency N (a closed loop of N clients) or --rate R (open loop, "
-                              "requests per second)")
+                              "requests per second), or --trace FILE")
         sw = Sweep(st, parse_values(st, values), [Slo.parse(s) for s in slo], seed, min_repeats, max_repeats, tolerance,
                    clients=concurrency)
         for warning in result(sw)["warnings"]:
             typer.echo(f"warning: {warning}", err=True)
         kind = backend_kind if backend is not None else "sim"
         des = backend is None and target == "des"
-        plan = Plan(workload, requests, concurrency, rate, _base_gateway(config, kind, max_num_seqs, des), preset,
-                    max_num_seqs, time_scale, out)
+        plan = Plan(workload, requests or 400, concurrency, rate, _base_gateway(config, kind, max_num_seqs, des),
+                    preset, max_num_seqs, time_scale, out, spec)
         if des:
             run_des(sw, plan)
             engines = len(plan.gateway["backends"])
@@ -221,8 +247,13 @@ def sweep(
     except ConfigError as e:
         _fail(str(e))
     res = result(sw)
-    res["how"] = how + f" Workload {workload}, {requests} requests per run, " + (
-        f"{concurrency} clients." if concurrency is not None else f"{rate} req/s.")
+    if spec is not None:
+        res["how"] = how + f" Trace {trace}" + "".join(
+            f", {name} {v}" for name, v in (("window", window), ("first", limit)) if v is not None) + (
+            f", at {speed:g}x its rate." if speed != 1.0 else ".")
+    else:
+        res["how"] = how + f" Workload {workload}, {requests or 400} requests per run, " + (
+            f"{concurrency} clients." if concurrency is not None else f"{rate} req/s.")
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_bytes(orjson.dumps(res, option=orjson.OPT_INDENT_2) + b"\n")
     page, pareto = render(res, res["how"])

@@ -12,6 +12,7 @@ import importlib.util
 import os
 import secrets
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict
 
@@ -86,3 +87,14 @@ def _fingerprint_key() -> bytes:
     with os.fdopen(fd, "wb") as f:
         f.write(key)
     return key
+
+
+def shown_url(url: str) -> str:
+    """A URL as settings and logs show it: its password fingerprinted (a changed one shows)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    user = parts.username or ""
+    return parts._replace(netloc=f"{user}:{fingerprint(parts.password)}@{host}{port}").geturl()

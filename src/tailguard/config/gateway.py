@@ -16,12 +16,14 @@ from tailguard import settings
 from tailguard.errors import ConfigError
 from tailguard.front import params as fp
 from tailguard.front.params import ServiceTier
+from tailguard.config.audit import AuditConfig
 from tailguard.config.auth import AuthConfig
 from tailguard.config.backends import BackendConfig
 from tailguard.config.batches import BatchesConfig
-from tailguard.config.base import _INTAKE, _Model, fingerprint
+from tailguard.config.base import _INTAKE, _Model, fingerprint, shown_url
 from tailguard.config.classes import POOLING_CLASS, ClassConfig, default_classes
 from tailguard.config.fleet import EjectionConfig, HedgingConfig, RoutingConfig
+from tailguard.config.guards import GuardConfig, RedactionConfig
 from tailguard.config.limits import LimitsConfig
 from tailguard.config.problems import validate
 from tailguard.config.scheduler import SchedulerConfig
@@ -97,6 +99,17 @@ class GatewayConfig(_Model):
                                    description="OpenAI's Files and Batches API: journal, files, limits (docs/batch.md).")
     state: StateConfig = Field(default_factory=StateConfig,
                                description="Limits shared by replicas through Redis (off by default).")
+    guards: list[GuardConfig] = Field(
+        default_factory=list,
+        description="Content guards, run in this order: on a request's text before it is queued (`stage: input`) or on "
+        "its answer (`stage: output`); a guard that redacts hands the redacted text to the guards after it, so put "
+        "personal data first and a moderation service never sees it (docs/security.md, \"Guards\").")
+    redaction: RedactionConfig = Field(
+        default_factory=RedactionConfig,
+        description="Personal data redacted wherever text is kept (logs, the audit trail, relayed engine errors) and "
+        "found by `personal_data` guards.")
+    audit: AuditConfig = Field(default_factory=AuditConfig,
+                               description="The tamper-evident audit trail (off by default; docs/security.md).")
 
     def front_params(self, continues: dict[str, bool] | None = None) -> fp.FrontParams:
         """The front's parameters; `continues` maps a backend to whether its kind can continue a
@@ -116,6 +129,11 @@ class GatewayConfig(_Model):
             ejection=self.ejection.params(),
             hedging=self.hedging.params(),
         )
+
+    def ttft_targets(self) -> dict[str, float]:
+        """Each class with a TTFT target, and the target in seconds: the classes the TTFT burn-rate
+        alerts judge (`gateway.ops.alerts`), each on its own target."""
+        return {c.name: c.slo.ttft_s for c in self.classes if c.slo is not None and c.slo.ttft_s is not None}
 
     def fair_share(self) -> bool:
         """Whether callers share each rank (`scheduler.fair_share`, or its default for these keys)."""
@@ -144,6 +162,11 @@ class GatewayConfig(_Model):
             if b.get("api_key"):
                 b["api_key"] = fingerprint(b["api_key"])
         data["state"]["url"] = self.state.shown_url()
+        data["batches"]["store"] = shown_url(self.batches.store)
+        data["audit"]["store"] = self.audit.shown_store()
+        for g in data["guards"]:
+            if g.get("api_key"):
+                g["api_key"] = fingerprint(g["api_key"])
         return data
 
     def digest(self) -> str:
@@ -183,6 +206,11 @@ class GatewayConfig(_Model):
                 raise ValueError(f"hedging.classes names unknown class {name!r} (known: {listing})")
         if self.batches.line_class is not None and self.batches.line_class not in known:
             raise ValueError(f"batches.line_class names unknown class {self.batches.line_class!r} (known: {listing})")
+        _no_duplicates([g.name for g in self.guards], "guard")
+        for g in self.guards:
+            for name in g.classes or ():
+                if name not in known:
+                    raise ValueError(f"guard {g.name!r} names unknown class {name!r} (known: {listing})")
         for alias, target in self.aliases.items():
             if target in self.aliases:
                 raise ValueError(f"aliases.{alias} names {target!r}, itself an alias: name the served model")

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
-from tailguard.config.base import _Model, fingerprint, require_extra
+from tailguard.config.base import _Model, require_extra, shown_url
 
 
 class StateConfig(_Model):
@@ -55,12 +55,4 @@ class StateConfig(_Model):
 
     def shown_url(self) -> str | None:
         """The URL as settings and logs show it: its password fingerprinted (a changed one shows)."""
-        if self.url is None:
-            return None
-        parts = urlsplit(self.url)
-        if parts.password is None:
-            return self.url
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-        user = parts.username or ""
-        return parts._replace(netloc=f"{user}:{fingerprint(parts.password)}@{host}{port}").geturl()
+        return None if self.url is None else shown_url(self.url)

@@ -30,10 +30,10 @@ def bench_command(f: RunFacts, url: str | None = None, out: str | None = None) -
     """The `tailguard bench` command that repeats this run (optionally at another URL), writing
     beside it (`RUN-after` unless `out` says)."""
     m = f.meta
-    w = (m.get("workload") or {}).get("name", "seed-mixed")
-    size = f"--requests {m['requests']}" if m.get("requests") else f"--duration {m.get('duration_s')}"
+    size = "" if m.get("trace") else (
+        f" --requests {m['requests']}" if m.get("requests") else f" --duration {m.get('duration_s')}")
     ts = f" --time-scale {m['time_scale']}" if m.get("time_scale", 1.0) != 1.0 else ""
-    return (f"tailguard bench --url {url or m.get('url', 'URL')} --workload {w} {_load(f)} {size} "
+    return (f"tailguard bench --url {url or m.get('url', 'URL')} {_load(f)}{size} "
             f"--seed {m.get('seed', 0)}{ts} --out {out or _after(f)}")
 
 
@@ -45,8 +45,17 @@ def lighter_command(f: RunFacts, share: float = 0.7) -> str:
 
 
 def _load(f: RunFacts) -> str:
+    """What the run sent: its workload and loop, or the trace it replayed and the part of it."""
     m = f.meta
-    return f"--concurrency {m['concurrency']}" if m.get("concurrency") else f"--rate {m.get('rate')}"
+    t = m.get("trace")
+    if t:
+        part = "".join(f" --{flag} {t[key]}" for flag, key in (("trace-format", "format"), ("window", "window"),
+                                                               ("limit", "limit"), ("rules", "rules"))
+                       if t.get(key) is not None)
+        return f"--trace {t['file']}{part}" + (f" --speed {t['speed']:g}" if t.get("speed", 1.0) != 1.0 else "")
+    w = (m.get("workload") or {}).get("name", "seed-mixed")
+    return f"--workload {w} " + (f"--concurrency {m['concurrency']}" if m.get("concurrency")
+                                 else f"--rate {m.get('rate')}")
 
 
 def _after(f: RunFacts) -> str:
@@ -76,7 +85,6 @@ def _engine(f: RunFacts) -> tuple[str, str] | None:
 def sweep_command(f: RunFacts, setting: str, values: str, slo: str) -> str:
     """`tailguard sweep` of one setting at this run's load, against its engine behind a gateway
     restarted per value (on the discrete-event simulator when the engine is unknown)."""
-    w = (f.meta.get("workload") or {}).get("name", "seed-mixed")
     where = ""
     found = _engine(f)
     if found is not None:
@@ -84,7 +92,7 @@ def sweep_command(f: RunFacts, setting: str, values: str, slo: str) -> str:
         where = f" --backend {url} --backend-kind {kind}"
         if f.meta.get("time_scale", 1.0) != 1.0:
             where += f" --time-scale {f.meta['time_scale']}"
-    return (f"tailguard sweep --setting {setting} --values {values} --slo {slo} --workload {w} {_load(f)}"
+    return (f"tailguard sweep --setting {setting} --values {values} --slo {slo} {_load(f)}"
             f"{where} --out {f.run_dir.rstrip('/')}-sweep")
 
 

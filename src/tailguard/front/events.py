@@ -68,7 +68,10 @@ class Arrive:
     its state (a Responses API follow-up goes where its `previous_response_id` was made), the only
     one that may take it while that backend is in the fleet; `body_bytes`: its body's size, held
     against `QueueParams.max_queued_body_bytes` until it first starts; `shared`: the verdict of the
-    replicas' shared limits on its caller (None: not asked)."""
+    replicas' shared limits on its caller (None: not asked); `prompt_tokens`: its prompt's size
+    (None: `est_tokens` less `max_tokens`), what its first token costs (`front.latency`);
+    `ttft_slo_s`: the TTFT target it is held to, its class's or tighter as the intake allowed
+    (`x-tailguard-ttft-slo-ms`; None: its class's)."""
 
     id: str
     cls: str
@@ -81,6 +84,15 @@ class Arrive:
     pin: str | None = None
     body_bytes: int = 0
     shared: SharedVerdict | None = None
+    prompt_tokens: int | None = None
+    ttft_slo_s: float | None = None
+
+    @property
+    def prompt(self) -> int:
+        """Its prompt tokens, as given or as its size less its output limit."""
+        if self.prompt_tokens is not None:
+            return self.prompt_tokens
+        return max(0, self.est_tokens - (self.max_tokens or 0))
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,7 +103,8 @@ class Dispatcher:
         if transcript is not None and not transcript.lazy:
             self._weighed[req.id] = line
         self.tell(Arrive(req.id, req.cls, est_tokens, transcript is not None, max_tokens, req.caller, req.model,
-                         prefix, pin, body_bytes, shared))
+                         prefix, pin, body_bytes, shared, req.prompt_tokens,
+                         None if req.slo is None else req.slo.ttft_s))
         return await line.next()  # a done future (an idle gateway) returns here without yielding
 
     def transcript(self, cls: str, resumable: bool) -> Transcript | None:

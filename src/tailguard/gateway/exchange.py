@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -54,6 +54,9 @@ from tailguard.types import FailureKind, Outcome
 from tailguard.gateway.upstream.whole import read_whole
 from tailguard.wire.framing import FRAMINGS
 from tailguard.wire.openai import CHUNKED, POOLING, Endpoint, ParsedRequest
+
+if TYPE_CHECKING:
+    from tailguard.guards.output import OutputScreen
 
 log = logging.getLogger("tailguard.gateway")
 
@@ -117,6 +120,7 @@ class Job:
     cls: ClassSpec
     tier: str | None = None  # the service tier to report, when the request named one
     headers: tuple[tuple[str, str], ...] = ()  # client headers the route passes on (`anthropic-version`)
+    screen: OutputScreen | None = None  # its output guards (`tailguard.guards.output`), when any apply
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,7 +363,7 @@ class Exchange:
             tier = job.tier.encode() if job.tier is not None else None
             self._stream = StreamRelay(self.sink, job.endpoint, self._tally, job.parsed.include_usage,
                                        lambda: response_headers(req), self._limits, progress=self.line.transcript,
-                                       service_tier=tier, framing=FRAMINGS[job.endpoint])
+                                       service_tier=tier, framing=FRAMINGS[job.endpoint], screen=job.screen)
         await self._stream.run(up)
         self._finish_tokens()
         up.release()
@@ -371,7 +375,7 @@ class Exchange:
     async def _assemble(self, up: H1Response) -> Ending:
         if self._asm is None:
             self._asm = Assembler(self.job.endpoint, self._tally, self._limits, progress=self.line.transcript,
-                                  service_tier=self.job.tier)
+                                  service_tier=self.job.tier, screen=self.job.screen)
         payload = await self._asm.run(up)
         up.release()
         self._finish_tokens()
@@ -422,4 +426,5 @@ class Exchange:
         made = self._tally.usage.answer_id
         if made is not None and self.req.backend is not None:
             self.ctx.homes.remember(made, self.req.backend)  # its follow-ups go where its state is
-        return Ending(Outcome.SUCCESS, 200, completion=completion)
+        screen = self.job.screen  # `content_filter` when its output guards withheld the answer
+        return Ending(Outcome.SUCCESS, 200, None if screen is None else screen.reason, completion=completion)

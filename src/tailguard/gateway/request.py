@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from tailguard.errors import APIError, Overloaded
 from tailguard.front.counts import Counts
 from tailguard.front.intake import NO_CLASS
+from tailguard.front.params import Slo
 from tailguard.types import Outcome
 from tailguard.wire.openai import Endpoint
 
@@ -40,7 +41,9 @@ class Request:
     user_agent: str | None = None
     cls: str = NO_CLASS
     caller: str | None = None  # its API key's name, when keys are configured
+    key: str | None = None  # its API key's fingerprint, kept only for the audit trail
     model: str | None = None  # the model it names (an alias resolved)
+    slo: Slo | None = None  # its targets: its class's, its TTFT tightened by the intake (None: none)
     rate_headers: dict[str, str] | None = None  # where the caller's limits stand (x-ratelimit-*)
     # From the front's decisions.
     backend: str = "-"
@@ -64,8 +67,9 @@ class Request:
     outcome: Outcome = Outcome.CLIENT_GONE
     status: int = 499
     reason: str | None = None
-    prompt_text: str | None = None  # kept only with `log_prompts`
+    prompt_text: str | None = None  # kept only with `log_prompts` or `audit.retain_text`
     completion: str | None = None
+    verdicts: list[str] | None = None  # its guards' verdicts but `pass` ("pii:redact"), when guards are on
 
     def started(self, backend: str, now: float) -> None:
         """A `Start` that is not a hedge's (the hedge races beside the request's own attempt)."""

@@ -14,18 +14,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from tailguard.bench.recorder import RequestRecord
+from tailguard.bench.trace.plan import Replay, TraceFactory
 from tailguard.bench.workload import DEFAULT_MAX_TOKENS, RequestClass, Workload, request_fields
 from tailguard.doctor.evidence import EngineEvidence
 from tailguard.errors import BadRequest
 from tailguard.front.intake import NO_CLASS, Asked, Intake, OutputEstimator
-from tailguard.wire.headers import bearer_key, class_header
+from tailguard.wire.headers import bearer_key, class_header, ttft_slo_header
 from tailguard.front.params import OutputEstimateParams
 from tailguard.config import GatewayConfig
 from tailguard.sim.cost import EngineConfig
-from tailguard.sim.request import output_budget
+from tailguard.sim.request import block_keys, output_budget
 from tailguard.types import Outcome
-from tailguard.wire.openai import Endpoint, validate_body
+from tailguard.wire.openai import Endpoint, parse_request, validate_body
 
 if TYPE_CHECKING:
     from tailguard.sim.scenario import Arrival, Timeline
@@ -39,7 +42,8 @@ REJECT_STATUS = {Outcome.REJECTED: 503, Outcome.CLIENT_ERROR: 400}
 @dataclass(frozen=True)
 class VirtualRun:
     """One run: `concurrency` clients (closed loop) or Poisson arrivals at `rate` (open loop), for
-    `requests` requests; `gateway` None sends them straight to the engine."""
+    `requests` requests, or a trace's own arrivals and sizes (`trace`: its workload and length are
+    the trace's); `gateway` None sends them straight to the engine."""
 
     engine: EngineConfig
     workload: Workload
@@ -48,6 +52,12 @@ class VirtualRun:
     concurrency: int | None = None
     rate: float | None = None
     seed: int = 0
+    trace: Replay | None = None
+
+    @classmethod
+    def of_trace(cls, engine: EngineConfig, replay: Replay, gateway: GatewayConfig | None = None,
+                 seed: int = 0) -> VirtualRun:
+        return cls(engine, TraceFactory(replay).workload, len(replay.requests), gateway, seed=seed, trace=replay)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +72,7 @@ class Planned:
     headers: Mapping[str, str]
     prompt_tokens: int
     max_tokens: int  # as drawn (what the bench records it asked for)
+    block_hashes: tuple[int, ...] = ()  # its prompt's prefix-cache keys, where its text is shared (a trace's blocks)
 
 
 def plan(rid: str, at: float, endpoint: Endpoint, wc: RequestClass, prompt_tokens: int, max_tokens: int) -> Planned:
@@ -94,14 +105,15 @@ class IntakeGate:
         from tailguard.sim.scenario import Arrival
 
         self._planned[p.id] = p
-        return Arrival(p.id, p.at if at is None else at, p.prompt_tokens, p.max_tokens, cls=NO_CLASS)
+        return Arrival(p.id, p.at if at is None else at, p.prompt_tokens, p.max_tokens, cls=NO_CLASS,
+                       block_hashes=p.block_hashes)
 
     def admit(self, a: Arrival) -> Arrival:
         p = self._planned.pop(a.id)
         try:
             sent = replace(validate_body(p.body, p.endpoint), prompt_tokens=p.prompt_tokens)
             if self.intake is not None:
-                asked = Asked.of(sent, class_header(p.headers), bearer_key(p.headers))
+                asked = Asked.of(sent, class_header(p.headers), bearer_key(p.headers), ttft_slo_header(p.headers))
                 cls = self.intake.classify(asked)
                 a = replace(a, cls=cls.name, caller=self.intake.caller(asked.api_key))
                 accepted = self.intake.accept(asked, cls, self.estimator.estimate(cls.name))
@@ -180,6 +192,29 @@ def _planned(vr: VirtualRun, src: _Source) -> tuple[list[Planned], Callable[[str
     return out, None
 
 
+def trace_planned(replay: Replay, engine: EngineConfig, seed: int = 0) -> list[Planned]:
+    """A trace's requests as the bench would send them (`TraceFactory`: the same classes,
+    headers, body fields and sizes), with the prefix-cache keys the simulator would compute from
+    their text where the trace shares blocks and the engine caches prefixes; the text itself is
+    dropped once keyed (a long trace's prompts never all in memory)."""
+    factory = TraceFactory(replay, seed=seed)
+    keyed = engine.enable_prefix_caching and replay.trace.block_tokens > 0
+    out = []
+    for i, r in enumerate(replay.requests):
+        req = factory.make(i)
+        hashes: tuple[int, ...] = ()
+        if keyed and r.hash_ids:
+            hashes = block_keys(engine, parse_request(req.body, req.endpoint), req.max_tokens)
+        body = orjson.loads(req.body)
+        if "messages" in body:
+            body["messages"] = [{"role": "user", "content": ""}]
+        else:
+            body["prompt"] = ""
+        out.append(Planned(f"{req.cls}-{i}", r.at, req.endpoint, body, dict(req.headers), req.prompt_tokens,
+                           req.max_tokens, hashes))
+    return out
+
+
 def record_of(i: int, tl: Timeline, cls: str, behind_gateway: bool) -> RequestRecord:
     """A DES timeline as the bench would have recorded it (times from the arrival, which is the
     scheduled send: the DES has no generator lag)."""
@@ -226,10 +261,16 @@ def engine_evidence(timelines: list[Timeline], engines: list[Engine]) -> EngineE
 def run_virtual(vr: VirtualRun) -> tuple[list[RequestRecord], dict[str, Any], EngineEvidence]:
     """Run `vr` on virtual time: the bench's records, a run.json-like description, and the
     engine's evidence for `tailguard doctor`."""
-    src = _Source(vr)
-    planned, follow = _planned(vr, src)
+    follow: Callable[[str, float], Planned | None] | None = None
+    if vr.trace is not None:
+        planned = trace_planned(vr.trace, vr.engine, vr.seed)
+        wl_class = {p.id: c.name for p, c in zip(planned, vr.trace.classes)}
+    else:
+        src = _Source(vr)
+        planned, follow = _planned(vr, src)
+        wl_class = src.wl_class
     timelines, engines = simulate(vr.engine, vr.gateway, planned, follow)
-    records = [record_of(i, tl, src.wl_class[tl.id], vr.gateway is not None) for i, tl in enumerate(timelines)]
+    records = [record_of(i, tl, wl_class[tl.id], vr.gateway is not None) for i, tl in enumerate(timelines)]
     meta: dict[str, Any] = {
         "url": DES_URL, "mode": "closed" if vr.concurrency is not None else "open",
         "concurrency": vr.concurrency, "rate": vr.rate, "requests": vr.requests, "seed": vr.seed,
@@ -240,4 +281,6 @@ def run_virtual(vr: VirtualRun) -> tuple[list[RequestRecord], dict[str, Any], En
         "gateway_config": None if vr.gateway is None else {
             "hash": vr.gateway.digest(), "n": None, "settings": vr.gateway.settings()},
     }
+    if vr.trace is not None:
+        meta["trace"] = TraceFactory(vr.trace).describe()
     return records, meta, engine_evidence(timelines, engines)

@@ -109,7 +109,9 @@ def test_summary_keys_are_exactly_the_design_brief() -> None:
     for g in [*s["classes"].values(), s["overall"]]:
         assert {"count", "ok", "errors", "timeouts", "throughput"} <= set(g)
         for m in METRICS:
-            assert list(g[m]) == list(STAT_KEYS) == ["p50", "p90", "p95", "p99", "p999", "max", "mean"]
+            # the design brief's keys, then the low end and the spread users of AIPerf and vllm bench expect
+            assert list(g[m]) == list(STAT_KEYS) == ["p1", "p5", "p10", "p25", "p50", "p90", "p95", "p99", "p999",
+                                                     "max", "mean", "min", "std"]
         assert set(g["throughput"]) == {"requests_per_s", "output_tokens_per_s"}
     assert {"dispatch_lag_p99_s", "valid"} <= set(s["validity"])
     assert s["overall"]["queue_s"]["p50"] == pytest.approx(0.005)
@@ -179,3 +181,24 @@ def test_bootstrap_is_seeded() -> None:
     x = np.random.default_rng(0).exponential(size=500)
     assert tail_ratio_ci(x, seed=3) == tail_ratio_ci(x, seed=3)
     assert tail_ratio_ci(x, seed=3) != tail_ratio_ci(x, seed=4)
+
+
+def test_low_percentiles_std_and_min_sit_beside_the_tail() -> None:
+    d = describe([float(x) for x in range(1, 101)] + [math.inf])
+    assert d["min"] == 1.0 and d["p1"] == pytest.approx(2.0) and d["p25"] == pytest.approx(26.0)
+    assert d["std"] == pytest.approx(np.std(np.arange(1, 101)))  # numpy's (and vllm bench's): of the finite values
+    assert d["max"] == math.inf and math.isnan(describe([])["std"])
+
+
+def test_input_and_output_lengths_of_the_requests_that_succeeded() -> None:
+    rs = [rec(i, tokens=10 + i) for i in range(4)] + [rec(9, tokens=3, ok=False, kind="http")]
+    for r in rs:
+        r.prompt_tokens = 100
+    rs[0].usage_prompt_tokens = 106  # what the server counted wins over what the bench planned
+    s = summarize(rs, META)
+    lengths = s["overall"]["lengths"]
+    assert lengths["input_tokens"]["max"] == 106 and lengths["input_tokens"]["min"] == 100
+    assert lengths["input_tokens"]["mean"] == pytest.approx(101.5)
+    assert lengths["output_tokens"]["p50"] == pytest.approx(11.5) and lengths["output_tokens"]["min"] == 10
+    assert set(lengths["output_tokens"]) == set(STAT_KEYS)
+    assert s["overall"]["input_tokens"] == 506 and s["overall"]["output_tokens"] == 10 + 11 + 12 + 13 + 3

@@ -53,3 +53,29 @@ def test_a_time_scaled_run_states_the_threshold_in_simulated_units_and_why() -> 
     assert v["valid"] is True and v["threshold_wall_s"] == 0.005
     line = verdict_line(v)
     assert "1.6 ms simulated" in line and "threshold 20.0 ms simulated (5 ms wall / time scale 0.25" in line
+
+
+def stalled(share_waiting: float, share_running: float) -> dict[str, Any]:
+    return {**META, "mode": "open", "loop_lag_s": {"p99": 0.003, "max": 0.2},
+            "loop_stalls": {"count": 4, "wall_s": 0.84, "late_s": 0.8, "waiting_s": 0.8 * share_waiting,
+                            "running_s": 0.8 * share_running, "source": "/proc/thread-self/schedstat"},
+            "host": {"cpus": 2, "load_average": [11.64, 7.79, 3.65]}}
+
+
+def test_a_stall_measured_by_the_kernel_names_where_its_time_went() -> None:
+    lags = [0.0001] * 100
+    for i in (20, 45, 70, 95):
+        lags[i] = 0.02
+    starved = validity(recs(lags), stalled(0.9, 0.05))
+    assert starved["cause"] == "starved" and starved["loop_stalls"]["count"] == 4
+    assert ("was late 4 times (0.80 s past due in all, wall); its thread waited for a CPU 90% of that and ran its "
+            "own code 5% (load average 11.64 on 2 CPUs at the end): other processes held the CPUs") in starved["advice"]
+    # waiting that began before the tick was due (runnable at a chunk's arrival) counts at most all of it
+    assert "waited for a CPU 100% of that" in validity(recs(lags), stalled(1.3, 0.0))["advice"]
+    own = validity(recs(lags), stalled(0.2, 0.7))
+    assert own["cause"] == "own-work" and "--workers N" in own["advice"]
+    blocked = validity(recs(lags), stalled(0.1, 0.1))
+    assert blocked["cause"] == "blocked" and "a call blocked its loop" in blocked["advice"]
+    # no measurement (not Linux, or an older run.json): the guess, as before
+    guessed = validity(recs(lags), {**stalled(0.9, 0.05), "loop_stalls": None})
+    assert guessed["cause"] == "stall" and "loop_stalls" not in guessed

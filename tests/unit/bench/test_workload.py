@@ -174,3 +174,32 @@ def test_schedule_merges_own_arrival_processes_in_time_order() -> None:
     assert sum(c == "a" for _, c in sched) == pytest.approx(800, rel=0.1)
     with pytest.raises(ConfigError):
         next(schedule(RequestFactory(parse_workload({"name": "n", "classes": [{"name": "a"}]})), rate=None))
+
+
+def test_lengths_from_the_command_line_in_the_peer_tools_forms() -> None:
+    from tailguard.bench.workload import Fixed, Normal, Uniform, parse_length
+
+    assert parse_length("512", "--input-tokens") == Fixed(value=512)
+    assert parse_length("512:64", "--input-tokens") == Normal(dist="normal", mean=512, std=64)
+    assert parse_length("100..1000", "--input-tokens") == Uniform(dist="uniform", low=100, high=1000)
+    for bad, why in (("0", "greater than or equal to 1"), ("lots", "not a number"), ("9..3", "below low"),
+                     ("1:2:3", "not a number")):
+        with pytest.raises(ConfigError, match=f"--output-tokens '{bad}': 512 .*{why}"):
+            parse_length(bad, "--output-tokens")
+
+
+def test_lengths_replace_every_class_s_and_ask_for_full_answers() -> None:
+    from tailguard.bench.workload import parse_length, with_lengths
+
+    w = with_lengths(load_workload("fixed-lengths")[0], parse_length("300", "i"), parse_length("40..60", "o"), None)
+    reqs = stream(w.model_dump(), n=200)
+    assert {r.prompt_tokens for r in reqs} == {300} and {r.max_tokens for r in reqs} <= set(range(40, 61))
+    assert all(orjson.loads(r.body)["ignore_eos"] is True for r in reqs)
+    assert all(parse_request(r.body, "chat").prompt_tokens == 300 for r in reqs)
+    mixed = with_lengths(load_workload("seed-mixed")[0], parse_length("64", "i"), None, False)
+    assert {c.prompt_tokens.sample(random.Random(0)) for c in mixed.classes} == {64}
+    assert [c.max_tokens for c in mixed.classes] == [c.max_tokens for c in load_workload("seed-mixed")[0].classes]
+    assert not any(c.ignore_eos for c in mixed.classes)
+    sourced = parse_workload({"name": "d", "classes": [{"name": "a", "source": {"path": "x.jsonl"}}]})
+    with pytest.raises(ConfigError, match="class 'a' takes its prompts from x.jsonl"):
+        with_lengths(sourced, parse_length("64", "i"), None, None)

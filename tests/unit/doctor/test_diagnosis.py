@@ -132,3 +132,21 @@ def test_kinds_are_the_documented_list() -> None:
                           "cap_above_engine", "prefix_misses", "generator_bound", "starvation"}
     with pytest.raises(ValueError, match="unknown finding kind"):
         Finding("slow", "high", "s", "c", "n", "x")
+
+
+def test_the_commands_doctor_suggests_replay_a_trace_run_s_trace() -> None:
+    from tailguard.doctor.facts import RunFacts
+    from tailguard.doctor.rules import bench_command, sweep_command
+
+    meta = {"url": "http://gw:8080", "seed": 3, "time_scale": 0.1, "requests": None, "mode": "open",
+            "trace": {"file": "gw.log", "format": "tailguard", "window": "10m:5m", "limit": None, "rules": "r.yaml",
+                      "speed": 2.0}}
+    f = RunFacts({}, None, True, True, None, meta, {}, run_dir="runs/tue")
+    assert bench_command(f) == ("tailguard bench --url http://gw:8080 --trace gw.log --trace-format tailguard "
+                                "--window 10m:5m --rules r.yaml --speed 2 --seed 3 --time-scale 0.1 "
+                                "--out runs/tue-after")
+    assert " --trace gw.log --trace-format tailguard --window 10m:5m --rules r.yaml --speed 2 --out runs/tue-sweep" \
+        in sweep_command(f, "max_concurrency", "4..32:x2", "interactive:ttft_s=1")
+    plain = RunFacts({}, None, False, True, None, {"url": "u", "workload": {"name": "w"}, "concurrency": 4,
+                                                   "requests": 100}, {}, run_dir="r")
+    assert bench_command(plain) == "tailguard bench --url u --workload w --concurrency 4 --requests 100 --seed 0 --out r-after"

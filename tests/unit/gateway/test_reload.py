@@ -22,6 +22,7 @@ def everything(**extra: Any) -> GatewayConfig:
         "backends": [{"name": "a", "url": "http://127.0.0.1:9"}], "state": {"url": "redis://127.0.0.1:1"},
         "telemetry": {"otlp_endpoint": "http://127.0.0.1:4318"}, "batches": {"dir": "/tmp/b"},
         "aliases": {"fast": "m"}, "service_tier_map": {"flex": "batch"}, "hedging": {"classes": ["interactive"]},
+        "guards": [{"name": "pii", "stage": "input", "check": "personal_data", "action": "redact"}],
         "auth": {"api_keys": {f"key-{i}": {"name": f"c{i}"} for i in range(4)}, "admin_keys": [ADMIN]}, **extra})
 
 
@@ -33,9 +34,9 @@ def test_what_needs_a_restart_is_what_only_a_start_reads() -> None:
     """The settings a reload refuses, by name: a new setting lands here (refused, so never shown
     by /config while not in force) until it is made live and named in `LIVE`."""
     names = flatten(everything().settings())
-    restart = sorted({_generic(n).split(".", 1)[0] if n.startswith(("batches.", "telemetry.")) else _generic(n)
+    restart = sorted({_generic(n).split(".", 1)[0] if n.startswith(("audit.", "batches.", "telemetry.")) else _generic(n)
                       for n in names if not live(n, {"a"})})
-    assert restart == ["access_log", "backends[].kind", "backends[].models", "backends[].pool", "batches", "host",
+    assert restart == ["access_log", "audit", "backends[].kind", "backends[].models", "backends[].pool", "batches", "host",
                        "log_format", "log_prompts", "max_body_bytes", "port", "scheduler.output_estimate.ewma_weight",
                        "scheduler.output_estimate.initial_tokens", "state.lease_s", "state.timeout_s", "state.url",
                        "telemetry"]

@@ -39,6 +39,7 @@ from tailguard.gateway.http.routes import API_ROUTES, not_found_message, served,
 from tailguard.gateway.http.inbound import REQUEST_ID
 from tailguard.gateway.http.proxy import Proxy, error_response
 from tailguard.gateway.http.server import GatewayRunner, raise_file_limit, reserved_only
+from tailguard.gateway.ops.audit import AuditLog, is_auth_failure
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.logfmt import FORMATTERS
 from tailguard.gateway.ops.metering import FILE_NAME as USAGE_FILE
@@ -53,6 +54,8 @@ from tailguard.gateway.upstream.backends import resolved
 from tailguard.gateway.upstream.client import Upstream
 from tailguard.gateway.upstream.kinds import get_kind
 from tailguard.gateway.upstream.probes import Probes
+from tailguard.guards.guard import GuardSet
+from tailguard.guards.moderation import Moderation
 from tailguard.wire.openai import Endpoint
 
 if TYPE_CHECKING:
@@ -70,6 +73,8 @@ RECORD = web.AppKey("record", Path)  # where `--record` writes the front's event
 ADMIN = web.AppKey("admin", adm.Admin)
 STATE_DIR = web.AppKey("state_dir", Path)  # where usage is kept across restarts (absent: in memory)
 METER = web.AppKey("meter", Meter)
+AUDIT = web.AppKey("audit", AuditLog)  # the audit trail (absent: `audit.enabled` is off)
+MODERATION = web.AppKey("moderation", Moderation)  # the moderation services' client, shared by the guards
 
 log = logging.getLogger("tailguard.gateway")
 
@@ -104,7 +109,8 @@ def create_app(cfg: GatewayConfig, *, record: Path | None = None, state_dir: Pat
     app.router.add_get("/admin/usage", _admin_usage)
     app.router.add_post("/admin/reload", _admin_reload)
     app.router.add_post("/admin/rollback", _admin_rollback)
-    app.cleanup_ctx.append(batches_lifecycle(lambda a: a[LIVE].cfg.batches, LIFECYCLE, DISPATCHER, METRICS, STATE_DIR))
+    app.cleanup_ctx.append(batches_lifecycle(lambda a: a[LIVE].cfg.batches, LIFECYCLE, DISPATCHER, METRICS, STATE_DIR,
+                                             AUDIT))
     add_batch_routes(app)
     for path, endpoint in API_ROUTES.items():  # responses, messages, embeddings and the other pooling routes
         app.router.add_post(path, _api_handler(endpoint))
@@ -113,6 +119,8 @@ def create_app(cfg: GatewayConfig, *, record: Path | None = None, state_dir: Pat
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     cfg = app[LIVE].cfg
+    # First, so a store that cannot be opened stops the start before anything else is made.
+    audit = await asyncio.to_thread(AuditLog.open, app[LIVE], app.get(STATE_DIR))
     loop = asyncio.get_running_loop()
     metrics, clock = app[METRICS], app[CLOCK]
     backends = {b.name: resolved(b) for b in cfg.backends}  # kind `auto` is `openai` until detected
@@ -127,8 +135,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     app[BACKENDS] = backends
     estimator = OutputEstimator(cfg.scheduler.output_estimate.params())
     tracer = Tracer.of(cfg, clock)
+    keep_text = cfg.log_prompts or cfg.audit.retain_text  # a non-stream answer's text, for the log or the trail
     ctx = Context(dispatcher.front, clock, upstream, backends, metrics, app[LIVE], estimator, loop,
-                  keep_text=cfg.log_prompts)
+                  keep_text=keep_text)
     lifecycle = app[LIFECYCLE] = Lifecycle(cfg, ClassTable(cfg), ctx, dispatcher, clock, tracer)
     app[PROXY] = Proxy(cfg, lifecycle)
     for b in backends.values():
@@ -136,6 +145,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     state_dir = app.get(STATE_DIR)
     if state_dir is not None:
         state_dir.mkdir(parents=True, exist_ok=True)
+    moderation = app[MODERATION] = Moderation()
+    lifecycle.guards = GuardSet.of(cfg, moderation, metrics)
+    upstream.redact = cfg.redaction.finder().redact
     meter = app[METER] = Meter(state_dir / USAGE_FILE if state_dir is not None else None)
     flushing = loop.create_task(meter.run())
     app[PROBES] = Probes(app[LIVE], backends, dispatcher, upstream.session, metrics, clock)
@@ -146,6 +158,10 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     lifecycle.listen(meter.ended)
     if recorder is not None:
         lifecycle.listen(recorder.ended)
+    lifecycle.audit = audit
+    if audit is not None:
+        app[AUDIT] = audit
+        lifecycle.listen(audit.ended)
     leases = None if shared is None else _slot_leases(app[LIVE], shared, dispatcher, clock)
     fair = None
     if shared is not None:
@@ -178,6 +194,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         if tracer is not None:
             await asyncio.to_thread(tracer.shutdown)  # the last spans are exported, off the loop
         await meter.close()  # the last rows are written
+        await moderation.close()
+        if audit is not None:
+            await asyncio.to_thread(audit.close)  # the last entries written, the chain's head logged
 
 
 def _shared_limits(cfg: GatewayConfig, metrics: GatewayMetrics, dispatcher: Dispatcher,
@@ -272,6 +291,9 @@ async def _metrics(request: web.Request) -> web.Response:
     dispatcher, metrics = request.app[DISPATCHER], request.app[METRICS]
     dispatcher.export_gauges()
     metrics.export_state(dispatcher.front, request.app[LIVE], request.app[CLOCK]())
+    audit = request.app.get(AUDIT)
+    if audit is not None:
+        audit.export(metrics)
     body = metrics.render()
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
@@ -307,6 +329,7 @@ async def _config(request: web.Request) -> web.Response:
     and `/admin/config`): what `tailguard bench` records so two runs' settings can be compared."""
     _admin_only(request)
     live = request.app[LIVE]
+    _audited(request, "read_config", route=request.path)
     return web.Response(body=adm.config_body(live.cfg, live.hash, live.n), content_type="application/json")
 
 
@@ -320,18 +343,32 @@ async def _admin_usage(request: web.Request) -> web.Response:
     since, until = adm.query_float(request, "since"), adm.query_float(request, "until")
     caller = request.query.get("caller")
     rows, scope = await request.app[METER].usage(since, until, caller[:64] if caller is not None else None)
+    _audited(request, "read_usage", since=since, until=until, caller=caller[:64] if caller is not None else None,
+             scope=scope)
     return web.Response(body=orjson.dumps({"object": "list", "data": rows, "scope": scope}),
                         content_type="application/json")
 
 
 async def _admin_reload(request: web.Request) -> web.Response:
     _admin_only(request)
-    return request.app[ADMIN].reload(adm.reload_request(await adm.json_body(request)))
+    return request.app[ADMIN].reload({**adm.reload_request(await adm.json_body(request)), **_asker(request)})
 
 
 async def _admin_rollback(request: web.Request) -> web.Response:
     _admin_only(request)
-    return request.app[ADMIN].reload(adm.rollback_request(await adm.json_body(request)))
+    return request.app[ADMIN].reload({**adm.rollback_request(await adm.json_body(request)), **_asker(request)})
+
+
+def _asker(request: web.Request) -> dict[str, str | None]:
+    """Who asked for a reload, for the audit trail: their key (fingerprinted there) and address."""
+    return {"key": bearer_key(request.headers), "client": request.remote}
+
+
+def _audited(request: web.Request, action: str, **detail: object) -> None:
+    """An admin read, into the audit trail (when it is kept)."""
+    audit = request.app.get(AUDIT)
+    if audit is not None:
+        audit.admin(action, key=bearer_key(request.headers), client=request.remote, ok=True, **detail)
 
 
 async def _config_header(request: web.Request, response: web.StreamResponse) -> None:
@@ -373,6 +410,10 @@ async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamRe
         err = APIError(message, status=e.status, type="invalid_request_error", code=code)
         return _logged(request, shaped_error(err, request.path), code)
     except APIError as e:
+        audit = request.app.get(AUDIT)
+        if audit is not None and is_auth_failure(e):
+            audit.auth_failure(method=request.method, path=request.path, client=request.remote,
+                               key=bearer_key(request.headers), status=e.status, reason=e.code)
         return _logged(request, shaped_error(e, request.path), e.code)
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
@@ -398,8 +439,9 @@ def _bound_port(site: web.TCPSite, configured: int) -> int:
 def reloader_of(app: web.Application, store: ConfigStore | None = None,
                 reread: Callable[[], GatewayConfig] | None = None) -> Reloader:
     """The reloader of a started app (its parts exist once its lifecycle has begun)."""
-    parts = Parts(app[DISPATCHER], app[PROXY], app[LIFECYCLE], app[BACKENDS], app[PROBES], app[METRICS])
-    return Reloader(app[LIVE], parts, store, reread)
+    parts = Parts(app[DISPATCHER], app[PROXY], app[LIFECYCLE], app[BACKENDS], app[PROBES], app[METRICS], app[UPSTREAM],
+                  app[MODERATION])
+    return Reloader(app[LIVE], parts, store, reread, app.get(AUDIT))
 
 
 def gateway_runner(app: web.Application) -> GatewayRunner:

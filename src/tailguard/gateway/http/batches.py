@@ -14,7 +14,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import BodyPartReader, web
@@ -38,6 +38,9 @@ from tailguard.gateway.lifecycle import Lifecycle
 from tailguard.gateway.ops.metrics import GatewayMetrics
 from tailguard.gateway.sink import ChunkQueue
 from tailguard.wire.openai import error_body
+
+if TYPE_CHECKING:
+    from tailguard.gateway.ops.audit import AuditLog
 
 _WINDOW = re.compile(r"^(\d+)([smh])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600}
@@ -92,9 +95,14 @@ class Batches:
     """The routes' state: the journal, the files, the runner, the settings."""
 
     def __init__(self, journal: Journal, files: FileStore, runner: Runner, cfg: BatchesConfig,
-                 authenticate: Callable[[str | None], None]) -> None:
+                 authenticate: Callable[[str | None], None], audit: AuditLog | None = None) -> None:
         self.journal, self.files, self.runner, self.cfg = journal, files, runner, cfg
         self._authenticate = authenticate
+        self.audit = audit  # batch create, cancel and retry go into the audit trail
+
+    def audited(self, request: web.Request, action: str, **detail: Any) -> None:
+        if self.audit is not None:
+            self.audit.admin(action, key=bearer_key(request.headers), client=request.remote, ok=True, **detail)
 
     def owner(self, request: web.Request) -> str:
         """Whose request it is: its key's fingerprint (after the gateway's own check), '' without a key."""
@@ -134,7 +142,8 @@ def journal_for(cfg: BatchesConfig, root: Path) -> Journal:
 
 def batches_lifecycle(live_cfg: Callable[[web.Application], BatchesConfig], requests: web.AppKey[Lifecycle],
                       dispatcher: web.AppKey[Dispatcher], metrics: web.AppKey[GatewayMetrics],
-                      state_dir: web.AppKey[Path]) -> Callable[[web.Application], AsyncIterator[None]]:
+                      state_dir: web.AppKey[Path], audit: web.AppKey[AuditLog],
+                      ) -> Callable[[web.Application], AsyncIterator[None]]:
     """The cleanup context that opens the journal and runs the runner while the app runs; without
     `batches.dir`, the journal and files go in `batches/` of the gateway's state directory."""
 
@@ -151,7 +160,8 @@ def batches_lifecycle(live_cfg: Callable[[web.Application], BatchesConfig], requ
         cls = cfg.line_class or _lowest(classes.intake.tier_class("flex"))
         front = GatewayFront(lambda: app[requests], app[dispatcher], cls, cfg.ahead)
         runner = Runner(journal, FileStore(root), front, cfg)
-        app[SERVICE] = Batches(journal, runner.files, runner, cfg, lambda key: app[requests].classes.authenticate(key))
+        app[SERVICE] = Batches(journal, runner.files, runner, cfg, lambda key: app[requests].classes.authenticate(key),
+                               app.get(audit))
         app[metrics].registry.register(BatchCollector(runner))
         runner.start()
         try:
@@ -285,6 +295,7 @@ async def _create(request: web.Request) -> web.Response:
                       now + window_s, metadata, owner_key=owner_key)
     await svc.journal.add_batch(rec)
     svc.runner.wake()
+    svc.audited(request, "batch_create", batch=rec.id, input_file=file_id, endpoint=endpoint)
     return _json(rec.to_openai())
 
 
@@ -308,6 +319,7 @@ async def _cancel(request: web.Request) -> web.Response:
         raise APIError(f"Cannot cancel a batch with status '{b.status}'.", status=409, type="invalid_request_error",
                        code="invalid_state")
     svc.runner.wake(b.id)
+    svc.audited(request, "batch_cancel", batch=b.id, was=b.status)
     return _json((await svc.batch_of(b.owner, b.id)).to_openai())
 
 
@@ -339,6 +351,7 @@ async def _retry(request: web.Request) -> web.Response:
     await svc.journal.transition(b.id, (b.status,), b.status, None, {"metadata": {**(b.metadata or {}),
                                                                                   "retried_as": new.id}})
     svc.runner.wake()
+    svc.audited(request, "batch_retry", batch=new.id, retry_of=b.id, lines=len(failed))
     return _json(new.to_openai())
 
 

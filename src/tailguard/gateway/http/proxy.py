@@ -55,7 +55,7 @@ class Proxy:
     async def answer(self, inbound: Inbound, endpoint: Endpoint) -> Reply | None:
         """Serve a request from either server: None when its answer went through its sink."""
         said = told(inbound.headers, endpoint)
-        line = self.lifecycle.arrived(endpoint, said.request_id, inbound.remote, said.user_agent)
+        line = self.lifecycle.arrived(endpoint, said.request_id, inbound.remote, said.user_agent, said.api_key)
         req = line.request
         inbound.named(req.request_id)
         try:

@@ -116,6 +116,9 @@ def rules(ttft_targets: Mapping[str, float] = DEFAULT_TTFT_TARGETS) -> tuple[Rul
              "{{ $value | humanizePercentage }} of clients leave before their answer while the engines answer: "
              "a client's total timeout is shorter than a generation (use a first-token timeout and stream)",
              f"{RUNBOOK}#5-deadlines"),
+        _over("TailguardAuditDropping", "sum(rate(tailguard_audit_dropped_total[5m]))", ">", "0", "1m", "page",
+             "the audit trail drops entries: its store cannot keep up or is down (each run of them is a gap entry)",
+             "security.md#the-audit-trail"),
         _over("TailguardNeedsCapacity", "max by (pool) (tailguard_capacity_needed) - max by (pool) (tailguard_capacity_ready)", ">", "0",
              "10m", "ticket",
              "pool {{ $labels.pool }}: the load needs {{ $value }} more backend(s) to keep every class inside its "

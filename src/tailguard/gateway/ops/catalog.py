@@ -14,10 +14,13 @@ from typing import Literal
 Kind = Literal["counter", "gauge", "histogram"]
 
 # Seconds. Latency buckets span a loopback relay (ms) to a long generation (minutes).
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+# 2.0: the default interactive TTFT target (`classes[].slo.ttft_s`) is a bound, so a burn-rate rule can read it.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5.0)
 # The OpenTelemetry GenAI semantic conventions' explicit bucket boundaries (gen-ai-metrics.md), so
 # these histograms aggregate with Envoy AI Gateway's and any other conforming emitter's.
+# Seconds of one guard check: the built-in patterns' tens of microseconds to a classifier's seconds.
+GUARD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 GENAI_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 GENAI_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 GENAI_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
@@ -71,6 +74,10 @@ METRICS: tuple[MetricSpec, ...] = (
     _c("tailguard_prompt_tokens", "Prompt tokens (from upstream usage, else the estimate).", "class"),
     _c("tailguard_output_tokens", "Generated tokens (from upstream usage, else content chunks).", "class"),
     _c("tailguard_requests", "Requests by terminal outcome; each request is counted once.", "class", "outcome"),
+    _c("tailguard_slo", "Requests of a class with a service-level objective (`classes[].slo`), judged once as they "
+       "end against each target it has (`ttft`, `tpot`, `e2e`; a request's own tighter TTFT target where it asked "
+       "for one): `met` or `missed` (refused and failed requests miss; client errors are not judged).",
+       "class", "slo", "result"),
     _c("tailguard_unclassified_requests", "Requests refused before they had a class (bad key, unreadable or "
        "invalid body, unknown class), by HTTP status; counted once, not in tailguard_requests_total.", "status"),
     _c("tailguard_rejected", "Requests refused by admission or expired in the queue, by reason (the "
@@ -97,6 +104,9 @@ METRICS: tuple[MetricSpec, ...] = (
        "(active probes), `ejected` and `readmitted` (passive).", "backend", "to"),
     _c("tailguard_backend_ejections", "Backends taken out for a while after failing requests in a row (passive "
        "health), by the kind of the last failure.", "backend", "kind"),
+    _g("tailguard_backend_stale", "1 while a backend's probes (or engine metrics) have answered once and not since "
+       "within `routing.stale_after_s`: routing counts it as saturated (a request goes there only when no other "
+       "backend may take it).", "backend"),
     _g("tailguard_backend_engine_requests", "Requests the engine itself reports running and waiting (its own "
        "load page, read with each health probe); waiting above 0 means the gateway's cap is above the engine's "
        "slots.", "backend", "state"),
@@ -122,6 +132,18 @@ METRICS: tuple[MetricSpec, ...] = (
     _c("tailguard_caller_requests", "Requests by caller and terminal outcome.", "caller", "outcome"),
     _c("tailguard_caller_tokens", "Tokens by caller: prompt and output (from upstream usage, else the estimate "
        "and content chunks).", "caller", "kind"),
+    # Guards and the audit trail (docs/security.md).
+    _c("tailguard_guard_checks", "Guard checks by verdict: pass, block, redact, flag (its action on a finding), or "
+       "error_open and error_closed (the check failed or passed its timeout_s, and its on_error).",
+       "guard", "stage", "verdict"),
+    _h("tailguard_guard_seconds", "Time of one guard check, bounded by its timeout_s: the built-in patterns on the "
+       "loop, a long text's on a thread, or a moderation service's round trip.", GUARD_BUCKETS, "guard", "stage"),
+    _c("tailguard_audit_entries", "Audit entries written to the store."),
+    _c("tailguard_audit_dropped", "Audit entries dropped because the queue was full (`audit.when_full: drop`; the "
+       "trail records a gap entry for each run of them)."),
+    _c("tailguard_audit_write_failures", "Batches of audit entries the store refused (each is tried again)."),
+    _g("tailguard_audit_queue_length", "Audit entries waiting to be written (at `audit.queue_entries` the queue is "
+       "full)."),
     # What runs.
     _g("tailguard_state_shared", "1 while callers' limits and backends' slots are shared with the other replicas through Redis, 0 "
        "otherwise: no `state.url`, or Redis unavailable (state.on_unavailable applies)."),

@@ -14,7 +14,7 @@ import math
 import platform
 from datetime import datetime, timezone
 from bisect import bisect_left
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import orjson
 import prometheus_client
@@ -35,6 +35,7 @@ from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.log_buffer import BufferedLineHandler
 from tailguard.gateway.ops.metering import CallerLabels
 from tailguard.gateway.request import Ended, Request
+from tailguard.slo import judge
 from tailguard.types import FailureKind, Outcome, RejectReason
 
 ACCESS_LOGGER = "tailguard.access"
@@ -221,6 +222,7 @@ class GatewayMetrics:
         self.concurrency_limit = f["tailguard_backend_concurrency_limit"]
         self.connections_closed = f["tailguard_connections_closed"]
         self.rejected = f["tailguard_rejected"]
+        self.slo = f["tailguard_slo"]
         self.upstream_errors = f["tailguard_upstream_errors"]
         self.overrun_tokens = f["tailguard_upstream_overrun_tokens"]
         self._overran: set[str] = set()  # backends whose overrun was logged (once each)
@@ -262,6 +264,20 @@ class GatewayMetrics:
         self._inflight: dict[str, Any] = {}
         self._kinds: dict[str, str] = {}
         self._genai: dict[tuple[str, str], GenAIUsage] = {}
+        self._guard_seconds: dict[tuple[str, str], Any] = {}
+        self._guard_checks: dict[tuple[str, str, str], Any] = {}
+
+    def observe(self, guard: str, stage: str, seconds: float, verdict: str) -> None:
+        """One guard check's time and verdict (the guards' `Stats`)."""
+        h = self._guard_seconds.get((guard, stage))
+        if h is None:
+            h = self._guard_seconds[guard, stage] = self.families["tailguard_guard_seconds"].labels(guard, stage)
+        h.observe(seconds)
+        c = self._guard_checks.get((guard, stage, verdict))
+        if c is None:
+            c = self._guard_checks[guard, stage, verdict] = self.families["tailguard_guard_checks"].labels(
+                guard, stage, verdict)
+        c.inc()
 
     def genai_usage(self, endpoint: str, backend: str) -> GenAIUsage:
         """The GenAI token children of a request by its route and the kind of its backend."""
@@ -318,7 +334,8 @@ class GatewayMetrics:
         for gauge, labels in ((self.backend_healthy, (backend,)), (self.inflight, (backend,)),
                               (self.concurrency_limit, (backend,)),
                               (self.engine_requests, (backend, "running")), (self.engine_requests, (backend, "waiting")),
-                              (self.backend_kind, (backend, kind or ""))):
+                              (self.backend_kind, (backend, kind or "")),
+                              (self.families["tailguard_backend_stale"], (backend,))):
             try:
                 gauge.remove(*labels)
             except KeyError:  # never set
@@ -341,6 +358,14 @@ class GatewayMetrics:
             self._zeros(spec.name, self._zeroed_classes, self._class_counters)
             bound.labels(spec.name).set(spec.max_queue_wait_s)
             limit.labels(spec.name).set(spec.max_queue_len)
+            if spec.slo is not None:  # each target's series at 0 from the first scrape, as `_zeros` does
+                for target in ("ttft", "tpot", "e2e"):
+                    if getattr(spec.slo, f"{target}_s") is not None:
+                        self.slo.labels(spec.name, target, "met")
+                        self.slo.labels(spec.name, target, "missed")
+        stale = f["tailguard_backend_stale"]
+        for b in views:
+            stale.labels(b.name).set(1 if b.stale else 0)
         self._export_capacity(front, now)
         config = (str(live.n) if live.n is not None else "", live.hash)
         if config != self._config:
@@ -425,6 +450,9 @@ def record_finish(m: GatewayMetrics, t: Request) -> None:
             m.genai_ttft.labels(op, t.cls).observe(ttft_s)
             if t.output_tokens > 1:
                 m.genai_tpot.labels(op, t.cls).observe((end - t.first_content_at) / (t.output_tokens - 1))
+    if t.slo is not None:
+        for target, met in judge(t.slo, outcome, end - t.arrived_at, _ttft_s(t), t.output_tokens).items():
+            m.slo.labels(t.cls, target, "met" if met else "missed").inc()
     m.capacity.ended(t.backend, t.cls, end, None if t.bound_at is None else end - t.bound_at)
     prompt = t.prompt_tokens if t.answered else 0  # no engine took it: its prompt cost nothing
     if t.answered:  # the GenAI conventions count usage of operations that ran
@@ -444,13 +472,18 @@ def record_finish(m: GatewayMetrics, t: Request) -> None:
             m.caller_tokens.labels(caller, "output").inc(t.output_tokens)
 
 
+def _ttft_s(t: Request) -> float | None:
+    return None if t.first_content_at is None else t.first_content_at - t.arrived_at
+
+
 def _now_rfc3339() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
-def access_log(t: Request, *, method: str, path: str, logged_text: bool = False) -> None:
+def access_log(t: Request, *, method: str, path: str, text: Callable[[str], str] | None = None) -> None:
     """One JSON line per request on logger `tailguard.access`; its prompt and completion text
-    only with `logged_text` (the app passes it only with `log_prompts: true`)."""
+    only with `text`, written through it (the lifecycle passes the redaction of `redaction:`, and
+    only with `log_prompts: true`). The guards' verdicts other than pass, when there were any."""
     if not _access_log.isEnabledFor(logging.INFO):
         return
     end = t.finished_at if t.finished_at is not None else t.arrived_at
@@ -477,15 +510,21 @@ def access_log(t: Request, *, method: str, path: str, logged_text: bool = False)
         rec["hedges"] = counts.hedges
     if t.caller is not None:
         rec["caller"] = t.caller
+    if t.slo is not None:  # each target: met or missed (`tailguard.slo`)
+        rec["slo"] = judge(t.slo, t.outcome, end - t.arrived_at, _ttft_s(t), t.output_tokens)
+        if t.slo.ttft_s is not None:
+            rec["ttft_slo_ms"] = round(t.slo.ttft_s * 1000.0, 3)
     if t.output_estimated:
         rec["output_tokens_estimated"] = True
     if t.overrun_tokens:
         rec["overrun_tokens"] = t.overrun_tokens
-    if logged_text:
+    if t.verdicts:
+        rec["guards"] = t.verdicts
+    if text is not None:
         if t.prompt_text is not None:
-            rec["prompt"] = t.prompt_text
+            rec["prompt"] = text(t.prompt_text)
         if t.completion is not None:
-            rec["completion"] = t.completion
+            rec["completion"] = text(t.completion)
     _write_access(rec)
 
 

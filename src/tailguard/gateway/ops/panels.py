@@ -80,6 +80,11 @@ PANELS: tuple[Panel, ...] = (
           "Arrival at the gateway to the first generated token: what a chat user feels.",
           (Query(_p(0.99, "tailguard_ttft_seconds", "class", C), "{{class}} P99"),
            Query(_p(0.5, "tailguard_ttft_seconds", "class", C), "{{class}} P50"))),
+    Panel("Latency per class", "SLO met (share of requests judged)", "percentunit",
+          "Per class and target (`classes[].slo`: ttft, tpot, e2e), the share of requests that met it; refused and "
+          "failed requests miss (docs/slo.md).",
+          (Query(f"sum by (class, slo) (rate(tailguard_slo_total{{{C},result=\"met\"}}[{RATE}])) / "
+                 f"sum by (class, slo) (rate(tailguard_slo_total{{{C}}}[{RATE}]))", "{{class}} {{slo}}"),)),
     Panel("Latency per class", "ITL P99 (per chunk)", "s",
           "Gaps between content chunks, pooled per chunk: a stall shows here.",
           (Query(_p(0.99, "tailguard_itl_seconds", "class", C), "{{class}} P99"),)),
@@ -114,6 +119,10 @@ PANELS: tuple[Panel, ...] = (
     Panel("Backends and fleet", "Engine running and waiting", "short",
           "The engine's own counts; waiting above 0 means the gateway's cap is above the engine's slots.",
           (Query(f"max by (backend, state) (tailguard_backend_engine_requests{{{B}}})", "{{backend}} {{state}}"),)),
+    Panel("Backends and fleet", "Stale backends", "short",
+          "1 while a backend's probes or engine metrics have not answered within `routing.stale_after_s`: routing "
+          "counts it as saturated.",
+          (Query(f"max by (backend) (tailguard_backend_stale{{{B}}})", "{{backend}} stale"),)),
     Panel("Backends and fleet", "Upstream errors", "reqps", "Failed attempts by backend and how they failed.",
           (Query(_rate("tailguard_upstream_errors_total", "backend, kind", B), "{{backend}} {{kind}}"),)),
     Panel("Backends and fleet", "Tokens past max_tokens", "short",
@@ -176,6 +185,22 @@ PANELS: tuple[Panel, ...] = (
            Query(_rate("gen_ai_client_inference_usage_detailed_output_tokens_total",
                        "gen_ai_provider_name, gen_ai_token_modality"),
                  "{{gen_ai_provider_name}} output {{gen_ai_token_modality}}"))),
+    # Guards and the audit trail.
+    Panel("Guards and audit", "Guard checks by verdict", "reqps",
+          "Each guard's checks: passed, its action on a finding (block, redact, flag), or failed (error_open went "
+          "on, error_closed refused or withheld).",
+          (Query(_rate("tailguard_guard_checks_total", "guard, stage, verdict"), "{{guard}} {{stage}} {{verdict}}"),)),
+    Panel("Guards and audit", "Guard check time P50 and P99", "s",
+          "What a guard adds before a request is queued (input) or to a stream's chunks (output); bounded by its "
+          "timeout_s.",
+          (Query(_p(0.99, "tailguard_guard_seconds", "guard, stage"), "{{guard}} {{stage}} P99"),
+           Query(_p(0.5, "tailguard_guard_seconds", "guard, stage"), "{{guard}} {{stage}} P50"))),
+    Panel("Guards and audit", "Audit trail", "short",
+          "Entries written per second, dropped (the queue was full) and failed writes; the queue waiting.",
+          (Query(f"sum(rate(tailguard_audit_entries_total[{RATE}]))", "written /s"),
+           Query(f"sum(rate(tailguard_audit_dropped_total[{RATE}]))", "dropped /s"),
+           Query(f"sum(rate(tailguard_audit_write_failures_total[{RATE}]))", "failed writes /s"),
+           Query("max(tailguard_audit_queue_length)", "queued"))),
     Panel("Process", "Connections closed by the gateway", "reqps",
           "Slow or idle clients cut (header_timeout, evicted_idle) and connections refused at the cap (over_cap).",
           (Query(_rate("tailguard_connections_closed_total", "reason"), "{{reason}}"),)),

@@ -34,7 +34,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tailguard.config import BackendConfig, GatewayConfig
 from tailguard.errors import ConfigError
@@ -47,9 +47,15 @@ from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.metrics import GatewayMetrics
 from tailguard.gateway.ops.store import ConfigStore
 from tailguard.gateway.upstream.backends import resolved
+from tailguard.gateway.upstream.client import Upstream
 from tailguard.gateway.upstream.kinds import get_kind
 from tailguard.gateway.upstream.probes import Probes
+from tailguard.guards.guard import GuardSet
+from tailguard.guards.moderation import Moderation
 from tailguard.settings import Change, diff, flatten, item_of
+
+if TYPE_CHECKING:
+    from tailguard.gateway.ops.audit import AuditLog
 
 log = logging.getLogger("tailguard.gateway")
 
@@ -63,6 +69,8 @@ LIVE: dict[str, str] = {
     "retries.": "the front", "health.": "the probes (retimed)", "timeouts.": "each new request",
     "limits.": "each new request, probe and connection", "body_timeout_s": "each new request",
     "state.on_unavailable": "the shared limits", "state.replicas": "the shared limits",
+    "guards[": "the lifecycle's guards (each new request)",
+    "redaction.": "the guards, the engines' relayed errors and the audit trail",
 }
 _NOT_LIVE = ("scheduler.output_estimate.",)  # read once, at start, by the output estimator
 # What a backend both configs name may change live: the front's slots, and where and how requests
@@ -134,14 +142,17 @@ class Parts:
     backends: dict[str, BackendConfig]  # by name, kinds resolved: what exchanges and probes read
     probes: Probes
     metrics: GatewayMetrics
+    upstream: Upstream
+    moderation: Moderation  # the guards' moderation client, kept across reloads
 
 
 class Reloader:
     """Applies a config to the running gateway's parts, and answers a SIGHUP."""
 
     def __init__(self, live: Live, parts: Parts, store: ConfigStore | None,
-                 reread: Callable[[], GatewayConfig] | None) -> None:
+                 reread: Callable[[], GatewayConfig] | None, audit: AuditLog | None = None) -> None:
         self.live, self._parts, self._store, self._reread = live, parts, store, reread
+        self._audit = audit  # each reload and rollback, applied or refused, goes into the trail
 
     def apply(self, cfg: GatewayConfig, *, force: bool = False) -> None:
         """Make `cfg` the running config, or raise `ConfigError` and change nothing."""
@@ -164,6 +175,11 @@ class Reloader:
             if shared.local_share() != before:
                 p.dispatcher.tell(LocalShare(shared.local_share()))
         p.lifecycle.reconfigure(cfg, ClassTable(cfg))
+        p.lifecycle.guards = GuardSet.of(cfg, p.moderation, p.metrics)  # for requests that arrive from now on
+        redact = cfg.redaction.finder().redact
+        p.upstream.redact = redact
+        if self._audit is not None:
+            self._audit.trail.redact = redact
         p.proxy.reconfigure(cfg)
         p.backends.update(entries)  # a removed one stays: its requests in flight still read it
         added = [b for b in cfg.backends if b.name not in kept]
@@ -190,13 +206,14 @@ class Reloader:
         `force`), record it, and return the result: what SIGHUP leaves for `tailguard config` and
         what `POST /admin/reload` and `/admin/rollback` answer."""
         store = self._store
-        old = self.live.hash
+        old, was = self.live.hash, self.live.cfg
         result: dict[str, Any] = {"id": request.get("id") if request else None}  # so the asker knows it is its own
         try:
             cfg, how = self._wanted(request)
             self.apply(cfg, force=bool(request and request.get("force")))
         except (ConfigError, OSError, ValueError, KeyError) as e:  # a refusal, or an unreadable request
             log.error("config not applied, the gateway keeps %s: %s", old, e)
+            self._audited(request, False, error=str(e) or type(e).__name__)
             return {**result, "ok": False, "error": str(e) or type(e).__name__}
         if store is not None:
             try:
@@ -205,7 +222,19 @@ class Reloader:
                 self.live.n = None
                 log.error("config %s applied but not stored in %s: %s", self.live.hash, store.root, e)
         log.warning("config %s applied (%s; was %s)", self.live.hash, how, old)
+        self._audited(request, True, how=how, was=old, now=self.live.hash, n=self.live.n,
+                      changed=[c.name for c in diff(flatten(was.settings()), flatten(cfg.settings()))])
         return {**result, "ok": True, "n": self.live.n, "hash": self.live.hash}
+
+    def _audited(self, request: dict[str, Any] | None, ok: bool, **detail: Any) -> None:
+        """A reload or rollback into the audit trail: by whom (an admin route's key and address; a
+        signal has neither), whether it was applied, and which settings it changed, by name."""
+        if self._audit is None:
+            return
+        asked = request or {}
+        action = "rollback" if asked.get("good") or "n" in asked else "reload"
+        self._audit.admin(action, key=asked.get("key"), client=asked.get("client"), ok=ok,
+                          via="admin" if "client" in asked else "signal", **detail)
 
     def _answer(self, result: dict[str, Any]) -> None:
         if self._store is not None:

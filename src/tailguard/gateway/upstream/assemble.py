@@ -8,6 +8,7 @@ of chunks at all, and the usage the gateway counted."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -22,6 +23,9 @@ from tailguard.wire.join import ChunkJoiner
 from tailguard.wire.openai import Endpoint
 from tailguard.wire.sse import DONE, EventTooLarge, SSEDecoder
 
+if TYPE_CHECKING:
+    from tailguard.guards.output import OutputScreen
+
 
 @dataclass(slots=True)
 class Assembler:
@@ -32,6 +36,7 @@ class Assembler:
     limits: LimitsConfig
     progress: Transcript | None = None  # set for preemptible requests
     service_tier: str | None = None  # the tier to report, when the request named one
+    screen: OutputScreen | None = None  # its output guards: they read the whole answer before it goes
     joiner: ChunkJoiner = field(init=False)
     chunks: int = 0  # JSON chunks read, over every run of a resumed request
 
@@ -59,6 +64,8 @@ class Assembler:
         if prog is not None:
             usage = self.tally.usage
             usage.prompt_tokens, usage.completion_tokens = prog.client_usage(usage.prompt_tokens, usage.completion_tokens)
+        if self.screen is not None:
+            return orjson.dumps(await self.screen.whole(self.answer()))
         return self.body()
 
     async def _read(self, up: H1Response) -> bool:
@@ -115,7 +122,10 @@ class Assembler:
         return self.joiner.text()
 
     def body(self) -> bytes:
-        """The joined body with the usage the gateway counted: over every run of a resumed
+        return orjson.dumps(self.answer())
+
+    def answer(self) -> dict[str, Any]:
+        """The joined answer with the usage the gateway counted: over every run of a resumed
         request, and estimated where the engine sent none."""
         out = self.joiner.finish()
         usage, t = self.tally.usage, self.tally.request
@@ -124,4 +134,4 @@ class Assembler:
         out["usage"] = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
         if self.service_tier is not None:
             out["service_tier"] = self.service_tier
-        return orjson.dumps(out)
+        return out

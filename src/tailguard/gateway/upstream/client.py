@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -42,22 +43,6 @@ _NOT_PRINTABLE = re.compile(r"[^\x20-\x7e\u00a0-\uffff]+")
 log = logging.getLogger("tailguard.gateway")
 
 
-class BodyTooLarge(aiohttp.ClientPayloadError):
-    """A probe's or the model list's answer passed `limits.max_probe_bytes` (an aiohttp client
-    error, so whoever reads one treats it as any failed read)."""
-
-
-async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
-    """The body of a small answer (a probe, a load page, `/v1/models`), refused past `limit`
-    bytes as they arrive, so a backend that answers endlessly costs at most `limit`."""
-    if resp.content_length is not None and resp.content_length > limit:
-        raise BodyTooLarge(f"answer of {resp.content_length} bytes is over the limit of {limit}")
-    out = bytearray()
-    async for piece in resp.content.iter_any():
-        out += piece
-        if len(out) > limit:
-            raise BodyTooLarge(f"answer over the limit of {limit} bytes")
-    return bytes(out)
 
 
 class RelayError(GatewayError):
@@ -174,6 +159,9 @@ class Upstream:
         )
         self._said: set[tuple[str, str]] = set()  # (backend, failure kind) logged already
         self.refusals = Refusals()  # fields the gateway adds that a backend refused
+        # How a backend's error message is redacted before a client gets it (`redaction:`; set by
+        # the app and a reload): an engine's 4xx may echo the prompt that caused it.
+        self.redact: Callable[[str], str] | None = None
 
     async def close(self) -> None:
         self.pool.close()
@@ -250,16 +238,22 @@ class Upstream:
             raise RelayError(FailureKind.STATUS, f"Backend '{backend.name}' answered {resp.status}{said}", status=502)
         if passthrough:
             raise UpstreamStatus(resp.status, payload, resp.headers.get("content-type", "application/json"))
-        raise UpstreamStatus(resp.status, sanitized_error(resp.status, payload, backend), "application/json")
+        raise UpstreamStatus(resp.status, sanitized_error(resp.status, payload, backend, self.redact),
+                             "application/json")
 
 
-def sanitized_error(status: int, payload: bytes, backend: BackendConfig) -> bytes:
+def sanitized_error(status: int, payload: bytes, backend: BackendConfig,
+                    redact: Callable[[str], str] | None = None) -> bytes:
     """A backend's 4xx as OpenAI's error body: its type, code and param when it sent them in
     OpenAI's shape (a client acts on `context_length_exceeded`), and its message cut to one line
-    of 200 characters with anything credential-like blanked; never the body itself."""
+    of 200 characters with anything credential-like blanked and personal data redacted
+    (`redact`); never the body itself."""
     fields, err = error_fields(payload)
     said = [m for m in (fields.get("message"), err, fields.get("detail")) if isinstance(m, str)]  # OpenAI, TGI, FastAPI
-    text = _sanitized(said[0] if said else "", backend) or f"Backend '{backend.name}' refused the request ({status})."
+    text = said[0] if said else ""
+    if redact is not None:
+        text = redact(text[:4096])  # (cut to 200 after: a long message is not worth scanning whole)
+    text = _sanitized(text, backend) or f"Backend '{backend.name}' refused the request ({status})."
     return error_body(APIError(text, status=status, type=_short(fields.get("type")) or "invalid_request_error",
                                code=_short(fields.get("code")), param=_short(fields.get("param"))))
 

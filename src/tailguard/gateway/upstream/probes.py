@@ -24,7 +24,7 @@ from tailguard.config import BackendConfig
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.metrics import GatewayMetrics
-from tailguard.gateway.upstream.client import read_capped
+from tailguard.capped import read_capped
 from tailguard.gateway.upstream.kinds import DETECT_PATHS, EngineLoad, detect_kind, get_kind
 
 log = logging.getLogger("tailguard.gateway")

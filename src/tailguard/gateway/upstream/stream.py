@@ -15,7 +15,7 @@ raw (`Transcript.keep`), parsed only then.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import orjson
 
@@ -35,6 +35,9 @@ from tailguard.wire.framing import OPENAI, Cut, Framing
 from tailguard.wire.openai import Endpoint
 from tailguard.wire.sse import DONE, DONE_EVENT, EventTooLarge, SSEDecoder, SSEEvent, encode_event, events_of
 from tailguard.wire.token_ids import without_token_ids
+
+if TYPE_CHECKING:
+    from tailguard.guards.output import OutputScreen
 
 # What a stream may still send after its `[DONE]`, drained so its connection can be reused; past
 # this the connection is closed instead.
@@ -70,6 +73,10 @@ class StreamRelay:
     held_bytes: int = 0
     service_tier: bytes | None = None  # the tier to report, when the request named one
     framing: Framing = OPENAI  # what the route's events carry (`wire.framing`)
+    # Its output guards (`tailguard.guards.output`): the stream then takes the general path, each
+    # event read; None costs the push path nothing.
+    screen: OutputScreen | None = None
+    _up: H1Response | None = None  # this run's upstream: a guard's block closes it
     # The callback relay's state (`_chunk`): this run's decoder, the events it handed back, and
     # whether the client's buffer is full.
     _dec: SSEDecoder = field(init=False)  # made by each run
@@ -86,6 +93,7 @@ class StreamRelay:
         than the backend writes) comes back here and takes `_emit`."""
         check_answer(up, self.tally.request.backend, stream=True)
         self.tally.start_run()
+        self._up = up
         self.held.clear()  # a failed attempt's preamble is not this one's
         self.held_bytes = 0
         try:
@@ -107,7 +115,7 @@ class StreamRelay:
         step: Callable[[bytes], bool] | None = None
         try:
             while True:
-                if sink.started and not self.ended and self.service_tier is None:
+                if sink.started and not self.ended and self.service_tier is None and self.screen is None:
                     step = step or self._step()
                     ended = await up.push(step)
                     if self._pending is not None:
@@ -322,6 +330,10 @@ class StreamRelay:
         tally = self.tally
         if content:
             tally.content(now, content)
+        if self.screen is not None:
+            chunk, last = await self._screened(chunk, last)
+            if not chunk and not last and not self.sink.started:
+                return  # held by the guards: the client's stream opens with the first bytes they let go
         if self.service_tier is not None and chunk:
             chunk = with_service_tier(chunk, self.service_tier)
         if not self.sink.started:
@@ -341,6 +353,15 @@ class StreamRelay:
             await self._end(chunk)
         elif chunk:
             await self._write(chunk)
+
+    async def _screened(self, chunk: bytes, last: bool) -> tuple[bytes, bool]:
+        """The output guards' part (`guards.output`): what they hold back waits for its check; a
+        block ends the stream here, and closes the engine's, so nothing more is generated."""
+        assert self.screen is not None
+        chunk, last = await self.screen.feed(chunk, last)
+        if self.screen.reason is not None and self._up is not None:
+            self._up.close()
+        return chunk, last
 
     def _bound_preamble(self, now: float) -> None:
         """Bytes keep coming and none is content: bounded in size and in time (`Tally.no_content`)."""
