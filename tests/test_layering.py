@@ -18,7 +18,7 @@ PURE = {
     "types", "errors", "settings", "retry_budget", "wire.sse", "wire.openai", "wire.tokens", "wire.chunks", "wire.join",
     "sim.cost", "sim.kv", "sim.engine", "sim.request", "sim.answer", "sim.fault",
     "front.params", "front.admission", "front.queue", "front.slots", "front.router", "front.preemption", "front.retry", "front.events", "front.front",
-    "front.fairshare", "front.fairqueue", "front.schedulers",
+    "front.fairshare", "front.fairqueue", "front.schedulers", "front.plas", "front.programs", "front.identity",
     "front.intake", "recording.codec", "recording.replay", "front.adaptive", "sim.fit", "gateway.http.classes", "gateway.upstream.backends",
     "config", "gateway.ops.live", "gateway.ops.catalog", "front.capacity",
     "gateway.ops.panels", "gateway.ops.alerts", "gateway.upstream.resume", "gateway.upstream.kinds", "sim.des", "sim.scenario",

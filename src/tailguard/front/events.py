@@ -68,7 +68,9 @@ class Arrive:
     its state (a Responses API follow-up goes where its `previous_response_id` was made), the only
     one that may take it while that backend is in the fleet; `body_bytes`: its body's size, held
     against `QueueParams.max_queued_body_bytes` until it first starts; `shared`: the verdict of the
-    replicas' shared limits on its caller (None: not asked)."""
+    replicas' shared limits on its caller (None: not asked); `program`: the agent program it is a
+    call of (`front.identity`: a session's calls known as one; None: none), which orders it by what
+    that program has received (`front.plas`) and routes it where the program's last call went."""
 
     id: str
     cls: str
@@ -81,6 +83,7 @@ class Arrive:
     pin: str | None = None
     body_bytes: int = 0
     shared: SharedVerdict | None = None
+    program: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from tailguard.front.fairshare import ANONYMOUS, VirtualCounters
 from tailguard.front.params import ClassSpec, QueueParams
+from tailguard.front.plas import order_key
 from tailguard.front.queue import BaseScheduler, Pending, RankedSjfScheduler, _ClassQueue, _Entry
 
 
@@ -52,7 +53,7 @@ class FairShareScheduler(RankedSjfScheduler):
         entry = self._entries[req.id]
         sub.live += 1
         self._push(sub.fifo, (req.arrived_at, entry.seq, entry))
-        self._push(sub.sjf, (float(req.est_tokens), req.arrived_at, entry.seq, entry))
+        self._push(sub.sjf, (order_key(req.level, req.est_tokens), req.arrived_at, entry.seq, entry))
         live = self._caller_live.get(caller, 0)
         if not live:
             self.vtc.arrived(caller, self._caller_live)

@@ -44,6 +44,7 @@ from tailguard.front.limits import CallerLimits, Standing
 from tailguard.front.pacing import Pacer
 from tailguard.front.params import FrontParams
 from tailguard.front.preemption import Candidate, PreemptionPolicy
+from tailguard.front.programs import ProgramBook
 from tailguard.front.queue import Pending
 from tailguard.front.recovery import Recovery
 from tailguard.front.retry import retry_budget
@@ -93,7 +94,8 @@ class Front(Recovery):
         self._queue = make_scheduler(params.queue, params.classes, _weights(params))
         self._slots = BackendPool(params.backends, params.classes, params.health)
         self._ejector = Ejector(params.ejection)
-        self._router = Router(params.routing, self._ejector)
+        self._programs = ProgramBook(params.programs)  # agent programs: service received, home backend
+        self._router = Router(params.routing, self._ejector, self._programs)
         self._hedger = Hedger(params.hedging)
         self._policy = PreemptionPolicy.from_params(params.preemption, params.queue.policy)
         self._budget = retry_budget(params.retry)
@@ -267,14 +269,15 @@ class Front(Recovery):
             self._out.append(refused)
             return
         pending = Pending(req_id, ev.cls, spec.rank, ev.est_tokens, now, now + spec.max_queue_wait_s, caller,
-                          ev.max_tokens)
+                          ev.max_tokens, self._programs.level(ev.program, now))
         queued = self._queue.push(pending, now)
         if queued is not None:
             self._out.append(Reject(req_id, queued.reason, queued.retry_after_s))
             return
         self._budget.record_call(now)
         self._hedger.arrived(ev.cls, now)
-        route = Route(ev.model, ev.prefix, ev.pin) if ev.model is not None or ev.prefix or ev.pin else NO_ROUTE
+        routed = ev.model is not None or ev.prefix or ev.pin or ev.program
+        route = Route(ev.model, ev.prefix, ev.pin, ev.program) if routed else NO_ROUTE
         kept = self.tracks(ev.cls, ev.resumable)
         r = self._reqs[req_id] = Tracked(pending, kept and self.may_suspend(ev.cls), ev.max_tokens, caller, route,
                                          kept, ev.resumable)
@@ -385,6 +388,8 @@ class Front(Recovery):
         if r.caller is not None:
             self._limits.settle(r.caller, r.held, ev.tokens, now)
         self._queue.settled(ev.id, ev.tokens)
+        if r.route.program is not None:
+            self._programs.served(r.route.program, ev.tokens, now)
         p = r.pending
         held = r.state is State.RUNNING or r.state is State.FAILED  # it holds its slot
         if held:
@@ -498,6 +503,7 @@ class Front(Recovery):
         self._limits.reconfigure(params.callers)
         self._ejector.reconfigure(params.ejection)
         self._router.reconfigure(params.routing)
+        self._programs.reconfigure(params.programs)
         self._hedger.reconfigure(params.hedging)
         self._pacer.reconfigure(params.classes)
         self._params = params
@@ -537,6 +543,7 @@ class Front(Recovery):
 
     def _retired(self, backend: str) -> None:
         self._router.forget(backend)
+        self._programs.forget_backend(backend)
         self._ejector.forget(backend)
         self._out.append(Retired(backend))
 
@@ -592,6 +599,8 @@ class Front(Recovery):
     def _bind(self, r: Tracked, backend: str, now: float) -> None:
         self._slots.acquire(backend, r.pending.cls, r.pending.est_tokens)
         self._router.bound(backend, r.route)
+        if r.route.program is not None:
+            self._programs.bound(r.route.program, backend, now)
         self._pacer.started(backend, r.pending.cls, now)
         resumed = r.state is State.SUSPENDED
         mode, after, failed_on = r.again if resumed else (StartMode.FRESH, None, None)

@@ -9,6 +9,8 @@ Policies, by name in `front.schedulers.SCHEDULERS`:
   a real size gap, `sjf_size_ratio`), except that a request which has waited `aging_s` is overtaken
   by no younger request of its rank. A class below its `min_share` of the slots in use goes before
   higher ranks, so a stream of interactive work cannot starve batch work for ever.
+  A call of an agent program goes by its program's attained service before its size
+  (`front.plas`, PLAS): calls of programs that have received less go first; aging bounds it too.
   With `fair_share`, `front.fairqueue.FairShareScheduler` splits each rank between callers
   (VTC) and keeps this rule among each caller's own requests.
 
@@ -31,6 +33,7 @@ from typing import Any, Callable
 
 from tailguard.front.admission import Admission
 from tailguard.front.params import ClassSpec, QueueParams
+from tailguard.front.plas import OrderKey, order_key, overtakes
 from tailguard.front.refusal import Refusal
 from tailguard.types import Outcome, RejectReason
 
@@ -47,6 +50,7 @@ class Pending:
     wait_bound_at: float  # past this instant it leaves the queue with a 503
     caller: str | None = None  # whose request (fair sharing between callers)
     max_tokens: int | None = None  # its output limit: what of `est_tokens` is output (fair sharing)
+    level: int = 0  # its program's attained-service level as it arrived (`front.plas`; 0: none)
 
 
 # Job sizes are bucketed by powers of two to estimate "how many of my rank are shorter than me"
@@ -65,7 +69,7 @@ class _Entry:
 
 
 # Heap items: a sort key tuple whose last element is the entry (seq before it makes keys unique).
-_Item = tuple[float, float, int, _Entry]
+_Item = tuple[OrderKey, float, int, _Entry]
 _FifoItem = tuple[float, int, _Entry]
 
 
@@ -75,7 +79,7 @@ class _ClassQueue:
     def __init__(self, cfg: ClassSpec) -> None:
         self.cfg = cfg
         self.fifo: list[_FifoItem] = []  # (arrived_at, seq, entry)
-        self.sjf: list[_Item] = []  # (est_tokens, arrived_at, seq, entry); unused by FCFS
+        self.sjf: list[_Item] = []  # ((level, est_tokens), arrived_at, seq, entry); unused by FCFS
         self.live = 0
 
 
@@ -264,7 +268,7 @@ class BaseScheduler(abc.ABC):
         q.live += 1
         self._push(q.fifo, (req.arrived_at, entry.seq, entry))
         if self._uses_sjf:
-            self._push(q.sjf, (float(req.est_tokens), req.arrived_at, entry.seq, entry))
+            self._push(q.sjf, (order_key(req.level, req.est_tokens), req.arrived_at, entry.seq, entry))
         self._push(self._deadlines, (req.wait_bound_at, entry.seq, entry))
         self._on_add(req)
 
@@ -442,7 +446,8 @@ class RankedSjfScheduler(BaseScheduler):
                     smallest = j
             assert oldest is not None and smallest is not None
             entry = oldest[2]
-            if oldest[0] > aged_before and smallest[0] * ratio < entry.req.est_tokens:
+            oldest_key = order_key(entry.req.level, entry.req.est_tokens)
+            if oldest[0] > aged_before and overtakes(smallest[0], oldest_key, ratio):
                 entry = smallest[3]
             if admissible is None or admissible(entry.req):
                 return entry

@@ -26,17 +26,26 @@ retry's earlier backends) and has a slot its class may take (`front.slots`). Amo
   cache, and a workload with no shared prefixes is routed exactly as `least-tokens` routes it.
 - `p2c`: the lesser loaded of two drawn at random (a seeded generator: the same events, the same
   choices); `round-robin`: the next in turn.
+
+Program affinity comes first, under every policy but `round-robin`: a call of an agent program
+(`Route.program`) goes to the backend its program's last call went to (`front.programs`: while
+that call's KV is trusted to be there), if that backend may take it and its load is within the
+bound prefix affinity uses (`balance_factor` x the least loaded's plus `balance_slack`); so a
+program's growing context keeps finding the cache that holds it, and sibling calls that arrive
+together land together, without hashing its prompt (Dynamo's and vLLM's routers keep an agent
+session on one worker alike).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from tailguard.front.ejection import Ejector
 from tailguard.front.params import ClassSpec, RoutingParams
 from tailguard.front.prefix import PrefixIndex
+from tailguard.front.programs import ProgramBook
 from tailguard.front.queue import Pending
 from tailguard.front.slots import BackendPool, BackendState
 
@@ -55,6 +64,7 @@ class Route:
     model: str | None = None
     prefix: Sequence[int] = ()
     pin: str | None = None  # the backend that holds the request's state (`Arrive.pin`)
+    program: str | None = None  # the agent program it is a call of (`Arrive.program`)
 
 
 NO_ROUTE = Route()
@@ -63,9 +73,10 @@ NO_ROUTE = Route()
 class Router:
     """The routing policy and what it remembers (where prefixes went, whose turn it is)."""
 
-    def __init__(self, params: RoutingParams, ejector: Ejector) -> None:
+    def __init__(self, params: RoutingParams, ejector: Ejector, programs: ProgramBook | None = None) -> None:
         self.params = params
         self._ejector = ejector
+        self._programs = programs  # where each program's last call went (None: no program affinity)
         self._index = PrefixIndex(params.index_blocks)
         self._rng = random.Random(params.seed)
         self._turn = 0
@@ -151,18 +162,40 @@ class Router:
         def load(s: BackendState) -> float:
             return self._load(s, size, mean, ref, now)
 
+        least = min(cands, key=lambda s: (load(s), s.last_acquired))
+        home = self._home(cands, route, now)
+        if home is not None and self._within(home, least, load, mean, ref, now):
+            return home
         if policy == "p2c":
             a, b = self._rng.sample(cands, 2)
             return a if load(a) <= load(b) else b
-        least = min(cands, key=lambda s: (load(s), s.last_acquired))
         if policy == "prefix-affinity" and route.prefix:
             held = self._affine(cands, route)
-            if held is not None and held is not least:
-                p = self.params
-                slack = p.balance_slack * mean / self._capacity(held, ref, now)
-                if load(held) <= p.balance_factor * load(least) + slack:
-                    return held
+            if held is not None and self._within(held, least, load, mean, ref, now):
+                return held
         return least
+
+    def _within(self, held: BackendState, least: BackendState, load: Callable[[BackendState], float],
+                mean: float, ref: float | None, now: float) -> bool:
+        """Whether an affine backend's load is within the bound: `balance_factor` x the least
+        loaded's, plus `balance_slack` requests' worth."""
+        if held is least:
+            return True
+        p = self.params
+        slack = p.balance_slack * mean / self._capacity(held, ref, now)
+        return load(held) <= p.balance_factor * load(least) + slack
+
+    def _home(self, cands: list[BackendState], route: Route, now: float) -> BackendState | None:
+        """The candidate that took the last call of the request's program, if any."""
+        if route.program is None or self._programs is None:
+            return None
+        name = self._programs.home(route.program, now)
+        if name is None:
+            return None
+        for s in cands:
+            if s.name == name:
+                return s
+        return None
 
     def _affine(self, cands: list[BackendState], route: Route) -> BackendState | None:
         """The candidate that served the longest part of this prompt, if that part is a
