@@ -53,7 +53,7 @@ class FairShareScheduler(RankedSjfScheduler):
         entry = self._entries[req.id]
         sub.live += 1
         self._push(sub.fifo, (req.arrived_at, entry.seq, entry))
-        self._push(sub.sjf, (order_key(req.level, req.est_tokens), req.arrived_at, entry.seq, entry))
+        self._push(sub.sjf, (order_key(req), req.arrived_at, entry.seq, entry))
         live = self._caller_live.get(caller, 0)
         if not live:
             self.vtc.arrived(caller, self._caller_live)

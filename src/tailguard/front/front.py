@@ -268,8 +268,9 @@ class Front(Recovery):
         if refused is not None:
             self._out.append(refused)
             return
+        level, program_at = self._programs.place(ev.program, now)
         pending = Pending(req_id, ev.cls, spec.rank, ev.est_tokens, now, now + spec.max_queue_wait_s, caller,
-                          ev.max_tokens, self._programs.level(ev.program, now))
+                          ev.max_tokens, level, program_at)
         queued = self._queue.push(pending, now)
         if queued is not None:
             self._out.append(Reject(req_id, queued.reason, queued.retry_after_s))

@@ -209,9 +209,10 @@ class ProgramParams:
     `max_programs` programs are remembered, and one not heard from for `ttl_s` is forgotten."""
 
     plas: bool = True  # order a rank's (a caller's) calls by their program's attained service
-    # Attained service below this many tokens is level 0; each level above covers twice the last.
-    quantum_tokens: int = 4096
-    levels: int = 8
+    # Attained service below this many tokens is level 0 (new programs first); each level above
+    # covers twice the last, and within one the oldest program goes first (`front.plas`).
+    quantum_tokens: int = 12288
+    levels: int = 2
     half_life_s: float = 60.0  # a program's attained service halves over this long (llm-d's)
     affinity: bool = True  # a program's call goes where its last one went, while that is not loaded past the bound
     affinity_ttl_s: float = 120.0  # how long after its last call a program's KV is trusted to be in that cache

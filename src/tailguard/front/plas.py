@@ -1,28 +1,36 @@
-"""The program stage of the queue's order: program-level least attained service (PLAS); pure.
+"""The program stage of the queue's order: program-level least attained service (PLAS), then
+the oldest program first; pure.
 
-Inside a rank (and, with fair sharing, inside a caller), a call whose program has received less
-service so far goes first, the shortest job breaking ties, so the first call of a new program is
-not stuck behind a long agent's twentieth, whose context makes each of its calls long. This is
-Autellix's PLAS (Luo et al., "Autellix: An Efficient Serving Engine for LLM Agents as General
-Programs", 2025): a call's priority is its program's attained service when it arrives,
-discretised into levels (its multi-level queues), so calls of programs that have received about
-as much compete by size. A program's service is the tokens its calls used (prompt and generated,
-`front.programs`), so a call with no program (or a program's first) is level 0 and the order of
-requests that name no program is the shortest-job-first order of before.
+Inside a rank (and, with fair sharing, inside a caller), a call goes by its program's level: the
+service the program has received so far (the tokens its calls used, `front.programs`),
+discretised as Autellix discretises it into its multi-level queues (Luo et al., "Autellix: An
+Efficient Serving Engine for LLM Agents as General Programs", 2025): level 0 below one quantum,
+one level more each time it doubles. A lower level goes first, so the first calls of a new
+program are not stuck behind a long agent's twentieth, whose context makes each of its calls long.
+
+Within a level above 0, the call of the program that started first goes first (a program under
+way is finished before a younger one is helped along: the continuing call is favoured). Ordering
+programs of one level by what they received instead (pure least attained service, every level
+apart) serves the long programs in turn, a step each, so they all end late: on the agent
+workload of `benchmarks/agents.py` it raised long programs' P99 E2E by a fifth over ranking them
+by age, and their cache hit ratio fell (docs/agents.md). Within level 0, where every call that
+names no program is, the shortest job goes first as before (across a real size gap); so a
+gateway that sees no programs orders exactly as it did.
 
 Starvation is bounded by the queue's aging (`QueueParams.aging_s`): a call that has waited that
 long is overtaken by no younger call of its rank, whatever its level.
 
-    level(service_tokens=30_000, quantum_tokens=4096, levels=8)       # 3
-    key = order_key(level, est_tokens)                                  # what the queue's heap sorts on
-    overtakes(smallest_key, oldest_key, sjf_size_ratio)                 # does the smallest go before the oldest
+    level(service_tokens=30_000, quantum_tokens=12288, levels=2)      # 1
+    key = order_key(pending)                                             # what the queue's heap sorts on
+    overtakes(first_key, oldest_key, sjf_size_ratio)                     # does the first go before the oldest
 """
 
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
-OrderKey = tuple[int, float]  # (program level, job size in tokens)
+OrderKey = tuple[int, float, float]  # (program level, its program's start in a level above 0, job size)
 
 
 def level(service_tokens: float, quantum_tokens: int, levels: int) -> int:
@@ -33,15 +41,31 @@ def level(service_tokens: float, quantum_tokens: int, levels: int) -> int:
     return min(levels - 1, int(math.log2(service_tokens / quantum_tokens)) + 1)
 
 
-def order_key(program_level: int, est_tokens: int) -> OrderKey:
-    """The key a rank's waiting calls are sorted by: their program's level, then their size."""
-    return program_level, float(est_tokens)
+class Ordered(Protocol):
+    """What the order reads of a waiting call (`front.queue.Pending`)."""
+
+    @property
+    def level(self) -> int: ...
+    @property
+    def program_at(self) -> float: ...
+    @property
+    def est_tokens(self) -> int: ...
 
 
-def overtakes(smallest: OrderKey, oldest: OrderKey, size_ratio: float) -> bool:
+def order_key(req: Ordered) -> OrderKey:
+    """The key a rank's waiting calls are sorted by: their program's level, then (above level 0)
+    the instant their program started, then their size."""
+    lvl = req.level
+    return lvl, req.program_at if lvl else 0.0, float(req.est_tokens)
+
+
+def overtakes(first: OrderKey, oldest: OrderKey, size_ratio: float) -> bool:
     """Whether the call first by `order_key` goes before the oldest waiting call (neither aged):
-    when its program has received less (a lower level), or, at one level, when it is more than
-    `size_ratio` times smaller (shortest job first across a real size gap, as before)."""
-    if smallest[0] != oldest[0]:
-        return smallest[0] < oldest[0]
-    return smallest[1] * size_ratio < oldest[1]
+    when its program has received less (a lower level); at one level above 0, when its program
+    started earlier; else (level 0, or one program) when it is more than `size_ratio` times
+    smaller (shortest job first across a real size gap, as before)."""
+    if first[0] != oldest[0]:
+        return first[0] < oldest[0]
+    if first[1] != oldest[1]:
+        return first[1] < oldest[1]
+    return first[2] * size_ratio < oldest[2]

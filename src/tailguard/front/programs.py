@@ -31,9 +31,10 @@ from tailguard.front.plas import level
 
 
 class _Program:
-    __slots__ = ("service", "served_at", "home", "home_at", "heard_at")
+    __slots__ = ("started_at", "service", "served_at", "home", "home_at", "heard_at")
 
     def __init__(self, now: float) -> None:
+        self.started_at = now  # its first call's arrival (as far as this book remembers)
         self.service = 0.0  # tokens received, decayed to `served_at`
         self.served_at = now
         self.home: str | None = None  # the backend of its last call
@@ -66,6 +67,14 @@ class ProgramBook:
         if program is None or not params.plas:
             return 0
         return level(self.service(program, now), params.quantum_tokens, params.levels)
+
+    def place(self, program: str | None, now: float) -> tuple[int, float]:
+        """A call of `program` arrives: its level (`level`) and the instant its program started,
+        what orders it among its rank's calls (`front.plas`); (0, now) for none."""
+        if program is None:
+            return 0, now
+        p = self._touch(program, now)
+        return self.level(program, now), p.started_at
 
     def home(self, program: str | None, now: float) -> str | None:
         """The backend that took `program`'s last call, while its KV is trusted to be there."""

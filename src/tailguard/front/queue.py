@@ -51,6 +51,7 @@ class Pending:
     caller: str | None = None  # whose request (fair sharing between callers)
     max_tokens: int | None = None  # its output limit: what of `est_tokens` is output (fair sharing)
     level: int = 0  # its program's attained-service level as it arrived (`front.plas`; 0: none)
+    program_at: float = 0.0  # when its program started (`front.plas`: above level 0, older programs first)
 
 
 # Job sizes are bucketed by powers of two to estimate "how many of my rank are shorter than me"
@@ -268,7 +269,7 @@ class BaseScheduler(abc.ABC):
         q.live += 1
         self._push(q.fifo, (req.arrived_at, entry.seq, entry))
         if self._uses_sjf:
-            self._push(q.sjf, (order_key(req.level, req.est_tokens), req.arrived_at, entry.seq, entry))
+            self._push(q.sjf, (order_key(req), req.arrived_at, entry.seq, entry))
         self._push(self._deadlines, (req.wait_bound_at, entry.seq, entry))
         self._on_add(req)
 
@@ -446,8 +447,7 @@ class RankedSjfScheduler(BaseScheduler):
                     smallest = j
             assert oldest is not None and smallest is not None
             entry = oldest[2]
-            oldest_key = order_key(entry.req.level, entry.req.est_tokens)
-            if oldest[0] > aged_before and overtakes(smallest[0], oldest_key, ratio):
+            if oldest[0] > aged_before and overtakes(smallest[0], order_key(entry.req), ratio):
                 entry = smallest[3]
             if admissible is None or admissible(entry.req):
                 return entry

@@ -32,22 +32,30 @@ def test_levels_double_from_one_quantum_and_stop_at_the_last() -> None:
     assert level(1e9, 1000, 1) == 0  # one level: PLAS does nothing
 
 
-def test_a_lower_level_overtakes_whatever_its_size_and_one_level_keeps_the_size_rule() -> None:
-    assert overtakes(order_key(0, 9000), order_key(2, 100), 4.0)
-    assert not overtakes(order_key(2, 100), order_key(0, 9000), 4.0)
-    assert overtakes(order_key(1, 100), order_key(1, 500), 4.0)  # more than 4x smaller
-    assert not overtakes(order_key(1, 200), order_key(1, 500), 4.0)  # no real gap: the oldest
+def key(lvl: int, program_at: float, est: int) -> tuple[int, float, float]:
+    return order_key(Pending("r", "interactive", 0, est, 0.0, 1.0, level=lvl, program_at=program_at))
+
+
+def test_a_lower_level_goes_first_then_the_older_program_then_the_size_rule() -> None:
+    assert overtakes(key(0, 9.0, 9000), key(1, 1.0, 100), 4.0)  # level first, whatever the size or age
+    assert not overtakes(key(1, 1.0, 100), key(0, 9.0, 9000), 4.0)
+    assert overtakes(key(1, 1.0, 9000), key(1, 2.0, 100), 4.0)  # above 0: its program started first
+    assert overtakes(key(1, 1.0, 100), key(1, 1.0, 500), 4.0)  # one program: more than 4x smaller
+    assert not overtakes(key(1, 1.0, 200), key(1, 1.0, 500), 4.0)  # no real gap: the oldest call
+    assert key(0, 5.0, 100) == key(0, 7.0, 100)  # level 0 (no program, a new one): by size alone
 
 
 # --- the book ---------------------------------------------------------------------------------
 
 def test_service_adds_each_calls_tokens_and_halves_over_the_half_life() -> None:
     book = ProgramBook(ProgramParams(half_life_s=10.0, quantum_tokens=1000, levels=8))
+    assert book.place("p", 0.0) == (0, 0.0)  # its first call: level 0, started now
     book.served("p", 3000, now=0.0)
     book.served("p", 1000, now=0.0)
     assert book.service("p", 0.0) == 4000 and book.level("p", 0.0) == 3
     assert book.service("p", 10.0) == pytest.approx(2000) and book.level("p", 10.0) == 2
     assert book.service("p", 40.0) == pytest.approx(250) and book.level("p", 40.0) == 0
+    assert book.place("p", 40.0) == (0, 0.0) and book.place(None, 40.0) == (0, 40.0)
     assert book.service("other", 0.0) == 0 and book.level(None, 0.0) == 0
     assert ProgramBook(ProgramParams(plas=False)).level("p", 0.0) == 0
 
@@ -79,8 +87,9 @@ def test_the_book_is_bounded_by_count_and_by_silence() -> None:
 
 # --- the queue's order ------------------------------------------------------------------------
 
-def call(req_id: str, est: int, at: float, lvl: int = 0, caller: str | None = None) -> Pending:
-    return Pending(req_id, "interactive", 0, est, at, at + 600.0, caller, None, lvl)
+def call(req_id: str, est: int, at: float, lvl: int = 0, caller: str | None = None,
+         program_at: float = 0.0) -> Pending:
+    return Pending(req_id, "interactive", 0, est, at, at + 600.0, caller, None, lvl, program_at)
 
 
 def drain(s: RankedSjfScheduler, now: float) -> list[str]:
@@ -90,13 +99,21 @@ def drain(s: RankedSjfScheduler, now: float) -> list[str]:
     return out
 
 
-def test_calls_of_programs_that_received_less_go_first_size_breaking_ties() -> None:
+def test_new_programs_go_first_then_the_programs_under_way_oldest_first() -> None:
     s = RankedSjfScheduler(QueueParams(aging_s=10.0), [CHAT])
-    s.push(call("agent-20th", 30_000, 0.0, lvl=5), 0.0)
-    s.push(call("agent-3rd", 8_000, 0.1, lvl=2), 0.1)
+    s.push(call("young-agent", 8_000, 0.0, lvl=1, program_at=0.0), 0.0)
+    s.push(call("old-agent", 30_000, 0.1, lvl=1, program_at=-100.0), 0.1)
     s.push(call("new-big", 6_000, 0.2), 0.2)
     s.push(call("new-small", 1_000, 0.3), 0.3)
-    assert drain(s, 1.0) == ["new-small", "new-big", "agent-3rd", "agent-20th"]
+    assert drain(s, 1.0) == ["new-small", "new-big", "old-agent", "young-agent"]
+
+
+def test_pure_plas_over_more_levels_orders_by_what_each_program_received() -> None:
+    s = RankedSjfScheduler(QueueParams(aging_s=10.0), [CHAT])
+    s.push(call("agent-20th", 30_000, 0.0, lvl=5, program_at=-90.0), 0.0)
+    s.push(call("agent-3rd", 8_000, 0.1, lvl=2, program_at=-5.0), 0.1)
+    s.push(call("new", 6_000, 0.2), 0.2)
+    assert drain(s, 1.0) == ["new", "agent-3rd", "agent-20th"]
 
 
 def test_without_programs_the_order_is_shortest_first_as_before() -> None:
