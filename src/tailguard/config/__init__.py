@@ -7,7 +7,7 @@ The models are split by section, one module each: base.py (the shared base model
 defaults), classes.py, backends.py, scheduler.py, upstream.py (timeouts, health probes, retries), fleet.py
 (routing, ejection),
 auth.py, limits.py (bounds on what backends and clients may cost), telemetry.py (traces), state.py (limits shared
-by replicas through Redis), gateway.py (`GatewayConfig`, the whole file), problems.py (validation errors as text) and
+by replicas through Redis), programs.py (agent programs), gateway.py (`GatewayConfig`, the whole file), problems.py (validation errors as text) and
 loading.py (`load_config`). Every public name is importable from here.
 """
 
@@ -20,6 +20,7 @@ from tailguard.config.fleet import EjectionConfig, HedgingConfig, RoutingConfig
 from tailguard.config.gateway import GatewayConfig
 from tailguard.config.limits import LimitsConfig
 from tailguard.config.loading import load_config
+from tailguard.config.programs import ProgramsConfig
 from tailguard.config.scheduler import OutputEstimateConfig, SchedulerConfig, SchedulerPolicy
 from tailguard.config.state import StateConfig
 from tailguard.config.telemetry import TelemetryConfig
@@ -28,6 +29,6 @@ from tailguard.config.upstream import HealthConfig, RetryConfig, TimeoutsConfig
 __all__ = [
     "AdaptiveConfig", "ApiKeyConfig", "AuthConfig", "BackendConfig", "BackendKind", "BatchesConfig", "CapMode", "ClassConfig",
     "EjectionConfig", "GatewayConfig", "HedgingConfig", "HealthConfig", "LimitsConfig", "OutputEstimateConfig",
-    "RetryConfig", "RoutingConfig", "SchedulerConfig",
+    "ProgramsConfig", "RetryConfig", "RoutingConfig", "SchedulerConfig",
     "SchedulerPolicy", "ServiceTier", "StateConfig", "TelemetryConfig", "TimeoutsConfig", "default_classes", "load_config",
 ]

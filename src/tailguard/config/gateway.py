@@ -24,6 +24,7 @@ from tailguard.config.classes import POOLING_CLASS, ClassConfig, default_classes
 from tailguard.config.fleet import EjectionConfig, HedgingConfig, RoutingConfig
 from tailguard.config.limits import LimitsConfig
 from tailguard.config.problems import validate
+from tailguard.config.programs import ProgramsConfig
 from tailguard.config.scheduler import SchedulerConfig
 from tailguard.config.state import StateConfig
 from tailguard.config.telemetry import TelemetryConfig
@@ -97,6 +98,8 @@ class GatewayConfig(_Model):
                                    description="OpenAI's Files and Batches API: journal, files, limits (docs/batch.md).")
     state: StateConfig = Field(default_factory=StateConfig,
                                description="Limits shared by replicas through Redis (off by default).")
+    programs: ProgramsConfig = Field(default_factory=ProgramsConfig,
+                                     description="Agent programs: a session's calls known as one (docs/agents.md).")
 
     def front_params(self, continues: dict[str, bool] | None = None) -> fp.FrontParams:
         """The front's parameters; `continues` maps a backend to whether its kind can continue a
@@ -114,6 +117,7 @@ class GatewayConfig(_Model):
             routing=self.routing.params(),
             ejection=self.ejection.params(),
             hedging=self.hedging.params(),
+            programs=self.programs.params(),
         )
 
     def intake_params(self) -> fp.IntakeParams:

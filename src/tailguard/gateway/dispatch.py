@@ -94,8 +94,9 @@ class Dispatcher:
         self._tickets[ticket.id] = ticket
         if progress is not None:
             progress.on_tokens = partial(self.generated, ticket)
+        program = ticket.program
         self._handle(Arrive(ticket.id, ticket.cls, est_tokens, progress is not None, max_tokens, ticket.caller,
-                            ticket.model, prefix, pin, body_bytes, shared))
+                            ticket.model, prefix, pin, body_bytes, shared, None if program is None else program.id))
         try:
             # A future that is already done (idle gateway) returns here without yielding.
             return await waiter

@@ -27,6 +27,7 @@ from tailguard.clock import monotonic
 from tailguard.errors import APIError, Overloaded
 from tailguard.front.counts import Counts
 from tailguard.front.events import Start, StartMode
+from tailguard.front.identity import Program
 from tailguard.front.intake import NO_CLASS
 from tailguard.gateway.upstream.resume import Transcript
 from tailguard.gateway.upstream.watchdog import DeadlineWatch
@@ -57,6 +58,7 @@ class Request:
     cls: str = NO_CLASS
     caller: str | None = None  # its API key's name, when keys are configured
     model: str | None = None  # the model it names (an alias resolved)
+    program: Program | None = None  # the agent program it is a call of, and which call (`front.identity`)
     rate_headers: dict[str, str] | None = None  # where the caller's limits stand (x-ratelimit-*)
     # From the front's decisions.
     backend: str = "-"

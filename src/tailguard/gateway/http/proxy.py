@@ -21,6 +21,8 @@ from tailguard.clock import monotonic
 from tailguard.errors import APIError
 from tailguard.front.intake import NO_CLASS, Asked
 from tailguard.config import GatewayConfig
+from tailguard.config.base import fingerprint
+from tailguard.front.identity import ProgramFinder
 from tailguard.gateway.exchange import Context, Ending, Exchange, Job
 from tailguard.gateway.http.classes import ClassTable
 from tailguard.gateway.http.inbound import AiohttpInbound, Inbound, Reply
@@ -35,7 +37,7 @@ from tailguard.types import Outcome, RejectReason
 from tailguard.wire.openai import (
     CHUNKED, Endpoint, error_body, error_headers, parse_request,
 )
-from tailguard.wire.headers import bearer_key, class_header
+from tailguard.wire.headers import agent_session, bearer_key, class_header, session_header
 from tailguard.wire.prefix import prefix_blocks
 
 if TYPE_CHECKING:
@@ -58,6 +60,12 @@ def client_request_id(headers: Mapping[str, str]) -> str | None:
     return _NOT_ID.sub("", raw[: _MAX_REQUEST_ID * 2])[:_MAX_REQUEST_ID] or None
 
 
+def program_digest(name: str) -> str:
+    """A program's id: its name keyed by this install's fingerprint key, so an id in the access log
+    cannot be turned back into a user's or a session's id by hashing guesses (`config.base.fingerprint`)."""
+    return fingerprint("program\n" + name).removeprefix("key:")
+
+
 def error_response(err: APIError, extra: dict[str, str] | None = None) -> web.Response:
     headers = error_headers(err)
     if extra:
@@ -74,6 +82,7 @@ class Proxy:
         self._cfg = cfg
         self._tracer = tracer  # None: telemetry off, and no request carries a trace
         self._affine = _affine(cfg)
+        self._programs = ProgramFinder(cfg.programs.params(), program_digest)  # who is whose program (docs/agents.md)
         self._classes = classes
         self._ctx = ctx
         self._dispatcher = ctx.dispatcher
@@ -93,6 +102,7 @@ class Proxy:
         `cfg`; those in flight keep the class and caps they were given."""
         self._cfg, self._classes = cfg, classes
         self._affine = _affine(cfg)
+        self._programs.reconfigure(cfg.programs.params())
         if self.shared is not None:
             self.shared.reconfigure(cfg.auth.callers())
 
@@ -189,6 +199,8 @@ class Proxy:
         progress = self._dispatcher.progress(cls.name, accepted.resumable)
         # Hashed only where a choice between backends can use it: one backend needs no affinity.
         prefix = prefix_blocks(t.prompt_text or parsed.prompt_text()) if self._affine else ()  # (kept: log_prompts)
+        t.program = self._programs.find(parsed, t.caller, session_header(headers), agent_session(headers),
+                                        t.arrived_at, prefix or None)
         shared, verdict, held = self.shared, None, None
         try:
             if shared is not None and t.caller is not None:  # one Redis round trip (`gateway.shared.limits`)

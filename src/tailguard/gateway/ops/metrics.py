@@ -236,6 +236,8 @@ class GatewayMetrics:
         self.caller_requests = f["tailguard_caller_requests"]
         self.caller_tokens = f["tailguard_caller_tokens"]
         self.caller_label = CallerLabels()
+        self.program_calls = f["tailguard_program_calls"]
+        self.programs = f["tailguard_programs"]
         self.genai_ttft: ChunkHistograms = f["gen_ai_server_time_to_first_token_seconds"]
         self.genai_tpot: ChunkHistograms = f["gen_ai_server_time_per_output_token_seconds"]
         self.genai_duration: ChunkHistograms = f["gen_ai_server_request_duration_seconds"]
@@ -415,6 +417,11 @@ def record_finish(m: GatewayMetrics, t: Request) -> None:
         c.prompt_tokens.inc(prompt)
     if t.output_tokens:
         c.output_tokens.inc(t.output_tokens)
+    program = t.program
+    if program is not None:
+        m.program_calls.labels(t.cls, program.source).inc()
+        if program.call == 1:
+            m.programs.labels(t.cls, program.source).inc()
     if t.caller is not None:
         caller = m.caller_label(t.caller)  # `other` past the first callers seen: bounded series
         m.caller_requests.labels(caller, outcome.value).inc()
@@ -457,6 +464,8 @@ def access_log(t: Request, *, method: str, path: str, logged_text: bool = False)
         rec["hedges"] = counts.hedges
     if t.caller is not None:
         rec["caller"] = t.caller
+    if t.program is not None:  # its program by a digest (never the session or user id itself), and which call
+        rec["program"], rec["program_call"], rec["program_source"] = t.program.id, t.program.call, t.program.source
     if t.output_estimated:
         rec["output_tokens_estimated"] = True
     if logged_text:
