@@ -40,7 +40,9 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from tailguard.bench.workload import Distribution, Fixed, SystemPrompt, _int_is_fixed, _Model, arrival_gaps
+from tailguard.bench.workload import (
+    Distribution, Fixed, RequestClass, SystemPrompt, Workload, _int_is_fixed, _Model, arrival_gaps,
+)
 from tailguard.errors import ConfigError
 
 NamedBy = Literal["header", "user", "prompt_cache_key", "none"]
@@ -120,6 +122,13 @@ class AgentWorkload(_Model):
     name: str = Field(min_length=1)
     description: str = ""
     programs: list[ProgramClass] = Field(min_length=1)
+
+    def as_workload(self) -> Workload:
+        """Its program classes as a request workload (each call is a request of its program's
+        class): what a run's description, statistics and report read."""
+        return Workload(name=self.name, description=self.description, endpoint="chat", classes=[
+            RequestClass(name=c.name, weight=c.weight, max_tokens=c.max_tokens, stream=c.stream, headers=c.headers,
+                         body=c.body) for c in self.programs])
 
     @model_validator(mode="after")
     def _unique(self) -> AgentWorkload:

@@ -28,6 +28,7 @@ from typing import Any, Awaitable, Callable
 import aiohttp
 
 from tailguard import __version__
+from tailguard.bench.agents import agent_workload
 from tailguard.bench.sender import Sender
 from tailguard.bench.sender import Timeouts as Timeouts  # part of BenchConfig, so importable here too
 from tailguard.bench.recorder import RequestRecord
@@ -145,7 +146,10 @@ async def run_load(config: BenchConfig, progress: Callable[[LoadProgress], None]
     the event loop. Setting `stop` interrupts the run (`meta["interrupted"]` says when and how
     many were cut). A worker of a spread run (`bench.workers`) passes `origin`, which says when
     its clock starts (the same instant for all)."""
-    if isinstance(config.workload, Workload):
+    agents = agent_workload(config.workload)  # programs of calls (`bench.programs`), else requests
+    if agents is not None:
+        workload, base_dir = agents.as_workload(), None
+    elif isinstance(config.workload, Workload):
         workload, base_dir = config.workload, None
     else:
         workload, base_dir = load_workload(config.workload)
@@ -162,7 +166,13 @@ async def run_load(config: BenchConfig, progress: Callable[[LoadProgress], None]
         gateway = await gateway_config(session, url, api_key=config.api_key, timeout_s=config.timeouts.connect_s + 5.0)
         engine = None if gateway is not None else await engine_name(session, url, timeout_s=config.timeouts.connect_s + 5.0)
         factory = RequestFactory(workload, seed=config.seed, model=target.model, base_dir=base_dir)
-        run = _Run(config, workload, factory, session, target.model, progress, stop, origin)
+        if agents is None:
+            run = _Run(config, workload, factory, session, target.model, progress, stop, origin)
+        else:
+            from tailguard.bench.programs import ProgramRun  # built on _Run: imported here, not at the top
+
+            run = ProgramRun(agents, time_scale, config, workload, factory, session, target.model, progress, stop,
+                             origin)
         result = await run.go()
     result.meta["gateway_config"] = gateway
     result.meta["target_time_scale"] = target.time_scale  # announced by a simulator (or a gateway before one)
@@ -223,7 +233,7 @@ class _Run:
         self._stopping = False
         self._interrupted_after_s: float | None = None
         self._send_task: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     async def go(self) -> RunResult:
         started = _dt.datetime.now(_dt.timezone.utc)
@@ -348,17 +358,19 @@ class _Run:
 
     # --- one request ---
 
-    async def _one(self, req: PlannedRequest, due_s: float, warmup: bool) -> None:
+    async def _one(self, req: PlannedRequest, due_s: float, warmup: bool, answer: list[str] | None = None,
+                   ) -> RequestRecord:
         rec = RequestRecord(index=req.index, cls=req.cls, warmup=warmup, scheduled_at=due_s,
                             prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens, stream=req.stream)
         self.records.append(rec)
         self.in_flight += 1
         try:
-            await self.sender.send(req, rec)
+            await self.sender.send(req, rec, answer)
         finally:
             self.in_flight -= 1
             if not rec.ok and rec.error_kind != "interrupted":
                 self.failed += 1
+        return rec
 
     # --- bookkeeping ---
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from tailguard.bench.agents import AgentWorkload, ProgramPlan
 from tailguard.clock import VirtualClock
 from tailguard.front.front import Front
-from tailguard.sim.des import run_fleet
+from tailguard.sim.des import Tap, run_fleet
 from tailguard.sim.scenario import Arrival, Host, Timeline
 from tailguard.types import Outcome
 from tailguard.wire.headers import CLASS_HEADER
@@ -76,10 +76,11 @@ class _Program:
 
 
 def simulate_programs(hosts: Sequence[Host], front: Front | None, workload: AgentWorkload,
-                      plans: Sequence[ProgramPlan], clock: VirtualClock | None = None,
+                      plans: Sequence[ProgramPlan], clock: VirtualClock | None = None, tap: Tap | None = None,
                       ) -> tuple[list[ProgramRun], list[Timeline]]:
     """Play `plans` through the fleet (behind `front`, else straight to the one host); every
-    program runs to its end or its first failed call."""
+    program runs to its end or its first failed call. `tap` hears the front's conversation
+    (`sim.des.run_fleet`)."""
     classes = {c.name: c for c in workload.programs}
     block = hosts[0].engine.config.block_size
     programs: dict[str, _Program] = {}  # call id -> its program
@@ -126,7 +127,7 @@ def simulate_programs(hosts: Sequence[Host], front: Front | None, workload: Agen
         runs.append(p.run)
         first += calls(p, plan.start_s)
     first.sort(key=lambda a: a.at)
-    timelines = run_fleet(hosts, first, clock or VirtualClock(), front, follow_up=follow_up)
+    timelines = run_fleet(hosts, first, clock or VirtualClock(), front, follow_up=follow_up, tap=tap)
     return runs, timelines
 
 
