@@ -1,13 +1,19 @@
 """An agent workload on virtual time: each step sent when the last one's answers are all in plus
 its tool time, each prompt the conversation so far (found in the engine's prefix cache), siblings
-sent together, and the front told each call's program."""
+sent together, the front told each call's program, and the conversation replayed identically."""
 
 from __future__ import annotations
 
-from tailguard.bench.agents import ProgramPlan, Step, parse_agents
-from tailguard.front.events import Arrive
+import itertools
+import json
+from collections.abc import Sequence
+
+from tailguard.bench.agents import ProgramPlan, Step, parse_agents, plan_programs
+from tailguard.front.events import Arrive, Decision, Event
 from tailguard.front.front import Front
-from tailguard.front.params import BackendSpec, ClassSpec, FrontParams
+from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, ProgramParams, QueueParams
+from tailguard.recording.codec import Header, header_line, read, step_line
+from tailguard.recording.replay import conform
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.engine import Engine
 from tailguard.sim.scenario import Host
@@ -54,3 +60,29 @@ def test_an_anonymous_program_names_none_and_shares_no_system_prompt() -> None:
     plans = [ProgramPlan(i, "anonymous", 0.0, 64, (Step(0, 0.0, (8,)),)) for i in range(2)]
     runs, timelines = simulate_programs(hosts(), None, WORKLOAD, plans)
     assert all(r.ok for r in runs) and all(t.cached_tokens == 0 for t in timelines)
+
+
+def test_a_saturated_agent_run_on_two_engines_replays_decision_for_decision() -> None:
+    """The DES's conversation with its front, programs and all (their levels, their homes), is a
+    recording a fresh front replays identically: the DES is a full second driver of the program
+    stage, as the gateway is."""
+    w = parse_agents({"name": "t", "programs": [
+        {"name": "short", "weight": 3, "steps": {"dist": "uniform", "low": 1, "high": 3}, "tool_tokens": 200,
+         "system_prompt": {"tokens": 300}, "max_tokens": 20, "tool_gap_s": 0.2},
+        {"name": "long", "steps": 8, "tool_tokens": 400, "system_prompt": {"tokens": 300}, "max_tokens": 20,
+         "parallel": {"dist": "uniform", "low": 1, "high": 2}, "tool_gap_s": 0.2}]})
+    params = FrontParams(classes=[ClassSpec("interactive", max_queue_wait_s=600.0)],
+                         backends=[BackendSpec(n, max_concurrency=2) for n in ("a", "b")],
+                         queue=QueueParams(aging_s=5.0), programs=ProgramParams(quantum_tokens=2000))
+    cfg = EngineConfig.from_preset("h100-llama8b", max_num_seqs=2, enable_prefix_caching=True)
+    lines: list[str] = []
+
+    def tape(event: Event, now: float, preempt: bool, decisions: Sequence[Decision]) -> None:
+        lines.append(json.dumps(step_line(event, now, preempt, decisions)))
+
+    plans = list(itertools.islice(plan_programs(w, rate=6.0, seed=2), 40))
+    runs, timelines = simulate_programs([Host("a", Engine(cfg)), Host("b", Engine(cfg))], Front(params), w, plans,
+                                        tap=tape)
+    assert all(r.ok for r in runs) and max(t.front_queue_s or 0.0 for t in timelines) > 0.5  # it queued
+    result = conform(read([json.dumps(header_line(Header(params))), *lines]))
+    assert result.identical, str(result)
