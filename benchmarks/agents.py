@@ -47,22 +47,23 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from tailguard.bench.agents import AgentWorkload, agent_workload, plan_programs
-from tailguard.cli.experiment import free_port, spawned, stop_process, wait_healthy
+from tailguard.cli.experiment import free_port, spawned
 from tailguard.config import GatewayConfig
 from tailguard.front.front import Front
+from tailguard.front.identity import ProgramFinder
 from tailguard.front.params import BackendSpec, FrontParams, ProgramParams, QueueParams, RoutingParams
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.engine import Engine
 from tailguard.sim.scenario import Host, Timeline
 from tailguard.sweep.agents import ProgramRun, simulate_programs
+from tailguard.wire.openai import validate_body
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_des_speed import pct  # noqa: E402  beside this script: one nearest-rank percentile for all
+from fleet_routing import cache_counters, smg  # noqa: E402  beside this script: the engines' hit counters, smg
+from sim_des_speed import pct  # noqa: E402  one nearest-rank percentile for all
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -169,45 +170,15 @@ async def tailguard(urls: list[str], programs: dict[str, Any] | None, logs: Path
         yield f"http://127.0.0.1:{port}"
 
 
-@contextlib.asynccontextmanager
-async def smg(urls: list[str], policy: str, logs: Path) -> AsyncIterator[str]:
-    port = free_port()
-    exe = Path(sys.executable).with_name("smg")
-    argv = [str(exe), "launch", "--host", "127.0.0.1", "--port", str(port), "--policy", policy, "--worker-urls", *urls]
-    with open(logs / f"smg-{policy}.log", "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        try:
-            await wait_healthy(f"http://127.0.0.1:{port}/health", proc, timeout_s=60)
-            await asyncio.sleep(1.0)
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            stop_process(proc)
-
-
-async def cache_counters(urls: list[str]) -> tuple[float, float]:
-    hits = queries = 0.0
-    async with aiohttp.ClientSession() as s:
-        for u in urls:
-            async with s.get(u + "/metrics") as r:
-                text = await r.text()
-            for fam in text_string_to_metric_families(text):
-                for sample in fam.samples:
-                    if sample.name == "vllm:prefix_cache_hits_total":
-                        hits += sample.value
-                    elif sample.name == "vllm:prefix_cache_queries_total":
-                        queries += sample.value
-    return hits, queries
-
-
 def http_routers() -> dict[str, Callable[[list[str], Path], contextlib.AbstractAsyncContextManager[str]]]:
     arms: dict[str, Callable[[list[str], Path], contextlib.AbstractAsyncContextManager[str]]] = {}
     has_smg = shutil.which("smg", path=str(Path(sys.executable).parent)) is not None
     if has_smg:
-        arms["round-robin"] = lambda urls, logs: smg(urls, "round_robin", logs)
+        arms["round-robin"] = lambda urls, logs: smg(urls, logs, "round_robin")
     arms["tailguard without programs"] = lambda urls, logs: tailguard(urls, WITHOUT_PROGRAMS, logs, "without")
     arms["tailguard"] = lambda urls, logs: tailguard(urls, None, logs, "tailguard")
     if has_smg:
-        arms["smg cache_aware"] = lambda urls, logs: smg(urls, "cache_aware", logs)
+        arms["smg cache_aware"] = lambda urls, logs: smg(urls, logs, "cache_aware")
     return arms
 
 
@@ -247,6 +218,29 @@ def bench_compare(before: str, after: str) -> None:
     if (b / "summary.json").is_file() and (a / "summary.json").is_file():
         subprocess.run([sys.executable, "-m", "tailguard", "bench", "compare", str(b), str(a)],
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+
+
+# --- what finding a program costs the gateway ----------------------------------------------------
+
+def identity_cost() -> dict[str, float]:
+    """Microseconds per `ProgramFinder.find` (what the proxy calls for every request), by case:
+    named by a field; a 200-token chat that names nothing (inferred: its text and block hashes);
+    a 10,000-token conversation inferred as the last one's continuation."""
+    finder = ProgramFinder(ProgramParams())
+    chat = [{"role": "user", "content": "hello " * 130}]
+    talk = [{"role": "system", "content": "x " * 8000}, {"role": "user", "content": "task " * 1000}]
+    cases = {"named (user)": (validate_body({"model": "m", "messages": chat, "user": "u"}, "chat"), 5000),
+             "200 tokens, nothing names it": (validate_body({"model": "m", "messages": chat}, "chat"), 5000)}
+    finder.find(validate_body({"model": "m", "messages": talk}, "chat"), None, None, None, 0.0)
+    talk += [{"role": "assistant", "content": "ok " * 200}, {"role": "user", "content": "tool " * 4000}]
+    cases["10,000 tokens, a continuation"] = (validate_body({"model": "m", "messages": talk}, "chat"), 500)
+    out = {}
+    for name, (parsed, n) in cases.items():
+        t0 = time.perf_counter()
+        for i in range(n):
+            finder.find(parsed, None, None, None, 1.0 + i * 1e-3)
+        out[name] = round((time.perf_counter() - t0) / n * 1e6, 1)
+    return out
 
 
 # --- the report -----------------------------------------------------------------------------------
@@ -301,6 +295,7 @@ async def main(args: argparse.Namespace) -> None:
     for part, skipped in (("des", args.skip_des), ("http", args.skip_http)):
         if not skipped:
             out[f"{part}_args"] = vars(args)
+    out["identity_us"] = identity_cost()
     if not args.skip_des:
         for name, params in des_arms().items():
             out["des"][name] = des_run(w, params, args.des_rate, args.des_programs, args.seed)
@@ -328,6 +323,8 @@ async def main(args: argparse.Namespace) -> None:
         a = out["http_args"]
         md += [f"## HTTP ({a['http_programs']} programs at {a['http_rate']} a second, seed {a['seed']})", "",
                table(out["http"]), "", *verdicts(out["http"], "HTTP"), ""]
+    md += ["Finding a call's program (`ProgramFinder.find`, once per request in the gateway's proxy), microseconds a "
+           "call on this machine: " + ", ".join(f"{k} {v}" for k, v in out["identity_us"].items()) + ".", ""]
     (RESULTS / "agents.md").write_text("\n".join(md))
     print("\n".join(md))
 

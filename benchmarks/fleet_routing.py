@@ -164,12 +164,13 @@ async def tailguard(policy: str, urls: list[str], logs: Path) -> AsyncIterator[s
 
 
 @contextlib.asynccontextmanager
-async def smg(urls: list[str], logs: Path) -> AsyncIterator[str]:
+async def smg(urls: list[str], logs: Path, policy: str = "cache_aware") -> AsyncIterator[str]:
+    """SGLang's model gateway in front of `urls`, routing by `policy` (benchmarks/agents.py runs two)."""
     port = free_port()
     exe = Path(sys.executable).with_name("smg")
-    argv = [str(exe), "launch", "--host", "127.0.0.1", "--port", str(port), "--policy", "cache_aware",
+    argv = [str(exe), "launch", "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
             "--worker-urls", *urls]
-    with open(logs / "smg.log", "wb") as log:
+    with open(logs / f"smg-{policy}.log", "wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
             await wait_healthy(f"http://127.0.0.1:{port}/health", proc, timeout_s=60)
