@@ -9,13 +9,14 @@ one level more each time it doubles. A lower level goes first, so the first call
 program are not stuck behind a long agent's twentieth, whose context makes each of its calls long.
 
 Within a level above 0, the call of the program that started first goes first (a program under
-way is finished before a younger one is helped along: the continuing call is favoured). Ordering
-programs of one level by what they received instead (pure least attained service, every level
-apart) serves the long programs in turn, a step each, so they all end late: on the agent
-workload of `benchmarks/agents.py` it made long programs' P99 E2E 1.58x what ranking them by age
-gives, and the engines' prefix hit ratio fell from 0.64 to 0.47 (docs/agents.md). Within level 0, where every call that
-names no program is, the shortest job goes first as before (across a real size gap); so a
-gateway that sees no programs orders exactly as it did.
+way is finished before a younger one is helped along: the continuing call is favoured). With the
+default of 2 levels that is: new programs first, then the programs under way by age. Splitting the
+programs under way by what they received instead (least attained service across 8 levels) serves
+the long programs in turn, a step each, so they all end late: on the agent workload of
+`benchmarks/agents.py` it made long programs' P99 E2E 1.58x what ranking them by age gives, and
+the engines' prefix hit ratio fell from 0.64 to 0.47 (docs/agents.md). Within level 0, where
+every call that names no program is, the shortest job goes first as before (across a real size
+gap); so a gateway that sees no programs orders exactly as it did.
 
 Starvation is bounded by the queue's aging (`QueueParams.aging_s`): a call that has waited that
 long is overtaken by no younger call of its rank, whatever its level.
