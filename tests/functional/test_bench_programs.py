@@ -51,6 +51,7 @@ async def test_an_agent_workload_runs_as_programs_and_is_reported_per_program(
     assert len({ln["program"] for ln in lines}) == 12
     assert sample(m, "tailguard_programs_total", **{"class": "interactive", "source": "x-tailguard-program"}) == 12
     summary = write_outputs(result, tmp_path / "a")
+    assert "<h2>Programs</h2>" in (tmp_path / "a" / "report.html").read_text()
     progs = summary["programs"]
     assert progs["overall"]["count"] == 12 and progs["overall"]["failed"] == 0
     assert set(progs["classes"]) == {"short", "long"} and progs["classes"]["long"]["calls_mean"] >= 4
