@@ -119,7 +119,7 @@ class ArmResult:
 
 
 async def _stream(client: openai.AsyncOpenAI) -> None:
-    stream = await client.chat.completions.create(model="m", messages=CHAT, max_tokens=TOKENS, stream=True)
+    stream = await client.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=TOKENS, stream=True)
     async for _ in stream:  # read to the end, as a caller would
         pass
 
@@ -156,7 +156,7 @@ def naive_client(url: str, i: int, sent: list[float], clock: Clock) -> openai.As
 async def _blockers(session: aiohttp.ClientSession, url: str) -> list[aiohttp.ClientResponse]:
     """Streams that hold every slot (4,000 tokens: about half a minute at 64 sequences); each
     returns once its first content has arrived."""
-    body = {"model": "m", "messages": CHAT, "max_tokens": 4000, "stream": True}
+    body = {"model": "tailguard-sim", "messages": CHAT, "max_tokens": 4000, "stream": True}
 
     async def one() -> aiohttp.ClientResponse:
         r = await session.post(f"{url}/v1/chat/completions", json=body)
@@ -173,7 +173,7 @@ async def _warm_up(client: openai.AsyncOpenAI) -> None:
     """One refused call, not counted: the SDK imports its resources and builds its request
     transforms on first use, which would otherwise delay the first arm's first tries."""
     with contextlib.suppress(openai.OpenAIError):
-        await client.chat.completions.create(model="m", messages=CHAT, max_tokens=1)
+        await client.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=1)
     await client.close()
 
 

@@ -2,6 +2,11 @@
 token-fair sharing (`scheduler.fair_share`, VTC), in the discrete-event simulator and over HTTP
 (the real gateway in front of the real simulator, in process, on loopback).
 
+What fair sharing (on by default once two callers are named) costs when nobody floods: the
+three alone with it on (`solo, fair_share`), and one caller alone sending what the three send
+together, with and without it (`one caller`: its TTFT and E2E, suspensions, and the DES's own run
+time, which is the front's CPU).
+
 Each well-behaved caller sends `rate` chats a second (Poisson), the flood `5 x rate`; one
 preemptible class, one engine of `slots` sequences behind a gateway cap of `slots`. Runs: the
 three alone (their baseline), then with the flood under plain ranked-sjf, under VTC as the paper
@@ -52,15 +57,16 @@ WAIT_S = 1e5  # the class's queue bound: long enough that the flood queues rathe
 VTC = {"fair_share": True, "fair_credit": 0.0, "fair_preempt_gap": None}  # as the paper has it
 # (label, with the flood, scheduler settings)
 RUNS: tuple[tuple[str, bool, dict[str, Any]], ...] = (
-    ("solo", False, {}), ("flood, ranked-sjf", True, {}), ("flood, fair_share as VTC", True, VTC),
-    ("flood, fair_share", True, {"fair_share": True}))
+    ("solo", False, {}), ("solo, fair_share", False, {"fair_share": True}), ("flood, ranked-sjf", True, {}),
+    ("flood, fair_share as VTC", True, VTC), ("flood, fair_share", True, {"fair_share": True}))
 
 
-def load(seconds: float, rate: float, flood: bool, seed: int) -> list[tuple[float, str]]:
+def load(seconds: float, rate: float, flood: bool, seed: int,
+         callers: tuple[str, ...] = CALLERS) -> list[tuple[float, str]]:
     """(instant, caller) of every request, Poisson per caller, seeded."""
     rng = random.Random(seed)
     out: list[tuple[float, str]] = []
-    for caller, r in [(c, rate) for c in CALLERS] + ([(FLOOD, 5 * rate)] if flood else []):
+    for caller, r in [(c, rate) for c in callers] + ([(FLOOD, 5 * rate)] if flood else []):
         t = rng.expovariate(r)
         while t < seconds:
             out.append((t, caller))
@@ -103,6 +109,26 @@ def des(args: argparse.Namespace, flood: bool, settings: dict[str, Any]) -> dict
     return out | {"well_behaved_queue_wait_p99_s": pct(waits, 0.99), "well_behaved_engine_p99_s": pct(engine, 0.99)}
 
 
+def one_caller(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
+    """One caller alone, sending what the three well-behaved send together, in the DES: its TTFT
+    and E2E past the warm-up, the suspensions, and the wall time of the run (the front's CPU)."""
+    front = Front(FrontParams(
+        classes=[ClassSpec(name="interactive", max_queue_len=100_000, max_queue_wait_s=WAIT_S, preemptible=True)],
+        backends=[BackendSpec("engine", max_concurrency=args.slots, continues=True)],
+        queue=QueueParams(**settings), callers=[CallerSpec(c) for c in (*CALLERS, FLOOD)]))
+    arrivals = [Arrival(f"{c}-{i}", at=t, prompt_tokens=PROMPT, max_tokens=OUTPUT, caller=c) for i, (t, c) in
+                enumerate(load(args.seconds, args.rate * len(CALLERS), False, args.seed, callers=CALLERS[:1]))]
+    started = time.process_time()
+    timelines = run(Engine(engine_cfg(args.slots)), arrivals, VirtualClock(), front)
+    cpu_s = time.process_time() - started
+    kept = [tl for tl in timelines if tl.ttft_s is not None and tl.arrived_at >= args.seconds * 0.1]
+    e2e = [tl.finished_at - tl.arrived_at for tl in kept if tl.finished_at is not None]
+    return {"ttft_p50_s": pct([tl.ttft_s for tl in kept if tl.ttft_s is not None], 0.5),
+            "ttft_p99_s": pct([tl.ttft_s for tl in kept if tl.ttft_s is not None], 0.99),
+            "e2e_p99_s": pct(e2e, 0.99), "served": len(kept), "suspended": sum(tl.suspensions for tl in timelines),
+            "cpu_s": cpu_s, "cpu_us_per_request": cpu_s / len(arrivals) * 1e6}
+
+
 def two_clients(settings: dict[str, Any]) -> float:
     """VTC's two-client case (the artifact's): client a at 1.5 requests a second, b at 3, both
     backlogged on an engine that serves about 2 (4 sequences, 256 + 256 tokens each) for 300 s;
@@ -126,7 +152,7 @@ async def one(s: aiohttp.ClientSession, url: str, caller: str, due: float, t0: f
               ttft: dict[str, list[float]], warm: float) -> None:
     """One chat sent at `due`; its TTFT kept if it was sent past the warm-up (`warm`)."""
     await asyncio.sleep(max(0.0, t0 + due * scale - time.monotonic()))
-    body = {"model": "m", "messages": [{"role": "user", "content": "x " * (PROMPT - 8)}], "max_tokens": OUTPUT,
+    body = {"model": "tailguard-sim", "messages": [{"role": "user", "content": "x " * (PROMPT - 8)}], "max_tokens": OUTPUT,
             "stream": True}
     async with s.post(url, json=body, headers={"Authorization": f"Bearer sk-{caller}"}) as r:
         if r.status != 200:
@@ -150,7 +176,7 @@ async def http(args: argparse.Namespace, flood: bool, settings: dict[str, Any]) 
             "port": 0, "access_log": False,
             "classes": [{"name": "interactive", "rank": 0, "max_queue_len": 100_000, "max_queue_wait_s": WAIT_S,
                          "preemptible": True}],
-            "scheduler": settings,
+            "scheduler": {"fair_share": False, **settings},  # named: four callers would turn it on
             "auth": {"api_keys": {f"sk-{c}": {"name": c} for c in (*CALLERS, FLOOD)}},
             "backends": [{"name": "sim", "url": sim.url, "kind": "sim", "max_concurrency": args.slots}]})
         app = create_app(cfg)
@@ -200,6 +226,9 @@ def main() -> None:
     for label, settings in (("ranked-sjf", {}), ("fair_share as VTC", VTC), ("fair_share", {"fair_share": True})):
         runs[f"des: two clients, {label}"] = {"service_ratio": two_clients(settings)}
         print(f"des: two clients, {label}", json.dumps(runs[f"des: two clients, {label}"]), flush=True)
+    for label, settings in (("ranked-sjf", {}), ("fair_share", {"fair_share": True})):
+        runs[f"des: one caller, {label}"] = one_caller(args, settings)
+        print(f"des: one caller, {label}", json.dumps(runs[f"des: one caller, {label}"]), flush=True)
     if args.http_seconds > 0:
         for label, flood, settings in RUNS:
             runs[f"http: {label}"] = asyncio.run(http(args, flood, settings))
@@ -222,8 +251,9 @@ def write(args: argparse.Namespace, runs: dict[str, Any]) -> None:
              "| suspended | last request ended (s) |",
              "|---|---|---|---|---|---|---|---|"]
     ratios = [(name, r["service_ratio"]) for name, r in runs.items() if "service_ratio" in r]
+    ones = [(name, r) for name, r in runs.items() if "cpu_s" in r]
     for name, r in runs.items():
-        if "service_ratio" in r:
+        if "service_ratio" in r or "cpu_s" in r:
             continue
         solo = runs[name.split(":")[0] + ": solo"]["well_behaved_ttft_p99_s"]
         lines.append(f"| {name} | {r['well_behaved_ttft_p50_s']:.3f} | {r['well_behaved_ttft_p99_s']:.3f} | "
@@ -238,6 +268,12 @@ def write(args: argparse.Namespace, runs: dict[str, Any]) -> None:
               "serving about 2; 256 + 256 tokens each): service given to b over that given to a (1: fair).", "",
               "| run | service ratio b / a |", "|---|---|"]
     lines += [f"| {name} | {ratio:.2f} |" for name, ratio in ratios]
+    lines += ["", f"One caller alone at {args.rate * len(CALLERS):g} chats/s (the three's load together), in the DES: "
+              "what fair sharing costs it. CPU: the process time of the whole DES run (engine model and front).", "",
+              "| run | TTFT P50 (s) | TTFT P99 (s) | E2E P99 (s) | served | suspended | CPU (s) | CPU per request (us) |",
+              "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {name} | {r['ttft_p50_s']:.3f} | {r['ttft_p99_s']:.3f} | {r['e2e_p99_s']:.3f} | {r['served']} | "
+              f"{r['suspended']} | {r['cpu_s']:.2f} | {r['cpu_us_per_request']:.0f} |" for name, r in ones]
     (RESULTS / "fair_share.md").write_text("\n".join(lines) + "\n")
 
 if __name__ == "__main__":

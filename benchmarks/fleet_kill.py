@@ -52,7 +52,7 @@ class Stream:
 
 async def one(session: aiohttp.ClientSession, url: str, at: float, t0: float, out: Stream) -> None:
     await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
-    body = {"model": "m", "messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": MAX_TOKENS,
+    body = {"model": "tailguard-sim", "messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": MAX_TOKENS,
             "stream": True, "stream_options": {"include_usage": True}}
     last: float | None = None
     out.began = time.perf_counter()

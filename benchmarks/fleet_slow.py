@@ -65,7 +65,7 @@ class Sent:
 
 
 async def one(session: aiohttp.ClientSession, url: str, prompt: str, at: float, t0: float, out: Sent) -> None:
-    body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": MAX_TOKENS, "stream": True}
+    body = {"model": "tailguard-sim", "messages": [{"role": "user", "content": prompt}], "max_tokens": MAX_TOKENS, "stream": True}
     out.ttft, out.error = await first_token(session, url, body, at, t0)
 
 

@@ -130,7 +130,7 @@ async def one(session: aiohttp.ClientSession, url: str, arm: str, due: float, ou
     delay = due - time.perf_counter()
     if delay > 0:
         await asyncio.sleep(delay)
-    body = orjson.dumps({"model": "m", "messages": PROMPT, "max_tokens": TOKENS, "stream": True})
+    body = orjson.dumps({"model": "tailguard-sim", "messages": PROMPT, "max_tokens": TOKENS, "stream": True})
     sent = time.perf_counter()
     first = 0.0
     ok = False

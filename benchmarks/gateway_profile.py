@@ -46,7 +46,7 @@ WARMUP = 50
 
 
 def body(tokens: int) -> bytes:
-    return orjson.dumps({"model": "m", "messages": PROMPT, "max_tokens": tokens, "stream": True})
+    return orjson.dumps({"model": "tailguard-sim", "messages": PROMPT, "max_tokens": tokens, "stream": True})
 
 
 async def sequential(url: str, tokens: int, n: int) -> None:

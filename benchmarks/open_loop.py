@@ -32,7 +32,7 @@ async def send(session: aiohttp.ClientSession, url: str, cls: str, max_tokens: i
     r = Result(cls, at)
     out.append(r)
     await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
-    body = {"model": "m", "messages": [{"role": "user", "content": "Summarize the report." if cls == "batch"
+    body = {"model": "tailguard-sim", "messages": [{"role": "user", "content": "Summarize the report." if cls == "batch"
                                         else "Hello there."}], "max_tokens": max_tokens, "stream": True}
     headers = {"X-Tailguard-Class": cls}
     if fresh_connection:

@@ -35,7 +35,7 @@ from tailguard.cli.doctor import snapshots  # noqa: E402
 from tailguard.cli.experiment import Arm, SimSpec, target  # noqa: E402
 from tailguard.cli.sweep import Plan, run_des  # noqa: E402
 from tailguard.doctor.diagnosis import diagnose  # noqa: E402
-from tailguard.doctor.evidence import engine_evidence, gateway_evidence  # noqa: E402
+from tailguard.doctor.pages import evidence  # noqa: E402
 from tailguard.doctor.rules import findings_json  # noqa: E402
 from tailguard.sweep.page import render  # noqa: E402
 from tailguard.sweep.search import Setting, Slo, Sweep, parse_values, result  # noqa: E402
@@ -49,8 +49,7 @@ async def before(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
         cfg = BenchConfig(**{**load.__dict__, "url": url})
         await while_scraping(bench_to_dir(cfg, out, console=None, label="before"), [url], 1.0, out)
     records, meta = load_run(out)
-    gw, eng = snapshots(out, None, None)
-    found = findings_json(diagnose(records, meta, engine=engine_evidence(eng), gateway=gateway_evidence(gw)))
+    found = findings_json(diagnose(records, meta, evidence=evidence(snapshots(out))))
     (out / DOCTOR_FILE).write_text(json.dumps(found, indent=2) + "\n")
     rerender(out)
     return list(found["findings"])

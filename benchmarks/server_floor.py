@@ -122,7 +122,7 @@ async def one(session: aiohttp.ClientSession, url: str, body: bytes, failed: lis
 
 async def load(url: str, pid: int, rate: float, seconds: float) -> dict[str, float]:
     """Poisson arrivals at `rate` for `seconds`; the server's CPU milliseconds per request."""
-    body = orjson.dumps({"model": "m", "messages": PROMPT, "max_tokens": 1, "stream": True})
+    body = orjson.dumps({"model": "tailguard-sim", "messages": PROMPT, "max_tokens": 1, "stream": True})
     rng, failed = random.Random(1), list[int]()
     user0, kernel0 = cpu_seconds([pid])
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:

@@ -48,7 +48,7 @@ async def run(n: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as folder:
         async with redis_server(Path(folder)) as server:
             link = Link(StateConfig(url=server.url), lambda up: None)
-            shared = SharedLimits(link, [SPEC])
+            shared = SharedLimits(link, [SPEC], time.perf_counter)
             try:
                 await shared.reserve("app", 600)  # warm: the scripts loaded, a connection open
                 before = await commands(server.url)

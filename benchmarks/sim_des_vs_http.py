@@ -49,7 +49,7 @@ def workload(n: int, rate: float, seed: int) -> list[tuple[float, int, int]]:
 async def one(session: aiohttp.ClientSession, url: str, t0: float, due: float, prompt: int, max_tokens: int,
               out: list[dict[str, float]]) -> None:
     await asyncio.sleep(max(0.0, t0 + due - time.perf_counter()))
-    body = {"model": "m", "prompt": [7] * prompt, "max_tokens": max_tokens, "stream": True}
+    body = {"model": "tailguard-sim", "prompt": [7] * prompt, "max_tokens": max_tokens, "stream": True}
     sent = time.perf_counter() - t0
     first = None
     tokens = 0

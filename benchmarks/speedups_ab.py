@@ -56,7 +56,7 @@ def start_gateway(tmp: Path, mode: str, sim_url: str) -> tuple[str, subprocess.P
 
 
 async def stream(session: aiohttp.ClientSession, url: str) -> None:
-    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": TOKENS, "stream": True}
+    body = {"model": "tailguard-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": TOKENS, "stream": True}
     async with session.post(url + "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
         async for _ in r.content.iter_any():

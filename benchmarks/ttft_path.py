@@ -36,7 +36,7 @@ TOKENS = 64
 # The marks, in the order a request passes them: (name, module, class, method, when).
 STEPS = (
     ("task started", "tailguard.gateway.http.proxy", "Proxy", "answer", "enter"),
-    ("body, key and class read", "tailguard.gateway.http.proxy", "Proxy", "_serve", "enter"),
+    ("body, key and class read", "tailguard.gateway.lifecycle", "Lifecycle", "serve", "enter"),
     ("parsed, classified, exchange set up", "tailguard.gateway.dispatch", "Dispatcher", "admit", "enter"),
     ("admitted by the front", "tailguard.gateway.dispatch", "Dispatcher", "admit", "exit"),
     ("exchange started", "tailguard.gateway.exchange", "Exchange", "run", "enter"),

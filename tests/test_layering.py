@@ -19,17 +19,18 @@ PURE = {
     "sim.cost", "sim.kv", "sim.engine", "sim.request", "sim.answer", "sim.fault",
     "front.params", "front.admission", "front.queue", "front.slots", "front.router", "front.preemption", "front.retry", "front.events", "front.front",
     "front.fairshare", "front.fairqueue", "front.schedulers", "front.plas", "front.programs", "front.identity",
-    "front.intake", "recording.codec", "recording.replay", "front.adaptive", "sim.fit", "gateway.http.classes", "gateway.upstream.backends",
+    "front.intake", "recording.codec", "recording.replay", "front.adaptive", "sim.fit", "gateway.classes", "gateway.upstream.backends",
     "config", "gateway.ops.live", "gateway.ops.catalog", "front.capacity",
     "gateway.ops.panels", "gateway.ops.alerts", "gateway.upstream.resume", "gateway.upstream.kinds", "sim.des", "sim.scenario",
     "config.base", "config.classes", "config.backends", "config.scheduler",
     "config.upstream", "config.auth", "config.telemetry", "config.gateway", "config.problems",
-    "config.loading", "config.workers", "config.state", "config.programs",
+    "config.loading", "config.workers", "config.state", "config.rewrite", "config.programs",
     "bench.workload", "bench.agents", "sweep.agents", "bench.stats", "bench.dataset", "bench.recorder", "bench.compare", "bench.configs", "bench.attribution",
     "doctor.finding", "doctor.evidence", "doctor.facts", "doctor.rules", "doctor.diagnosis", "sweep.virtual", "sweep.search",
+    "doctor.hardware", "doctor.pages", "doctor.hardware_rules", "doctor.priority", "doctor.words", "wire.dcgm", "sim.gpu",
     "sweep.traffic", "sweep.whatif", "sweep.caps",
     "retry_policy", "client.retry", "client.timeouts", "client.chunks", "client.assembly",
-    "batch.records", "batch.validation", "batch.retry", "batch.journal", "config.batches",
+    "batch.records", "batch.validation", "batch.journal", "config.batches",
 }
 IO_MODULES = ("asyncio", "aiohttp", "prometheus_client", "time", "socket", "uvloop", "httpx", "httpx2", "anyio")
 # part -> parts it must never import
@@ -71,7 +72,11 @@ GATEWAY_SIDES = {
     "gateway.upstream.": (_GW + "http", _GW + "exchange", _GW + "ops.reload", _GW + "ops.store"),
     "gateway.dispatch": (_GW + "http", _GW + "exchange", _GW + "ops.reload", _GW + "ops.store"),
     "gateway.exchange": (_GW + "http", _GW + "ops.reload", _GW + "ops.store"),
-    "gateway.request": (_GW + "http", _GW + "ops", _GW + "exchange", _GW + "dispatch"),
+    "gateway.request": (_GW + "http", _GW + "ops", _GW + "exchange", _GW + "dispatch", _GW + "line"),
+    "gateway.line": (_GW + "http", _GW + "ops", _GW + "exchange", _GW + "dispatch", _GW + "lifecycle"),
+    "gateway.lifecycle": (_GW + "http", _GW + "ops.reload", _GW + "ops.store"),
+    "gateway.classes": (_GW + "http", _GW + "ops", _GW + "upstream", _GW + "exchange", _GW + "dispatch"),
+    "gateway.rejection": (_GW + "http", _GW + "ops", _GW + "upstream", _GW + "exchange", _GW + "dispatch"),
     "gateway.sink": (_GW + "http", _GW + "ops", _GW + "upstream", _GW + "exchange", _GW + "dispatch"),
     "gateway.ops.metrics": (_GW + "http", _GW + "upstream", _GW + "exchange", _GW + "dispatch"),
     "gateway.ops.log_buffer": (_GW + "http", _GW + "upstream", _GW + "exchange", _GW + "dispatch"),
@@ -122,6 +127,30 @@ def test_gateway_module_respects_its_side(name: str, path: Path) -> None:
         if name == prefix or name.startswith(prefix) and prefix.endswith("."):
             bad = sorted(m for m in imported for f in forbidden if m == f or m.startswith(f + "."))
             assert not bad, f"tailguard.{name} may not import {bad} (docs/architecture.md, Layout)"
+
+
+# The gateway's one clock is chosen where the gateway is composed and handed to every part that
+# reads the time; no other module reads it for itself (tests hand the parts a clock of their own).
+CLOCK_COMPOSERS = {"gateway.http.app"}
+
+
+def test_only_the_composer_reads_the_gateways_clock() -> None:
+    readers = []
+    for name, path in modules():
+        if not name.startswith("gateway.") or name in CLOCK_COMPOSERS:
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "tailguard.clock" and any(
+                    a.name == "monotonic" for a in node.names):
+                readers.append(name)
+            elif isinstance(node, ast.Attribute) and node.attr in ("perf_counter", "monotonic") and isinstance(
+                    node.value, ast.Name) and node.value.id == "time":
+                readers.append(name)
+            elif isinstance(node, ast.Attribute) and node.attr == "time" and isinstance(node.value, ast.Name) \
+                    and node.value.id == "loop":
+                readers.append(name)
+    assert not readers, f"read a clock of their own instead of the one they are given: {sorted(set(readers))}"
 
 
 def test_subpackage_inits_are_empty() -> None:

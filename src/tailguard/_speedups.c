@@ -11,7 +11,10 @@ Two things, each the exact twin of Python code that stays as the fallback:
 
 A piece of the body is "usual" when the decoder holds nothing and the piece is one whole event of
 one LF-ended line (`SSEDecoder.frame`'s fast case) that carries content, in a run that has had its
-first content already, for a request neither traced nor tracked. Then the step reads the clock,
+first content already, for a request neither traced nor tracked, of at most `Tally.event_bytes`
+bytes, whose answer has room for one more content event (`Tally.max_events`: past it
+`Tally.content` cuts the answer). Such a piece's bytes are held by that count, not counted
+(`Tally.read`), so the step adds no work for the answer's bounds but a compare or two. Then the step reads the clock,
 counts the chunk (`Tally.content`: the watchdog's `last_at`, the record's `content_chunks` and
 `last_content_at`, the ITL histogram's bucket), and writes the chunked frame to the client's
 transport (`LeanSink.write_nowait`), or hands the piece to `sink.write_nowait` when no transport
@@ -31,7 +34,7 @@ not change during a run.
 /* Attribute names, interned once. */
 static PyObject *s_buf, *s_started, *s_run_started, *s_last_content_at, *s_content_chunks, *s_last_at,
     *s_closing, *s_paused, *s_blocked, *s_progress, *s_chunk, *s_write_nowait, *s_lo, *s_hi, *s_i,
-    *s_counts, *s_sum, *s_observe, *s_write, *s_watchdog, *s_times, *s_itl, *s_one;
+    *s_counts, *s_sum, *s_observe, *s_write, *s_watchdog, *s_request, *s_itl, *s_max_events, *s_event_bytes, *s_one;
 
 /* ---- the content test (wire/chunks.py) --------------------------------------------------- */
 
@@ -177,7 +180,7 @@ static int field_add(Field *f, PyObject *x)
 enum {
     DEC_BUF, DEC_STARTED,                          /* SSEDecoder: a kept partial event; past the BOM */
     RUN_STARTED,                                   /* Tally: this run has had content */
-    LAST_CONTENT_AT, CONTENT_CHUNKS,               /* Request (the tally's `times`) */
+    LAST_CONTENT_AT, CONTENT_CHUNKS,               /* Request (the tally's `request`) */
     LAST_AT,                                       /* DeadlineWatch */
     PROGRESS, BLOCKED,                             /* StreamRelay */
     ITL_LO, ITL_HI, ITL_I, ITL_COUNTS, ITL_SUM,    /* ChunkHistogram: the last bucket, counts, sum */
@@ -187,8 +190,10 @@ enum {
 
 typedef struct {
     PyObject_HEAD
-    PyObject *relay, *clock, *dec, *tally, *watchdog, *times, *itl, *sink;
+    PyObject *relay, *clock, *dec, *tally, *watchdog, *request, *itl, *sink;
     PyObject *conn, *write;  /* the lean connection and its transport's `write`; NULL: `sink.write_nowait` */
+    Py_ssize_t max_events, event_bytes;  /* `tally.max_events`, `tally.event_bytes`: fixed for the request */
+    Py_ssize_t chunks;  /* the record's `content_chunks` as `usual` read it, for `count` */
     Field f[N_FIELDS];
     vectorcallfunc vectorcall;
 } ChunkStep;
@@ -202,7 +207,7 @@ static int usual(ChunkStep *s, PyObject *data)
     const char *d = PyBytes_AS_STRING(data);
     Py_ssize_t n = PyBytes_GET_SIZE(data);
     /* One event of one line, LF-ended (`SSEDecoder.frame`'s fast case), that carries content. */
-    if (n < 2 || d[n - 1] != '\n' || d[n - 2] != '\n' || memchr(d, '\r', (size_t)n) != NULL
+    if (n < 2 || n > s->event_bytes || d[n - 1] != '\n' || d[n - 2] != '\n' || memchr(d, '\r', (size_t)n) != NULL
         || memchr(d, '\n', (size_t)(n - 2)) != NULL || !content_in(d, n))
         return 0;
     int r = field_true(&s->f[DEC_BUF]);  /* the decoder keeps part of an event */
@@ -218,6 +223,14 @@ static int usual(ChunkStep *s, PyObject *data)
     r = v != Py_None;  /* else the request's first content */
     Py_DECREF(v);
     if (r == 0)
+        return 0;
+    if ((v = field_get(&s->f[CONTENT_CHUNKS])) == NULL)
+        return -1;
+    s->chunks = PyLong_AsSsize_t(v);
+    Py_DECREF(v);
+    if (s->chunks == -1 && PyErr_Occurred())
+        return -1;
+    if (s->chunks >= s->max_events)  /* the answer's bound: `Tally.content` cuts it */
         return 0;
     if ((v = field_get(&s->f[PROGRESS])) == NULL)
         return -1;
@@ -267,10 +280,16 @@ static int observe(ChunkStep *s, PyObject *value)
     return r;
 }
 
-/* `Tally.content(now, 1)` past the run's first content: the watchdog, the record, the gap. */
+/* `Tally.content(now, 1)` past the run's first content: the watchdog, the record (its count as
+   `usual` read it, one more), the gap. */
 static int count(ChunkStep *s, PyObject *now)
 {
-    if (field_set(&s->f[LAST_AT], now) < 0 || field_add(&s->f[CONTENT_CHUNKS], s_one) < 0)
+    PyObject *chunks = PyLong_FromSsize_t(s->chunks + 1);
+    if (chunks == NULL)
+        return -1;
+    int set = field_set(&s->f[LAST_AT], now) < 0 || field_set(&s->f[CONTENT_CHUNKS], chunks) < 0;
+    Py_DECREF(chunks);
+    if (set)
         return -1;
     PyObject *last = field_get(&s->f[LAST_CONTENT_AT]);
     if (last == NULL)
@@ -368,7 +387,7 @@ static void bind_fields(ChunkStep *s)
 {
     const struct { int field; PyObject *obj, *name; } binds[] = {
         {DEC_BUF, s->dec, s_buf}, {DEC_STARTED, s->dec, s_started}, {RUN_STARTED, s->tally, s_run_started},
-        {LAST_CONTENT_AT, s->times, s_last_content_at}, {CONTENT_CHUNKS, s->times, s_content_chunks},
+        {LAST_CONTENT_AT, s->request, s_last_content_at}, {CONTENT_CHUNKS, s->request, s_content_chunks},
         {LAST_AT, s->watchdog, s_last_at}, {PROGRESS, s->relay, s_progress}, {BLOCKED, s->relay, s_blocked},
         {ITL_LO, s->itl, s_lo}, {ITL_HI, s->itl, s_hi}, {ITL_I, s->itl, s_i}, {ITL_COUNTS, s->itl, s_counts},
         {ITL_SUM, s->itl, s_sum}, {CLOSING, s->conn, s_closing}, {PAUSED, s->conn, s_paused},
@@ -390,12 +409,17 @@ static int step_init(PyObject *op, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_ValueError, "ChunkStep: conn and transport go together");
         return -1;
     }
-    PyObject *watchdog = PyObject_GetAttr(tally, s_watchdog), *times = PyObject_GetAttr(tally, s_times),
-             *itl = PyObject_GetAttr(tally, s_itl), *write = NULL;
-    if (watchdog == NULL || times == NULL || itl == NULL
+    PyObject *watchdog = PyObject_GetAttr(tally, s_watchdog), *request = PyObject_GetAttr(tally, s_request),
+             *itl = PyObject_GetAttr(tally, s_itl), *max_events = PyObject_GetAttr(tally, s_max_events),
+             *event_bytes = PyObject_GetAttr(tally, s_event_bytes), *write = NULL;
+    Py_ssize_t bound = max_events == NULL ? -1 : PyLong_AsSsize_t(max_events);
+    Py_ssize_t per_event = event_bytes == NULL ? -1 : PyLong_AsSsize_t(event_bytes);
+    Py_XDECREF(max_events);
+    Py_XDECREF(event_bytes);
+    if (watchdog == NULL || request == NULL || itl == NULL || ((bound == -1 || per_event == -1) && PyErr_Occurred())
         || (transport != Py_None && (write = PyObject_GetAttr(transport, s_write)) == NULL)) {
         Py_XDECREF(watchdog);
-        Py_XDECREF(times);
+        Py_XDECREF(request);
         Py_XDECREF(itl);
         return -1;
     }
@@ -406,17 +430,19 @@ static int step_init(PyObject *op, PyObject *args, PyObject *kwds)
     Py_XSETREF(s->tally, Py_NewRef(tally));
     Py_XSETREF(s->sink, Py_NewRef(sink));
     Py_XSETREF(s->watchdog, watchdog);
-    Py_XSETREF(s->times, times);
+    Py_XSETREF(s->request, request);
     Py_XSETREF(s->itl, itl);
     Py_XSETREF(s->conn, conn == Py_None ? NULL : Py_NewRef(conn));
     Py_XSETREF(s->write, write);
+    s->max_events = bound;
+    s->event_bytes = per_event;
     bind_fields(s);
     s->vectorcall = step_call;
     return 0;
 }
 
 /* Every object the step holds, for the collector: each visited, or each cleared. */
-#define STEP_REFS(X) X(relay) X(clock) X(dec) X(tally) X(watchdog) X(times) X(itl) X(sink) X(conn) X(write)
+#define STEP_REFS(X) X(relay) X(clock) X(dec) X(tally) X(watchdog) X(request) X(itl) X(sink) X(conn) X(write)
 #define VISIT(name) Py_VISIT(((ChunkStep *)op)->name);
 #define CLEAR(name) Py_CLEAR(((ChunkStep *)op)->name);
 
@@ -485,7 +511,8 @@ static int intern_names(void)
         {&s_closing, "closing"}, {&s_paused, "paused"}, {&s_blocked, "_blocked"}, {&s_progress, "progress"},
         {&s_chunk, "_chunk"}, {&s_write_nowait, "write_nowait"}, {&s_lo, "_lo"}, {&s_hi, "_hi"}, {&s_i, "_i"},
         {&s_counts, "counts"}, {&s_sum, "sum"}, {&s_observe, "observe"}, {&s_write, "write"},
-        {&s_watchdog, "watchdog"}, {&s_times, "times"}, {&s_itl, "itl"},
+        {&s_watchdog, "watchdog"}, {&s_request, "request"}, {&s_itl, "itl"}, {&s_max_events, "max_events"},
+        {&s_event_bytes, "event_bytes"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL)

@@ -58,8 +58,13 @@ class VirtualClock:
         self._now = t
 
 
-# The gateway's one clock, in seconds: the front is told it, and every instant of a request's
-# record, `Server-Timing`, the access log, the watchdog's deadlines and the probes read it, so
-# any two instants of the gateway can be subtracted. Monotonic with sub-microsecond resolution;
-# not the event loop's `loop.time()`, which uvloop keeps in whole milliseconds.
-monotonic: Callable[[], float] = time.perf_counter
+# A clock as the gateway's parts are given it: seconds, read by a call.
+Now = Callable[[], float]
+
+# The gateway's one clock, which its composer (`gateway.http.app.create_app`) passes to every part
+# that reads the time; no part reads it for itself (tests/test_layering.py), so a test hands them
+# a clock of its own. The front is told it, and every instant of a request's record,
+# `Server-Timing`, the access log, the watchdog's deadlines and the probes read it, so any two
+# instants of the gateway can be subtracted. Monotonic with sub-microsecond resolution; not the
+# event loop's `loop.time()`, which uvloop keeps in whole milliseconds.
+monotonic: Now = time.perf_counter

@@ -13,7 +13,7 @@
     │                          (front/events.py)
     ├── APIError               answered to an HTTP client as an OpenAI-style error body
     │   ├── BadRequest         400: malformed, missing or wrongly typed fields
-    │   ├── Unauthorized       401: an API key the gateway does not know (gateway/http/classes.py)
+    │   ├── Unauthorized       401: an API key the gateway does not know (gateway/classes.py)
     │   ├── Forbidden          403: a known key asking for a class, model or route it may not use
     │   ├── NotFound           404: a model no backend serves, a route the gateway does not have
     │   ├── PayloadTooLarge    413: body over the configured limit

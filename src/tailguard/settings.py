@@ -93,12 +93,22 @@ def described(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
 def _absent_prefix(name: str, side: Mapping[str, Any]) -> str | None:
     """The shortest group above the setting `name` (`auth`, `auth.api_keys`, `auth.api_keys.k`)
     of which `side` holds nothing; None when `side` holds some of each (only the leaf differs)."""
-    cuts = [i for i, ch in enumerate(name) if ch in ".[" and i > 0 and name[i - 1] != "."]
-    for cut in cuts:
+    for cut in _cuts(name):
         group = name[:cut]
         if not any(n == group or _within(n, group) for n in side):
             return group
     return None
+
+
+def _cuts(name: str) -> list[int]:
+    """Where `name` divides into groups: at each `.` and `[` outside an item's brackets, so a
+    backend named for its address (`backends[127.0.0.1:8000]`, the quick form's) stays whole."""
+    cuts, depth = [], 0
+    for i, ch in enumerate(name):
+        if ch in ".[" and depth == 0 and i > 0 and name[i - 1] != ".":
+            cuts.append(i)
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+    return cuts
 
 
 def _within(name: str, group: str) -> bool:

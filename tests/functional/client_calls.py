@@ -33,7 +33,7 @@ def _options(timeouts: Timeouts | None, retry: RetryPolicy | None, kw: dict[str,
 async def call(kind: str, base_url: str | list[str], *, stream: bool = True, timeouts: Timeouts | None = None,
                retry: RetryPolicy | None = None, max_tokens: int | None = None, **kw: Any) -> Outcome:
     options = _options(timeouts, retry, kw)
-    args: dict[str, Any] = {"model": "m", "messages": CHAT, "stream": stream}
+    args: dict[str, Any] = {"model": "tailguard-sim", "messages": CHAT, "stream": stream}
     if max_tokens is not None:
         args["max_tokens"] = max_tokens
     if kind == "sync":

@@ -25,7 +25,7 @@ HOLD_S = 5.0  # how long a stalled response stays open; every test ends long bef
 
 
 def chunk(delta: dict[str, object], finish: str | None = None) -> bytes:
-    body = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
+    body = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "tailguard-sim",
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
@@ -85,7 +85,7 @@ async def ok(request: web.Request) -> web.StreamResponse:
     """A whole stream of three content chunks and usage."""
     resp = await _three_words(request)
     await resp.write(chunk({}, finish="stop"))
-    await resp.write(b'data: {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m", '
+    await resp.write(b'data: {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "tailguard-sim", '
                      b'"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}}\n\n')
     await resp.write(b"data: [DONE]\n\n")
     return resp

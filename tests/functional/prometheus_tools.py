@@ -8,7 +8,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -65,31 +65,18 @@ class Prometheus:
 
 
 @contextmanager
-def running_prometheus(workdir: Path, targets: dict[str, str], rule_file: Path | None = None,
-                       scrape_s: float = 0.5) -> Iterator[Prometheus]:
-    """Prometheus scraping each `job: host:port` every `scrape_s`, evaluating `rule_file`; stopped
-    (and waited for) on exit, whatever happened."""
-    port = _free_port()
-    config = {"global": {"scrape_interval": f"{int(scrape_s * 1000)}ms",
-                         "evaluation_interval": f"{int(scrape_s * 1000)}ms"},
-              "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [target]}]}
-                                 for job, target in targets.items()]}
-    if rule_file is not None:
-        config["rule_files"] = [str(rule_file)]
-    (workdir / "prometheus.yml").write_bytes(orjson.dumps(config))  # JSON is YAML
-    with open(workdir / "prometheus.log", "wb") as log:
-        proc = subprocess.Popen(
-            [tool("prometheus"), f"--config.file={workdir / 'prometheus.yml'}",
-             f"--storage.tsdb.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=subprocess.DEVNULL, stderr=log)
+def _serving(args: list[str], log_path: Path, ready_url: str) -> Iterator[None]:
+    """A server process (`args`, stderr to `log_path`) until `ready_url` answers 200 (30 s at most);
+    stopped (and waited for) on exit, whatever happened."""
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
     try:
-        prom = Prometheus(f"http://127.0.0.1:{port}")
         deadline = time.monotonic() + 30
-        while not _ready(prom):
+        while not _ready(ready_url):
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"prometheus did not start: {(workdir / 'prometheus.log').read_text()[-2000:]}")
+                raise RuntimeError(f"{Path(args[0]).name} did not start: {log_path.read_text()[-2000:]}")
             time.sleep(0.1)
-        yield prom
+        yield
     finally:
         proc.terminate()
         try:
@@ -99,9 +86,40 @@ def running_prometheus(workdir: Path, targets: dict[str, str], rule_file: Path |
             proc.wait()
 
 
-def _ready(prom: Prometheus) -> bool:
+def _ready(url: str) -> bool:
     try:
-        with urllib.request.urlopen(f"{prom.url}/-/ready", timeout=1) as r:
+        with urllib.request.urlopen(url, timeout=1) as r:
             return bool(r.status == 200)
     except OSError:
         return False
+
+
+@contextmanager
+def running_prometheus(workdir: Path, targets: dict[str, str], rule_file: Path | None = None,
+                       scrape_s: float = 0.5, scrapes: Sequence[dict[str, Any]] = ()) -> Iterator[Prometheus]:
+    """Prometheus scraping each `job: host:port` every `scrape_s` (and by each of `scrapes`, scrape
+    configs as written), evaluating `rule_file`; stopped (and waited for) on exit, whatever happened."""
+    port = _free_port()
+    config = {"global": {"scrape_interval": f"{int(scrape_s * 1000)}ms",
+                         "evaluation_interval": f"{int(scrape_s * 1000)}ms"},
+              "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [target]}]}
+                                 for job, target in targets.items()] + list(scrapes)}
+    if rule_file is not None:
+        config["rule_files"] = [str(rule_file)]
+    (workdir / "prometheus.yml").write_bytes(orjson.dumps(config))  # JSON is YAML
+    url = f"http://127.0.0.1:{port}"
+    with _serving([tool("prometheus"), f"--config.file={workdir / 'prometheus.yml'}",
+                   f"--storage.tsdb.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+                   "--log.level=warn"], workdir / "prometheus.log", f"{url}/-/ready"):
+        yield Prometheus(url)
+
+
+@contextmanager
+def running_node_exporter(workdir: Path) -> Iterator[str]:
+    """Debian's `prometheus-node-exporter` on loopback (this machine's real CPUs, memory and swap);
+    its base URL. Stopped (and waited for) on exit."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    with _serving([tool("prometheus-node-exporter"), f"--web.listen-address=127.0.0.1:{port}", "--log.level=error",
+                   "--no-collector.systemd"], workdir / "node-exporter.log", f"{url}/metrics"):
+        yield url

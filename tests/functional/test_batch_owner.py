@@ -37,7 +37,9 @@ KEYS: dict[str, dict[str, Any]] = {
 def owner_gateway(tmp_path: Path) -> Any:
     # One attempt per line: a refusal by the key's limits counted as an attempt would fail the line.
     batches = {"dir": str(tmp_path), "poll_s": 0.2, "line_attempts": 1}
-    return gateway(max_concurrency=16, engine_cfg=engine(max_num_seqs=16), auth={"api_keys": KEYS}, batches=batches)
+    # `other-model`: a name the simulator serves too (an alias), which only the narrow key may use.
+    return gateway(max_concurrency=16, engine_cfg=engine(max_num_seqs=16), auth={"api_keys": KEYS}, batches=batches,
+                   aliases={"other-model": MODEL})
 
 
 def client(url: str, key: str) -> AsyncOpenAI:
@@ -93,7 +95,7 @@ async def test_a_line_its_key_may_not_run_fails_alone_in_the_error_file(tmp_path
         assert sorted(e["custom_id"] for e in errors) == ["line-00000", "line-00002"]
         assert {e["response"]["status_code"] for e in errors} == {403}
         assert {e["response"]["body"]["error"]["code"] for e in errors} == {"model_not_allowed"}
-        # The other-model line passed the key's rule and reached the simulator, which serves any name.
+        # The other-model line passed the key's rule and reached the simulator (the alias's model).
         assert [o["custom_id"] for o in await lines_of(narrow, done.output_file_id)] == ["line-00001"]
 
         done = await ran(classy, input_file(2))  # batch lines run in class batch, which the key may not use

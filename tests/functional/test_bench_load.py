@@ -92,7 +92,7 @@ async def test_open_loop_latency_includes_queueing_from_the_schedule() -> None:
 async def test_closed_loop_clients_wait_their_turn() -> None:
     async with running(one_at_a_time_app()) as url, asyncio.timeout(30):
         result = await run_bench(BenchConfig(url=url, workload=chat_workload(), concurrency=3, requests=9,
-                                             warmup_requests=3, model="m"))
+                                             warmup_requests=3, model="tailguard-sim"))
     recs = result.records
     assert len(recs) == 12 and sum(r.warmup for r in recs) == 3
     assert all(r.ok for r in recs)
@@ -109,7 +109,7 @@ async def test_a_generator_that_falls_behind_is_invalid_and_latency_counts_the_l
     block = 0.3
     async with running(one_at_a_time_app(service_s=0.01, block_first_s=block)) as url, asyncio.timeout(30):
         result = await run_bench(BenchConfig(url=url, workload=chat_workload(max_tokens=1), rate=100.0,
-                                             arrival="constant", requests=30, model="m"))
+                                             arrival="constant", requests=30, model="tailguard-sim"))
     late = [r for r in result.records if 0.05 <= r.scheduled_at <= 0.2]
     assert late
     for r in late:
@@ -183,7 +183,7 @@ async def test_errors_timeouts_and_disconnects_are_recorded_by_phase() -> None:
     w = parse_workload({"name": "faults", "classes": [
         {"name": m, "weight": 1, "prompt_tokens": 10, "max_tokens": 2, "body": {"user": m}} for m in modes
     ]})
-    cfg = BenchConfig(url="", workload=w, concurrency=6, requests=36, model="m",
+    cfg = BenchConfig(url="", workload=w, concurrency=6, requests=36, model="tailguard-sim",
                       timeouts=Timeouts(connect_s=1.0, first_token_s=0.2, total_s=0.4))
     async with running(misbehaving_app()) as url, asyncio.timeout(30):
         result = await run_bench(BenchConfig(**{**cfg.__dict__, "url": url}))
@@ -215,18 +215,18 @@ async def test_errors_timeouts_and_disconnects_are_recorded_by_phase() -> None:
 async def test_non_stream_requests_and_connection_refused() -> None:
     async with running(misbehaving_app()) as url, asyncio.timeout(30):
         result = await run_bench(BenchConfig(url=url + "/plain", workload=chat_workload(stream=False), concurrency=2,
-                                             requests=4, model="m"))
+                                             requests=4, model="tailguard-sim"))
     for r in result.records:
         assert r.ok and r.output_tokens == 3 and r.ttft_s == pytest.approx(r.e2e_s, abs=1e-3) and not r.chunk_at
     garbage = parse_workload({"name": "g", "classes": [{"name": "g", "prompt_tokens": 9, "max_tokens": 2,
                                                          "stream": False, "body": {"user": "garbage"}}]})
     async with running(misbehaving_app()) as url, asyncio.timeout(30):
-        result = await run_bench(BenchConfig(url=url + "/plain", workload=garbage, concurrency=1, requests=2, model="m"))
+        result = await run_bench(BenchConfig(url=url + "/plain", workload=garbage, concurrency=1, requests=2, model="tailguard-sim"))
     assert [(r.ok, r.error_kind, r.ttft_s) for r in result.records] == [(False, "protocol", None)] * 2
     async with running(web.Application()) as url:
         pass  # the port is closed again: nothing listens there now
     # Refused before any load: one line that names the address, even with --model given.
     with pytest.raises(TargetError, match=r"^cannot connect to 127\.0\.0\.1:\d+ .*connection refused"):
         async with asyncio.timeout(30):
-            await run_bench(BenchConfig(url=url, workload=chat_workload(), concurrency=1, requests=2, model="m",
+            await run_bench(BenchConfig(url=url, workload=chat_workload(), concurrency=1, requests=2, model="tailguard-sim",
                                         timeouts=Timeouts(connect_s=1.0)))

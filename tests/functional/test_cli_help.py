@@ -38,3 +38,17 @@ async def test_help_at_80_columns_shows_every_option_whole(path: list[str], comm
 
 async def test_version() -> None:
     assert await run("--version") == (0, f"tailguard {__version__}\n")
+
+
+def test_make_help_lists_every_target_with_what_it_does() -> None:
+    import re
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    phony = re.search(r"^\.PHONY: (.*)$", (root / "Makefile").read_text(), re.M)
+    assert phony is not None
+    out = subprocess.run(["make", "-s", "help"], cwd=root, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    listed = {line.split()[1]: line.split(None, 2)[2] for line in out.stdout.splitlines() if line.strip()}
+    assert set(listed) == set(phony.group(1).split()) and all(listed.values()), out.stdout

@@ -95,5 +95,8 @@ async def test_the_readme_runs_as_written_in_a_new_shell(tmp_path: Path) -> None
     # bench took the simulator's time scale and said so; the compare of no gateway with a gateway warns of nothing
     assert "announced time scale 0.05" in text and "gateway config: none (straight to the backend) -> " in text
     assert not [line for line in text.splitlines() if line.startswith("warning") and "gateway" in line], text
+    # the gateway's log went to its file, not into the shell among bench's tables
+    assert '"event":"access"' not in text.replace(" ", "")
+    assert (tmp_path / "gateway.log").read_text().count('"event":"access"') >= 24
     assert (tmp_path / "runs" / "before" / "doctor.json").is_file()
     assert (tmp_path / "runs" / "sweep" / "sweep.json").is_file() and "recommended" in text

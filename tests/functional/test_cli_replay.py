@@ -24,10 +24,10 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
         async with asyncio.timeout(60), gateway(max_concurrency=2, scale=0.05, record=path, classes=PREEMPTIBLE,
                                                 scheduler={"min_run_s": 0.0}) as gw, gw.client() as c:
             batch = [asyncio.create_task(c.chat.completions.create(
-                model="m", messages=CHAT, max_tokens=1500, extra_headers=BATCH)) for _ in range(2)]
+                model="tailguard-sim", messages=CHAT, max_tokens=1500, extra_headers=BATCH)) for _ in range(2)]
             await asyncio.sleep(0.1)
             for _ in range(6):
-                await c.chat.completions.create(model="m", messages=CHAT, max_tokens=16)
+                await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=16)
             await asyncio.gather(*batch)
 
     asyncio.run(record())

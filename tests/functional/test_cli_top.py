@@ -21,13 +21,14 @@ _ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 class Terminal:
-    """`tailguard top URL` on a pty of its own (its controlling terminal, so Ctrl-C is a keypress)."""
+    """`tailguard top URL ARGS` on a pty of its own (its controlling terminal, so Ctrl-C is a keypress)."""
 
-    def __init__(self, url: str) -> None:
-        env = {**os.environ, "COLUMNS": "80", "LINES": "40", "TERM": "xterm-256color"}
+    def __init__(self, url: str, *args: str, **env_vars: str) -> None:
+        env = {**{k: v for k, v in os.environ.items() if k != "TAILGUARD_API_KEY"},
+               "COLUMNS": "80", "LINES": "40", "TERM": "xterm-256color", **env_vars}
         pid, fd = pty.fork()
         if pid == 0:  # the child: nothing but exec
-            os.execve(TAILGUARD, [TAILGUARD, "top", url], env)
+            os.execve(TAILGUARD, [TAILGUARD, "top", url, *args], env)
         self.pid, self.fd = pid, fd
         self.out = b""
 
@@ -44,8 +45,8 @@ class Terminal:
                 break
         return _ANSI.sub(b"", self.out).decode("utf-8", "replace")
 
-    def ctrl_c(self, limit_s: float = 10.0) -> int:
-        os.write(self.fd, b"\x03")
+    def exit_code(self, limit_s: float = 10.0) -> int:
+        """Wait for it to leave on its own."""
         end = time.monotonic() + limit_s
         while time.monotonic() < end:
             self.read_for(0.1)
@@ -54,7 +55,11 @@ class Terminal:
                 os.close(self.fd)
                 return os.waitstatus_to_exitcode(status)
         self.kill()
-        raise AssertionError("tailguard top did not leave on Ctrl-C")
+        raise AssertionError("tailguard top did not leave (on its own, or on Ctrl-C)")
+
+    def ctrl_c(self, limit_s: float = 10.0) -> int:
+        os.write(self.fd, b"\x03")
+        return self.exit_code(limit_s)
 
     def kill(self) -> None:
         try:
@@ -67,7 +72,7 @@ class Terminal:
 async def _load(url: str, stop: asyncio.Event) -> None:
     async with AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-app", max_retries=0) as c:
         while not stop.is_set():
-            await c.chat.completions.create(model="m", messages=CHAT, max_tokens=4)
+            await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4)
             await asyncio.sleep(0.05)
 
 
@@ -76,7 +81,8 @@ async def test_top_shows_classes_backends_and_callers_and_leaves_on_ctrl_c() -> 
     async with asyncio.timeout(40), gateway(**cfg) as gw:
         stop = asyncio.Event()
         load = asyncio.create_task(_load(gw.url, stop))
-        term = Terminal(gw.url)
+        # the simulator's page carries its modelled GPU's DCGM gauges: a line for it
+        term = Terminal(gw.url, "--gpu-metrics", gw.sims[0].url, "--gpu-metrics", dead_url())
         try:
             screen = await asyncio.to_thread(term.read_for, 3.5)
             code = await asyncio.to_thread(term.ctrl_c)
@@ -85,7 +91,8 @@ async def test_top_shows_classes_backends_and_callers_and_leaves_on_ctrl_c() -> 
             stop.set()
             await load
     for field in ("classes", "interactive", "admitted/s", "rejected/s", "TTFT P99", "backends", "sim0", "healthy",
-                  "/8", "engine run/wait", "top callers", "app", "Ctrl-C to quit"):
+                  "/8", "engine run/wait", "top callers", "app", "GPU tailguard-sim gpu 0", "util", "/700 W",
+                  "/1980 MHz", "unreachable", "Ctrl-C to quit"):
         assert field in screen, f"{field!r} not shown:\n{screen[-3000:]}"
     assert code == 0 and "Traceback" not in screen
     assert max(len(line) for line in screen.splitlines()) <= 80
@@ -100,3 +107,39 @@ def test_top_says_when_the_gateway_is_unreachable() -> None:
         term.kill()
     assert "gateway unreachable" in screen and "trying again" in screen
     assert code == 0 and "Traceback" not in screen
+
+
+ADMIN = "admin-key-0123456789"
+KEYED: dict[str, Any] = {"auth": {"api_keys": {"sk-app": {"name": "app"}}, "admin_keys": [ADMIN], "open_metrics": "keys"}}
+
+
+async def test_top_sends_an_admin_key_and_says_a_401_as_a_401() -> None:
+    """Against a gateway whose /metrics needs an admin key: without one, a 401 said as such, with
+    the flag to use, and exit 1 (not "unreachable", not a retry forever); a client key is a 403;
+    with --api-key or TAILGUARD_API_KEY, the live view."""
+    async with asyncio.timeout(60), gateway(**KEYED) as gw:
+        def screen_of(*args: str, **env: str) -> tuple[str, int]:
+            term = Terminal(gw.url, *args, **env)
+            try:
+                code = term.exit_code(limit_s=30)  # its first frame, then it leaves: however slow the machine
+                return _ANSI.sub(b"", term.out).decode("utf-8", "replace"), code
+            finally:
+                term.kill()
+
+        screen, code = await asyncio.to_thread(screen_of)
+        assert code == 1 and "answered 401" in screen and "--api-key" in screen and "TAILGUARD_API_KEY" in screen
+        assert "unreachable" not in screen and "Traceback" not in screen
+        screen, code = await asyncio.to_thread(screen_of, "--api-key", "sk-app")
+        assert code == 1 and "answered 403" in screen and "admin key" in screen
+        screen, code = await asyncio.to_thread(screen_of, "--api-key", "wrong-key")
+        assert code == 1 and "does not accept the key" in screen and "wrong-key" not in screen
+
+        for args, env in ((("--api-key", ADMIN), {}), ((), {"TAILGUARD_API_KEY": ADMIN})):
+            term = Terminal(gw.url, *args, **env)
+            try:
+                screen = await asyncio.to_thread(term.read_for, 2.0)
+                code = await asyncio.to_thread(term.ctrl_c)
+            finally:
+                term.kill()
+            assert "classes" in screen and "sim0" in screen and "401" not in screen, screen[-2000:]
+            assert code == 0

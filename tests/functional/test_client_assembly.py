@@ -21,7 +21,7 @@ from tailguard.gateway.http.app import create_app
 from tests.functional.client_calls import CHAT, KINDS, call
 from tests.servers import running
 
-HEAD = {"id": "c1", "object": "chat.completion.chunk", "created": 11, "model": "m", "system_fingerprint": "fp1"}
+HEAD = {"id": "c1", "object": "chat.completion.chunk", "created": 11, "model": "tailguard-sim", "system_fingerprint": "fp1"}
 TOKEN = {"token": "Hi", "logprob": -0.1, "bytes": [72, 105], "top_logprobs": [{"token": "Hi", "logprob": -0.1,
                                                                                 "bytes": [72, 105]}]}
 
@@ -72,7 +72,7 @@ async def upstream_and_gateway() -> AsyncIterator[tuple[str, str]]:
 async def test_the_client_and_the_gateway_join_a_stream_into_the_same_body(kind: str) -> None:
     async with asyncio.timeout(20), upstream_and_gateway() as (up_url, gw_url):
         async with AsyncOpenAI(base_url=f"{gw_url}/v1", api_key="k", max_retries=0) as plain:
-            via_gateway = await plain.chat.completions.create(model="m", messages=CHAT)  # type: ignore[arg-type]
+            via_gateway = await plain.chat.completions.create(model="tailguard-sim", messages=CHAT)  # type: ignore[arg-type]
         direct = await call(kind, f"{up_url}/v1", stream=False, timeouts=Timeouts(connect=5, first_token=5, idle=5))
     assert direct.error is None
     assert direct.answer.model_dump() == via_gateway.model_dump()

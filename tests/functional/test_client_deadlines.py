@@ -149,13 +149,13 @@ async def test_the_total_deadline_follows_the_speed_the_client_learned() -> None
         async with async_openai_client(base_url=f.base("ok"), api_key="k", timeouts=timeouts,
                                        retry=RetryPolicy(max_attempts=1)) as client:
             for _ in range(3):
-                stream = await client.chat.completions.create(model="m", messages=CHAT, max_tokens=3, stream=True)
+                stream = await client.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=3, stream=True)
                 async for _chunk in stream:
                     pass
             client.base_url = f.base("three_then_keepalive")  # type: ignore[assignment]
             start = time.monotonic()
             with pytest.raises(TotalTimeout) as info:
-                stream = await client.chat.completions.create(model="m", messages=CHAT, max_tokens=3, stream=True)
+                stream = await client.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=3, stream=True)
                 async for _chunk in stream:
                     pass
     err = info.value

@@ -19,11 +19,11 @@ CFG = {"classes": classes(interactive={"max_queue_len": 1})}
 
 async def _fill(gw: Stack, plain: AsyncOpenAI) -> tuple[object, asyncio.Task[object]]:
     """Hold the only slot with a stream that would run for minutes, and fill the one queue place."""
-    blocker = await plain.chat.completions.create(model="m", messages=CHAT, max_tokens=100_000, stream=True)
+    blocker = await plain.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=100_000, stream=True)
     async for ch in blocker:
         if ch.choices and ch.choices[0].delta.content:
             break
-    queued = asyncio.create_task(plain.chat.completions.create(model="m", messages=CHAT, max_tokens=2))
+    queued = asyncio.create_task(plain.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2))
 
     async def one_queued() -> bool:
         return bool((await health(gw.url))["queued"] == 1)
@@ -42,7 +42,7 @@ async def test_queue_full_retry_after_is_honoured_and_each_try_is_counted_once()
         client = async_openai_client(base_url=f"{gw.url}/v1", api_key="k", timeouts=Timeouts(first_token=10),
                                      retry=RetryPolicy(max_attempts=3, base_delay=0.05, max_delay=0.1))
         start = time.monotonic()
-        call = asyncio.create_task(client.chat.completions.create(model="m", messages=CHAT, max_tokens=2))
+        call = asyncio.create_task(client.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2))
 
         async def refused_once() -> bool:
             return await _rejected(gw) == 1
@@ -68,7 +68,7 @@ async def test_the_reject_reason_and_retry_after_reach_the_exception() -> None:
         async with async_openai_client(base_url=f"{gw.url}/v1", api_key="k",
                                        retry=RetryPolicy(max_attempts=1)) as client:
             with pytest.raises(Unavailable) as info:
-                await client.chat.completions.create(model="m", messages=CHAT, max_tokens=2, stream=True)
+                await client.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2, stream=True)
         await blocker.close()  # type: ignore[attr-defined]
         await queued
     err = info.value

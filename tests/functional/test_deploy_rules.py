@@ -3,7 +3,9 @@ deploy/generate.py writes, and promtool accepts the rules and passes their unit 
 
 from __future__ import annotations
 
+import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,11 +26,33 @@ def test_every_metric_has_a_panel_and_every_panel_a_metric() -> None:
     assert all(metrics_of(q.expr) for p in PANELS for q in p.queries)
 
 
-def test_every_rule_reads_catalog_metrics() -> None:
+def _anchor(heading: str) -> str:
+    """A markdown heading's anchor, as GitHub makes it."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_rule_reads_catalog_metrics_and_links_a_section_that_exists() -> None:
     for rule in alerts.rules():
         named = metrics_of(rule.expr)
         assert named and named <= known(), (rule.alert, sorted(named - known()))
-        assert rule.runbook.startswith("docs/tuning.md#")
+        page, _, anchor = rule.runbook.partition("#")
+        headings = [line.lstrip("#") for line in (DEPLOY.parent / "docs" / page).read_text().splitlines()
+                    if line.startswith("#")]
+        assert anchor in {_anchor(h) for h in headings}, (rule.alert, rule.runbook)
+    url = alerts.document(runbook_base="https://wiki.example.com/tg/docs")["groups"]  # type: ignore[index]
+    assert url[0]["rules"][0]["annotations"]["runbook_url"].startswith("https://wiki.example.com/tg/docs/tuning.md#")
+
+
+def test_only_classes_with_a_ttft_target_get_the_burn_rules() -> None:
+    def burning(targets: dict[str, float] | None = None) -> list[tuple[str, str]]:
+        rules = alerts.rules(targets) if targets is not None else alerts.rules()
+        return [(r.alert, r.summary.split(":")[0]) for r in rules if "BudgetBurn" in r.alert]
+    assert burning() == [("TailguardTTFTBudgetBurnFast", "interactive"), ("TailguardTTFTBudgetBurnSlow", "interactive")]
+    assert not any("batch" in r.expr for r in alerts.rules() if "BudgetBurn" in r.alert)
+    two = burning({"chat": 1.0, "agents": 5.0})
+    assert sorted(two) == sorted([(a, c) for c in ("chat", "agents")
+                                  for a in ("TailguardTTFTBudgetBurnFast", "TailguardTTFTBudgetBurnSlow")])
+    assert burning({}) == []
 
 
 def test_the_committed_files_are_what_the_catalog_generates() -> None:
@@ -37,8 +61,15 @@ def test_the_committed_files_are_what_the_catalog_generates() -> None:
 
 
 def test_a_slo_off_the_buckets_is_refused() -> None:
-    with pytest.raises(ValueError, match="bucket bound"):
-        alerts.rules(0.3)
+    with pytest.raises(ValueError, match="TTFT SLO of interactive .* bucket bound"):
+        alerts.rules({"interactive": 0.3})
+
+
+def test_the_generator_takes_a_target_per_class() -> None:
+    out = subprocess.run([sys.executable, str(DEPLOY / "generate.py"), "--ttft-slo", "interactive=0.3"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "bucket bound" in out.stderr
+    assert (DEPLOY / "prometheus" / "alerts.yaml").read_text() == alerts.render(), "a refused run wrote the file"
 
 
 @pytest.mark.parametrize("args", [["check", "rules", "alerts.yaml"], ["test", "rules", "alerts_test.yaml"]],

@@ -26,6 +26,7 @@ from tailguard.bench.workload import parse_workload
 from tailguard.cli.doctor import snapshots
 from tailguard.doctor.diagnosis import diagnose
 from tailguard.doctor.evidence import engine_evidence, gateway_evidence
+from tailguard.doctor.pages import evidence
 from tailguard.doctor.finding import Finding
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.server import running_sim
@@ -47,8 +48,7 @@ async def diagnosed(url: str, cfg: BenchConfig, out: Path, scrape: list[str]) ->
         result = await run_bench(cfg)
     write_outputs(result, out)
     write_scrapes(snaps, out)
-    gw, eng = snapshots(out, None, None)
-    return diagnose(result.records, result.meta, engine=engine_evidence(eng), gateway=gateway_evidence(gw))
+    return diagnose(result.records, result.meta, evidence=evidence(snapshots(out)))
 
 
 async def test_client_timeouts_on_streams_still_running_through_the_cli(tmp_path: Path) -> None:
@@ -84,7 +84,7 @@ async def test_prefix_misses_only_without_the_prefix_cache(tmp_path: Path) -> No
             kinds[caching] = [f.kind for f in await diagnosed(sim.url, cfg, out, [sim.url])]
             # without the saved pages, --engine-metrics URL fetches one now: counters since the start, the run's
             (out / SCRAPE_FILE).unlink()
-            _, fetched = await asyncio.to_thread(snapshots, out, None, sim.url)
+            fetched = (await asyncio.to_thread(snapshots, out, None, sim.url)).engine
             assert len(fetched) == 1
             ev = engine_evidence(fetched)
             assert ev is not None and ev.successes == 40
@@ -110,7 +110,8 @@ async def test_a_healthy_run_through_the_gateway_has_no_finding(tmp_path: Path) 
                           timeouts=Timeouts(total_s=30.0), max_dispatch_lag_s=0.05)
         found = await diagnosed(gw.url, cfg, tmp_path, [gw.url, gw.sims[0].url])
     assert found == []
-    gw_snaps, eng_snaps = snapshots(tmp_path, None, None)
+    pages = snapshots(tmp_path)
+    gw_snaps, eng_snaps = pages.gateway, pages.engine
     assert gw_snaps and eng_snaps  # both pages were told apart and read
     assert sum(gateway_evidence(gw_snaps).outcomes.values()) == 40  # type: ignore[union-attr]
     engine_ev = engine_evidence(eng_snaps)

@@ -93,6 +93,26 @@ async def test_the_messages_api_with_the_anthropic_sdk(access: pytest.LogCapture
                                                                           ("/v1/messages", "app", 3)]
 
 
+async def test_a_model_the_only_backend_does_not_list_is_a_404_on_every_route() -> None:
+    """A fleet of one model: a name it does not list gets OpenAI's 404 `model_not_found` on chat
+    (with the names served), Anthropic's 404 on /v1/messages, and /v1/models/{id} agrees, as in a
+    fleet of several models; the name it lists is served."""
+    import openai
+
+    async with asyncio.timeout(30), gateway() as gw, gw.client() as c, \
+            anthropic.AsyncAnthropic(base_url=gw.url, api_key="k", max_retries=0) as a:
+        assert [m.id for m in (await c.models.list()).data] == [MODEL]  # its models are known from here on
+        with pytest.raises(openai.NotFoundError) as chat:
+            await c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert chat.value.code == "model_not_found" and f"Served here: {MODEL}." in chat.value.message
+        with pytest.raises(anthropic.NotFoundError):
+            await a.messages.create(model="nope", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+        with pytest.raises(openai.NotFoundError):
+            await c.models.retrieve("nope")
+        ok = await c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert ok.usage is not None and ok.usage.completion_tokens == 2
+
+
 async def test_embeddings_are_one_job_in_their_own_class(access: pytest.LogCaptureFixture) -> None:
     async with asyncio.timeout(30), gateway() as gw, gw.client() as c:
         raw = await c.embeddings.with_raw_response.create(model=MODEL, input=["alpha", "beta gamma", "alpha"])

@@ -19,7 +19,8 @@ import pytest
 from openai import AsyncOpenAI
 
 from tailguard.config import GatewayConfig
-from tailguard.gateway.http.app import ADMIN, LIVE, create_app, gateway_runner, reloader_of
+from tailguard.gateway.http.app import ADMIN, LIVE, _started, create_app, gateway_runner, reloader_of
+from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.store import ConfigStore
 from tailguard.sim.server import running_sim
 from tests.functional.gateways import classes, engine, gateway, until
@@ -31,7 +32,7 @@ HASHED = "sk-stored-as-its-hash"
 KEYS: dict[str, Any] = {
     "sk-batch": {"name": "nightly", "default_class": "batch", "allowed_classes": ["batch"]},
     "sk-lower": {"name": "lowered", "allowed_classes": ["batch"], "on_disallowed_class": "lower"},
-    "sk-m": {"name": "m-only", "allowed_models": ["m"]},
+    "sk-m": {"name": "m-only", "allowed_models": ["tailguard-sim"]},
     "sha256:" + hashlib.sha256(HASHED.encode()).hexdigest(): {"name": "hashed"},
 }
 BATCH_CAP = 8
@@ -48,27 +49,45 @@ async def test_a_batch_only_key_cannot_get_interactive_and_a_key_is_held_to_its_
             client(gw.url, "sk-m") as m_only, client(gw.url, HASHED) as hashed:
         for asked in ({"extra_headers": {"X-Tailguard-Class": "interactive"}}, {"service_tier": "priority"}):
             with pytest.raises(openai.PermissionDeniedError) as refused:
-                await batch.chat.completions.create(model="m", messages=CHAT, max_tokens=50, **asked)
+                await batch.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=50, **asked)
             assert refused.value.status_code == 403 and refused.value.code == "class_not_allowed"
-        raw = await batch.chat.completions.with_raw_response.create(model="m", messages=CHAT, max_tokens=50)
+        raw = await batch.chat.completions.with_raw_response.create(model="tailguard-sim", messages=CHAT, max_tokens=50)
         assert raw.headers["x-tailguard-class"] == "batch" and raw.parse().usage.completion_tokens <= BATCH_CAP
 
         raw = await lower.chat.completions.with_raw_response.create(  # lowered: batch, and batch's cap
-            model="m", messages=CHAT, max_tokens=50, extra_headers={"X-Tailguard-Class": "interactive"})
+            model="tailguard-sim", messages=CHAT, max_tokens=50, extra_headers={"X-Tailguard-Class": "interactive"})
         assert raw.headers["x-tailguard-class"] == "batch" and raw.parse().usage.completion_tokens <= BATCH_CAP
 
-        assert (await m_only.chat.completions.create(model="m", messages=CHAT, max_tokens=1)).choices
+        assert (await m_only.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=1)).choices
         with pytest.raises(openai.PermissionDeniedError) as refused:
             await m_only.chat.completions.create(model="other", messages=CHAT, max_tokens=1)
         assert refused.value.code == "model_not_allowed"
+        with pytest.raises(openai.BadRequestError) as missing:  # no model named: not "may not use model None"
+            await m_only.post("/chat/completions", cast_to=object, body={"messages": CHAT, "max_tokens": 1})
+        assert missing.value.code == "missing_required_parameter" and "None" not in missing.value.message
 
-        assert (await hashed.chat.completions.create(model="m", messages=CHAT, max_tokens=1)).choices
+        assert (await hashed.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=1)).choices
         async with client(gw.url, "sha256:" + hashlib.sha256(HASHED.encode()).hexdigest()) as digest_as_key:
             with pytest.raises(openai.AuthenticationError):  # the digest is not the key
-                await digest_as_key.chat.completions.create(model="m", messages=CHAT, max_tokens=1)
+                await digest_as_key.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=1)
         async with client(gw.url, "k" * 5000) as huge:
             with pytest.raises(openai.AuthenticationError):  # refused before it is hashed
-                await huge.chat.completions.create(model="m", messages=CHAT, max_tokens=1)
+                await huge.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=1)
+
+
+async def test_a_key_sees_only_the_models_it_may_use() -> None:
+    """`/v1/models` and `/v1/models/{id}` answer a key limited to some models as if the others did
+    not exist (OpenAI's 404 for a model an organisation cannot access); an unlimited key sees all."""
+    keys = {"sk-fast": {"name": "fast-only", "allowed_models": ["fast"]}, "sk-all": {"name": "all"}}
+    async with asyncio.timeout(30), gateway(auth={"api_keys": keys}, aliases={"fast": "tailguard-sim"}) as gw, \
+            client(gw.url, "sk-fast") as fast, client(gw.url, "sk-all") as every:
+        assert sorted([m.id async for m in every.models.list()]) == ["fast", "tailguard-sim"]
+        assert [m.id async for m in fast.models.list()] == ["fast"]
+        assert (await fast.models.retrieve("fast")).id == "fast"
+        with pytest.raises(openai.NotFoundError) as hidden:
+            await fast.models.retrieve("tailguard-sim")
+        assert hidden.value.code == "model_not_found" and "tailguard-sim" not in hidden.value.message.split("Served")[1]
+        assert (await every.models.retrieve("tailguard-sim")).id == "tailguard-sim"
 
 
 async def test_concurrent_requests_never_spend_past_the_token_limit() -> None:
@@ -78,7 +97,7 @@ async def test_concurrent_requests_never_spend_past_the_token_limit() -> None:
     async with asyncio.timeout(30), gateway(auth={"api_keys": keys}) as gw, client(gw.url, "sk-app") as app:
         async def one() -> tuple[int, int]:
             try:
-                raw = await app.chat.completions.with_raw_response.create(model="m", messages=CHAT, max_tokens=200)
+                raw = await app.chat.completions.with_raw_response.create(model="tailguard-sim", messages=CHAT, max_tokens=200)
             except openai.RateLimitError as e:
                 assert e.type == "tokens" and int(e.response.headers["retry-after-ms"]) > 0
                 return 429, 0
@@ -95,18 +114,18 @@ async def test_max_parallel_requests_holds_while_streams_run() -> None:
     keys = {"sk-app": {"name": "app", "max_parallel_requests": 2}}
     async with asyncio.timeout(30), gateway(auth={"api_keys": keys}, scale=0.2) as gw, \
             client(gw.url, "sk-app") as app:
-        streams = [await app.chat.completions.create(model="m", messages=CHAT, max_tokens=4000, stream=True)
+        streams = [await app.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4000, stream=True)
                    for _ in range(2)]
         for s in streams:
             await anext(aiter(s))  # both run
         with pytest.raises(openai.RateLimitError) as over:
-            await app.chat.completions.create(model="m", messages=CHAT, max_tokens=1)
+            await app.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=1)
         assert over.value.response.headers["x-tailguard-reject-reason"] == "rate_limit_parallel"
         await streams[0].close()
 
         async def let_in() -> bool:
             try:
-                return bool((await app.chat.completions.create(model="m", messages=CHAT, max_tokens=1)).choices)
+                return bool((await app.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=1)).choices)
             except openai.RateLimitError:
                 return False
         await until(let_in, step_s=0.02)  # one closed: one more may go
@@ -123,7 +142,7 @@ async def test_operator_routes_answer_only_an_admin_key(tmp_path: Path) -> None:
     auth = {"api_keys": {"sk-app": {"name": "app"}}, "admin_keys": [ADMIN_KEY], "open_metrics": "keys"}
     async with asyncio.timeout(60), gateway(auth=auth) as gw, aiohttp.ClientSession() as s, \
             client(gw.url, "sk-app") as app:
-        assert (await app.chat.completions.create(model="m", messages=CHAT, max_tokens=3)).choices
+        assert (await app.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=3)).choices
         for path in ("/config", "/admin/config", "/metrics", "/admin/usage"):
             assert (await get(s, gw.url + path, None))[0] == 401
             assert (await get(s, gw.url + path, "sk-app"))[0] == 403
@@ -163,6 +182,29 @@ async def test_metrics_stay_open_on_loopback_by_default() -> None:
         assert (await get(s, gw.url + "/config", "sk-app"))[0] == 403  # no admin key configured: nobody
 
 
+async def test_without_keys_the_admin_routes_answer_loopback_only(caplog: pytest.LogCaptureFixture) -> None:
+    """No key at all: `/admin/*` (reload, rollback, everyone's usage) from an address the gateway
+    does not count as loopback (127.0.0.2, its other addresses alike) is 403, from 127.0.0.1 it
+    answers; `/config` and `/metrics` stay open. Listening beyond loopback says so at start."""
+    async with asyncio.timeout(30), gateway() as gw, \
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))) as elsewhere, \
+            aiohttp.ClientSession() as here:
+        for path in ("/admin/usage", "/admin/config"):
+            status, text = await get(elsewhere, gw.url + path, None)
+            assert status == 403 and "admin_key_required" in text
+            assert (await get(here, gw.url + path, None))[0] == 200
+        async with elsewhere.post(gw.url + "/admin/reload") as r:
+            assert r.status == 403
+        for path in ("/config", "/metrics", "/health"):
+            assert (await get(elsewhere, gw.url + path, None))[0] == 200
+    caplog.set_level(logging.WARNING, logger="tailguard.gateway")
+    cfg = GatewayConfig.model_validate({"host": "0.0.0.0", "backends": [{"name": "a", "url": "http://127.0.0.1:9"}]})
+    _started(cfg, Live.of(cfg), "http://0.0.0.0:8000")
+    _started(cfg.model_copy(update={"host": "127.0.0.1"}), Live.of(cfg), "http://127.0.0.1:8000")
+    said = [r.getMessage() for r in caplog.records if "no API keys" in r.getMessage()]
+    assert len(said) == 1 and "answer loopback clients only" in said[0]
+
+
 PROMPT_MARK = "zebra-umbrella-4417"  # a prompt's text, to look for in the logs
 
 
@@ -178,19 +220,19 @@ async def test_no_key_and_no_prompt_text_in_any_log_line(caplog: pytest.LogCaptu
         async with client(gw.url, "sk-batch") as batch, client(gw.url, HASHED) as hashed, \
                 client(gw.url, "sk-limited-5c1d") as limited, client(gw.url, "sk-unknown-77aa") as unknown, \
                 client(gw.url, "sk-m") as m_only:
-            assert (await hashed.chat.completions.create(model="m", messages=chat, max_tokens=3)).choices
-            stream = await hashed.chat.completions.create(model="m", messages=chat, max_tokens=500, stream=True)
+            assert (await hashed.chat.completions.create(model="tailguard-sim", messages=chat, max_tokens=3)).choices
+            stream = await hashed.chat.completions.create(model="tailguard-sim", messages=chat, max_tokens=500, stream=True)
             await anext(aiter(stream))
             await stream.close()
-            for call, error in ((batch.chat.completions.create(model="m", messages=chat, max_tokens=3,
+            for call, error in ((batch.chat.completions.create(model="tailguard-sim", messages=chat, max_tokens=3,
                                                                service_tier="priority"), openai.PermissionDeniedError),
                                 (m_only.chat.completions.create(model="x", messages=chat), openai.PermissionDeniedError),
-                                (unknown.chat.completions.create(model="m", messages=chat), openai.AuthenticationError)):
+                                (unknown.chat.completions.create(model="tailguard-sim", messages=chat), openai.AuthenticationError)):
                 with pytest.raises(error):
                     await call
-            await limited.chat.completions.create(model="m", messages=chat, max_tokens=1)
+            await limited.chat.completions.create(model="tailguard-sim", messages=chat, max_tokens=1)
             with pytest.raises(openai.RateLimitError):
-                await limited.chat.completions.create(model="m", messages=chat, max_tokens=1)
+                await limited.chat.completions.create(model="tailguard-sim", messages=chat, max_tokens=1)
         for key in (ADMIN_KEY, "sk-batch", "sk-unknown-77aa", None):
             for path in ("/admin/config", "/admin/usage", "/metrics"):
                 await get(s, gw.url + path, key)
@@ -216,10 +258,10 @@ async def test_usage_per_caller_survives_a_restart_of_the_gateway(tmp_path: Path
         async with running(app, runner=gateway_runner(app)) as url, client(url, "sk-app") as c, \
                 client(url, "sk-web") as w:
             for _ in range(2):
-                await c.chat.completions.create(model="m", messages=CHAT, max_tokens=4)
+                await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4)
             with pytest.raises(openai.RateLimitError):
-                await c.chat.completions.create(model="m", messages=CHAT, max_tokens=4)
-            await w.chat.completions.create(model="m", messages=CHAT, max_tokens=2, extra_headers={
+                await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4)
+            await w.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2, extra_headers={
                 "X-Tailguard-Class": "batch"})
         app = create_app(cfg, state_dir=tmp_path / "state")  # the same directory, a new process's state
         async with running(app, runner=gateway_runner(app)) as url, aiohttp.ClientSession() as s:

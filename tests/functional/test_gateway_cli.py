@@ -43,7 +43,7 @@ async def test_serve_sim_answers_and_stops_on_sigterm() -> None:
         proc, url = await _start("--sim", "--sim-time-scale", "0.05", "--max-concurrency", "2", "--policy", "fcfs")
         try:
             async with AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as c:
-                raw = await c.chat.completions.with_raw_response.create(model="m", messages=CHAT, max_tokens=3)
+                raw = await c.chat.completions.with_raw_response.create(model="tailguard-sim", messages=CHAT, max_tokens=3)
             assert raw.headers["x-tailguard-backend"] == "sim"
             r = raw.parse()
             assert r.usage is not None and r.usage.completion_tokens == 3
@@ -63,7 +63,7 @@ async def test_serve_quick_form_in_front_of_a_backend_url() -> None:
         proc, url = await _start("--backend", sim.url, "--max-concurrency", "4")
         try:
             async with AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as c:
-                r = await c.completions.create(model="m", prompt="hi", max_tokens=2)
+                r = await c.completions.create(model="tailguard-sim", prompt="hi", max_tokens=2)
             assert r.choices[0].text == " tok tok"
         finally:
             assert await _stop(proc) == 0
@@ -96,3 +96,27 @@ async def test_serve_without_a_backend_says_what_to_give() -> None:
         _, err = await proc.communicate()
     assert proc.returncode == 2
     assert b"--config" in err and b"--backend" in err and b"--sim" in err
+
+
+# `tailguard serve` in an install without one extra: the module that extra installs is blocked.
+_WITHOUT = "import sys; sys.modules[{module!r}] = None; sys.argv = ['tailguard', 'serve', '--config', {path!r}]; " \
+           "from tailguard.__main__ import main; main()"
+
+
+@pytest.mark.parametrize("extra,module,setting,yaml_text", [
+    ("redis", "redis", "state.url", "state: {url: 'redis://127.0.0.1:6399'}\n"),
+    ("postgres", "psycopg", "batches.store", "batches: {store: 'postgresql://tg@127.0.0.1/tg'}\n"),
+    ("otel", "opentelemetry", "telemetry.otlp_endpoint", "telemetry: {otlp_endpoint: 'http://127.0.0.1:4318/v1/traces'}\n"),
+])
+async def test_a_setting_whose_extra_is_missing_names_the_extra(tmp_path: Path, extra: str, module: str, setting: str,
+                                                                 yaml_text: str) -> None:
+    path = tmp_path / "tailguard.yaml"
+    path.write_text("port: 0\nbackends: [{name: a, url: 'http://127.0.0.1:9'}]\n" + yaml_text)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _WITHOUT.format(module=module, path=str(path)),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    async with asyncio.timeout(30):
+        _, err = await proc.communicate()
+    text = err.decode()
+    assert proc.returncode == 2 and "Traceback" not in text, text
+    assert f"  {setting}: needs the `{extra}` extra, which is not installed: pip install 'tailguard[{extra}]'" in text

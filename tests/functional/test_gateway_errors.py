@@ -29,15 +29,15 @@ async def _post(url: str, body: bytes, headers: dict[str, str] | None = None) ->
 @pytest.mark.parametrize("body,headers,status,code,param", [
     (b"{not json", None, 400, "invalid_json", None),
     (b"[1, 2]", None, 400, "invalid_json", None),
-    (orjson.dumps({"model": "m"}), None, 400, "missing_required_parameter", "messages"),
-    (orjson.dumps({"model": "m", "messages": "hi"}), None, 400, "invalid_type", "messages"),
-    (orjson.dumps({"model": "m", "messages": CHAT, "max_tokens": "10"}), None, 400, "invalid_type", "max_tokens"),
-    (orjson.dumps({"model": "m", "messages": CHAT, "stream": "yes"}), None, 400, "invalid_type", "stream"),
-    (orjson.dumps({"model": "m", "messages": CHAT}), {"X-Tailguard-Class": "vip"}, 400, "unknown_class",
+    (orjson.dumps({"model": "tailguard-sim"}), None, 400, "missing_required_parameter", "messages"),
+    (orjson.dumps({"model": "tailguard-sim", "messages": "hi"}), None, 400, "invalid_type", "messages"),
+    (orjson.dumps({"model": "tailguard-sim", "messages": CHAT, "max_tokens": "10"}), None, 400, "invalid_type", "max_tokens"),
+    (orjson.dumps({"model": "tailguard-sim", "messages": CHAT, "stream": "yes"}), None, 400, "invalid_type", "stream"),
+    (orjson.dumps({"model": "tailguard-sim", "messages": CHAT}), {"X-Tailguard-Class": "vip"}, 400, "unknown_class",
      "X-Tailguard-Class"),
-    (orjson.dumps({"model": "m", "messages": CHAT, "service_tier": "gold"}), None, 400, "invalid_value",
+    (orjson.dumps({"model": "tailguard-sim", "messages": CHAT, "service_tier": "gold"}), None, 400, "invalid_value",
      "service_tier"),
-    (orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 5000}]}), None, 413,
+    (orjson.dumps({"model": "tailguard-sim", "messages": [{"role": "user", "content": "x" * 5000}]}), None, 413,
      "body_too_large", None),
 ])
 async def test_bad_input_is_an_openai_4xx_and_the_gateway_keeps_serving(
@@ -50,7 +50,7 @@ async def test_bad_input_is_an_openai_4xx_and_the_gateway_keeps_serving(
         assert err["error"]["code"] == code and err["error"]["param"] == param
         assert err["error"]["message"]
         async with gw.client() as c:
-            ok = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=2)
+            ok = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2)
         assert ok.choices[0].message.content == " tok tok"
         m = await scrape(gw.url)
     assert sample(m, "tailguard_requests_total", **{"class": "interactive", "outcome": "success"}) == 1
@@ -72,19 +72,19 @@ async def test_upstream_4xx_is_passed_back_with_its_body() -> None:
     async with asyncio.timeout(20), gateway(engine_cfg=engine(max_model_len=1024, kv_cache_tokens=4096)) as gw, \
             gw.client() as c:
         with pytest.raises(openai.BadRequestError) as info:
-            await c.chat.completions.create(model="m", messages=[{"role": "user", "content": "z" * 8000}],
+            await c.chat.completions.create(model="tailguard-sim", messages=[{"role": "user", "content": "z" * 8000}],
                                             max_tokens=10)
         assert info.value.code == "context_length_exceeded"
         assert info.value.response.headers["x-tailguard-backend"] == "sim0"
-        ok = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=1)
+        ok = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=1)
         assert ok.choices[0].message.content == " tok"
 
 
 async def test_dead_backend_is_retried_on_the_other_one() -> None:
     dead = BackendConfig(name="dead", url=dead_url(), kind="sim")
     async with asyncio.timeout(20), gateway(extra_backends=[dead]) as gw, gw.client() as c:
-        raw = await c.chat.completions.with_raw_response.create(model="m", messages=CHAT, max_tokens=3)
-        s = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=3, stream=True)
+        raw = await c.chat.completions.with_raw_response.create(model="tailguard-sim", messages=CHAT, max_tokens=3)
+        s = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=3, stream=True)
         text = "".join([ch.choices[0].delta.content or "" async for ch in s if ch.choices])
         m = await scrape(gw.url)
     assert raw.headers["x-tailguard-backend"] == "sim0"
@@ -99,7 +99,7 @@ async def test_without_retry_a_dead_backend_is_a_502() -> None:
     async with asyncio.timeout(20), gateway(sims=0, extra_backends=[dead], retries={"max_attempts": 1}) as gw, \
             gw.client() as c:
         with pytest.raises(openai.APIStatusError) as info:
-            await c.chat.completions.create(model="m", messages=CHAT, max_tokens=3)
+            await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=3)
         m = await scrape(gw.url)
     assert info.value.status_code == 502
     assert info.value.response.json()["error"]["code"] == "connect"
@@ -114,7 +114,7 @@ async def test_no_healthy_backend_is_a_503_with_retry_after() -> None:
             return bool((await health(gw.url))["status"] == "unavailable")
         await until(down)
         with pytest.raises(openai.InternalServerError) as info:
-            await c.chat.completions.create(model="m", messages=CHAT, max_tokens=3)
+            await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=3)
         probe_error = (await health(gw.url))["backends"]["dead"]["probe_error"]
     assert probe_error.startswith("ClientConnectorError")  # /health says why the backend is out
     resp = info.value.response
@@ -152,7 +152,7 @@ async def test_probes_that_time_out_while_the_backend_streams_do_not_take_it_out
                 await asyncio.sleep(0.05)
 
         watcher = asyncio.create_task(watch())
-        stream = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=40, stream=True)
+        stream = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=40, stream=True)
         texts = [ch.choices[0].delta.content async for ch in stream]
         watcher.cancel()
 
@@ -172,7 +172,7 @@ async def test_first_token_deadline_is_a_504_and_aborts_the_engine_request() -> 
     timeouts = {"first_token_s": 0.02}
     async with asyncio.timeout(20), gateway(scale=1.0, timeouts=timeouts) as gw, gw.client() as c:
         with pytest.raises(openai.APIStatusError) as info:
-            await c.chat.completions.create(model="m", messages=[{"role": "user", "content": "p" * 24000}],
+            await c.chat.completions.create(model="tailguard-sim", messages=[{"role": "user", "content": "p" * 24000}],
                                             max_tokens=5000)
 
         async def idle() -> bool:
@@ -189,7 +189,7 @@ async def test_idle_deadline_mid_stream_ends_it_with_an_error_event() -> None:
     # At time_scale 5 a decode step takes about 30 ms of wall time: longer than the 10 ms idle bound.
     timeouts = {"idle_s": 0.01, "first_token_s": 10.0}
     async with asyncio.timeout(20), gateway(scale=5.0, timeouts=timeouts) as gw, gw.client() as c:
-        s = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=50, stream=True)
+        s = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=50, stream=True)
         got = 0
         with pytest.raises(openai.APIError) as info:
             async for ch in s:

@@ -8,13 +8,13 @@ import asyncio
 
 import orjson
 
-from tailguard.gateway.http.app import PROXY
+from tailguard.gateway.http.app import LIFECYCLE
 from tailguard.gateway.sink import ChunkQueue
 from tailguard.types import Outcome
 from tailguard.wire.sse import SSEDecoder
 from tests.functional.gateways import gateway, sample, scrape, sim_running, until
 
-BODY = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "stream": True}
+BODY = {"model": "tailguard-sim", "messages": [{"role": "user", "content": "hello"}], "stream": True}
 
 
 def contents(chunks: list[bytes]) -> str:
@@ -31,7 +31,7 @@ def contents(chunks: list[bytes]) -> str:
 async def test_a_request_from_inside_the_process_streams_into_a_queue() -> None:
     async with asyncio.timeout(30), gateway() as gw:
         queue = ChunkQueue()
-        run = asyncio.create_task(gw.app[PROXY].run(orjson.dumps({**BODY, "max_tokens": 5}), "chat", queue,
+        run = asyncio.create_task(gw.app[LIFECYCLE].run(orjson.dumps({**BODY, "max_tokens": 5}), "chat", queue,
                                                     {"X-Tailguard-Class": "batch"}))
         chunks = [c async for c in queue]
         ending = await run
@@ -46,7 +46,7 @@ async def test_a_request_from_inside_the_process_streams_into_a_queue() -> None:
 async def test_a_consumer_that_leaves_ends_it_and_the_engine_stops() -> None:
     async with asyncio.timeout(30), gateway(scale=0.05) as gw:
         queue = ChunkQueue()
-        run = asyncio.create_task(gw.app[PROXY].run(orjson.dumps({**BODY, "max_tokens": 5000}), "chat", queue))
+        run = asyncio.create_task(gw.app[LIFECYCLE].run(orjson.dumps({**BODY, "max_tokens": 5000}), "chat", queue))
         seen = 0
         async for _ in queue:
             seen += 1
@@ -63,6 +63,6 @@ async def test_a_consumer_that_leaves_ends_it_and_the_engine_stops() -> None:
 
 async def test_a_bad_body_from_inside_is_refused_like_any_other() -> None:
     async with asyncio.timeout(30), gateway() as gw:
-        ending = await gw.app[PROXY].run(b'{"model": "m"}', "chat", ChunkQueue())
+        ending = await gw.app[LIFECYCLE].run(b'{"model": "tailguard-sim"}', "chat", ChunkQueue())
     assert ending.outcome is Outcome.CLIENT_ERROR and ending.status == 400
     assert ending.error is not None and ending.error.param == "messages"

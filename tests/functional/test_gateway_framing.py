@@ -116,7 +116,7 @@ async def through_gateway(framing: Framing) -> AsyncIterator[tuple[Upstream, Asy
 async def test_stream_first_chunk_arrives_before_the_upstream_sends_the_next(framing: Framing) -> None:
     async with asyncio.timeout(20), through_gateway(framing) as (up, client):
         stream = await client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "hi"}], stream=True,
+            model="tailguard-sim", messages=[{"role": "user", "content": "hi"}], stream=True,
             stream_options={"include_usage": True})
         texts: list[str] = []
         usage = None
@@ -134,6 +134,6 @@ async def test_stream_first_chunk_arrives_before_the_upstream_sends_the_next(fra
 async def test_non_stream_answer_is_assembled_from_every_framing(framing: Framing) -> None:
     async with asyncio.timeout(20), through_gateway(framing) as (up, client):
         up.client_saw_first.set()  # nobody reads chunks: the upstream need not wait
-        r = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        r = await client.chat.completions.create(model="tailguard-sim", messages=[{"role": "user", "content": "hi"}])
     assert r.choices[0].message.content == "Hello"
     assert r.usage is not None and (r.usage.prompt_tokens, r.usage.completion_tokens) == (3, 2)

@@ -7,11 +7,16 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import aiohttp
 import pytest
 from aiohttp import web
 
+from openai import AsyncOpenAI, InternalServerError
+
 from tailguard.config import BackendConfig
-from tests.functional.gateways import dead_url, gateway, health, until
+from tailguard.sim.fault import Faults
+from tailguard.sim.server import running_sim
+from tests.functional.gateways import dead_url, engine, gateway, health, until
 from tests.functional.raw_servers import never_answers, raw_server
 from tests.servers import running
 
@@ -86,3 +91,30 @@ async def test_a_backend_is_unknown_until_a_probe_answers() -> None:
                     health={"interval_s": 5.0, "timeout_s": 5.0}) as gw:
         h = await health(gw.url)
         assert h["backends"]["hung"]["state"] == "unknown" and h["status"] == "degraded"
+
+
+async def test_a_gateway_whose_only_backend_is_ejected_is_unavailable() -> None:
+    """The backend answers its probes but fails every request (a 500): after three in a row it is
+    ejected. It takes no requests then, so `/health` says `healthy: false` beside `ejected: true`
+    and the gateway is `unavailable` with a 503, as for a backend the probes took out; once the
+    ejection is over it is `healthy` again and the gateway `ok`."""
+    async with asyncio.timeout(30), running_sim(engine(), time_scale=0.02, faults=Faults(error_rate=1.0)) as sim, \
+            gateway(sims=0, extra_backends=[BackendConfig(name="failing", url=sim.url, kind="sim")], health=HC,
+                    retries={"max_attempts": 1}, ejection={"consecutive_failures": 3, "base_s": 1.0}) as gw:
+        before = await health(gw.url)
+        assert before["backends"]["failing"]["healthy"] is True
+        async with AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="k", max_retries=0) as c:
+            for _ in range(3):
+                with pytest.raises(InternalServerError):
+                    await c.chat.completions.create(model="tailguard-sim", messages=[{"role": "user", "content": "hi"}],
+                                                    max_tokens=2)
+        async with aiohttp.ClientSession() as s, s.get(f"{gw.url}/health") as r:
+            body = await r.json()
+            assert r.status == 503 and body["status"] == "unavailable", body
+        b = body["backends"]["failing"]
+        assert (b["state"], b["healthy"], b["ejected"]) == ("ejected", False, True)
+
+        async def back() -> bool:
+            return bool((await health(gw.url))["status"] == "ok")
+        await until(back)  # its ejection (1 s) is over: it takes requests again
+        assert (await health(gw.url))["backends"]["failing"]["healthy"] is True

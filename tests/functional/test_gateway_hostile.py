@@ -21,7 +21,7 @@ LIMIT = 256 * 1024  # max_body_bytes of these gateways: room for 100,000 nested 
 
 
 def chat(**kw: Any) -> bytes:
-    return orjson.dumps({"model": "m", "messages": CHAT, "max_tokens": 2, **kw})
+    return orjson.dumps({"model": "tailguard-sim", "messages": CHAT, "max_tokens": 2, **kw})
 
 
 def _with(field: str, literal: bytes) -> bytes:

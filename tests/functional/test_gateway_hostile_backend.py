@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
 import statistics
-import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,6 +20,7 @@ import orjson
 import pytest
 
 from tests.functional.gateways import Stack, gateway, health, sample, scrape
+from tests.functional.hostile_backend import hostile, rss
 from tests.functional.raw_servers import TOK_EVENT
 from tailguard.config import BackendConfig
 
@@ -34,27 +33,6 @@ QUICK_S = 0.3
 SLOWEST_S = 1.5
 CHAT = {"model": "tailguard-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 EVIL = {**CHAT, "model": "evil"}  # the model only the hostile backend serves
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-@asynccontextmanager
-async def hostile(case: str) -> AsyncIterator[str]:
-    """The hostile backend `case` (tests/functional/hostile_backend.py) in a process of its own;
-    yields its URL, and kills it at the end."""
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "tests.functional.hostile_backend", case,
-                                                stdout=asyncio.subprocess.PIPE, cwd=ROOT)
-    try:
-        assert proc.stdout is not None
-        port = int(await proc.stdout.readline())
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.kill()
-        await proc.wait()
 
 
 @dataclass
@@ -85,7 +63,7 @@ async def _attack(gw: Stack, body: dict[str, Any]) -> Attack:
     async with aiohttp.ClientSession() as s:
         await _timed(s.get(f"{gw.url}/health"))  # warm (a chat now would go to the hostile backend)
         gc.collect()
-        base = peak = _rss()
+        base = peak = rss()
         started = time.perf_counter()
         attack = asyncio.create_task(_fetch(s.post(f"{gw.url}/v1/chat/completions", json=body)))
         while (await health(gw.url))["backends"]["evil"]["in_flight"] == 0 and not attack.done():
@@ -97,7 +75,7 @@ async def _attack(gw: Stack, body: dict[str, Any]) -> Attack:
             took = await _chat_timed(s, gw.url, attack)
             if took is not None:
                 chat_s.append(took)
-            peak = max(peak, _rss())
+            peak = max(peak, rss())
             await asyncio.sleep(0.01)
         status, out = await attack
         return Attack(status, out, time.perf_counter() - started, peak - base, health_s, chat_s)
@@ -144,7 +122,10 @@ async def _protocol_errors(gw: Stack) -> float:
 
 
 async def test_a_non_stream_answer_that_never_ends_is_cut_at_max_answer_bytes() -> None:
-    async with asyncio.timeout(60), _evil_gateway("post-content") as gw:
+    """Events of half a MiB each for `max_tokens: 100000`: what that many tokens may carry is far
+    past `limits.max_answer_bytes` (16 MiB here: the text is held until the answer ends), which a
+    non-stream answer is cut at."""
+    async with asyncio.timeout(60), _evil_gateway("post-big-events", limits={"max_answer_bytes": 16 * MiB}) as gw:
         a = await _attack(gw, {**EVIL, "max_tokens": 100_000})
         assert a.status == 502 and b"max_answer_bytes" in a.body
         _assert_bounded(a)
@@ -155,8 +136,9 @@ async def test_a_non_stream_answer_that_never_ends_is_cut_at_max_answer_bytes() 
 async def test_a_preamble_of_comments_is_cut_at_max_preamble_bytes(stream: bool) -> None:
     async with asyncio.timeout(30), _evil_gateway("post-comments") as gw:
         a = await _attack(gw, {**EVIL, "stream": stream})
-        # A stream holds its preamble; a non-stream answer holds nothing of comments but counts them.
-        assert a.status == 502 and (b"max_preamble_bytes" if stream else b"max_answer_bytes") in a.body
+        # A stream holds its preamble; a non-stream answer holds nothing of comments but counts them
+        # against the bytes its `max_tokens` allows.
+        assert a.status == 502 and (b"max_preamble_bytes" if stream else b"answer_bytes_per_token") in a.body
         _assert_bounded(a)
 
 
@@ -193,14 +175,14 @@ async def test_probes_and_the_model_list_read_at_most_max_probe_bytes() -> None:
     async with asyncio.timeout(30), _evil_gateway("get-body", health=health) as gw, \
             aiohttp.ClientSession() as s:
         gc.collect()
-        base = peak = _rss()
+        base = peak = rss()
         for _ in range(10):
             t = time.perf_counter()
             async with s.get(f"{gw.url}/v1/models") as r:
                 models = await r.json()
             assert time.perf_counter() - t < 1.0
             assert r.status == 200 and "data" in models
-            peak = max(peak, _rss())
+            peak = max(peak, rss())
             await asyncio.sleep(0.1)
         async with s.get(f"{gw.url}/health") as r:
             h = await r.json()

@@ -25,7 +25,7 @@ FIRST, ADDED, INLINE = "sk-file-first-0123456789", "sk-file-added-0123456789", "
 async def _answers(url: str, key: str) -> bool:
     async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=20) as c:
         try:
-            r = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=2)  # type: ignore[arg-type]
+            r = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2)  # type: ignore[arg-type]
         except openai.AuthenticationError:
             return False
     return r.choices[0].message.content == " tok tok"

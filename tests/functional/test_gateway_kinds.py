@@ -29,14 +29,14 @@ async def test_the_simulator_is_found_and_its_batch_requests_can_be_suspended() 
         m = await scrape(gw.url)
         assert sample(m, "tailguard_backend_kind", backend="sim0", kind="sim") == 1
         assert (await health(gw.url))["backends"]["sim0"]["reserved_slots"] == 0
-        stream = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=2000, stream=True,
+        stream = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2000, stream=True,
                                                  extra_headers=BATCH)
         got = 0
         chat = None
         async for ch in stream:
             got += sum(1 for choice in ch.choices if choice.delta.content)
             if got == 50 and chat is None:
-                chat = asyncio.create_task(c.chat.completions.create(model="m", messages=CHAT, max_tokens=4))
+                chat = asyncio.create_task(c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4))
         assert chat is not None and (await chat).choices[0].message.content == " tok" * 4
         assert got == 2000
         m = await scrape(gw.url)
@@ -50,7 +50,7 @@ async def test_a_server_that_answers_none_of_the_probes_is_openai_with_a_reserva
             gw.client() as c:
         # Start-up did not wait for the hung server's probes; a request sent to it is retried on
         # the simulator once the hung server has not even answered with headers.
-        ok = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=1, extra_headers=BATCH)
+        ok = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=1, extra_headers=BATCH)
         assert ok.choices[0].message.content == " tok"
         h = await health(gw.url)
         assert h["backends"]["hung"]["kind"] == "openai" and h["backends"]["hung"]["reserved_slots"] == 1
@@ -61,7 +61,7 @@ async def test_health_shows_the_engines_own_queue_when_the_cap_is_above_its_slot
     probe: a gateway cap of 4 over an engine of 2 sequences leaves requests waiting in the engine."""
     async with asyncio.timeout(30), gateway(max_concurrency=4, engine_cfg=engine(max_num_seqs=2), scale=0.05,
                                             health={"interval_s": 0.05}) as gw, gw.client() as c:
-        streams = [asyncio.create_task(c.chat.completions.create(model="m", messages=CHAT, max_tokens=3000))
+        streams = [asyncio.create_task(c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=3000))
                    for _ in range(4)]
 
         async def queued_in_engine() -> bool:

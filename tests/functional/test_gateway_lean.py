@@ -13,8 +13,8 @@ import orjson
 from tests.functional.gateways import gateway, sample, scrape
 from tests.functional.test_gateway_hostile_client import _closed_after, _open, _post, _status
 
-CHAT = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
-STREAM = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+CHAT = orjson.dumps({"model": "tailguard-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+STREAM = orjson.dumps({"model": "tailguard-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
                        "stream": True})
 
 
@@ -164,7 +164,7 @@ async def test_a_pipelined_request_is_not_read_and_the_answer_before_it_is_the_l
 
 
 async def test_a_client_that_leaves_mid_stream_cancels_its_upstream_request() -> None:
-    long = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100_000,
+    long = orjson.dumps({"model": "tailguard-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100_000,
                          "stream": True})
     async with asyncio.timeout(20), gateway() as gw:
         reader, writer = await _open(gw.url)

@@ -31,13 +31,13 @@ async def test_a_caller_over_its_rpm_gets_openais_429_with_the_wait_to_the_milli
             AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="sk-web", max_retries=0) as web:
         left = []
         for _ in range(RPM):
-            raw = await app.chat.completions.with_raw_response.create(model="m", messages=CHAT, max_tokens=1)
+            raw = await app.chat.completions.with_raw_response.create(model="tailguard-sim", messages=CHAT, max_tokens=1)
             assert raw.headers["x-ratelimit-limit-requests"] == str(RPM)
             left.append(int(raw.headers["x-ratelimit-remaining-requests"]))
         assert left == [3, 2, 1, 0]  # OpenAI's x-ratelimit-* headers, as a client's own throttle reads them
 
         with pytest.raises(openai.RateLimitError) as over:
-            await app.chat.completions.create(model="m", messages=CHAT, max_tokens=1)
+            await app.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=1)
         err = over.value
         assert err.status_code == 429 and err.code == "rate_limit_exceeded" and err.type == "requests"
         # OpenAI's words: which limit, its use, and when to try again.
@@ -49,7 +49,7 @@ async def test_a_caller_over_its_rpm_gets_openais_429_with_the_wait_to_the_milli
         assert 10_000 < wait_ms <= 15_000 and int(headers["retry-after"]) == -(-wait_ms // 1000)
         assert headers["x-ratelimit-remaining-requests"] == "0" and headers["x-ratelimit-reset-requests"].endswith("s")
 
-        assert (await web.chat.completions.create(model="m", messages=CHAT, max_tokens=1)).choices  # not held up
+        assert (await web.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=1)).choices  # not held up
 
         async def web_metered() -> bool:
             return await metered(gw.url, "web") == 1
@@ -69,7 +69,7 @@ async def test_a_caller_over_its_rpm_gets_openais_429_with_the_wait_to_the_milli
 async def test_a_caller_in_token_debt_waits_for_a_full_bucket() -> None:
     keys = {"sk-reports": {"name": "reports", "tpm_limit": 600}}  # 10 tokens a second
     async with asyncio.timeout(30), gateway(auth={"api_keys": keys}) as gw, aiohttp.ClientSession() as s:
-        body = {"model": "m", "messages": CHAT, "max_tokens": 700}  # more than the minute's worth
+        body = {"model": "tailguard-sim", "messages": CHAT, "max_tokens": 700}  # more than the minute's worth
         head = {"Authorization": "Bearer sk-reports"}
         async with s.post(f"{gw.url}/v1/chat/completions", json=body, headers=head) as r:
             assert r.status == 200  # a full bucket: it may start, taking it all and the rest as debt

@@ -16,23 +16,25 @@ import orjson
 from tailguard.sim.server import running_sim
 from tests.functional.gateways import engine
 
-BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+BODY = {"model": "tailguard-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
 
-async def _serve_and_stop(config: Path) -> list[str]:
-    """Start `tailguard serve --config`, send a chat and a 404, stop it; its stderr lines."""
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "tailguard", "serve", "--config", str(config),
+async def _serve_and_stop(config: Path | None, *args: str, wait_for: str = "gateway listening on ") -> list[str]:
+    """Start `tailguard serve --config` (or with `args`), send a chat and a 404 once it listens and
+    has said `wait_for`, stop it; its stderr lines."""
+    argv = ["--config", str(config)] if config is not None else []
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "tailguard", "serve", *argv, *args,
                                                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     assert proc.stderr is not None
     try:
         lines = []
-        while True:
+        url = None
+        while url is None or not any(wait_for in line for line in lines):
             line = (await proc.stderr.readline()).decode()
             assert line, "tailguard serve exited before listening"
             lines.append(line)
             if "gateway listening on " in line:
                 url = line.split("gateway listening on ")[1].split(" ")[0]
-                break
         async with aiohttp.ClientSession() as s:
             async with s.post(f"{url}/v1/chat/completions", json=BODY) as r:
                 assert r.status == 200
@@ -73,3 +75,25 @@ async def test_log_format_text_is_for_a_terminal(tmp_path: Path) -> None:
     own = [line for line in lines if not line.startswith("{")]  # access lines stay JSON
     assert own[0].split(" ")[1:3] == ["INFO", "start"] and "gateway listening on" in own[0]
     assert any(line.split(" ")[1:3] == ["INFO", "stop"] for line in own)
+
+
+async def test_the_flags_set_the_log_and_a_clean_start_warns_of_nothing() -> None:
+    """The quick form, as the README's story starts it: `--log-format text --no-access-log` keep a
+    terminal readable without a config file, and a backend whose kind is found and which answers
+    is said at `info` (a warning is for what needs a look)."""
+    async with asyncio.timeout(60), running_sim(engine(), time_scale=0.05) as sim:
+        lines = await _serve_and_stop(None, "--backend", sim.url, "--port", "0", "--log-format", "text",
+                                      "--no-access-log", wait_for="reachable, kind sim (detected)")
+    assert lines and not [line for line in lines if line.startswith("{")], lines  # no access line, no JSON
+    levels = [line.split(" ")[1] for line in lines if line.strip()]
+    assert set(levels) == {"INFO"}, lines
+    assert any("backend" in line and "(detected)" in line for line in lines)
+
+
+async def test_a_bad_log_format_is_one_line() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tailguard", "serve", "--backend", "http://127.0.0.1:9", "--log-format", "yaml",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    async with asyncio.timeout(30):
+        _, err = await proc.communicate()
+    assert proc.returncode == 2 and err.decode().strip() == "error: --log-format 'yaml': known formats are json, text"

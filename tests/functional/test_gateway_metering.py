@@ -15,7 +15,7 @@ CHAT = [{"role": "user", "content": "hello"}]
 
 async def test_a_client_that_leaves_mid_stream_is_charged_what_it_was_sent() -> None:
     async with asyncio.timeout(30), gateway(scale=0.05) as gw, gw.client() as c:
-        stream = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=2000, stream=True)
+        stream = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2000, stream=True)
         got = 0
         async for ch in stream:
             got += sum(1 for choice in ch.choices if choice.delta.content)
@@ -37,8 +37,8 @@ async def test_a_client_that_leaves_mid_stream_is_charged_what_it_was_sent() -> 
 async def test_the_response_names_the_tier_it_was_served_in(asked: str | None, served: str | None) -> None:
     extra = {} if asked is None else {"service_tier": asked}
     async with asyncio.timeout(30), gateway() as gw, gw.client() as c:
-        whole = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=3, **extra)  # type: ignore[arg-type]
-        stream = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=3, stream=True, **extra)  # type: ignore[arg-type]
+        whole = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=3, **extra)  # type: ignore[arg-type]
+        stream = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=3, stream=True, **extra)  # type: ignore[arg-type]
         tiers = {ch.service_tier async for ch in stream}
     assert whole.service_tier == served
     assert tiers == {served}

@@ -29,9 +29,9 @@ async def test_metrics_follow_prometheus_habits(caplog: pytest.LogCaptureFixture
                                            routing={"policy": "round-robin"}) as gw, \
             AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="sk-app", max_retries=0) as app:
         for _ in range(2):  # round robin: one of them meets the dead backend first and is retried
-            assert (await app.chat.completions.create(model="m", messages=CHAT, max_tokens=2)).choices
+            assert (await app.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2)).choices
         with pytest.raises(openai.RateLimitError) as over:
-            await app.chat.completions.create(model="m", messages=CHAT, max_tokens=2)
+            await app.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2)
         async with aiohttp.ClientSession() as s, s.post(f"{gw.url}/v1/chat/completions", json={}) as r:
             assert r.status == 401  # no key: refused before it has a class
         text = await _page(gw.url)

@@ -46,11 +46,11 @@ async def test_bytes_that_keep_coming_without_content_fail_at_the_preamble_bound
         t0 = time.perf_counter()
         with pytest.raises(openai.APIStatusError) as info:
             if stream:
-                s = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=3, stream=True)
+                s = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=3, stream=True)
                 async for _ in s:
                     pass
             else:
-                await c.chat.completions.create(model="m", messages=CHAT, max_tokens=3)
+                await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=3)
         took = time.perf_counter() - t0
     assert info.value.status_code == 502 and "without content" in info.value.message
     assert took < 3.0  # the first-token deadline is 120 s
@@ -60,5 +60,5 @@ async def test_a_role_chunk_then_a_long_wait_for_the_first_token_is_not_cut() ->
     async with raw_server(slow_prefill) as url, asyncio.timeout(20), gateway(
             sims=0, extra_backends=[BackendConfig(name="prefill", url=url, kind="openai")],
             limits={"max_preamble_s": 0.5}) as gw, gw.client() as c:
-        r = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=3)
+        r = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=3)
     assert r.choices[0].message.content == " tok"

@@ -33,7 +33,7 @@ async def test_stream_preempted_by_a_chat_resumes_with_every_token_and_true_usag
     max_tokens = 3000
     async with asyncio.timeout(30), gateway(max_concurrency=1, scale=SCALE, **CFG) as gw, gw.client() as c:
         stream = await c.chat.completions.create(
-            model="m", messages=CHAT, max_tokens=max_tokens, stream=True,
+            model="tailguard-sim", messages=CHAT, max_tokens=max_tokens, stream=True,
             stream_options={"include_usage": True}, extra_headers=BATCH)
         text: list[str] = []
         roles = 0
@@ -51,7 +51,7 @@ async def test_stream_preempted_by_a_chat_resumes_with_every_token_and_true_usag
                 if choice.delta.content:
                     text.append(choice.delta.content)
             if len(text) == 100 and chat_task is None:
-                chat_task = asyncio.create_task(c.chat.completions.create(model="m", messages=CHAT, max_tokens=16))
+                chat_task = asyncio.create_task(c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=16))
             if chat_task is not None and chat_task.done() and chat_done_at_tokens is None:
                 chat_done_at_tokens = len(text)
         assert chat_task is not None
@@ -82,12 +82,12 @@ async def test_non_stream_preempted_returns_the_full_text() -> None:
     max_tokens = 3000
     async with asyncio.timeout(30), gateway(max_concurrency=1, scale=SCALE, **CFG) as gw, gw.client() as c:
         batch = asyncio.create_task(c.completions.create(
-            model="m", prompt="x" * 400, max_tokens=max_tokens, extra_headers=BATCH))
+            model="tailguard-sim", prompt="x" * 400, max_tokens=max_tokens, extra_headers=BATCH))
 
         async def generating() -> bool:
             return await _sim_counter(gw, "vllm:generation_tokens_total") >= 100
         await until(generating)
-        chat = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=8)
+        chat = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=8)
         assert not batch.done()
         assert chat.choices[0].message.content == " tok" * 8
         out = await batch
@@ -100,13 +100,13 @@ async def test_non_stream_preempted_returns_the_full_text() -> None:
 
 async def test_a_client_that_leaves_while_suspended_is_removed_and_counted_once() -> None:
     async with asyncio.timeout(30), gateway(max_concurrency=1, scale=SCALE, **CFG) as gw, gw.client() as c:
-        stream = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=5000, stream=True,
+        stream = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=5000, stream=True,
                                                  extra_headers=BATCH)
         async for ch in stream:
             if ch.choices and ch.choices[0].delta.content:
                 break
         # A long chat takes the only slot; the batch request is suspended behind it.
-        chat = asyncio.create_task(c.chat.completions.create(model="m", messages=CHAT, max_tokens=3000))
+        chat = asyncio.create_task(c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=3000))
 
         async def suspended() -> bool:
             return bool((await health(gw.url))["queued"] == 1)
@@ -125,18 +125,18 @@ async def test_a_client_that_leaves_while_suspended_is_removed_and_counted_once(
         assert sample(m, "tailguard_queue_length", **{"class": "batch"}) == 0
         assert await sim_running(gw.sims[0]) == 0
         # The gateway keeps serving, and its one slot is free again.
-        again = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=4, extra_headers=BATCH)
+        again = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4, extra_headers=BATCH)
         assert again.choices[0].message.content == " tok" * 4
 
 
 async def test_interactive_requests_are_never_suspended() -> None:
     async with asyncio.timeout(30), gateway(max_concurrency=1, scale=SCALE, **CFG) as gw, gw.client() as c:
-        first = asyncio.create_task(c.chat.completions.create(model="m", messages=CHAT, max_tokens=2000))
+        first = asyncio.create_task(c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2000))
 
         async def running() -> bool:
             return await sim_running(gw.sims[0]) == 1
         await until(running)
-        second = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=4)
+        second = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4)
         assert first.done()  # the second chat waited for the first instead of suspending it
         assert (await first).usage.completion_tokens == 2000  # type: ignore[union-attr]
         assert second.usage is not None and second.usage.completion_tokens == 4

@@ -31,7 +31,7 @@ async def _running_on_sim(gw: Stack, n: float) -> None:
 async def _long_stream(c: AsyncOpenAI) -> Any:
     """A stream that holds the gateway's only slot until it is closed (100,000 tokens would take
     the simulator minutes); returns after its first token."""
-    stream = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=100_000, stream=True)
+    stream = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=100_000, stream=True)
     async for ch in stream:
         if ch.choices and ch.choices[0].delta.content:
             break
@@ -46,7 +46,7 @@ async def test_chat_queued_behind_batch_goes_first(policy: str, expected: list[s
     order: list[str] = []
 
     async def call(c: AsyncOpenAI, name: str, cls: str, max_tokens: int) -> None:
-        await c.chat.completions.create(model="m", messages=CHAT, max_tokens=max_tokens,
+        await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=max_tokens,
                                         extra_headers={"X-Tailguard-Class": cls})
         order.append(name)
 
@@ -70,7 +70,7 @@ async def test_chat_queued_behind_batch_goes_first(policy: str, expected: list[s
 async def test_client_leaving_the_queue_is_removed_and_never_sent_upstream() -> None:
     async with asyncio.timeout(30), gateway(max_concurrency=1) as gw, gw.client() as c:
         blocker = await _long_stream(c)
-        waiting = asyncio.create_task(c.chat.completions.create(model="m", messages=CHAT, max_tokens=5))
+        waiting = asyncio.create_task(c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=5))
         await _queued(gw, 1)
         waiting.cancel()
         await _queued(gw, 0)
@@ -79,7 +79,7 @@ async def test_client_leaving_the_queue_is_removed_and_never_sent_upstream() -> 
         assert sample(m, "tailguard_queue_length", **{"class": "interactive"}) == 0
         await blocker.close()
         await _running_on_sim(gw, 0)
-        r = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=3)
+        r = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=3)
         m = await scrape(gw.url)
     assert r.choices[0].message.content == " tok" * 3
     # Bound to a backend: the blocker and the last request only.
@@ -103,7 +103,7 @@ async def test_client_leaving_mid_stream_aborts_the_engine_request() -> None:
 
 async def test_client_leaving_a_non_stream_request_aborts_the_engine_request() -> None:
     async with asyncio.timeout(30), gateway() as gw, gw.client() as c:
-        task = asyncio.create_task(c.chat.completions.create(model="m", messages=CHAT, max_tokens=100_000))
+        task = asyncio.create_task(c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=100_000))
         await _running_on_sim(gw, 1)
         task.cancel()
         await _running_on_sim(gw, 0)
@@ -118,12 +118,12 @@ async def test_full_class_queue_is_a_503_with_retry_after_and_reason() -> None:
     cfg = {"classes": classes(interactive={"max_queue_len": 1})}
     async with asyncio.timeout(30), gateway(max_concurrency=1, **cfg) as gw, gw.client() as c:
         blocker = await _long_stream(c)
-        queued = asyncio.create_task(c.chat.completions.create(model="m", messages=CHAT, max_tokens=2))
+        queued = asyncio.create_task(c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2))
         await _queued(gw, 1)
         with pytest.raises(openai.InternalServerError) as info:
-            await c.chat.completions.create(model="m", messages=CHAT, max_tokens=2)
+            await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2)
         batch_ok = asyncio.create_task(c.chat.completions.create(
-            model="m", messages=CHAT, max_tokens=2, extra_headers={"X-Tailguard-Class": "batch"}))
+            model="tailguard-sim", messages=CHAT, max_tokens=2, extra_headers={"X-Tailguard-Class": "batch"}))
         await _queued(gw, 2)  # another class's queue still has room
         await blocker.close()
         await asyncio.gather(queued, batch_ok)
@@ -145,7 +145,7 @@ async def test_request_waiting_past_its_bound_leaves_with_503_queue_timeout() ->
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         with pytest.raises(openai.InternalServerError) as info:
-            await c.chat.completions.create(model="m", messages=CHAT, max_tokens=2)
+            await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2)
         waited = loop.time() - t0
         assert (await health(gw.url))["queued"] == 0
         await blocker.close()

@@ -39,7 +39,7 @@ async def _run(gw: Stack) -> int:
     async with gw.client() as c:
         # A retry: the resetting backend comes first in the pool, so the chat fails there twice
         # (once more on a fresh connection) and is served by the simulator.
-        r = await c.chat.completions.with_raw_response.create(model="m", messages=CHAT, max_tokens=4)
+        r = await c.chat.completions.with_raw_response.create(model="tailguard-sim", messages=CHAT, max_tokens=4)
         assert r.headers["x-tailguard-backend"] == "sim0"
 
         # A live reload takes the resetting backend out.
@@ -47,19 +47,19 @@ async def _run(gw: Stack) -> int:
         reloader_of(gw.app).apply(cfg.model_copy(update={"backends": [b for b in cfg.backends if b.name != "bad"]}))
 
         # A preemption: the chat takes the batch stream's only slot, which resumes after it.
-        stream = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=3000, stream=True,
+        stream = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=3000, stream=True,
                                                  extra_headers=BATCH)
         chat: asyncio.Task[Any] | None = None
         tokens = 0
         async for ch in stream:
             tokens += sum(1 for choice in ch.choices if choice.delta.content)
             if tokens == 100 and chat is None:
-                chat = asyncio.create_task(c.chat.completions.create(model="m", messages=CHAT, max_tokens=8))
+                chat = asyncio.create_task(c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=8))
         assert chat is not None and (await chat).choices[0].message.content == " tok" * 8
         assert tokens == 3000
 
         # A client gone mid-stream.
-        stream = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=3000, stream=True,
+        stream = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=3000, stream=True,
                                                  extra_headers=BATCH)
         async for ch in stream:
             if ch.choices and ch.choices[0].delta.content:
@@ -68,8 +68,8 @@ async def _run(gw: Stack) -> int:
         await _gone(gw, "batch", 1)
 
         # A client gone while queued: a long chat holds the slot (chats are never suspended).
-        held = asyncio.create_task(c.chat.completions.create(model="m", messages=CHAT, max_tokens=1000))
-        waiting = asyncio.create_task(c.chat.completions.create(model="m", messages=CHAT, max_tokens=4))
+        held = asyncio.create_task(c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=1000))
+        waiting = asyncio.create_task(c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4))
 
         async def queued() -> bool:
             return bool((await health(gw.url))["queued"] == 1)

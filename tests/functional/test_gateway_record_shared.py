@@ -11,6 +11,7 @@ from pathlib import Path
 
 import openai
 
+from tailguard.clock import monotonic
 from tailguard.config import StateConfig
 from tailguard.front.events import Arrive, LocalShare, Reject
 from tailguard.front.params import CallerSpec
@@ -33,7 +34,7 @@ async def test_shared_refusals_are_recorded_and_replay_identically(tmp_path: Pat
         state = {"url": server.url, "on_unavailable": "local", "replicas": 2, "lease_s": 0.3, "timeout_s": 0.5}
         # The other replica: it spends the caller's shared bucket, as its own traffic would.
         other = SharedLimits(Link(StateConfig.model_validate(state), lambda up: None),
-                             [CallerSpec("team", requests_per_minute=RPM)])
+                             [CallerSpec("team", requests_per_minute=RPM)], monotonic)
         try:
             for _ in range(RPM - 1):
                 assert (await other.reserve("team", 10))[1] is not None
@@ -42,9 +43,9 @@ async def test_shared_refusals_are_recorded_and_replay_identically(tmp_path: Pat
             await other.link.close()
         async with gateway(record=path, auth={"api_keys": KEYS}, state=state) as gw, \
                 openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="sk-team", max_retries=0) as c:
-            await c.chat.completions.create(model="m", messages=CHAT, max_tokens=2)  # the last of the six
+            await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2)  # the last of the six
             try:
-                await c.chat.completions.create(model="m", messages=CHAT, max_tokens=2)
+                await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2)
             except openai.RateLimitError as e:
                 assert "over all replicas" in e.message
             else:
@@ -53,7 +54,7 @@ async def test_shared_refusals_are_recorded_and_replay_identically(tmp_path: Pat
             outcomes = []
             for _ in range(4):
                 try:
-                    await c.chat.completions.create(model="m", messages=CHAT, max_tokens=2)
+                    await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2)
                     outcomes.append("ok")
                 except openai.RateLimitError as e:
                     assert "over all replicas" not in e.message

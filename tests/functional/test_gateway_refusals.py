@@ -47,12 +47,28 @@ async def test_a_vllm_backend_with_priority_scheduling_keeps_getting_the_field()
 
 
 async def test_a_clients_own_refused_field_is_its_answer_not_a_drop() -> None:
-    """`kind: openai` adds no `priority`: the client's own is refused with the engine's 400."""
+    """`kind: openai` adds no `priority`: the client's own (its key may set it) is refused with
+    the engine's 400."""
+    auth = {"api_keys": {"k": {"name": "ops", "allow_priority": True}}}
     async with asyncio.timeout(60), sim_process() as sim, \
-            gateway(sims=0, extra_backends=[BackendConfig(name="plain", url=sim.url, kind="openai")]) as gw, \
+            gateway(sims=0, extra_backends=[BackendConfig(name="plain", url=sim.url, kind="openai")], auth=auth) as gw, \
             gw.client() as c:
         with pytest.raises(Exception) as got:
             await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2,
                                             extra_body={"priority": 5})
         assert getattr(got.value, "status_code", None) == 400 and "Priority scheduling" in str(got.value)
         assert (await health(gw.url))["backends"]["plain"]["dropped_fields"] == []
+
+
+@pytest.mark.parametrize("kind", ["openai", "tgi", "llamacpp", "sim", "vllm"])
+async def test_a_clients_priority_never_reaches_an_engine_unless_its_key_may_set_it(kind: str) -> None:
+    """A key's `priority: -100` on every kind: dropped (vLLM gets the class's own, interactive's
+    0), so an engine whose queue is FCFS (the simulator refuses any other priority than 0, as vLLM
+    does) serves it, where before it reached every kind but vllm and sglang as sent."""
+    auth = {"api_keys": {"k": {"name": "nightly", "allowed_classes": ["interactive"]}}}
+    async with asyncio.timeout(60), sim_process() as sim, \
+            gateway(sims=0, extra_backends=[BackendConfig(name="e", url=sim.url, kind=kind)], auth=auth) as gw, \
+            gw.client() as c:
+        done = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2,
+                                               extra_body={"priority": -100})
+        assert done.choices[0].message.content == " tok" * 2

@@ -24,7 +24,7 @@ CHAT = [{"role": "user", "content": "x" * 400}]  # 104 prompt tokens by the byte
 
 async def test_non_stream_chat_is_assembled_with_usage_and_headers() -> None:
     async with asyncio.timeout(20), gateway() as gw, gw.client() as c:
-        raw = await c.chat.completions.with_raw_response.create(model="m", messages=CHAT, max_tokens=9)
+        raw = await c.chat.completions.with_raw_response.create(model="tailguard-sim", messages=CHAT, max_tokens=9)
         r = raw.parse()
     assert r.object == "chat.completion" and r.model == "tailguard-sim"
     assert r.choices[0].message.content == " tok" * 9
@@ -40,10 +40,10 @@ async def test_non_stream_chat_is_assembled_with_usage_and_headers() -> None:
 
 async def test_stream_chat_relays_every_token_and_usage_only_when_asked() -> None:
     async with asyncio.timeout(20), gateway() as gw, gw.client() as c:
-        plain = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=12, stream=True)
+        plain = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=12, stream=True)
         chunks = [ch async for ch in plain]
         with_usage = await c.chat.completions.create(
-            model="m", messages=CHAT, max_tokens=12, stream=True, stream_options={"include_usage": True})
+            model="tailguard-sim", messages=CHAT, max_tokens=12, stream=True, stream_options={"include_usage": True})
         chunks_u = [ch async for ch in with_usage]
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert text == " tok" * 12
@@ -56,7 +56,7 @@ async def test_stream_chat_relays_every_token_and_usage_only_when_asked() -> Non
 async def test_stream_headers_arrive_with_the_first_token() -> None:
     async with asyncio.timeout(20), gateway() as gw, gw.client() as c:
         raw = await c.chat.completions.with_raw_response.create(
-            model="m", messages=CHAT, max_tokens=5, stream=True, extra_headers={"X-Tailguard-Class": "batch"})
+            model="tailguard-sim", messages=CHAT, max_tokens=5, stream=True, extra_headers={"X-Tailguard-Class": "batch"})
         assert raw.headers["content-type"].startswith("text/event-stream")
         assert raw.headers["x-tailguard-class"] == "batch"
         assert raw.headers["x-tailguard-backend"] == "sim0"
@@ -68,8 +68,8 @@ async def test_stream_headers_arrive_with_the_first_token() -> None:
 
 async def test_completions_stream_and_non_stream() -> None:
     async with asyncio.timeout(20), gateway() as gw, gw.client() as c:
-        r = await c.completions.create(model="m", prompt="hello there", max_tokens=4)
-        s = await c.completions.create(model="m", prompt="hello there", max_tokens=4, stream=True,
+        r = await c.completions.create(model="tailguard-sim", prompt="hello there", max_tokens=4)
+        s = await c.completions.create(model="tailguard-sim", prompt="hello there", max_tokens=4, stream=True,
                                        stream_options={"include_usage": True})
         chunks = [ch async for ch in s]
     assert r.object == "text_completion" and r.choices[0].text == " tok" * 4
@@ -79,7 +79,7 @@ async def test_completions_stream_and_non_stream() -> None:
 
 
 async def test_raw_stream_is_valid_sse_ending_in_done() -> None:
-    body = orjson.dumps({"model": "m", "messages": CHAT, "max_tokens": 6, "stream": True})
+    body = orjson.dumps({"model": "tailguard-sim", "messages": CHAT, "max_tokens": 6, "stream": True})
     async with asyncio.timeout(20), gateway() as gw, aiohttp.ClientSession() as s:
         async with s.post(f"{gw.url}/v1/chat/completions", data=body,
                           headers={"Content-Type": "application/json"}) as r:
@@ -106,9 +106,9 @@ async def test_models_health_and_metrics_move() -> None:
         h = await health(gw.url)
         assert set(h["backends"]) == {"sim0", "sim1"}
         before = await scrape(gw.url)
-        await asyncio.gather(*(c.chat.completions.create(model="m", messages=CHAT, max_tokens=8)
+        await asyncio.gather(*(c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=8)
                                for _ in range(4)))
-        s = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=8, stream=True)
+        s = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=8, stream=True)
         async for _ in s:
             pass
         after = await scrape(gw.url)
@@ -134,13 +134,13 @@ async def test_access_log_has_one_json_line_per_request_and_text_only_when_asked
     caplog.set_level(logging.INFO, logger="tailguard.access")
     secret = "the secret prompt"
     async with asyncio.timeout(20), gateway(log_prompts=log_prompts) as gw, gw.client() as c:
-        await c.chat.completions.create(model="m", messages=[{"role": "user", "content": secret}], max_tokens=2)
-        s = await c.chat.completions.create(model="m", messages=[{"role": "user", "content": secret}],
+        await c.chat.completions.create(model="tailguard-sim", messages=[{"role": "user", "content": secret}], max_tokens=2)
+        s = await c.chat.completions.create(model="tailguard-sim", messages=[{"role": "user", "content": secret}],
                                             max_tokens=2, stream=True)
         async for _ in s:
             pass
         with pytest.raises(openai.BadRequestError):
-            await c.chat.completions.create(model="m", messages=[], max_tokens=2)
+            await c.chat.completions.create(model="tailguard-sim", messages=[], max_tokens=2)
     lines = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "tailguard.access"]
     assert [(x["status"], x["outcome"]) for x in lines] == [(200, "success"), (200, "success"), (400, "client_error")]
     first = lines[0]
@@ -161,14 +161,14 @@ async def test_vllm_backends_get_the_class_rank_as_priority() -> None:
         for sim, ok in ((prio, True), (plain, False)):
             backend = fcfs.model_copy(update={"url": sim.url})
             async with gateway(sims=0, extra_backends=[backend]) as gw, gw.client() as c:
-                chat = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=2)  # rank 0: no field
+                chat = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2)  # rank 0: no field
                 assert chat.choices[0].message.content == " tok tok"
                 if ok:
-                    r = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=2,
+                    r = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2,
                                                         extra_headers={"X-Tailguard-Class": "batch"})
                     assert r.choices[0].message.content == " tok tok"
                 else:  # refused once, then sent without it (tests/functional/test_gateway_refusals.py)
-                    r = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=2,
+                    r = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2,
                                                         extra_headers={"X-Tailguard-Class": "batch"})
                     assert r.choices[0].message.content == " tok tok"
                 assert (await health(gw.url))["backends"]["fcfs"]["dropped_fields"] == ([] if ok else ["priority"])
@@ -234,7 +234,7 @@ async def test_a_client_that_stops_reading_slows_the_backend_and_loses_nothing()
     The client socket is read only by explicit `sock_recv` calls: an asyncio stream reader
     would keep reading into its own buffer while the test "does not read", so the gateway
     would never see a slow client at all."""
-    body = orjson.dumps({"model": "m", "messages": CHAT, "max_tokens": FLOOD_EVENTS, "stream": True})
+    body = orjson.dumps({"model": "tailguard-sim", "messages": CHAT, "max_tokens": FLOOD_EVENTS, "stream": True})
     flood = _Flood()
     loop = asyncio.get_running_loop()
     async with asyncio.timeout(60), raw_server(flood) as url, \

@@ -51,7 +51,7 @@ async def test_a_reload_changes_deadlines_and_probes_for_what_starts_next(tmp_pa
         path.write_text(gateway_yaml(sim.url, 4, 4096, health=SLOW_PROBES))
         async with serving(path) as (proc, url), AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as c:
             def long() -> Any:
-                return c.chat.completions.create(model="m", messages=CHAT, max_tokens=TOKENS)
+                return c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=TOKENS)
 
             started_before = asyncio.create_task(long())
 
@@ -106,7 +106,7 @@ async def test_a_reload_moves_a_backend_to_another_server(tmp_path: Path) -> Non
     async with asyncio.timeout(60), running_sim(engine(), time_scale=SCALE, model_name="sim-a") as sim, \
             plain_server(keys) as plain:
         doc = yaml.safe_load(gateway_yaml(sim.url, 4, 4096, health=PROBES))
-        doc["backends"][0]["kind"] = "auto"
+        doc["backends"][0].update(kind="auto", models=["m"])  # the name clients use, wherever it moves
         path.write_text(yaml.safe_dump(doc))
         async with serving(path) as (proc, url), AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as c:
             async def kind_is(kind: str) -> bool:
@@ -134,6 +134,7 @@ async def test_a_reload_adds_a_backend_and_drains_the_one_it_removes(tmp_path: P
     async with asyncio.timeout(60), running_sim(engine(), time_scale=SCALE, model_name="sim-a") as a, \
             running_sim(engine(), time_scale=SCALE, model_name="sim-b") as b:
         doc = yaml.safe_load(gateway_yaml(a.url, 1, 4096, health=PROBES))  # backend "sim", one slot
+        doc["backends"][0]["models"] = ["m"]  # the name clients use, on both engines
         path.write_text(yaml.safe_dump(doc))
         async with serving(path) as (proc, url), AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as c:
             def chat(tokens: int) -> Any:
@@ -150,7 +151,7 @@ async def test_a_reload_adds_a_backend_and_drains_the_one_it_removes(tmp_path: P
             waiting = chat(3)
             await until(queued_one, step_s=0.02)
 
-            doc["backends"] = [{"name": "b", "url": b.url, "kind": "sim", "max_concurrency": 2}]
+            doc["backends"] = [{"name": "b", "url": b.url, "kind": "sim", "max_concurrency": 2, "models": ["m"]}]
             await reload(proc, url, path, yaml.safe_dump(doc))
             assert (await waiting).model == "sim-b"  # the queued request went to the new backend at once
             during = (await health(url))["backends"]

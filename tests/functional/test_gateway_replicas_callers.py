@@ -2,7 +2,7 @@
 a caller through the real `openai` package: its `max_parallel_requests` is one count over both
 (and a replica killed with SIGKILL gives its places back within the lease), the
 `x-ratelimit-*` headers of one replica count what the other let in, and `/admin/usage` on one
-replica answers for both."""
+replica answers for both, and again, whole, after Redis restarted empty."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from tests.functional.gateway_processes import GatewayProcess, replicas
-from tests.functional.redis_server import redis_server
+from tests.functional.redis_server import RedisServer, redis_server
 from tests.functional.sim_processes import sim_process
 
 CHAT = [{"role": "user", "content": "hi"}]
@@ -27,21 +27,23 @@ PARALLEL = 3
 LEASE_S = 0.6
 
 
-def config(sim_url: str, redis_url: str) -> dict[str, Any]:
+def config(sim_url: str, redis_url: str, access_log: bool = False) -> dict[str, Any]:
     return {
         "backends": [{"name": "sim", "url": sim_url, "max_concurrency": 16}],
         "auth": {"api_keys": {"sk-par": {"name": "par", "max_parallel_requests": PARALLEL},
-                              "sk-rate": {"name": "rate", "rpm_limit": 6, "tpm_limit": 6000}},
+                              "sk-rate": {"name": "rate", "rpm_limit": 6, "tpm_limit": 6000},
+                              "sk-free": {"name": "free"}},
                  "admin_keys": [ADMIN_KEY]},
         "state": {"url": redis_url, "lease_s": LEASE_S},
-        "access_log": False,
+        "access_log": access_log,
     }
 
 
-async def two_replicas(stack: AsyncExitStack, tmp_path: Path) -> list[GatewayProcess]:
-    redis = await stack.enter_async_context(redis_server(tmp_path))
+async def two_replicas(stack: AsyncExitStack, tmp_path: Path, access_log: bool = False,
+                       redis: RedisServer | None = None) -> list[GatewayProcess]:
+    redis = redis or await stack.enter_async_context(redis_server(tmp_path))
     sim = await stack.enter_async_context(sim_process("--max-num-seqs", "32", time_scale=0.2))
-    return await replicas(stack, tmp_path, config(sim.url, redis.url))
+    return await replicas(stack, tmp_path, config(sim.url, redis.url, access_log))
 
 
 async def clients(stack: AsyncExitStack, gateways: list[GatewayProcess], key: str) -> list[AsyncOpenAI]:
@@ -166,3 +168,35 @@ async def test_admin_usage_on_one_replica_answers_for_both(tmp_path: Path) -> No
         [row] = rows
         assert row["outcomes"] == {"success": 3}
         assert row["prompt_tokens"] + row["output_tokens"] == tokens
+
+
+def _served(gateways: list[GatewayProcess], caller: str) -> int:
+    """The requests of `caller` in the replicas' access logs."""
+    return sum(1 for g in gateways for line in g.lines
+               if '"event":"access"' in line and f'"caller":"{caller}"' in line)
+
+
+async def test_usage_is_whole_again_after_redis_restarted_empty(tmp_path: Path) -> None:
+    """Redis killed and started again without its data: each replica adds its own rows again, so
+    `/admin/usage` on either equals what both replicas' access logs say (before, the rows written
+    before the restart were lost: 105 requests counted of 135 served)."""
+    async with asyncio.timeout(90), AsyncExitStack() as stack:
+        redis = await stack.enter_async_context(redis_server(tmp_path))
+        gateways = await two_replicas(stack, tmp_path, access_log=True, redis=redis)
+        a, b = await clients(stack, gateways, "sk-free")
+        for c in (a, a, a, b, b):
+            await short(c)
+        await redis.kill()
+        await redis.start()  # empty
+        for c in (a, b):
+            await short(c)
+        while _served(gateways, "free") < 7:  # the access lines, written every 0.2 s
+            await asyncio.sleep(0.05)
+        while True:  # each replica finds the new generation at its next write (every few seconds)
+            rows = (await usage(gateways[0], "free"))["data"]
+            if rows and rows[0]["requests"] >= 7:
+                break
+            await asyncio.sleep(0.2)
+        for g in gateways:  # each writes again first (`/admin/usage` does): nothing is added twice
+            body = await usage(g, "free")
+            assert body["scope"] == "replicas" and body["data"][0]["requests"] == _served(gateways, "free"), body

@@ -18,7 +18,7 @@ from tailguard.gateway.ops.metrics import ACCESS_LOGGER
 from tests.functional.gateways import gateway
 from tests.functional.raw_servers import raw_server, read_request
 
-BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+BODY = {"model": "tailguard-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
 
 async def test_request_ids_come_back_go_upstream_and_are_logged(caplog: pytest.LogCaptureFixture) -> None:
@@ -61,7 +61,7 @@ async def test_request_ids_come_back_go_upstream_and_are_logged(caplog: pytest.L
         assert line["level"] == "info" and line["event"] == "access"
     by_id = {line["request_id"]: line for line in lines}
     own = by_id["req-abc_123"]
-    assert own["status"] == 200 and own["model"] == "m" and own["class"] == "interactive"
+    assert own["status"] == 200 and own["model"] == "tailguard-sim" and own["class"] == "interactive"
     assert own["client"] == "127.0.0.1" and own["user_agent"].startswith("Python")
     assert by_id[got["made"]]["status"] == 200
     missing = by_id[got["404"]]

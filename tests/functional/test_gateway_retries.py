@@ -41,7 +41,7 @@ async def resets(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
 
 
 def backend(name: str, url: str) -> BackendConfig:
-    return BackendConfig(name=name, url=url, kind="openai", max_concurrency=4)
+    return BackendConfig(name=name, url=url, kind="openai", max_concurrency=4, models=["tailguard-sim"])
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -50,10 +50,10 @@ async def test_a_dropped_keep_alive_connection_is_retried_on_a_fresh_one(stream:
             gateway(sims=0, extra_backends=[backend("flaky", url)]) as gw, gw.client() as c:
         for _ in range(12):
             if stream:
-                s = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=1, stream=True)
+                s = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=1, stream=True)
                 text = "".join([ch.choices[0].delta.content or "" async for ch in s if ch.choices])
             else:
-                text = (await c.chat.completions.create(model="m", messages=CHAT, max_tokens=1)).choices[0].message.content or ""
+                text = (await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=1)).choices[0].message.content or ""
             assert text == " ok"
         m = await scrape(gw.url)
     assert sample(m, "tailguard_requests_total", **{"class": "interactive", "outcome": "success"}) == 12
@@ -68,7 +68,7 @@ async def test_without_retries_the_same_server_costs_requests() -> None:
         failed = 0
         for _ in range(12):
             try:
-                await c.chat.completions.create(model="m", messages=CHAT, max_tokens=1)
+                await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=1)
             except openai.APIStatusError as e:
                 assert e.status_code == 502
                 failed += 1
@@ -83,7 +83,7 @@ async def test_a_backend_that_resets_or_hangs_costs_nothing_another_can_serve(fa
             gateway(extra_backends=[backend("bad", url)], timeouts={"header_s": 1.0}) as gw, \
             gw.client() as c:
         results = await asyncio.gather(*(
-            c.chat.completions.with_raw_response.create(model="m", messages=CHAT, max_tokens=2)
+            c.chat.completions.with_raw_response.create(model="tailguard-sim", messages=CHAT, max_tokens=2)
             for _ in range(6)))
         m = await scrape(gw.url)
     assert [r.parse().choices[0].message.content for r in results] == [" tok" * 2] * 6
@@ -106,9 +106,9 @@ async def test_a_redirecting_backend_is_a_failed_attempt_never_a_relayed_body() 
     502 that names where the redirect pointed."""
     async with asyncio.timeout(30), raw_server(redirects) as url:
         async with gateway(extra_backends=[backend("moved", url)]) as gw, gw.client() as c:
-            r = await c.chat.completions.with_raw_response.create(model="m", messages=CHAT, max_tokens=2)
+            r = await c.chat.completions.with_raw_response.create(model="tailguard-sim", messages=CHAT, max_tokens=2)
             assert r.headers["x-tailguard-backend"] == "sim0"
         async with gateway(sims=0, extra_backends=[backend("moved", url)]) as gw, gw.client() as c:
             with pytest.raises(openai.APIStatusError) as e:
-                await c.chat.completions.create(model="m", messages=CHAT, max_tokens=2)
+                await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=2)
     assert e.value.status_code == 502 and "https://127.0.0.1:9/v1/chat/completions" in e.value.message

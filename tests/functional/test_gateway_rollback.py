@@ -63,7 +63,7 @@ async def health(url: str) -> dict[str, object]:
 async def config_of(url: str) -> tuple[str, object]:
     """The hash in the header of a fresh answer, and /health's config."""
     async with AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as c:
-        raw = await c.chat.completions.with_raw_response.create(model="m", messages=CHAT, max_tokens=1)
+        raw = await c.chat.completions.with_raw_response.create(model="tailguard-sim", messages=CHAT, max_tokens=1)
     return raw.headers["x-tailguard-config"], (await health(url))["config"]
 
 
@@ -71,7 +71,7 @@ async def stream(url: str, tokens: int) -> tuple[str, int, str | None]:
     """A batch stream to its end: (its config header, content chunks, finish reason)."""
     async with AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as c:
         raw = await c.chat.completions.with_raw_response.create(
-            model="m", messages=CHAT, max_tokens=tokens, stream=True, extra_headers={"X-Tailguard-Class": "batch"})
+            model="tailguard-sim", messages=CHAT, max_tokens=tokens, stream=True, extra_headers={"X-Tailguard-Class": "batch"})
         chunks, reason = 0, None
         async for ch in raw.parse():
             if ch.choices and ch.choices[0].delta.content:
@@ -164,7 +164,7 @@ async def test_diff_status_and_rollback_see_the_edited_file(tmp_path: Path) -> N
         async with serving(path) as (_, url):
             base, _ = await config_of(url)
             assert (await tailguard("config", "mark-good", *c))[0] == 0
-            path.write_text(gateway_yaml(sim.url, 2, 2048))  # edited, not applied yet
+            path.write_text(commented(sim.url, 2048))  # edited (with the team's notes), not applied yet
             edited = (await tailguard("config", "status", *c))[1].splitlines()[2].split()[1]
             assert await tailguard("config", "diff", *c) == (0, (
                 f"from the running config 1 ({base}) to the file {path}:\n"
@@ -182,11 +182,63 @@ async def test_diff_status_and_rollback_see_the_edited_file(tmp_path: Path) -> N
 
             edited_text = path.read_text()
             code, out = await tailguard("config", "rollback", "--write", *c)
-            assert code == 0 and f"wrote config 1 into {path}" in out and "warning" not in out, out
+            assert code == 0 and f"wrote config 1's settings into {path}, its comments and layout kept" in out, out
+            assert "warning" not in out
             assert (tmp_path / "gw.yaml.bak").read_text() == edited_text
+            assert path.read_text() == commented(sim.url, 4096)  # the one setting back, every note kept
             assert await tailguard("config", "diff", *c) == (
                 0, f"from the running config 1 ({base}) to the file {path}:\nno setting differs\n")
             code, out = await tailguard("config", "status", *c)
             assert out.splitlines()[2].split()[1] == base and "differs" not in out
+            # A file ruamel.yaml cannot read round trip (a key twice, which PyYAML lets pass): said, left alone.
+            path.write_text(commented(sim.url, 2048) + "port: 0\n")
+            code, out = await tailguard("config", "rollback", "--write", *c)
+            assert code == 1 and f"config 1 runs now, but --write did not write it into {path}" in out, out
+            assert "the file is unchanged" in out and path.read_text() == commented(sim.url, 2048) + "port: 0\n"
         code, out = await tailguard("config", "status", *c)
         assert out.splitlines()[0] == f"last run  {base}  config 1"
+
+
+def commented(sim_url: str, batch_cap: int) -> str:
+    """`gateway_yaml(sim_url, 2, batch_cap)` as a person keeps it: notes, flow and block style."""
+    return f"""# The team's gateway: keep these notes.
+port: 0
+access_log: false
+
+classes:
+  - {{name: interactive, rank: 0}}
+  - name: batch                # summaries and reports
+    rank: 1
+    max_tokens_cap: {batch_cap}       # lowered on Tuesday, see the incident
+    preemptible: true
+# one simulator for now
+backends:
+  - {{name: sim, url: '{sim_url}', kind: sim, max_concurrency: 2}}
+"""
+
+
+async def test_a_second_gateway_on_the_same_state_directory_is_refused(tmp_path: Path) -> None:
+    """Two `serve --config` of one file would share its state directory: the second would take
+    over the pid file, so reloads would go to it and, once it stopped, find none though the first
+    still ran. The second is refused in one line naming the first's pid and `--state-dir`; with a
+    directory of its own it starts, and reloads still reach the first."""
+    path = tmp_path / "gw.yaml"
+    async with asyncio.timeout(60), running_sim(engine(), time_scale=SCALE) as sim:
+        path.write_text(gateway_yaml(sim.url, 2, 4096))
+        async with serving(path) as (first, url):
+            code, out = await tailguard("serve", "--config", str(path), "--port", "0")
+            assert code == 1, out
+            assert out.strip().splitlines() == [
+                f"error: a gateway (pid {first.pid}) already serves from the state directory "
+                f"{tmp_path / '.tailguard' / 'gw'}: stop it first, or give this one a state directory of its own "
+                "with --state-dir DIR"]
+            second, _ = await start_serve("--config", str(path), "--state-dir", str(tmp_path / "other"))
+            try:
+                code, out = await tailguard("config", "reload", "-c", str(path))
+                assert code == 0 and f"applied by pid {first.pid}" in out, out
+            finally:
+                assert await stop_serve(second) == 0
+            code, out = await tailguard("config", "reload", "-c", str(path))
+            assert code == 0 and f"applied by pid {first.pid}" in out, out
+        third, _ = await start_serve("--config", str(path))  # the first has gone: its directory is free again
+        assert await stop_serve(third) == 0

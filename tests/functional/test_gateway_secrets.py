@@ -53,7 +53,7 @@ async def test_no_configured_secret_appears_in_logs_metrics_or_errors(
                 aiohttp.ClientSession() as s:
             for key, content in ((CLIENT_UNNAMED, "hi"), (CLIENT_NAMED, "four"), ("sk-wrong", "hi"), (None, "hi")):
                 headers = {"Authorization": f"Bearer {key}"} if key else {}
-                body = {"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": 1}
+                body = {"model": "tailguard-sim", "messages": [{"role": "user", "content": content}], "max_tokens": 1}
                 async with s.post(f"{gw.url}/v1/chat/completions", json=body, headers=headers) as r:
                     seen.append(f"{r.status} {dict(r.headers)} {await r.text()}")
             statuses = [int(t.split()[0]) for t in seen]

@@ -50,25 +50,25 @@ async def test_a_trace_shows_queue_attempts_a_retry_and_a_suspension(tmp_path: P
     with receiver(out) as endpoint:
         telemetry = {"otlp_endpoint": endpoint}
         async with asyncio.timeout(40), raw_server(drops) as flaky_url:
-            flaky = BackendConfig(name="flaky", url=flaky_url, max_concurrency=1)
+            flaky = BackendConfig(name="flaky", url=flaky_url, max_concurrency=1, models=["tailguard-sim"])
             # Three attempts: the flaky one, the same on a fresh connection, then the simulator.
             async with gateway(extra_backends=[flaky], telemetry=telemetry, retries={"max_attempts": 3},
                                routing={"policy": "round-robin"}) as gw, gw.client() as c:
                 for trace_id in TRACE_IDS:  # round robin: one of the two meets the flaky backend first
-                    await c.chat.completions.create(model="m", messages=CHAT, max_tokens=4, extra_headers={
+                    await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4, extra_headers={
                         "traceparent": f"00-{trace_id}-{PARENT}-01"})
         preemptible = {"classes": classes(batch={"preemptible": True, "max_share": 1.0}),
                        "scheduler": {"min_run_s": 0.0}}
         async with asyncio.timeout(40), gateway(max_concurrency=1, scale=0.05, telemetry=telemetry,
                                                 **preemptible) as gw, gw.client() as c:
-            batch = await c.chat.completions.create(model="m", messages=CHAT, max_tokens=400, stream=True,
+            batch = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=400, stream=True,
                                                     extra_headers={"X-Tailguard-Class": "batch"})
             n = 0
             async for _ in batch:
                 n += 1
                 if n == 20:  # the batch stream runs on the only slot: a chat takes it
-                    await c.chat.completions.create(model="m", messages=CHAT, max_tokens=4)
-            async for _ in await c.chat.completions.create(model="m", messages=CHAT, max_tokens=6, stream=True):
+                    await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4)
+            async for _ in await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=6, stream=True):
                 pass  # a plain stream: relayed chunk by chunk, untouched
         # Each gateway has stopped: its exporter flushed every span before it did.
         spans = [json.loads(line) for line in out.read_text().splitlines()]
@@ -81,17 +81,17 @@ async def test_a_trace_shows_queue_attempts_a_retry_and_a_suspension(tmp_path: P
     trace_id = retried[0]
     assert any(f"traceparent: 00-{trace_id}-".encode() in h.lower() for h in heads), "sent upstream"
     first = {s["name"]: s for s in by_trace[trace_id]}
-    root = first["chat m"]
+    root = first["chat tailguard-sim"]
     assert root["parent_span_id"] == PARENT and root["kind"] == 2  # SERVER, the caller's child
     assert root["service"] == "tailguard"
     a = root["attributes"]
-    assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.request.model"] == "m"
+    assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.request.model"] == "tailguard-sim"
     assert a["gen_ai.provider.name"] == "sim" and a["gen_ai.usage.output_tokens"] == 4
     assert a["gen_ai.usage.input_tokens"] > 0 and a["tailguard.class"] == "interactive"
     assert a["tailguard.outcome"] == "success" and a["tailguard.attempts"] >= 2
     # How the answer ended, read from the simulator's chunks (non-stream: assembled at the gateway).
     assert a["gen_ai.response.finish_reasons"] == ["length"] and a["gen_ai.response.id"].startswith("chatcmpl")
-    assert a["gen_ai.response.model"] == "m" and a["gen_ai.request.max_tokens"] == 4
+    assert a["gen_ai.response.model"] == "tailguard-sim" and a["gen_ai.request.max_tokens"] == 4
     assert a["gen_ai.request.stream"] is False
     children = [s for s in by_trace[trace_id] if s["parent_span_id"] == root["span_id"]]
     names = [s["name"] for s in sorted(children, key=lambda s: s["start"])]
@@ -110,7 +110,7 @@ async def test_a_trace_shows_queue_attempts_a_retry_and_a_suspension(tmp_path: P
     assert batch_root["attributes"]["gen_ai.response.finish_reasons"] == ["length"]
     assert batch_root["attributes"]["gen_ai.response.id"].startswith("chatcmpl")
     assert batch_root["attributes"]["gen_ai.request.stream"] is True
-    chat_roots = [s for s in by_trace.values() for s in s if s["name"] == "chat m" and s["parent_span_id"] == ""]
+    chat_roots = [s for s in by_trace.values() for s in s if s["name"] == "chat tailguard-sim" and s["parent_span_id"] == ""]
     assert all(s["attributes"]["gen_ai.response.finish_reasons"] == ["length"] for s in chat_roots
                if s["attributes"]["tailguard.outcome"] == "success")
     plain = [s["attributes"] for s in chat_roots if s["attributes"].get("gen_ai.request.max_tokens") == 6]

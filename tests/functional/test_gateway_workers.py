@@ -18,7 +18,7 @@ from tailguard.sim.server import running_sim
 from tests.functional.gateways import SCALE, engine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CHAT = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+CHAT = orjson.dumps({"model": "tailguard-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
 
 
 async def _serve(path: Path, sim_url: str) -> tuple[asyncio.subprocess.Process, str]:

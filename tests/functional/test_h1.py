@@ -10,6 +10,7 @@ from contextlib import AsyncExitStack
 import httptools
 import pytest
 
+from tailguard.clock import monotonic
 from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.upstream.pool import Origin, Pool, origin_of
 from tests.functional.raw_servers import SSE_HEAD, Handler, chunk, raw_server, read_request
@@ -64,7 +65,7 @@ async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[Origin]]]:
 
 @pytest.fixture
 async def pool() -> AsyncIterator[Pool]:
-    p = Pool(asyncio.get_running_loop())
+    p = Pool(asyncio.get_running_loop(), monotonic)
     yield p
     p.close()
 

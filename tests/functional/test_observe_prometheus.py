@@ -52,12 +52,12 @@ async def _on_purpose(url: str) -> None:
             if sample(m, "tailguard_backend_healthy", backend="dead") == 0:
                 break
             try:
-                await c.chat.completions.create(model="m", messages=CHAT, max_tokens=4)
+                await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4)
             except openai.InternalServerError:  # its retry denied: a 502
                 pass
         assert sample(m, "tailguard_retries_total", backend="dead", kind="connect") == 1
         assert sample(m, "tailguard_retries_denied_total", backend="dead", kind="connect") >= 1
-        batch = [await c.chat.completions.create(model="m", messages=CHAT, max_tokens=3000, stream=True,
+        batch = [await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=3000, stream=True,
                                                  extra_headers={"X-Tailguard-Class": "batch"}) for _ in range(2)]
 
         async def drain(stream: Any) -> None:
@@ -65,12 +65,12 @@ async def _on_purpose(url: str) -> None:
                 pass
         drains = [asyncio.create_task(drain(s)) for s in batch]
         await asyncio.sleep(0.2)
-        await c.chat.completions.create(model="m", messages=CHAT, max_tokens=8)
+        await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=8)
         await asyncio.gather(*drains)
     async with AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-limited", max_retries=0) as limited:
-        await limited.chat.completions.create(model="m", messages=CHAT, max_tokens=4)
+        await limited.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4)
         with pytest.raises(openai.RateLimitError):
-            await limited.chat.completions.create(model="m", messages=CHAT, max_tokens=4)
+            await limited.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4)
     async with aiohttp.ClientSession() as s, s.post(f"{url}/v1/chat/completions", json={}) as r:
         assert r.status == 401
 
@@ -90,7 +90,7 @@ async def _scraped_after(prom: Prometheus, job: str, more: int) -> None:
 
 async def test_every_panel_and_rule_returns_data_from_a_real_prometheus(tmp_path: Path) -> None:
     tool("prometheus")
-    dead = BackendConfig(name="dead", url=dead_url(), max_concurrency=2)
+    dead = BackendConfig(name="dead", url=dead_url(), max_concurrency=2, models=["tailguard-sim"])
     async with asyncio.timeout(90), gateway(max_concurrency=2, scale=SCALE, extra_backends=[dead], **CFG) as gw:
         targets = {"tailguard": gw.url.removeprefix("http://"), "sim": gw.sims[0].url.removeprefix("http://")}
         with running_prometheus(tmp_path, targets) as prom:
@@ -126,3 +126,30 @@ async def test_every_panel_and_rule_returns_data_from_a_real_prometheus(tmp_path
         path = out_dir / f"{n}-{row.lower().replace(' ', '-')}.png"
         draw_row(row, list(panels), series, started, path)
         assert path.stat().st_size > 10_000
+
+
+def _docs_scrape_config() -> dict[str, Any]:
+    """The scrape config docs/observability.md gives a Prometheus on another host."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "observability.md").read_text()
+    section = text[text.index("## Scraping `/metrics`"):]
+    block = section[section.index("```yaml\n") + 8:section.index("```", section.index("```yaml\n") + 8)]
+    [scrape] = yaml.safe_load(block)["scrape_configs"]
+    return dict(scrape)
+
+
+async def test_the_documented_scrape_config_sends_the_admin_key(tmp_path: Path) -> None:
+    """A gateway whose /metrics needs an admin key from everyone (`open_metrics: keys`) is scraped
+    by a real Prometheus with the docs' own block: `up` is 1 and tailguard's series are there."""
+    tool("prometheus")
+    admin = "prom-admin-0123456789"
+    key_file = tmp_path / "tailguard-admin-key"
+    key_file.write_text(admin + "\n")
+    scrape = _docs_scrape_config()
+    async with asyncio.timeout(60), gateway(auth={"api_keys": {"sk-app": {"name": "app"}}, "admin_keys": [admin],
+                                                  "open_metrics": "keys"}) as gw:
+        scrape.update(scrape_interval="500ms", static_configs=[{"targets": [gw.url.removeprefix("http://")]}])
+        scrape["authorization"]["credentials_file"] = str(key_file)
+        with running_prometheus(tmp_path, {}, scrapes=[scrape]) as prom:
+            while not await asyncio.to_thread(prom.query, 'up{job="tailguard"} == 1'):
+                await asyncio.sleep(0.25)
+            assert await asyncio.to_thread(prom.query, 'tailguard_queue_length{job="tailguard"}')

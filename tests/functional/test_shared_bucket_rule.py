@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tailguard.clock import monotonic
 from tailguard.config import StateConfig
 from tailguard.front.limits import CallerLimits
 from tailguard.front.params import CallerSpec
@@ -33,7 +34,7 @@ async def test_the_lua_scripts_decide_as_the_front_s_buckets_do(tmp_path: Path, 
     agreed = refused = 0
     async with asyncio.timeout(60), redis_server(tmp_path) as server:
         link = Link(StateConfig(url=server.url, lease_s=60.0), lambda up: None)
-        shared = SharedLimits(link, [SPEC])
+        shared = SharedLimits(link, [SPEC], monotonic)
         t0 = time.monotonic()
         try:
             for _ in range(150):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tailguard.clock import monotonic
 from tailguard.config import StateConfig
 from tailguard.errors import RateLimited
 from tailguard.front.events import Arrive, Finished, LocalShare, Reject, SharedVerdict, Start
@@ -30,7 +31,7 @@ async def limits(url: str, *specs: CallerSpec, **state: object) -> AsyncIterator
     changes: list[bool] = []
     cfg = StateConfig.model_validate({"url": url, **state})
     link = Link(cfg, changes.append)
-    shared = SharedLimits(link, list(specs))
+    shared = SharedLimits(link, list(specs), monotonic)
     shared.start()
     try:
         yield shared, changes

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from redis import asyncio as aioredis
 
+from tailguard.clock import monotonic
 from tailguard.config import StateConfig
 from tailguard.gateway.shared.link import Link
 from tailguard.gateway.shared.slots import SlotLeases
@@ -26,7 +27,7 @@ class Replica:
         self.counts = {b: (0, 0) for b in backends}
         self.caps: dict[str, int | None] = {}
         self.leases = SlotLeases(self.link, lambda: {b: CAP for b in backends}, self.counts.__getitem__,
-                                 self.caps.__setitem__)
+                                 self.caps.__setitem__, monotonic)
 
     async def renew(self, running: int, waiting: int, backend: str = "gpu") -> int | None:
         self.counts[backend] = (running, waiting)

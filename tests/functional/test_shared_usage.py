@@ -22,7 +22,7 @@ NOW = 1_800_000_030.0
 
 def ended(caller: str, *, prompt: int = 10, output: int = 5, outcome: Outcome = Outcome.SUCCESS,
           reason: str | None = None) -> Request:
-    t = Request("r", arrived_at=100.0, cls="interactive", caller=caller, model="m", prompt_tokens=prompt,
+    t = Request("r", arrived_at=100.0, cls="interactive", caller=caller, model="tailguard-sim", prompt_tokens=prompt,
                 output_tokens=output)
     t.upstream_headers_at, t.first_content_at, t.finished_at = 100.1, 100.25, 101.0
     t.outcome, t.reason = outcome, reason
@@ -72,6 +72,10 @@ async def test_either_replica_answers_for_both_and_for_itself_while_redis_is_gon
         await server.start()  # back, empty
         while not all(m.shared is not None and m.shared.link.shared for m in (one, two)):
             await asyncio.sleep(0.02)  # each replica's heartbeat finds it
-        await two.flush()  # the kept row reaches Redis with the next write
-        rows, scope = await one.usage(None, None, None)
-        assert scope == "replicas" and figures(rows) == {"team-a": (1, 10, 5, {"success": 1}, {})}
+        await two.flush()  # the kept row reaches Redis with the next write, and two's rows again
+        rows, scope = await one.usage(None, None, None)  # one's write finds Redis emptied: its rows again
+        assert scope == "replicas"
+        assert figures(rows) == {"team-a": (3, 40, 17, {"success": 3}, {}),
+                                 "team-b": (1, 10, 0, {"rejected": 1}, {"rate_limit_tokens": 1})}
+        await two.flush()
+        assert figures((await one.usage(None, None, None))[0])["team-a"][0] == 3  # once, not again

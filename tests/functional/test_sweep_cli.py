@@ -20,7 +20,8 @@ def test_a_sweep_says_what_it_judges_how_far_it_is_and_what_cannot_bind(tmp_path
          "--out", str(tmp_path)], capture_output=True, text=True, timeout=60, env={"COLUMNS": "200", "PATH": ""})
     assert done.returncode == 0, done.stderr
     header = next(line for line in done.stdout.splitlines() if "value" in line)
-    assert "chat P99 E2E" in header and "chat P99 TTFT" in header
+    assert "chat P99 E2E (s)" in header and "chat P99 TTFT (s)" in header  # the unit of every figure
+    assert "P99 in seconds" in done.stdout and "On the discrete-event simulator" in done.stdout
     progress = [line for line in done.stderr.splitlines() if line.startswith("[")]
     assert [line.split()[1] for line in progress] == [f"max_concurrency={v}" for v in (2, 4, 8, 16)]
     assert all(" s left" in line for line in progress)

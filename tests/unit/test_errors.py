@@ -6,7 +6,7 @@ import re
 
 import tailguard.errors as errors
 from tailguard.front.events import ClockWentBack, FrontBroken, NotAnEvent, ProtocolError, WrongEvent
-from tailguard.gateway.http.classes import Unauthorized
+from tailguard.gateway.classes import Unauthorized
 from tailguard.gateway.sink import ClientGone
 from tailguard.gateway.upstream.client import RelayError, Suspended, UpstreamStatus
 from tailguard.gateway.upstream.h1 import UpstreamBroke

@@ -52,3 +52,11 @@ def test_a_key_added_or_removed_reads_as_one_line() -> None:
     assert described(new, old) == ["auth.api_keys.fp1: removed"]
     assert described(flatten({"port": 1}), flatten({"port": 1, "otel": {"endpoint": "http://c:4317"}})) == [
         "otel: added (endpoint http://c:4317)"]
+
+
+def test_an_item_named_for_its_address_stays_whole() -> None:
+    """The quick form names a backend for its address: its dots are not the setting path's."""
+    quick = flatten({"backends": [{"name": "127.0.0.1:8000", "url": "http://127.0.0.1:8000", "max_concurrency": 8}]})
+    named = flatten({"backends": [{"name": "sim", "url": "http://127.0.0.1:8000", "max_concurrency": 8}]})
+    assert described(quick, named) == ["backends[127.0.0.1:8000]: removed",
+                                       "backends[sim]: added (url http://127.0.0.1:8000, max_concurrency 8)"]

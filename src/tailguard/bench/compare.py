@@ -151,5 +151,6 @@ def _run_info(meta: dict[str, Any], records: Sequence[RequestRecord]) -> dict[st
         "label": meta.get("label"), "workload": (meta.get("workload") or {}).get("name"), "url": meta.get("url"),
         "mode": meta.get("mode"), "concurrency": meta.get("concurrency"), "rate": meta.get("rate"),
         "started_at": meta.get("started_at"),
+        "time_scale": meta.get("time_scale", 1.0),  # wall seconds per simulated second: 1 is wall time
         "validity": validity(records, meta),
     }

@@ -158,3 +158,33 @@ def print_comparison(cmp: dict[str, Any], console: Console) -> None:
     console.print(compare_tables(cmp))
     if cmp.get("programs"):
         console.print(program_comparison_table(cmp["programs"]))
+
+
+def headline(cmp: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The few figures a before/after is read by (the README's table; `tailguard demo` prints it,
+    compare.html opens with it): the first class's TTFT P99, E2E P50, E2E P99 and P99/P50, each
+    other class's E2E P99, and output tokens/s (after: with its share of before's). Columns, then
+    the rows `before` and `after`."""
+    names = list(cmp["classes"])
+    cells = [(f"{c} {label}", c, metric, stat) for c in names[:1] for label, metric, stat in (
+        ("TTFT P99", "ttft_s", "p99"), ("E2E P50", "e2e_s", "p50"), ("E2E P99", "e2e_s", "p99"),
+        ("P99/P50", "e2e_s", "tail_ratio"))] + [(f"{c} E2E P99", c, "e2e_s", "p99") for c in names[1:]]
+    tokens = cmp["overall"]["throughput"]["output_tokens_per_s"]
+    rows = []
+    for side in ("before", "after"):
+        row = [side]
+        for _, cls, metric, stat in cells:
+            m = cmp["classes"][cls].get("metrics", {}).get(metric)
+            row.append("-" if m is None else fmt_ratio(m[stat][side]) if stat == "tail_ratio" else fmt_s(m[stat][side]))
+        kept = f" ({tokens['after'] / tokens['before']:.0%})" if side == "after" and tokens["before"] else ""
+        row.append(f"{tokens[side]:.0f}{kept}")
+        rows.append(row)
+    return ["", *(col for col, *_ in cells), "output tokens/s"], rows
+
+
+def headline_table(cmp: dict[str, Any], title: str) -> Table:
+    columns, rows = headline(cmp)
+    t = table(title, tuple(columns))
+    for row in rows:
+        t.add_row(*row)
+    return fit(t)

@@ -13,7 +13,7 @@ from tailguard.bench import plots
 from tailguard.bench.attribution import tail_parts
 from tailguard.bench.recorder import RequestRecord
 from tailguard.bench.stats import measured
-from tailguard.bench.compare_table import RATE_LABELS, fmt_ci, fmt_side, significant_change, verdict_parts
+from tailguard.bench.compare_table import RATE_LABELS, fmt_ci, fmt_side, headline, significant_change, verdict_parts
 from tailguard.bench.table import METRIC_LABELS, fmt_ratio, fmt_s, interrupted_line, num
 from tailguard.bench.throughput import N_SLICES
 from tailguard.bench.validity import verdict_line
@@ -30,6 +30,7 @@ _BASE = """<!doctype html>
  .banner { padding: 10px 14px; border-radius: 6px; font-weight: 600; margin: 12px 0; }
  .valid { background: #e7f6ea; color: #17612a; border: 1px solid #a9dcb4; }
  .invalid { background: #fde8e8; color: #8a1111; border: 1px solid #f2a7a7; }
+ .clock { background: #eef3fb; color: #1d3a66; border: 1px solid #b9cbe8; }
  table { border-collapse: collapse; margin: 6px 0 10px; font-variant-numeric: tabular-nums; }
  th, td { padding: 3px 10px; text-align: right; border-bottom: 1px solid #eee; white-space: nowrap; }
  th { background: #f5f5f5; font-weight: 600; } td.l, th.l { text-align: left; }
@@ -129,6 +130,7 @@ _COMPARE = """{% extends "base.html" %}
 {% block title %}tailguard bench compare{% endblock %}
 {% block body %}
 <h1>Before / after</h1>
+{% if scales %}<div class="banner clock">Times are in simulated seconds: {{ scales }}</div>{% endif %}
 <div class="meta">
 {% for side in ("before", "after") %}{% set r = cmp[side] %}
 <div><b>{{ side }}</b>: <code>{{ r.label or "" }}</code> &middot; {{ r.workload }}, {{ r.mode }} loop{% if r.concurrency %} ({{ r.concurrency }} clients){% endif %}{% if r.rate %} ({{ r.rate }} req/s){% endif %} &middot; <code>{{ r.url }}</code> &middot; {{ when(r.started_at) }}
@@ -138,6 +140,12 @@ _COMPARE = """{% extends "base.html" %}
 {% if cmp.before.validity.valid and cmp.after.validity.valid %}
 <div class="banner valid">Both runs valid (dispatch lag P99 {{ "%.2f"|format((cmp.before.validity.dispatch_lag_p99_s or 0) * 1000) }} ms and {{ "%.2f"|format((cmp.after.validity.dispatch_lag_p99_s or 0) * 1000) }} ms).</div>
 {% else %}<div class="banner invalid">At least one run is invalid: its generator fell behind schedule; read the comparison with care.</div>{% endif %}
+
+<h2>Headline</h2>
+<table>
+<tr>{% for col in headline[0] %}<th class="{{ 'l' if loop.first else '' }}">{{ col }}</th>{% endfor %}</tr>
+{% for row in headline[1] %}<tr>{% for cell in row %}<td class="{{ 'l' if loop.first else '' }}">{{ cell }}</td>{% endfor %}</tr>
+{% endfor %}</table>
 {% if cmp.config %}
 <h2>Gateway config</h2>
 <p><code>{{ cmp.config.before or "no gateway" }}</code> &rarr; <code>{{ cmp.config.after or "no gateway" }}</code></p>
@@ -259,4 +267,19 @@ def render_compare(cmp: dict[str, Any], before: Sequence[RequestRecord], after: 
     names = _class_names(cmp)
     groups = [*cmp["classes"].items(), ("overall", cmp["overall"])]
     img = {"cdf": plots.compare_cdfs(measured(before), measured(after), names)}
-    return _env().get_template("compare.html").render(cmp=cmp, groups=groups, img=img, version=version)
+    return _env().get_template("compare.html").render(cmp=cmp, groups=groups, img=img, version=version,
+                                                       headline=headline(cmp), scales=_scales(cmp))
+
+
+def _scales(cmp: dict[str, Any]) -> str | None:
+    """What the times mean when a run was on a simulator's scaled clock (None: wall seconds), so a
+    page read away from the terminal that made it does not pass a simulated P99 for a real one."""
+    scales = {side: float(cmp[side].get("time_scale") or 1.0) for side in ("before", "after")}
+    if set(scales.values()) == {1.0}:
+        return None
+    if scales["before"] == scales["after"]:
+        ts = scales["before"]
+        return (f"the simulator ran at time scale {ts:g}, so 1 wall second is {1 / ts:g} simulated seconds "
+                f"(a 10 s figure here took {10 * ts:g} s of wall time).")
+    return ("before at time scale " + f"{scales['before']:g}, after at {scales['after']:g} (wall seconds per "
+            "simulated second; a run at scale 1 is in wall seconds): the two sides' seconds differ.")

@@ -1,7 +1,9 @@
-"""Snapshots of servers' `/metrics` taken during a bench run (`tailguard bench --scrape URL`) and
-saved beside its records as `metrics.jsonl`, one line per snapshot: `{"url", "at", "text"}` (or
-`"error"`), `at` in Unix seconds. One snapshot is taken before the first request and one after
-the last, so counters read as last minus first are what the run did; `tailguard doctor` reads them.
+"""Snapshots of servers' `/metrics` taken during a bench run (`tailguard bench --scrape URL`, and
+the exporters beside them: `--gpu-metrics URL` for a DCGM exporter, `--host-metrics URL` for a
+node-exporter) and saved beside its records as `metrics.jsonl`, one line per snapshot:
+`{"url", "at", "text"}` (or `"error"`), `at` in Unix seconds, plus `"role"` ("gpu" or "host") for
+a page named as one. One snapshot is taken before the first request and one after the last, so
+counters read as last minus first are what the run did; `tailguard doctor` reads them.
 """
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,26 +32,39 @@ def metrics_url(url: str) -> str:
     return (u[:-3] if u.endswith("/v1") else u) + "/metrics"
 
 
-async def _snapshot(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+async def _snapshot(session: aiohttp.ClientSession, url: str, role: str | None) -> dict[str, Any]:
     at = time.time()
+    head: dict[str, Any] = {"url": url, "at": at} if role is None else {"url": url, "role": role, "at": at}
     try:
         async with asyncio.timeout(SCRAPE_TIMEOUT_S), session.get(url) as r:
             text = await r.text()
             if r.status != 200:
-                return {"url": url, "at": at, "error": f"HTTP {r.status}"}
-            return {"url": url, "at": at, "text": text}
+                return {**head, "error": f"HTTP {r.status}"}
+            return {**head, "text": text}
     except (aiohttp.ClientError, TimeoutError) as e:
-        return {"url": url, "at": at, "error": repr(e)[:200]}
+        return {**head, "error": repr(e)[:200]}
+
+
+def targets(urls: Sequence[str], roles: Mapping[str, Sequence[str]] | None = None) -> dict[str, str | None]:
+    """Each page to scrape (by its /metrics URL, once) and the role it was named as: `urls` by
+    what they hold, `roles` {"gpu": [...], "host": [...]} as said."""
+    out: dict[str, str | None] = {metrics_url(u): None for u in urls}
+    for role, named in (roles or {}).items():
+        for u in named:
+            out[metrics_url(u)] = role
+    return out
 
 
 @contextlib.asynccontextmanager
-async def scraping(urls: Sequence[str], interval_s: float) -> AsyncIterator[list[dict[str, Any]]]:
-    """Snapshot every URL now, every `interval_s` while the block runs, and once more at its end."""
-    pages = [metrics_url(u) for u in urls]
+async def scraping(urls: Sequence[str], interval_s: float,
+                   roles: Mapping[str, Sequence[str]] | None = None) -> AsyncIterator[list[dict[str, Any]]]:
+    """Snapshot every URL (and every page `roles` names) now, every `interval_s` while the block
+    runs, and once more at its end."""
+    pages = targets(urls, roles)
     snaps: list[dict[str, Any]] = []
     async with aiohttp.ClientSession() as session:
         async def all_once() -> None:
-            snaps.extend(await asyncio.gather(*(_snapshot(session, u) for u in pages)))
+            snaps.extend(await asyncio.gather(*(_snapshot(session, u, role) for u, role in pages.items())))
 
         async def every() -> None:
             while True:
@@ -66,11 +82,13 @@ async def scraping(urls: Sequence[str], interval_s: float) -> AsyncIterator[list
             await all_once()
 
 
-async def while_scraping(run: Awaitable[T], urls: Sequence[str], interval_s: float, out_dir: Path) -> T:
-    """Await `run` (a bench writing `out_dir`) with `urls` scraped throughout; writes metrics.jsonl."""
-    if not urls:
+async def while_scraping(run: Awaitable[T], urls: Sequence[str], interval_s: float, out_dir: Path,
+                         roles: Mapping[str, Sequence[str]] | None = None) -> T:
+    """Await `run` (a bench writing `out_dir`) with `urls` (and the pages `roles` names) scraped
+    throughout; writes metrics.jsonl."""
+    if not targets(urls, roles):
         return await run
-    async with scraping(urls, interval_s) as snaps:
+    async with scraping(urls, interval_s, roles) as snaps:
         result = await run
     write_scrapes(snaps, out_dir)
     return result
@@ -83,14 +101,23 @@ def write_scrapes(snaps: Sequence[dict[str, Any]], out_dir: Path) -> None:
             f.write(orjson.dumps(s) + b"\n")
 
 
-def read_scrapes(run_dir: Path) -> dict[str, list[str]]:
-    """A run's saved pages by URL, oldest first (error lines skipped); empty without the file."""
+@dataclass
+class Saved:
+    """One page's snapshots, oldest first, and the role it was named as (None: tell by its names)."""
+
+    role: str | None = None
+    texts: list[str] = field(default_factory=list)
+
+
+def read_scrapes(run_dir: Path) -> dict[str, Saved]:
+    """A run's saved pages by URL (error lines skipped); empty without the file."""
     path = run_dir / SCRAPE_FILE
-    out: dict[str, list[str]] = {}
+    out: dict[str, Saved] = {}
     if path.is_file():
         for line in path.read_bytes().splitlines():
             if line.strip():
                 s = orjson.loads(line)
+                saved = out.setdefault(s["url"], Saved(s.get("role")))
                 if "text" in s:
-                    out.setdefault(s["url"], []).append(s["text"])
+                    saved.texts.append(s["text"])
     return out

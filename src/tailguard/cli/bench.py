@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Coroutine, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Coroutine, NoReturn, Optional, TypeVar
 
 import typer
 
@@ -42,18 +42,19 @@ def parse_warmup(text: str) -> tuple[int, float]:
 
 
 def console() -> "Console":
-    """A terminal gets its own width; a pipe or file gets room for the whole table (rich would
-    otherwise squeeze it to 80 columns)."""
+    """The console every verb prints to. A terminal gets its own width; a pipe or a file (`make
+    demo > demo.txt`) gets room for the widest table, and its prose lines are never wrapped: rich
+    would otherwise fold both at 80 columns, cutting a verdict mid-phrase."""
     import os
 
     from rich.console import Console
 
     if sys.stdout.isatty() or "COLUMNS" in os.environ:
         return Console()
-    return Console(width=150)
+    return Console(width=150, soft_wrap=True)
 
 
-def _fail(msg: str) -> None:
+def _fail(msg: str) -> NoReturn:
     from rich.console import Console
 
     Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {msg}")  # one line, however long
@@ -90,6 +91,10 @@ def bench_run(
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar"),
     scrape: list[str] = typer.Option([], "--scrape", help="Snapshot this server's /metrics during the run into "
                                      "metrics.jsonl, for `tailguard doctor` (repeatable: gateway and engine)"),
+    gpu_metrics: list[str] = typer.Option([], "--gpu-metrics", help="A DCGM exporter (e.g. http://node:9400), "
+                                          "scraped with --scrape's pages for `tailguard doctor` (repeatable)"),
+    host_metrics: list[str] = typer.Option([], "--host-metrics", help="A node-exporter (e.g. http://node:9100), "
+                                           "scraped with --scrape's pages for `tailguard doctor` (repeatable)"),
     scrape_interval: float = typer.Option(1.0, help="Wall seconds between --scrape snapshots"),
     workers: int = typer.Option(1, "--workers", min=1, help="Open loop over N processes: one schedule, one clock "
                                 "origin, merged results, each worker's dispatch lag checked (no progress bar)"),
@@ -124,7 +129,7 @@ def bench_run(
         from tailguard.bench.scrape import while_scraping
 
         code = run_async(while_scraping(run_interruptible(config, out, console(), progress=not quiet),
-                                        scrape, scrape_interval, out))
+                                        scrape, scrape_interval, out, {"gpu": gpu_metrics, "host": host_metrics}))
     except (ConfigError, TargetError) as e:
         _fail(str(e))
     if code:

@@ -167,9 +167,12 @@ def _resolve(which: str, store: ConfigStore | None) -> GatewayConfig:
 
 
 def rollback(to: Optional[int] = typer.Option(None, "--to", help="Config number (default: the baseline)."),
-             write: bool = typer.Option(False, "--write", help="Also put the restored config in the --config file "
-                                        "(the file as it was is kept beside it, as FILE.bak)."),
-             config: Optional[Path] = _CONFIG, state_dir: Optional[Path] = _STATE) -> None:
+             write: bool = typer.Option(False, "--write", help="Also put the restored settings in the --config file, "
+                                        "keeping its comments and layout (the file as it was is kept beside it, as "
+                                        "FILE.bak)."),
+             config: Optional[Path] = _CONFIG, state_dir: Optional[Path] = _STATE,
+             force: bool = typer.Option(False, "--force", help="Apply it even if it weakens the gateway's guard "
+                                        "(as `reload --force`).")) -> None:
     """Return the running gateway to the known-good baseline (or config N), live: queued and
     running requests are kept. Says when the --config file still holds the change, which the next
     reload or restart would bring back."""
@@ -190,7 +193,7 @@ def rollback(to: Optional[int] = typer.Option(None, "--to", help="Config number 
             raise ConfigError(f"{config} reads its keys from auth.api_keys_file, and config {entry.n} holds them as "
                               "keys: --write would copy them into the config. Roll back without --write and edit "
                               "the file by hand.")
-        _signal_and_wait(store, {"n": entry.n, "how": f"rollback to {entry.n}"})
+        _signal_and_wait(store, {"n": entry.n, "how": f"rollback to {entry.n}", "force": force})
         if config is not None:
             _settle_file(config, entry, write)
     except ConfigError as e:
@@ -207,10 +210,7 @@ def _settle_file(config: Path, entry: Entry, write: bool) -> None:
     if not changes:
         return
     if write:
-        kept = config.with_name(config.name + ".bak")
-        shutil.copy2(config, kept)
-        shutil.copyfile(entry.path, config)
-        typer.echo(f"wrote config {entry.n} into {config} (it was kept as {kept})")
+        _write_into(config, entry)
         return
     typer.echo(f"warning: {config} still differs from config {entry.n}, which runs now; the next reload or "
                f"restart brings back:\n  " + "\n  ".join(changes) +
@@ -218,15 +218,46 @@ def _settle_file(config: Path, entry: Entry, write: bool) -> None:
                "(keeping the file as it is beside it)", err=True)
 
 
+def _write_into(config: Path, entry: Entry) -> None:
+    """Config `entry`'s settings written into the file in place of its own, keeping its comments,
+    order and layout (`config.rewrite`), the file as it was kept as FILE.bak. Written only when the
+    result loads as exactly that config; otherwise the file is left alone and the reason said."""
+    import yaml
+
+    from tailguard.config import load_config
+    from tailguard.config.rewrite import rewritten
+    from tailguard.errors import ConfigError
+
+    tmp = config.with_name(f".{config.name}.rollback")
+    try:
+        tmp.write_text(rewritten(config.read_text(encoding="utf-8"), yaml.safe_load(entry.path.read_text()) or {}),
+                       encoding="utf-8")
+        shutil.copymode(config, tmp)
+        ok = load_config(tmp).digest() == entry.hash
+        why = "the file written that way would not load as that config"
+    except (OSError, ValueError, ConfigError, yaml.YAMLError) as e:
+        ok, why = False, str(e).splitlines()[0]
+    if not ok:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(f"config {entry.n} runs now, but --write did not write it into {config} keeping the file's "
+                          f"comments ({why}): the file is unchanged; write it by hand from {entry.path}")
+    kept = config.with_name(config.name + ".bak")
+    shutil.copy2(config, kept)
+    os.replace(tmp, config)
+    typer.echo(f"wrote config {entry.n}'s settings into {config}, its comments and layout kept (the file as it was: "
+               f"{kept})")
+
+
 def reload(config: Optional[Path] = _CONFIG, state_dir: Optional[Path] = _STATE,
-           allow_auth_change: bool = typer.Option(
-               False, "--allow-auth-change",
-               help="Apply the file even if it removes every API key (auth off); refused otherwise.")) -> None:
+           force: bool = typer.Option(
+               False, "--force", "--allow-auth-change",
+               help="Apply the file even if it weakens the gateway's guard (removes every API key, more than half "
+               "of them or every admin key, or opens /metrics to everyone); refused otherwise, saying why.")) -> None:
     """Make the running gateway read its --config file again (as SIGHUP does), and say how it went."""
     from tailguard.errors import ConfigError
 
     try:
-        _signal_and_wait(_store(config, state_dir), {"how": "reload", "allow_auth_change": allow_auth_change})
+        _signal_and_wait(_store(config, state_dir), {"how": "reload", "force": force})
     except ConfigError as e:
         _fail(str(e))
 

@@ -16,15 +16,6 @@ import typer
 if TYPE_CHECKING:
     from rich.table import Table
 
-# The README's headline: (column, class, metric, statistic) read from compare.json.
-HEADLINE: tuple[tuple[str, str, str, str], ...] = (
-    ("chat TTFT P99", "chat", "ttft_s", "p99"),
-    ("chat E2E P50", "chat", "e2e_s", "p50"),
-    ("chat E2E P99", "chat", "e2e_s", "p99"),
-    ("chat P99/P50", "chat", "e2e_s", "tail_ratio"),
-    ("summary E2E P99", "summary", "e2e_s", "p99"),
-)
-
 
 def register(app: typer.Typer) -> None:
     app.command("demo")(demo)
@@ -45,14 +36,12 @@ def demo(
         "OUT/after/front.jsonl, for `tailguard replay`."),
 ) -> None:
     """Show the tail-latency problem and the fix: straight to the simulator vs through the gateway."""
-    from rich.console import Console
-
     from tailguard.bench.report import compare_dirs
     from tailguard.bench.validity import verdict_line
-    from tailguard.cli.bench import run_async
+    from tailguard.cli.bench import console as make_console, run_async
     from tailguard.cli.experiment import Arm, SimSpec, run_arms
 
-    console = Console()
+    console = make_console()
     sim = SimSpec(max_num_seqs=max_num_seqs, time_scale=time_scale)
     load = {"workload": "seed-mixed", "concurrency": concurrency, "duration_s": duration,
             "warmup_s": duration * 0.1, "seed": seed}
@@ -78,17 +67,7 @@ def demo(
 
 def headline(cmp: dict[str, Any], concurrency: int) -> "Table":
     """The README's compact table: the chat tail, the summaries' cost and the tokens/s kept."""
-    from tailguard.bench.table import fit, fmt_ratio, fmt_s, table
+    from tailguard.bench.compare_table import headline_table
 
-    t = table(f"seed-mixed, {concurrency} clients, simulated seconds; before: straight to the engine, after: "
-              "through tailguard serve", ("", *(col for col, *_ in HEADLINE), "output tokens/s"))
-    tokens = cmp["overall"]["throughput"]["output_tokens_per_s"]
-    for side in ("before", "after"):
-        cells = []
-        for _, cls, metric, stat in HEADLINE:
-            row = cmp["classes"].get(cls, {}).get("metrics", {}).get(metric)
-            cells.append("-" if row is None else fmt_ratio(row[stat][side]) if stat == "tail_ratio"
-                         else fmt_s(row[stat][side]))
-        kept = f" ({tokens['after'] / tokens['before']:.0%})" if side == "after" and tokens["before"] else ""
-        t.add_row(side, *cells, f"{tokens[side]:.0f}{kept}")
-    return fit(t)
+    return headline_table(cmp, f"seed-mixed, {concurrency} clients, simulated seconds; before: straight to the "
+                          "engine, after: through tailguard serve")

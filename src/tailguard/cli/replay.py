@@ -62,8 +62,7 @@ def replay(
 
 
 def _what_if(rec: Recording, config: Path, preset: str, max_num_seqs: int | None) -> None:
-    from rich.console import Console
-
+    from tailguard.cli.bench import console as make_console
     from tailguard.gateway.upstream.backends import resolved
     from tailguard.config import load_config
     from tailguard.gateway.upstream.kinds import get_kind
@@ -74,7 +73,7 @@ def _what_if(rec: Recording, config: Path, preset: str, max_num_seqs: int | None
     other = load_config(config)
     params = other.front_params({b.name: get_kind(resolved(b).kind).continues_generation for b in other.backends})
     report = what_if(rec, params, EngineConfig.from_preset(preset), max_num_seqs)
-    console = Console()
+    console = make_console()
     h = rec.header
     console.print(f"{report.requests} requests over {report.span_s:.1f} s (the recording's clock: the gateway's "
                   f"seconds); recorded config {h.config_hash or '(unknown)'}, {config} {other.digest()}", soft_wrap=True)

@@ -4,6 +4,7 @@ default classes, or in front of an in-process simulator with `--sim`."""
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -48,6 +49,14 @@ def serve(
         None, "--record", metavar="FILE",
         help="Write the front's events and decisions, and each request's sizes and times (no prompt text, "
         "no keys), to FILE as JSON lines, for `tailguard replay`."),
+    log_format: Optional[str] = typer.Option(
+        None, "--log-format", metavar="json|text",
+        help="The gateway's own log lines on stderr: one JSON object a line (json, the default), or plain text for "
+        "a terminal (text). Overrides the config's log_format."),
+    access_log: Optional[bool] = typer.Option(
+        None, "--access-log/--no-access-log",
+        help="One JSON line per request on stderr (on by default; overrides the config's access_log). Send stderr to "
+        "a file to keep them out of a terminal: 2> gateway.log"),
     workers: int = typer.Option(
         1, "--workers", min=1,
         help="Gateway processes on the one port (SO_REUSEPORT), to use more than one core. Without `state.url` "
@@ -57,8 +66,10 @@ def serve(
     """Run the gateway: OpenAI-compatible API that serves short and interactive requests first."""
     from tailguard.errors import ConfigError
 
+    logs = Logs(log_format, access_log)
+
     def reread() -> GatewayConfig:
-        return build_config(config, backend or [], max_concurrency, host, port, policy, sim, backend_kind)
+        return build_config(config, backend or [], max_concurrency, host, port, policy, sim, backend_kind, logs)
 
     try:
         cfg = reread()
@@ -84,6 +95,12 @@ def serve(
     if workers > 1:
         _serve_workers(cfg, workers, reread if config is not None else None)
         return
+    if store is not None:
+        try:
+            store.claim()  # before the simulator or the port: a second gateway on this directory starts nothing
+        except ConfigError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(1) from None
     _run(_main(cfg, sim, sim_preset, sim_time_scale, sim_port, store, reread if config is not None else None, record))
 
 
@@ -109,9 +126,25 @@ def _serve_workers(cfg: GatewayConfig, n: int, reread: Callable[[], GatewayConfi
         raise typer.Exit(status)
 
 
+@dataclass(frozen=True)
+class Logs:
+    """`--log-format` and `--access-log`: None leaves the config's setting as it is."""
+
+    format: str | None = None
+    access: bool | None = None
+
+    def update(self) -> dict[str, Any]:
+        from tailguard.errors import ConfigError
+        from tailguard.gateway.ops.logfmt import FORMATTERS
+
+        if self.format is not None and self.format not in FORMATTERS:
+            raise ConfigError(f"--log-format {self.format!r}: known formats are {', '.join(FORMATTERS)}")
+        return {k: v for k, v in (("log_format", self.format), ("access_log", self.access)) if v is not None}
+
+
 def build_config(
     config: Path | None, backends: list[str], max_concurrency: int | None, host: str | None,
-    port: int | None, policy: str | None, sim: bool, backend_kind: str = "auto",
+    port: int | None, policy: str | None, sim: bool, backend_kind: str = "auto", logs: Logs = Logs(),
 ) -> GatewayConfig:
     """The config from the file (or the quick form), with command-line overrides applied."""
     from tailguard.errors import ConfigError
@@ -119,6 +152,7 @@ def build_config(
 
     if policy is not None and policy not in ("ranked-sjf", "fcfs"):
         raise ConfigError(f"--policy {policy!r}: known policies are ranked-sjf, fcfs")
+    update: dict[str, Any] = logs.update()
     if sim and backends:
         raise ConfigError("--sim and --backend are exclusive: --sim is the backend")
     if config is not None:
@@ -132,7 +166,6 @@ def build_config(
         cfg = GatewayConfig.quick(["http://127.0.0.1:1"], max_concurrency or 8)
     else:
         raise ConfigError("nothing to serve: give --config FILE, --backend URL or --sim")
-    update: dict[str, Any] = {}
     if host is not None:
         update["host"] = host
     if port is not None:

@@ -47,8 +47,14 @@ def sim(
                               "streams stay open with no more tokens, health answers)."),
     error_rate: float = typer.Option(
         0.0, "--error-rate", min=0.0, max=1.0, help="Share of completion requests answered 500 (evenly spread)."),
+    throttle: float = typer.Option(
+        1.0, "--throttle", min=1e-3, max=1.0,
+        help="The GPU is held down two simulated seconds in every four (a card at its power or thermal limit): its "
+             "clocks fall to this share of their maximum, its steps take 1/share as long, and its DCGM gauges "
+             "(SM clock, power at its limit) say so. 1: never."),
     fault_after_s: float = typer.Option(
-        0.0, "--fault-after-s", min=0.0, help="Simulated seconds after start before --fault and --error-rate apply."),
+        0.0, "--fault-after-s", min=0.0,
+        help="Simulated seconds after start before --fault, --error-rate and --throttle apply."),
 ) -> None:
     """Simulate a continuous-batching engine (vLLM-like) behind an OpenAI-compatible API."""
     from tailguard.errors import ConfigError
@@ -62,7 +68,7 @@ def sim(
             enable_prefix_caching=enable_prefix_caching, scheduling_policy=scheduling_policy,
             output_length=output_length, seed=seed,
         ).slowed(slowdown)
-        faults = Faults(fault, error_rate, fault_after_s)  # type: ignore[arg-type]  # checked by Faults
+        faults = Faults(fault, error_rate, fault_after_s, throttle)  # type: ignore[arg-type]  # checked by Faults
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
@@ -87,7 +93,7 @@ def _run(config: EngineConfig, host: str, port: int, time_scale: float, model_na
             f"kv_cache_tokens={c.kv_cache_tokens} policy={c.scheduling_policy} "
             f"prefix_caching={c.enable_prefix_caching} time_scale={time_scale} slowdown={slowdown} "
             f"model={served}{'' if model_name is not None else ' (any model asked)'} fault={faults.fault or 'none'} "
-            f"error_rate={faults.error_rate})",
+            f"error_rate={faults.error_rate} throttle={faults.throttle} gpu={c.gpu.model_name if c.gpu else 'none'})",
             err=True,
         )
 

@@ -241,15 +241,16 @@ def _columns(res: dict[str, Any]) -> list[tuple[str, str]]:
 def _print(res: dict[str, Any], con: Any) -> None:
     from rich.table import Table
 
-    t = Table(title=f"sweep of {res['setting']}")
+    t = Table(title=f"sweep of {res['setting']}: P99 in seconds, output tokens/s")
     cols = _columns(res)
-    for col in ["value", "runs", "tokens/s", *[f"{c} P99 {m.removesuffix('_s').upper()}" for c, m in cols], "SLO"]:
+    for col in ["value", "runs", "tokens/s", *[f"{c} P99 {m.removesuffix('_s').upper()} (s)" for c, m in cols], "SLO"]:
         t.add_column(col, justify="right")
     for p in res["points"]:
         cells = [f"{(p['p99'].get(c, {}).get(m, {}).get('mean') or float('nan')):.3f}" for c, m in cols]
         t.add_row(str(p["value"]), str(p["runs"]), f"{p['throughput_tokens_per_s']:.0f}", *cells,
                   "ok" if p["meets_slo"] else "miss")
     con.print(t)
+    con.print(f"{res['how']} Each figure is the mean over a value's runs.", soft_wrap=True)
     knee = f"knee: {res['knee']}" if res["knee"] is not None else f"no knee: {res['no_knee']}"
     con.print(f"{knee}; recommended: [bold]{res['recommended']}[/] ({res['reason']})")
     for warning in res["warnings"]:

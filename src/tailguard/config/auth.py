@@ -51,6 +51,12 @@ class ApiKeyConfig(_Model):
         description="The models this key may name, as the client names them (None: any); another is 403 "
         "`model_not_allowed` (LiteLLM's `models`).",
     )
+    allow_priority: bool = Field(
+        default=False,
+        description="This key's requests may set an engine's `priority` field themselves; without it a client's "
+        "`priority` is dropped for every kind of backend (vLLM and SGLang get the class's instead), so a batch-only "
+        "key cannot jump an engine's priority queue.",
+    )
     rpm_limit: int | None = Field(
         default=None, ge=1,
         description="Requests per minute the caller may send (a bucket refilled continuously, so a burst of "
@@ -86,7 +92,7 @@ class ApiKeyConfig(_Model):
                        allowed_classes=tuple(self.allowed_classes) if self.allowed_classes is not None else None,
                        lower=self.on_disallowed_class == "lower",
                        allowed_models=frozenset(self.allowed_models) if self.allowed_models is not None else None,
-                       batch_enqueued_tokens=self.batch_enqueued_tokens_limit)
+                       batch_enqueued_tokens=self.batch_enqueued_tokens_limit, set_priority=self.allow_priority)
 
     def limits(self, key: str) -> CallerSpec:
         return CallerSpec(self.caller(key), self.rpm_limit, self.tpm_limit, self.max_parallel_requests, self.weight)
@@ -152,6 +158,10 @@ class AuthConfig(_Model):
 
     def admin_digests(self) -> frozenset[str]:
         return frozenset(_digest(k) for k in self.admin_keys)
+
+    def names(self) -> set[str]:
+        """The callers the keys name (keys that share a `name` are one caller)."""
+        return {k.caller(key) for key, k in self.api_keys.items()}
 
     def callers(self) -> list[CallerSpec]:
         """Each caller with limits or a weight of its own, once."""

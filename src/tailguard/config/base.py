@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
+import importlib.util
 import os
 import secrets
 from pathlib import Path
@@ -31,6 +32,22 @@ _RETRY = fp.RetryParams()
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# The optional extras of pyproject.toml a setting may need, each by a module it installs.
+EXTRAS = {"redis": "redis", "postgres": "psycopg", "otel": "opentelemetry.exporter.otlp.proto.http"}
+
+
+def require_extra(extra: str) -> None:
+    """A validation problem (ValueError, said under the setting that needs it) when `extra` is not
+    installed, saying what to install: checked as the config is read, not as the gateway first
+    reaches for the library and dies with a traceback."""
+    try:
+        found = importlib.util.find_spec(EXTRAS[extra]) is not None
+    except ImportError:  # its parent package is missing (or blocked)
+        found = False
+    if not found:
+        raise ValueError(f"needs the `{extra}` extra, which is not installed: pip install 'tailguard[{extra}]'")
 
 
 # Where the per-install fingerprint key is kept, unless TAILGUARD_FINGERPRINT_KEY gives one.

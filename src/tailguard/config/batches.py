@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from tailguard.config.base import _Model
+from tailguard.config.base import _Model, require_extra
 
 
 class BatchesConfig(_Model):
@@ -59,3 +59,12 @@ class BatchesConfig(_Model):
     )
     poll_s: float = Field(default=1.0, gt=0, description="How often the journal is read for new or orphaned batches while any is "
                           "active; with none, every third of `lease_s` (a batch made here starts at once).")
+
+    @field_validator("store")
+    @classmethod
+    def _store_known_and_installed(cls, v: str) -> str:
+        if v.startswith(("postgresql://", "postgres://")):
+            require_extra("postgres")
+        elif v != "sqlite":
+            raise ValueError(f"must be 'sqlite' or a postgresql:// URL, got {v!r}")
+        return v

@@ -109,7 +109,8 @@ class GatewayConfig(_Model):
         return fp.FrontParams(
             classes=[c.spec() for c in self.classes],
             backends=[b.spec(known.get(b.name, False)) for b in self.backends],
-            queue=replace(self.scheduler.queue_params(), max_queued_body_bytes=self.limits.max_queued_body_bytes),
+            queue=replace(self.scheduler.queue_params(len(self.auth.names())),
+                          max_queued_body_bytes=self.limits.max_queued_body_bytes),
             preemption=self.scheduler.preemption_params(),
             health=fp.HealthParams(unhealthy_after=h.unhealthy_after, healthy_after=h.healthy_after),
             retry=self.retries.params(),
@@ -119,6 +120,10 @@ class GatewayConfig(_Model):
             hedging=self.hedging.params(),
             programs=self.programs.params(),
         )
+
+    def fair_share(self) -> bool:
+        """Whether callers share each rank (`scheduler.fair_share`, or its default for these keys)."""
+        return self.scheduler.fair_share_on(len(self.auth.names()))
 
     def intake_params(self) -> fp.IntakeParams:
         """The intake's parameters: how a request is classified and capped (`tailguard.front.intake`)."""

@@ -38,6 +38,21 @@ class LimitsConfig(_Model):
         description="Bytes of stream a non-stream answer may be assembled from (32k tokens with logprobs fit); "
         "past it the request fails with a 502 instead of growing the gateway until `total_s`.",
     )
+    max_tokens_margin: int = Field(
+        default=16, ge=0, le=4096,
+        description="Tokens a choice may run past the request's `max_tokens` before its answer is cut (a stream "
+        "ends with `finish_reason: length` and an error event, a non-stream answer is a 502), for engines that "
+        "count a stop token, a tool call's last delta or a reasoning boundary differently. A caller is never "
+        "charged past `max_tokens`: the rest is counted as the backend's fault "
+        "(`tailguard_upstream_overrun_tokens_total`).",
+    )
+    answer_bytes_per_token: int = Field(
+        default=4 * KiB, ge=256,
+        description="Bytes of stream an answer may carry per token it may generate (`max_tokens` and the margin, "
+        "times `n`), on top of `max_preamble_bytes` and twice the request's size; past it the answer is cut as "
+        "with too many tokens. A chunk is about 200 bytes, 1.5 KiB with 20 `top_logprobs`. A request without "
+        "`max_tokens` has no such bound (only `max_answer_bytes` when it is not streamed).",
+    )
     max_response_head_bytes: int = Field(
         default=64 * KiB, ge=4 * KiB,
         description="Largest status line plus headers of a backend's answer, any single header value included "

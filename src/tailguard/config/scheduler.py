@@ -78,11 +78,12 @@ class SchedulerConfig(_Model):
     retry_after_min_s: float = Field(default=_QUEUE.retry_after_min_s, gt=0, description="Smallest `Retry-After` ever sent.")
     retry_after_max_s: float = Field(default=_QUEUE.retry_after_max_s, gt=0, description="Largest `Retry-After` ever sent.")
 
-    fair_share: bool = Field(
-        default=_QUEUE.fair_share,
+    fair_share: bool | None = Field(
+        default=None,
         description="Callers waiting in one rank are served in proportion to their `weight` by tokens consumed "
         "(a virtual token counter per caller, VTC), shortest job first within each caller's own requests. "
-        "Needs the `ranked-sjf` policy.",
+        "Unset: on whenever `auth.api_keys` names two or more callers and the policy is `ranked-sjf`, so one "
+        "caller's flood cannot take the others' share; `false` turns it off, `true` needs the `ranked-sjf` policy.",
     )
     fair_input_price: float = Field(
         default=_QUEUE.fair_input_price, gt=0, description="What a prompt token adds to its caller's counter.")
@@ -101,10 +102,17 @@ class SchedulerConfig(_Model):
         "(null: never). At most one suspension per arrival; the two can never suspend each other in turn.",
     )
 
-    def queue_params(self) -> fp.QueueParams:
+    def fair_share_on(self, callers: int) -> bool:
+        """Whether callers share each rank, with `callers` named: as set, else when two or more can."""
+        if self.fair_share is not None:
+            return self.fair_share
+        return callers >= 2 and self.policy == "ranked-sjf"
+
+    def queue_params(self, callers: int = 0) -> fp.QueueParams:
+        """The queue's parameters, with `callers` callers named (`auth.api_keys`)."""
         return fp.QueueParams(policy=self.policy, aging_s=self.aging_s, sjf_size_ratio=self.sjf_size_ratio,
                               drain_ewma_weight=self.drain_ewma_weight, retry_after_min_s=self.retry_after_min_s,
-                              retry_after_max_s=self.retry_after_max_s, fair_share=self.fair_share,
+                              retry_after_max_s=self.retry_after_max_s, fair_share=self.fair_share_on(callers),
                               fair_input_price=self.fair_input_price, fair_output_price=self.fair_output_price,
                               fair_credit=self.fair_credit, fair_preempt_gap=self.fair_preempt_gap)
 

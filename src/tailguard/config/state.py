@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
-from tailguard.config.base import _Model, fingerprint
+from tailguard.config.base import _Model, fingerprint, require_extra
 
 
 class StateConfig(_Model):
@@ -49,6 +49,8 @@ class StateConfig(_Model):
     def _redis_url(cls, v: str | None) -> str | None:
         if v is not None and urlsplit(v).scheme not in ("redis", "rediss", "unix"):
             raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        if v is not None:
+            require_extra("redis")
         return v
 
     def shown_url(self) -> str | None:

@@ -3,9 +3,9 @@ endpoint is named here or in the standard `OTEL_EXPORTER_OTLP_*` variables."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from tailguard.config.base import _Model
+from tailguard.config.base import _Model, require_extra
 
 
 class TelemetryConfig(_Model):
@@ -17,3 +17,10 @@ class TelemetryConfig(_Model):
         "`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, else `OTEL_EXPORTER_OTLP_ENDPOINT` + `/v1/traces`, else no traces.",
     )
     service_name: str = Field(default="tailguard", description="The traces' `service.name` resource attribute.")
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otel_installed(cls, v: str | None) -> str | None:
+        if v is not None:
+            require_extra("otel")
+        return v

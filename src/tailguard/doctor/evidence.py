@@ -21,25 +21,25 @@ def _total(s: Samples, name: str, **match: str) -> float | None:
     return sum(vals) if vals else None
 
 
-def _delta(snaps: Sequence[Samples], name: str, **match: str) -> float | None:
+def delta(snaps: Sequence[Samples], name: str, **match: str) -> float | None:
     first, last = _total(snaps[0], name, **match), _total(snaps[-1], name, **match)
     if last is None:
         return None
     return last - (first or 0.0) if len(snaps) > 1 else last
 
 
-def _gauge(snaps: Sequence[Samples], name: str, **match: str) -> list[float]:
+def gauge(snaps: Sequence[Samples], name: str, **match: str) -> list[float]:
     return [v for v in (_total(s, name, **match) for s in snaps) if v is not None]
 
 
 def _mean_of_hist(snaps: Sequence[Samples], name: str) -> float | None:
-    total, count = _delta(snaps, f"{name}_sum"), _delta(snaps, f"{name}_count")
+    total, count = delta(snaps, f"{name}_sum"), delta(snaps, f"{name}_count")
     return total / count if total is not None and count else None
 
 
 def _label_deltas(snaps: Sequence[Samples], name: str, label: str) -> dict[str, float]:
     values = {dict(labels).get(label, "") for (n, labels) in snaps[-1] if n == name}
-    out = {v: _delta(snaps, name, **{label: v}) or 0.0 for v in values}
+    out = {v: delta(snaps, name, **{label: v}) or 0.0 for v in values}
     return {k: v for k, v in out.items() if v}
 
 
@@ -83,20 +83,20 @@ def is_gateway(s: Samples) -> bool:
 def engine_evidence(snaps: Sequence[Samples]) -> EngineEvidence | None:
     if not snaps:
         return None
-    running, waiting = _gauge(snaps, "vllm:num_requests_running"), _gauge(snaps, "vllm:num_requests_waiting")
-    kv = _gauge(snaps, "vllm:kv_cache_usage_perc") or _gauge(snaps, "vllm:gpu_cache_usage_perc")
+    running, waiting = gauge(snaps, "vllm:num_requests_running"), gauge(snaps, "vllm:num_requests_waiting")
+    kv = gauge(snaps, "vllm:kv_cache_usage_perc") or gauge(snaps, "vllm:gpu_cache_usage_perc")
     return EngineEvidence(
         snapshots=len(snaps),
         running_max=max(running) if running else None,
         waiting_mean=sum(waiting) / len(waiting) if waiting else None,
         waiting_max=max(waiting) if waiting else None,
         kv_usage_max=max(kv) if kv else None,
-        preemptions=_delta(snaps, "vllm:num_preemptions_total"),
-        prefix_queried_tokens=_delta(snaps, "vllm:prefix_cache_queries_total"),
-        prefix_hit_tokens=_delta(snaps, "vllm:prefix_cache_hits_total"),
+        preemptions=delta(snaps, "vllm:num_preemptions_total"),
+        prefix_queried_tokens=delta(snaps, "vllm:prefix_cache_queries_total"),
+        prefix_hit_tokens=delta(snaps, "vllm:prefix_cache_hits_total"),
         queue_time_mean_s=_mean_of_hist(snaps, "vllm:request_queue_time_seconds"),
         prefill_time_mean_s=_mean_of_hist(snaps, "vllm:request_prefill_time_seconds"),
-        successes=_delta(snaps, "vllm:request_success_total"),
+        successes=delta(snaps, "vllm:request_success_total"),
     )
 
 
@@ -107,7 +107,7 @@ def gateway_evidence(snaps: Sequence[Samples]) -> GatewayEvidence | None:
         snapshots=len(snaps),
         outcomes=_label_deltas(snaps, "tailguard_requests_total", "outcome"),
         rejected=_label_deltas(snaps, "tailguard_rejected_total", "reason"),
-        preemptions=_delta(snaps, "tailguard_preemptions_total"),
-        engine_waiting_max=max(waiting) if (waiting := _gauge(snaps, "tailguard_backend_engine_requests",
+        preemptions=delta(snaps, "tailguard_preemptions_total"),
+        engine_waiting_max=max(waiting) if (waiting := gauge(snaps, "tailguard_backend_engine_requests",
                                                                  state="waiting")) else None,
     )

@@ -42,6 +42,8 @@ class ClassFacts:
     ttft_p99: float | None
     itl_p50: float | None
     itl_p99: float | None
+    tpot_p50: float | None
+    tpot_p99: float | None
     max_tokens: float  # median asked
     tail: dict[str, float]  # mean attribution of the slowest 1% by E2E
     ttft_tail: dict[str, float]  # mean attribution of the slowest 1% by TTFT (streams that got a token)
@@ -142,6 +144,7 @@ def class_facts(name: str, recs: list[RequestRecord], everyone: Sequence[Request
         e2e_p50=_p(group, "e2e_s", "p50"), e2e_p99=_p(group, "e2e_s", "p99"),
         ttft_p50=_p(group, "ttft_s", "p50"), ttft_p99=_p(group, "ttft_s", "p99"),
         itl_p50=_p(group, "itl_s", "p50"), itl_p99=_p(group, "itl_s", "p99"),
+        tpot_p50=_p(group, "tpot_s", "p50"), tpot_p99=_p(group, "tpot_s", "p99"),
         max_tokens=median([r.max_tokens for r in recs]) if recs else 0.0,
         tail=mean_parts(tail), ttft_tail=mean_parts(ttft_tail[:len(slowest(streams))]),
         median_queue_share=_median_share([r for r in recs if r.ok], QUEUE_PARTS),

@@ -11,11 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 # The documented kinds (docs/doctor.md), in the order findings of one severity are listed:
-# what to fix first comes first; a generator-bound run's numbers are suspect, so it says so last
-# only among equals (it is "high" and outranks every "medium").
+# what to fix first comes first: hardware that is held down or full, since every other number is
+# measured on it; a generator-bound run's numbers are suspect, so it says so last only among equals
+# (it is "high" and outranks every "medium").
 KINDS: tuple[str, ...] = (
-    "head_of_line", "overload", "starvation", "client_timeouts", "cap_above_engine", "hidden_queue", "kv_pressure",
-    "queueing", "prefill", "prefix_misses", "buffered_stream", "generator_bound",
+    "throttled", "compute_bound", "head_of_line", "overload", "starvation", "client_timeouts", "cap_above_engine",
+    "hidden_queue", "kv_pressure", "queue_bound", "queueing", "prefill", "prefix_misses", "buffered_stream",
+    "priority_cost", "generator_bound",
 )
 Severity = Literal["high", "medium", "low"]
 SEVERITIES: tuple[Severity, ...] = ("high", "medium", "low")

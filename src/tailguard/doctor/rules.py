@@ -12,6 +12,7 @@ from typing import Any
 from tailguard.doctor.evidence import EngineEvidence, GatewayEvidence
 from tailguard.doctor.facts import QUEUE_PARTS, TTFT_PARTS, ClassFacts, RunFacts, share, shared_prefix_share
 from tailguard.doctor.finding import Finding
+from tailguard.doctor.words import pct, secs, times
 
 TAIL_RATIO = 5.0  # P99/P50 above the article's 3-5x band is a tail worth fixing
 QUEUED = 0.5  # "most of its time was spent queued"
@@ -25,22 +26,6 @@ FAIL_SHARE = 0.01  # 1% of requests refused or timed out is not noise
 Rule = Callable[[RunFacts, "EngineEvidence | None", "GatewayEvidence | None"], "Finding | None"]
 
 
-def _s(v: float | None) -> str:
-    if v is None:
-        return "n/a"
-    if v < 0.01:
-        return f"{v * 1000:.1f} ms"  # a simulated decode step is a few ms: "0 ms" would say nothing
-    return f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s"
-
-
-def _x(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.1f}x"
-
-
-def _pct(v: float) -> str:
-    return f"{v * 100:.0f}%"
-
-
 def bench_command(f: RunFacts, url: str | None = None, out: str | None = None) -> str:
     """The `tailguard bench` command that repeats this run (optionally at another URL), writing
     beside it (`RUN-after` unless `out` says)."""
@@ -50,6 +35,13 @@ def bench_command(f: RunFacts, url: str | None = None, out: str | None = None) -
     ts = f" --time-scale {m['time_scale']}" if m.get("time_scale", 1.0) != 1.0 else ""
     return (f"tailguard bench --url {url or m.get('url', 'URL')} --workload {w} {_load(f)} {size} "
             f"--seed {m.get('seed', 0)}{ts} --out {out or _after(f)}")
+
+
+def lighter_command(f: RunFacts, share: float = 0.7) -> str:
+    """This run's bench at `share` of its load (rate or clients)."""
+    rate = f.meta.get("rate")
+    lower = f"--rate {rate * share:g}" if rate else f"--concurrency {max(1, int((f.meta.get('concurrency') or 2) * share))}"
+    return bench_command(f).replace(_load(f), lower)
 
 
 def _load(f: RunFacts) -> str:
@@ -77,7 +69,8 @@ def _engine(f: RunFacts) -> tuple[str, str] | None:
     if f.gateway is not None and f.gateway.backends:
         b = f.gateway.backends[0]
         return b.url, b.kind
-    return (f.meta["url"], "vllm") if not f.behind_gateway and f.meta.get("url") else None
+    kind = "sim" if f.meta.get("engine") == SIMULATOR else "vllm"  # the simulator names itself (/version)
+    return (f.meta["url"], kind) if not f.behind_gateway and f.meta.get("url") else None
 
 
 def sweep_command(f: RunFacts, setting: str, values: str, slo: str) -> str:
@@ -120,7 +113,7 @@ def head_of_line(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence
         return None
     against = []
     if (long.ratio("e2e") or 0) >= TAIL_RATIO:
-        against.append(f"{long.name} has a long tail too (E2E P99/P50 {_x(long.ratio('e2e'))}): load, not only order")
+        against.append(f"{long.name} has a long tail too (E2E P99/P50 {times(long.ratio('e2e'))}): load, not only order")
     if short.rejected or short.timeouts:
         against.append(f"{short.name} also lost {short.rejected + short.timeouts} requests to refusals or timeouts")
     if f.behind_gateway:
@@ -134,13 +127,13 @@ def head_of_line(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence
                  f"{bench_command(f, 'http://127.0.0.1:8080')}; {compare_command(f)}")
     return Finding(
         "head_of_line", "high",
-        symptom=(f"{short.name} E2E P99 {_s(short.e2e_p99)} vs P50 {_s(short.e2e_p50)} (P99/P50 {_x(short.ratio('e2e'))}, "
-                 f"TTFT {_x(short.ratio('ttft'))}) while {long.name} asks for {long.max_tokens:.0f} tokens "
+        symptom=(f"{short.name} E2E P99 {secs(short.e2e_p99)} vs P50 {secs(short.e2e_p50)} (P99/P50 {times(short.ratio('e2e'))}, "
+                 f"TTFT {times(short.ratio('ttft'))}) while {long.name} asks for {long.max_tokens:.0f} tokens "
                  f"against {short.max_tokens:.0f}"),
         cause=f"a few long {long.name} generations hold the engine's batch slots; {short.name} requests queue behind them",
         next_step=step, check=check,
-        evidence_for=(f"the slowest 1% of {short.name} spent {_pct(queued)} of their time queued "
-                      f"(engine {_s(short.tail['engine_queue_s'])}, gateway {_s(short.tail['gateway_queue_s'])})",
+        evidence_for=(f"the slowest 1% of {short.name} spent {pct(queued)} of their time queued "
+                      f"(engine {secs(short.tail['engine_queue_s'])}, gateway {secs(short.tail['gateway_queue_s'])})",
                       f"when they were sent, {short.others_in_flight_at_tail:.1f} other requests were in flight on average"),
         evidence_against=tuple(against),
     )
@@ -163,14 +156,9 @@ def _hold_fewer(f: RunFacts, short: ClassFacts, long: ClassFacts) -> tuple[str, 
         ways.append(f"`preemption: true` with `preemptible: true` on the {cls} class")
     ways.append(f"a `max_share` below 1 or a lower `max_tokens_cap` for the {cls} class")
     cap = _cap(f)
-    if cap is not None and cap > 1:
-        ways.append(f"a lower `max_concurrency` than {cap}")
-        values = f"{max(1, cap // 4)}..{cap}"
-    else:
-        ways.append("a lower `max_concurrency`")
-        values = "2..16"
+    ways.append(f"a lower `max_concurrency` than {cap}" if cap is not None and cap > 1 else "a lower `max_concurrency`")
     step = f"the gateway is in front already: let it hold fewer {long.name} requests: " + ", or ".join(ways)
-    return step, sweep_command(f, "max_concurrency", values, slo_target(short, "e2e"))
+    return step, sweep_command(f, "max_concurrency", _cap_values(f, lower=True), slo_target(short, "e2e"))
 
 
 def _ttft_slow(f: RunFacts) -> list[ClassFacts]:
@@ -181,10 +169,17 @@ def _ttft_slow(f: RunFacts) -> list[ClassFacts]:
             and c.ttft_p99 > TTFT_HIGH_ITLS * step and c.ttft_p99 >= TTFT_OF_E2E * c.e2e_p99]
 
 
-def _cap_values(f: RunFacts) -> str:
-    """max_concurrency values around the run's own (or 2..32 when it had none)."""
+def _cap_values(f: RunFacts, *, lower: bool = False) -> str:
+    """About seven max_concurrency values around the run's own, up to twice it (`lower`: up to
+    it; 2 to 32, or 16, when it had none), kept below a closed loop's clients: a cap at or above
+    them never binds (`sweep` would say so)."""
     cap = _cap(f)
-    return f"{max(1, cap // 4)}..{cap * 2}" if cap else "2..32"
+    low, high = (max(1, cap // 4), cap if lower else cap * 2) if cap else (2, 16 if lower else 32)
+    clients = f.meta.get("concurrency") if f.meta.get("mode") == "closed" else None
+    if clients:
+        high = max(low, min(high, int(clients) - 1))
+    step = max(1, (high - low) // 6)
+    return f"{low}..{high}:{step}" if step > 1 else f"{low}..{high}"
 
 
 def _by_design(f: RunFacts, c: ClassFacts) -> bool:
@@ -205,13 +200,13 @@ def queueing(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence | N
     c = max(slow, key=lambda c: c.ttft_p99 or 0.0)
     q = share(c.ttft_tail, QUEUE_PARTS, TTFT_PARTS)
     where = "gateway" if c.ttft_tail["gateway_queue_s"] > c.ttft_tail["engine_queue_s"] else "engine"
-    evid = [f"the slowest 1% by TTFT spent {_pct(q)} of it queued (mostly in the {where}), prefill {_s(c.ttft_tail['prefill_s'])}"]
+    evid = [f"the slowest 1% by TTFT spent {pct(q)} of it queued (mostly in the {where}), prefill {secs(c.ttft_tail['prefill_s'])}"]
     if engine is not None and engine.queue_time_mean_s is not None:
-        evid.append(f"the engine's own queue-time histogram: mean {_s(engine.queue_time_mean_s)} per request")
+        evid.append(f"the engine's own queue-time histogram: mean {secs(engine.queue_time_mean_s)} per request")
     return Finding(
         "queueing", "medium",
-        symptom=(f"{c.name} TTFT P99 {_s(c.ttft_p99)} (P50 {_s(c.ttft_p50)}) of an E2E P99 {_s(c.e2e_p99)}; "
-                 f"a decode step takes {_s(f.itl_p50)}"),
+        symptom=(f"{c.name} TTFT P99 {secs(c.ttft_p99)} (P50 {secs(c.ttft_p50)}) of an E2E P99 {secs(c.e2e_p99)}; "
+                 f"a decode step takes {secs(f.itl_p50)}"),
         cause=f"the first token waits in the {where}'s queue, not in prefill",
         next_step=("shorten the queue: fewer requests in flight per engine (a gateway `max_concurrency` that binds), "
                    "a priority for this class, or more capacity"),
@@ -238,15 +233,15 @@ def hidden_queue(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence
         return None
     return Finding(
         "hidden_queue", "high",
-        symptom=(f"{c.name}: its slowest first tokens waited {_s(seen)} before the engine began them, "
-                 f"but the engine reports a mean queue time of {_s(engine.queue_time_mean_s)}"),
+        symptom=(f"{c.name}: its slowest first tokens waited {secs(seen)} before the engine began them, "
+                 f"but the engine reports a mean queue time of {secs(engine.queue_time_mean_s)}"),
         cause=("something between the client and the engine lets requests through one (or a few) at a time: a "
                "lock or a small worker pool in the server's HTTP layer or a proxy, or a connection limit"),
         next_step=("find the serialization: run the same load straight to the engine's port and compare TTFT; "
                    "check the proxy's or server's worker and connection limits"),
         check=_straight_check(f),
         evidence_for=(f"the engine ran at most {engine.running_max or 0:.0f} requests at once",
-                      f"{_pct(share(c.ttft_tail, ('engine_queue_s',), TTFT_PARTS))} of the slowest TTFTs was waiting"),
+                      f"{pct(share(c.ttft_tail, ('engine_queue_s',), TTFT_PARTS))} of the slowest TTFTs was waiting"),
     )
 
 
@@ -264,13 +259,13 @@ def prefill(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence | No
         return None
     c = max(slow, key=lambda c: c.ttft_p99 or 0.0)
     prompts = sorted(r.prompt_tokens for r in c.records)
-    evid = [f"the slowest 1% by TTFT spent {_pct(share(c.ttft_tail, ('prefill_s',), TTFT_PARTS))} of it in prefill "
-            f"({_s(c.ttft_tail['prefill_s'])}); its prompts: median {prompts[len(prompts) // 2]} tokens"]
+    evid = [f"the slowest 1% by TTFT spent {pct(share(c.ttft_tail, ('prefill_s',), TTFT_PARTS))} of it in prefill "
+            f"({secs(c.ttft_tail['prefill_s'])}); its prompts: median {prompts[len(prompts) // 2]} tokens"]
     if engine is not None and engine.prefill_time_mean_s is not None:
-        evid.append(f"the engine's prefill-time histogram: mean {_s(engine.prefill_time_mean_s)}")
+        evid.append(f"the engine's prefill-time histogram: mean {secs(engine.prefill_time_mean_s)}")
     return Finding(
         "prefill", "medium",
-        symptom=f"{c.name} TTFT P99 {_s(c.ttft_p99)} of an E2E P99 {_s(c.e2e_p99)}; a decode step takes {_s(f.itl_p50)}",
+        symptom=f"{c.name} TTFT P99 {secs(c.ttft_p99)} of an E2E P99 {secs(c.e2e_p99)}; a decode step takes {secs(f.itl_p50)}",
         cause="long prompts: the first token waits for the prompt's own prefill",
         next_step=("shorten what is prefilled: enable the engine's prefix cache for shared prefixes, cap the prompt "
                    "(`max_prompt_tokens`), or send long-prompt work as its own class"),
@@ -285,20 +280,18 @@ def overload(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence | N
     all_queued = bool(cs) and all(c.median_queue_share >= QUEUED for c in cs)
     if refused < FAIL_SHARE * f.requests and not all_queued:
         return None
-    evid = [f"{c.name}: the median request spent {_pct(c.median_queue_share)} of its E2E queued (P50 {_s(c.e2e_p50)})" for c in cs]
+    evid = [f"{c.name}: the median request spent {pct(c.median_queue_share)} of its E2E queued (P50 {secs(c.e2e_p50)})" for c in cs]
     if refused:
         evid.append(f"{refused} of {f.requests} requests refused with 429/503")
     if gw is not None and gw.rejected:
         evid.append("the gateway's refusals: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(gw.rejected.items())))
-    rate = f.meta.get("rate")
-    lower = f"--rate {rate * 0.7:g}" if rate else f"--concurrency {max(1, int((f.meta.get('concurrency') or 2) * 0.7))}"
     return Finding(
         "overload", "high",
         symptom="every class is slow at the median, not only in the tail" + (f"; {refused} requests refused" if refused else ""),
         cause="the offered load is above what the engine serves: requests queue whatever their order",
         next_step=("offer less load per engine (fewer clients, a lower rate) or add engine instances; behind the "
                    "gateway a bounded queue turns the excess into fast 429/503 with Retry-After"),
-        check=bench_command(f).replace(f"--rate {rate}" if rate else f"--concurrency {f.meta.get('concurrency')}", lower),
+        check=lighter_command(f),
         evidence_for=tuple(evid),
     )
 
@@ -317,14 +310,14 @@ def starvation(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence |
         return None
     return Finding(
         "starvation", "medium",
-        symptom=(f"{starved.name} waits in the gateway: its median request spends {_pct(starved.median_gateway_share)} "
-                 f"of its E2E there ({_s(starved.median_gateway_s)}; P50 {_s(starved.e2e_p50)}), {_pct(refused)} "
-                 f"refused; {favoured.name}'s median waits {_s(favoured.median_gateway_s)}"),
+        symptom=(f"{starved.name} waits in the gateway: its median request spends {pct(starved.median_gateway_share)} "
+                 f"of its E2E there ({secs(starved.median_gateway_s)}; P50 {secs(starved.e2e_p50)}), {pct(refused)} "
+                 f"refused; {favoured.name}'s median waits {secs(favoured.median_gateway_s)}"),
         cause=f"priorities: {favoured.name} takes the slots as fast as they free, so {starved.name} runs only in the gaps",
         next_step=(f"reserve capacity for {starved.name}: a `min_share` for its class, or `aging_s` so a waiting "
                    f"request gains priority with time"),
         check=sweep_command(f, "aging_s", "1,5,10,30", slo_target(favoured, "e2e")),
-        evidence_for=(f"{favoured.name} is served well: E2E P99/P50 {_x(favoured.ratio('e2e'))}, P99 {_s(favoured.e2e_p99)}",),
+        evidence_for=(f"{favoured.name} is served well: E2E P99/P50 {times(favoured.ratio('e2e'))}, P99 {secs(favoured.e2e_p99)}",),
     )
 
 
@@ -337,7 +330,7 @@ def client_timeouts(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvide
     longest = max((r.e2e_s for r in ok), default=0.0)
     gaps = sorted(r.ended_at - r.chunk_at[-1] for r in streaming)
     evid = [f"{len(streaming)} of {len(timed)} timed-out requests were still receiving tokens when the client "
-            f"gave up (median {_s(gaps[len(gaps) // 2])} after their last token)"]
+            f"gave up (median {secs(gaps[len(gaps) // 2])} after their last token)"]
     against = []
     if engine is not None and engine.successes is not None:
         evid.append(f"the engine finished {engine.successes:.0f} requests during the run; the client counted {len(ok)} successes")
@@ -367,13 +360,13 @@ def kv_pressure(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidence 
         return None
     return Finding(
         "kv_pressure", "high",
-        symptom=(f"{stalled.name}: stalls make {_pct(stall)} of its slowest 1%'s time; ITL P99/P50 {_x(itl)}"),
+        symptom=(f"{stalled.name}: stalls make {pct(stall)} of its slowest 1%'s time; ITL P99/P50 {times(itl)}"),
         cause="the KV cache is full: the engine preempts running sequences and recomputes them",
         next_step=("hold fewer sequences in the engine at once (a lower `max_num_seqs`, or a gateway "
                    "`max_concurrency` below it) or shorten `max_model_len`; more KV memory if you have it"),
         check=sweep_command(f, "max_concurrency", _cap_values(f), slo_target(stalled, "e2e")),
         evidence_for=(f"engine preemptions during the run: {engine.preemptions or 0:.0f}",
-                      f"KV cache usage max {_pct(engine.kv_usage_max or 0)} over {engine.snapshots} snapshots"),
+                      f"KV cache usage max {pct(engine.kv_usage_max or 0)} over {engine.snapshots} snapshots"),
     )
 
 
@@ -387,8 +380,8 @@ def cap_above_engine(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvid
         return None
     return Finding(
         "cap_above_engine", "medium",
-        symptom=(f"behind the gateway, {c.name}'s slowest 1% still waited {_s(c.tail['engine_queue_s'])} in the engine's "
-                 f"own queue (gateway queue {_s(c.tail['gateway_queue_s'])})"),
+        symptom=(f"behind the gateway, {c.name}'s slowest 1% still waited {secs(c.tail['engine_queue_s'])} in the engine's "
+                 f"own queue (gateway queue {secs(c.tail['gateway_queue_s'])})"),
         cause="the gateway's max_concurrency is above the engine's batch slots, so requests queue in the engine, in its order",
         next_step=("set the backend's `max_concurrency` to the engine's max_num_seqs"
                    + (f" (it ran at most {engine.running_max:.0f} at once)" if engine and engine.running_max else "")
@@ -409,10 +402,10 @@ def prefix_misses(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvidenc
     if rate is not None and rate >= expected / 2:
         return None
     seen = "no prefix-cache queries at all (prefix caching is off)" if not rate and not engine.prefix_queried_tokens \
-        else f"prefix-cache hit rate {_pct(rate or 0)}"
+        else f"prefix-cache hit rate {pct(rate or 0)}"
     return Finding(
         "prefix_misses", "medium",
-        symptom=f"{seen}, though {', '.join(shared)} send a shared system prompt ({_pct(expected)} of a prompt)",
+        symptom=f"{seen}, though {', '.join(shared)} send a shared system prompt ({pct(expected)} of a prompt)",
         cause="shared prefixes are prefilled again for every request",
         next_step="enable the engine's prefix cache (vLLM: --enable-prefix-caching; `tailguard sim --enable-prefix-caching`)",
         check=(f"{bench_command(f)}  # against the engine with prefix caching on; then tailguard doctor {_after(f)} "
@@ -431,7 +424,7 @@ def generator_bound(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvide
         cause="the machine running the bench could not send on time, so the latencies are partly the generator's",
         next_step="give the generator its own cores (or another machine), or offer less load from one process",
         check=bench_command(f),
-        evidence_for=(f"dispatch lag P99 {_s(v.get('dispatch_lag_p99_s'))}, threshold {_s(v.get('threshold_s'))}",),
+        evidence_for=(f"dispatch lag P99 {secs(v.get('dispatch_lag_p99_s'))}, threshold {secs(v.get('threshold_s'))}",),
     )
 
 
@@ -459,8 +452,8 @@ def buffered_stream(f: RunFacts, engine: EngineEvidence | None, gw: GatewayEvide
     return Finding(
         "buffered_stream", "high",
         symptom=(f"{len(burst)} of {len(long)} streamed answers of {BURST_MIN_CHUNKS}+ chunks arrived in one burst "
-                 f"at their end: first token at {_pct(ttfts[len(ttfts) // 2])} of the request's time (median), "
-                 f"all chunks within {_s(spans[len(spans) // 2])}"),
+                 f"at their end: first token at {pct(ttfts[len(ttfts) // 2])} of the request's time (median), "
+                 f"all chunks within {secs(spans[len(spans) // 2])}"),
         cause=("something between the client and the engine buffers the SSE stream (a proxy with buffering on, "
                "such as nginx's proxy_buffering, a CDN, or a compressing middleware), so TTFT is the whole request"),
         next_step=("turn buffering off on the stream's way (nginx: `proxy_buffering off;`, or honour the "

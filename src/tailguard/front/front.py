@@ -388,7 +388,6 @@ class Front(Recovery):
         self._hedger.disarm(ev.id)
         if r.caller is not None:
             self._limits.settle(r.caller, r.held, ev.tokens, now)
-        self._queue.settled(ev.id, ev.tokens)
         if r.route.program is not None:
             self._programs.served(r.route.program, ev.tokens, now)
         p = r.pending
@@ -408,6 +407,7 @@ class Front(Recovery):
         else:
             self._queue.remove(ev.id, now)
             self._unqueued(r)
+        self._queue.settled(ev.id, ev.tokens)  # after `remove`: a fair queue knows its caller until then
         if r.state is not State.QUEUED:  # it was dispatched once: a completion for the drain rate
             self._queue.on_finish(p.cls if held else None, ev.outcome, now)
         self._pump(now, self._may_preempt)

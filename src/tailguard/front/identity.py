@@ -125,10 +125,11 @@ class ProgramFinder:
         self.params = params
 
     def find(self, parsed: ParsedRequest, caller: str | None, session: tuple[str, str] | None,
-             agent: tuple[str, str] | None, now: float, prefix: Sequence[int] | None = None) -> Program | None:
+             agent: tuple[str, str] | None, now: float, prefix: Sequence[int] | None = None,
+             text: str | None = None) -> Program | None:
         """`parsed`'s program and its call number; None when nothing names it and it is not
-        inferred (`infer` off, or a route with no prompt to continue). `prefix`: its prompt's
-        block hashes if already made (`wire.prefix.prefix_blocks`)."""
+        inferred (`infer` off, or a route with no prompt to continue). `prefix` and `text`: its
+        prompt's block hashes (`wire.prefix.prefix_blocks`) and text, if already made."""
         name = named(parsed.body, session, agent)
         if name is not None:
             source, value = name
@@ -136,7 +137,8 @@ class ProgramFinder:
             return Program(given, self._count(given, now), source)
         if not self.params.infer:
             return None
-        text = parsed.prompt_text()
+        if text is None:
+            text = parsed.prompt_text()
         if not text:
             return None
         blocks = prefix_blocks(text) if prefix is None else prefix

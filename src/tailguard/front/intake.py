@@ -100,6 +100,7 @@ class Accepted:
     body: dict[str, Any]
     resumable: bool  # its generation can be suspended and continued from its text
     model: str | None = None  # the model it names, an alias resolved (None: none named, any backend)
+    own_priority: bool = False  # its `priority` field is its own (its key may set it): an engine gets it as sent
 
 
 class Intake:
@@ -169,14 +170,17 @@ class Intake:
                         f"{', '.join(sorted(allowed[0]))}.", param=CLASS_HEADER, code="class_not_allowed")
 
     def allow_model(self, asked: Asked) -> None:
-        """Raise `Forbidden` when the request's key lists its models and this one is not among them."""
+        """Raise `Forbidden` when the request's key lists its models and this one is not among them
+        (`BadRequest` when it names none: which model it may use is for the request to say)."""
         k = self.key(asked.api_key)
         if k is None or k.allowed_models is None:
             return
         model = asked.body.get("model")
-        if not isinstance(model, str) or model not in k.allowed_models:
-            shown = model[:64] if isinstance(model, str) else model
-            raise Forbidden(f"This API key may not use model {shown!r}.", param="model", code="model_not_allowed")
+        if not isinstance(model, str):
+            raise BadRequest("'model' is required: this API key may use only the models it lists.", param="model",
+                             code="missing_required_parameter")
+        if model not in k.allowed_models:
+            raise Forbidden(f"This API key may not use model {model[:64]!r}.", param="model", code="model_not_allowed")
 
     def _key_default(self, asked: Asked) -> ClassSpec:
         """A class the client did not name: its route's own (the pooling routes'), its key's
@@ -217,15 +221,33 @@ class Intake:
     def accept(self, asked: Asked, cls: ClassSpec, output_estimate_tokens: int) -> Accepted:
         """Apply `cls`'s prompt bound and output cap, size the job (`output_estimate_tokens`
         per choice when it has no limit) and resolve the model's alias; raises `BadRequest` (400)
-        on a violation, `Forbidden` (403) for a model its key may not use."""
+        on a violation, `Forbidden` (403) for a model its key may not use.
+
+        A `priority` field is the class's to set (the gateway writes it for engines that have a
+        priority queue, `Kind.priority_for`): a client's own is dropped unless its key may set it
+        (`set_priority`), so a batch-only key cannot jump an engine's queue with `priority: -100`
+        on any kind of backend."""
         self.allow_model(asked)
-        model = asked.body.get("model")
+        body = asked.body
+        own = "priority" in body and self._sets_priority(asked.api_key)
+        changed = "priority" in body and not own
+        if changed:
+            body = {f: v for f, v in body.items() if f != "priority"}
+        model = body.get("model")
         model = model if isinstance(model, str) else None
         target = self.params.aliases.get(model) if model is not None else None
-        if target is None:
+        if target is not None:
+            body = {**body, "model": target}  # sent upstream as the served name
+            changed = True
+        if not changed and not own:  # the usual request: nothing to replace
             return self._capped(asked, cls, output_estimate_tokens, model)
-        aliased = replace(asked, body={**asked.body, "model": target})  # sent upstream as the served name
-        return replace(self._capped(aliased, cls, output_estimate_tokens, target), body_changed=True)
+        accepted = self._capped(replace(asked, body=body), cls, output_estimate_tokens,
+                                model if target is None else target)
+        return replace(accepted, body_changed=accepted.body_changed or changed, own_priority=own)
+
+    def _sets_priority(self, api_key: str | None) -> bool:
+        k = self.key(api_key)
+        return k is not None and k.set_priority
 
     def _capped(self, asked: Asked, cls: ClassSpec, output_estimate_tokens: int, model: str | None) -> Accepted:
         _bound_prompt(asked, cls)

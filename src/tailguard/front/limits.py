@@ -96,6 +96,12 @@ class _Caller:
         self.tokens = _resized(self.tokens, spec.tokens_per_minute)
         self.max_parallel = spec.max_parallel
 
+    def refill(self) -> None:
+        """Every bucket full, at the capacity it has."""
+        for bucket in (self.requests, self.tokens):
+            if bucket is not None:
+                bucket.level = bucket.capacity
+
 
 def _resized(bucket: _Bucket | None, per_minute: int | None) -> _Bucket | None:
     if not per_minute:
@@ -145,9 +151,14 @@ class CallerLimits:
 
     def share(self, replicas: int | None) -> None:
         """Enforce 1/`replicas` of each limit here (at least one of each), or (None) each whole
-        again; a caller keeps what it has used and holds, as in a reload."""
+        again. Each bucket starts full at its new size: while Redis decided, what a caller used
+        was counted there, not here, so going local it has a fresh 1/N here (as a replica that
+        had just started would), and once Redis is back this replica's own buckets never bind
+        before the shared ones. Its requests in flight stay counted."""
         self._share = replicas or 1
         self._follow()
+        for c in self._callers.values():
+            c.refill()
 
     def _follow(self) -> None:
         callers: dict[str, _Caller] = {}

@@ -243,8 +243,9 @@ class KeySpec:
     """What a client API key says about its requests: whose they are (`caller`), their class
     when neither header nor `service_tier` names one (`default_class`), the classes and models
     it may use (None: any), whether a class it may not use is lowered to its best allowed
-    one (`lower`) or refused, and how many tokens its batches in progress may hold together
-    (`batch_enqueued_tokens`, None: no limit)."""
+    one (`lower`) or refused, how many tokens its batches in progress may hold together
+    (`batch_enqueued_tokens`, None: no limit), and whether its requests may set an engine's
+    `priority` themselves (`set_priority`; else the field is the class's to set)."""
 
     caller: str
     default_class: str | None = None
@@ -252,6 +253,7 @@ class KeySpec:
     lower: bool = False
     allowed_models: frozenset[str] | None = None
     batch_enqueued_tokens: int | None = None
+    set_priority: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,11 @@ is closed before the retry is sent. Where it goes depends on how it failed:
 - `connect`, `timeout_connect`, `status` (a 5xx or 429 before streaming), and a response-head or
   first-token deadline that passed with not even response headers (`answered` False: a hung server): that
   backend refused or is down; another backend is tried, never the same.
-- anything else (deadlines once the engine answered, protocol errors, an error event): not
-  retried, since the engine may have done the work.
+- `protocol` (an answer that is not what was asked: a JSON or gzip body to a stream request, a
+  malformed stream, a bound broken before anything reached the consumer): that backend is broken
+  for this request; another is tried, never the same. It counts toward ejecting the backend.
+- anything else (deadlines once the engine answered, an error event): not retried, since the
+  engine may have done the work.
 
 An attempt whose answer had already reached its consumer is never sent again from the start,
 but it may be *continued* (`Again.CONTINUE`): when its backend died or stalled (`reset`,
@@ -37,14 +40,15 @@ from tailguard.retry_budget import RetryBudget
 from tailguard.types import FailureKind
 
 _SAME_BACKEND = frozenset({FailureKind.RESET, FailureKind.DISCONNECT})
-_OTHER_BACKEND = _SAME_BACKEND | {FailureKind.CONNECT, FailureKind.TIMEOUT_CONNECT, FailureKind.STATUS}
+_DOWN = _SAME_BACKEND | {FailureKind.CONNECT, FailureKind.TIMEOUT_CONNECT, FailureKind.STATUS}
+_OTHER_BACKEND = _DOWN | {FailureKind.PROTOCOL}
 # The backend died or stalled mid-answer (or the one its continuation went to is down): what
 # was generated can go on elsewhere. Not a total deadline (the request's own bound), nor an error
 # event or a malformed stream (the engine answered; its text elsewhere could repeat what broke it).
-_CONTINUABLE = _OTHER_BACKEND | {FailureKind.TIMEOUT_IDLE}
+_CONTINUABLE = _DOWN | {FailureKind.TIMEOUT_IDLE}
 # Failures that count toward ejecting a backend (`front.ejection`): what a dead, hung or broken
 # host does, never what a busy one does.
-_HEALTH = frozenset({FailureKind.CONNECT, FailureKind.TIMEOUT_CONNECT, FailureKind.STATUS})
+_HEALTH = frozenset({FailureKind.CONNECT, FailureKind.TIMEOUT_CONNECT, FailureKind.STATUS, FailureKind.PROTOCOL})
 
 
 class Again(enum.Enum):

@@ -99,10 +99,9 @@ class Router:
     def tiers(self, slots: BackendPool, cls: ClassSpec, route: Route) -> list[list[BackendState]]:
         """Those backends in the order they are tried: known to serve the model first, then those
         whose models are not known (yet: the first moments after a start, before each backend's
-        /v1/models is read; or never, a server that lists none). Where the whole fleet serves one
-        model, a request naming another is not the gateway's to refuse: it goes through as named
-        (vLLM answers its own 404; llama-server serves any name), as it would with no gateway in
-        front, to a backend that may serve it first."""
+        /v1/models is read; or never, a server that lists none). A backend known not to serve the
+        model is never among them, in a fleet of one model as in any other: the name a client
+        sends is checked as `/v1/models` lists it (`aliases` add names)."""
         pools = cls.pools
         model = route.model
         members = [s for s in slots if not s.retiring and (not pools or s.cfg.pool in pools)]
@@ -115,8 +114,6 @@ class Router:
         known = [s for s in found if s.knows_models()]
         if known:
             return [known, [s for s in found if not s.knows_models()]]
-        if _one_model(slots):
-            return [found, [s for s in members if not s.serves(model)]]
         return [found]
 
     def usable(self, slots: BackendPool, members: list[BackendState]) -> list[BackendState]:
@@ -241,21 +238,6 @@ class Router:
             if extra > 0:
                 tokens += extra * mean
         return tokens / self._capacity(s, ref, now)
-
-
-def _one_model(slots: BackendPool) -> bool:
-    """Whether the backends staying, as far as their models are known, serve one model between them."""
-    seen: set[str] = set()
-    for s in slots:
-        if s.retiring:
-            continue  # leaving: what it serves is no longer the fleet's
-        seen.update(s.cfg.models or s.learned_models or ())
-        if len(seen) > 1:
-            return False
-    return True
-
-
-
 
 
 def _mean_tokens(cands: list[BackendState]) -> float:

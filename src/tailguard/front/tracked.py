@@ -80,6 +80,11 @@ class BackendView:
     cap: int = 0  # the in-flight cap in force: `max_concurrency`, or the adaptive one
 
     @property
+    def takes_requests(self) -> bool:
+        """Healthy by its probes, not ejected for failing requests, not retiring."""
+        return self.healthy and not self.ejected and not self.retiring
+
+    @property
     def state(self) -> str:
         """What /health says of it: `unknown` until a probe has answered, `failing` while probes
         fail but fewer than `unhealthy_after` in a row (it still takes requests), `unhealthy`,

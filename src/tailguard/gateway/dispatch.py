@@ -1,39 +1,41 @@
-"""The asyncio driver of the front (`tailguard.front.front.Front`): request handlers wait here for
-a slot; every event the gateway sees goes into the front, and every decision that comes out is
-carried out here (resolve a waiting handler, suspend a running one, refuse one, flip a gauge).
+"""The asyncio driver of the front (`tailguard.front.front.Front`): every event the gateway sees goes
+into the front here, told the gateway's clock, and every decision that comes out is carried out
+here, each by its method in `CARRIED` (a request's start delivered to its line, a suspension that
+stops its attempt, a refusal worded and raised, a gauge moved, a log line).
 
 There is no dispatcher task: each event calls the front synchronously and applies what it
 decides, so an idle gateway binds a request in the same loop iteration it arrives. One timer,
-armed at the front's `next_wakeup`, delivers `Tick` for queue deadlines. The front is told the
-gateway's one clock (`tailguard.clock.monotonic`), never reads a clock itself. What the decisions
-say of a request (its backend, attempts, preemptions, when it was bound) is written into its
-record (`gateway.request.Request`) here, as they are applied.
+armed at the front's `next_wakeup`, delivers `Tick` for queue deadlines. A request's exchange
+talks to the front through its `Line` (`gateway.line`), in event values and decisions; the fleet's
+side (probes, leases, the shared fair-share counters) through `tell`. What the front weighs in a
+preemption (each running preemptible request's tokens so far) it is told as `Generated` just
+before any event after which a preemption may follow (requests wait, or the event may queue one):
+the front never asks its driver, and nothing is sent per chunk. What the decisions say of a request is written into its record as they are carried out.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
-from functools import partial
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from tailguard.clock import monotonic
+from tailguard.clock import Now
 from tailguard.front.events import (
-    Allotted, Arrive, Close, Decision, Drop, Ejected, Event, Failed, Finished, FirstContent, Generated, GiveUp,
-    HealthChanged, KindLearned, Loaded, LocalShare, Opened, Probed, Readmitted, Reconfigure, Reject, Retired, Served,
-    ServedElsewhere, SharedVerdict, Start, StartMode, Suspend, Tick, Wait,
+    Arrive, Close, Decision, Drop, Ejected, Event, Failed, Finished, Generated, GiveUp, HealthChanged, Readmitted,
+    Reconfigure, Reject, Retired, SharedVerdict, Start, StartMode, Suspend, Tick, Wait,
 )
 from tailguard.front.front import Front
 from tailguard.front.limits import Standing
 from tailguard.front.params import FrontParams
 from tailguard.front.samples import sample
+from tailguard.front.tracked import State
+from tailguard.gateway.line import Line
 from tailguard.gateway.ops.metrics import GatewayMetrics
 from tailguard.gateway.ops.recorder import Recorder
 from tailguard.gateway.rejection import rejection
-from tailguard.gateway.request import Request
+from tailguard.gateway.request import Ended, Request
 from tailguard.gateway.upstream.resume import Transcript
-from tailguard.types import FailureKind, Outcome
 from tailguard.wire.openai import ratelimit_headers
 
 log = logging.getLogger("tailguard.gateway")
@@ -45,6 +47,9 @@ CARRIED: dict[type, str] = {
     HealthChanged: "_health", Ejected: "_health", Readmitted: "_health", Retired: "_retired",
 }
 NOT_APPLICABLE: dict[type, str] = {}
+# The events that may queue a request (an arrival; a failure whose retry waits), and so lead to a
+# preemption even while none waited before them.
+_MAY_QUEUE = frozenset({Arrive, Failed})
 
 
 def _adaptive(params: FrontParams) -> frozenset[str]:
@@ -54,14 +59,13 @@ def _adaptive(params: FrontParams) -> frozenset[str]:
 class Dispatcher:
     """Carries events into the front and its decisions out.
 
-        await dispatcher.admit(rec, est_tokens)   # raises Overloaded; cancel = client left
-        try:
-            ...relay to rec.backend...
-        finally:
-            dispatcher.release(rec, outcome)
+        line = dispatcher.line(req)
+        await dispatcher.admit(line, est_tokens)   # raises the front's refusal; cancel = client left
+        ...its exchange, through `line`...
+        dispatcher.ended(ended)                    # one `Finished`, from the request's one end
     """
 
-    def __init__(self, params: FrontParams, metrics: GatewayMetrics, loop: asyncio.AbstractEventLoop,
+    def __init__(self, params: FrontParams, metrics: GatewayMetrics, loop: asyncio.AbstractEventLoop, clock: Now,
                  recorder: Recorder | None = None) -> None:
         self.front = Front(params)
         # `tailguard serve --record`: every event, its `now` and its decisions (None: not recording).
@@ -70,8 +74,10 @@ class Dispatcher:
         self.healthy: dict[str, bool] = {b.name: b.healthy for b in self.front.backends()}
         self._metrics = metrics
         self._loop = loop
+        self._clock = clock
         self._adaptive = _adaptive(params)  # backends whose cap learns from their requests' latency
-        self._tickets: dict[str, Request] = {}
+        self._lines: dict[str, Line] = {}
+        self._weighed: dict[str, Line] = {}  # preemptible ones: their tokens are what a preemption weighs
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._carry: dict[type, Callable[[Any], None]] = {kind: getattr(self, name) for kind, name in CARRIED.items()}
@@ -80,38 +86,28 @@ class Dispatcher:
         """Requests waiting for a slot."""
         return len(self.front)
 
-    async def admit(self, ticket: Request, est_tokens: int, *, progress: Transcript | None = None,
-                    max_tokens: int | None = None, prefix: tuple[int, ...] = (), pin: str | None = None,
-                    body_bytes: int = 0, shared: SharedVerdict | None = None) -> Start:
+    def line(self, req: Request) -> Line:
+        """A new request's line, not yet in the front (`admit` puts it there)."""
+        return Line(req, self.tell, self._loop)
+
+    async def admit(self, line: Line, est_tokens: int, *, max_tokens: int | None = None, prefix: tuple[int, ...] = (),
+                    pin: str | None = None, body_bytes: int = 0, shared: SharedVerdict | None = None) -> Start:
         """Queue the request (its class, caller and model are on its record) and wait for its
-        slot. Raises `Overloaded` when it is refused or expires (`RateLimited` over its caller's
-        limits), `NotFound` when no backend serves its model. With `progress` (its text is
-        tracked) it may be suspended while it runs; `prefix` is its prompt's block hashes; `pin` the
-        backend that holds its state (`Arrive.pin`)."""
-        waiter: asyncio.Future[Start] = self._loop.create_future()
-        ticket.waiter = waiter
-        ticket.progress = progress
-        self._tickets[ticket.id] = ticket
-        if progress is not None:
-            progress.on_tokens = partial(self.generated, ticket)
-        program = ticket.program
-        self._handle(Arrive(ticket.id, ticket.cls, est_tokens, progress is not None, max_tokens, ticket.caller,
-                            ticket.model, prefix, pin, body_bytes, shared, None if program is None else program.id))
-        try:
-            # A future that is already done (idle gateway) returns here without yielding.
-            return await waiter
-        except asyncio.CancelledError:
-            self.release(ticket, Outcome.CLIENT_GONE)  # left while queued (or as it was bound)
-            raise
+        first start. Raises the front's refusal as the client's error (`gateway.rejection`).
+        With a transcript on its line (its text is kept) it may be continued elsewhere, and
+        suspended if the transcript is not lazy; `prefix` is its prompt's block hashes; `pin` the
+        backend that holds its state (`Arrive.pin`); `body_bytes` its body's size; `shared` the
+        replicas' verdict on its caller (`gateway.shared.limits`)."""
+        req, transcript = line.request, line.transcript
+        self._lines[req.id] = line
+        if transcript is not None and not transcript.lazy:
+            self._weighed[req.id] = line
+        program = None if req.program is None else req.program.id
+        self.tell(Arrive(req.id, req.cls, est_tokens, transcript is not None, max_tokens, req.caller, req.model,
+                         prefix, pin, body_bytes, shared, program))
+        return await line.next()  # a done future (an idle gateway) returns here without yielding
 
-    async def resume(self, ticket: Request) -> Start:
-        """Wait until the suspended (or waiting) request has a slot again: its `Start`, whose
-        mode says what to send (`ticket.backend` is then its new backend). Raises `Overloaded`
-        if it expired in the queue or the gateway shuts down."""
-        assert ticket.waiter is not None
-        return await ticket.waiter
-
-    def progress(self, cls: str, resumable: bool) -> Transcript | None:
+    def transcript(self, cls: str, resumable: bool) -> Transcript | None:
         """Where the request's text is kept, if it may be continued (`Front.tracks`): parsed
         chunk by chunk if it may be suspended (its relay stops between chunks), else kept raw
         and parsed only if its backend dies mid-answer (`Transcript.lazy`), so the relay's
@@ -125,105 +121,39 @@ class Dispatcher:
         """OpenAI's `x-ratelimit-*` headers for where `caller`'s limits stand now, or None: over
         all replicas when `shared` says so (`gateway.shared.limits`), else in this front."""
         headers: dict[str, str] = {}
-        for kind, s in zip(("requests", "tokens"), shared or self.front.standing(caller, monotonic())):
+        for kind, s in zip(("requests", "tokens"), shared or self.front.standing(caller, self._clock())):
             if s is not None:
                 headers.update(ratelimit_headers(kind, s.limit, s.remaining, s.reset_s))
         return headers or None
 
-    def upstream_open(self, ticket: Request, on_suspend: Callable[[], None]) -> None:
-        """The relay has an upstream open: a preemptible request can be suspended from now on."""
-        if ticket.progress is None or ticket.ended:
+    def ended(self, e: Ended) -> None:
+        """The request's one end (`gateway.lifecycle`): the front is told it ended having used
+        what it used (and, for an adaptive backend, what it showed of its latency between
+        chunks). Once: a request the front refused itself has left already."""
+        req = e.request
+        line = self._lines.pop(req.id, None)
+        if line is None or line.ended:
             return
-        ticket.upstream_opened(on_suspend)
-        self._handle(Opened(ticket.id))
-
-    def failed(self, ticket: Request, kind: FailureKind, *, delivered: bool,
-               answered: bool) -> Start | Wait | GiveUp | None:
-        """An attempt failed; the front's decision about it: a `Start` (`ticket.backend` then
-        names where; its mode says whether to send the same body again or the continuation), a
-        `Wait` (`resume` then returns its `Start` once a backend has room), or a `GiveUp` (the
-        caller ends the request). None: its hedge's other attempt goes on."""
-        ticket.upstream_closed()
-        ticket.attempt_failed(kind)
-        decisions = self._handle(Failed(ticket.id, kind, delivered, answered))
-        return next((d for d in decisions if isinstance(d, (Start, Wait, GiveUp)) and d.id == ticket.id), None)
-
-    def hedges(self, cls: str) -> bool:
-        """Whether requests of `cls` may be hedged (their exchange races for the first content)."""
-        return self.front.hedges(cls)
-
-    def first_content(self, ticket: Request, backend: str) -> str | None:
-        """The first content came from `backend`. The backend whose attempt must stop now (the
-        hedge's other one), or None."""
-        decisions = self._handle(FirstContent(ticket.id, backend))
-        return next((d.loser for d in decisions if isinstance(d, Drop) and d.id == ticket.id), None)
-
-    def hedge_failed(self, ticket: Request, backend: str, kind: FailureKind, *, answered: bool) -> None:
-        """One attempt of a hedged request failed (or was abandoned) while the other goes on."""
-        if ticket.hedged is not None and not ticket.ended:
-            self._handle(Failed(ticket.id, kind, False, answered, backend))
-
-    def generated(self, ticket: Request, tokens: int) -> None:
-        """A running preemptible request's generated tokens so far (what a preemption weighs)."""
-        if not ticket.ended and ticket.progress is not None and not ticket.progress.suspended:
-            self._handle(Generated(ticket.id, tokens))
-
-    def release(self, ticket: Request, outcome: Outcome, tokens: int = 0) -> None:
-        """The request ended having used `tokens` (prompt and generated): tell the front, once."""
-        if ticket.ended:
-            return
-        ticket.ended = True
-        ticket.upstream_closed()
-        del self._tickets[ticket.id]
-        if ticket.waiter is not None and not ticket.waiter.done():
-            ticket.waiter.cancel()
-        if ticket.backend in self._adaptive:
-            self._observe(ticket)
-        self._handle(Finished(ticket.id, outcome, tokens))
-
-    def _observe(self, t: Request) -> None:
-        """What the ended request showed of its backend's latency between chunks, for its
-        adaptive cap (`front.samples`, as the DES works it out); its TTFT went in as it came
-        (`first_content`)."""
-        seen = sample(t.backend, t.first_content_at, t.last_content_at, t.content_chunks, t.counts)
-        if seen is not None:
-            self._handle(seen)
-
-    def probe(self, backend: str, ok: bool, *, busy: bool = False) -> None:
-        self._handle(Probed(backend, ok, busy))
+        self._weighed.pop(req.id, None)
+        line.leave()
+        if req.backend in self._adaptive:
+            seen = sample(req.backend, req.first_content_at, req.last_content_at, req.content_chunks, req.counts)
+            if seen is not None:
+                self.tell(seen)
+        self.tell(Finished(req.id, req.outcome, req.used_tokens()))
 
     def delivered_since(self, backend: str, since: float) -> bool:
         """Whether `backend` sent bytes to any request in flight since `since`: evidence that
         it is alive, asked when its health probe timed out."""
-        for t in self._tickets.values():
-            wd = t.watchdog
-            if wd is not None and t.backend == backend and wd.last_at >= since:
+        for line in self._lines.values():
+            wd = line.watchdog
+            if wd is not None and line.request.backend == backend and wd.last_at >= since:
                 return True
         return False
 
-    def set_kind(self, backend: str, continues: bool) -> None:
-        self._handle(KindLearned(backend, continues))
-
-    def served(self, backend: str, models: tuple[str, ...] | None) -> None:
-        """What the backend's /v1/models lists (None: it could not be read)."""
-        self._handle(Served(backend, models))
-
-    def loaded(self, backend: str, queued: int) -> None:
-        """The engine's own count of requests running and waiting, just read."""
-        self._handle(Loaded(backend, queued))
-
-    def local_share(self, replicas: int | None) -> None:
-        """Redis is unavailable under `on_unavailable: local` (the front keeps 1/`replicas` of each
-        caller's limits), or (None) back (`gateway.shared.limits`)."""
-        self._handle(LocalShare(replicas))
-
-    def allot(self, backend: str, slots: int | None) -> None:
-        """This replica's part of `backend`'s slots, leased in Redis (`gateway.shared.slots`)."""
-        self._handle(Allotted(backend, slots))
-
-    def served_elsewhere(self, service: dict[str, float]) -> None:
-        """Other replicas' fair-share service to each caller (`gateway.shared.fair`)."""
-        self._handle(ServedElsewhere(service))
+    def hedges(self, cls: str) -> bool:
+        """Whether requests of `cls` may be hedged (their exchange races for the first content)."""
+        return self.front.hedges(cls)
 
     def take_served(self) -> dict[str, float]:
         """This replica's fair-share service since the last call, for the others."""
@@ -240,7 +170,7 @@ class Dispatcher:
     def reconfigure(self, params: FrontParams) -> None:
         """A live reload: the front takes the new parameters (raising `ConfigError`, nothing
         changed, when they need a restart) and whoever they let in starts now."""
-        self._handle(Reconfigure(params))
+        self.tell(Reconfigure(params))
         self._adaptive = _adaptive(params)
         for b in self.front.backends():
             self.healthy.setdefault(b.name, b.healthy)
@@ -250,7 +180,7 @@ class Dispatcher:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = self._timer_at = None
-        self._handle(Close())
+        self.tell(Close())
 
     def export_gauges(self) -> None:
         """Queue lengths and in-flight counts, read from the front when /metrics is scraped
@@ -262,37 +192,103 @@ class Dispatcher:
             m.inflight_of(b.name).set(b.in_flight)
             m.concurrency_limit.labels(b.name).set(b.cap)
 
-    # --- decisions ----------------------------------------------------------------------------
+    # --- the one way in -------------------------------------------------------------------------
 
-    def _handle(self, event: Event) -> Sequence[Decision]:
-        """The one way an event reaches the front: told now, its decisions carried out (and
-        recorded first, so an event a decision leads to is written after it)."""
-        now = monotonic()
+    def tell(self, event: Event) -> Sequence[Decision]:
+        """The one way an event reaches the front: told now (after the tokens a preemption would
+        weigh, when one may follow: requests wait, or this event may queue one), its decisions
+        recorded and carried out."""
+        now = self._clock()
+        if self._weighed and (len(self.front) or type(event) in _MAY_QUEUE):
+            self._weigh(now)
+        return self._handle(event, now)
+
+    def _handle(self, event: Event, now: float) -> Sequence[Decision]:
         decisions = self.front.handle(event, now)
         if self.recorder is not None:
             self.recorder.event(event, now, True, decisions)
-        self._apply(decisions)
-        return decisions
-
-    def _apply(self, decisions: Sequence[Decision]) -> None:
         carry = self._carry
         for d in decisions:
             carry[type(d)](d)
         self._arm()
+        return decisions
+
+    def _weigh(self, now: float) -> None:
+        """Each running preemptible request's tokens so far, where they changed since the front
+        was last told them: what it weighs when it picks a request to suspend."""
+        front = self.front
+        for rid, line in self._weighed.items():
+            t = line.transcript
+            assert t is not None
+            if t.tokens != line.told_tokens and not t.suspended and rid in front and front.state(rid) is State.RUNNING:
+                line.told_tokens = t.tokens
+                self._handle(Generated(rid, t.tokens), now)
+
+    # --- decisions ------------------------------------------------------------------------------
+
+    def _start(self, d: Start) -> None:
+        """A start of any mode, counted on the record (`front.counts`) and in the metrics by the
+        failure it follows; a hedge's backend goes to the racing exchange, any other start to
+        whoever waits for the request's next one."""
+        line = self._lines[d.id]
+        req = line.request
+        req.counts.apply(d)
+        mode = d.mode
+        if mode is StartMode.HEDGE:
+            self._metrics.hedges.labels(req.cls, "sent").inc()
+            line.hedge(d.backend)
+            return
+        if mode is StartMode.RETRY:
+            self._metrics.retries.labels(d.failed_on, d.after).inc()
+        elif mode is StartMode.MIGRATE:
+            self._metrics.migrations.labels(req.cls, d.after).inc()
+        now = self._clock()
+        req.started(d.backend, now)
+        if line.trace is not None:
+            line.trace.started(d.backend, mode.continues, now)
+        line.deliver(d)
+
+    def _suspend(self, d: Suspend) -> None:
+        line = self._lines[d.id]
+        assert line.transcript is not None
+        line.request.counts.apply(d)
+        self._metrics.preemptions.labels(line.request.cls).inc()
+        line.expect()
+        line.transcript.suspended = True
+        line.stop()
+        if line.trace is not None:
+            line.trace.suspended(self._clock())
 
     def _wait(self, d: Wait) -> None:
-        self._tickets[d.id].waiter = self._loop.create_future()  # `resume` waits on it
+        self._lines[d.id].expect()
 
     def _give_up(self, d: GiveUp) -> None:
-        """Its exchange ends the request (`failed` returned the decision); counted here."""
-        self._tickets[d.id].counts.apply(d)
+        """Its exchange ends the request (the decision came back to it); counted here."""
+        self._lines[d.id].request.counts.apply(d)
         if d.reason.denied:
             self._metrics.retries_denied.labels(d.backend, d.kind).inc()
 
-    def _retired(self, d: Retired) -> None:
-        self.healthy.pop(d.backend, None)
-        self._metrics.forget_backend(d.backend)
-        log.warning("backend %s removed: its last request has ended", d.backend)
+    def _drop(self, d: Drop) -> None:
+        """A hedge is over: the winner's attempt is the request's from now on (its racing
+        exchange stops the loser's)."""
+        line = self._lines[d.id]
+        req = line.request
+        req.counts.apply(d)
+        outcome = "failed" if d.failed else "won" if d.winner == line.hedged else "lost"
+        self._metrics.hedges.labels(req.cls, outcome).inc()
+        req.backend, line.hedged = d.winner, None
+
+    def _reject(self, d: Reject) -> None:
+        """The front refused or dropped the request: whoever waits for it gets the one wording
+        of the refusal (`gateway.rejection`), and it has left the front."""
+        line = self._lines.pop(d.id)
+        self._weighed.pop(d.id, None)
+        req = line.request
+        self._metrics.rejected.labels(req.cls, d.reason).inc()
+        served: Iterable[str] = (m for b in self.front.backends() if not b.retiring for m in (b.models or ()))
+        line.refuse(rejection(d, caller=req.caller, model=req.model, waited_s=self._clock() - req.arrived_at,
+                              served=served))
+        line.leave()
 
     def _health(self, d: HealthChanged | Ejected | Readmitted) -> None:
         """A change of a backend's health: said once in the log with its reason, counted, and
@@ -315,56 +311,12 @@ class Dispatcher:
         view = self.front.backend(name) if name in self.healthy else None
         m.backend_healthy.labels(name).set(1 if view is not None and view.healthy and not view.ejected else 0)
 
-    def _start(self, d: Start) -> None:
-        """A start of any mode, counted on the record (`front.counts`) and in the metrics by the
-        failure it follows; a hedge's backend goes to the racing exchange, any other start to the
-        request's waiting handler."""
-        t = self._tickets[d.id]
-        t.counts.apply(d)
-        mode = d.mode
-        if mode is StartMode.HEDGE:
-            t.hedged = d.backend
-            self._metrics.hedges.labels(t.cls, "sent").inc()
-            w = t.hedge_waiter
-            if w is not None and not w.done():
-                w.set_result(d.backend)
-            return
-        if mode is StartMode.RETRY:
-            self._metrics.retries.labels(d.failed_on, d.after).inc()
-        elif mode is StartMode.MIGRATE:
-            self._metrics.migrations.labels(t.cls, d.after).inc()
-        t.started(d.backend, mode, monotonic())
-        if t.waiter is not None and not t.waiter.done():
-            t.waiter.set_result(d)
+    def _retired(self, d: Retired) -> None:
+        self.healthy.pop(d.backend, None)
+        self._metrics.forget_backend(d.backend)
+        log.warning("backend %s removed: its last request has ended", d.backend)
 
-    def _drop(self, d: Drop) -> None:
-        """A hedge is over: the winner's attempt is the request's from now on (the racing exchange
-        stops the loser's)."""
-        t = self._tickets[d.id]
-        t.counts.apply(d)
-        outcome = "failed" if d.failed else "won" if d.winner == t.hedged else "lost"
-        self._metrics.hedges.labels(t.cls, outcome).inc()
-        t.backend, t.hedged = d.winner, None
-
-    def _suspend(self, d: Suspend) -> None:
-        t = self._tickets[d.id]
-        assert t.on_suspend is not None and t.progress is not None
-        t.counts.apply(d)
-        self._metrics.preemptions.labels(t.cls).inc()
-        t.waiter = self._loop.create_future()
-        t.progress.suspended = True
-        t.suspended()
-
-    def _reject(self, d: Reject) -> None:
-        """The front refused or dropped the request: its handler gets the one wording of the
-        refusal (`gateway.rejection`), and it is counted once."""
-        t = self._tickets.pop(d.id)
-        self._metrics.rejected.labels(t.cls, d.reason).inc()
-        t.ended = True
-        if t.waiter is not None and not t.waiter.done():
-            served = (m for b in self.front.backends() if not b.retiring for m in (b.models or ()))
-            t.waiter.set_exception(rejection(d, caller=t.caller, model=t.model, waited_s=monotonic() - t.arrived_at,
-                                             served=served))
+    # --- the timer ------------------------------------------------------------------------------
 
     def _arm(self) -> None:
         at = self.front.next_wakeup()
@@ -378,8 +330,8 @@ class Dispatcher:
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at = at
-        self._timer = self._loop.call_later(max(0.0, at - monotonic()), self._on_timer)
+        self._timer = self._loop.call_later(max(0.0, at - self._clock()), self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = self._timer_at = None
-        self._handle(Tick())
+        self.tell(Tick())

@@ -3,12 +3,18 @@ chunks (or assemble a non-stream answer), retry an attempt that failed before an
 wait while suspended and send the continuation, continue it on another backend when its own
 died or stalled mid-answer (a migration: the same continuation), and end with one `Ending`.
 
+It talks to the front through the request's `Line` (`gateway.line`), in event values and the
+decisions that come back, the shape of httpx's auth flow: a failed attempt is told as `Failed`
+and goes again as the `Start` that answers it says (`retry`: the same body on a new connection;
+`migrate`, `continue`: the continuation of the text so far), waits for it after a `Wait` or a
+`Suspend`, or ends after a `GiveUp`; it works none of that out itself.
+
 Its output goes to a `Sink` (`gateway.sink`): the HTTP handler passes the client's response, and
 code inside the process can pass a `ChunkQueue` and read the chunks itself. Every way it ends is
 one `return Ending(...)` (or one of the three handlers in `run`), so a request's outcome is
 decided in one place, not by whichever assignment ran last.
 
-    ending = await Exchange(job, rec, sink, context).run()
+    ending = await Exchange(job, line, sink, context).run()
 """
 
 from __future__ import annotations
@@ -20,20 +26,22 @@ from typing import Any
 
 import orjson
 
-from tailguard.clock import monotonic
+from tailguard.clock import Now
 from tailguard.errors import APIError, Overloaded
 from tailguard.front.intake import Accepted, OutputEstimator
 from tailguard.front.params import ClassSpec
 from tailguard.config import BackendConfig
-from tailguard.front.events import GiveUp, GiveUpReason, Start, Wait
-from tailguard.gateway.dispatch import Dispatcher
+from tailguard.front.events import Decision, Failed, FirstContent, GiveUp, GiveUpReason, Opened, Start, Wait
+from tailguard.front.front import Front
 from tailguard.gateway.hedge import Race
+from tailguard.gateway.line import Line
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.metrics import GatewayMetrics, response_headers
 from tailguard.gateway.request import Request
 from tailguard.gateway.sink import ClientGone, Sink
 from tailguard.gateway.stored import ResponseHomes
 from tailguard.gateway.upstream.assemble import Assembler
+from tailguard.gateway.upstream.bound import AnswerBound
 from tailguard.gateway.upstream.client import RelayError, Suspended, Upstream, UpstreamStatus, upstream_body
 from tailguard.gateway.upstream.h1 import H1Response
 from tailguard.gateway.upstream.kinds import get_kind
@@ -58,6 +66,12 @@ _TIMEOUT_TEXT = {
 # Why a stream that broke after the client got bytes was not continued elsewhere.
 _NOT_CONTINUED = (" The answer cannot be continued on another backend: a request with tools, response_format, "
                   "n > 1 or logprobs cannot be continued from its text.")
+
+
+def _next_step(decisions: list[Decision]) -> Start | Wait | GiveUp | None:
+    """What the front decided of a failed attempt: it goes again (`Start`), waits for a backend
+    (`Wait`) or ends (`GiveUp`); None while its hedge's other attempt goes on (a `Drop`)."""
+    return next((d for d in decisions if isinstance(d, (Start, Wait, GiveUp))), None)
 
 
 def _refused_continuation(backend: str, us: UpstreamStatus) -> RelayError:
@@ -109,7 +123,8 @@ class Job:
 class Context:
     """What every exchange of one gateway shares."""
 
-    dispatcher: Dispatcher
+    front: Front  # its views only (is a class hedged; does a backend learn from TTFTs)
+    clock: Now  # the gateway's one clock
     upstream: Upstream
     backends: dict[str, BackendConfig]  # by name, kinds resolved (app.py updates it on detection)
     metrics: GatewayMetrics
@@ -123,14 +138,19 @@ class Context:
 class Exchange:
     """Runs one admitted request to its `Ending` (see the module docstring)."""
 
-    def __init__(self, job: Job, rec: Request, sink: Sink, ctx: Context) -> None:
-        self.job, self.rec, self.sink, self.ctx = job, rec, sink, ctx
-        assert rec.bound_at is not None
+    def __init__(self, job: Job, line: Line, sink: Sink, ctx: Context) -> None:
+        self.job, self.line, self.sink, self.ctx = job, line, sink, ctx
+        self.req = req = line.request
+        assert req.bound_at is not None
         self._to = to = ctx.live.cfg.timeouts  # kept for every attempt: a reload meanwhile changes nothing here
         self._limits = ctx.live.cfg.limits
-        self._wd = DeadlineWatch(ctx.loop, total_at=rec.bound_at + to.total_s, idle_s=to.idle_s)
-        rec.watchdog = self._wd
-        self._tally = Tally(rec, self._wd, ctx.metrics.cls(job.cls.name).itl)  # across attempts and runs
+        self._wd = line.watchdog = DeadlineWatch(ctx.loop, ctx.clock, total_at=req.bound_at + to.total_s,
+                                                 idle_s=to.idle_s)
+        bound = AnswerBound.of(job.capped.max_tokens, job.parsed.n, len(job.raw), self._limits)
+        # Across attempts and runs.
+        self._tally = Tally(req, self._wd, ctx.metrics.cls(job.cls.name).itl, ctx.clock, line.trace is not None, bound)
+        if line.transcript is not None:  # its text so far counts no more than the request allows
+            line.transcript.most_tokens = bound.charged
         self._stream: StreamRelay | None = None
         self._asm: Assembler | None = None  # kept across the runs of a preemptible request
         self._resumed: dict[str, Any] | None = None  # the continuation body after a suspension
@@ -156,10 +176,10 @@ class Exchange:
             return Ending(Outcome.CLIENT_GONE, 499, "client_gone")
         finally:
             self._wd.stop()
-            rec = self.rec
-            if rec.output_tokens == 0 and rec.content_chunks:
+            req = self.req
+            if req.output_tokens == 0 and req.content_chunks:
                 self._meter_unfinished()
-            rec.finish()
+            req.finish(self.ctx.clock())
 
     async def _broken(self, outcome: Outcome, reason: str | None, error: APIError) -> Ending:
         """The request failed: a stream the consumer already reads ends with an error event;
@@ -174,11 +194,11 @@ class Exchange:
         return Ending(outcome, 200, reason)
 
     async def _attempts(self) -> Ending:
-        job, rec, ctx = self.job, self.rec, self.ctx
+        job, req, line, ctx = self.job, self.req, self.line, self.ctx
         while True:
-            backend = ctx.backends[rec.backend]
+            backend = ctx.backends[req.backend]
             body = self._body(backend)
-            now = monotonic()
+            now = ctx.clock()
             head_late = get_kind(backend.kind).head_with_first_token
             if self._whole:  # the head comes with the whole answer: only its own deadline applies
                 self._wd.start_attempt(now + self._to.first_token_s if job.endpoint in POOLING else self._wd.total_at)
@@ -188,17 +208,18 @@ class Exchange:
             try:
                 up = await ctx.upstream.open(backend, self._endpoint, body, job.req_id, self._to.connect_s,
                                              self._limits, fresh=self._retried,
-                                             traceparent=None if rec.trace is None else rec.trace.traceparent(),
+                                             traceparent=None if line.trace is None else line.trace.traceparent(),
                                              headers=job.headers)
                 self._wd.answered()
-                rec.upstream_headers_at = monotonic()
+                req.upstream_headers_at = ctx.clock()
                 if self._hedged():
                     up, backend = await self._race(up, backend)
-                elif self._tally.on_first is None and rec.first_content_at is None \
-                        and ctx.dispatcher.front.wants_first_content(job.cls.name, backend.name):
+                elif self._tally.on_first is None and req.first_content_at is None \
+                        and ctx.front.wants_first_content(job.cls.name, backend.name):
                     self._tally.on_first = self._first_content
-                if rec.progress is not None and not rec.progress.lazy:
-                    ctx.dispatcher.upstream_open(rec, up.close)
+                if line.transcript is not None and not line.transcript.lazy:
+                    line.attempting(up.close)  # a suspension from now stops it at once
+                    line.tell(Opened(req.id))
                 if self._whole:
                     return await self._answer_whole(up)
                 return await (self._relay(up, backend) if job.parsed.stream else self._assemble(up))
@@ -222,20 +243,19 @@ class Exchange:
                 if not await self._deadline(backend, answered=up is not None):
                     raise  # not ours: the consumer left
             finally:
-                rec.upstream_closed()  # closed below: a suspension has nothing to stop
+                line.attempting(None)  # closed below: a suspension has nothing to stop
                 if up is not None:
                     up.close()  # no-op after release(); otherwise aborts the engine's request
 
     def _first_content(self, now: float) -> None:
         """The request's first content came (a TTFT sample of its adaptive backend)."""
         self._tally.on_first = None
-        if self.rec.backend in self.ctx.backends:
-            self.ctx.dispatcher.first_content(self.rec, self.rec.backend)
+        self.line.tell(FirstContent(self.req.id, self.req.backend))
 
     def _hedged(self) -> bool:
         """A first attempt of a hedged class: it races for its first content (`gateway.hedge`)."""
         return (self._resumed is None and not self._retried and not self.sink.started
-                and self.ctx.dispatcher.hedges(self.job.cls.name))
+                and self.ctx.front.hedges(self.job.cls.name))
 
     async def _race(self, up: H1Response, backend: BackendConfig) -> tuple[H1Response, BackendConfig]:
         ctx, job = self.ctx, self.job
@@ -245,26 +265,26 @@ class Exchange:
                 return await ctx.upstream.open(other, self._endpoint, self._body(other), job.req_id, self._to.connect_s,
                                              self._limits)
 
-        return await Race(ctx.dispatcher, ctx.backends, self.rec, open_hedge, _RACE_LIMIT).run(up, backend)
+        return await Race(self.line, ctx.backends, open_hedge, _RACE_LIMIT).run(up, backend)
 
     def _body(self, backend: BackendConfig) -> bytes:
         job = self.job
         resumed = self._resumed
-        if self.rec.progress is not None:  # whether this run's token ids are kept, and hidden
-            self.rec.progress.run_on(get_kind(backend.kind).continues_by_ids,
-                                     job.capped.body.get("return_token_ids") is True)
+        transcript = self.line.transcript
+        if transcript is not None:  # whether this run's token ids are kept, and hidden
+            transcript.run_on(get_kind(backend.kind).continues_by_ids, job.capped.body.get("return_token_ids") is True)
         return upstream_body(
             job.raw, job.capped.body if resumed is None else resumed, client_stream=job.parsed.stream,
             client_usage=job.parsed.include_usage, body_changed=job.capped.body_changed or resumed is not None,
-            backend=backend, rank=job.cls.rank, count_tokens=self.rec.progress is not None, endpoint=job.endpoint,
-            dropped=self.ctx.upstream.refusals.dropped(backend.name),
+            backend=backend, rank=job.cls.rank, count_tokens=transcript is not None, endpoint=job.endpoint,
+            dropped=self.ctx.upstream.refusals.dropped(backend.name), own_priority=job.capped.own_priority,
         )
 
     def _refused_field(self, backend: BackendConfig, us: UpstreamStatus) -> bool:
         """True when `us` refuses a field the gateway added itself (vLLM's `priority` without
         priority scheduling): the field is dropped for that backend from now on (logged once) and
         this request goes again without it, at most once per field."""
-        added = added_fields(get_kind(backend.kind), count_tokens=self.rec.progress is not None)
+        added = added_fields(get_kind(backend.kind), count_tokens=self.line.transcript is not None)
         field = refused_field(us.status, us.body, (f for f in added if f not in self._dropped_here))
         if field is None:
             return False
@@ -293,7 +313,11 @@ class Exchange:
         already has (a migration). With no backend free for it now, it first waits for one
         (`Wait`), as a suspension does. False: the front gave it up (`GiveUp`, kept to word the
         error), or its hedge's other attempt goes on."""
-        decision = self.ctx.dispatcher.failed(self.rec, kind, delivered=self._delivered(), answered=answered)
+        line, req = self.line, self.req
+        line.attempting(None)
+        if line.trace is not None:
+            line.trace.failed(kind, self.ctx.clock())
+        decision = _next_step(line.tell(Failed(req.id, kind, self._delivered(), answered)))
         if decision is None or isinstance(decision, GiveUp):
             self._gave_up = decision
             return False
@@ -308,32 +332,33 @@ class Exchange:
         """Wait, holding no slot and with no deadline running, until the front gives it a
         backend again (`Overloaded` past its wait bound): its `Start`. A stream's client keeps
         its response meanwhile."""
+        clock = self.ctx.clock
         self._wd.stop()
-        waited_at = monotonic()
-        start = await self.ctx.dispatcher.resume(self.rec)
-        self._wd.total_at += monotonic() - waited_at
+        waited_at = clock()
+        start = await self.line.next()
+        self._wd.total_at += clock() - waited_at
         return start
 
     def _continue(self) -> None:
         """The next attempt continues the generation from its text so far (after a suspension or
         a migration), on a connection from the pool."""
-        progress = self.rec.progress
+        progress = self.line.transcript
         assert progress is not None  # the front continues only requests whose text is kept (`tracks`)
-        by_ids = get_kind(self.ctx.backends[self.rec.backend].kind).continues_by_ids
+        by_ids = get_kind(self.ctx.backends[self.req.backend].kind).continues_by_ids
         self._resumed, self._endpoint = continuation_body(self.job.capped.body, self.job.endpoint, progress, by_ids)
         self._retried = False
 
     def _delivered(self) -> bool:
         """Some of the answer was taken: sent to the consumer, or joined into a non-stream body
         (a retry would then splice two answers)."""
-        return self.sink.started or self.rec.first_content_at is not None
+        return self.sink.started or self.req.first_content_at is not None
 
     async def _relay(self, up: H1Response, backend: BackendConfig) -> Ending:
-        job, rec = self.job, self.rec
+        job, req = self.job, self.req
         if self._stream is None:
             tier = job.tier.encode() if job.tier is not None else None
             self._stream = StreamRelay(self.sink, job.endpoint, self._tally, job.parsed.include_usage,
-                                       lambda: response_headers(rec), self._limits, progress=rec.progress,
+                                       lambda: response_headers(req), self._limits, progress=self.line.transcript,
                                        service_tier=tier, framing=FRAMINGS[job.endpoint])
         await self._stream.run(up)
         self._finish_tokens()
@@ -345,56 +370,56 @@ class Exchange:
 
     async def _assemble(self, up: H1Response) -> Ending:
         if self._asm is None:
-            self._asm = Assembler(self.job.endpoint, self._tally, self._limits, progress=self.rec.progress,
+            self._asm = Assembler(self.job.endpoint, self._tally, self._limits, progress=self.line.transcript,
                                   service_tier=self.job.tier)
         payload = await self._asm.run(up)
         up.release()
         self._finish_tokens()
-        await self.sink.answer(payload, response_headers(self.rec))
+        await self.sink.answer(payload, response_headers(self.req))
         return self._ok(self._asm.text() if self.ctx.keep_text else None)
 
     async def _answer_whole(self, up: H1Response) -> Ending:
-        payload = await read_whole(up, self.job.endpoint, self._tally, self._limits)
+        payload = await read_whole(up, self.job.endpoint, self._tally)
         up.release()
         self._finish_tokens()
-        await self.sink.answer(payload, response_headers(self.rec))
+        await self.sink.answer(payload, response_headers(self.req))
         return self._ok()
 
     async def _suspended(self) -> None:
         """The front preempted this request: wait, with no deadline running and the consumer's
         response open, until it has a slot again; the loop then sends the continuation. Raises
         `Overloaded` when it expires in the queue."""
-        progress = self.rec.progress
+        progress = self.line.transcript
         assert progress is not None
         await self._waiting()  # its Start continues it
         progress.suspended = False
         self._continue()
 
     def _finish_tokens(self) -> None:
-        rec, usage = self.rec, self._tally.usage
+        req, usage = self.req, self._tally.usage
         if usage.prompt_tokens is not None:
-            rec.prompt_tokens = usage.prompt_tokens
-        rec.output_tokens = usage.completion_tokens if usage.completion_tokens is not None else rec.content_chunks
+            req.prompt_tokens = usage.prompt_tokens
+        req.output_tokens = usage.completion_tokens if usage.completion_tokens is not None else req.content_chunks
 
     def _meter_unfinished(self) -> None:
         """What a request that did not finish generated is charged all the same (client gone,
         timeout, upstream error, expired while suspended): the tokens a preemptible request
         tracked over its runs, else the engine's count when it sent one, else its content chunks,
         marked as an estimate in the access log."""
-        rec, progress = self.rec, self.rec.progress
+        req, progress = self.req, self.line.transcript
         if progress is not None:
             progress.decode(self.job.endpoint == "chat")  # a lazy stream's count is in its raw chunks
         if progress is not None and progress.tokens:
-            rec.output_tokens = progress.tokens  # counted over every run, as the engine reported them
+            req.output_tokens = progress.tokens  # counted over every run, as the engine reported them
         elif self._tally.usage.completion_tokens is not None:
-            rec.output_tokens = self._tally.usage.completion_tokens
+            req.output_tokens = self._tally.usage.completion_tokens
         else:
-            rec.output_tokens = rec.content_chunks
-            rec.output_estimated = True
+            req.output_tokens = req.content_chunks
+            req.output_estimated = True
 
     def _ok(self, completion: str | None = None) -> Ending:
-        self.ctx.estimator.observe(self.job.cls.name, self.rec.output_tokens)
+        self.ctx.estimator.observe(self.job.cls.name, self.req.output_tokens)
         made = self._tally.usage.answer_id
-        if made is not None and self.rec.backend is not None:
-            self.ctx.homes.remember(made, self.rec.backend)  # its follow-ups go where its state is
+        if made is not None and self.req.backend is not None:
+            self.ctx.homes.remember(made, self.req.backend)  # its follow-ups go where its state is
         return Ending(Outcome.SUCCESS, 200, completion=completion)

@@ -3,23 +3,24 @@ another backend, each read up to its first content; the first to have content wi
 stopped at once, and the winner's bytes read so far are put back for the relay.
 
 The front decides (`front.hedging`): when a hedge is due (`Start` with mode `hedge`, which the
-dispatcher hands to the racing exchange through `Request.hedge_waiter`) and which attempt to stop
-once one has content (`FirstContent` -> `Drop`); the dispatcher counts what the decisions say. Nothing reaches the consumer before the race ends, so the loser's
+dispatcher hands to the racing exchange through its `Line`) and which attempt to stop once one has
+content (`FirstContent` -> `Drop`); the dispatcher counts what the decisions say. Nothing reaches the consumer before the race ends, so the loser's
 bytes never do. An attempt that fails during the race is told to the front (`Failed(backend=)`)
 and the other goes on alone; when the last one fails, its error is the request's, as if there had
 been no hedge. A deadline (the request's task cancelled) ends both.
 
-    up, backend = await Race(dispatcher, backends, rec, opener, limit).run(up, backend)
+    up, backend = await Race(line, backends, opener, limit).run(up, backend)
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from tailguard.config import BackendConfig
-from tailguard.gateway.dispatch import Dispatcher
-from tailguard.gateway.request import Request
+from tailguard.front.events import Failed, FirstContent
+from tailguard.gateway.line import Line
 from tailguard.gateway.upstream.client import RelayError
 from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
 from tailguard.types import FailureKind
@@ -69,28 +70,27 @@ class _Attempt:
 class Race:
     """One hedged request's race (see the module docstring)."""
 
-    def __init__(self, dispatcher: Dispatcher, backends: Mapping[str, BackendConfig], rec: Request, opener: Opener,
-                 limit: int) -> None:
-        self.dispatcher, self.backends, self.rec = dispatcher, backends, rec
+    def __init__(self, line: Line, backends: Mapping[str, BackendConfig], opener: Opener, limit: int) -> None:
+        self.line, self.backends = line, backends
         self.opener, self.limit = opener, limit
 
     async def run(self, up: H1Response, backend: BackendConfig) -> tuple[H1Response, BackendConfig]:
         """The winning attempt's upstream (its bytes so far put back) and backend. Raises the last
         attempt's error when both failed (or the only one did, unhedged)."""
-        rec = self.rec
-        rec.hedge_waiter = hedge = asyncio.get_running_loop().create_future()
+        hedge = self.line.racing()
         attempts = [self._start(_Attempt(backend, up))]
         winner: _Attempt | None = None
         try:
             first = attempts[0].task
             assert first is not None
-            await asyncio.wait({first, hedge}, return_when=asyncio.FIRST_COMPLETED)
+            waited: list[asyncio.Future[Any]] = [first, hedge]
+            await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
             if not first.done():
                 attempts.append(self._start(_Attempt(self.backends[hedge.result()])))
             winner = await self._winner(list(attempts))
             return self._won(winner, attempts)
         finally:
-            rec.hedge_waiter = None
+            self.line.raced()
             for a in attempts:
                 if a is not winner:
                     a.stop()
@@ -117,13 +117,15 @@ class Race:
 
     def _lost_to_failure(self, a: _Attempt, err: BaseException) -> None:
         kind = err.kind if isinstance(err, RelayError) else FailureKind.DISCONNECT
-        self.dispatcher.hedge_failed(self.rec, a.backend.name, kind, answered=a.up is not None)
+        line = self.line
+        if line.hedged is not None and not line.ended:  # the other attempt goes on (a Drop of this one)
+            line.tell(Failed(line.request.id, kind, False, a.up is not None, a.backend.name))
         a.stop()
 
     def _won(self, winner: _Attempt, attempts: list[_Attempt]) -> tuple[H1Response, BackendConfig]:
         """Tell the front which attempt has content; the other stops. The winner's bytes so far go
         back to be relayed."""
-        self.dispatcher.first_content(self.rec, winner.backend.name)
+        self.line.tell(FirstContent(self.line.request.id, winner.backend.name))
         assert winner.up is not None and winner.task is not None
         winner.up.unread(winner.task.result())
         return winner.up, winner.backend

@@ -1,48 +1,32 @@
-"""One request's record in the gateway: every fact the gateway knows of it, each kept once, on
-the one clock (`tailguard.clock.monotonic`).
+"""One request's record in the gateway: the facts it knows of it, each kept once, on the gateway's
+one clock (the one it was built with and passes in: `tailguard.clock.Now`). Facts only: what the
+driver holds of a request while it runs (the future its exchange waits on, how a suspension stops
+its attempt, its text so far, its deadlines, its spans) is its `Line` (`gateway.line`).
 
-The record is made when the request arrives and lives until its one end. Who writes what:
+The record is made when the request arrives and lives until its one end (`gateway.lifecycle`),
+where it is handed, complete, to every listener as `Ended`. Who writes what:
 
-    the proxy          class, caller, prompt estimate, the caller's rate headers, how it ended
-    the dispatcher     backend, bound_at, and its counts (attempts, retries, migrations,
-                       preemptions, hedges: `front.counts`) from the front's decisions as it
-                       applies them, never worked out again
-    the exchange       upstream_headers_at, output tokens; its `Tally` the chunk facts
-                       (first/last content, content chunks), the hot path's only writes
-    the end            finished_at (the exchange, else the proxy)
+    the lifecycle      class, caller, model, program, prompt estimate, the caller's rate headers,
+                       how it ended (`end`, `refused`)
+    the dispatcher     backend and bound_at from each `Start`, and its counts (attempts, retries,
+                       migrations, preemptions, hedges: `front.counts`) from every decision about
+                       it, as it carries them out: never worked out again
+    the exchange       upstream_headers_at, output tokens, when its answer ended; its `Tally` the
+                       chunk facts (first/last content, content chunks), the hot path's only writes
 
-Metrics, `Server-Timing`, the access log and a recording read it (`gateway.ops.metrics`); the
-driver's own handle of the request (the future its handler waits on, the hook that stops its
-upstream when it is suspended, its deadlines) lives here too, so one request is one object.
+Metrics, `Server-Timing`, the access log, the meter, a recording and a trace read it.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from tailguard.clock import monotonic
 from tailguard.errors import APIError, Overloaded
 from tailguard.front.counts import Counts
-from tailguard.front.events import Start, StartMode
 from tailguard.front.identity import Program
 from tailguard.front.intake import NO_CLASS
-from tailguard.gateway.upstream.resume import Transcript
-from tailguard.gateway.upstream.watchdog import DeadlineWatch
 from tailguard.types import Outcome
 from tailguard.wire.openai import Endpoint
-
-
-class TraceHook(Protocol):
-    """What a request's trace is told as its record changes (`gateway.ops.tracing` implements it;
-    a request without a trace has None, and nothing is called)."""
-
-    def started(self, backend: str, resumed: bool, now: float) -> None: ...
-    def suspended(self, now: float) -> None: ...
-    def failed(self, kind: str, now: float) -> None: ...
-    def traceparent(self) -> str | None: ...  # the W3C header for the attempt running now
 
 
 @dataclass(slots=True)
@@ -63,7 +47,6 @@ class Request:
     # From the front's decisions.
     backend: str = "-"
     counts: Counts = field(default_factory=Counts)
-    hedged: str | None = None  # the backend of its second attempt, once the front hedged it
     bound_at: float | None = None  # its first Start
     # Upstream and chunks.
     upstream_headers_at: float | None = None
@@ -73,6 +56,7 @@ class Request:
     prompt_tokens: int = 0
     output_tokens: int = 0
     output_estimated: bool = False  # counted from content chunks: the engine never said
+    overrun_tokens: int = 0  # what its backend sent or counted past what it asked, not charged (`Tally`)
     content_chunks: int = 0
     # What the answer said of its end, read only for a traced request (its span's
     # gen_ai.response.finish_reasons and gen_ai.response.id; `Tally.answer_end`).
@@ -84,49 +68,12 @@ class Request:
     reason: str | None = None
     prompt_text: str | None = None  # kept only with `log_prompts`
     completion: str | None = None
-    # The driver's handle, from admission to its end.
-    waiter: asyncio.Future[Start] | None = None
-    hedge_waiter: asyncio.Future[str] | None = None  # set by its exchange while a hedge may come
-    progress: Transcript | None = None  # its text is tracked: it may be suspended
-    on_suspend: Callable[[], None] | None = None  # set by its relay while an upstream is open
-    ended: bool = False  # it left the front (finished, or rejected by the front itself)
-    watchdog: DeadlineWatch | None = None  # its deadlines; `last_at` is when its backend last sent bytes
-    trace: TraceHook | None = None  # its OpenTelemetry spans, when telemetry is on
 
-    # --- written by the dispatcher, from the front's decisions --------------------------------
-
-    def started(self, backend: str, mode: StartMode, now: float) -> None:
-        """A `Start` (not a hedge's: that one races beside the request's own attempt)."""
+    def started(self, backend: str, now: float) -> None:
+        """A `Start` that is not a hedge's (the hedge races beside the request's own attempt)."""
         self.backend = backend
         if self.bound_at is None:
             self.bound_at = now
-        if self.trace is not None:
-            self.trace.started(backend, mode.continues, now)
-
-    def suspended(self) -> None:
-        """A `Suspend`: its upstream is closed, and it waits in the queue again."""
-        hook, self.on_suspend = self.on_suspend, None
-        if hook is not None:
-            hook()
-        if self.trace is not None:
-            self.trace.suspended(monotonic())
-
-    def attempt_failed(self, kind: str) -> None:
-        """An upstream attempt failed (before the front says whether it goes again)."""
-        if self.trace is not None:
-            self.trace.failed(kind, monotonic())
-
-    # --- its upstream, as the exchange opens and closes it ----------------------------------
-
-    def upstream_opened(self, close: Callable[[], None]) -> None:
-        """An upstream is open: `close` is how a suspension stops it."""
-        self.on_suspend = close
-
-    def upstream_closed(self) -> None:
-        """The upstream is closed (or failed): a suspension has nothing to stop."""
-        self.on_suspend = None
-
-    # --- how it ended ---------------------------------------------------------------------
 
     def end(self, outcome: Outcome, status: int, reason: str | None, completion: str | None = None) -> None:
         self.outcome, self.status, self.reason, self.completion = outcome, status, reason, completion
@@ -137,12 +84,10 @@ class Request:
         # the access log, the header and tailguard_rejected_total{reason} say the same.
         self.end(outcome, err.status, err.headers.get("X-Tailguard-Reject-Reason", err.code))
 
-    def finish(self) -> None:
-        """Its last instant, once (the exchange sets it when the answer ends, else the proxy)."""
+    def finish(self, now: float) -> None:
+        """Its last instant, once: when its answer ended (the exchange), else when it ended."""
         if self.finished_at is None:
-            self.finished_at = monotonic()
-
-    # --- read ------------------------------------------------------------------------------
+            self.finished_at = now
 
     @property
     def queue_s(self) -> float | None:
@@ -158,3 +103,14 @@ class Request:
         else nothing (refused, left while queued, or no engine ever answered). What its caller
         is charged, and what the token counters count."""
         return self.prompt_tokens + self.output_tokens if self.answered else 0
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """A request's one end, handed to every listener once (`gateway.lifecycle`): its record,
+    complete, the HTTP line it came by, and its trace (None without telemetry)."""
+
+    request: Request
+    method: str
+    path: str
+    trace: object | None = None

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tailguard.errors import ConfigError
+from tailguard.sim.gpu import A100_80GB, H100_80GB, GpuSpec
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 OutputLength = Literal["exact", "uniform", "exponential"]
@@ -83,6 +84,7 @@ class EngineConfig:
     output_length: OutputLength = "exact"
     output_mean_ratio: float = 0.5
     seed: int = 0
+    gpu: GpuSpec | None = None  # the card it models, for its DCGM gauges (`sim.gpu`); None: no GPU (cpu-tiny)
 
     def __post_init__(self) -> None:
         problems = self._problems()
@@ -159,10 +161,12 @@ CPU_TINY = CostModel(a_s=3e-3, b_s_per_prefill_token=50e-6, c_s_per_decode_seq=0
 # activations, i.e. about 27,500 blocks of 16 tokens, which is what vLLM logs for this model.
 PRESETS: dict[str, EngineConfig] = {
     "h100-llama8b": EngineConfig(
-        cost=H100_LLAMA8B, max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192, kv_cache_tokens=440_000
+        cost=H100_LLAMA8B, max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192, kv_cache_tokens=440_000,
+        gpu=H100_80GB,
     ),
     "a100-llama8b": EngineConfig(
-        cost=A100_LLAMA8B, max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192, kv_cache_tokens=440_000
+        cost=A100_LLAMA8B, max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192, kv_cache_tokens=440_000,
+        gpu=A100_80GB,
     ),
     "cpu-tiny": EngineConfig(
         cost=CPU_TINY, max_num_seqs=8, max_num_batched_tokens=2048, max_model_len=4096, kv_cache_tokens=32_768

@@ -1,4 +1,6 @@
-"""The simulator's `/metrics` in vLLM's own names (`vllm:*`), so anything that reads vLLM reads it.
+"""The simulator's `/metrics` in vLLM's own names (`vllm:*`), so anything that reads vLLM reads it,
+and its GPU's in the DCGM exporter's (`DCGM_FI_*`, modelled by `sim.gpu`; `wire.dcgm` has the names),
+so a page from `tailguard sim` is an engine's page and a GPU's at once.
 
 Gauges and counters are read from the engine's counters when scraped, so stepping the engine costs
 nothing extra. Latency histograms are in simulated seconds (what a real engine of the configured
@@ -9,13 +11,15 @@ kind would report, whatever the `time_scale`), with vLLM's bucket bounds. Each a
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Iterator
+from typing import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from tailguard.sim.engine import Engine
+from tailguard.sim.gpu import GpuMeter, GpuReading
+from tailguard.wire import dcgm
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -60,9 +64,12 @@ class Histogram:
 class SimMetrics:
     """Latency histograms fed by the server's engine loop, plus a collector over the engine."""
 
-    def __init__(self, engine: Engine, model_name: str) -> None:
+    def __init__(self, engine: Engine, model_name: str, now: Callable[[], float]) -> None:
         self.engine = engine
         self.model_name = model_name
+        self.now = now  # simulated seconds, for the GPU's window
+        spec = engine.config.gpu
+        self.gpu = GpuMeter(spec) if spec is not None else None
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(REQUEST_BUCKETS)
@@ -127,3 +134,23 @@ class SimMetrics:
         yield gauge("tailguard_sim_behind_seconds",
                     "How late (simulated seconds) the simulator's loop woke for its last step; 0 when it keeps up.",
                     self.behind_s)
+        if self.gpu is not None:
+            e = self.engine
+            reading = self.gpu.read(self.now(), e.kv.used_blocks * e.config.block_size, not e.idle())
+            yield from gpu_families(reading, self.gpu.spec.model_name)
+
+
+# The simulated card's labels, as dcgm-exporter labels GPU 0 of a node (`wire.dcgm.LABELS`).
+GPU_LABELS = ("0", "GPU-00000000-0000-0000-0000-000000000000", "00000000:00:00.0", "nvidia0")
+
+
+def gpu_families(r: GpuReading, model_name: str) -> Iterator[Metric]:
+    """One reading as a DCGM exporter's gauges for one GPU."""
+    values = {dcgm.GPU_UTIL: r.util_pct, dcgm.GR_ENGINE_ACTIVE: r.gr_engine_active, dcgm.SM_ACTIVE: r.sm_active,
+              dcgm.FB_USED: r.fb_used_mib, dcgm.FB_FREE: r.fb_free_mib, dcgm.POWER_USAGE: r.power_w,
+              dcgm.POWER_LIMIT: r.power_limit_w, dcgm.SM_CLOCK: r.sm_clock_mhz, dcgm.MAX_SM_CLOCK: r.max_sm_clock_mhz}
+    labels = [*GPU_LABELS, model_name, "tailguard-sim"]
+    for name, value in values.items():
+        g = GaugeMetricFamily(name, dcgm.HELP[name], labels=list(dcgm.LABELS))
+        g.add_metric(labels, value)
+        yield g

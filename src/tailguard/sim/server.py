@@ -330,7 +330,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, faults: Faults = Faults(), strict_model: bool = False,
 ) -> web.Application:
     """The simulator app; serve it with `handler_cancellation=True` so disconnects abort at once."""
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[_misbehave] if faults != Faults() else [])
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[_misbehave] if faults.misbehaves else [])
     state = SimState(config, time_scale, model_name, max_body_bytes, faults, strict_model)
     app[SIM] = state
     app.router.add_post("/v1/chat/completions", _chat)

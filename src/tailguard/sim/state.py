@@ -51,7 +51,7 @@ class SimState:
         self.engine = Engine(config)
         self.clock = ScaledClock(time_scale)
         self.model_name = model_name
-        self.metrics = SimMetrics(self.engine, model_name)
+        self.metrics = SimMetrics(self.engine, model_name, self.clock.now)
         self.lives: dict[str, Live] = {}
         self.kick = asyncio.Event()
         self.closing = False
@@ -115,26 +115,42 @@ async def _step_forever(state: SimState) -> None:
             t = clock.now()
             continue
         step = engine.step(t)
-        end = t + step.duration_s
+        duration = _run(state, step, t)
+        end = t + duration
         delay = clock.wall_delay(end)
         if delay > 0:
             # Waking a little late is fine: the next step still starts at `end`, so timer slack
             # never adds up over a long run.
             await asyncio.sleep(delay)
             metrics.behind_s = 0.0
-            _deliver(state, step, end)
+            _deliver(state, step, end, duration)
             t = end
         else:
             # Computing the step took longer than the step itself: this process cannot keep up at
             # this time_scale. Say so, and carry on from now rather than drift ever further behind.
             now = clock.now()
             metrics.behind_s = now - end
+            if metrics.gpu is not None:
+                metrics.gpu.extend(now)  # the modelled card was working: the lag is this process's, not its
             await asyncio.sleep(0)  # let handlers run even when behind
-            _deliver(state, step, end)
+            _deliver(state, step, end, duration)
             t = max(end, now)
 
 
-def _deliver(state: SimState, step: Step, end: float) -> None:
+def _run(state: SimState, step: Step, t: float) -> float:
+    """How long `step`, begun at `t`, takes on this card (longer while it is throttled), told
+    to the GPU model."""
+    share = state.faults.clock_share(t)
+    duration = step.duration_s / share
+    gpu = state.metrics.gpu
+    if gpu is not None and duration > 0:
+        c = state.config
+        fill = max(step.decode_seqs / c.max_num_seqs, (step.prefill_tokens + step.decode_seqs) / c.max_num_batched_tokens)
+        gpu.step(t, duration, fill, share)
+    return duration
+
+
+def _deliver(state: SimState, step: Step, end: float, duration: float) -> None:
     lives = state.lives
     for rid in step.emitted:
         live = lives.get(rid)
@@ -165,7 +181,7 @@ def _deliver(state: SimState, step: Step, end: float) -> None:
             m.queue.observe(ev.queue_s)
             live = lives.get(ev.req_id)
             if live is not None:
-                live.admitted_at = end - step.duration_s  # the step that scheduled it began then
+                live.admitted_at = end - duration  # the step that scheduled it began then
     # Decoding sequences emit on consecutive steps, so each of their tokens came one step after
     # the previous one: the step's duration is their inter-token latency.
-    m.itl.observe(step.duration_s, step.decode_seqs)
+    m.itl.observe(duration, step.decode_seqs)

@@ -17,10 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from tailguard.errors import APIError
 from tailguard.wire import anthropic, chunks, embeddings, responses
 from tailguard.wire.openai import Endpoint, error_body
-from tailguard.wire.sse import is_done
+from tailguard.wire.sse import encode_event, is_done
 
 Test = Callable[[bytes, int, int], bool]
 
@@ -35,6 +37,22 @@ class Framing:
     # ask for usage should not get (OpenAI's `"choices":[]`), never for the typed events.
     read_usage: Callable[[chunks.Usage, Any], bool]
     error_event: Callable[[APIError], bytes]  # the last event of a stream that broke mid-answer
+    # What says an answer the gateway cut at its length ended there, before its error event:
+    # OpenAI's `finish_reason: "length"`, the Responses API's `response.incomplete`, Anthropic's
+    # `stop_reason: "max_tokens"`.
+    cut_event: Callable[[Cut], bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """An answer the gateway cut at its `max_tokens` (`gateway.upstream.bound`): what the event
+    that ends it carries."""
+
+    id: str
+    model: str
+    choices: int
+    output_tokens: int
+    chat: bool = True  # chat's chunk shape, else a completion's (the OpenAI routes share a framing)
 
 
 def _openai_error(err: APIError) -> bytes:
@@ -48,11 +66,31 @@ def _typed(read: Callable[[chunks.Usage, Any], None]) -> Callable[[chunks.Usage,
     return read_usage
 
 
-OPENAI = Framing(chunks.has_content, chunks.has_usage, chunks.is_error, is_done, chunks.Usage.read, _openai_error)
+def _openai_cut(cut: Cut) -> bytes:
+    said: dict[str, Any] = {"delta": {}} if cut.chat else {"text": ""}
+    choices = [{"index": i, **said, "logprobs": None, "finish_reason": "length"} for i in range(cut.choices)]
+    return encode_event(orjson.dumps({"id": cut.id, "object": "chat.completion.chunk" if cut.chat else "text_completion",
+                                      "created": 0, "model": cut.model, "choices": choices}))
+
+
+def _responses_cut(cut: Cut) -> bytes:
+    return responses.event("response.incomplete", {
+        "type": "response.incomplete", "sequence_number": 0,
+        "response": responses.response(cut.id, cut.model, 0, None, "incomplete", 0, cut.output_tokens, None)})
+
+
+def _messages_cut(cut: Cut) -> bytes:
+    return anthropic.event("message_delta", {"type": "message_delta",
+                                             "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
+                                             "usage": {"output_tokens": cut.output_tokens}})
+
+
+OPENAI = Framing(chunks.has_content, chunks.has_usage, chunks.is_error, is_done, chunks.Usage.read, _openai_error,
+                 _openai_cut)
 RESPONSES = Framing(responses.has_content, responses.has_usage, responses.is_error, responses.is_last,
-                    _typed(responses.read_usage), responses.error_event)
+                    _typed(responses.read_usage), responses.error_event, _responses_cut)
 MESSAGES = Framing(anthropic.has_content, anthropic.has_usage, anthropic.is_error, anthropic.is_last,
-                   _typed(anthropic.read_usage), anthropic.error_event)
+                   _typed(anthropic.read_usage), anthropic.error_event, _messages_cut)
 
 FRAMINGS: dict[Endpoint, Framing] = {"chat": OPENAI, "completions": OPENAI, "responses": RESPONSES,
                                      "messages": MESSAGES}

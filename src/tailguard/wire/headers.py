@@ -1,10 +1,18 @@
-"""What the gateway reads from a request's HTTP headers: the caller's key, the class it names and
-the agent program it says it belongs to; pure. Both servers (aiohttp's and the lean one) and the DES's gate, which replays the headers a
-bench would send, read them here, so the intake in the front sees values, never headers."""
+"""What the gateway reads from a request's HTTP headers, read once (`told`) into one value: the
+caller's key, the class it names, the agent program it says it belongs to (`front.identity`), its
+own request id (sanitized), its user agent, the headers its route passes on to the backend, and its
+trace context; pure. Both servers (aiohttp's and the lean
+one) read a request here, and the DES's gate reads the headers a bench would send the same way,
+so the request's life past its headers (`gateway.lifecycle`, the intake in the front) sees
+values, never headers."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tailguard.wire.openai import Endpoint
 
 CLASS_HEADER = "X-Tailguard-Class"
 PROGRAM_HEADER = "X-Tailguard-Program"
@@ -14,6 +22,40 @@ SESSION_HEADERS = (PROGRAM_HEADER, "X-Session-Id")
 # current hyphen form, then the older underscore one), OpenCode; the order Dynamo's router
 # (ai-dynamo/dynamo#10875) and CLIProxyAPI (router-for-me/CLIProxyAPI#4452) read them in.
 AGENT_SESSION_HEADERS = ("X-Claude-Code-Session-Id", "Session-Id", "Session_Id", "X-Opencode-Session")
+# Client headers a route passes on to the backend (Anthropic's API version and beta flags).
+PASSED_HEADERS: dict[Endpoint, tuple[str, ...]] = {"messages": ("anthropic-version", "anthropic-beta")}
+TRACE_HEADERS = ("traceparent", "tracestate")  # W3C trace context, continued by the request's trace
+_MAX_REQUEST_ID = 128
+_MAX_UA = 256
+# What a client's X-Request-Id may carry into logs and upstream headers: the characters of UUIDs,
+# OpenAI's `req_...` ids and the usual tracing ids; anything else is dropped.
+_NOT_ID = re.compile(r"[^A-Za-z0-9._:+=/@-]")
+
+
+@dataclass(frozen=True, slots=True)
+class Told:
+    """What a request's headers told the gateway (see the module docstring)."""
+
+    api_key: str | None = None
+    class_name: str | None = None  # `X-Tailguard-Class`, as sent
+    request_id: str | None = None  # `X-Request-Id`, bounded and sanitized
+    user_agent: str | None = None
+    passed: tuple[tuple[str, str], ...] = ()  # what its route passes on to the backend
+    trace: Mapping[str, str] | None = None  # its W3C trace context, when it sent one
+    session: tuple[str, str] | None = None  # the program it names (`session_header`)
+    agent: tuple[str, str] | None = None  # the session its coding agent names (`agent_session`)
+
+
+def told(headers: Mapping[str, str], endpoint: Endpoint) -> Told:
+    """Everything the gateway reads from a request's headers, in one pass."""
+    api_key = bearer_key(headers)
+    if api_key is None and endpoint == "messages":  # Anthropic's SDK sends its key this way
+        api_key = header(headers, "x-api-key") or None
+    trace = {n: v for n in TRACE_HEADERS if (v := header(headers, n)) is not None}
+    return Told(api_key, header(headers, CLASS_HEADER), client_request_id(headers),
+                (header(headers, "User-Agent") or "")[:_MAX_UA] or None,
+                tuple((n, v) for n in PASSED_HEADERS.get(endpoint, ()) if (v := header(headers, n)) is not None),
+                trace or None, session_header(headers), agent_session(headers))
 
 
 def header(headers: Mapping[str, str], name: str) -> str | None:
@@ -37,6 +79,14 @@ def class_header(headers: Mapping[str, str]) -> str | None:
     return header(headers, CLASS_HEADER)
 
 
+def client_request_id(headers: Mapping[str, str]) -> str | None:
+    """The client's `X-Request-Id`, bounded and sanitized; None when absent or nothing is left."""
+    raw = header(headers, "X-Request-Id")
+    if not raw:
+        return None
+    return _NOT_ID.sub("", raw[: _MAX_REQUEST_ID * 2])[:_MAX_REQUEST_ID] or None
+
+
 def session_header(headers: Mapping[str, str]) -> tuple[str, str] | None:
     """The program a request names in `X-Tailguard-Program` or `X-Session-Id`, as (the header's
     name in lower case, its value); None without one."""
@@ -51,9 +101,7 @@ def agent_session(headers: Mapping[str, str]) -> tuple[str, str] | None:
 
 def _first(headers: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:
     for name in names:
-        value = header(headers, name)
+        value = (header(headers, name) or "").strip()
         if value:
-            value = value.strip()
-            if value:
-                return name.lower(), value
+            return name.lower(), value
     return None

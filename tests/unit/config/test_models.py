@@ -99,7 +99,13 @@ scheduler: {policy: fcfs, aging_s: 3}
     ("backends:\n  - {name: a, url: 'ftp://h'}\n", "must start with http:// or https://"),
     ("backends:\n  - {name: a, url: 'http://h:1', kind: triton}\n",
      "backends[0] (a).kind: Input should be 'auto', 'vllm', 'llamacpp', 'sglang', 'tgi', 'openai' or 'sim'"),
-    ("prot: 80\n", "prot: unknown setting (check the spelling; see docs/configuration.md)"),
+    ("prot: 80\n", "prot: unknown setting (did you mean port? see docs/configuration.md)"),
+    ("colour: blue\n", "colour: unknown setting (check the spelling; see docs/configuration.md)"),
+    ("scheduler: {agin_s: 5}\n", "scheduler.agin_s: unknown setting (did you mean aging_s?"),
+    ("classes:\n  - {name: interactive, max_queue_wait: 10}\n",
+     "classes[0] (interactive).max_queue_wait: unknown setting (did you mean max_queue_wait_s?"),
+    ("auth: {api_keys: {sk-app-1: {name: web-app, rpm_limt: 600}}}\n",
+     " (web-app).rpm_limt: unknown setting (did you mean rpm_limit?"),
     ("timeouts: {idle_s: -1}\n", "timeouts.idle_s: Input should be greater than 0"),
     ("classes:\n  - {name: interactive, default_max_tokens: 500, max_tokens_cap: 100}\n",
      "default_max_tokens (500) is above max_tokens_cap (100)"),
@@ -218,3 +224,18 @@ def test_a_bad_key_file_is_a_config_error_that_names_no_key(tmp_path: Path, cont
     with pytest.raises(ConfigError, match=problem) as e:
         load_config(write(tmp_path, KEY_FILE_CONFIG))
     assert "sk-inline-0123456789" not in str(e.value) and "sk-from-file" not in str(e.value)
+
+
+@pytest.mark.parametrize("keys,scheduler,on", [
+    ({"sk-a": {"name": "a"}, "sk-b": {"name": "b"}}, {}, True),  # two callers: on by default
+    ({"sk-a": {"name": "a"}, "sk-a2": {"name": "a"}}, {}, False),  # two keys, one caller
+    ({"sk-a": {"name": "a"}}, {}, False),
+    ({}, {}, False),  # no keys: one caller, everyone
+    ({"sk-a": {"name": "a"}, "sk-b": {"name": "b"}}, {"fair_share": False}, False),  # turned off
+    ({"sk-a": {"name": "a"}, "sk-b": {"name": "b"}}, {"policy": "fcfs"}, False),  # fcfs has no share to keep
+    ({"sk-a": {"name": "a"}}, {"fair_share": True}, True),
+])
+def test_fair_share_is_on_by_default_once_two_callers_are_named(keys: dict, scheduler: dict, on: bool) -> None:
+    cfg = GatewayConfig.model_validate({"backends": [{"name": "a", "url": "http://127.0.0.1:9"}],
+                                        "auth": {"api_keys": keys}, "scheduler": scheduler})
+    assert cfg.front_params().queue.fair_share is on and cfg.fair_share() is on

@@ -11,6 +11,7 @@ import pytest
 from tailguard.bench.workload import Workload, load_workload, parse_workload
 from tailguard.doctor.diagnosis import diagnose
 from tailguard.doctor.finding import KINDS, Finding
+from tailguard.doctor.pages import Evidence
 from tailguard.config import GatewayConfig
 from tailguard.sim.cost import EngineConfig
 from tailguard.sweep.virtual import VirtualRun, run_virtual
@@ -44,7 +45,7 @@ def wl(name: str) -> Workload:
 
 def findings(vr: VirtualRun) -> list[Finding]:
     records, meta, engine_ev = run_virtual(vr)
-    return diagnose(records, meta, engine=engine_ev)
+    return diagnose(records, meta, evidence=Evidence(engine=engine_ev))
 
 
 SCENARIOS = {
@@ -100,16 +101,30 @@ def test_intended_batch_queueing_is_no_fault() -> None:
 
 def test_commands_are_filled_with_the_runs_own_values() -> None:
     records, meta, engine_ev = run_virtual(SCENARIOS["cap_above_engine"])
-    for f in diagnose(records, meta, engine=engine_ev, run_dir="runs/today"):
+    for f in diagnose(records, meta, evidence=Evidence(engine=engine_ev), run_dir="runs/today"):
         assert "<" not in f.check and "URL" not in f.check, f.check
         assert "runs/today" in f.check, f.check
-    behind = {f.kind: f for f in diagnose(records, meta, engine=engine_ev)}
+    behind = {f.kind: f for f in diagnose(records, meta, evidence=Evidence(engine=engine_ev))}
     # the gateway had preemption on and its batch class preemptible (the defaults): not proposed again
     assert "preemption" not in behind["head_of_line"].next_step
     assert "a lower `max_concurrency` than 32" in behind["head_of_line"].next_step
     records, meta, engine_ev = run_virtual(SCENARIOS["head_of_line"])
-    first = diagnose(records, meta, engine=engine_ev, run_dir="runs/before")[0]
+    first = diagnose(records, meta, evidence=Evidence(engine=engine_ev), run_dir="runs/before")[0]
     assert "--max-concurrency 8;" in first.check and "tailguard bench compare runs/before runs/before-after" in first.check
+
+
+def test_a_closed_loop_sweep_offers_only_caps_that_can_bind() -> None:
+    """16 clients: a max_concurrency of 16 or more never binds, so no finding proposes one; about
+    seven values, not every integer."""
+    records, meta, engine_ev = run_virtual(VirtualRun(engine(), wl("seed-mixed"), 600, gateway=gateway(32),
+                                                      concurrency=16, seed=1))
+    checks = [f.check for f in diagnose(records, meta, evidence=Evidence(engine=engine_ev)) if "--setting max_concurrency" in f.check]
+    assert checks
+    for check in checks:
+        values = check.split("--values ")[1].split()[0]
+        span, _, step = values.partition(":")
+        low, high = (int(v) for v in span.split(".."))
+        assert high < 16 and len(range(low, high + 1, int(step or 1))) <= 8, check
 
 
 def test_kinds_are_the_documented_list() -> None:

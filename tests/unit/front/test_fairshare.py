@@ -247,6 +247,19 @@ def test_the_displaced_caller_cannot_displace_back() -> None:
         assert not s.displaceable(f, ["w"])
 
 
+def test_a_request_that_leaves_while_queued_leaves_the_fair_queue_and_the_front_whole() -> None:
+    # A client gone while its request waited: the queue still knows its caller as it removes it
+    # (the front once settled the charge first, and the next Finished of a queued one broke it).
+    f = Front(FrontParams(classes=CLASSES, backends=[BackendSpec("e", max_concurrency=1)], queue=FAIR,
+                          callers=[CallerSpec("a"), CallerSpec("b")]))
+    f.handle(Arrive("a0", "interactive", 300, max_tokens=100, caller="a"), 0.0)
+    f.handle(Arrive("b0", "interactive", 300, max_tokens=100, caller="b"), 0.0)
+    assert not f.handle(Finished("b0", Outcome.CLIENT_GONE, tokens=0), 1.0)
+    started = list(f.handle(Arrive("b1", "interactive", 300, max_tokens=100, caller="b"), 1.0))
+    started += f.handle(Finished("a0", Outcome.SUCCESS, tokens=300), 2.0)
+    assert [d.id for d in started if isinstance(d, Start)] == ["b1"]
+
+
 def _flood_front(slots: int, preemptible: bool, gap: float | None = 0.0) -> Front:
     cls = ClassSpec(name="interactive", max_queue_len=10_000, max_queue_wait_s=1e6, preemptible=preemptible)
     return Front(FrontParams(classes=[cls], backends=[BackendSpec("e", max_concurrency=slots, continues=True)],

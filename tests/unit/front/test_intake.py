@@ -262,3 +262,18 @@ def test_a_key_is_held_to_its_models_as_the_client_names_them() -> None:
         assert refused.value.code == "model_not_allowed"
     assert i.accept(replace(chat(model="m"), api_key="any"), cls, 10).model == "m"
     assert i.key("k") is not None and i.key("unknown") is None and i.key(None) is None
+
+
+def test_a_clients_priority_is_dropped_unless_its_key_may_set_it() -> None:
+    """The field is the class's to set: a key without `set_priority` (or no key) loses it, and the
+    body goes upstream rewritten; a key with it keeps it, marked as its own."""
+    i = intake(keys={"k": KeySpec("k"), "ops": KeySpec("ops", set_priority=True)})
+    asked = chat(priority=-100)
+    cls = i.classify(asked)
+    for key in (None, "k"):
+        a = i.accept(replace(asked, api_key=key), cls, 10)
+        assert "priority" not in a.body and a.body_changed and not a.own_priority
+    kept = i.accept(replace(asked, api_key="ops"), cls, 10)
+    assert kept.body["priority"] == -100 and kept.own_priority and not kept.body_changed
+    plain = i.accept(chat(), cls, 10)
+    assert not plain.body_changed and not plain.own_priority

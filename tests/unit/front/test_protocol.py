@@ -42,7 +42,8 @@ CASES = [
     (K.TIMEOUT_FIRST_TOKEN, False, True, None, False),  # the engine took it: it may be working
     (K.TIMEOUT_IDLE, False, True, None, False),
     (K.TIMEOUT_TOTAL, False, True, None, False),
-    (K.PROTOCOL, False, True, None, False),
+    (K.PROTOCOL, False, True, "other", True),  # not what was asked (a gzip JSON to a stream): broken there
+    (K.PROTOCOL, True, True, None, True),  # past its max_tokens mid-answer: cut, and the backend is broken
     (K.STREAM_ERROR, False, True, None, False),
     (K.RESET, True, True, None, False),  # some of the answer reached the consumer: never again
     (K.CONNECT, True, False, None, True),
@@ -57,8 +58,10 @@ def test_the_front_alone_decides_whether_and_where_a_failed_attempt_goes_again(
     ejected = [d.backend for d in out if isinstance(d, Ejected)]
     starts = [d for d in out if isinstance(d, (Start, GiveUp))]
     assert ejected == ([first] if hurts else [])
-    # An answer under way that this request (tools, say: not `resumable`) cannot have continued.
-    gave_up = GiveUp("r1", GiveUpReason.NOT_CONTINUABLE if delivered else GiveUpReason.NOT_RETRYABLE, kind, first)
+    # An answer under way that this request (tools, say: not `resumable`) cannot have continued;
+    # one cut for breaking its bound is no failure a continuation follows at all.
+    continuable = delivered and kind is not K.PROTOCOL
+    gave_up = GiveUp("r1", GiveUpReason.NOT_CONTINUABLE if continuable else GiveUpReason.NOT_RETRYABLE, kind, first)
     expected = {"same": [Start("r1", first, StartMode.RETRY, kind, first)],
                 "other": [Start("r1", other, StartMode.RETRY, kind, first)], None: [gave_up]}[where]
     assert starts == expected

@@ -65,3 +65,16 @@ def test_while_redis_is_away_each_limit_is_a_share_here_and_whole_again_once_it_
     f.handle(LocalShare(None), 0.2)
     assert [type(f.handle(Arrive(f"s{i}", "interactive", 10, caller="team"), 0.3)[0]) for i in range(5)] == [
         Start, Start, Start, Start, Reject]  # 6 in all with the two running
+
+
+def test_a_share_spent_while_redis_was_away_does_not_bind_once_it_is_back() -> None:
+    """Redis decided the caller's tokens before and after: the front's own bucket is fresh at each
+    change, so a replica that spent its local share lets the caller in again once Redis is back."""
+    f = front(None, [CallerSpec("team", tokens_per_minute=3000)], slots=100)
+    f.handle(LocalShare(2), 0.0)
+    local = [f.handle(Arrive(f"r{i}", "interactive", 100, caller="team"), 0.1)[0] for i in range(16)]
+    assert [type(d) for d in local].count(Start) == 15  # 1500 of 3000 here
+    f.handle(LocalShare(None), 0.2)
+    back = [f.handle(Arrive(f"s{i}", "interactive", 100, caller="team", shared=SharedVerdict()), 0.3)[0]
+            for i in range(4)]
+    assert [type(d) for d in back] == [Start] * 4

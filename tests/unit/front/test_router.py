@@ -171,9 +171,10 @@ def test_a_backend_known_to_serve_the_model_is_preferred_to_one_not_yet_known() 
     assert take(rt, pool, route=Route("llama")) == "a"  # nobody known serves it: a might
 
 
-def test_a_fleet_of_one_model_lets_any_name_through_and_a_fleet_of_several_does_not() -> None:
+def test_a_model_nobody_serves_goes_nowhere_in_a_fleet_of_one_model_as_in_one_of_several() -> None:
     one = BackendPool([BackendSpec("a", 4, models=("llama",)), BackendSpec("b", 4, models=("llama",))], CLASSES)
-    assert router().choose(one, SPECS["interactive"], pending(), Route("gpt-4o"), 0.0) is not None
+    assert router().serving(one, SPECS["interactive"], Route("gpt-4o")) == []
+    assert router().choose(one, SPECS["interactive"], pending(), Route("gpt-4o"), 0.0) is None
     two = BackendPool([BackendSpec("a", 4, models=("llama",)), BackendSpec("b", 4, models=("qwen",))], CLASSES)
     assert router().serving(two, SPECS["interactive"], Route("gpt-4o")) == []
 
@@ -202,6 +203,6 @@ def test_a_slow_reading_needs_samples_and_is_forgotten_when_stale() -> None:
     assert rt.choose(pool, SPECS["interactive"], pending(), NO_ROUTE, 61.0) == "b"  # stale: b is tried again
 
 
-def test_in_a_fleet_of_one_model_a_name_nobody_lists_may_go_anywhere() -> None:
+def test_a_name_nobody_lists_may_go_only_where_the_models_are_not_known() -> None:
     pool = BackendPool([BackendSpec("unknown", 4), BackendSpec("listed", 4, models=("llama",))], CLASSES)
-    assert {s.name for s in router().serving(pool, SPECS["interactive"], Route("m"))} == {"unknown", "listed"}
+    assert {s.name for s in router().serving(pool, SPECS["interactive"], Route("m"))} == {"unknown"}

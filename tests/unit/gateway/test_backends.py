@@ -17,6 +17,9 @@ def test_vllm_gets_priority_from_the_class_rank_whatever_the_client_sent() -> No
     assert translate_body("vllm", {**body, "priority": -5}, 2) == {"model": "m", "prompt": "x", "priority": 2}
     assert translate_body("vllm", {**body, "priority": -5}, 0) == {"model": "m", "prompt": "x", "priority": 0}
     assert translate_body("vllm", {**body, "priority": 2}, 2) is None
+    # A key that may set it (`allow_priority`) keeps its own; one the engine refused is still not sent.
+    assert translate_body("vllm", {**body, "priority": -5}, 2, own_priority=True) is None
+    assert translate_body("vllm", {**body, "priority": -5}, 2, frozenset({"priority"}), own_priority=True) == body
 
 
 def test_sglang_gets_the_rank_negated_because_it_serves_higher_values_first() -> None:

@@ -7,7 +7,7 @@ import pytest
 from tailguard.errors import APIError
 from tailguard.front.intake import Asked
 from tailguard.config import GatewayConfig
-from tailguard.gateway.http.classes import ClassTable
+from tailguard.gateway.classes import ClassTable
 
 
 def table(**kw: object) -> ClassTable:

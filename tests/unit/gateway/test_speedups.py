@@ -37,6 +37,7 @@ from tailguard.gateway.http.lean_sink import LeanSink
 from tailguard.gateway.ops.metrics import ChunkHistogram
 from tailguard.gateway.sink import ChunkQueue, Sink
 from tailguard.gateway.upstream import stream as stream_module
+from tailguard.gateway.upstream.bound import AnswerBound
 from tailguard.gateway.upstream.stream import StreamRelay
 from tailguard.gateway.upstream.tally import Tally
 from tailguard.gateway.upstream.watchdog import DeadlineWatch
@@ -45,7 +46,7 @@ from tailguard.wire import chunks
 from tailguard.wire.chunks import has_content_py
 from tailguard.wire.framing import OPENAI
 from tailguard.wire.sse import DONE_EVENT, encode_event
-from tests.unit.gateway.test_stream import Backend, Backends, _parked, _times, backends
+from tests.unit.gateway.test_stream import Backend, Backends, _parked, _request, backends
 
 __all__ = ["backends"]  # the fixture, shared with test_stream.py
 
@@ -280,9 +281,9 @@ async def queue_client(stack: AsyncExitStack) -> tuple[ChunkQueue, Client]:
 
 
 async def relay_once(backends: Backends, make_client: MakeClient, reads: list[bytes],
-                     seed: int, limits: LimitsConfig, native: bool, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+                     seed: int, limits: LimitsConfig, native: bool, monkeypatch: pytest.MonkeyPatch,
+                     bound: AnswerBound | None = None) -> dict[str, Any]:
     """One relay over `reads`, with the C step (`native`) or Python alone; its outcome and state."""
-    monkeypatch.setattr(stream_module, "monotonic", SeededClock(seed))
     monkeypatch.setattr(stream_module, "speedups", speedups if native else None)
     framing = OPENAI if native else dataclasses.replace(OPENAI, has_content=has_content_py)
     loop = asyncio.get_running_loop()
@@ -296,12 +297,13 @@ async def relay_once(backends: Backends, make_client: MakeClient, reads: list[by
     monkeypatch.setattr(StreamRelay, "_chunk", counted)
     async with AsyncExitStack() as stack:
         sink, client = await make_client(stack)
-        wd = DeadlineWatch(loop, total_at=monotonic() + 3600, idle_s=3600)
+        wd = DeadlineWatch(loop, monotonic, total_at=monotonic() + 3600, idle_s=3600)
         wd.start_attempt(first_token_at=monotonic() + 3600)
         stack.callback(wd.stop)
-        times = _times()
-        relay = StreamRelay(sink, "chat", Tally(times, wd, ChunkHistogram((0.001, 0.01, 0.1, 1.0))), True,
-                            lambda: {}, limits, framing=framing)
+        req = _request()
+        tally = Tally(req, wd, ChunkHistogram((0.001, 0.01, 0.1, 1.0)), SeededClock(seed),  # the relay's clock
+                      bound=bound or AnswerBound())
+        relay = StreamRelay(sink, "chat", tally, True, lambda: {}, limits, framing=framing)
         backend: Backend = await backends()
         resp = await backend.open()
         task = asyncio.ensure_future(relay.run(resp))
@@ -316,11 +318,12 @@ async def relay_once(backends: Backends, make_client: MakeClient, reads: list[by
         if not relay.ended:
             await sink.end(b"")  # (the exchange would end it with an error event)
         h, u = relay.tally.itl, relay.tally.usage
-        return {"client": await client(), "raised": repr(raised[0]), "content_chunks": times.content_chunks,
-                "first_content_at": times.first_content_at, "last_content_at": times.last_content_at,
+        return {"client": await client(), "raised": repr(raised[0]), "content_chunks": req.content_chunks,
+                "first_content_at": req.first_content_at, "last_content_at": req.last_content_at,
                 "itl": (list(h.counts), h.sum, h._i, h._lo, h._hi), "usage": (u.prompt_tokens, u.completion_tokens),
                 "ended": relay.ended, "upstream_error": relay.upstream_error, "last_at": wd.last_at,
-                "python_calls": calls, "reads": len(reads)}
+                "python_calls": calls, "reads": len(reads), "cut": tally.cut, "overrun": req.overrun_tokens,
+                "body_bytes": tally.body_bytes}
 
 
 CLIENTS: dict[str, MakeClient] = {"lean": lean_client, "queue": queue_client}
@@ -366,8 +369,51 @@ async def test_an_event_over_the_bound_fails_both_the_same(backends: Backends, m
 
 
 @needs_c
+@pytest.mark.parametrize("client", sorted(CLIENTS))
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_an_answer_past_its_max_tokens_is_cut_the_same_by_both(
+        backends: Backends, monkeypatch: pytest.MonkeyPatch, client: str, seed: int) -> None:
+    """A stream of 60 content events for `max_tokens: 20` (and a margin of 4): both relays pass
+    24 of them, the C step handing the 25th to `_chunk`, which cuts the answer there; the caller
+    is charged 20."""
+    rng = random.Random(seed)
+    events = chat_stream(rng, 60) if seed == 1 else completions_stream(rng, 60)
+    reads = reads_of(rng, events)
+    limits = LimitsConfig(max_tokens_margin=4)
+    bound = AnswerBound.of(20, 1, 100, limits)
+    c = await relay_once(backends, CLIENTS[client], reads, seed, limits, True, monkeypatch, bound)
+    py = await relay_once(backends, CLIENTS[client], reads, seed, limits, False, monkeypatch, bound)
+    assert "RelayError" in c["raised"] and "max_tokens 20" in c["raised"], c["raised"]
+    assert c["content_chunks"] == 24 and c["cut"] and c["usage"][1] == 20 and c["overrun"] >= 5
+    c.pop("python_calls"), py.pop("python_calls")
+    assert c == py
+
+
+@needs_c
+@pytest.mark.parametrize("client", sorted(CLIENTS))
+async def test_an_answer_past_the_bytes_its_max_tokens_allows_is_cut_the_same_by_both(
+        backends: Backends, monkeypatch: pytest.MonkeyPatch, client: str) -> None:
+    """Content events of 6,000 bytes, each over `answer_bytes_per_token` (4 KiB): neither path
+    passes them uncounted, so both count every byte and cut the answer where its bytes run out
+    (4 KiB of preamble allowance and 4 KiB a token for 24 events), long before 24 events."""
+    rng = random.Random(9)
+    events = chat_stream(rng, 5)
+    big = [_ev(_chat({"delta": {"content": "x" * 6000}}), False) for _ in range(40)]
+    events[3:3] = big
+    reads = reads_of(rng, events)
+    limits = LimitsConfig(max_tokens_margin=4, max_preamble_bytes=4096, answer_bytes_per_token=4096)
+    bound = AnswerBound.of(20, 1, 100, limits)
+    c = await relay_once(backends, CLIENTS[client], reads, 9, limits, True, monkeypatch, bound)
+    py = await relay_once(backends, CLIENTS[client], reads, 9, limits, False, monkeypatch, bound)
+    assert "RelayError" in c["raised"] and "answer_bytes_per_token" in c["raised"], c["raised"]
+    assert c["content_chunks"] < 20 and not c["cut"] and c["body_bytes"] > bound.stream_bytes
+    c.pop("python_calls"), py.pop("python_calls")
+    assert c == py
+
+
+@needs_c
 def test_a_step_needs_its_transport_with_its_connection() -> None:
     with pytest.raises(ValueError, match="go together"):
-        speedups.ChunkStep(None, monotonic, None, Tally(_times(), None, ChunkHistogram((1.0,))),  # type: ignore[union-attr, arg-type]
+        speedups.ChunkStep(None, monotonic, None, Tally(_request(), None, ChunkHistogram((1.0,)), monotonic),  # type: ignore[union-attr, arg-type]
                            None, object(), None)
 

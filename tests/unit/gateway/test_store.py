@@ -4,6 +4,8 @@ hand-over files; and which changes a live reload refuses. Files in a temporary d
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,6 +55,31 @@ def test_the_hand_over_files_are_read_once_and_the_pid_file_is_ours(tmp_path: Pa
     assert store.take_json(store.request_file) is None
     store.clear_pid()
     assert not store.pid_file.exists()
+
+
+def test_one_gateway_claims_a_directory_until_it_lets_go(tmp_path: Path) -> None:
+    first, second = ConfigStore(tmp_path), ConfigStore(tmp_path)
+    first.claim()
+    first.claim()  # again: it holds it already
+    with pytest.raises(ConfigError, match=r"a gateway \(another process\) already serves .* --state-dir DIR"):
+        second.claim()
+    first.release()
+    second.claim()
+    second.release()
+
+
+def test_a_live_pid_of_a_gateway_that_took_no_lock_is_refused_too(tmp_path: Path) -> None:
+    """A gateway of an older release writes its pid but takes no lock: its pid alone refuses."""
+    older = subprocess.Popen([sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()", "tailguard"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert older.stdout is not None and older.stdout.readline() == b"up\n"  # its own command line by now
+        (tmp_path / "gateway.pid").write_text(f"{older.pid}\n")
+        with pytest.raises(ConfigError, match=rf"a gateway \(pid {older.pid}\) already serves"):
+            ConfigStore(tmp_path).claim()
+    finally:
+        older.communicate(b"", timeout=10)  # its stdin closed: it ends
+    ConfigStore(tmp_path).claim()  # its pid is dead now
 
 
 def test_the_default_state_is_beside_the_config_one_per_file(tmp_path: Path) -> None:

@@ -61,7 +61,7 @@ def usage(prompt: int, completion: int, cid: str = "a") -> bytes:
     return encode_event(chat_chunk(cid, "m", 1, usage=usage_dict(prompt, completion), empty_choices=True))
 
 
-def _times() -> Request:
+def _request() -> Request:
     """A request's record as the exchange makes it (the one place to adapt if it moves)."""
     return Request("r", arrived_at=0.0, bound_at=0.0)
 
@@ -127,7 +127,7 @@ async def backends() -> AsyncIterator[Backends]:
 @pytest.fixture
 async def watchdog() -> AsyncIterator[DeadlineWatch]:
     """A real watchdog whose deadlines are an hour away: never fired here."""
-    wd = DeadlineWatch(asyncio.get_running_loop(), total_at=monotonic() + 3600, idle_s=3600)
+    wd = DeadlineWatch(asyncio.get_running_loop(), monotonic, total_at=monotonic() + 3600, idle_s=3600)
     wd.start_attempt(first_token_at=monotonic() + 3600)
     yield wd
     wd.stop()
@@ -136,9 +136,9 @@ async def watchdog() -> AsyncIterator[DeadlineWatch]:
 def _relay(watchdog: DeadlineWatch, sink: ChunkQueue, *, client_usage: bool = False, progress: Transcript | None = None,
            service_tier: bytes | None = None) -> StreamRelay:
     """The relay as the exchange builds it; its headers say when the first content was seen."""
-    times = _times()
-    return StreamRelay(sink, "chat", Tally(times, watchdog, ChunkHistogram((0.001, 1.0))), client_usage,
-                       lambda: {"x-first-content-at": str(times.first_content_at)}, LimitsConfig(), progress=progress,
+    req = _request()
+    return StreamRelay(sink, "chat", Tally(req, watchdog, ChunkHistogram((0.001, 1.0)), monotonic), client_usage,
+                       lambda: {"x-first-content-at": str(req.first_content_at)}, LimitsConfig(), progress=progress,
                        service_tier=service_tier)
 
 
@@ -216,7 +216,7 @@ async def test_events_reach_the_client_whole_however_the_reads_cut_them(
     out = await _output(sink)
     assert _events(out) == [*evs, done]
     assert b"".join(out) == stream  # the bytes themselves, unchanged
-    assert relay.tally.times.content_chunks == 4 and relay.ended and not relay.upstream_error
+    assert relay.tally.request.content_chunks == 4 and relay.ended and not relay.upstream_error
 
 
 async def test_the_role_only_preamble_waits_for_the_first_content(backends: Backends, watchdog: DeadlineWatch) -> None:
@@ -227,11 +227,11 @@ async def test_the_role_only_preamble_waits_for_the_first_content(backends: Back
     await _parked(resp, task)
     backend.read(role())
     await _parked(resp, task)
-    assert not sink.started and relay.tally.times.first_content_at is None
+    assert not sink.started and relay.tally.request.first_content_at is None
     backend.read(tok("Hi"))
     await _parked(resp, task)
     assert sink.started
-    first_at = relay.tally.times.first_content_at
+    first_at = relay.tally.request.first_content_at
     assert first_at is not None and sink.headers == {"x-first-content-at": str(first_at)}
     backend.read(tok("!"), DONE_EVENT)
     backend.end()
@@ -267,8 +267,8 @@ async def test_content_is_recognised_and_counted(backends: Backends, watchdog: D
     backend.read(DONE_EVENT)
     backend.end()
     await _finished(task)
-    times = relay.tally.times
-    assert times.content_chunks == 4
+    req = relay.tally.request
+    assert req.content_chunks == 4
     assert sum(relay.tally.itl.counts) == 3
     assert (relay.tally.usage.prompt_tokens, relay.tally.usage.completion_tokens) == (5, 4)
     assert b"".join(await _output(sink)) == b"".join(stream) + DONE_EVENT  # all relayed, as they came
@@ -320,7 +320,7 @@ async def test_done_ends_the_response_and_what_follows_is_drained(backends: Back
     await _finished(task)
     resp.release()
     assert backend.idle  # read to its end: the connection went back to the pool
-    assert relay.tally.times.content_chunks == 1
+    assert relay.tally.request.content_chunks == 1
 
 
 async def test_a_stream_without_done_ends_with_its_last_event(backends: Backends, watchdog: DeadlineWatch) -> None:
@@ -335,7 +335,7 @@ async def test_a_stream_without_done_ends_with_its_last_event(backends: Backends
     backend.end()
     await _finished(task)
     assert b"".join(await _output(sink)) == role() + tok("x") + tok("y")
-    assert relay.tally.times.content_chunks == 2 and relay.ended
+    assert relay.tally.request.content_chunks == 2 and relay.ended
 
 
 async def test_an_upstream_error_event_is_relayed_and_marked(backends: Backends, watchdog: DeadlineWatch) -> None:
@@ -408,13 +408,13 @@ async def test_a_slow_client_pauses_the_backend_and_loses_nothing(backends: Back
     for t in toks:
         backend.read(t)  # pushed, one read each, until the queue is full
     assert not transport.is_reading()  # paused: the backend's socket is not read any more
-    assert not task.done() and relay.tally.times.content_chunks < len(toks)
+    assert not task.done() and relay.tally.request.content_chunks < len(toks)
     backend.read(DONE_EVENT)
     backend.end()
     out = await _output(sink)  # the client reads now
     await _finished(task)
     assert out == [role() + tok("0"), *toks, DONE_EVENT]
-    assert relay.tally.times.content_chunks == 20
+    assert relay.tally.request.content_chunks == 20
 
 
 async def test_a_named_service_tier_is_written_into_every_event(backends: Backends, watchdog: DeadlineWatch) -> None:
@@ -454,7 +454,7 @@ async def test_the_tracked_path_keeps_the_text_and_relays_the_same_bytes(
     await _finished(task)
     assert b"".join(await _output(sink)) == b"".join(stream[:5]) + DONE_EVENT  # usage: not asked for
     assert prog.text() == "Once upon a" and prog.tokens == 4  # 1, then 3 by the running count, then +1
-    assert relay.stream_id == "a" and relay.tally.times.content_chunks == 3
+    assert relay.stream_id == "a" and relay.tally.request.content_chunks == 3
     assert (relay.tally.usage.prompt_tokens, relay.tally.usage.completion_tokens) == (5, 4)
 
 
@@ -522,5 +522,5 @@ async def test_a_resumed_run_continues_the_first_runs_stream(
     assert [e["choices"][0]["delta"].get("content") for e in events[:3]] == [" a", " time", "."]
     assert [e["usage"] for e in events if "usage" in e] == ([usage_dict(9, 5)] if client_usage else [])
     assert prog.text() == "Once upon a time." and prog.tokens == 5
-    assert relay.tally.times.content_chunks == 5
+    assert relay.tally.request.content_chunks == 5
     assert (relay.tally.usage.prompt_tokens, relay.tally.usage.completion_tokens) == (9, 5)

@@ -20,7 +20,7 @@ from tailguard.wire.chunks import Usage
 BOUNDS = (0.001, 0.3, 1.0)  # ITL buckets: "none", up to 0.3 s, up to 1 s, more
 
 
-def _times() -> Request:
+def _request() -> Request:
     """A request's record as the exchange makes it (the one place to adapt if it moves)."""
     return Request("r", arrived_at=0.0)
 
@@ -29,9 +29,9 @@ def _times() -> Request:
 async def tally() -> AsyncIterator[Tally]:
     """A tally over a real watchdog whose deadlines are an hour away: it never fires here, but
     it must be told when a run's first content arrives."""
-    wd = DeadlineWatch(asyncio.get_running_loop(), total_at=monotonic() + 3600, idle_s=3600)
+    wd = DeadlineWatch(asyncio.get_running_loop(), monotonic, total_at=monotonic() + 3600, idle_s=3600)
     wd.start_attempt(first_token_at=monotonic() + 3600)
-    yield Tally(_times(), wd, ChunkHistogram(BOUNDS))
+    yield Tally(_request(), wd, ChunkHistogram(BOUNDS), monotonic)
     wd.stop()
 
 
@@ -41,7 +41,7 @@ def _itl(t: Tally) -> tuple[list[int], float]:
 
 async def test_the_first_content_chunk_is_the_first_token_and_no_gap(tally: Tally) -> None:
     tally.content(10.0)
-    t = tally.times
+    t = tally.request
     assert (t.first_content_at, t.last_content_at, t.content_chunks) == (10.0, 10.0, 1)
     assert _itl(tally) == ([0, 0, 0, 0], 0.0)
     assert tally.watchdog.first_seen and tally.watchdog.last_at == 10.0  # the idle deadline applies now
@@ -50,7 +50,7 @@ async def test_the_first_content_chunk_is_the_first_token_and_no_gap(tally: Tall
 async def test_each_later_chunk_observes_its_gap_since_the_last(tally: Tally) -> None:
     for now in (10.0, 10.25, 10.75, 12.0):
         tally.content(now)
-    t = tally.times
+    t = tally.request
     assert (t.first_content_at, t.last_content_at, t.content_chunks) == (10.0, 12.0, 4)
     assert _itl(tally) == ([0, 1, 1, 1], 2.0)  # 0.25, 0.5, 1.25
     # Only a run's first chunk tells the watchdog: the relay stores later instants itself.
@@ -62,7 +62,7 @@ async def test_chunks_of_one_read_have_one_gap_and_zeros(tally: Tally) -> None:
     one observation per chunk after the first, the gap on the first of each read."""
     tally.content(10.0, 3)
     tally.content(10.5, 2)
-    t = tally.times
+    t = tally.request
     assert (t.first_content_at, t.last_content_at, t.content_chunks) == (10.0, 10.5, 5)
     assert _itl(tally) == ([3, 0, 1, 0], 0.5)
 
@@ -78,7 +78,7 @@ async def test_a_resumed_run_is_a_first_token_for_the_watchdog_only(tally: Tally
     tally.start_run()
     assert not wd.first_seen
     tally.content(14.1)
-    t = tally.times
+    t = tally.request
     assert (t.first_content_at, t.last_content_at, t.content_chunks) == (10.0, 14.1, 3)
     assert _itl(tally) == ([0, 1, 0, 1], 4.1)  # 0.1, then the 4 s the suspension took
     assert wd.first_seen and wd.last_at == 14.1
@@ -104,20 +104,19 @@ def test_usage_counts_come_from_the_last_chunk_that_has_them() -> None:
 async def test_a_traced_request_keeps_how_its_answer_ended() -> None:
     """Only a traced request's chunks are scanned: the first event's id, then each finish reason,
     bounded in number whatever a backend sends."""
-    wd = DeadlineWatch(asyncio.get_running_loop(), total_at=monotonic() + 3600, idle_s=3600)
-    untraced = Tally(_times(), wd, ChunkHistogram(BOUNDS))
+    wd = DeadlineWatch(asyncio.get_running_loop(), monotonic, total_at=monotonic() + 3600, idle_s=3600)
+    untraced = Tally(_request(), wd, ChunkHistogram(BOUNDS), monotonic)
     assert not untraced.traced
-    times = _times()
-    times.trace = object()  # type: ignore[assignment]  # any hook: the tally only asks whether there is one
-    t = Tally(times, wd, ChunkHistogram(BOUNDS))
+    req = _request()
+    t = Tally(req, wd, ChunkHistogram(BOUNDS), monotonic, traced=True)  # its line has a trace
     assert t.traced
     role = b'data: {"id":"chatcmpl-1","choices":[{"delta":{"role":"assistant"},"finish_reason":null}]}\n\n'
     last = b'data: {"id":"chatcmpl-1","choices":[{"delta":{"content":"x"},"finish_reason":"length"}]}\n\n'
     t.answer_end(role, 0, len(role))
-    assert (times.response_id, times.finish_reasons) == ("chatcmpl-1", ())
+    assert (req.response_id, req.finish_reasons) == ("chatcmpl-1", ())
     t.answer_end(last, 0, len(last))
-    assert times.finish_reasons == ("length",)
+    assert req.finish_reasons == ("length",)
     many = b'{"id":"other",' + b'"finish_reason":"stop",' * 300 + b'}'
     t.answer_end(many, 0, len(many))
-    assert times.response_id == "chatcmpl-1" and len(times.finish_reasons) == MAX_CHOICES
+    assert req.response_id == "chatcmpl-1" and len(req.finish_reasons) == MAX_CHOICES
     wd.stop()

@@ -8,9 +8,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tailguard.front.events import StartMode
+from tailguard.clock import monotonic
 from tailguard.gateway.ops.tracing import Tracer
-from tailguard.gateway.request import Request
+from tailguard.gateway.request import Ended, Request
 from tailguard.types import Outcome
 from tailguard.wire.openai import validate_body
 
@@ -19,20 +19,19 @@ def test_spans_follow_the_record() -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracer = Tracer(provider)
+    tracer = Tracer(provider, monotonic)
     t = Request("tg-1", 100.0, "chat", "req-1", model="llama", cls="batch")
-    tracer.begin(t, {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
-    assert t.trace is not None
-    t.started("a", StartMode.FRESH, 100.5)  # out of the queue
-    assert (t.trace.traceparent() or "").startswith("00-4bf92f3577b34da6a3ce929d0e0e4736-")
-    t.trace.failed("connect", 100.6)
-    t.started("b", StartMode.RETRY, 100.6)  # the retry
-    t.trace.suspended(101.0)
-    t.started("b", StartMode.CONTINUE, 102.0)  # the continuation
+    trace = tracer.begin(t, {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
+    trace.started("a", False, 100.5)  # out of the queue (the dispatcher tells it each Start)
+    assert (trace.traceparent() or "").startswith("00-4bf92f3577b34da6a3ce929d0e0e4736-")
+    trace.failed("connect", 100.6)
+    trace.started("b", False, 100.6)  # the retry
+    trace.suspended(101.0)
+    trace.started("b", True, 102.0)  # the continuation
     t.upstream_headers_at, t.prompt_tokens, t.output_tokens, t.finished_at = 100.7, 12, 30, 103.0
     t.response_id, t.finish_reasons = "chatcmpl-9", ("stop",)
     t.end(Outcome.SUCCESS, 200, None)
-    tracer.end(t, "vllm", None)
+    tracer.end(Ended(t, "POST", "/v1/chat/completions", trace), "vllm", None)
     spans = {s.name + ("+" if s.attributes and s.attributes.get("tailguard.resumed") else ""): s
              for s in exporter.get_finished_spans()}
     root = spans["chat llama"]
@@ -57,13 +56,13 @@ def test_the_request_attributes_and_a_provider_not_yet_known() -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracer = Tracer(provider)
+    tracer = Tracer(provider, monotonic)
     body = {"model": "m", "prompt": "hi", "max_tokens": 7, "n": 2, "temperature": 0.5, "seed": 3, "stream": True}
     t = Request("tg-2", 10.0, "completions", "req-2", model="m")
-    tracer.begin(t, {}, validate_body(body, "completions"))
+    trace = tracer.begin(t, {}, validate_body(body, "completions"))
     t.finished_at = 10.5
     t.end(Outcome.REJECTED, 503, "queue_full")
-    tracer.end(t, None, None)
+    tracer.end(Ended(t, "POST", "/v1/completions", trace), None, None)
     (root,) = [s for s in exporter.get_finished_spans() if s.parent is None]
     a = dict(root.attributes or {})
     assert root.name == "text_completion m"

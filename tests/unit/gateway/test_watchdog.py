@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Iterator
 
 import pytest
 
-from tailguard.gateway.upstream import watchdog as watchdog_module
 from tailguard.gateway.upstream.watchdog import DeadlineWatch
 from tests.unit.gateway.virtual_loop import VirtualClock as _Clock, run
 
@@ -23,12 +22,9 @@ START = 1000.0  # virtual seconds at a test's start
 
 
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Clock]:
-    """The one clock of a test. The watchdog reads the gateway's one clock, `monotonic()`: it reads this instead
-    (the one place to change if the watchdog is given a clock of its own)."""
-    c = _Clock()
-    monkeypatch.setattr(watchdog_module, "monotonic", c)
-    yield c
+def clock() -> Iterator[_Clock]:
+    """The one clock of a test, which the watchdog is given as the gateway gives it its own."""
+    yield _Clock()
 
 
 async def _expiry(wd: DeadlineWatch, clock: _Clock, work: Awaitable[None]) -> tuple[str | None, float]:
@@ -54,7 +50,7 @@ def test_no_token_by_the_first_token_deadline(clock: _Clock) -> None:
     """Armed at the sooner of the idle and first-token deadlines; at the idle one, with no token
     yet, it re-arms for the first-token one, and fires there."""
     async def main(loop: asyncio.AbstractEventLoop) -> tuple[str | None, float]:
-        wd = DeadlineWatch(loop, total_at=START + 100, idle_s=10)
+        wd = DeadlineWatch(loop, clock, total_at=START + 100, idle_s=10)
         wd.start_attempt(first_token_at=START + 30)
         return await _expiry(wd, clock, asyncio.sleep(1000))
 
@@ -64,7 +60,7 @@ def test_no_token_by_the_first_token_deadline(clock: _Clock) -> None:
 def test_bytes_that_are_not_content_do_not_meet_the_first_token_deadline(clock: _Clock) -> None:
     """A role-only chunk or a keep-alive comment is bytes (`last_at`), not a token."""
     async def main(loop: asyncio.AbstractEventLoop) -> tuple[str | None, float]:
-        wd = DeadlineWatch(loop, total_at=START + 100, idle_s=10)
+        wd = DeadlineWatch(loop, clock, total_at=START + 100, idle_s=10)
         wd.start_attempt(first_token_at=START + 30)
         return await _expiry(wd, clock, _chunks_every(clock, wd, 5, 100))
 
@@ -75,7 +71,7 @@ def test_the_idle_deadline_follows_the_last_chunk(clock: _Clock) -> None:
     """After the first token, a gap longer than `idle_s` since the last chunk ends the request;
     chunks only store their instant, and the timer, when it fires early, re-arms itself."""
     async def main(loop: asyncio.AbstractEventLoop) -> tuple[str | None, float]:
-        wd = DeadlineWatch(loop, total_at=START + 100, idle_s=10)
+        wd = DeadlineWatch(loop, clock, total_at=START + 100, idle_s=10)
         wd.start_attempt(first_token_at=START + 30)
 
         async def stream() -> None:
@@ -91,7 +87,7 @@ def test_the_idle_deadline_follows_the_last_chunk(clock: _Clock) -> None:
 
 def test_the_total_deadline_ends_a_stream_that_never_stalls(clock: _Clock) -> None:
     async def main(loop: asyncio.AbstractEventLoop) -> tuple[str | None, float]:
-        wd = DeadlineWatch(loop, total_at=START + 50, idle_s=10)
+        wd = DeadlineWatch(loop, clock, total_at=START + 50, idle_s=10)
         wd.start_attempt(first_token_at=START + 30)
 
         async def stream() -> None:
@@ -106,7 +102,7 @@ def test_the_total_deadline_ends_a_stream_that_never_stalls(clock: _Clock) -> No
 
 def test_the_total_deadline_caps_the_first_token_one(clock: _Clock) -> None:
     async def main(loop: asyncio.AbstractEventLoop) -> tuple[str | None, float]:
-        wd = DeadlineWatch(loop, total_at=START + 20, idle_s=10)
+        wd = DeadlineWatch(loop, clock, total_at=START + 20, idle_s=10)
         wd.start_attempt(first_token_at=START + 30)
         return await _expiry(wd, clock, asyncio.sleep(1000))
 
@@ -115,7 +111,7 @@ def test_the_total_deadline_caps_the_first_token_one(clock: _Clock) -> None:
 
 def test_a_stream_within_its_deadlines_runs_to_its_end(clock: _Clock) -> None:
     async def main(loop: asyncio.AbstractEventLoop) -> tuple[str | None, float]:
-        wd = DeadlineWatch(loop, total_at=START + 100, idle_s=10)
+        wd = DeadlineWatch(loop, clock, total_at=START + 100, idle_s=10)
         wd.start_attempt(first_token_at=START + 30)
 
         async def stream() -> None:
@@ -134,7 +130,7 @@ def test_each_attempt_has_its_own_first_token_deadline(clock: _Clock) -> None:
     """A retry (or a resumed run) starts a new attempt: the first token is awaited again, even
     though the previous attempt had one, and the idle deadline no longer applies."""
     async def main(loop: asyncio.AbstractEventLoop) -> tuple[str | None, float]:
-        wd = DeadlineWatch(loop, total_at=START + 1000, idle_s=10)
+        wd = DeadlineWatch(loop, clock, total_at=START + 1000, idle_s=10)
         wd.start_attempt(first_token_at=START + 30)
         await asyncio.sleep(2)
         wd.first_content(clock())
@@ -149,7 +145,7 @@ def test_each_attempt_has_its_own_first_token_deadline(clock: _Clock) -> None:
 def test_stop_disarms(clock: _Clock) -> None:
     """Stopped (the request ended, or was suspended), no deadline fires any more."""
     async def main(loop: asyncio.AbstractEventLoop) -> tuple[str | None, float]:
-        wd = DeadlineWatch(loop, total_at=START + 20, idle_s=10)
+        wd = DeadlineWatch(loop, clock, total_at=START + 20, idle_s=10)
         wd.start_attempt(first_token_at=START + 15)
         wd.stop()
         out = await _expiry(wd, clock, asyncio.sleep(500))
@@ -166,7 +162,7 @@ def test_a_client_that_leaves_is_not_a_deadline(clock: _Clock) -> None:
     async def main(loop: asyncio.AbstractEventLoop) -> list[str | None]:
         seen: list[str | None] = []
         for deadline_too in (False, True):
-            wd = DeadlineWatch(loop, total_at=clock() + 100, idle_s=10)
+            wd = DeadlineWatch(loop, clock, total_at=clock() + 100, idle_s=10)
             wd.start_attempt(first_token_at=clock() + 30)
             task = asyncio.current_task()
             assert task is not None
@@ -190,7 +186,7 @@ def test_a_client_that_leaves_after_a_deadline_was_retried_is_not_that_deadline(
     must not be reported again (the exchange would retry, or end with a 504, for a client that
     is gone)."""
     async def main(loop: asyncio.AbstractEventLoop) -> tuple[str | None, str | None]:
-        wd = DeadlineWatch(loop, total_at=START + 1000, idle_s=10)
+        wd = DeadlineWatch(loop, clock, total_at=START + 1000, idle_s=10)
         wd.start_attempt(first_token_at=START + 30)
         first = await _expiry(wd, clock, asyncio.sleep(1000))
         wd.start_attempt(first_token_at=clock() + 30)  # the retry

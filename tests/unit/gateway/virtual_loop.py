@@ -1,6 +1,6 @@
 """An asyncio loop on virtual time, for the gateway's timer-driven parts (the watchdog, the
 dispatcher's queue deadlines): the loop never sleeps, it jumps to its next timer, and the part
-under test reads the same clock (the test patches its `monotonic`). So a deadline fires at exactly
+under test reads the same clock (it is given it). So a deadline fires at exactly
 its instant, and a test that waits for more than its own timers fails at once instead of hanging.
 """
 
@@ -15,7 +15,7 @@ T = TypeVar("T")
 
 
 class VirtualClock:
-    """The test's time, in seconds: the loop's `time()` and the `monotonic()` of the part under test."""
+    """The test's time, in seconds: the loop's `time()` and the clock the part under test is given."""
 
     def __init__(self, start: float = 1000.0) -> None:
         self.now = start

@@ -34,8 +34,16 @@ def test_which_requests_hang_and_when_the_engine_stalls() -> None:
     assert not Faults(fault="hang").stalls(10.0)
 
 
+def test_a_throttled_card_is_held_down_two_seconds_in_four_from_its_start() -> None:
+    held = Faults(throttle=0.4, after_s=10.0)
+    assert [held.clock_share(t) for t in (0.0, 9.9, 10.0, 11.9, 12.0, 13.9, 14.0, 16.5)] == \
+        [1.0, 1.0, 1.0, 1.0, 0.4, 0.4, 1.0, 0.4]
+    assert Faults().clock_share(3.0) == 1.0
+    assert not held.misbehaves and Faults(error_rate=0.1).misbehaves  # a throttle answers every request
+
+
 @pytest.mark.parametrize("kw", [{"fault": "explode"}, {"error_rate": 1.5}, {"error_rate": -0.1},
-                                {"after_s": -1.0}])
+                                {"after_s": -1.0}, {"throttle": 0.0}, {"throttle": 1.5}])
 def test_bad_faults_are_config_errors(kw: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         Faults(**kw)  # type: ignore[arg-type]

@@ -2,10 +2,13 @@
 running config with secrets masked, usage per caller, live reload and rollback), each behind
 an admin key once keys are configured, and all of them rate-limited per gateway.
 
-Who may call them (`auth.admin_keys`, `auth.open_metrics`): with no key configured at all, anyone,
-as every route; otherwise an admin key, sent as `Authorization: Bearer <key>`: none or an
-unknown one is 401, a client key 403 (LiteLLM's master key plays the same part). `/metrics` may be
-left open to loopback clients, where a Prometheus on the same host scrapes it.
+Who may call them (`auth.admin_keys`, `auth.open_metrics`): with no key configured at all, anyone
+for `/config` and `/metrics`, as every route, but only a loopback client for `/admin/*` (a reload,
+a rollback, everyone's usage: a gateway listening beyond loopback without keys must not hand
+those to whoever reaches it; it says so at start); otherwise an admin key, sent as
+`Authorization: Bearer <key>`: none or an unknown one is 401, a client key 403 (LiteLLM's master
+key plays the same part). `/metrics` may be left open to loopback clients, where a Prometheus on
+the same host scrapes it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from tailguard.clock import monotonic
+from tailguard.clock import Now
 from tailguard.errors import APIError, BadRequest, Forbidden, RateLimited
 from tailguard.front.intake import key_id
 from tailguard.wire.headers import bearer_key
@@ -23,7 +26,7 @@ from tailguard.front.limits import CallerLimits
 from tailguard.front.params import CallerSpec
 from tailguard.config import GatewayConfig
 from tailguard.config.auth import MAX_KEY_CHARS
-from tailguard.gateway.http.classes import ClassTable, Unauthorized
+from tailguard.gateway.classes import ClassTable, Unauthorized
 from tailguard.gateway.ops.reload import Reloader
 
 ADMIN_RPM = 600  # a bucket of 600 requests, refilled at 10 a second: enough for any dashboard, not for a guesser
@@ -35,14 +38,15 @@ class Admin:
     """The admin routes' state: the rate limit they share, and the reloader once the gateway
     serves (`app.serve` sets it; an app hosted otherwise answers reloads with 409)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Now) -> None:
         self.reloader: Reloader | None = None
+        self._clock = clock
         self._limit = CallerLimits([CallerSpec("admin", requests_per_minute=ADMIN_RPM)])
 
     def admit(self, request: web.Request, cfg: GatewayConfig, classes: ClassTable, *, metrics: bool = False) -> None:
         """Raise unless this request may use an operator route: rate-limited first, so a key
         guesser is slowed down as much as a dashboard gone wild."""
-        now = monotonic()
+        now = self._clock()
         refusal = self._limit.refusal("admin", 0, now)
         if refusal is not None:
             raise RateLimited("Too many requests to the admin routes; retry later.", code="rate_limit_exceeded",
@@ -50,7 +54,10 @@ class Admin:
         self._limit.settle("admin", self._limit.take("admin", 0, now), 0, now)  # a request, nothing held
         auth = cfg.auth
         if not auth.api_keys and not auth.admin_keys:
-            return
+            if metrics or not request.path.startswith("/admin/") or request.remote in LOOPBACK:
+                return
+            raise Forbidden("With no keys configured, the admin routes answer only on loopback; set auth.admin_keys "
+                            "to use them from elsewhere.", code="admin_key_required")
         if metrics and (auth.open_metrics == "always" or (auth.open_metrics == "loopback" and request.remote in LOOPBACK)):
             return
         key = bearer_key(request.headers)
@@ -95,19 +102,24 @@ async def json_body(request: web.Request) -> dict[str, Any]:
 
 
 def reload_request(body: dict[str, Any]) -> dict[str, Any]:
-    allow = body.get("allow_auth_change", False)
-    if not isinstance(allow, bool):
-        raise BadRequest("'allow_auth_change' must be true or false.", param="allow_auth_change")
-    return {"how": "reload (admin)", "allow_auth_change": allow}
+    """`{"force": true}` applies a config that weakens the guard (`ops.reload.weakened`);
+    `allow_auth_change`, its name before, is the same."""
+    name = "force" if "force" in body else "allow_auth_change"
+    force = body.get(name, False)
+    if not isinstance(force, bool):
+        raise BadRequest(f"'{name}' must be true or false.", param=name)
+    return {"how": "reload (admin)", "force": force}
 
 
 def rollback_request(body: dict[str, Any]) -> dict[str, Any]:
-    to = body.get("to")
+    to, force = body.get("to"), body.get("force", False)
+    if not isinstance(force, bool):
+        raise BadRequest("'force' must be true or false.", param="force")
     if to is None:
-        return {"good": True}
+        return {"good": True, "force": force}
     if not isinstance(to, int) or isinstance(to, bool) or to < 1:
         raise BadRequest("'to' must be a stored config's number.", param="to")
-    return {"n": to, "how": f"rollback to {to} (admin)"}
+    return {"n": to, "how": f"rollback to {to} (admin)", "force": force}
 
 
 def query_float(request: web.Request, name: str) -> float | None:

@@ -11,30 +11,33 @@ to its `AppRunner` too, or a departed client is noticed only at the next write.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import signal
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 import orjson
 from aiohttp import web
 
-from tailguard.clock import monotonic
+from tailguard.clock import Now, monotonic
 from tailguard.errors import APIError
 from tailguard.front.intake import OutputEstimator
-from tailguard.wire.headers import bearer_key
+from tailguard.wire.headers import bearer_key, client_request_id
 from tailguard.config import BackendConfig, GatewayConfig
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.exchange import Context
+from tailguard.front.events import Allotted, LocalShare, ServedElsewhere
+from tailguard.gateway.lifecycle import Lifecycle
 from tailguard.gateway.http import admin as adm
 from tailguard.gateway.http.batches import add_routes as add_batch_routes, batches_lifecycle
-from tailguard.gateway.http.classes import ClassTable
+from tailguard.gateway.classes import ClassTable
 from tailguard.gateway.http.models import fleet_models, one_model
 from tailguard.gateway.http.routes import API_ROUTES, not_found_message, served, shaped_error
 from tailguard.gateway.http.inbound import REQUEST_ID
-from tailguard.gateway.http.proxy import Proxy, client_request_id, error_response
+from tailguard.gateway.http.proxy import Proxy, error_response
 from tailguard.gateway.http.server import GatewayRunner, raise_file_limit, reserved_only
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.logfmt import FORMATTERS
@@ -61,6 +64,8 @@ METRICS = web.AppKey("metrics", GatewayMetrics)
 DISPATCHER = web.AppKey("dispatcher", Dispatcher)
 UPSTREAM = web.AppKey("upstream", Upstream)
 PROXY = web.AppKey("proxy", Proxy)
+LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
+CLOCK: web.AppKey[Now] = web.AppKey("clock")  # the gateway's one clock, passed to every part
 RECORD = web.AppKey("record", Path)  # where `--record` writes the front's events (absent: not recording)
 ADMIN = web.AppKey("admin", adm.Admin)
 STATE_DIR = web.AppKey("state_dir", Path)  # where usage is kept across restarts (absent: in memory)
@@ -69,10 +74,12 @@ METER = web.AppKey("meter", Meter)
 log = logging.getLogger("tailguard.gateway")
 
 
-def create_app(cfg: GatewayConfig, *, record: Path | None = None, state_dir: Path | None = None) -> web.Application:
+def create_app(cfg: GatewayConfig, *, record: Path | None = None, state_dir: Path | None = None,
+               clock: Now = monotonic) -> web.Application:
     """The gateway for `cfg`. State is built on startup (it needs the running loop). With
     `record`, the front's events and decisions are written there (`gateway.ops.recorder`); with
-    `state_dir`, usage per caller is kept there across restarts (`gateway.ops.metering`)."""
+    `state_dir`, usage per caller is kept there across restarts (`gateway.ops.metering`). `clock`
+    is the gateway's one clock, handed to every part that reads the time."""
     if not cfg.backends:
         raise ValueError("the gateway needs at least one backend")
     app = web.Application(client_max_size=cfg.max_body_bytes, middlewares=[_openai_errors, reserved_only])
@@ -82,6 +89,7 @@ def create_app(cfg: GatewayConfig, *, record: Path | None = None, state_dir: Pat
     if state_dir is not None:
         app[STATE_DIR] = state_dir
     app[METRICS] = GatewayMetrics()
+    app[CLOCK] = clock
     app.cleanup_ctx.append(_lifecycle)
     app.on_response_prepare.append(_config_header)
     app.router.add_post("/v1/chat/completions", _chat)
@@ -91,12 +99,12 @@ def create_app(cfg: GatewayConfig, *, record: Path | None = None, state_dir: Pat
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/config", _config)
-    app[ADMIN] = adm.Admin()
+    app[ADMIN] = adm.Admin(clock)
     app.router.add_get("/admin/config", _config)
     app.router.add_get("/admin/usage", _admin_usage)
     app.router.add_post("/admin/reload", _admin_reload)
     app.router.add_post("/admin/rollback", _admin_rollback)
-    app.cleanup_ctx.append(batches_lifecycle(lambda a: a[LIVE].cfg.batches, PROXY, DISPATCHER, METRICS, STATE_DIR))
+    app.cleanup_ctx.append(batches_lifecycle(lambda a: a[LIVE].cfg.batches, LIFECYCLE, DISPATCHER, METRICS, STATE_DIR))
     add_batch_routes(app)
     for path, endpoint in API_ROUTES.items():  # responses, messages, embeddings and the other pooling routes
         app.router.add_post(path, _api_handler(endpoint))
@@ -106,40 +114,49 @@ def create_app(cfg: GatewayConfig, *, record: Path | None = None, state_dir: Pat
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     cfg = app[LIVE].cfg
     loop = asyncio.get_running_loop()
-    metrics = app[METRICS]
+    metrics, clock = app[METRICS], app[CLOCK]
     backends = {b.name: resolved(b) for b in cfg.backends}  # kind `auto` is `openai` until detected
     params = cfg.front_params({n: get_kind(b.kind).continues_generation for n, b in backends.items()})
     path = app.get(RECORD)
     recorder = None if path is None else Recorder.open(path, params, config_hash=app[LIVE].hash,
                                                        settings=cfg.settings())
-    dispatcher = Dispatcher(params, metrics, loop, recorder)
-    upstream = Upstream()
+    dispatcher = Dispatcher(params, metrics, loop, clock, recorder)
+    upstream = Upstream(clock)
     app[DISPATCHER] = dispatcher
     app[UPSTREAM] = upstream
     app[BACKENDS] = backends
     estimator = OutputEstimator(cfg.scheduler.output_estimate.params())
-    tracer = Tracer.of(cfg)
-    app[PROXY] = Proxy(cfg, ClassTable(cfg), Context(
-        dispatcher, upstream, backends, metrics, app[LIVE], estimator, loop, keep_text=cfg.log_prompts), tracer)
+    tracer = Tracer.of(cfg, clock)
+    ctx = Context(dispatcher.front, clock, upstream, backends, metrics, app[LIVE], estimator, loop,
+                  keep_text=cfg.log_prompts)
+    lifecycle = app[LIFECYCLE] = Lifecycle(cfg, ClassTable(cfg), ctx, dispatcher, clock, tracer)
+    app[PROXY] = Proxy(cfg, lifecycle)
     for b in backends.values():
         metrics.add_backend(b.name, b.kind)
     state_dir = app.get(STATE_DIR)
     if state_dir is not None:
         state_dir.mkdir(parents=True, exist_ok=True)
-    meter = app[METER] = app[PROXY].meter = Meter(state_dir / USAGE_FILE if state_dir is not None else None)
+    meter = app[METER] = Meter(state_dir / USAGE_FILE if state_dir is not None else None)
     flushing = loop.create_task(meter.run())
-    app[PROBES] = Probes(app[LIVE], backends, dispatcher, upstream.session, metrics)
+    app[PROBES] = Probes(app[LIVE], backends, dispatcher, upstream.session, metrics, clock)
     app[PROBES].start()
-    shared = app[PROXY].shared = _shared_limits(cfg, metrics, dispatcher)
-    leases = None if shared is None else _slot_leases(app[LIVE], shared, dispatcher)
+    shared = lifecycle.shared = _shared_limits(cfg, metrics, dispatcher, clock)
+    if shared is not None:
+        lifecycle.listen(shared.ended)
+    lifecycle.listen(meter.ended)
+    if recorder is not None:
+        lifecycle.listen(recorder.ended)
+    leases = None if shared is None else _slot_leases(app[LIVE], shared, dispatcher, clock)
     fair = None
     if shared is not None:
         from tailguard.gateway.shared.fair import SharedFairShare
         from tailguard.gateway.shared.usage import SharedUsage
         meter.shared = SharedUsage(shared.link)
         live = app[LIVE]
-        fair = SharedFairShare(shared.link, dispatcher.take_served, dispatcher.served_elsewhere,
-                               lambda: live.cfg.scheduler.fair_share)
+        def elsewhere(service: dict[str, float]) -> None:
+            dispatcher.tell(ServedElsewhere(service))
+
+        fair = SharedFairShare(shared.link, dispatcher.take_served, elsewhere, lambda: live.cfg.fair_share())
         fair.start()
     try:
         yield
@@ -163,7 +180,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await meter.close()  # the last rows are written
 
 
-def _shared_limits(cfg: GatewayConfig, metrics: GatewayMetrics, dispatcher: Dispatcher) -> SharedLimits | None:
+def _shared_limits(cfg: GatewayConfig, metrics: GatewayMetrics, dispatcher: Dispatcher,
+                   clock: Now) -> SharedLimits | None:
     """Callers' limits shared with other replicas through Redis (`state.url`), or None; as Redis
     goes or comes back, the front is told what it keeps of each limit itself (`LocalShare`).
     redis-py is the `redis` extra, imported only when a config names Redis."""
@@ -177,14 +195,14 @@ def _shared_limits(cfg: GatewayConfig, metrics: GatewayMetrics, dispatcher: Disp
 
     def changed(up: bool) -> None:
         gauge.set(1 if up else 0)
-        dispatcher.local_share(shared.local_share())
+        dispatcher.tell(LocalShare(shared.local_share()))
 
-    shared = SharedLimits(Link(cfg.state, changed), cfg.auth.callers())
+    shared = SharedLimits(Link(cfg.state, changed), cfg.auth.callers(), clock)
     shared.start()
     return shared
 
 
-def _slot_leases(live: Live, shared: SharedLimits, dispatcher: Dispatcher) -> SlotLeases:
+def _slot_leases(live: Live, shared: SharedLimits, dispatcher: Dispatcher, clock: Now) -> SlotLeases:
     """Each backend's `max_concurrency` shared with the other replicas through Redis: this
     replica's part of it, leased, is its front's cap (`gateway.shared.slots`)."""
     from tailguard.gateway.shared.slots import SlotLeases
@@ -192,7 +210,10 @@ def _slot_leases(live: Live, shared: SharedLimits, dispatcher: Dispatcher) -> Sl
     def caps() -> dict[str, int]:  # the config running now: a reload's backends from the next renewal
         return {b.name: b.max_concurrency for b in live.cfg.backends}
 
-    leases = SlotLeases(shared.link, caps, dispatcher.running_waiting, dispatcher.allot)
+    def allot(backend: str, slots: int | None) -> None:
+        dispatcher.tell(Allotted(backend, slots))
+
+    leases = SlotLeases(shared.link, caps, dispatcher.running_waiting, allot, clock)
     leases.start()
     return leases
 
@@ -213,16 +234,19 @@ def _api_handler(endpoint: Endpoint) -> Handler:
 
 async def _health(request: web.Request) -> web.Response:
     """Each backend as the gateway knows it (`state`: unknown until a probe has answered, failing,
-    unhealthy, ejected or healthy; why its last probe failed; its pool and models; the engine's own counts
-    with their age), the moment of the answer (`at`, RFC 3339), and overall: `ok` when every backend taking
-    requests is healthy and known, `degraded` while some are not (the gateway still serves),
-    `unavailable` (503) when none takes requests."""
+    unhealthy, ejected or healthy; `healthy` whether it takes requests now, so false while ejected; why
+    its last probe failed; its pool and models; the engine's own counts with their age), the moment of the
+    answer (`at`, RFC 3339), and overall: `ok` when every backend taking requests is healthy and known,
+    `degraded` while some are not (the gateway still serves), `unavailable` (503) when none takes
+    requests: every backend unhealthy or ejected (a load balancer in front of several gateways then
+    sends its clients elsewhere, though the router, in panic, still tries the ejected ones)."""
     front = request.app[DISPATCHER].front
     kinds = request.app[BACKENDS]
     probes = request.app[PROBES]
-    load, now = probes.load, monotonic()
+    load, now = probes.load, request.app[CLOCK]()
     views = list(front.backends())
-    backends = {s.name: {"state": s.state, "healthy": s.healthy, "ejected": s.ejected, "retiring": s.retiring,
+    backends = {s.name: {"state": s.state, "healthy": s.healthy and not s.ejected, "ejected": s.ejected,
+                         "retiring": s.retiring,
                          "kind": kinds[s.name].kind, "pool": s.pool, "models": s.models,
                          "in_flight": s.in_flight, "max_concurrency": s.max_concurrency, "cap": s.cap,
                          "reserved_slots": s.reserved_slots,
@@ -234,7 +258,7 @@ async def _health(request: web.Request) -> web.Response:
                          # Fields the gateway adds that this backend refused, no longer sent to it.
                          "dropped_fields": sorted(request.app[UPSTREAM].refusals.dropped(s.name))}
                 for s in views}
-    ok = front.any_healthy()
+    ok = any(s.takes_requests for s in views)
     all_known = all(s.state == "healthy" for s in views if not s.retiring)
     status = "unavailable" if not ok else "ok" if all_known else "degraded"
     live = request.app[LIVE]
@@ -247,7 +271,7 @@ async def _metrics(request: web.Request) -> web.Response:
     _admin_only(request, metrics=True)
     dispatcher, metrics = request.app[DISPATCHER], request.app[METRICS]
     dispatcher.export_gauges()
-    metrics.export_state(dispatcher.front, request.app[LIVE], monotonic())
+    metrics.export_state(dispatcher.front, request.app[LIVE], request.app[CLOCK]())
     body = metrics.render()
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
@@ -255,20 +279,27 @@ async def _metrics(request: web.Request) -> web.Response:
 async def _models(request: web.Request) -> web.Response:
     # Keys guard the model list as they guard generation (vLLM's --api-key does the same), so a
     # client with a wrong key learns it from its first call, not from its first generation.
-    request.app[PROXY].classes.authenticate(bearer_key(request.headers))
-    models = fleet_models(request.app[LIVE].cfg, await request.app[PROBES].known_models())
+    models = await _visible_models(request)
     return web.Response(body=orjson.dumps({"object": "list", "data": models}), content_type="application/json")
 
 
 async def _model(request: web.Request) -> web.Response:
     """One model's object (`client.models.retrieve`), or OpenAI's 404."""
-    request.app[PROXY].classes.authenticate(bearer_key(request.headers))
-    models = fleet_models(request.app[LIVE].cfg, await request.app[PROBES].known_models())
+    models = await _visible_models(request)
     try:
         body = one_model(models, request.match_info["model"])
     except APIError as err:
         return error_response(err)
     return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+
+async def _visible_models(request: web.Request) -> list[dict[str, Any]]:
+    """The fleet's models this request's key may use (401 for a key the gateway does not know)."""
+    classes, key = request.app[LIFECYCLE].classes, bearer_key(request.headers)
+    classes.authenticate(key)
+    spec = classes.intake.key(key)
+    return fleet_models(request.app[LIVE].cfg, await request.app[PROBES].known_models(),
+                        None if spec is None else spec.allowed_models)
 
 
 async def _config(request: web.Request) -> web.Response:
@@ -280,7 +311,7 @@ async def _config(request: web.Request) -> web.Response:
 
 
 def _admin_only(request: web.Request, *, metrics: bool = False) -> None:
-    request.app[ADMIN].admit(request, request.app[LIVE].cfg, request.app[PROXY].classes, metrics=metrics)
+    request.app[ADMIN].admit(request, request.app[LIVE].cfg, request.app[LIFECYCLE].classes, metrics=metrics)
 
 
 async def _admin_usage(request: web.Request) -> web.Response:
@@ -315,7 +346,7 @@ def _request_id(request: web.Request) -> str:
     """The request's id: the proxy's (set as it arrived), else the client's, else a new one."""
     rid = request.get(REQUEST_ID)
     if rid is None:
-        rid = request[REQUEST_ID] = client_request_id(request.headers) or request.app[PROXY].new_id()
+        rid = request[REQUEST_ID] = client_request_id(request.headers) or request.app[LIFECYCLE].new_id()
     return rid
 
 
@@ -367,14 +398,15 @@ def _bound_port(site: web.TCPSite, configured: int) -> int:
 def reloader_of(app: web.Application, store: ConfigStore | None = None,
                 reread: Callable[[], GatewayConfig] | None = None) -> Reloader:
     """The reloader of a started app (its parts exist once its lifecycle has begun)."""
-    parts = Parts(app[DISPATCHER], app[PROXY], app[BACKENDS], app[PROBES], app[METRICS])
+    parts = Parts(app[DISPATCHER], app[PROXY], app[LIFECYCLE], app[BACKENDS], app[PROBES], app[METRICS])
     return Reloader(app[LIVE], parts, store, reread)
 
 
 def gateway_runner(app: web.Application) -> GatewayRunner:
     """The runner that serves a gateway app: aiohttp's, with the client-side limits
     (`gateway.http.server`) and the handler cancellation a departed client needs."""
-    return GatewayRunner(app, app[LIVE], app[METRICS], lambda: app[PROXY], handle_signals=False, handler_cancellation=True,
+    return GatewayRunner(app, app[LIVE], app[METRICS], app[CLOCK], lambda: app[PROXY], handle_signals=False,
+                         handler_cancellation=True,
                          access_log=None)
 
 
@@ -390,13 +422,25 @@ def _say_what_it_finds(cfg: GatewayConfig) -> None:
 
 
 def _started(cfg: GatewayConfig, live: Live, url: str) -> None:
-    """The start line: where it listens, which config (number and hash), its backends, auth."""
+    """The start line: where it listens, which config (number and hash), its backends, auth; and
+    a warning when it listens beyond loopback with no key at all."""
     names = ", ".join(f"{b.name}={b.url}" for b in cfg.backends)
     log.info("tailguard gateway listening on %s (%s; backends: %s)", url, cfg.scheduler.policy, names,
              extra={"event": "start", "fields": {
                  "url": url, "config": {"n": live.n, "hash": live.hash}, "auth": bool(cfg.auth.api_keys),
                  "backends": [{"name": b.name, "url": b.url, "kind": b.kind, "max_concurrency": b.max_concurrency}
                               for b in cfg.backends]}})
+    if not cfg.auth.api_keys and not cfg.auth.admin_keys and not _loopback(cfg.host):
+        log.warning("listening on %s with no API keys: anyone who reaches it may call every API route, /config and "
+                    "/metrics; the admin routes (/admin/*: reload, rollback, usage) answer loopback clients only. "
+                    "Set auth.api_keys and auth.admin_keys", cfg.host, extra={"event": "auth", "fields": {"host": cfg.host}})
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _handle_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event,
@@ -451,6 +495,8 @@ async def serve(
             logger.addHandler(handler)
             logger.propagate = False
         logger.setLevel(logging.INFO)
+    if store is not None:
+        store.claim()  # one gateway per state directory (`tailguard serve` claims it before anything starts)
     app = create_app(cfg, record=record, state_dir=store.root if store is not None else None)
     raise_file_limit(cfg)
     runner = gateway_runner(app)
@@ -481,6 +527,8 @@ async def serve(
         if store is not None:
             store.clear_pid()
         await runner.cleanup()
+        if store is not None:
+            store.release()
         for sig in installed:
             loop.remove_signal_handler(sig)
         for h in logging.getLogger(ACCESS_LOGGER).handlers:

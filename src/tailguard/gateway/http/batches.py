@@ -1,10 +1,10 @@
 """OpenAI's Files and Batches API on the gateway: `/v1/files` (upload, list, get, content,
 delete) and `/v1/batches` (create, list, get, cancel, and our `retry`), over the batch journal
 and file store (`tailguard.batch`), with the runner running each line through the gateway's own
-request path (`Proxy.run`) as the batch class. A file or batch belongs to the key that made it
+request path (`Lifecycle.run`) as the batch class. A file or batch belongs to the key that made it
 (its fingerprint); another key gets 404, as if it did not exist.
 
-    app.cleanup_ctx.append(batches_lifecycle)   # after the gateway's own: it needs the proxy
+    app.cleanup_ctx.append(batches_lifecycle)   # after the gateway's own: it needs its lifecycle
     add_routes(app)
 """
 
@@ -33,8 +33,8 @@ from tailguard.front.params import KeySpec
 from tailguard.config import BatchesConfig
 from tailguard.config.base import fingerprint
 from tailguard.gateway.dispatch import Dispatcher
-from tailguard.gateway.http.classes import Unauthorized
-from tailguard.gateway.http.proxy import Proxy
+from tailguard.gateway.classes import Unauthorized
+from tailguard.gateway.lifecycle import Lifecycle
 from tailguard.gateway.ops.metrics import GatewayMetrics
 from tailguard.gateway.sink import ChunkQueue
 from tailguard.wire.openai import error_body
@@ -49,8 +49,8 @@ class GatewayFront:
     queue, each as a request of the key that made its batch (its classes, models, rate limits,
     reservations and metering), known by the key's digest recorded with the batch."""
 
-    def __init__(self, proxy: Callable[[], Proxy], dispatcher: Dispatcher, cls: str, ahead: int) -> None:
-        self._proxy, self._dispatcher, self.cls, self.ahead = proxy, dispatcher, cls, ahead
+    def __init__(self, lifecycle: Callable[[], Lifecycle], dispatcher: Dispatcher, cls: str, ahead: int) -> None:
+        self._lifecycle, self._dispatcher, self.cls, self.ahead = lifecycle, dispatcher, cls, ahead
 
     def room(self) -> int:
         front = self._dispatcher.front
@@ -63,16 +63,16 @@ class GatewayFront:
         return key.batch_enqueued_tokens if key is not None else None
 
     def _key(self, owner_key: str | None) -> KeySpec | None:
-        return None if owner_key is None else self._proxy().classes.intake.key(KeyDigest(owner_key))
+        return None if owner_key is None else self._lifecycle().classes.intake.key(KeyDigest(owner_key))
 
     async def run(self, line: Line, endpoint: str, owner_key: str | None) -> Answer:
-        proxy = self._proxy()
-        if owner_key is not None and proxy.classes.auth_required and self._key(owner_key) is None:
+        lifecycle = self._lifecycle()
+        if owner_key is not None and lifecycle.classes.auth_required and self._key(owner_key) is None:
             err = Unauthorized("The API key that created this batch is no longer accepted by the gateway.",
                                code="invalid_api_key")
             return Answer(err.status, error_body(err), line.custom_id)
         sink = ChunkQueue()
-        ending = await proxy.run(line.body, ENDPOINT_OF[endpoint], sink, {CLASS_HEADER: self.cls},
+        ending = await lifecycle.run(line.body, ENDPOINT_OF[endpoint], sink, {CLASS_HEADER: self.cls},
                                  None if owner_key is None else KeyDigest(owner_key))
         rid = sink.headers.get("x-request-id", "") or line.custom_id
         if ending.passthrough is not None:
@@ -132,13 +132,13 @@ def journal_for(cfg: BatchesConfig, root: Path) -> Journal:
     raise ValueError(f"batches.store must be 'sqlite' or a postgresql:// URL, got {cfg.store!r}")
 
 
-def batches_lifecycle(live_cfg: Callable[[web.Application], BatchesConfig], proxy: web.AppKey[Proxy],
+def batches_lifecycle(live_cfg: Callable[[web.Application], BatchesConfig], requests: web.AppKey[Lifecycle],
                       dispatcher: web.AppKey[Dispatcher], metrics: web.AppKey[GatewayMetrics],
                       state_dir: web.AppKey[Path]) -> Callable[[web.Application], AsyncIterator[None]]:
     """The cleanup context that opens the journal and runs the runner while the app runs; without
     `batches.dir`, the journal and files go in `batches/` of the gateway's state directory."""
 
-    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+    async def running(app: web.Application) -> AsyncIterator[None]:
         cfg = live_cfg(app)
         state = app.get(state_dir)
         root = cfg.dir or (state / "batches" if state is not None else None)
@@ -147,11 +147,11 @@ def batches_lifecycle(live_cfg: Callable[[web.Application], BatchesConfig], prox
             return
         journal = journal_for(cfg, root)
         await journal.open()
-        classes = app[proxy].classes
+        classes = app[requests].classes
         cls = cfg.line_class or _lowest(classes.intake.tier_class("flex"))
-        front = GatewayFront(lambda: app[proxy], app[dispatcher], cls, cfg.ahead)
+        front = GatewayFront(lambda: app[requests], app[dispatcher], cls, cfg.ahead)
         runner = Runner(journal, FileStore(root), front, cfg)
-        app[SERVICE] = Batches(journal, runner.files, runner, cfg, lambda key: app[proxy].classes.authenticate(key))
+        app[SERVICE] = Batches(journal, runner.files, runner, cfg, lambda key: app[requests].classes.authenticate(key))
         app[metrics].registry.register(BatchCollector(runner))
         runner.start()
         try:
@@ -160,7 +160,7 @@ def batches_lifecycle(live_cfg: Callable[[web.Application], BatchesConfig], prox
             await runner.stop()
             await journal.close()
 
-    return lifecycle
+    return running
 
 
 def _lowest(spec: Any) -> str:
@@ -183,8 +183,9 @@ def add_routes(app: web.Application) -> None:
 def _service(request: web.Request) -> Batches:
     svc = request.app.get(SERVICE)
     if svc is None:
-        raise NotFound("Batches are not enabled on this gateway (set batches.dir, or serve with a config file so it "
-                       "has a state directory).", code="batches_disabled")
+        raise NotFound("Batches are not enabled on this gateway: they need somewhere to keep files and their journal "
+                       "(serve with a config file, which has a state directory beside it, or give `tailguard serve "
+                       "--state-dir DIR`, or set batches.dir).", code="batches_disabled")
     return svc
 
 

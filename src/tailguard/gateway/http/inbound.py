@@ -72,6 +72,21 @@ class Reply:
         return cls(err.status, body(err), headers, close)
 
 
+# What a request's head may be, on either server: aiohttp's own limits a line and a count (nginx's
+# `large_client_header_buffers` is 8 KiB a line), and 64 KiB in all, counted as the bytes arrive
+# (aiohttp alone would take 128 lines of 8 KiB: a MiB).
+MAX_HEAD_LINE = 8190
+MAX_HEADERS = 128
+MAX_HEAD_BYTES = 64 * 1024
+
+
+def head_too_large() -> APIError:
+    """431, as nginx and Envoy answer a head past their bounds; nothing of the head is echoed."""
+    return APIError(f"The request's head is too large: at most {MAX_HEAD_LINE} bytes a line, {MAX_HEADERS} headers "
+                    f"and {MAX_HEAD_BYTES} bytes in all.", status=431, type="invalid_request_error",
+                    code="request_header_fields_too_large")
+
+
 def too_large(max_bytes: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"Request body is larger than the limit of {max_bytes} bytes.", code="body_too_large")
 

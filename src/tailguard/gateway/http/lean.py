@@ -5,10 +5,12 @@ straight into the transport (`gateway.http.lean_sink`).
 
 Every connection starts here. A request that is not a plain HTTP/1.1 request for a hot route (any
 other route or method, HTTP/1.0, an upgrade, `Content-Encoding`, an `Expect` other than
-`100-continue`, a head over `MAX_HEAD` bytes, a head llhttp refuses, a connection opened above
-the cap) is handed, with every byte received of it, to aiohttp's handler (`GatewayProtocol`),
-which keeps the connection from then on: one server answers everything exactly as before, and
-the lean one only takes what it does the same way at a third of the cost.
+`100-continue`, a head llhttp refuses, a connection opened above the cap) is handed, with every
+byte received of it, to aiohttp's handler (`GatewayProtocol`), which keeps the connection from
+then on: one server answers everything exactly as before, and the lean one only takes what it
+does the same way at a third of the cost. A head past the bounds of either (`inbound.MAX_HEAD_*`:
+a line, the headers' count, 64 KiB in all, counted as its bytes arrive) is answered 431 here and
+the connection closed.
 
 Per connection, what `gateway.http.server` does for aiohttp's: the header deadline, the
 keep-alive timeout, the connection cap (the server counts both kinds). Per request: the body
@@ -30,15 +32,15 @@ import httptools
 from multidict import CIMultiDict
 
 from tailguard.errors import APIError
-from tailguard.gateway.http.inbound import Inbound, Reply, body_broken, body_late, check_media_type, too_large
+from tailguard.gateway.http.inbound import (
+    MAX_HEAD_BYTES, MAX_HEAD_LINE, MAX_HEADERS, Inbound, Reply, body_broken, body_late, check_media_type,
+    head_too_large, too_large,
+)
 from tailguard.gateway.http.lean_sink import HIGH_WATER, LeanSink, reply_bytes
 from tailguard.gateway.sink import ClientGone
 from tailguard.wire.openai import Endpoint
 
 HOT: dict[bytes, Endpoint] = {b"/v1/chat/completions": "chat", b"/v1/completions": "completions"}
-# A head longer than this goes to aiohttp, whose own limits (8190 bytes a line) then apply: the
-# lean path never accepts a head aiohttp would refuse. An OpenAI SDK's head is under 1 KiB.
-MAX_HEAD = 8190
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
@@ -65,6 +67,8 @@ class Host(Protocol):
     def forget(self, conn: LeanProtocol) -> None: ...
 
     def closed(self, reason: str) -> None: ...
+
+    def malformed(self, status: int) -> None: ...  # a request refused before it had a class
 
     def hand_off(self, transport: asyncio.Transport, data: bytes, reserve_only: bool) -> None: ...
 
@@ -174,7 +178,8 @@ class LeanProtocol(asyncio.Protocol):
     """One client connection, served lean until a request needs aiohttp (then handed to it)."""
 
     __slots__ = ("_host", "_loop", "_parser", "transport", "reserve_only", "remote", "_raw", "_url", "_headers",
-                 "_head_done", "_req", "_task", "_timer", "closing", "_pipelined", "_kept", "_early", "paused", "_writable", "_foreign")
+                 "_head_done", "_req", "_task", "_timer", "closing", "_pipelined", "_kept", "_early", "paused", "_writable", "_foreign",
+                 "_head_over", "_head_size")
 
     def __init__(self, host: Host, loop: asyncio.AbstractEventLoop) -> None:
         self._host = host
@@ -188,6 +193,8 @@ class LeanProtocol(asyncio.Protocol):
         self._headers: list[tuple[bytes, bytes]] = []
         self._head_done = False
         self._foreign = False  # the current request goes to aiohttp
+        self._head_over = False  # a line, the count or the size of its head passed its bound
+        self._head_size = 0  # bytes of its request line and headers
         self._req: LeanRequest | None = None
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -308,8 +315,11 @@ class LeanProtocol(asyncio.Protocol):
                 return
             self._pipelined = True
         if not self._head_done:
-            if len(self._raw) > MAX_HEAD:
-                self._hand_off(bytes(self._raw))
+            if len(self._raw) > MAX_HEAD_BYTES:  # (what llhttp holds of an unfinished head grows with it)
+                self._refuse_head()
+            return
+        if self._head_over:
+            self._refuse_head()
             return
         if self._foreign:
             self._hand_off(bytes(self._raw))
@@ -337,12 +347,20 @@ class LeanProtocol(asyncio.Protocol):
             raise _Pipelined()
         self._url = b""
         self._headers = []
+        self._head_over = False
+        self._head_size = 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        self._head_size += len(url)
+        self._head_over = self._head_over or len(self._url) > MAX_HEAD_LINE
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
+        line = len(name) + len(value)
+        self._head_size += line + 4  # ": " and CRLF
+        if line > MAX_HEAD_LINE or len(self._headers) > MAX_HEADERS or self._head_size > MAX_HEAD_BYTES:
+            self._head_over = True
 
     def on_headers_complete(self) -> None:
         self._head_done = True
@@ -409,6 +427,16 @@ class LeanProtocol(asyncio.Protocol):
             early, self._early = bytes(self._early), bytearray()
             self.transport.resume_reading()  # type: ignore[union-attr]
             self.data_received(early)
+
+    def _refuse_head(self) -> None:
+        """A head past its bounds: 431, counted, and the connection closed (the rest of what the
+        client sends is not read)."""
+        self._stop_clock()
+        self._host.malformed(431)
+        self.write(reply_bytes(Reply.of_error(head_too_large()), {}, close=True))
+        self.closing = True
+        self._host.forget(self)
+        self.force_close()
 
     def _hand_off(self, data: bytes) -> None:
         """From here aiohttp's handler owns the connection, starting with `data`."""

@@ -4,12 +4,13 @@ Built from what the probes already read (each backend's own `/v1/models` entries
 them: vLLM's `max_model_len`, `root` and the rest pass through), the models a config names, and
 the aliases, so answering it costs no upstream call and says what routing will do: a model listed
 here reaches a backend that serves it, and one not listed gets a 404 (`model_not_found`) once
-every backend's models are known.
+every backend's models are known. A key that may use only some models (`allowed_models`) sees only
+those, and a 404 for the others, as OpenAI answers a model an organisation cannot access.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from tailguard.errors import NotFound
@@ -17,8 +18,10 @@ from tailguard.config import GatewayConfig
 from tailguard.gateway.upstream.probes import served_models
 
 
-def fleet_models(cfg: GatewayConfig, listed: Mapping[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """The model objects of the whole fleet, each id once, then the aliases."""
+def fleet_models(cfg: GatewayConfig, listed: Mapping[str, list[dict[str, Any]]],
+                 allowed: Collection[str] | None = None) -> list[dict[str, Any]]:
+    """The model objects of the whole fleet, each id once, then the aliases; only those in
+    `allowed` when a key's models are limited (the names its requests may use)."""
     seen: dict[str, dict[str, Any]] = {}
     for b in cfg.backends:
         entries = {m["id"]: m for m in listed.get(b.name, ())}
@@ -28,7 +31,7 @@ def fleet_models(cfg: GatewayConfig, listed: Mapping[str, list[dict[str, Any]]])
     for alias, target in cfg.aliases.items():
         if alias not in seen:
             seen[alias] = {"id": alias, "object": "model", "owned_by": "tailguard", "root": target}
-    return list(seen.values())
+    return [m for m in seen.values() if allowed is None or m["id"] in allowed]
 
 
 def one_model(models: list[dict[str, Any]], model_id: str) -> dict[str, Any]:

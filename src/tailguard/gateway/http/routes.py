@@ -25,8 +25,6 @@ API_ROUTES: dict[str, Endpoint] = {
     "/detokenize": "detokenize",
 }
 ANTHROPIC_PREFIX = "/v1/messages"
-# Client headers a route passes on to the backend (Anthropic's API version and beta flags).
-PASSED_HEADERS: dict[Endpoint, tuple[str, ...]] = {"messages": ("anthropic-version", "anthropic-beta")}
 
 
 def anthropic_shaped(path: str) -> bool:
@@ -74,8 +72,3 @@ def served(router: web.UrlDispatcher) -> list[str]:
 
 def not_found_message(method: str, path: str, routes: Iterable[str]) -> str:
     return f"Not Found: {method} {path}. The gateway serves: {', '.join(routes)}."
-
-
-def passed_headers(endpoint: Endpoint, headers: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """The client headers `endpoint` passes on to the backend, as they came."""
-    return tuple((n, headers[n]) for n in PASSED_HEADERS.get(endpoint, ()) if n in headers)

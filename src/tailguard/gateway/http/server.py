@@ -9,9 +9,11 @@ server. nginx closes what aiohttp keeps, so this does what nginx does by default
   closed for the new one; with none idle, the new one may ask only for `/health` and `/metrics`
   (`limits.reserved_connections` of them, so an operator still sees the gateway), and past that
   it is closed at once; the process's open-file limit is raised at start to fit;
-- a request aiohttp's parser refuses (too many headers, an over-long line, `Content-Length` with
-  `Transfer-Encoding`, a bad chunk size) answered in OpenAI's error shape, without echoing the
-  input, and counted (`tailguard_requests_total{class="none",outcome="client_error"}`).
+- a request aiohttp's parser refuses (`Content-Length` with `Transfer-Encoding`, a bad chunk size)
+  answered in OpenAI's error shape, without echoing the input, and counted
+  (`tailguard_unclassified_requests_total{status}`); a head past its bounds (a line over 8190
+  bytes, more than 128 headers, 64 KiB in all, counted as its bytes arrive: `inbound.MAX_HEAD_*`,
+  the lean server's too) answered 431.
 
     runner = gateway_runner(app)   # instead of web.AppRunner(app, ...)
 """
@@ -25,12 +27,15 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
-from tailguard.clock import monotonic
+from tailguard.clock import Now
 from tailguard.errors import APIError
 from tailguard.config import GatewayConfig, LimitsConfig
+from tailguard.gateway.http.inbound import MAX_HEAD_BYTES, Reply, head_too_large
 from tailguard.gateway.http.lean import Answerer, LeanProtocol
+from tailguard.gateway.http.lean_sink import reply_bytes
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.metrics import GatewayMetrics
 from tailguard.wire.openai import error_body
@@ -47,7 +52,7 @@ class GatewayProtocol(RequestHandler):
     """aiohttp's request handler with a header deadline and a parser error in OpenAI's shape."""
 
     # aiohttp's handler has __slots__; these are this connection's own.
-    __slots__ = ("reserve_only", "_header_timer", "_header_timeout_s", "_gw")
+    __slots__ = ("reserve_only", "_header_timer", "_header_timeout_s", "_gw", "_head_bytes", "_body")
 
     def __init__(self, server: GatewayServer, *, header_timeout_s: float, **kwargs: Any) -> None:
         super().__init__(server, **kwargs)
@@ -55,6 +60,8 @@ class GatewayProtocol(RequestHandler):
         self._header_timer: asyncio.TimerHandle | None = None
         self._header_timeout_s = header_timeout_s
         self._gw = server
+        self._head_bytes = 0  # of the head being received
+        self._body: Any = None  # the last head's payload (a StreamReader) while its body comes
 
     @property
     def idle(self) -> bool:
@@ -71,9 +78,17 @@ class GatewayProtocol(RequestHandler):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._in_head():  # bounded in all, up to its end when this read has it
+            end = data.find(b"\r\n\r\n")
+            self._head_bytes += len(data) if end < 0 else end + 4
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._refuse_head()
+                return
         before = self._request_count
         super().data_received(data)
         if self._request_count != before:
+            self._head_bytes = 0
+            self._body = self._messages[-1][1] if self._messages else None
             self._stop_header_clock()  # a whole head is in: the body has its own deadline
         elif self._current_request is None and self._header_timer is None:
             self._start_header_clock()  # the first bytes of a kept-alive connection's next request
@@ -92,16 +107,33 @@ class GatewayProtocol(RequestHandler):
             self._gw.closed("header_timeout")
             self.force_close()
 
+    def _in_head(self) -> bool:
+        """The bytes coming are a head's: the last head's body (if any) has all come, and no
+        refused one is being answered (the rest of its head is not counted twice)."""
+        return self._keepalive and not self._force_close and (self._body is None or self._body.is_eof())
+
+    def _refuse_head(self) -> None:
+        """A head past its size: 431, counted, and the connection closed."""
+        self._gw.malformed(431)
+        if self.transport is not None:
+            self.transport.write(reply_bytes(Reply.of_error(head_too_large()), {}, close=True))
+        self.force_close()
+
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
         """aiohttp's own answer to a request it could not parse or handle, in OpenAI's shape,
-        saying nothing of what was sent (aiohttp's text echoes the offending input)."""
+        saying nothing of what was sent (aiohttp's text echoes the offending input); a line too
+        long or too many headers is a 431, as the lean server answers them."""
         if status >= 500:
             return super().handle_error(request, status, exc, message)
-        self._gw.malformed(status)
-        err = APIError("The request is not valid HTTP/1.1 (a header too long or too many, conflicting framing, "
-                       "or a bad chunk).", status=status, type="invalid_request_error", code="malformed_request")
-        resp = web.Response(status=status, body=error_body(err), content_type="application/json")
+        if isinstance(exc, LineTooLong) or (isinstance(exc, BadHttpMessage) and "Too many headers" in str(exc)):
+            err = head_too_large()
+        else:
+            err = APIError("The request is not valid HTTP/1.1 (conflicting framing, a bad chunk or a malformed "
+                           "line).", status=status, type="invalid_request_error", code="malformed_request")
+        if self.transport is not None:  # (else refused already, by `_refuse_head`, and counted)
+            self._gw.malformed(err.status)
+        resp = web.Response(status=err.status, body=error_body(err), content_type="application/json")
         resp.force_close()
         return resp
 
@@ -124,11 +156,12 @@ class GatewayServer(web.Server):
     served by the proxy straight from llhttp, and a connection that asks for anything else is
     handed to a `GatewayProtocol`; without one, every connection is aiohttp's."""
 
-    def __init__(self, *args: Any, live: Live, metrics: GatewayMetrics, proxy: Answerer | None = None,
+    def __init__(self, *args: Any, live: Live, metrics: GatewayMetrics, clock: Now, proxy: Answerer | None = None,
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._live = live
         self._metrics = metrics
+        self._clock = clock
         self.proxy: Answerer | None = proxy
         self._said_at = -_SAY_EVERY_S
         # Open connections, oldest first; aiohttp's own table keeps closed ones until their
@@ -217,7 +250,7 @@ class GatewayServer(web.Server):
         once a minute)."""
         self._metrics.connections_closed.labels(reason).inc()
         if reason != "header_timeout" and reason != "evicted_idle":
-            now = monotonic()
+            now = self._clock()
             if now - self._said_at >= _SAY_EVERY_S:
                 self._said_at = now
                 log.warning("client connections at the cap (limits.max_connections %d + reserved %d): new ones are "
@@ -255,16 +288,16 @@ class GatewayRunner(web.AppRunner):
     """An `AppRunner` whose server is a `GatewayServer`; with `proxy` (called once the app has
     started, which makes it), its hot routes are served lean."""
 
-    def __init__(self, app: web.Application, live: Live, metrics: GatewayMetrics,
+    def __init__(self, app: web.Application, live: Live, metrics: GatewayMetrics, clock: Now,
                  proxy: Callable[[], Answerer] | None = None, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
-        self._live, self._metrics, self._proxy = live, metrics, proxy
+        self._live, self._metrics, self._clock, self._proxy = live, metrics, clock, proxy
 
     async def _make_server(self) -> web.Server:
         plain = await super()._make_server()  # the app started, its handler's arguments gathered
         return GatewayServer(plain.request_handler, request_factory=plain.request_factory,
                              handler_cancellation=plain.handler_cancellation, loop=plain._loop,
-                             live=self._live, metrics=self._metrics,
+                             live=self._live, metrics=self._metrics, clock=self._clock,
                              proxy=None if self._proxy is None else self._proxy(), **plain._kwargs)
 
 

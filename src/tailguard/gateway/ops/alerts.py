@@ -8,18 +8,30 @@ real Prometheus (it must return data after a short load) while the rule as a who
 The TTFT objective is a multi-window burn rate (Google's SRE workbook, chapter 5): the share of
 first tokens slower than the SLO, over a long and a short window together, against the error
 budget of a P99 objective. The SLO must be one of the histogram's bucket bounds (`le`).
+
+Only a class with a TTFT target is judged: one rule per class, on that class's series alone, so
+a class that is held back on purpose (batch: its first tokens wait behind every chat) never
+pages. The targets are a map of class to seconds (`DEFAULT_TTFT_TARGETS`: interactive, 1 s),
+given to `deploy/generate.py --ttft-slo CLASS=SECONDS`. When classes carry SLOs of their own
+(`classes[].slo.ttft_s`), the map is read from the config, `{c.name: c.slo.ttft_s for c in
+cfg.classes if c.slo and c.slo.ttft_s}`, and nothing here changes.
+
+Each rule's `runbook_url` is the section of the docs that says what to do, under a base URL that
+is a setting (`--runbook-base`): where your team reads these docs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import yaml
 
 from tailguard.gateway.ops.catalog import BY_NAME
 
-RUNBOOK = "docs/tuning.md"
-DEFAULT_TTFT_SLO_S = 1.0
+RUNBOOK_BASE = "https://github.com/tailguard/tailguard/blob/main/docs/"  # the docs folder; `--runbook-base`
+RUNBOOK = "tuning.md"
+DEFAULT_TTFT_TARGETS: Mapping[str, float] = {"interactive": 1.0}  # class -> TTFT SLO in seconds
 _BUDGET = 0.01  # a P99 objective: 1% of first tokens may be slower than the SLO
 
 
@@ -31,7 +43,7 @@ class Rule:
     for_: str
     severity: str
     summary: str
-    runbook: str  # the section of docs/tuning.md that says what to do
+    runbook: str  # the section of the docs that says what to do, relative to the docs folder
 
 
 def _over(alert: str, signal: str, op: str, threshold: str, for_: str, severity: str, summary: str,
@@ -40,21 +52,33 @@ def _over(alert: str, signal: str, op: str, threshold: str, for_: str, severity:
     return Rule(alert, f"{signal} {op} {threshold}", (signal,), for_, severity, summary, runbook)
 
 
-def _slow_share(slo_s: float, window: str) -> str:
-    """The share of first tokens slower than `slo_s`, per class, over `window`."""
-    return (f"(1 - sum by (class) (rate(tailguard_ttft_seconds_bucket{{le=\"{slo_s!r}\"}}[{window}]))"
-            f" / sum by (class) (rate(tailguard_ttft_seconds_count[{window}])))")
+def _slow_share(cls: str, slo_s: float, window: str) -> str:
+    """The share of `cls`'s first tokens slower than `slo_s` over `window`."""
+    return (f"(1 - sum by (class) (rate(tailguard_ttft_seconds_bucket{{class=\"{cls}\",le=\"{slo_s!r}\"}}[{window}]))"
+            f" / sum by (class) (rate(tailguard_ttft_seconds_count{{class=\"{cls}\"}}[{window}])))")
 
 
-def _burn(name: str, slo_s: float, long: str, short: str, factor: float, severity: str) -> Rule:
+def _burn(name: str, cls: str, slo_s: float, long: str, short: str, factor: float, severity: str) -> Rule:
     threshold = f"{factor * _BUDGET:g}"
-    slow_long, slow_short = _slow_share(slo_s, long), _slow_share(slo_s, short)
+    slow_long, slow_short = _slow_share(cls, slo_s, long), _slow_share(cls, slo_s, short)
     # Both windows: the long one says the budget really burns, the short one that it still does,
     # so the alert stops soon after a fix.
     return Rule(name, f"{slow_long} > {threshold} and {slow_short} > {threshold}", (slow_long, slow_short), "2m",
-                severity, f"{{{{ $labels.class }}}}: first tokens slower than {slo_s:g} s burn the P99 budget "
+                severity, f"{cls}: first tokens slower than {slo_s:g} s burn the P99 budget "
                 f"{factor:g}x too fast ({long} and {short})",
                 f"{RUNBOOK}#3-choose-how-batch-work-yields-to-interactive-work")
+
+
+def _burns(targets: Mapping[str, float]) -> tuple[Rule, ...]:
+    """The fast (page) and slow (ticket) burn rules of each class with a TTFT target."""
+    known = BY_NAME["tailguard_ttft_seconds"].buckets
+    for cls, slo_s in targets.items():
+        if slo_s not in known:
+            raise ValueError(f"the TTFT SLO of {cls} ({slo_s:g} s) must be a bucket bound of tailguard_ttft_seconds: "
+                             f"{', '.join(f'{b:g}' for b in known)}")
+    return tuple(rule for cls, slo_s in sorted(targets.items()) for rule in (
+        _burn("TailguardTTFTBudgetBurnFast", cls, slo_s, "1h", "5m", 14.4, "page"),
+        _burn("TailguardTTFTBudgetBurnSlow", cls, slo_s, "6h", "30m", 6.0, "ticket")))
 
 
 # The share of requests whose client left before the answer ended (0 while none has: the series
@@ -63,13 +87,10 @@ _GONE = ('(sum(rate(tailguard_requests_total{outcome="client_gone"}[10m])) or ve
          'sum(rate(tailguard_requests_total[10m]))')
 
 
-def rules(ttft_slo_s: float = DEFAULT_TTFT_SLO_S) -> tuple[Rule, ...]:
-    if ttft_slo_s not in BY_NAME["tailguard_ttft_seconds"].buckets:
-        raise ValueError(f"the TTFT SLO must be a bucket bound of tailguard_ttft_seconds: "
-                         f"{', '.join(f'{b:g}' for b in BY_NAME['tailguard_ttft_seconds'].buckets)}")
+def rules(ttft_targets: Mapping[str, float] = DEFAULT_TTFT_TARGETS) -> tuple[Rule, ...]:
+    """Every rule; the TTFT burn rules for the classes in `ttft_targets` (class -> SLO seconds) only."""
     return (
-        _burn("TailguardTTFTBudgetBurnFast", ttft_slo_s, "1h", "5m", 14.4, "page"),
-        _burn("TailguardTTFTBudgetBurnSlow", ttft_slo_s, "6h", "30m", 6.0, "ticket"),
+        *_burns(ttft_targets),
         _over("TailguardQueueWaitNearBound",
              "histogram_quantile(0.99, sum by (class, le) (rate(tailguard_queue_wait_seconds_bucket[5m])))"
              " / on (class) max by (class) (tailguard_class_queue_bound_seconds)", ">", "0.8", "5m", "ticket",
@@ -103,15 +124,21 @@ def rules(ttft_slo_s: float = DEFAULT_TTFT_SLO_S) -> tuple[Rule, ...]:
     )
 
 
-def document(ttft_slo_s: float = DEFAULT_TTFT_SLO_S) -> dict[str, object]:
+def runbook_url(rule: Rule, base: str = RUNBOOK_BASE) -> str:
+    """The rule's runbook as a link (Prometheus's and Alertmanager's `runbook_url` annotation)."""
+    return base.rstrip("/") + "/" + rule.runbook
+
+
+def document(ttft_targets: Mapping[str, float] = DEFAULT_TTFT_TARGETS,
+             runbook_base: str = RUNBOOK_BASE) -> dict[str, object]:
     """The rule file as Prometheus reads it."""
     return {"groups": [{"name": "tailguard", "rules": [
         {"alert": r.alert, "expr": r.expr, "for": r.for_, "labels": {"severity": r.severity},
-         "annotations": {"summary": r.summary, "runbook": r.runbook}}
-        for r in rules(ttft_slo_s)]}]}
+         "annotations": {"summary": r.summary, "runbook_url": runbook_url(r, runbook_base)}}
+        for r in rules(ttft_targets)]}]}
 
 
-def render(ttft_slo_s: float = DEFAULT_TTFT_SLO_S) -> str:
+def render(ttft_targets: Mapping[str, float] = DEFAULT_TTFT_TARGETS, runbook_base: str = RUNBOOK_BASE) -> str:
     """The file's text, as deploy/prometheus/alerts.yaml holds it."""
     header = "# Generated by deploy/generate.py from tailguard's metric catalog: do not edit by hand.\n"
-    return header + yaml.safe_dump(document(ttft_slo_s), sort_keys=False, width=120)
+    return header + yaml.safe_dump(document(ttft_targets, runbook_base), sort_keys=False, width=120)

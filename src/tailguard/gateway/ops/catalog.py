@@ -104,6 +104,8 @@ METRICS: tuple[MetricSpec, ...] = (
        "when `auto`).", "backend", "kind"),
     _c("tailguard_upstream_errors", "Failed upstream attempts by kind (connect, status, timeout, ...).",
        "backend", "kind"),
+    _c("tailguard_upstream_overrun_tokens", "Tokens a backend generated (or counted) past what requests asked "
+       "(`n x max_tokens`), not charged to their callers: the backend's fault.", "backend"),
     _c("tailguard_retries", "Failed attempts the gateway sent again, by the backend that failed and how.",
        "backend", "kind"),
     _c("tailguard_retries_denied", "Failed attempts of a kind that may be retried which were not: the attempts "

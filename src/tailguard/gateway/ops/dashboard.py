@@ -17,7 +17,7 @@ from grafana_foundation_sdk.builders import prometheus, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dm
 
-from tailguard.gateway.ops.panels import PANELS, VARIABLES, Panel
+from tailguard.gateway.ops.panels import PANELS, REPEATS, VARIABLES, Panel
 
 UID = "tailguard-gateway"
 _DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -32,8 +32,8 @@ def _panel(p: Panel, id: int) -> timeseries.Panel:
     return panel
 
 
-def _variable(name: str, family: str) -> gd.QueryVariable:
-    return (gd.QueryVariable(name).label(name).datasource(_DS).query(f"label_values({family}, {name})")
+def _variable(name: str, family: str, label: str) -> gd.QueryVariable:
+    return (gd.QueryVariable(name).label(name).datasource(_DS).query(f"label_values({family}, {label})")
             .multi(True).include_all(True).all_value(".*").refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED))
 
 
@@ -43,11 +43,12 @@ def build() -> dict[str, Any]:
              .time("now-1h", "now").tooltip(dm.DashboardCursorSync.CROSSHAIR)
              .description("Generated from tailguard's metric catalog (deploy/generate.py): do not edit by hand.")
              .with_variable(gd.DatasourceVariable("datasource").label("Prometheus").type("prometheus")))
-    for name, family in VARIABLES.items():
-        board.with_variable(_variable(name, family))
+    for name, (family, label) in VARIABLES.items():
+        board.with_variable(_variable(name, family, label))
     ids = count(1)
     for row, panels in groupby(PANELS, key=lambda p: p.row):
-        board.with_row(gd.Row(row).id(next(ids)))
+        r = gd.Row(row).id(next(ids))
+        board.with_row(r.repeat(REPEATS[row]) if row in REPEATS else r)
         for p in panels:
             board.with_panel(_panel(p, next(ids)))
     doc: dict[str, Any] = json.loads(json.dumps(board.build(), cls=JSONEncoder))

@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tailguard.gateway.request import Request
+from tailguard.front.intake import NO_CLASS
+from tailguard.gateway.request import Ended, Request
 from tailguard.types import Outcome
 
 if TYPE_CHECKING:
@@ -76,9 +77,19 @@ class Meter:
         self._db.execute("PRAGMA journal_mode=WAL" if path is not None else "PRAGMA journal_mode=MEMORY")
         self._db.execute(_SCHEMA)
         self._lock = threading.Lock()  # the connection is used from worker threads, one at a time
+        # One write at a time, file and Redis: what Redis was handed is then all the file holds
+        # (`SharedUsage.add` adds the file's rows again when Redis lost them).
+        self._writing = asyncio.Lock()
         self._pending: dict[_Key, list[float]] = {}
         self._clock = clock
         self.shared: SharedUsage | None = None  # the replicas' sums in Redis, set by the app
+
+    def ended(self, e: Ended) -> None:
+        """A request's one end (`gateway.lifecycle`): counted when it had a caller or a class (a
+        request refused before either is the gateway's, not a caller's)."""
+        t = e.request
+        if t.caller is not None or t.cls != NO_CLASS:
+            self.record(t)
 
     def record(self, t: Request) -> None:
         """One request that left, however it ended (refused ones included, by reason)."""
@@ -100,11 +111,23 @@ class Meter:
 
     async def flush(self) -> None:
         """Write what was counted since the last flush."""
-        rows, self._pending = self._pending, {}
-        if rows:
-            await asyncio.to_thread(self._write, rows.items())
-        if self.shared is not None:  # also those a failed write kept
-            await self.shared.add(rows)
+        async with self._writing:
+            rows, self._pending = self._pending, {}
+            if rows:
+                await asyncio.to_thread(self._write, rows.items())
+            if self.shared is not None:  # also those a failed write kept
+                await self.shared.add(rows, self._history)
+
+    async def _history(self, retention_s: int, limit: int) -> dict[_Key, list[float]]:
+        """This replica's rows of the last `retention_s` seconds, the newest `limit`."""
+        since = int(self._clock() // 60) * 60 - retention_s
+        found = await asyncio.to_thread(self._read_rows, since, limit)
+        return {tuple(r[:6]): list(r[6:]) for r in found}
+
+    def _read_rows(self, since: int, limit: int) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._db.execute("SELECT * FROM usage WHERE minute >= ? ORDER BY minute DESC LIMIT ?",
+                                    (since, limit)).fetchall()
 
     def _write(self, rows: Iterable[tuple[_Key, list[float]]]) -> None:
         with self._lock:

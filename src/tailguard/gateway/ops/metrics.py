@@ -34,7 +34,7 @@ from tailguard.gateway.ops.catalog import METRICS, MetricSpec
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.log_buffer import BufferedLineHandler
 from tailguard.gateway.ops.metering import CallerLabels
-from tailguard.gateway.request import Request
+from tailguard.gateway.request import Ended, Request
 from tailguard.types import FailureKind, Outcome, RejectReason
 
 ACCESS_LOGGER = "tailguard.access"
@@ -63,6 +63,7 @@ HEALTH_CHANGES = ("unhealthy", "healthy", "ejected", "readmitted")  # tailguard_
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 _access_log = logging.getLogger(ACCESS_LOGGER)
+log = logging.getLogger("tailguard.gateway")
 
 
 class ChunkHistogram:
@@ -221,6 +222,8 @@ class GatewayMetrics:
         self.connections_closed = f["tailguard_connections_closed"]
         self.rejected = f["tailguard_rejected"]
         self.upstream_errors = f["tailguard_upstream_errors"]
+        self.overrun_tokens = f["tailguard_upstream_overrun_tokens"]
+        self._overran: set[str] = set()  # backends whose overrun was logged (once each)
         self.retries = f["tailguard_retries"]
         self.retries_denied = f["tailguard_retries_denied"]
         self.requests = f["tailguard_requests"]
@@ -271,6 +274,16 @@ class GatewayMetrics:
             u = self._genai[op, provider] = GenAIUsage(self, op, provider, INPUT_MODALITY.get(endpoint, "unknown"))
         return u
 
+    def overran(self, t: Request) -> None:
+        """A request's backend sent or counted tokens past what it asked (`Tally`): counted, and
+        said once per backend (a broken backend repeats itself; the counter counts each)."""
+        self.overrun_tokens.labels(t.backend).inc(t.overrun_tokens)
+        if t.backend not in self._overran:
+            self._overran.add(t.backend)
+            log.warning("backend %s generated %d tokens past what request %s asked; its caller was charged the "
+                        "request's max_tokens (said once; tailguard_upstream_overrun_tokens_total counts each)",
+                        t.backend, t.overrun_tokens, t.request_id)
+
     def cls(self, name: str) -> ClassMetrics:
         c = self._classes.get(name)
         if c is None:
@@ -283,6 +296,10 @@ class GatewayMetrics:
             g = self._inflight[backend] = self.inflight.labels(backend)
         return g
 
+    def ended(self, e: Ended) -> None:
+        """A request's one end (`gateway.lifecycle`): everything observed of it, counted once."""
+        record_finish(self, e.request)
+
     def set_kind(self, backend: str, kind: str) -> None:
         old = self._kinds.get(backend)
         if old is not None and old != kind:
@@ -293,6 +310,7 @@ class GatewayMetrics:
     def add_backend(self, backend: str, kind: str, healthy: bool = True) -> None:
         """A backend the gateway serves from now on (at start, or added by a reload)."""
         self.backend_healthy.labels(backend).set(1 if healthy else 0)
+        self.overrun_tokens.labels(backend)  # at 0 from the start: rate() sees the first overrun
         self.set_kind(backend, kind)
 
     def forget_backend(self, backend: str) -> None:
@@ -422,6 +440,8 @@ def record_finish(m: GatewayMetrics, t: Request) -> None:
         m.program_calls.labels(t.cls, program.source).inc()
         if program.call == 1:
             m.programs.labels(t.cls, program.source).inc()
+    if t.overrun_tokens:
+        m.overran(t)
     if t.caller is not None:
         caller = m.caller_label(t.caller)  # `other` past the first callers seen: bounded series
         m.caller_requests.labels(caller, outcome.value).inc()
@@ -468,6 +488,8 @@ def access_log(t: Request, *, method: str, path: str, logged_text: bool = False)
         rec["program"], rec["program_call"], rec["program_source"] = t.program.id, t.program.call, t.program.source
     if t.output_estimated:
         rec["output_tokens_estimated"] = True
+    if t.overrun_tokens:
+        rec["overrun_tokens"] = t.overrun_tokens
     if logged_text:
         if t.prompt_text is not None:
             rec["prompt"] = t.prompt_text

@@ -12,11 +12,16 @@ import re
 from dataclasses import dataclass
 
 from tailguard.gateway.ops.catalog import METRICS, STANDARD
+from tailguard.wire import dcgm
 
-# Grafana's template variables and what stands for "all" when an expression runs outside Grafana.
-VARIABLES = {"class": "tailguard_requests_total", "backend": "tailguard_backend_concurrency_limit",
-             "caller": "tailguard_caller_requests_total"}
+# Grafana's template variables: name -> (the family whose label values it offers, that label).
+# Outside Grafana each stands for "all".
+VARIABLES = {"class": ("tailguard_requests_total", "class"), "backend": ("tailguard_backend_concurrency_limit", "backend"),
+             "caller": ("tailguard_caller_requests_total", "caller"), "gpu_node": (dcgm.GPU_UTIL, "instance")}
 RATE = "$__rate_interval"
+GPU_ROW = "GPUs"
+# Rows repeated once per value of a variable: the GPU row once per DCGM exporter Prometheus scrapes.
+REPEATS = {GPU_ROW: "gpu_node"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +50,13 @@ def _p(q: float, family: str, by: str, sel: str = "") -> str:
 C = 'class=~"$class"'
 B = 'backend=~"$backend"'
 K = 'caller=~"$caller"'
+G = 'instance=~"$gpu_node"'
+
+
+def _gpu(name: str) -> str:
+    """A DCGM gauge per GPU of the nodes chosen (dcgm-exporter's `gpu` label; Prometheus's `instance`
+    tells the nodes apart whatever the exporter's release calls its host label)."""
+    return f"avg by (instance, gpu) ({name}{{{G}}})"
 
 PANELS: tuple[Panel, ...] = (
     # Overview per class.
@@ -104,6 +116,10 @@ PANELS: tuple[Panel, ...] = (
           (Query(f"max by (backend, state) (tailguard_backend_engine_requests{{{B}}})", "{{backend}} {{state}}"),)),
     Panel("Backends and fleet", "Upstream errors", "reqps", "Failed attempts by backend and how they failed.",
           (Query(_rate("tailguard_upstream_errors_total", "backend, kind", B), "{{backend}} {{kind}}"),)),
+    Panel("Backends and fleet", "Tokens past max_tokens", "short",
+          "Tokens a backend generated, or said it generated, past what its requests asked (n x max_tokens), "
+          "charged to nobody: above 0, it ignores max_tokens or counts differently from the gateway.",
+          (Query(_rate("tailguard_upstream_overrun_tokens_total", "backend", B), "{{backend}}"),)),
     Panel("Backends and fleet", "Health changes and ejections", "short",
           "Each backend's health changes (probes: unhealthy/healthy; passive: ejected/readmitted) and its "
           "ejections by the last failure, over the window: a flapping backend shows here first.",
@@ -172,9 +188,30 @@ PANELS: tuple[Panel, ...] = (
     Panel("Process", "Memory and CPU", "short", "Resident memory (MiB) and CPU (cores) of each gateway process.",
           (Query("process_resident_memory_bytes / 1048576", "{{instance}} RSS MiB"),
            Query(f"rate(process_cpu_seconds_total[{RATE}])", "{{instance}} CPU cores"))),
+    # The GPUs under the engines, from NVIDIA's DCGM exporter (the simulator exports the same names).
+    Panel(GPU_ROW, "GPU utilization and SM activity", "percentunit",
+          "Utilization and engine activity are the time a kernel ran (100% whenever the engine works); SM activity "
+          "is how full the SMs were, what `tailguard doctor`'s compute_bound reads (add DCGM_FI_PROF_SM_ACTIVE to "
+          "dcgm-exporter's counters to have it).",
+          (Query(f"{_gpu(dcgm.GPU_UTIL)} / 100", "{{instance}} gpu {{gpu}} utilization"),
+           Query(_gpu(dcgm.GR_ENGINE_ACTIVE), "{{instance}} gpu {{gpu}} engine active"),
+           Query(_gpu(dcgm.SM_ACTIVE), "{{instance}} gpu {{gpu}} SM active"))),
+    Panel(GPU_ROW, "GPU memory used", "percentunit",
+          "Framebuffer used over used + free: weights, the KV pool and activations (vLLM reserves its KV pool at "
+          "start; vllm:kv_cache_usage_perc says how full that pool is).",
+          (Query(f"{_gpu(dcgm.FB_USED)} / ({_gpu(dcgm.FB_USED)} + {_gpu(dcgm.FB_FREE)})", "{{instance}} gpu {{gpu}}"),)),
+    Panel(GPU_ROW, "Power and its limit", "watt",
+          "Power drawn against the card's limit (DCGM_FI_DEV_POWER_MGMT_LIMIT, added to the counters): a card at its "
+          "limit lowers its clocks.",
+          (Query(_gpu(dcgm.POWER_USAGE), "{{instance}} gpu {{gpu}} drawn"),
+           Query(_gpu(dcgm.POWER_LIMIT), "{{instance}} gpu {{gpu}} limit"))),
+    Panel(GPU_ROW, "SM clock and its maximum", "hertz",
+          "A clock that falls while the card works is a card held down by power or heat (doctor's throttled).",
+          (Query(f"{_gpu(dcgm.SM_CLOCK)} * 1e6", "{{instance}} gpu {{gpu}} SM clock"),
+           Query(f"{_gpu(dcgm.MAX_SM_CLOCK)} * 1e6", "{{instance}} gpu {{gpu}} maximum"))),
 )
 
-_FAMILY = re.compile(r"\b((?:tailguard|gen_ai|process|python)_[a-z0-9_]+)")
+_FAMILY = re.compile(r"\b((?:tailguard|gen_ai|process|python)_[a-z0-9_]+|DCGM_FI_[A-Z0-9_]+)")
 _SUFFIXES = ("_bucket", "_count", "_sum")
 
 
@@ -196,8 +233,9 @@ _LABELS = {label for m in METRICS for label in m.labels}
 
 
 def known() -> set[str]:
-    """What an expression may name: each catalog family as PromQL names it, and the standard series."""
-    return {m.exposed for m in METRICS} | set(STANDARD)
+    """What an expression may name: each catalog family as PromQL names it, the standard series,
+    and the DCGM exporter's gauges (`wire.dcgm`)."""
+    return {m.exposed for m in METRICS} | set(STANDARD) | set(dcgm.HELP)
 
 
 def outside_grafana(expr: str, rate_window: str = "1m") -> str:

@@ -14,7 +14,7 @@ kept, and written just before the next other event: the front replaying the file
 counts at every moment it can decide anything.
 
 Clock: the front's `now` and a request's instants (its record, `gateway.request.Request`) are the
-gateway's one clock (`tailguard.clock.monotonic`), so the file's times need no conversion.
+gateway's one clock, so the file's times need no conversion.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tailguard.front.events import Decision, Event, Generated
 from tailguard.front.params import FrontParams
 from tailguard.recording.codec import Header, Observation, header_line, request_line, step_line
 from tailguard.gateway.ops.log_buffer import BufferedLineHandler
-from tailguard.gateway.request import Request
+from tailguard.gateway.request import Ended, Request
 
 FLUSH_S = 0.2
 MAX_LINES = 4096
@@ -64,6 +64,10 @@ class Recorder:
         if self._generated:
             self._write_generated()
         self._write(step_line(event, now, preempt, decisions))
+
+    def ended(self, e: Ended) -> None:
+        """A request's one end (`gateway.lifecycle`): its line in the recording."""
+        self.request(e.request)
 
     def request(self, t: Request) -> None:
         """A request ended: its sizes, instants and outcome, from its record."""

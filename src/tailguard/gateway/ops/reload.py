@@ -3,20 +3,29 @@
 The front takes the new queue, slot, preemption, retry and health-count parameters in place
 (`Front.reconfigure`: queued, running and suspended requests are kept); the class table (caps,
 classification) and the auth keys are swapped for requests that arrive from then on, the
-deadlines and probe settings reach new requests and probes through `Live` (`gateway.ops.live`), and
-a backend's new address, key or model reaches its next attempt and probe (a `kind: auto` one is
-asked again what it is), while requests in flight keep what they started with. A new backend
-is probed and takes requests at once; a removed one takes no new request, is no longer probed,
-and leaves (its metrics with it) when its last request has ended. Settings read only at start
-(listening address, body limit, logging, the output estimator, a kept backend's kind) and
-adding, removing or renaming a class need a restart: such a config is refused whole, with the
-settings named, and the gateway keeps what it had.
+deadlines, bounds and probe settings reach new requests and probes through `Live`
+(`gateway.ops.live`), a backend's new address, key or model reaches its next attempt and probe
+(a `kind: auto` one is asked again what it is), and what the replicas do while Redis is away
+(`state.on_unavailable`, `state.replicas`) reaches the shared limits' next request, while requests
+in flight keep what they started with. A new backend is probed and takes requests at once; a
+removed one takes no new request, is no longer probed, and leaves (its metrics with it) when its
+last request has ended.
+
+Only the settings `LIVE` names are applied live; any other (the listening address, the body
+limit, logging and tracing, the batch runner, the Redis link, the output estimator, a kept
+backend's kind, pool or models) is read only at start, and a config that changes one is refused
+whole, with the settings named, and the gateway keeps what it had: so `/config` never shows a
+value that is not in force. Adding, removing or renaming a class needs a restart too (the front
+refuses it).
 
 SIGHUP triggers it (`serve` installs the handler): the stored config that `tailguard config
 rollback` (or `reload --to N`) asked for in the state directory, else the `--config` file read again.
 A request names the config it was made for and when: a leftover one is ignored. A config that
-would switch auth off (every key removed) is refused unless it says so (`auth.allow_keyless`) or
-the asker confirmed it (`tailguard config reload --allow-auth-change`).
+weakens the gateway's guard (every client key removed, more than half of them, every admin key in
+force, or `/metrics` opened to everyone) is refused unless the asker confirmed it
+(`tailguard config reload --force`, `"force": true` to `POST /admin/reload`), or, for a
+gateway without keys, the file says so itself (`auth.allow_keyless`): an editor's half-written
+file, cut off before its `auth:` section, reads as exactly such a config.
 """
 
 from __future__ import annotations
@@ -27,11 +36,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tailguard.errors import ConfigError
 from tailguard.config import BackendConfig, GatewayConfig
+from tailguard.errors import ConfigError
+from tailguard.front.events import LocalShare
 from tailguard.gateway.dispatch import Dispatcher
-from tailguard.gateway.http.classes import ClassTable
+from tailguard.gateway.classes import ClassTable
 from tailguard.gateway.http.proxy import Proxy
+from tailguard.gateway.lifecycle import Lifecycle
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.metrics import GatewayMetrics
 from tailguard.gateway.ops.store import ConfigStore
@@ -42,12 +53,24 @@ from tailguard.settings import Change, diff, flatten, item_of
 
 log = logging.getLogger("tailguard.gateway")
 
-# What a backend may change live: the front's slots, and where and how requests reach it (read
-# by each new attempt and probe; one in flight keeps its connection). Its kind decides what the
-# front may do with its requests, and is what a restart is for.
+# The settings a reload applies live, by name or by the section they open (`classes[`: every
+# setting of every class), each with what carries it to where it is read. Any other setting
+# needs a restart: a new one is refused by a reload until it is made live and listed here.
+LIVE: dict[str, str] = {
+    "aliases.": "the class table", "default_class": "the class table", "service_tier_map.": "the class table",
+    "pooling_class": "the class table", "classes[": "the front and the class table", "auth.": "the class table",
+    "scheduler.": "the front", "routing.": "the front", "ejection.": "the front", "hedging.": "the front",
+    "retries.": "the front", "health.": "the probes (retimed)", "timeouts.": "each new request",
+    "limits.": "each new request, probe and connection", "body_timeout_s": "each new request",
+    "state.on_unavailable": "the shared limits", "state.replicas": "the shared limits",
+    "programs.": "the front and each new request",
+}
+_NOT_LIVE = ("scheduler.output_estimate.",)  # read once, at start, by the output estimator
+# What a backend both configs name may change live: the front's slots, and where and how requests
+# reach it (read by each new attempt and probe; one in flight keeps its connection). Its kind
+# decides what the front may do with its requests, and its pool and models where it routes them:
+# those are what a restart is for.
 _LIVE_BACKEND = frozenset({"max_concurrency", "weight", "reserved_slots", "adaptive", "url", "api_key", "model"})
-_RESTART = frozenset({"host", "port", "max_body_bytes", "access_log", "log_prompts"})
-_RESTART_PREFIXES = ("scheduler.output_estimate.",)
 REQUEST_TTL_S = 60.0  # a reload request older than this is a leftover, not the asker's
 
 
@@ -55,25 +78,51 @@ def restart_needed(old: GatewayConfig, new: GatewayConfig) -> list[Change]:
     """The changes from `old` to `new` that a live reload cannot make. A backend added or
     removed is not one of them: only a setting of a backend that both configs name can be."""
     both = {b.name for b in old.backends} & {b.name for b in new.backends}
-    return [c for c in diff(flatten(old.settings()), flatten(new.settings())) if _needs_restart(c.name, both)]
+    return [c for c in diff(flatten(old.settings()), flatten(new.settings())) if not live(c.name, both)]
 
 
-def _needs_restart(name: str, kept_backends: set[str]) -> bool:
+def live(name: str, kept_backends: set[str]) -> bool:
+    """Whether a reload applies the setting `name` live (`kept_backends`: the backends both
+    configs name, whose own settings are live only where `_LIVE_BACKEND` says)."""
     item = item_of(name)
     if item is not None and item.startswith("backends["):
         field = name[len(item) + 1:]
-        return item[len("backends["):-1] in kept_backends and field.split(".", 1)[0] not in _LIVE_BACKEND
-    return name in _RESTART or name.startswith(_RESTART_PREFIXES)
+        return item[len("backends["):-1] not in kept_backends or field.split(".", 1)[0] in _LIVE_BACKEND
+    if name.startswith(_NOT_LIVE):
+        return False
+    return any(name == k.rstrip(".[") or (k.endswith((".", "[")) and name.startswith(k)) for k in LIVE)
 
 
-def _auth_kept(old: GatewayConfig, new: GatewayConfig) -> None:
-    """Refuse a config that would switch auth off unasked: from keys to none, unless it says
-    `auth.allow_keyless` (a file cut off before its `auth:` section parses as just that)."""
-    if old.auth.api_keys and not new.auth.api_keys and not new.auth.allow_keyless:
-        raise ConfigError(
-            f"the new config has no auth.api_keys, so anyone could call the gateway without a key (it has "
-            f"{len(old.auth.api_keys)} now); if that is meant, set auth.allow_keyless: true in it or run "
-            "`tailguard config reload --allow-auth-change`; if the file was being written, reload once it is whole")
+def weakened(old: GatewayConfig, new: GatewayConfig) -> list[str]:
+    """What `new` would open that `old` kept closed, each said in full: a reload that does any of
+    it needs the asker's confirmation (`force`). Every client key removed is allowed by the file
+    itself with `auth.allow_keyless` (so a gateway meant to go keyless needs no flag)."""
+    a, b = old.auth, new.auth
+    out: list[str] = []
+    old_keys, new_keys = set(a.keys()), set(b.keys())
+    gone = len(old_keys - new_keys)
+    if old_keys and not new_keys:
+        if not b.allow_keyless:
+            out.append(f"the new config has no auth.api_keys, so anyone could call the gateway without a key (it has "
+                       f"{len(old_keys)} now); if that is meant, set auth.allow_keyless: true in it")
+    elif gone * 2 > len(old_keys):
+        out.append(f"it removes {gone} of the {len(old_keys)} client keys in force (more than half: a file cut off "
+                   "part way through its keys reads so)")
+    old_admin = a.admin_digests()
+    if old_admin and not old_admin & b.admin_digests():
+        out.append(f"it removes every admin key in force ({len(old_admin)}), so nobody could use the admin routes")
+    if new_keys and b.open_metrics == "always" and a.open_metrics != "always":
+        out.append(f"it opens /metrics to every client (auth.open_metrics: always; it is {a.open_metrics} now)")
+    return out
+
+
+def _confirmed(old: GatewayConfig, new: GatewayConfig) -> None:
+    """Refuse a config that weakens the gateway's guard unasked, saying each way it would."""
+    why = weakened(old, new)
+    if why:
+        raise ConfigError("this reload would weaken the gateway: " + "; ".join(why) + ". If that is meant, run "
+                          "`tailguard config reload --force` (or POST /admin/reload with {\"force\": true}); if the "
+                          "file was being written, reload once it is whole")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +131,7 @@ class Parts:
 
     dispatcher: Dispatcher
     proxy: Proxy
+    lifecycle: Lifecycle
     backends: dict[str, BackendConfig]  # by name, kinds resolved: what exchanges and probes read
     probes: Probes
     metrics: GatewayMetrics
@@ -94,13 +144,13 @@ class Reloader:
                  reread: Callable[[], GatewayConfig] | None) -> None:
         self.live, self._parts, self._store, self._reread = live, parts, store, reread
 
-    def apply(self, cfg: GatewayConfig, *, allow_auth_change: bool = False) -> None:
+    def apply(self, cfg: GatewayConfig, *, force: bool = False) -> None:
         """Make `cfg` the running config, or raise `ConfigError` and change nothing."""
         blocked = restart_needed(self.live.cfg, cfg)
         if blocked:
             raise ConfigError("these settings need a restart of the gateway: " + "; ".join(str(c) for c in blocked))
-        if not allow_auth_change:
-            _auth_kept(self.live.cfg, cfg)
+        if not force:
+            _confirmed(self.live.cfg, cfg)
         p, kept = self._parts, {b.name for b in self.live.cfg.backends}
         # A kept backend keeps the kind detected (`auto`) or configured (unchanged); a new one
         # starts as at start.
@@ -108,7 +158,14 @@ class Reloader:
                    for b in cfg.backends}
         continues = {n: get_kind(b.kind).continues_generation for n, b in entries.items()}
         p.dispatcher.reconfigure(cfg.front_params(continues))  # the last check that can refuse
-        p.proxy.reconfigure(cfg, ClassTable(cfg))
+        shared = p.lifecycle.shared
+        if shared is not None:  # its local share follows `replicas` and `on_unavailable`
+            before = shared.local_share()
+            shared.link.follow(cfg.state)
+            if shared.local_share() != before:
+                p.dispatcher.tell(LocalShare(shared.local_share()))
+        p.lifecycle.reconfigure(cfg, ClassTable(cfg))
+        p.proxy.reconfigure(cfg)
         p.backends.update(entries)  # a removed one stays: its requests in flight still read it
         added = [b for b in cfg.backends if b.name not in kept]
         for b in added:  # healthy as at start, or as it was when named again before it left
@@ -131,14 +188,14 @@ class Reloader:
 
     def run(self, request: dict[str, Any] | None) -> dict[str, Any]:
         """Apply what `request` asks for (`n`: a stored config, else the file again; `how`;
-        `allow_auth_change`), record it, and return the result: what SIGHUP leaves for
-        `tailguard config` and what `POST /admin/reload` and `/admin/rollback` answer."""
+        `force`), record it, and return the result: what SIGHUP leaves for `tailguard config` and
+        what `POST /admin/reload` and `/admin/rollback` answer."""
         store = self._store
         old = self.live.hash
         result: dict[str, Any] = {"id": request.get("id") if request else None}  # so the asker knows it is its own
         try:
             cfg, how = self._wanted(request)
-            self.apply(cfg, allow_auth_change=bool(request and request.get("allow_auth_change")))
+            self.apply(cfg, force=bool(request and request.get("force")))
         except (ConfigError, OSError, ValueError, KeyError) as e:  # a refusal, or an unreadable request
             log.error("config not applied, the gateway keeps %s: %s", old, e)
             return {**result, "ok": False, "error": str(e) or type(e).__name__}

@@ -5,6 +5,7 @@ baseline, the running gateway's pid, and the reload hand-over between `tailguard
     STATE/history.jsonl                    one line per application: {"n", "hash", "at", "how"}
     STATE/good                             the number of the known-good baseline
     STATE/gateway.pid                      the pid of the gateway serving from this directory
+    STATE/gateway.lock                     held (flock) by that gateway while it runs
     STATE/reload.request, reload.result    which stored config to apply next, and how that went
 
 Configs are stored by content: applying one equal to a stored config applies that number again
@@ -13,16 +14,23 @@ Configs are stored by content: applying one equal to a stored config applies tha
 that others may write to is made 0700 again; one of another user's is refused; no file is
 opened through a symbolic link (someone who planted one would have the gateway write keys there).
 Keep the directory out of version control (`.tailguard/` in `.gitignore`).
+
+One gateway per directory: a second would take over the pid file, so reloads would go to it
+and, once it stopped, find no gateway though the first still ran. `claim()` refuses a second
+while the first lives: an exclusive `flock` on `gateway.lock` (the kernel lets it go when the
+process ends, however it ends: no stale lock; two gateways started at once cannot both get it),
+and a live tailguard pid in `gateway.pid` (a gateway of an older release, which takes no lock).
 """
 
 from __future__ import annotations
 
 import datetime
+import fcntl
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 import yaml
@@ -67,6 +75,8 @@ class ConfigStore:
         self._history = root / "history.jsonl"
         self._good = root / "good"
         self.pid_file = root / "gateway.pid"
+        self._lock_file = root / "gateway.lock"
+        self._lock: int | None = None  # the lock file's descriptor while this process holds it
         self.request_file = root / "reload.request"
         self.result_file = root / "reload.result"
 
@@ -139,6 +149,35 @@ class ConfigStore:
 
     # --- the running gateway --------------------------------------------------------------------
 
+    def claim(self) -> None:
+        """Make this process the directory's one gateway, or raise ConfigError naming the one
+        that is and how to choose another directory. Held until `release()` or the process ends."""
+        if self._lock is not None:
+            return
+        self._make_dirs()
+        fd = os.open(self._lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            self._taken(self._gateway_pid()[0])
+        pid = self._gateway_pid()[0]
+        if pid is not None and pid != os.getpid():
+            os.close(fd)
+            self._taken(pid)
+        self._lock = fd
+
+    def _taken(self, pid: int | None) -> NoReturn:
+        who = f"pid {pid}" if pid is not None else "another process"
+        raise ConfigError(f"a gateway ({who}) already serves from the state directory {self.root}: stop it first, "
+                          "or give this one a state directory of its own with --state-dir DIR")
+
+    def release(self) -> None:
+        """Let another gateway have the directory (at exit)."""
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
     def write_pid(self) -> None:
         self._make_dirs()
         _write_private(self.pid_file, f"{os.getpid()}\n".encode())
@@ -152,19 +191,25 @@ class ConfigStore:
             pass
 
     def running_pid(self) -> int:
-        """The pid of the gateway serving from this directory; ConfigError when none runs. A pid
-        left by a gateway that died may name another process by now: where /proc shows command
-        lines, one that is not tailguard's is not signalled."""
+        """The pid of the gateway serving from this directory; ConfigError when none runs."""
+        pid, why = self._gateway_pid()
+        if pid is None:
+            raise ConfigError(f"no running gateway uses {self.root} ({why})")
+        return pid
+
+    def _gateway_pid(self) -> tuple[int | None, str]:
+        """The pid file's pid while it names a live gateway, else None and why not. A pid left
+        by a gateway that died may name another process by now: where /proc shows command lines,
+        one that is not tailguard's is not taken for a gateway (nor signalled)."""
         try:
             pid = int(self.pid_file.read_text().strip())
             os.kill(pid, 0)
         except (OSError, ValueError):
-            raise ConfigError(f"no running gateway uses {self.root} (no live pid in {self.pid_file.name})") from None
+            return None, f"no live pid in {self.pid_file.name}"
         cmdline = Path(f"/proc/{pid}/cmdline")
         if cmdline.exists() and b"tailguard" not in cmdline.read_bytes():
-            raise ConfigError(f"no running gateway uses {self.root} (pid {pid} in {self.pid_file.name} is "
-                              "another program now)")
-        return pid
+            return None, f"pid {pid} in {self.pid_file.name} is another program now"
+        return pid, ""
 
     def write_json(self, path: Path, data: dict[str, Any]) -> None:
         """Atomically (write, then rename), so a reader never sees half a request or result."""

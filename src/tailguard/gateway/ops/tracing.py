@@ -23,11 +23,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tailguard import __version__
-from tailguard.clock import monotonic
+from tailguard.clock import Now
 from tailguard.errors import ConfigError
 from tailguard.config import GatewayConfig
 from tailguard.gateway.ops.metrics import GENAI_OPERATION, UNKNOWN_PROVIDER
-from tailguard.gateway.request import Request
+from tailguard.gateway.request import Ended, Request
 from tailguard.types import Outcome
 
 if TYPE_CHECKING:
@@ -71,16 +71,17 @@ def endpoint_of(cfg: GatewayConfig, env: Mapping[str, str] = os.environ) -> str 
 class Tracer:
     """Starts a request's trace (`begin`) and ends it (`end`); `shutdown` flushes the exporter."""
 
-    def __init__(self, provider: TracerProvider) -> None:
+    def __init__(self, provider: TracerProvider, clock: Now) -> None:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self.provider = provider
+        self.clock = clock
         self._tracer = provider.get_tracer("tailguard", __version__)
         self._propagator = TraceContextTextMapPropagator()
-        self._offset_ns = time.time_ns() - int(monotonic() * 1e9)  # the one clock, as wall time
+        self._offset_ns = time.time_ns() - int(clock() * 1e9)  # the one clock, as wall time
 
     @classmethod
-    def of(cls, cfg: GatewayConfig) -> Tracer | None:
+    def of(cls, cfg: GatewayConfig, clock: Now) -> Tracer | None:
         """The tracer `cfg` asks for, exporting OTLP over HTTP; None when telemetry is off."""
         endpoint = endpoint_of(cfg)
         if endpoint is None:
@@ -95,12 +96,12 @@ class Tracer:
                 from None
         provider = TracerProvider(resource=Resource.create({"service.name": cfg.telemetry.service_name}))
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
-        return cls(provider)
+        return cls(provider, clock)
 
     def ns(self, at: float) -> int:
         return int(at * 1e9) + self._offset_ns
 
-    def begin(self, t: Request, headers: Mapping[str, str], parsed: ParsedRequest | None = None) -> None:
+    def begin(self, t: Request, headers: Mapping[str, str], parsed: ParsedRequest | None = None) -> RequestTrace:
         """The request's trace, from its arrival, child of the caller's `traceparent` if any."""
         from opentelemetry.trace import SpanKind
 
@@ -108,13 +109,12 @@ class Tracer:
         root = self._tracer.start_span(GENAI_OPERATION[t.endpoint], context=parent, kind=SpanKind.SERVER,
                                        start_time=self.ns(t.arrived_at),
                                        attributes=None if parsed is None else request_attributes(parsed))
-        t.trace = RequestTrace(self, root, t.arrived_at)
+        return RequestTrace(self, root, t.arrived_at)
 
-    def end(self, t: Request, provider: str | None, response_model: str | None) -> None:
+    def end(self, e: Ended, provider: str | None, response_model: str | None) -> None:
         """Its last span ends as the request does: attributes from its record."""
-        trace = t.trace
-        if isinstance(trace, RequestTrace):
-            trace.end(t, provider, response_model)
+        if isinstance(e.trace, RequestTrace):
+            e.trace.end(e.request, provider, response_model)
 
     def child(self, name: str, root: Span, at: float, attributes: dict[str, Any], client: bool = False) -> Span:
         from opentelemetry.trace import SpanKind, set_span_in_context
@@ -173,7 +173,7 @@ class RequestTrace:
     def end(self, t: Request, provider: str | None, response_model: str | None) -> None:
         from opentelemetry.trace import Status, StatusCode
 
-        end = t.finished_at if t.finished_at is not None else monotonic()
+        end = t.finished_at if t.finished_at is not None else self._tracer.clock()
         for slot in ("_queue", "_suspension", "_attempt"):
             self._close(slot, end)
         root = self._root

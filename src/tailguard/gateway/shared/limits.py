@@ -32,10 +32,11 @@ import asyncio
 import itertools
 from dataclasses import dataclass, replace
 
-from tailguard.clock import monotonic
+from tailguard.clock import Now
 from tailguard.front.events import SharedVerdict
 from tailguard.front.limits import Standing, limited
 from tailguard.front.params import CallerSpec
+from tailguard.gateway.request import Ended, Request
 from tailguard.gateway.shared.link import UNAVAILABLE, Link, stop
 from tailguard.gateway.shared.scripts import RENEW_PLACES, RESERVE, SETTLE, Script
 from tailguard.types import RejectReason
@@ -43,7 +44,7 @@ from tailguard.types import RejectReason
 GRANTED = SharedVerdict()
 UNAVAILABLE_VERDICT = SharedVerdict(RejectReason.SHARED_STATE_UNAVAILABLE, 1.0)
 
-# A caller's shared buckets as last seen: when (monotonic), and per kind (requests, tokens) its
+# A caller's shared buckets as last seen: when (the gateway's clock), and per kind (requests, tokens) its
 # capacity and level then, or None for a limit the caller does not have.
 _Seen = tuple[float, tuple[tuple[int, float] | None, tuple[int, float] | None]]
 
@@ -72,13 +73,15 @@ class SharedLimits:
         shared.settle(held, used_tokens, admitted=True)            # exactly once; returns at once
     """
 
-    def __init__(self, link: Link, specs: list[CallerSpec]) -> None:
+    def __init__(self, link: Link, specs: list[CallerSpec], clock: Now) -> None:
         self.link = link
+        self._clock = clock
         self._reserve, self._settle, self._renew = Script(RESERVE), Script(SETTLE), Script(RENEW_PLACES)
         self._specs: dict[str, CallerSpec] = {}
         self._pending: set[asyncio.Task[None]] = set()
         self._seen: dict[str, _Seen] = {}
         self._places: dict[str, set[str]] = {}  # caller -> this replica's places in flight in Redis
+        self._held: dict[str, Held] = {}  # by request id: what each of the gateway's requests holds
         self._ids = itertools.count()
         self._task: asyncio.Task[None] | None = None
         self.reconfigure(specs)
@@ -122,6 +125,23 @@ class SharedLimits:
         limit, used = _use(spec, reason, levels)
         return SharedVerdict(reason, float(answer[2]), limit, used), None
 
+    async def reserve_for(self, req: Request, tokens: int) -> SharedVerdict | None:
+        """`reserve` for a request of the gateway's, whose hold is settled as it ends (`ended`)."""
+        if req.caller is None:
+            return None
+        verdict, held = await self.reserve(req.caller, tokens)
+        if held is not None:
+            self._held[req.id] = held
+        return verdict
+
+    def ended(self, e: Ended) -> None:
+        """A request ended (the gateway's one end): what it holds goes back, settled to what it
+        used; all of it, its request too, when it never started (refused, or gone while queued)."""
+        held = self._held.pop(e.request.id, None)
+        if held is not None:
+            req = e.request
+            self.settle(held, req.used_tokens(), admitted=req.bound_at is not None)
+
     def settle(self, held: Held, used_tokens: int, *, admitted: bool) -> None:
         """The request ended having used `used_tokens`; `admitted`: it got past the front (else
         its request is given back too). Sent to Redis in the background: the end never waits."""
@@ -144,7 +164,7 @@ class SharedLimits:
         (the front's own buckets say then)."""
         if caller not in self._specs or not self.link.shared:
             return None
-        now = monotonic()
+        now = self._clock()
         seen = self._seen.get(caller)
         if seen is None:
             return None
@@ -182,7 +202,7 @@ class SharedLimits:
         found = iter(levels)
         kinds = tuple(None if not cap else (cap, next(found))
                       for cap in (spec.requests_per_minute, spec.tokens_per_minute))
-        self._seen[spec.name] = (monotonic(), (kinds[0], kinds[1]))
+        self._seen[spec.name] = (self._clock(), (kinds[0], kinds[1]))
 
     def _limits(self, spec: CallerSpec, place: str, requests: int, tokens: int) -> tuple[list[str], list[object]]:
         """The caller's keys and the scripts' args: its buckets, each with its capacity and an

@@ -76,6 +76,12 @@ class Link:
         self._heartbeat = self.redis.register_script(_HEARTBEAT)
         self._task: asyncio.Task[None] | None = None
 
+    def follow(self, cfg: StateConfig) -> None:
+        """A reload's state settings: what to do while Redis is away (`on_unavailable`) and the
+        share's N (`replicas`) apply from the next request; the rest (the URL, the round trip's
+        timeout, the lease) were read at start, and a reload that changes them is refused."""
+        self.cfg = cfg
+
     @property
     def replicas(self) -> int:
         return self.cfg.replicas or max(1, self.seen_replicas)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from tailguard.clock import Now
 from tailguard.front.leases import RenewalPacing, short
 from tailguard.gateway.shared.link import UNAVAILABLE, Link, stop
 from tailguard.gateway.shared.scripts import Script
@@ -79,8 +80,9 @@ class SlotLeases:
     slots)` tells the front its cap."""
 
     def __init__(self, link: Link, caps: Callable[[], dict[str, int]], load: Callable[[str], tuple[int, int]],
-                 allot: Callable[[str, int | None], None]) -> None:
+                 allot: Callable[[str, int | None], None], clock: Now) -> None:
         self.link = link
+        self._clock = clock
         self._caps = caps
         self._load, self._allot = load, allot
         self._renew = Script(_RENEW)  # every backend in one pipeline: one round trip
@@ -114,10 +116,9 @@ class SlotLeases:
     async def _run(self) -> None:
         """Renew when `front.leases`' pacing says so, looking at this replica's own counts every
         `eager_s`."""
-        loop = asyncio.get_running_loop()
         pacing = self._pacing
         while True:
-            if pacing.due(loop.time(), self._short()):
+            if pacing.due(self._clock(), self._short()):
                 await self.renew()
             await asyncio.sleep(pacing.eager_s)
 

@@ -1,8 +1,9 @@
 """The non-streaming answer: reads an upstream SSE stream into one `chat.completion` or
 `text_completion` body. The joining is `wire.join`'s, the client's too; this adds the reading
 (deadlines, the tally, a preemptible request's progress, the bounds on what a backend may make it
-hold: `limits.max_answer_bytes` of stream in all, `limits.max_event_bytes` an event) and the usage
-the gateway counted."""
+hold: the answer's bytes in all (`gateway.upstream.bound`: what its `max_tokens` allows, at most
+`limits.max_answer_bytes`), `limits.max_event_bytes` an event), the check that it is an SSE stream
+of chunks at all, and the usage the gateway counted."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from tailguard.clock import monotonic
 from tailguard.config import LimitsConfig
-from tailguard.gateway.upstream.client import RelayError, Suspended, stream_failure
+from tailguard.gateway.upstream.client import RelayError, Suspended, check_answer, stream_failure
 from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.upstream.resume import Transcript
 from tailguard.gateway.upstream.tally import Tally
@@ -33,7 +33,7 @@ class Assembler:
     progress: Transcript | None = None  # set for preemptible requests
     service_tier: str | None = None  # the tier to report, when the request named one
     joiner: ChunkJoiner = field(init=False)
-    read_bytes: int = 0  # of stream, over every run of a resumed request
+    chunks: int = 0  # JSON chunks read, over every run of a resumed request
 
     def __post_init__(self) -> None:
         self.joiner = ChunkJoiner(chat=self.endpoint == "chat")
@@ -41,45 +41,50 @@ class Assembler:
     async def run(self, up: H1Response) -> bytes:
         """Assemble until the upstream ends. A preemptible request's assembler outlives a
         suspension (`Suspended`) and keeps accumulating over the resumed run."""
+        check_answer(up, self.tally.request.backend, stream=True)
+        self.tally.start_run(stream=False)
+        try:
+            done = await self._read(up)
+        finally:
+            self.tally.end_run()
+        prog = self.progress
+        if prog is not None and prog.suspended and not done:
+            raise Suspended()
+        error = self.joiner.error
+        if error is not None:
+            raise RelayError(FailureKind.STREAM_ERROR, str(error.get("message", "upstream error")))
+        if not self.chunks:
+            raise RelayError(FailureKind.PROTOCOL, f"Backend '{self.tally.request.backend}' ended its stream without "
+                             "a chunk")
+        if prog is not None:
+            usage = self.tally.usage
+            usage.prompt_tokens, usage.completion_tokens = prog.client_usage(usage.prompt_tokens, usage.completion_tokens)
+        return self.body()
+
+    async def _read(self, up: H1Response) -> bool:
+        """Absorb the stream's events until it ends; whether it said `[DONE]`."""
         dec = SSEDecoder(self.limits.max_event_bytes)
         prog = self.progress
-        self.tally.start_run()
         done = False
         try:
             while data := await up.readany():
                 if prog is not None and prog.suspended:
                     raise Suspended()
-                self._count(len(data))
-                now = monotonic()
+                now = self.tally.clock()
                 self.tally.watchdog.last_at = now
+                self.tally.read(len(data))
                 for ev in dec.feed(data):
                     done = done or ev.data == DONE
                     self._absorb(ev.data, now)
                 self.tally.no_content(now, self.limits)  # (nothing once this run's content has come)
             for ev in dec.flush():
                 done = done or ev.data == DONE
-                self._absorb(ev.data, monotonic())
+                self._absorb(ev.data, self.tally.clock())
         except (UpstreamBroke, EventTooLarge) as e:
             if isinstance(e, UpstreamBroke) and prog is not None and prog.suspended:
                 raise Suspended() from None
             raise stream_failure(e) from None
-        if prog is not None and prog.suspended and not done:
-            raise Suspended()
-        error = self.joiner.error
-        if error is not None:
-            raise RelayError(FailureKind.STREAM_ERROR, str(error.get("message", "upstream error")))
-        if prog is not None:
-            usage = self.tally.usage
-            usage.prompt_tokens, usage.completion_tokens = prog.client_usage(usage.prompt_tokens, usage.completion_tokens)
-        return self.body()
-
-    def _count(self, n: int) -> None:
-        """The answer is held until it ends: bounded, or a backend that never ends it would grow
-        the gateway until `total_s`."""
-        self.read_bytes += n
-        if self.read_bytes > self.limits.max_answer_bytes:
-            raise RelayError(FailureKind.PROTOCOL, f"Backend sent over {self.limits.max_answer_bytes} bytes for one "
-                             "non-stream answer (limits.max_answer_bytes)")
+        return done
 
     def _absorb(self, data: bytes, now: float) -> None:
         if data == DONE:
@@ -90,6 +95,7 @@ class Assembler:
             raise RelayError(FailureKind.PROTOCOL, "Backend sent a chunk that is not JSON.") from None
         if not isinstance(obj, dict):
             return
+        self.chunks += 1
         if self.tally.traced:
             self.tally.answer_end(data, 0, len(data))
         if self.progress is not None:  # its token ids kept; a continuation by ids back in chat's shape
@@ -98,6 +104,7 @@ class Assembler:
         if self.joiner.error is not None:  # the request fails with it at the end: nothing more to count
             return
         self.tally.usage.read(obj)
+        self.tally.counted()
         if has_content(data):
             self.tally.content(now)
             if self.progress is not None:
@@ -111,7 +118,7 @@ class Assembler:
         """The joined body with the usage the gateway counted: over every run of a resumed
         request, and estimated where the engine sent none."""
         out = self.joiner.finish()
-        usage, t = self.tally.usage, self.tally.times
+        usage, t = self.tally.usage, self.tally.request
         pt = usage.prompt_tokens if usage.prompt_tokens is not None else t.prompt_tokens
         ct = usage.completion_tokens if usage.completion_tokens is not None else t.content_chunks
         out["usage"] = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}

@@ -14,6 +14,7 @@ import aiohttp
 import httptools
 import orjson
 
+from tailguard.clock import Now
 from tailguard.errors import APIError, GatewayError
 from tailguard.config import BackendConfig, LimitsConfig
 from tailguard.gateway.upstream.backends import prepare_body
@@ -22,7 +23,7 @@ from tailguard.gateway.upstream.kinds import get_kind
 from tailguard.gateway.upstream.pool import Pool, origin_of
 from tailguard.gateway.upstream.refusals import Refusals
 from tailguard.types import FailureKind
-from tailguard.wire.openai import CHUNKED, Endpoint, error_body, error_fields
+from tailguard.wire.openai import CHUNKED, Endpoint, error_body, error_fields, is_json_media_type
 from tailguard.wire.sse import EventTooLarge
 
 UPSTREAM_PATHS: dict[Endpoint, str] = {
@@ -97,6 +98,26 @@ def stream_failure(e: UpstreamBroke | EventTooLarge) -> RelayError:
     return RelayError(FailureKind.DISCONNECT, f"Backend closed the stream early: {e}")
 
 
+def check_answer(up: H1Response, backend: str, *, stream: bool) -> None:
+    """Raise `RelayError(PROTOCOL)` unless `up`'s head says what was asked for: an SSE stream
+    (`text/event-stream`) or a JSON body, either in the identity encoding (the gateway asks for
+    no other: a gzip body relayed as it came reaches a client that cannot read it, and one
+    assembled from it is empty). The attempt is the backend's failure, tried again elsewhere
+    while nothing reached the client."""
+    headers = up.headers
+    ctype = headers.get("content-type", "")
+    if stream and "content-encoding" not in headers and ctype[:17] == "text/event-stream" and ctype[17:18] in ("", ";"):
+        return  # what every engine answers a stream (vLLM adds `; charset=utf-8`): one look
+    mime = ctype.partition(";")[0].strip().lower()
+    encoding = headers.get("content-encoding", "identity").strip().lower()
+    wanted = "text/event-stream" if stream else "application/json"
+    if (mime == wanted if stream else is_json_media_type(mime)) and encoding in ("identity", ""):
+        return
+    said = f"Content-Type {ctype[:64]!r}" + (f", Content-Encoding {encoding[:32]!r}" if encoding != "identity" else "")
+    raise RelayError(FailureKind.PROTOCOL, f"Backend '{backend}' answered a {'stream' if stream else 'non-stream'} "
+                     f"request with {said}; {wanted} in the identity encoding was asked for")
+
+
 class Suspended(GatewayError):
     """The dispatcher preempted this request: its upstream was closed, and the client's response
     stays open until the request is resumed."""
@@ -105,7 +126,7 @@ class Suspended(GatewayError):
 def upstream_body(
     raw: bytes, body: dict[str, Any], *, client_stream: bool, client_usage: bool, body_changed: bool,
     backend: BackendConfig, rank: int, count_tokens: bool = False, dropped: frozenset[str] = frozenset(),
-    endpoint: Endpoint = "chat",
+    endpoint: Endpoint = "chat", own_priority: bool = False,
 ) -> bytes:
     """The bytes sent upstream: always a stream with usage. The client's raw bytes when they
     already say exactly that, else the body serialised once (the only JSON encode per request).
@@ -113,9 +134,10 @@ def upstream_body(
     `count_tokens` (a request that may be continued) asks a backend whose chunks may carry several
     tokens for the running usage on every chunk, so the tokens generated so far are known exactly,
     and one that returns token ids for them (`Kind.continues_by_ids`), to continue by ids.
-    Fields the backend refused (`dropped`) are left out. Routes other than chat and completions
-    go as the client sent them (streamed or not), with only the class and model fields set."""
-    prepared = prepare_body(backend, body, rank, dropped)
+    Fields the backend refused (`dropped`) are left out; a client's `priority` stays only when
+    `own_priority` (`backends.translate_body`). Routes other than chat and completions go as the
+    client sent them (streamed or not), with only the class and model fields set."""
+    prepared = prepare_body(backend, body, rank, dropped, own_priority)
     if endpoint not in CHUNKED:
         return raw if prepared is None and not body_changed else orjson.dumps(prepared if prepared is not None else body)
     kind = get_kind(backend.kind)
@@ -140,8 +162,8 @@ class Upstream:
     closed just the same would fail again). `session`, an aiohttp client, serves the gateway's
     own small requests (probes, the model list)."""
 
-    def __init__(self) -> None:
-        self.pool = Pool(asyncio.get_running_loop(), keepalive_s=30.0)
+    def __init__(self, clock: Now) -> None:
+        self.pool = Pool(asyncio.get_running_loop(), clock, keepalive_s=30.0)
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30.0),
             timeout=aiohttp.ClientTimeout(total=None),  # each of its requests sets its own bound

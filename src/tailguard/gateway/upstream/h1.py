@@ -23,7 +23,6 @@ from collections.abc import Callable
 
 import httptools
 
-from tailguard.clock import monotonic
 from tailguard.errors import GatewayError
 
 _HIGH_WATER = 64 * 1024
@@ -340,8 +339,7 @@ class H1Connection(asyncio.Protocol):
         if self._complete and self._keep and not self.closed:
             self._resp = None
             self.resume()
-            self.idle_since = monotonic()
-            self._on_idle(self)
+            self._on_idle(self)  # the pool notes since when it is idle
         else:
             self.abort(resp)
 

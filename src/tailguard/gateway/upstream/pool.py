@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urlsplit
 
-from tailguard.clock import monotonic
+from tailguard.clock import Now
 from tailguard.gateway.upstream.h1 import H1Connection
 
 
@@ -53,8 +53,9 @@ def origin_of(url: str) -> Origin:
 class Pool:
     """Idle connections per origin (see the module docstring)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, *, keepalive_s: float = 30.0) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, clock: Now, *, keepalive_s: float = 30.0) -> None:
         self.loop = loop
+        self._clock = clock
         self.keepalive_s = keepalive_s
         self._idle: dict[Origin, list[H1Connection]] = {}
         self._origin: dict[H1Connection, Origin] = {}
@@ -65,7 +66,7 @@ class Pool:
         (refused, unreachable) or TimeoutError (no new connection within `connect_s`)."""
         if not fresh:
             idle = self._idle.get(origin)
-            stale_before = monotonic() - self.keepalive_s
+            stale_before = self._clock() - self.keepalive_s
             while idle:
                 conn = idle.pop()
                 if conn.idle_since >= stale_before and not conn.closed:
@@ -86,6 +87,7 @@ class Pool:
         return conn
 
     def _idle_again(self, conn: H1Connection) -> None:
+        conn.idle_since = self._clock()
         origin = self._origin.get(conn)
         if origin is not None:
             self._idle.setdefault(origin, []).append(conn)

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
-from tailguard.clock import monotonic
+from tailguard.clock import Now
+from tailguard.front.events import KindLearned, Loaded, Probed, Served
 from tailguard.config import BackendConfig
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.ops.live import Live
@@ -46,8 +47,9 @@ class Probes:
     the new path, timeout and interval apply at once, not after the interval being slept out."""
 
     def __init__(self, live: Live, backends: dict[str, BackendConfig], dispatcher: Dispatcher,
-                 session: aiohttp.ClientSession, metrics: GatewayMetrics) -> None:
+                 session: aiohttp.ClientSession, metrics: GatewayMetrics, clock: Now) -> None:
         self.live, self.backends, self.dispatcher, self.session, self.metrics = live, backends, dispatcher, session, metrics
+        self._clock = clock
         self.load: dict[str, EngineLoad] = {}  # the engine's own count, from its last load page
         self.models: dict[str, list[dict[str, Any]]] = {}  # each backend's /v1/models entries, as it gave them
         self.load_at: dict[str, float] = {}  # when that page was read (its figures' age in /health)
@@ -111,13 +113,13 @@ class Probes:
             backend, health, wake = self.backends[name], self.live.cfg.health, self._wake
             # An explicit `health.path` wins; else each kind's own (a plain OpenAI server has no /health).
             path = health.path if "path" in health.model_fields_set else get_kind(backend.kind).health_path
-            sent_at = monotonic()
+            sent_at = self._clock()
             answer = await self._fetch(backend, path)
             failed = answer if isinstance(answer, _Failed) else None
             self.last_error[name] = failed.reason if failed is not None else None
             # No answer in time, but the engine streamed to requests in flight meanwhile: busy.
             busy = failed is not None and failed.timed_out and self.dispatcher.delivered_since(name, sent_at)
-            self.dispatcher.probe(name, failed is None, busy=busy)
+            self.dispatcher.tell(Probed(name, failed is None, busy))
             if failed is None:
                 await self._read_models(backend)
                 await self._read_load(backend)
@@ -178,10 +180,10 @@ class Probes:
         reachable = any(isinstance(a, bytes) or a.answered for a in answers)
         current = self.backends[name]  # as it is now: a reload may have changed it meanwhile
         if current.kind != kind:
-            log.warning("backend %s is %s (detected)", name, kind)
+            log.info("backend %s is %s (detected)", name, kind)
             self.backends[name] = current.model_copy(update={"kind": kind})
             self.metrics.set_kind(name, kind)
-        self.dispatcher.set_kind(name, get_kind(kind).continues_generation)
+        self.dispatcher.tell(KindLearned(name, get_kind(kind).continues_generation))
         if kind == "openai" and reachable and self._undetected.get(name) != current.url:
             self._undetected[name] = current.url  # said once per address (an unreachable one: once it answers)
             view = self.dispatcher.front.backend(name)
@@ -214,7 +216,7 @@ class Probes:
         ids = tuple(m["id"] for m in entries)
         if ids != tuple(m["id"] for m in self.models.get(backend.name, ())) or backend.name not in self.models:
             self.models[backend.name] = entries
-            self.dispatcher.served(backend.name, ids or None)
+            self.dispatcher.tell(Served(backend.name, ids or None))
 
     async def _read_load(self, backend: BackendConfig) -> None:
         """The engine's own running and waiting counts: a waiting count above zero means requests
@@ -224,8 +226,8 @@ class Probes:
             load = source.parse(page) if page is not None else None
             if load is not None:
                 self.load[backend.name] = load
-                self.dispatcher.loaded(backend.name, load.running + load.waiting)
-                self.load_at[backend.name] = monotonic()
+                self.dispatcher.tell(Loaded(backend.name, load.running + load.waiting))
+                self.load_at[backend.name] = self._clock()
                 self.metrics.engine_requests.labels(backend.name, "running").set(load.running)
                 self.metrics.engine_requests.labels(backend.name, "waiting").set(load.waiting)
                 return

@@ -20,7 +20,6 @@ completions chunks are put in chat's shape (`wire.token_ids.as_chat_chunk`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,12 +40,16 @@ class Transcript:
     another backend when its own died mid-answer).
 
     The relay appends the text of every content chunk it has passed to the client (before
-    writing it, so the count never runs behind what the client got), and the dispatcher's
-    suspension sets `suspended`, which the relay checks between chunks.
+    writing it, so the count never runs behind what the client got); the dispatcher reads the
+    count (`tokens`) for the front whenever it may preempt, and its suspension sets
+    `suspended`, which the relay checks between chunks.
     """
 
     parts: list[str] = field(default_factory=list)
     tokens: int = 0  # content chunks relayed, over every run: the generated-token count
+    # The most `tokens` counts: what the request allows (`gateway.upstream.bound`, set by its
+    # tally); a backend that sends or counts more is not believed, nor charged for.
+    most_tokens: int = 1 << 62
     base_tokens: int = 0  # tokens generated before the current run
     added_prompt_tokens: int = 0  # estimated tokens the current run's continuation added to the prompt
     # The first run's prompt as its engine counted it, where the engine puts a running usage on
@@ -61,9 +64,6 @@ class Transcript:
     lazy: bool = False
     raw: list[bytes] = field(default_factory=list)
     first_id: str | None = None  # the response id of its first run's chunks, as `decode` read it
-    # Told every new count: the dispatcher passes it to the front as `Generated`, what a
-    # preemption weighs (the front never asks its driver).
-    on_tokens: Callable[[int], None] | None = None
     # Token ids, kept while every run came from an engine that returns them (None: not, or no
     # longer): the first run's prompt and every generated token's, for a continuation by ids.
     ids: list[int] | None = None
@@ -85,9 +85,7 @@ class Transcript:
         self.parts.append(text)
         if self.runs == 1 and run_prompt_tokens is not None:
             self.prompt_tokens = run_prompt_tokens
-        self.tokens = self.base_tokens + run_tokens if run_tokens is not None else self.tokens + 1
-        if self.on_tokens is not None:
-            self.on_tokens(self.tokens)
+        self.tokens = min(self.most_tokens, self.base_tokens + run_tokens if run_tokens is not None else self.tokens + 1)
 
     def run_on(self, gives_ids: bool, client_ids: bool) -> None:
         """A run starts on a backend that returns token ids (`gives_ids`) or not: the ids stay

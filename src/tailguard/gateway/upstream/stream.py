@@ -19,11 +19,10 @@ from typing import Any, Callable
 
 import orjson
 
-from tailguard.clock import monotonic
 from tailguard.errors import APIError
 from tailguard.config import LimitsConfig
 from tailguard.gateway.sink import Sink
-from tailguard.gateway.upstream.client import RelayError, Suspended, stream_failure
+from tailguard.gateway.upstream.client import RelayError, Suspended, check_answer, stream_failure
 from tailguard.gateway.upstream.h1 import H1Response, UpstreamBroke
 from tailguard.gateway.upstream.resume import Transcript
 from tailguard.gateway.upstream.tally import Tally
@@ -32,7 +31,7 @@ from tailguard.types import FailureKind
 from tailguard.wire.chunks import (
     delta_text, has_content, parse, role_only, running_usage, with_service_tier,
 )
-from tailguard.wire.framing import OPENAI, Framing
+from tailguard.wire.framing import OPENAI, Cut, Framing
 from tailguard.wire.openai import Endpoint
 from tailguard.wire.sse import DONE, DONE_EVENT, EventTooLarge, SSEDecoder, SSEEvent, encode_event, events_of
 from tailguard.wire.token_ids import without_token_ids
@@ -85,17 +84,25 @@ class StreamRelay:
         relayed by `_chunk` from the connection's own callback (`H1Response.push`): no task is
         woken per chunk. Anything else (the preamble, usage, the end, a client that reads slower
         than the backend writes) comes back here and takes `_emit`."""
+        check_answer(up, self.tally.request.backend, stream=True)
         self.tally.start_run()
         self.held.clear()  # a failed attempt's preamble is not this one's
         self.held_bytes = 0
-        prog = self.progress
-        if prog is not None and not prog.lazy:
-            if self.stream_id is None:
-                self.stream_id = prog.first_id  # (a lazy first run's, continued after a migration)
-            await self._run_tracked(up, prog)
-            return
+        try:
+            prog = self.progress
+            if prog is not None and not prog.lazy:
+                if self.stream_id is None:
+                    self.stream_id = prog.first_id  # (a lazy first run's, continued after a migration)
+                await self._run_tracked(up, prog)
+            else:
+                await self._run_pushed(up)
+        finally:
+            self.tally.end_run()
+
+    async def _run_pushed(self, up: H1Response) -> None:
         self._dec = dec = SSEDecoder(self.limits.max_event_bytes)
-        sink, wd = self.sink, self.tally.watchdog
+        sink, tally = self.sink, self.tally
+        wd = tally.watchdog
         drained = 0
         step: Callable[[bytes], bool] | None = None
         try:
@@ -115,13 +122,14 @@ class StreamRelay:
                 data = await up.readany()
                 if not data:
                     break
-                now = monotonic()
+                now = self.tally.clock()
                 wd.last_at = now
                 if self.ended:
                     drained += len(data)  # past [DONE]: drain so the connection can be reused
                     if drained > _DRAIN_BYTES:
                         return  # not worth it: the caller closes it
                     continue
+                tally.read(len(data))
                 buf, ends = dec.frame(data)
                 if ends:
                     await self._emit(*self._scan(buf, ends), now)
@@ -137,34 +145,42 @@ class StreamRelay:
         if speedups is None or self.framing is not OPENAI or self.tally.traced:
             return self._chunk
         conn, transport = self.sink.direct or (None, None)
-        step: Callable[[bytes], bool] = speedups.ChunkStep(self, monotonic, self._dec, self.tally, self.sink,
-                                                           conn, transport)
+        tally = self.tally
+        step: Callable[[bytes], bool] = speedups.ChunkStep(self, tally.clock, self._dec, tally, self.sink, conn,
+                                                           transport)
         return step
 
     def _chunk(self, data: bytes) -> bool:
         """One piece of the body, in the connection's callback: read by the one rule of what
         its events carry (`_scan`), and a lone content chunk goes straight to the sink. False
         hands the rest back to `run` (`_pending`: what needs `_emit`; `_blocked`: the client must
-        drain first)."""
-        now = monotonic()
-        self.tally.watchdog.last_at = now
+        drain first). Its bytes count toward the answer's bound (`Tally.read`) unless it is one
+        whole content event of at most `Tally.event_bytes` read alone (the C step's own piece),
+        which the bound on content events holds instead."""
+        tally = self.tally
+        now = tally.clock()
+        tally.watchdog.last_at = now
         buf, ends = self._dec.frame(data)
         if not ends:
+            tally.read(len(data))
             return True  # part of an event: the decoder keeps it
         chunk, content, last = self._scan(buf, ends)
         if content == 1 and len(ends) == 1:
-            self.tally.content(now, 1)
+            if buf is not data or len(data) > tally.event_bytes:
+                tally.read(len(data))
+            tally.content(now, 1)
             if self.sink.write_nowait(chunk):
                 return True
             self._blocked = True
             return False
+        tally.read(len(data))
         self._pending = (chunk, content, last, now)
         return False
 
     async def _run_tracked(self, up: H1Response, prog: Transcript) -> None:
         """The loop of a preemptible request: every event parsed (`_track`); between reads it
         stops with `Suspended` once the dispatcher has preempted the request."""
-        clock = monotonic
+        clock = self.tally.clock
         wd, read = self.tally.watchdog, up.readany
         dec = SSEDecoder(self.limits.max_event_bytes)
         try:
@@ -173,6 +189,7 @@ class StreamRelay:
                     raise Suspended()
                 now = clock()
                 wd.last_at = now
+                self.tally.read(len(data))
                 if not self.ended:
                     await self._emit(*self._track(dec.feed(data), prog), now)
         except (UpstreamBroke, EventTooLarge) as e:
@@ -192,7 +209,7 @@ class StreamRelay:
         prog = self.progress
         chunk, content, _ = (self._scan(tail, [len(tail)]) if prog is None or prog.lazy
                              else self._track(events_of(tail), prog))
-        await self._emit(chunk, content, True, monotonic())
+        await self._emit(chunk, content, True, self.tally.clock())
 
     def _scan(self, buf: bytes, ends: list[int]) -> tuple[bytes, int, bool]:
         """The zero-parse path: which events carry content, usage or an error, found by their
@@ -210,12 +227,15 @@ class StreamRelay:
             elif f.has_usage(buf, pos, end):
                 if f.read_usage(self.tally.usage, _event_json(buf, pos, end)) and not self.client_usage:
                     drop = (pos, end)
+                self.tally.counted()
             elif f.is_error(buf, pos, end):
                 self.upstream_error = True
             last_start, pos = pos, end
         last = content < len(ends) and f.is_last(buf, last_start, pos)  # [DONE] is not content
         prog = self.progress
         if prog is not None and (content or prog.wants_ids()):
+            if content:
+                self.tally.room(content)  # text past the answer's bound is neither relayed nor kept
             prog.keep(buf, self.endpoint == "chat")
         if drop is not None:
             buf = buf[:drop[0]] + buf[drop[1]:]
@@ -284,6 +304,7 @@ class StreamRelay:
         if prog.runs > 1:
             usage.prompt_tokens, usage.completion_tokens = prog.client_usage(usage.prompt_tokens,
                                                                              usage.completion_tokens)
+        self.tally.counted()
         if usage_only and not self.client_usage:
             return b""
         if prog.runs > 1:
@@ -307,7 +328,7 @@ class StreamRelay:
             if chunk:
                 self.held.append(chunk)
                 self.held_bytes += len(chunk)
-            if tally.times.first_content_at is None and not last:
+            if tally.request.first_content_at is None and not last:
                 self._bound_preamble(now)
                 return
             first = b"".join(self.held)
@@ -341,8 +362,16 @@ class StreamRelay:
         await self.sink.end(data)
 
     async def fail(self, err: APIError) -> None:
-        """The stream broke after the client got bytes: end it with an OpenAI error event."""
+        """The stream broke after the client got bytes: end it with the route's error event,
+        after the event that says it ended at its length when it was cut there (`Tally.cut`)."""
         self.upstream_error = True
-        if not self.ended:
-            await self._end(self.framing.error_event(err))
+        if self.ended:
+            return
+        last = self.framing.error_event(err)
+        tally = self.tally
+        if tally.cut:
+            t, bound = tally.request, tally.bound
+            cut = Cut(t.request_id, t.model or "", bound.n, bound.charged, chat=self.endpoint == "chat")
+            last = self.framing.cut_event(cut) + last
+        await self._end(last)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tailguard.clock import monotonic
+from tailguard.clock import Now
 from tailguard.types import FailureKind
 
 
@@ -16,16 +16,17 @@ class DeadlineWatch:
     if nothing expired. That costs one callback per idle period instead of a timer per chunk.
     On expiry it cancels the request's task (like `asyncio.timeout`), and `take_expiry()` tells
     that cancellation apart from a client disconnect. Instants are on the gateway's one clock
-    (`tailguard.clock.monotonic`), the clock of the request's record.
+    (`clock`), the clock of the request's record.
     """
 
-    __slots__ = ("_loop", "_task", "_base", "_handle", "_armed_at", "total_at", "first_token_at", "idle_s",
+    __slots__ = ("_loop", "_clock", "_task", "_base", "_handle", "_armed_at", "total_at", "first_token_at", "idle_s",
                  "last_at", "first_seen", "expired", "head_at")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, total_at: float, idle_s: float) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, clock: Now, total_at: float, idle_s: float) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._loop = loop
+        self._clock = clock
         self._task = task
         self._base = task.cancelling()
         self._handle: asyncio.TimerHandle | None = None
@@ -46,7 +47,7 @@ class DeadlineWatch:
         self.head_at = head_at
         self.first_seen = False
         self.last_at = 0.0
-        due = min(first_token_at, self.total_at, monotonic() + self.idle_s)
+        due = min(first_token_at, self.total_at, self._clock() + self.idle_s)
         self._arm(due if head_at is None else min(due, head_at))
 
     def answered(self) -> None:
@@ -65,11 +66,11 @@ class DeadlineWatch:
         if self._handle is not None:
             self._handle.cancel()
         self._armed_at = at
-        self._handle = self._loop.call_later(max(0.0, at - monotonic()), self._fire)
+        self._handle = self._loop.call_later(max(0.0, at - self._clock()), self._fire)
 
     def _fire(self) -> None:
         self._handle = None
-        now = monotonic()
+        now = self._clock()
         if now >= self.total_at:
             kind = FailureKind.TIMEOUT_TOTAL
         elif self.head_at is not None and now >= self.head_at:
