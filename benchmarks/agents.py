@@ -223,7 +223,7 @@ def bench_compare(before: str, after: str) -> None:
 # --- what finding a program costs the gateway ----------------------------------------------------
 
 def identity_cost() -> dict[str, float]:
-    """Microseconds per `ProgramFinder.find` (what the proxy calls for every request), by case:
+    """Microseconds per `ProgramFinder.find` (what the gateway's lifecycle calls for every request), by case:
     named by a field; a 200-token chat that names nothing (inferred: its text and block hashes);
     a 10,000-token conversation inferred as the last one's continuation."""
     finder = ProgramFinder(ProgramParams())
@@ -323,7 +323,7 @@ async def main(args: argparse.Namespace) -> None:
         a = out["http_args"]
         md += [f"## HTTP ({a['http_programs']} programs at {a['http_rate']} a second, seed {a['seed']})", "",
                table(out["http"]), "", *verdicts(out["http"], "HTTP"), ""]
-    md += ["Finding a call's program (`ProgramFinder.find`, once per request in the gateway's proxy), microseconds a "
+    md += ["Finding a call's program (`ProgramFinder.find`, once per request in the gateway's lifecycle), microseconds a "
            "call on this machine: " + ", ".join(f"{k} {v}" for k, v in out["identity_us"].items()) + ".", ""]
     (RESULTS / "agents.md").write_text("\n".join(md))
     print("\n".join(md))

@@ -214,6 +214,24 @@ def test_a_new_programs_first_call_is_not_stuck_behind_a_long_agents_twentieth()
     assert list(g.handle(Finished("blocker", Outcome.SUCCESS, 100), 4.0)) == [Start("agent-3", "a")]
 
 
+def test_sibling_calls_that_arrive_together_land_on_one_backend() -> None:
+    """A step's parallel tool calls (or best-of-n) arrive together, before any of them ended: the
+    first one sent makes the backend its program's home, so the others follow it there while
+    that backend is within the balance bound; a call of no program goes by load alone."""
+    f = front(BackendSpec("a", max_concurrency=4), BackendSpec("b", max_concurrency=4))
+    first = arrive(f, "s1", 1000, 0.0, "p")
+    assert len(first) == 1 and isinstance(first[0], Start)
+    home = first[0].backend
+    assert arrive(f, "s2", 1000, 0.0, "p") == [Start("s2", home)]
+    assert arrive(f, "s3", 1000, 0.0, "p") == [Start("s3", home)]
+    other = "b" if home == "a" else "a"
+    assert arrive(f, "x", 1000, 0.0) == [Start("x", other)]  # no program: the less loaded
+    off = front(BackendSpec("a", max_concurrency=4), BackendSpec("b", max_concurrency=4),
+                programs=ProgramParams(affinity=False))
+    picks = {e.backend for rid in ("s1", "s2") for e in arrive(off, rid, 1000, 0.0, "p") if isinstance(e, Start)}
+    assert picks == {"a", "b"}  # without affinity, siblings spread by load
+
+
 def test_a_long_programs_wait_is_bounded_under_a_flood_of_new_ones() -> None:
     """One slot, each call holds it 1 s; a new program's first call arrives every 0.5 s (twice
     what the slot serves), so new programs alone would keep it busy for ever. The long program's
