@@ -62,7 +62,7 @@ from tailguard.sweep.agents import ProgramRun, simulate_programs
 from tailguard.wire.openai import validate_body
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fleet_routing import cache_counters, smg  # noqa: E402  beside this script: the engines' hit counters, smg
+from fleet_routing import cache_counters, simulators, smg  # noqa: E402  beside this script: hit counters, sims, smg
 from sim_des_speed import pct  # noqa: E402  one nearest-rank percentile for all
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 WORKLOAD = ROOT / "examples" / "agents.yaml"
 ENGINES = 2
 SLOTS = 16
-ENGINE = {"preset": "h100-llama8b", "max_num_seqs": SLOTS, "max_model_len": 65536, "kv_cache_tokens": 440_000}
+ENGINE: dict[str, Any] = {"preset": "h100-llama8b", "max_num_seqs": SLOTS, "max_model_len": 65536, "kv_cache_tokens": 440_000}
 GATEWAY: dict[str, Any] = {
     "access_log": False,
     "classes": [{"name": "interactive", "rank": 0, "max_queue_wait_s": 600, "max_queue_len": 100_000}],
@@ -142,20 +142,12 @@ def program_figures(progs: list[tuple[str, float | None]]) -> dict[str, Any]:
 
 # --- the HTTP runs ------------------------------------------------------------------------------
 
-@contextlib.asynccontextmanager
-async def engines(logs: Path) -> AsyncIterator[list[str]]:
+def engines(logs: Path) -> contextlib.AbstractAsyncContextManager[list[str]]:
     """Fresh simulators (their caches empty), at real time."""
-    async with contextlib.AsyncExitStack() as stack:
-        urls = []
-        for i in range(ENGINES):
-            port = free_port()
-            url = f"http://127.0.0.1:{port}"
-            args = ["sim", "--port", str(port), "--preset", ENGINE["preset"], "--max-num-seqs", str(SLOTS),
-                    "--max-model-len", str(ENGINE["max_model_len"]), "--kv-cache-tokens", str(ENGINE["kv_cache_tokens"]),
-                    "--enable-prefix-caching", "--time-scale", "1", "--model-name", "agents-model"]
-            await stack.enter_async_context(spawned(args, url + "/health", logs / f"sim{i}.log"))
-            urls.append(url)
-        yield urls
+    return simulators(logs, ENGINES, ["--preset", ENGINE["preset"], "--max-num-seqs", str(SLOTS),
+                                      "--max-model-len", str(ENGINE["max_model_len"]),
+                                      "--kv-cache-tokens", str(ENGINE["kv_cache_tokens"]),
+                                      "--enable-prefix-caching", "--time-scale", "1", "--model-name", "agents-model"])
 
 
 @contextlib.asynccontextmanager

@@ -136,17 +136,22 @@ async def cache_counters(urls: list[str]) -> tuple[float, float]:
     return hits, queries
 
 
+def engines(logs: Path) -> contextlib.AbstractAsyncContextManager[list[str]]:
+    return simulators(logs, INSTANCES, ["--preset", "h100-llama8b", "--max-num-seqs", str(SLOTS),
+                                        "--time-scale", str(TIME_SCALE), "--enable-prefix-caching",
+                                        "--kv-cache-tokens", str(KV_TOKENS), "--model-name", MODEL])
+
+
 @contextlib.asynccontextmanager
-async def engines(logs: Path) -> AsyncIterator[list[str]]:
+async def simulators(logs: Path, n: int, args: list[str]) -> AsyncIterator[list[str]]:
+    """`n` fresh `tailguard sim` processes (their caches empty) started with `args`: their URLs."""
     async with contextlib.AsyncExitStack() as stack:
         urls = []
-        for i in range(INSTANCES):
+        for i in range(n):
             port = free_port()
             url = f"http://127.0.0.1:{port}"
-            args = ["sim", "--port", str(port), "--preset", "h100-llama8b", "--max-num-seqs", str(SLOTS),
-                    "--time-scale", str(TIME_SCALE), "--enable-prefix-caching", "--kv-cache-tokens", str(KV_TOKENS),
-                    "--model-name", MODEL]
-            await stack.enter_async_context(spawned(args, url + "/health", logs / f"sim{i}.log"))
+            await stack.enter_async_context(spawned(["sim", "--port", str(port), *args], url + "/health",
+                                                    logs / f"sim{i}.log"))
             urls.append(url)
         yield urls
 
