@@ -27,7 +27,8 @@ class Terminal:
         env = {**{k: v for k, v in os.environ.items() if k != "TAILGUARD_API_KEY"},
                "COLUMNS": "80", "LINES": "40", "TERM": "xterm-256color", **env_vars}
         pid, fd = pty.fork()
-        if pid == 0:  # the child: nothing but exec
+        if pid == 0:  # the child: Ctrl-C's default back (a suite started with `&` ignores SIGINT), then exec
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.execve(TAILGUARD, [TAILGUARD, "top", url, *args], env)
         self.pid, self.fd = pid, fd
         self.out = b""
