@@ -24,16 +24,21 @@ class Result:
     tokens: int = 0
     retry_after: str | None = None
     reason: str | None = None  # X-Tailguard-Reject-Reason
+    lag: float | None = None  # how late it was sent (the generator falling behind)
 
 
 async def send(session: aiohttp.ClientSession, url: str, cls: str, max_tokens: int, at: float, t0: float,
-               out: list[Result], fresh_connection: bool = False) -> None:
-    """One streamed chat sent at t0 + at (perf_counter seconds); appends its `Result` to `out`."""
+               out: list[Result], fresh_connection: bool = False, prompt: str | None = None) -> None:
+    """One streamed chat sent at t0 + at (perf_counter seconds); appends its `Result` to `out`.
+    `prompt`: its message (default: a short one, by class)."""
     r = Result(cls, at)
     out.append(r)
     await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
-    body = {"model": "tailguard-sim", "messages": [{"role": "user", "content": "Summarize the report." if cls == "batch"
-                                        else "Hello there."}], "max_tokens": max_tokens, "stream": True}
+    r.lag = time.perf_counter() - (t0 + at)
+    if prompt is None:
+        prompt = "Summarize the report." if cls == "batch" else "Hello there."
+    body = {"model": "tailguard-sim", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "stream": True}
     headers = {"X-Tailguard-Class": cls}
     if fresh_connection:
         headers["Connection"] = "close"

@@ -1,7 +1,9 @@
 """Sustained overload: chats at 5x and 10x what one simulated engine completes, for 60 s each,
-through the gateway as it sheds today (by expected wait and the wait feedback, interactive bound
-10 s) and through the gateway as it was before (git revision `--baseline-rev`, which shed by queue
-length and a 30 s bound), side by side.
+through the gateway as it sheds today (the default interactive TTFT target of 2 s: refused when
+predicted to miss it, docs/slo.md; interactive bound 10 s) and through the gateway as it was
+before (git revision `--baseline-rev`: by default the one before TTFT targets, which shed by
+expected wait against the 10 s bound), side by side; first the same on the discrete-event
+simulator (`now` and `before`: this tree with and without the default target), in simulated seconds.
 
 For each: the share admitted and served, the admitted chats' TTFT (from the scheduled send), how
 fast and with what a refusal came back (status, `Retry-After`), how many expired in the queue
@@ -12,7 +14,7 @@ at half speed so the load generator can offer 10x on a shared 2-core machine), o
 time in front of it (quick form, `--max-concurrency 8`), and this open-loop generator. Capacity
 is measured first with 8 closed-loop clients straight to the engine.
 
-    .venv/bin/python benchmarks/overload.py [--seconds 60] [--factors 5,10] [--baseline-rev 3239b3d]
+    .venv/bin/python benchmarks/overload.py [--seconds 60] [--factors 5,10] [--baseline-rev 81317f0]
 
 Writes benchmarks/results/overload.{json,md}.
 """
@@ -33,6 +35,14 @@ from typing import Any
 import aiohttp
 
 from tailguard.cli.experiment import free_port, spawned
+from tailguard.clock import VirtualClock
+from tailguard.config import BackendConfig, GatewayConfig
+from tailguard.front.front import Front
+from tailguard.sim.cost import EngineConfig
+from tailguard.sim.des import run
+from tailguard.sim.engine import Engine
+from tailguard.sim.scenario import Arrival, Timeline
+from tailguard.types import Outcome
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from open_loop import Result, send  # noqa: E402  beside this script
@@ -92,20 +102,27 @@ async def offer(url: str, rate: float, seconds: float, pid: int, bound_s: float)
 
 def figures(out: list[Result], rss: list[int], seconds: float) -> dict[str, Any]:
     ok = [r for r in out if r.status == 200 and r.error is None and r.end is not None]
-    refused = [r for r in out if r.status in (429, 503) and r.reason != "queue_timeout"]
+    refused = [r for r in out if r.status in (429, 503) and r.reason not in LATER]
     expired = [r for r in out if r.status == 503 and r.reason == "queue_timeout"]
+    shed = [r for r in out if r.status == 503 and r.reason == "shed"]
     ttft = [r.ttft for r in ok if r.ttft is not None]
+    # From the instant each was really sent: without the generator's own lateness on this machine.
+    sent_ttft = [r.ttft - r.lag for r in ok if r.ttft is not None and r.lag is not None]
+    lag = [r.lag for r in out if r.lag is not None]
     refusal = [r.end for r in refused if r.end is not None]
     return {
         "sent": len(out), "served": len(ok), "served_share": len(ok) / len(out),
         "served_per_s": len(ok) / seconds,
         "refused_at_once": len(refused), "refused_with_retry_after": sum(1 for r in refused if r.retry_after),
-        "expired_in_queue": len(expired),
-        "other_failures": len(out) - len(ok) - len(refused) - len(expired),
+        "expired_in_queue": len(expired), "shed_from_queue": len(shed),
+        "shed_wait_max_s": max(r.end for r in shed if r.end is not None) if shed else None,
+        "other_failures": len(out) - len(ok) - len(refused) - len(expired) - len(shed),
         "unfinished": sum(1 for r in out if r.end is None and r.error is None),
         "admitted_ttft_p50_s": pct(ttft, 0.5) if ttft else None,
         "admitted_ttft_p99_s": pct(ttft, 0.99) if ttft else None,
         "admitted_ttft_max_s": max(ttft) if ttft else None,
+        "admitted_ttft_p99_from_send_s": pct(sent_ttft, 0.99) if sent_ttft else None,
+        "send_lag_p99_ms": 1000 * pct(lag, 0.99) if lag else None,
         "refusal_latency_p50_ms": 1000 * pct(refusal, 0.5) if refusal else None,
         "refusal_latency_p99_ms": 1000 * pct(refusal, 0.99) if refusal else None,
         "expired_wait_p50_s": pct([r.end for r in expired if r.end is not None], 0.5) if expired else None,
@@ -124,10 +141,73 @@ async def gateway(engine_url: str, logs: Path, label: str, src: Path | None) -> 
         yield url, proc.pid
 
 
+# --- the same on the discrete-event simulator ------------------------------------------------------
+
+PROMPT_TOKENS = 7  # "Hello there." as the simulator counts it (bytes / 4 + 4 for the message)
+# Refusals that come after a wait in the queue, not at once: past the bound, or shed for others.
+LATER = ("queue_timeout", "shed")
+
+
+def des_front(targets: bool) -> Front:
+    """The quick form's front (one backend of kind `sim`, `--max-concurrency 8`); without `targets`
+    the classes carry no TTFT target (the gateway before them)."""
+    gw = GatewayConfig(backends=[BackendConfig(name="engine", url="http://127.0.0.1:1", kind="sim",
+                                               max_concurrency=SLOTS)])
+    if not targets:
+        gw = gw.model_copy(update={"classes": [c.model_copy(update={"slo": None}) for c in gw.classes]})
+    return Front(gw.front_params({"engine": True}))
+
+
+def des_capacity(cfg: EngineConfig) -> float:
+    """Chats per simulated second the engine completes with every slot busy (a burst of 4,000)."""
+    done = sorted(tl.finished_at for tl in run(Engine(cfg), [Arrival(f"c{i}", 0.0, PROMPT_TOKENS, CHAT_TOKENS)
+                                                             for i in range(4000)], VirtualClock())
+                  if tl.finished_at is not None)
+    lo, hi = int(0.1 * len(done)), int(0.9 * len(done))
+    return (hi - lo) / (done[hi] - done[lo])
+
+
+def des_figures(timelines: list[Timeline], seconds: float) -> dict[str, Any]:
+    ok = [tl for tl in timelines if tl.outcome is Outcome.SUCCESS]
+    refused = [tl for tl in timelines if tl.outcome is Outcome.REJECTED and tl.reject_reason not in LATER]
+    expired = [tl for tl in timelines if tl.reject_reason == "queue_timeout"]
+    shed = [tl for tl in timelines if tl.reject_reason == "shed"]
+    ttft = [tl.first_token_at - tl.arrived_at for tl in ok if tl.first_token_at is not None]
+    refusal = [tl.finished_at - tl.arrived_at for tl in refused if tl.finished_at is not None]
+    reasons: dict[str, int] = {}
+    for tl in refused:
+        reasons[str(tl.reject_reason)] = reasons.get(str(tl.reject_reason), 0) + 1
+    return {"sent": len(timelines), "served": len(ok), "served_share": len(ok) / len(timelines),
+            "served_per_s": len(ok) / seconds, "refused_at_once": len(refused), "refused_by_reason": reasons,
+            "refused_with_retry_after": sum(1 for tl in refused if tl.retry_after_s),
+            "refusal_latency_max_s": max(refusal) if refusal else None, "expired_in_queue": len(expired),
+            "shed_from_queue": len(shed),
+            "shed_wait_max_s": max(tl.finished_at - tl.arrived_at for tl in shed if tl.finished_at is not None)
+            if shed else None,
+            "admitted_ttft_p50_s": pct(ttft, 0.5) if ttft else None,
+            "admitted_ttft_p99_s": pct(ttft, 0.99) if ttft else None,
+            "admitted_ttft_max_s": max(ttft) if ttft else None}
+
+
+def des_runs(factors: list[float], seconds: float) -> tuple[float, dict[str, Any]]:
+    cfg = EngineConfig.from_preset("h100-llama8b", max_num_seqs=SLOTS)
+    cap = des_capacity(cfg)
+    runs: dict[str, Any] = {}
+    for factor in factors:
+        rate = cap * factor
+        chats = [Arrival(f"c{i}", i / rate, PROMPT_TOKENS, CHAT_TOKENS) for i in range(int(rate * seconds))]
+        for label, targets in (("now", True), ("before", False)):
+            runs[f"{label}@{factor:g}x"] = des_figures(run(Engine(cfg), chats, VirtualClock(), des_front(targets)),
+                                                       seconds)
+            print("des", f"{label}@{factor:g}x", json.dumps(runs[f"{label}@{factor:g}x"]), flush=True)
+    return cap, runs
+
+
 async def main(args: argparse.Namespace) -> None:
     logs = RESULTS / "logs" / "overload"
     logs.mkdir(parents=True, exist_ok=True)
     factors = [float(f) for f in args.factors.split(",")]
+    des_cap, des = des_runs(factors, args.seconds)
     sim_port = free_port()
     sim_url = f"http://127.0.0.1:{sim_port}"
     sim = ["sim", "--port", str(sim_port), "--preset", "h100-llama8b", "--max-num-seqs", str(SLOTS),
@@ -138,36 +218,53 @@ async def main(args: argparse.Namespace) -> None:
             cap = await capacity(sim_url, args.capacity_seconds)
             print(f"capacity {cap:.1f} chats/s", flush=True)
             for factor in factors:
-                for label, src, bound in (("now", None, 10.0), ("before", old_src, 30.0)):
+                for label, src, bound in (("now", None, 10.0), ("before", old_src, 10.0)):
                     async with gateway(sim_url, logs, label, src) as (url, pid):
                         key = f"{label}@{factor:g}x"
                         runs[key] = await offer(url, cap * factor, args.seconds, pid, bound)
                         print(key, json.dumps(runs[key]), flush=True)
-    write(args, cap, runs)
+    write(args, cap, runs, des_cap, des)
 
 
-def write(args: argparse.Namespace, cap: float, runs: dict[str, Any]) -> None:
+def write(args: argparse.Namespace, cap: float, runs: dict[str, Any], des_cap: float, des: dict[str, Any]) -> None:
     doc = {"benchmark": "overload", "command": " ".join(["benchmarks/overload.py", *sys.argv[1:]]),
            "capacity_per_s": cap, "seconds": args.seconds, "baseline_rev": args.baseline_rev,
-           "time_scale": TIME_SCALE, "runs": runs, "python": platform.python_version()}
+           "time_scale": TIME_SCALE, "runs": runs, "des_capacity_per_s": des_cap, "des": des,
+           "python": platform.python_version()}
     (RESULTS / "overload.json").write_text(json.dumps(doc, indent=2) + "\n")
-    lines = ["# Sustained overload: shedding by expected wait against the length-bound queue it replaced", "",
+    lines = ["# Sustained overload: shedding by the TTFT target against shedding by the queue bound alone", "",
              f"`.venv/bin/python {doc['command']}`", "",
+             f"## Discrete-event simulator: one engine completing {des_cap:.1f} chats/s (8 sequences), {args.seconds:g} "
+             "simulated s at each factor; `now`: the quick form's defaults (interactive TTFT target 2 s, bound 10 s), "
+             "`before`: the same without the target. Simulated seconds.", "",
+             "| run | sent | served | admitted TTFT P50 | P99 | max | refused at once | with Retry-After | "
+             "slowest refusal | shed from the queue (longest wait) | expired in queue |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for key, r in des.items():
+        lines.append(f"| {key} | {r['sent']} | {r['served']} ({100 * r['served_share']:.0f}%) | "
+                     f"{_f(r['admitted_ttft_p50_s'])} | {_f(r['admitted_ttft_p99_s'])} | {_f(r['admitted_ttft_max_s'])} | "
+                     f"{r['refused_at_once']} | {r['refused_with_retry_after']} | "
+                     f"{_f(r['refusal_latency_max_s'], 3)} s | {r['shed_from_queue']} ({_f(r['shed_wait_max_s'])} s) | "
+                     f"{r['expired_in_queue']} |")
+    lines += ["", "## Over HTTP", "",
              f"One simulated engine completing {cap:.1f} chats/s (wall; 8 sequences, time scale {TIME_SCALE:g}); "
              f"chats of {CHAT_TOKENS} tokens offered open loop for {args.seconds:g} s at each factor. `now`: this "
-             f"gateway (interactive bound 10 s); `before`: revision {args.baseline_rev} (bound 30 s). TTFT from the "
+             f"gateway (interactive TTFT target 2 s, bound 10 s); `before`: revision {args.baseline_rev}. TTFT from the "
              "scheduled send, in wall seconds.", "",
              "| run | sent | served | admitted TTFT P50 | P99 | max | refused at once | with Retry-After | "
-             "refusal P50 / P99 | expired in queue | other | RSS start / max / end |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "refusal P50 / P99 | shed from the queue (longest wait) | expired in queue | other | RSS start / max / end "
+             "| P99 from the real send | generator lag P99 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for key, r in runs.items():
         m = r["rss_mib"]
         lines.append(
             f"| {key} | {r['sent']} | {r['served']} ({100 * r['served_share']:.0f}%) | {_f(r['admitted_ttft_p50_s'])} | "
             f"{_f(r['admitted_ttft_p99_s'])} | {_f(r['admitted_ttft_max_s'])} | {r['refused_at_once']} | "
             f"{r['refused_with_retry_after']} | {_f(r['refusal_latency_p50_ms'], 1)} / {_f(r['refusal_latency_p99_ms'], 1)} ms | "
-            f"{r['expired_in_queue']} | {r['other_failures'] + r['unfinished']} | "
-            f"{m['start']:.0f} / {m['max']:.0f} / {m['end']:.0f} MiB |")
+            f"{r['shed_from_queue']} ({_f(r['shed_wait_max_s'])} s) | {r['expired_in_queue']} | "
+            f"{r['other_failures'] + r['unfinished']} | "
+            f"{m['start']:.0f} / {m['max']:.0f} / {m['end']:.0f} MiB | {_f(r['admitted_ttft_p99_from_send_s'])} | "
+            f"{_f(r['send_lag_p99_ms'], 1)} ms |")
     (RESULTS / "overload.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -181,7 +278,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--factors", default="5,10")
     p.add_argument("--capacity-seconds", type=float, default=10.0)
-    p.add_argument("--baseline-rev", default="3239b3d", help="the gateway to compare with (git revision)")
+    p.add_argument("--baseline-rev", default="81317f0", help="the gateway to compare with (git revision: main before SLOs)")
     return p.parse_args()
 
 

@@ -157,7 +157,7 @@ def make_front(label: str, args: argparse.Namespace, patient: bool = False) -> t
     config `tailguard serve` would run with one backend of kind `sim`, the engine. `patient`:
     no class sheds (the closed loop measures the order, and a client never gives up)."""
     policy, preempt, max_share, min_share = parse_label(label)
-    gw = gateway_config(max_share, min_share, preempt, patient)
+    gw = gateway_config(max_share, min_share, preempt, patient, targets=args.slo)
     if policy == "straight":
         return None, gw
     backend = BackendConfig(name=ENGINE_NAME, url="http://127.0.0.1:1", kind="sim", max_concurrency=args.front_max_inflight)
@@ -219,13 +219,18 @@ def run_closed(label: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def gateway_config(
     batch_max_share: float | None = None, batch_min_share: float | None = None, preemption: bool = True,
-    patient: bool = False,
+    patient: bool = False, targets: bool = False,
 ) -> GatewayConfig:
     """The gateway's defaults, optionally with other batch shares (min_share is lowered to fit
-    a smaller max_share unless given), preemption off, or queue bounds no request reaches."""
+    a smaller max_share unless given), preemption off, or queue bounds no request reaches. Without
+    `targets`, no class has a TTFT target (the default interactive one off): the seed experiment
+    measures the class-and-size order as it was built, which every change must leave as it was;
+    `--slo` keeps the default target (docs/slo.md), and a patient closed loop never has one."""
     base = GatewayConfig()
     classes = []
     for c in base.classes:
+        if not targets or patient:
+            c = c.model_copy(update={"slo": None})
         if patient:
             c = c.model_copy(update={"max_queue_wait_s": 86400.0})
         if c.name == "batch":
@@ -417,6 +422,8 @@ def main() -> None:
     ap.add_argument("--prefix-caching", action="store_true",
                     help="engine prefix cache on (vLLM V1's default): a resumed request finds the blocks its "
                     "suspended run left cached")
+    ap.add_argument("--slo", action="store_true", help="keep the default interactive TTFT target (2 s) in the "
+                    "open-loop gateway runs (without it, no class has one: the order as it was built)")
     ap.add_argument("--out", default=None, help="output path without extension (default: results/seed_des, "
                     "or seed_des_prefix_caching with --prefix-caching)")
     args = ap.parse_args()
@@ -439,7 +446,8 @@ def main() -> None:
             print(f"closed {label}: done in {closed[label]['wall_s']} s", flush=True)
     result: dict[str, Any] = {
         "benchmark": "seed_des",
-        "args": {**{k: v for k, v in vars(args).items() if k != "out"}, "runs": labels},
+        # `slo` only when given: a run without it writes the arguments runs before the flag wrote.
+        "args": {**{k: v for k, v in vars(args).items() if k != "out" and (k != "slo" or v)}, "runs": labels},
         "batch_shares": batch_shares(gw),
         "capacity_requests_per_s": capacity,
         "rate_per_s": rate,

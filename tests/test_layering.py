@@ -15,17 +15,18 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "tailguard"
 
 PURE = {
-    "types", "errors", "settings", "retry_budget", "wire.sse", "wire.openai", "wire.tokens", "wire.chunks", "wire.join",
+    "types", "errors", "settings", "retry_budget", "slo", "wire.sse", "wire.openai", "wire.tokens", "wire.chunks", "wire.join",
     "sim.cost", "sim.kv", "sim.engine", "sim.request", "sim.answer", "sim.fault",
     "front.params", "front.admission", "front.queue", "front.slots", "front.router", "front.preemption", "front.retry", "front.events", "front.front",
     "front.fairshare", "front.fairqueue", "front.schedulers", "front.plas", "front.programs", "front.identity",
+    "front.order", "front.latency",
     "front.intake", "recording.codec", "recording.replay", "front.adaptive", "sim.fit", "gateway.classes", "gateway.upstream.backends",
     "config", "gateway.ops.live", "gateway.ops.catalog", "front.capacity",
     "gateway.ops.panels", "gateway.ops.alerts", "gateway.upstream.resume", "gateway.upstream.kinds", "sim.des", "sim.scenario",
     "config.base", "config.classes", "config.backends", "config.scheduler",
     "config.upstream", "config.auth", "config.telemetry", "config.gateway", "config.problems",
     "config.loading", "config.workers", "config.state", "config.rewrite", "config.programs",
-    "bench.workload", "bench.agents", "sweep.agents", "bench.stats", "bench.dataset", "bench.recorder", "bench.compare", "bench.configs", "bench.attribution",
+    "bench.workload", "bench.agents", "sweep.agents", "bench.stats", "bench.capacity", "bench.dataset", "bench.recorder", "bench.compare", "bench.configs", "bench.attribution",
     "doctor.finding", "doctor.evidence", "doctor.facts", "doctor.rules", "doctor.diagnosis", "sweep.virtual", "sweep.search",
     "doctor.hardware", "doctor.pages", "doctor.hardware_rules", "doctor.priority", "doctor.words", "wire.dcgm", "sim.gpu",
     "sweep.traffic", "sweep.whatif", "sweep.caps",

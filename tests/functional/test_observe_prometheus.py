@@ -33,7 +33,7 @@ CHAT = [{"role": "user", "content": "hello " * 8}]
 KEYS = {"sk-load": {"name": "load"}, "sk-limited": {"name": "limited", "rpm_limit": 1}}
 CFG: dict[str, Any] = {
     "auth": {"api_keys": KEYS},
-    "classes": classes(batch={"preemptible": True, "max_share": 1.0}),
+    "classes": classes(interactive={"slo": {"ttft_s": 2.0}}, batch={"preemptible": True, "max_share": 1.0}),
     "scheduler": {"min_run_s": 0.0},
     # One retry in the window, then none: the dead backend's next failure is a denied retry.
     "retries": {"budget_ratio": 0.0, "min_retries_per_s": 0.1},

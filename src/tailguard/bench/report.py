@@ -20,6 +20,7 @@ from rich.console import Console
 
 from tailguard import __version__
 from tailguard.bench.attribution import attribute_all
+from tailguard.bench.capacity import CAPACITY_JSON, compare as compare_capacity
 from tailguard.bench.compare import compare
 from tailguard.bench.configs import config_lines
 from tailguard.bench.html import render_compare, render_report
@@ -111,16 +112,33 @@ def compare_dirs(before: Path, after: Path, out_dir: Path | None = None, *,
     programs = program_comparison(rb, ra)
     if programs is not None:
         cmp["programs"] = programs
+    capacities = [d / CAPACITY_JSON for d in (before, after)]
+    if all(p.is_file() for p in capacities):  # two `--find-capacity` folders: their capacities too
+        cmp["capacity"] = compare_capacity(*(orjson.loads(p.read_bytes()) for p in capacities))
     out = out_dir or after
     out.mkdir(parents=True, exist_ok=True)
     _dump(cmp, out / COMPARE_JSON)
     (out / COMPARE_HTML).write_text(render_compare(cmp, rb, ra, __version__), encoding="utf-8")
     if console is not None:
         print_comparison(cmp, console)
+        c = cmp.get("capacity")
+        if c is not None:
+            low, high = c["interval"]
+            console.print(f"capacity at the SLO: {_rate(c['before_per_s'])} -> {_rate(c['after_per_s'])}, ratio "
+                          f"{_x(c['ratio'])} (between {_x(low)} and {_x(high)} by the two searches' brackets)",
+                          soft_wrap=True)
         for line in config_lines(cmp.get("config")):
             console.print(line, style="bold yellow" if line.startswith("warning") else None, soft_wrap=True)
         console.print(f"wrote {out}/{{{COMPARE_JSON}, {COMPARE_HTML}}}")
     return cmp
+
+
+def _rate(v: float | None) -> str:
+    return "-" if not v else f"{v:.4g}/s"
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
 
 
 async def bench_to_dir(config: BenchConfig, out_dir: Path, *, console: Console | None = None,

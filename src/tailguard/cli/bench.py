@@ -3,6 +3,7 @@ AFTER`, `tailguard bench report DIR` (re-render from requests.jsonl) and `tailgu
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Coroutine, NoReturn, Optional, TypeVar
@@ -98,6 +99,15 @@ def bench_run(
     scrape_interval: float = typer.Option(1.0, help="Wall seconds between --scrape snapshots"),
     workers: int = typer.Option(1, "--workers", min=1, help="Open loop over N processes: one schedule, one clock "
                                 "origin, merged results, each worker's dispatch lag checked (no progress bar)"),
+    find_capacity: Optional[str] = typer.Option(
+        None, "--find-capacity", metavar="CLASS", help="Search the highest open-loop rate (from --rate) at which the "
+        "workload's class CLASS meets its SLO for --capacity-share of its requests; writes capacity.json and each "
+        "step's run under steps/"),
+    capacity_slo: list[str] = typer.Option([], "--capacity-slo", metavar="KEY=SECONDS", help="The SLO --find-capacity "
+                                           "holds CLASS to (ttft_s, tpot_s, e2e_s; repeatable; default: the workload "
+                                           "class's `slo`)"),
+    capacity_share: float = typer.Option(0.99, help="Share of CLASS's requests that must meet the SLO"),
+    capacity_precision: float = typer.Option(0.05, help="Stop once the passing and failing rates are this close"),
 ) -> None:
     """Run a workload against an OpenAI-compatible server and write summary.json, requests.jsonl and report.html."""
     if ctx.invoked_subcommand is not None:
@@ -128,8 +138,16 @@ def bench_run(
         )
         from tailguard.bench.scrape import while_scraping
 
-        code = run_async(while_scraping(run_interruptible(config, out, console(), progress=not quiet),
-                                        scrape, scrape_interval, out, {"gpu": gpu_metrics, "host": host_metrics}))
+        if find_capacity is not None:
+            if rate is None:
+                _fail("--find-capacity searches open-loop rates: give the first to try with --rate")
+            slo = dict(parse_slo(s) for s in capacity_slo)
+            code = run_async(run_capacity(config, out, console(), find_capacity, slo, capacity_share,
+                                          capacity_precision))
+        else:
+            code = run_async(while_scraping(run_interruptible(config, out, console(), progress=not quiet),
+                                            scrape, scrape_interval, out,
+                                            {"gpu": gpu_metrics, "host": host_metrics}))
     except (ConfigError, TargetError) as e:
         _fail(str(e))
     if code:
@@ -168,6 +186,72 @@ async def run_interruptible(config: "BenchConfig", out: Path, con: "Console", *,
             for s in signals:
                 loop.remove_signal_handler(s)
     return 128 + caught[0].value if caught else 0
+
+
+def parse_slo(text: str) -> tuple[str, float]:
+    """`ttft_s=1.0` -> ("ttft_s", 1.0); a key that is not a target, or a value that is not a
+    positive number, is an error."""
+    from tailguard.errors import ConfigError
+
+    key, sep, value = text.partition("=")
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not sep or key not in ("ttft_s", "tpot_s", "e2e_s") or not seconds > 0:
+        raise ConfigError(f"--capacity-slo takes ttft_s, tpot_s or e2e_s = a positive number of seconds, got {text!r}")
+    return key, seconds
+
+
+async def run_capacity(config: "BenchConfig", out: Path, con: "Console", cls: str, slo: dict[str, float],
+                       share: float, precision: float) -> int:
+    """`--find-capacity`: each step a run of the workload open loop at the search's rate (its folder
+    under out/steps/), judged on `cls`'s requests; out/ gets capacity.json and the files of the run
+    at the capacity found. Exit code 1 when no rate met the SLO."""
+    import dataclasses
+    import json
+    import shutil
+
+    from tailguard.bench.capacity import CAPACITY_JSON, CapacitySearch, judge
+    from tailguard.bench.report import bench_to_dir, load_run
+    from tailguard.errors import ConfigError
+
+    assert config.rate is not None
+    search = CapacitySearch(config.rate, precision)
+    best: Path | None = None
+    while (rate := search.next_rate()) is not None:
+        step = out / "steps" / f"{len(search.steps):02d}-rate-{rate:.4g}"
+        summary = await bench_to_dir(dataclasses.replace(config, rate=rate), step, console=con, progress=False,
+                                     tables=False)
+        records, meta = load_run(step)
+        target = slo or (meta.get("slo") or {}).get(cls)
+        if not target:
+            raise ConfigError(f"class {cls!r} has no SLO in the workload: give one with --capacity-slo ttft_s=1.0")
+        met = judge(records, cls, target)
+        if met is None:
+            sent = sorted({r.cls for r in records})
+            raise ConfigError(f"the run sent no request of class {cls!r}: --find-capacity names one of the "
+                              f"workload's classes ({', '.join(sent)})")
+        validity = summary.get("validity") or {}
+        valid = bool(validity.get("valid", True))
+        passed = met >= share
+        search.add(rate, passed, valid, met, None if valid else
+                   f"dispatch lag P99 {1000 * float(validity.get('dispatch_lag_p99_s', 0)):.1f} ms")
+        con.print(f"{rate:.4g}/s: {100 * met:.2f}% of {cls} within {target} "
+                  f"({'pass' if passed else 'fail'}{'' if valid else ', not valid'})", soft_wrap=True)
+        if passed and rate == search.passing():  # the highest passing run so far
+            best = step
+    result = {"class": cls, "slo": slo or None, "share": share, "precision": precision, **search.result()}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CAPACITY_JSON).write_text(json.dumps(result, indent=2) + "\n")
+    if best is not None:
+        for f in best.iterdir():
+            if f.is_file():
+                shutil.copy2(f, out / f.name)
+    lo, hi = result["bracket"]
+    con.print(f"capacity at the SLO: {lo or 0:.4g}/s (failing at {'-' if hi is None else f'{hi:.4g}'}/s); "
+              f"{result['stopped']}; wrote {out}/{CAPACITY_JSON}", soft_wrap=True)
+    return 0 if lo else 1
 
 
 def bench_compare(

@@ -15,7 +15,7 @@ from tailguard.front.params import CapMode, ServiceTier
 from tailguard.config.auth import ApiKeyConfig, AuthConfig
 from tailguard.config.batches import BatchesConfig
 from tailguard.config.backends import AdaptiveConfig, BackendConfig, BackendKind
-from tailguard.config.classes import ClassConfig, default_classes
+from tailguard.config.classes import ClassConfig, SloConfig, default_classes
 from tailguard.config.fleet import EjectionConfig, HedgingConfig, RoutingConfig
 from tailguard.config.gateway import GatewayConfig
 from tailguard.config.limits import LimitsConfig
@@ -30,5 +30,5 @@ __all__ = [
     "AdaptiveConfig", "ApiKeyConfig", "AuthConfig", "BackendConfig", "BackendKind", "BatchesConfig", "CapMode", "ClassConfig",
     "EjectionConfig", "GatewayConfig", "HedgingConfig", "HealthConfig", "LimitsConfig", "OutputEstimateConfig",
     "ProgramsConfig", "RetryConfig", "RoutingConfig", "SchedulerConfig",
-    "SchedulerPolicy", "ServiceTier", "StateConfig", "TelemetryConfig", "TimeoutsConfig", "default_classes", "load_config",
+    "SchedulerPolicy", "ServiceTier", "SloConfig", "StateConfig", "TelemetryConfig", "TimeoutsConfig", "default_classes", "load_config",
 ]

@@ -83,6 +83,12 @@ class ApiKeyConfig(_Model):
         description="The caller's share under `scheduler.fair_share`: backlogged callers of one class are served "
         "tokens in proportion to their weights.",
     )
+    min_ttft_slo_ms: float | None = Field(
+        default=None, gt=0,
+        description="The tightest TTFT target this key's requests may ask for with `x-tailguard-ttft-slo-ms` "
+        "(a tighter ask is raised to it), below their class's own `slo.min_ttft_s` (None: the class's). A tighter "
+        "target orders a request sooner and refuses it sooner: a right, not a default (docs/slo.md).",
+    )
 
     def caller(self, key: str) -> str:
         return self.name if self.name is not None else fingerprint(key)
@@ -92,7 +98,8 @@ class ApiKeyConfig(_Model):
                        allowed_classes=tuple(self.allowed_classes) if self.allowed_classes is not None else None,
                        lower=self.on_disallowed_class == "lower",
                        allowed_models=frozenset(self.allowed_models) if self.allowed_models is not None else None,
-                       batch_enqueued_tokens=self.batch_enqueued_tokens_limit, set_priority=self.allow_priority)
+                       batch_enqueued_tokens=self.batch_enqueued_tokens_limit, set_priority=self.allow_priority,
+                       min_ttft_slo_s=None if self.min_ttft_slo_ms is None else self.min_ttft_slo_ms / 1000.0)
 
     def limits(self, key: str) -> CallerSpec:
         return CallerSpec(self.caller(key), self.rpm_limit, self.tpm_limit, self.max_parallel_requests, self.weight)

@@ -16,6 +16,48 @@ from tailguard.config.base import _CLS, _Model
 _CLASS_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
+class SloConfig(_Model):
+    """A class's service-level objective: what admission, the order and the metrics hold it to."""
+
+    ttft_s: float | None = Field(
+        default=None, gt=0,
+        description="First token within this many seconds of arrival. The gateway predicts each request's TTFT "
+        "(each backend's latency fitted online) and orders its class's queue by deadline; a request predicted to "
+        "miss it is refused at once (503 `deadline`, with Retry-After from the prediction), or served late if "
+        "`shed` is false. `tailguard_slo_total{class,slo,result}` counts met and missed.",
+    )
+    tpot_s: float | None = Field(
+        default=None, gt=0,
+        description="Seconds per output token after the first (measured and counted, met or missed; not admitted by).",
+    )
+    e2e_s: float | None = Field(
+        default=None, gt=0,
+        description="The whole answer within this many seconds of arrival (a completion deadline; measured and "
+        "counted, not admitted by).",
+    )
+    shed: bool = Field(
+        default=True,
+        description="A request predicted to miss `ttft_s` is refused at once (true), and under overload the "
+        "queued requests that cost most per target met (the most uncached tokens, or already late) are shed for "
+        "cheaper ones; false: it is admitted, served after those that can still make theirs, counted missed.",
+    )
+    min_ttft_s: float | None = Field(
+        default=None, gt=0,
+        description="The tightest TTFT target a request may ask for with `x-tailguard-ttft-slo-ms` (a tighter "
+        "ask is raised to it; an API key's `min_ttft_slo_ms` may allow tighter). None: no request may ask for "
+        "a tighter target than `ttft_s`.",
+    )
+
+    def spec(self) -> fp.Slo:
+        return fp.Slo(**self.model_dump())
+
+    @model_validator(mode="after")
+    def _floor_within_target(self) -> SloConfig:
+        if self.min_ttft_s is not None and self.ttft_s is not None and self.min_ttft_s > self.ttft_s:
+            raise ValueError(f"min_ttft_s ({self.min_ttft_s}) is above ttft_s ({self.ttft_s})")
+        return self
+
+
 class ClassConfig(_Model):
     """A named request class: its rank, caps and queue budgets."""
 
@@ -85,10 +127,17 @@ class ClassConfig(_Model):
         description="Backend pools its requests may use, tried in order (the first with a backend that has "
         "room wins), e.g. `[chat, shared]`. Empty: every pool.",
     )
+    slo: SloConfig | None = Field(
+        default=None,
+        description="Its service-level objective (docs/slo.md): `ttft_s`, `tpot_s`, `e2e_s`, `shed`, `min_ttft_s`. "
+        "`interactive` has `ttft_s: 2.0` by default; null: no target (ordered and refused by `max_queue_wait_s` "
+        "alone, as before targets existed).",
+    )
 
     def spec(self) -> fp.ClassSpec:
         """The same fields: a class is the front's to interpret."""
-        return fp.ClassSpec(**{**self.model_dump(), "pools": tuple(self.pools)})
+        return fp.ClassSpec(**{**self.model_dump(exclude={"slo"}), "pools": tuple(self.pools),
+                               "slo": None if self.slo is None else self.slo.spec()})
 
     @field_validator("name")
     @classmethod

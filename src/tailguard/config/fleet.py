@@ -25,7 +25,10 @@ class RoutingConfig(_Model):
         "loaded past the balance bound; a prompt no instance holds goes to the least loaded, so a workload "
         "with no shared prefixes is routed as `least-tokens`. `least-tokens`: the least estimated tokens in "
         "flight per unit of capacity (plus what the engine itself reports running and waiting beyond the "
-        "gateway's own requests). `p2c`: the lesser of two drawn at random. `round-robin`.",
+        "gateway's own requests). `predicted-ttft`: the backend where the request's first token is predicted "
+        "soonest (each backend's TTFT fitted online from its prefill, running requests and their tokens, a "
+        "prefix hit priced as the prompt tokens it saves; docs/slo.md), as `prefix-affinity` until every "
+        "backend's fit predicts. `p2c`: the lesser of two drawn at random. `round-robin`.",
     )
     min_prefix_share: float = Field(
         default=_ROUTING.min_prefix_share, gt=0, le=1,
@@ -48,6 +51,12 @@ class RoutingConfig(_Model):
     engine_load_ttl_s: float = Field(
         default=_ROUTING.engine_load_ttl_s, gt=0,
         description="An engine's own load reading (read with the health probes) older than this counts as none.",
+    )
+    stale_after_s: float = Field(
+        default=_ROUTING.stale_after_s, gt=0,
+        description="A backend whose probes (or engine metrics) answered once and not since within this long "
+        "counts as saturated: it gets a request only when no other backend may take it "
+        "(`tailguard_backend_stale`).",
     )
 
     slow_factor: float = Field(

@@ -121,6 +121,11 @@ class GatewayConfig(_Model):
             programs=self.programs.params(),
         )
 
+    def ttft_targets(self) -> dict[str, float]:
+        """Each class with a TTFT target, and the target in seconds: the classes the TTFT burn-rate
+        alerts judge (`gateway.ops.alerts`), each on its own target."""
+        return {c.name: c.slo.ttft_s for c in self.classes if c.slo is not None and c.slo.ttft_s is not None}
+
     def fair_share(self) -> bool:
         """Whether callers share each rank (`scheduler.fair_share`, or its default for these keys)."""
         return self.scheduler.fair_share_on(len(self.auth.names()))

@@ -102,6 +102,13 @@ class SchedulerConfig(_Model):
         "(null: never). At most one suspension per arrival; the two can never suspend each other in turn.",
     )
 
+    slo_margin: float = Field(
+        default=_QUEUE.slo_margin, gt=0, le=1,
+        description="A request whose class has a TTFT target (`classes[].slo.ttft_s`) is refused (or, in a class "
+        "with `slo.shed: false`, counted late) when its predicted TTFT passes this share of its target: a "
+        "prediction is a mean, and without a margin about half of those admitted near the target would miss it.",
+    )
+
     def fair_share_on(self, callers: int) -> bool:
         """Whether callers share each rank, with `callers` named: as set, else when two or more can."""
         if self.fair_share is not None:
@@ -114,7 +121,8 @@ class SchedulerConfig(_Model):
                               drain_ewma_weight=self.drain_ewma_weight, retry_after_min_s=self.retry_after_min_s,
                               retry_after_max_s=self.retry_after_max_s, fair_share=self.fair_share_on(callers),
                               fair_input_price=self.fair_input_price, fair_output_price=self.fair_output_price,
-                              fair_credit=self.fair_credit, fair_preempt_gap=self.fair_preempt_gap)
+                              fair_credit=self.fair_credit, fair_preempt_gap=self.fair_preempt_gap,
+                              slo_margin=self.slo_margin)
 
     def preemption_params(self) -> fp.PreemptionParams:
         return fp.PreemptionParams(enabled=self.preemption, min_run_s=self.min_run_s,

@@ -45,6 +45,9 @@ class Admission:
         self._finishes: deque[float] = deque(maxlen=max(8, round(4 / cfg.drain_ewma_weight)))
         self._backlogged = False
         self._wait_factor = 1.0  # real waits over predicted ones, lately (see _WAIT_SLACK_S)
+        # The rate the last backlog drained at: what a TTFT target is admitted by at the start of the
+        # next one, before its own two completions (`recent_predict_s`).
+        self._last_rate: float | None = None
 
     def carry_over(self, cfg: QueueParams) -> Admission:
         """The same measurements under new parameters (a live reconfiguration): the window of
@@ -53,6 +56,7 @@ class Admission:
         new._finishes.extend(self._finishes)
         new._backlogged = self._backlogged
         new._wait_factor = self._wait_factor
+        new._last_rate = self._last_rate
         return new
 
     # --- what the scheduler tells it ----------------------------------------------------------
@@ -63,6 +67,9 @@ class Admission:
             self._finishes.clear()  # idle since the last one: that gap says nothing of capacity
         self._finishes.append(now)
         self._backlogged = queued > 0
+        rate = self.drain_rate()
+        if rate is not None and rate != math.inf:
+            self._last_rate = rate
 
     def emptied(self) -> None:
         """The queue ran empty: the gap until the next completion may be idle time."""
@@ -96,6 +103,15 @@ class Admission:
             return None
         return ahead / rate if ahead else 0.0
 
+    def recent_predict_s(self, ahead: int) -> float | None:
+        """`predict_s`, or before this backlog's rate is measured, the wait at the rate the last
+        backlog drained at: a burst after an idle spell is admitted by its TTFT target from its
+        first request, not only once two of it have completed. None before any rate was measured."""
+        predicted = self.predict_s(ahead)
+        if predicted is not None or self._last_rate is None:
+            return predicted
+        return ahead / self._last_rate
+
     def refusal_s(self, predicted_s: float | None, budget_s: float) -> float | None:
         """The Retry-After for a request whose raw predicted wait is `predicted_s` and which may
         wait `budget_s` more, or None to admit it (always, while nothing is predicted)."""
@@ -104,21 +120,51 @@ class Admission:
         expected_s = predicted_s * self._wait_factor
         if expected_s > budget_s * _ADMIT_SHARE:
             # Retry once enough of the backlog has drained for the bound to be met.
-            return self._clamp(expected_s - max(budget_s, 0.0))
+            return self.clamp(expected_s - max(budget_s, 0.0))
         return None
+
+    def late_s(self, predicted_s: float | None, service_s: float | None, budget_s: float,
+               margin: float) -> float | None:
+        """By how much a request with a TTFT target is predicted to miss it: its expected wait
+        (`predicted_s`, raw, scaled by the feedback) plus its predicted TTFT once started
+        (`service_s`, `front.latency`), against `margin` x the `budget_s` left until its deadline.
+        None when it makes it, when nothing is predicted yet, or when it would miss even with
+        nothing ahead of it (then no wait is to blame: it is served, late, as it would be alone)."""
+        if predicted_s is None or service_s is None:
+            return None
+        allowed_s = budget_s * margin
+        if service_s > allowed_s:
+            return None
+        expected_s = predicted_s * self._wait_factor + service_s
+        return expected_s - allowed_s if expected_s > allowed_s else None
+
+    def requests_in(self, seconds: float) -> int | None:
+        """How many requests fewer ahead would shorten an expected wait by `seconds` (None before
+        a rate is known)."""
+        rate = self.drain_rate()
+        if rate is None or rate == math.inf:
+            return None
+        return max(1, math.ceil(seconds * rate / self._wait_factor - 1e-9))
+
+    def slot_s(self) -> float:
+        """The expected time until the next slot frees (0 before a rate is known): what a request
+        loses if a slot it would have taken goes to another first."""
+        rate = self.drain_rate()
+        return self._wait_factor / rate if rate else 0.0
 
     def queue_full_s(self, ahead: int) -> float:
         """The Retry-After for a full class queue whose head waits behind `ahead` requests."""
         rate = self.drain_rate()
         if rate is None:
-            return self._clamp(self._cfg.retry_after_min_s)
-        return self._clamp((ahead + 1) / rate)
+            return self.clamp(self._cfg.retry_after_min_s)
+        return self.clamp((ahead + 1) / rate)
 
     def retry_after_s(self) -> float:
         """A Retry-After for rejections made outside the scheduler (e.g. no healthy backend):
         the expected time until the next completion, within the configured bounds."""
         rate = self.drain_rate()
-        return self._clamp(1.0 / rate if rate else self._cfg.retry_after_min_s)
+        return self.clamp(1.0 / rate if rate else self._cfg.retry_after_min_s)
 
-    def _clamp(self, seconds: float) -> float:
+    def clamp(self, seconds: float) -> float:
+        """A Retry-After within the configured bounds."""
         return min(self._cfg.retry_after_max_s, max(self._cfg.retry_after_min_s, seconds))

@@ -40,15 +40,16 @@ from tailguard.front.events import (
     Reject, Retired, Served, ServedElsewhere, Start, StartMode, Suspend, Tick, WrongEvent,
 )
 from tailguard.front.hedging import Hedger
+from tailguard.front.latency import Coefficients, Latency
 from tailguard.front.limits import CallerLimits, Standing
 from tailguard.front.pacing import Pacer
-from tailguard.front.params import FrontParams
+from tailguard.front.params import ClassSpec, FrontParams
 from tailguard.front.preemption import Candidate, PreemptionPolicy
 from tailguard.front.programs import ProgramBook
 from tailguard.front.queue import Pending
 from tailguard.front.recovery import Recovery
 from tailguard.front.retry import retry_budget
-from tailguard.front.router import NO_ROUTE, Route, Router
+from tailguard.front.router import NO_ROUTE, PREFIX_BLOCK_TOKENS, Route, Router
 from tailguard.front.schedulers import carry_over, make_scheduler
 from tailguard.front.slots import BackendPool, BackendState
 from tailguard.front.tracked import BackendView, State, Tracked
@@ -79,6 +80,13 @@ FRONT_EVENTS: dict[type, str] = {
 _REQUEST_EVENTS = frozenset(event for _, event in TRANSITIONS)
 
 
+def _predicts(params: FrontParams) -> bool:
+    """Whether the front predicts TTFT (`front.latency`): a class has a TTFT target, or routing
+        goes by the prediction. Then drivers tell every first content (`wants_first_content`)."""
+    return params.routing.policy == "predicted-ttft" or any(
+        c.slo is not None and c.slo.ttft_s is not None for c in params.classes)
+
+
 def _weights(params: FrontParams) -> dict[str, float]:
     """Each caller's fair-share weight (`front.fairshare`)."""
     return {c.name: c.weight for c in params.callers if c.weight != 1.0}
@@ -95,7 +103,9 @@ class Front(Recovery):
         self._slots = BackendPool(params.backends, params.classes, params.health)
         self._ejector = Ejector(params.ejection)
         self._programs = ProgramBook(params.programs)  # agent programs: service received, home backend
-        self._router = Router(params.routing, self._ejector, self._programs)
+        self._latency = Latency()  # each backend's TTFT fit (`front.latency`), kept across reloads
+        self._router = Router(params.routing, self._ejector, self._latency, self._programs)
+        self._predicts = _predicts(params)
         self._hedger = Hedger(params.hedging)
         self._policy = PreemptionPolicy.from_params(params.preemption, params.queue.policy)
         self._budget = retry_budget(params.retry)
@@ -210,6 +220,26 @@ class Front(Recovery):
     def retry_after_s(self) -> float:
         return self._queue.admission.retry_after_s()
 
+    def predicted_ttft_s(self, req_id: str) -> float | None:
+        """Request `req_id`'s TTFT from its first start, as its backend's latency fit predicts it
+        now from what that start looked like (`front.latency`); None before it started, after it
+        ended, or while the fit predicts nothing. What a record may set beside the TTFT it measured."""
+        r = self._reqs.get(req_id)
+        if r is None or r.x is None:
+            return None
+        return self._latency.predict(r.tried[0], r.x)
+
+    def start_ttft_s(self, backend: str) -> float | None:
+        """`backend`'s mean TTFT from a start lately (its latency fit's samples; None: none yet):
+        what a first token costs once a slot is had, for the capacity signal's TTFT budget."""
+        fit = self._latency.fit(backend)
+        return None if fit is None else fit.mean_s()
+
+    def latency(self, backend: str) -> Coefficients | None:
+        """`backend`'s fitted TTFT terms (None: not fitted yet): what /metrics and docs show."""
+        fit = self._latency.fit(backend)
+        return None if fit is None else fit.coefficients()
+
     def next_wakeup(self) -> float | None:
         """When `Tick` next has something to do (a queued request's bound, an ejection's end), or
         None."""
@@ -229,7 +259,8 @@ class Front(Recovery):
         s = self._slots[name]
         models = s.cfg.models or (tuple(sorted(s.learned_models)) if s.learned_models is not None else None)
         return BackendView(s.name, s.healthy, s.retiring, s.in_flight, s.cfg.max_concurrency, s.cfg.reserve(s.cap),
-                           s.probed, s.failures, self._ejector.ejected(name), s.cfg.pool, models, s.cap)
+                           s.probed, s.failures, self._ejector.ejected(name), s.cfg.pool, models, s.cap,
+                           self._router.stale(s, self._now))
 
     def is_healthy(self, backend: str) -> bool:
         return self._slots.is_healthy(backend)
@@ -268,17 +299,23 @@ class Front(Recovery):
         if refused is not None:
             self._out.append(refused)
             return
+        routed = ev.model is not None or ev.prefix or ev.pin or ev.program
+        route = Route(ev.model, ev.prefix, ev.pin, ev.program, ev.prompt) if self._predicts else \
+            Route(ev.model, ev.prefix, ev.pin, ev.program) if routed else NO_ROUTE
         level, program_at = self._programs.place(ev.program, now)
         pending = Pending(req_id, ev.cls, spec.rank, ev.est_tokens, now, now + spec.max_queue_wait_s, caller,
-                          ev.max_tokens, level, program_at)
+                          ev.max_tokens, level, program_at, self._deadline(spec, ev.ttft_slo_s, now))
+        if self._predicts and len(self._queue):
+            pending = self._targeted(pending, spec, route, now)
         queued = self._queue.push(pending, now)
+        for shed in self._queue.take_shed():  # queued requests that cost more, shed to make room for it
+            self._left(self._reqs.pop(shed.id), now)
+            self._out.append(Reject(shed.id, RejectReason.SHED, self.retry_after_s()))
         if queued is not None:
             self._out.append(Reject(req_id, queued.reason, queued.retry_after_s))
             return
         self._budget.record_call(now)
         self._hedger.arrived(ev.cls, now)
-        routed = ev.model is not None or ev.prefix or ev.pin or ev.program
-        route = Route(ev.model, ev.prefix, ev.pin, ev.program) if routed else NO_ROUTE
         kept = self.tracks(ev.cls, ev.resumable)
         r = self._reqs[req_id] = Tracked(pending, kept and self.may_suspend(ev.cls), ev.max_tokens, caller, route,
                                          kept, ev.resumable)
@@ -287,6 +324,27 @@ class Front(Recovery):
         if caller is not None:  # its one reservation, which its retries and continuations share
             r.held = self._limits.take(caller, ev.est_tokens, now)
         self._pump(now, self._may_preempt)
+
+    def _deadline(self, spec: ClassSpec, ttft_slo_s: float | None, now: float) -> float:
+        """When a request arriving now is due its first token: its own TTFT target, else its
+        class's (inf: none)."""
+        ttft_s = ttft_slo_s if ttft_slo_s is not None else spec.slo.ttft_s if spec.slo is not None else None
+        return math.inf if ttft_s is None else now + ttft_s
+
+    def _targeted(self, p: Pending, spec: ClassSpec, route: Route, now: float) -> Pending:
+        """`p` with its predicted TTFT once started on the best backend that may take it (a slot
+        freeing first where none is free) and the prompt tokens that backend's cache is expected to
+        hold: what admission, the order and shedding weigh. Asked only while requests are queued:
+        with none ahead no wait can make a request miss, and it starts at once where a slot is free."""
+        hits = self._router.hits(route)
+        best: float | None = None
+        cached = 0
+        for s in self._router.usable(self._slots, self._router.serving(self._slots, spec, route)):
+            t = self._router.predicted_s(s, route, hits, now, waits=True)
+            if t is not None and (best is None or t < best):
+                best = t
+            cached = max(cached, hits.get(s.name, 0) * PREFIX_BLOCK_TOKENS)
+        return replace(p, service_s=best, cached_tokens=min(cached, route.prompt_tokens))
 
     def _refusal(self, ev: Arrive, now: float) -> Reject | None:
         """Why a request is refused before it is queued (the bodies queued already fill their
@@ -338,6 +396,9 @@ class Front(Recovery):
         r.first = True
         self._hedger.disarm(ev.id)
         if r.hedge is None:
+            self._latency.prefilled(r.backend, ev.id)
+            if r.x is not None and r.attempts == 1 and not r.preemptions:  # one undisturbed run: a sample
+                self._latency.observe(r.backend, r.x, now - r.bound_at)
             self._ttft(r, now - r.bound_at, now)
             return
         loser = r.hedge if ev.backend == r.backend else r.backend
@@ -362,7 +423,7 @@ class Front(Recovery):
     def wants_first_content(self, cls: str, backend: str) -> bool:
         """Whether a driver tells `FirstContent` of a request of `cls` on `backend`: its class is
         hedged (a race ends there), or the backend's cap learns from its TTFT."""
-        return self._hedger.hedges(cls) or self._slots.adapts(backend)
+        return self._predicts or self._hedger.hedges(cls) or self._slots.adapts(backend)
 
     def _hedge_due(self, now: float) -> None:
         """Requests still without content past their hedge delay go to a second backend too,
@@ -413,13 +474,14 @@ class Front(Recovery):
         self._pump(now, self._may_preempt)
 
     def _probed(self, ev: Probed, now: float) -> None:
-        """A health probe. One that timed out while the backend was delivering bytes to
+        """A health probe (one that answered keeps the backend's reading fresh: `front.router`'s
+        staleness). One that timed out while the backend was delivering bytes to
         requests in flight (`busy`) counts neither way: an engine too loaded to answer its health
         page promptly is not a dead one, and taking the only backend out would strand everything
         queued behind it (a wedged server is still found by its requests' own failures). A late
         probe of a backend that has left changes nothing."""
         if not ev.busy:
-            self._slots.probed(ev.backend)
+            self._slots.probed(ev.backend, now if ev.ok else None)
         if ev.ok:
             if self._slots.mark_success(ev.backend):
                 self._out.append(HealthChanged(ev.backend, True))
@@ -509,6 +571,7 @@ class Front(Recovery):
         self._pacer.reconfigure(params.classes)
         self._params = params
         self._classes = {c.name: c for c in params.classes}
+        self._predicts = _predicts(params)
         gone = self._slots.reconfigure(params.backends, params.classes, params.health)
         for name in gone:
             self._retired(name)
@@ -539,12 +602,14 @@ class Front(Recovery):
     # --- internals --------------------------------------------------------------------------
 
     def _release(self, backend: str, p: Pending) -> None:
+        self._latency.prefilled(backend, p.id)
         if self._slots.release(backend, p.cls, p.est_tokens):
             self._retired(backend)
 
     def _retired(self, backend: str) -> None:
         self._router.forget(backend)
         self._programs.forget_backend(backend)
+        self._latency.forget(backend)
         self._ejector.forget(backend)
         self._out.append(Retired(backend))
 
@@ -598,6 +663,13 @@ class Front(Recovery):
                 return
 
     def _bind(self, r: Tracked, backend: str, now: float) -> None:
+        if self._predicts and not r.first:  # its prefill is owed there until its first content
+            hits = self._router.hits(r.route)
+            x = self._router.features(self._slots[backend], r.route, hits, now)
+            if r.attempts == 0 and r.state is State.QUEUED:  # what its first start looks like to the fit
+                r.x = x
+            own = max(0, r.route.prompt_tokens - hits.get(backend, 0) * PREFIX_BLOCK_TOKENS)
+            self._latency.started(backend, r.pending.id, own)
         self._slots.acquire(backend, r.pending.cls, r.pending.est_tokens)
         self._router.bound(backend, r.route)
         if r.route.program is not None:

@@ -11,6 +11,7 @@ The gateway (`gateway/http/proxy.py`) reads a request off HTTP, the discrete-eve
     cls = intake.classify(asked)                  # BadRequest: a class or service tier it does not know
     caller = intake.caller(asked.api_key)
     accepted = intake.accept(asked, cls, estimator.estimate(cls.name))  # BadRequest: over a bound
+    accepted.slo                                  # its targets: its class's, its TTFT target tightened
     ...                                           # the request ended well, with its real output:
     estimator.observe(cls.name, output_tokens)
 
@@ -22,18 +23,25 @@ A key that lists its `allowed_classes` gets a class it names outside them refuse
 lowered to its best allowed class when its key says `lower`; a default outside them is lowered
 silently (the client named nothing). A key that lists its `allowed_models` gets any other model
 refused with a 403 (LiteLLM's `models` on a virtual key).
+
+A request may ask for a tighter TTFT target than its class's (`x-tailguard-ttft-slo-ms`): it is
+raised to the tightest its class allows (`slo.min_ttft_s`) or its key's rights allow
+(`min_ttft_slo_s`), whichever is tighter, and never looser than its class's own target; with
+neither floor, a request may not tighten its class's target (the header changes nothing). A value
+that is not a positive number of milliseconds is a 400.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, get_args
 
 from tailguard.errors import BadRequest, Forbidden
-from tailguard.front.params import ClassSpec, IntakeParams, KeySpec, OutputEstimateParams, ServiceTier
-from tailguard.wire.headers import CLASS_HEADER
+from tailguard.front.params import ClassSpec, IntakeParams, KeySpec, OutputEstimateParams, ServiceTier, Slo
+from tailguard.wire.headers import CLASS_HEADER, TTFT_SLO_HEADER
 from tailguard.wire.openai import CHUNKED, POOLING, Endpoint, ParsedRequest
 
 SERVICE_TIERS: tuple[str, ...] = get_args(ServiceTier)
@@ -79,11 +87,13 @@ class Asked:
     n: int = 1  # choices: each is a generation of its own
     class_header: str | None = None  # `X-Tailguard-Class` as sent
     api_key: str | None = None
+    ttft_slo_ms: str | None = None  # `x-tailguard-ttft-slo-ms` as sent
 
     @classmethod
-    def of(cls, parsed: ParsedRequest, class_header: str | None, api_key: str | None) -> Asked:
+    def of(cls, parsed: ParsedRequest, class_header: str | None, api_key: str | None,
+           ttft_slo_ms: str | None = None) -> Asked:
         return cls(parsed.endpoint, parsed.body, parsed.prompt_tokens, parsed.max_tokens, parsed.n,
-                   class_header, api_key)
+                   class_header, api_key, ttft_slo_ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +110,12 @@ class Accepted:
     body: dict[str, Any]
     resumable: bool  # its generation can be suspended and continued from its text
     model: str | None = None  # the model it names, an alias resolved (None: none named, any backend)
+    slo: Slo | None = None  # its targets: its class's, its TTFT tightened by `x-tailguard-ttft-slo-ms`
+
+    @property
+    def ttft_slo_s(self) -> float | None:
+        """Its TTFT target (None: none)."""
+        return None if self.slo is None else self.slo.ttft_s
     own_priority: bool = False  # its `priority` field is its own (its key may set it): an engine gets it as sent
 
 
@@ -228,6 +244,7 @@ class Intake:
         (`set_priority`), so a batch-only key cannot jump an engine's queue with `priority: -100`
         on any kind of backend."""
         self.allow_model(asked)
+        ttft_slo_s = self._ttft_target(asked, cls) if asked.ttft_slo_ms is not None else None
         body = asked.body
         own = "priority" in body and self._sets_priority(asked.api_key)
         changed = "priority" in body and not own
@@ -240,14 +257,40 @@ class Intake:
             body = {**body, "model": target}  # sent upstream as the served name
             changed = True
         if not changed and not own:  # the usual request: nothing to replace
-            return self._capped(asked, cls, output_estimate_tokens, model)
-        accepted = self._capped(replace(asked, body=body), cls, output_estimate_tokens,
-                                model if target is None else target)
-        return replace(accepted, body_changed=accepted.body_changed or changed, own_priority=own)
+            accepted = self._capped(asked, cls, output_estimate_tokens, model)
+        else:
+            capped = self._capped(replace(asked, body=body), cls, output_estimate_tokens,
+                                  model if target is None else target)
+            accepted = replace(capped, body_changed=capped.body_changed or changed, own_priority=own)
+        slo = cls.slo if ttft_slo_s is None else replace(cls.slo or Slo(), ttft_s=ttft_slo_s)
+        return accepted if slo is None else replace(accepted, slo=slo)
 
     def _sets_priority(self, api_key: str | None) -> bool:
         k = self.key(api_key)
         return k is not None and k.set_priority
+
+    def _ttft_target(self, asked: Asked, cls: ClassSpec) -> float | None:
+        """The request's own TTFT target from `x-tailguard-ttft-slo-ms` (see the module docstring),
+        or None when it keeps its class's; `BadRequest` for a value that is not a positive number."""
+        raw = asked.ttft_slo_ms
+        assert raw is not None
+        try:
+            asked_s = float(raw.strip()) / 1000.0
+        except ValueError:
+            asked_s = math.nan
+        if not (asked_s > 0.0 and math.isfinite(asked_s)):
+            shown = raw if len(raw) <= 32 else raw[:32] + "..."
+            raise BadRequest(f"Header {TTFT_SLO_HEADER} must be a positive number of milliseconds; got {shown!r}.",
+                             param=TTFT_SLO_HEADER, code="invalid_ttft_slo")
+        slo = cls.slo
+        key = self.key(asked.api_key)
+        floors = [f for f in (slo.min_ttft_s if slo is not None else None,
+                              key.min_ttft_slo_s if key is not None else None) if f is not None]
+        if not floors:
+            return None
+        own = max(asked_s, min(floors))
+        target = slo.ttft_s if slo is not None else None
+        return own if target is None or own < target else None
 
     def _capped(self, asked: Asked, cls: ClassSpec, output_estimate_tokens: int, model: str | None) -> Accepted:
         _bound_prompt(asked, cls)

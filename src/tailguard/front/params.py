@@ -15,8 +15,25 @@ from typing import Literal
 from tailguard.front.adaptive import AdaptiveParams
 
 CapMode = Literal["clamp", "reject"]
-RoutingPolicy = Literal["prefix-affinity", "least-tokens", "p2c", "round-robin"]
+RoutingPolicy = Literal["prefix-affinity", "predicted-ttft", "least-tokens", "p2c", "round-robin"]
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]  # OpenAI's
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """A class's service-level objective (docs/slo.md): a first token within `ttft_s` of arrival,
+    output at `tpot_s` per token after it, the whole answer within `e2e_s` (None: no such target).
+    The front admits and orders by the TTFT target (`front.latency` predicts it); every target is
+    measured, each request's record saying whether it met them. `shed`: a request predicted to miss
+    its TTFT target is refused at once with a Retry-After (else it is served late, counted missed).
+    `min_ttft_s`: the tightest TTFT a request may ask for (`x-tailguard-ttft-slo-ms`; None: none
+    tighter than `ttft_s`, unless its API key's `min_ttft_slo_s` lets it)."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+    shed: bool = True
+    min_ttft_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +56,7 @@ class ClassSpec:
     max_prompt_tokens: int | None = None  # a larger (estimated) prompt is refused with a 400
     pools: tuple[str, ...] = ()  # backend pools its requests may use, tried in order (empty: every pool)
     start_interval_s: float = 0.0  # at most one start of the class per backend per interval (0: unpaced)
+    slo: Slo | None = None  # its service-level objective (None: none; it is ordered and refused as before)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +82,10 @@ class QueueParams:
     # A waiting caller this far below a running request's caller, once charged for its own request,
     # suspends that request (in a preemptible class; None: never). `front.fairqueue`.
     fair_preempt_gap: float | None = 0.0
+    # A request with a TTFT target is refused (or, in a class that does not shed, counted late) when
+    # its predicted TTFT passes this share of its target: a prediction is a mean, and without a
+    # margin about half of those admitted near the target would miss it (docs/slo.md).
+    slo_margin: float = 0.8
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +151,9 @@ class RoutingParams:
     balance_slack: float = 2.0
     index_blocks: int = 1 << 16  # prefix blocks remembered, least recently used dropped first
     engine_load_ttl_s: float = 15.0  # an engine's own load reading older than this counts as none
+    # A backend probed once and not since within this long counts as saturated by `predicted-ttft`
+    # routing (llm-d's choice: a backend nobody can read is not the one to send more to).
+    stale_after_s: float = 30.0
     slow_factor: float = 2.0  # a backend this much slower per token than its peers' median gets less work
     slow_min_samples: int = 3  # requests its speed must be measured over first
     slow_ttl_s: float = 60.0  # a speed not measured again within this is forgotten (tried afresh)
@@ -244,8 +269,10 @@ class KeySpec:
     when neither header nor `service_tier` names one (`default_class`), the classes and models
     it may use (None: any), whether a class it may not use is lowered to its best allowed
     one (`lower`) or refused, how many tokens its batches in progress may hold together
-    (`batch_enqueued_tokens`, None: no limit), and whether its requests may set an engine's
-    `priority` themselves (`set_priority`; else the field is the class's to set)."""
+    (`batch_enqueued_tokens`, None: no limit), whether its requests may set an engine's
+    `priority` themselves (`set_priority`; else the field is the class's to set), and the tightest
+    TTFT target its requests may ask for (`min_ttft_slo_s`, below their class's own floor; None:
+    the class's floor)."""
 
     caller: str
     default_class: str | None = None
@@ -254,6 +281,7 @@ class KeySpec:
     allowed_models: frozenset[str] | None = None
     batch_enqueued_tokens: int | None = None
     set_priority: bool = False
+    min_ttft_slo_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,11 +308,13 @@ class OutputEstimateParams:
 
 
 def default_classes() -> list[ClassSpec]:
-    """`interactive` first, waiting at most what a chat user waits for a first token; `batch`
-    preemptible, with every slot open to it, ten minutes of patience (docs/tuning.md) and its
-    output capped at 4096 tokens."""
+    """`interactive` first, with a first token due within `INTERACTIVE_TTFT_S` (refused at once
+    when it is predicted to miss that) and waiting at most what a chat user waits for one;
+    `batch` preemptible, with every slot open to it, ten minutes of patience (docs/tuning.md), its
+    output capped at 4096 tokens and no target."""
     return [
-        ClassSpec(name="interactive", rank=0, max_queue_len=1000, max_queue_wait_s=INTERACTIVE_WAIT_S),
+        ClassSpec(name="interactive", rank=0, max_queue_len=1000, max_queue_wait_s=INTERACTIVE_WAIT_S,
+                  slo=Slo(ttft_s=INTERACTIVE_TTFT_S)),
         ClassSpec(name="batch", rank=1, max_queue_len=10000, max_queue_wait_s=600.0, preemptible=True,
                   max_tokens_cap=4096),
     ]
@@ -293,3 +323,6 @@ def default_classes() -> list[ClassSpec]:
 # A chat user's patience for a first token: the article's first-token timeout is 15-30 s, and an
 # admitted chat must be answered well within it even under sustained overload.
 INTERACTIVE_WAIT_S = 10.0
+# What a chat user tolerates for a first token before the wait is felt (2-3 s; operators state 1 s
+# for a chat product): the default target, which admission and the order keep admitted chats inside.
+INTERACTIVE_TTFT_S = 2.0

@@ -1,5 +1,6 @@
-"""The program stage of the queue's order: program-level least attained service (PLAS), then
-the oldest program first; pure.
+"""The program part of the queue's order: program-level least attained service (PLAS), then
+the oldest program first; pure. `front.order`'s pick sorts on these keys: before a call's deadline
+(`program_rank`) and before its size (`order_key`).
 
 Inside a rank (and, with fair sharing, inside a caller), a call goes by its program's level: the
 service the program has received so far (the tokens its calls used, `front.programs`),
@@ -22,7 +23,7 @@ Starvation is bounded by the queue's aging (`QueueParams.aging_s`): a call that 
 long is overtaken by no younger call of its rank, whatever its level.
 
     level(service_tokens=30_000, quantum_tokens=12288, levels=2)      # 1
-    key = order_key(pending)                                             # what the queue's heap sorts on
+    key = order_key(pending)                                             # what the queue's size heap sorts on
     overtakes(first_key, oldest_key, sjf_size_ratio)                     # does the first go before the oldest
 """
 
@@ -50,14 +51,21 @@ class Ordered(Protocol):
     @property
     def program_at(self) -> float: ...
     @property
-    def est_tokens(self) -> int: ...
+    def cost(self) -> int: ...
+
+
+def program_rank(req: Ordered) -> tuple[int, float]:
+    """A call's place by its program alone: its program's level, then (above level 0) the instant
+    its program started. What the queue's deadline order (`front.order`) puts before deadlines."""
+    lvl = req.level
+    return lvl, req.program_at if lvl else 0.0
 
 
 def order_key(req: Ordered) -> OrderKey:
     """The key a rank's waiting calls are sorted by: their program's level, then (above level 0)
-    the instant their program started, then their size."""
-    lvl = req.level
-    return lvl, req.program_at if lvl else 0.0, float(req.est_tokens)
+    the instant their program started, then their size (its uncached work: `Pending.cost`)."""
+    lvl, at = program_rank(req)
+    return lvl, at, float(req.cost)
 
 
 def overtakes(first: OrderKey, oldest: OrderKey, size_ratio: float) -> bool:

@@ -50,6 +50,20 @@ class PrefixIndex:
             found, n = b, n + 1
         return found, n
 
+    def hits(self, blocks: Sequence[int]) -> dict[str, int]:
+        """For each backend that served some leading run of `blocks`, that run's length in
+        blocks: how much of the prompt its prefix cache is expected to hold. A block's hash names
+        the last backend sent it, and a chained hash stands for its whole prefix, so a backend
+        holds the run up to the deepest block it is named for."""
+        where = self._where
+        out: dict[str, int] = {}
+        for i, h in enumerate(blocks):
+            b = where.get(h)
+            if b is None:
+                break
+            out[b] = i + 1
+        return out
+
     def served(self, blocks: Sequence[int], backend: str) -> None:
         """`backend` was sent a prompt of these blocks: its cache will hold them."""
         where = self._where

@@ -9,8 +9,9 @@ Policies, by name in `front.schedulers.SCHEDULERS`:
   a real size gap, `sjf_size_ratio`), except that a request which has waited `aging_s` is overtaken
   by no younger request of its rank. A class below its `min_share` of the slots in use goes before
   higher ranks, so a stream of interactive work cannot starve batch work for ever.
-  A call of an agent program goes by its program's attained service before its size
-  (`front.plas`, PLAS): calls of programs that have received less go first; aging bounds it too.
+  A call of an agent program goes by its program's attained service before its deadline and
+  its size (`front.plas`, PLAS, in `front.order`'s keys): calls of programs that have received
+  less go first; aging bounds it too.
   With `fair_share`, `front.fairqueue.FairShareScheduler` splits each rank between callers
   (VTC) and keeps this rule among each caller's own requests.
 
@@ -25,15 +26,16 @@ outnumber live ones, so memory stays bounded).
 from __future__ import annotations
 
 import abc
+import bisect
 import heapq
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Callable
 
 from tailguard.front.admission import Admission
+from tailguard.front.order import Entry, Leaf, Refs, Stage, latest_start, pick
 from tailguard.front.params import ClassSpec, QueueParams
-from tailguard.front.plas import OrderKey, order_key, overtakes
 from tailguard.front.refusal import Refusal
 from tailguard.types import Outcome, RejectReason
 
@@ -52,36 +54,22 @@ class Pending:
     max_tokens: int | None = None  # its output limit: what of `est_tokens` is output (fair sharing)
     level: int = 0  # its program's attained-service level as it arrived (`front.plas`; 0: none)
     program_at: float = 0.0  # when its program started (`front.plas`: above level 0, older programs first)
+    deadline_at: float = math.inf  # its first token is due (arrival + its TTFT target; inf: no target)
+    service_s: float | None = None  # its predicted TTFT once started (`front.latency`; None: not known)
+    cached_tokens: int = 0  # of its prompt, expected in its backend's prefix cache (`front.prefix`)
+
+    @property
+    def cost(self) -> int:
+        """Its size for the order and for shedding: the work it brings that no cache holds."""
+        return self.est_tokens - self.cached_tokens
 
 
 # Job sizes are bucketed by powers of two to estimate "how many of my rank are shorter than me"
 # in O(1) without an order-statistics tree; within a factor of two is enough for an admission guess.
 _SIZE_BUCKETS = 64
-
-
-class _Entry:
-    __slots__ = ("req", "seq", "alive", "predicted")
-
-    def __init__(self, req: Pending, seq: int, predicted: float | None) -> None:
-        self.req = req
-        self.seq = seq
-        self.alive = True
-        self.predicted = predicted  # the raw wait expected at admission (None: not predicted)
-
-
-# Heap items: a sort key tuple whose last element is the entry (seq before it makes keys unique).
-_Item = tuple[OrderKey, float, int, _Entry]
-_FifoItem = tuple[float, int, _Entry]
-
-
-class _ClassQueue:
-    __slots__ = ("cfg", "fifo", "sjf", "live")
-
-    def __init__(self, cfg: ClassSpec) -> None:
-        self.cfg = cfg
-        self.fifo: list[_FifoItem] = []  # (arrived_at, seq, entry)
-        self.sjf: list[_Item] = []  # ((level, est_tokens), arrived_at, seq, entry); unused by FCFS
-        self.live = 0
+# At most this many queued requests are shed for one that arrives: shedding k that would make their
+# targets for one that would not is a loss now, repaid only as the work they leave undone serves others.
+_MAX_SHED = 2
 
 
 class BaseScheduler(abc.ABC):
@@ -94,13 +82,13 @@ class BaseScheduler(abc.ABC):
 
     def __init__(self, cfg: QueueParams, classes: Iterable[ClassSpec]) -> None:
         self._cfg = cfg
-        self._queues: dict[str, _ClassQueue] = {c.name: _ClassQueue(c) for c in classes}
+        self._refs = Refs()  # items in all heaps, live or dead: the compaction trigger
+        self._queues: dict[str, Leaf] = {c.name: Leaf(c, self._refs) for c in classes}
         if not self._queues:
             raise ValueError("a scheduler needs at least one class")
-        self._entries: dict[str, _Entry] = {}
-        self._deadlines: list[_FifoItem] = []  # (wait_bound_at, seq, entry)
+        self._entries: dict[str, Entry] = {}
+        self._bounds: list[tuple[float, int, Entry]] = []  # (wait_bound_at, seq, entry)
         self._seq = 0
-        self._heap_refs = 0  # items in all heaps, live or dead: the compaction trigger
         self._refs_per_entry = 3 if self._uses_sjf else 2
         self.admission = Admission(cfg)  # expected waits, drain rate, Retry-After
         # How many are dispatched and not yet finished, per class (pop adds, on_finish and requeue
@@ -108,6 +96,7 @@ class BaseScheduler(abc.ABC):
         # run is the front's request table's to know.
         self._running_by_class: dict[str, int] = {name: 0 for name in self._queues}
         self._running_total = 0
+        self._shed: list[Pending] = []  # queued requests shed for cheaper ones, for the front to refuse
 
     # --- the policy's interface -----------------------------------------------------------
 
@@ -115,17 +104,33 @@ class BaseScheduler(abc.ABC):
         return len(self._entries)
 
     def push(self, req: Pending, now: float) -> Refusal | None:
+        """Queue `req`, or say why not: its class's queue is full, it is expected to wait past its
+        bound, or (with a TTFT target, in a class that sheds) it is predicted to miss its target
+        and no costlier queued request can make room for it (`_make_room`)."""
         q = self._queue_of(req)
         if req.id in self._entries:
             raise ValueError(f"request id {req.id!r} is already queued")
         if q.live >= q.cfg.max_queue_len:
             return Refusal(RejectReason.QUEUE_FULL, self.admission.queue_full_s(self._ahead_of_class(q)))
-        predicted_s = self.admission.predict_s(self._ahead(req, q))
+        ahead = self._ahead(req, q)
+        predicted_s = self.admission.predict_s(ahead)
         retry_s = self.admission.refusal_s(predicted_s, req.wait_bound_at - now)
         if retry_s is not None:
             return Refusal(RejectReason.WAIT_BOUND, retry_s)
+        if req.deadline_at != math.inf:
+            wait_s = predicted_s if predicted_s is not None else self.admission.recent_predict_s(ahead)
+            late = self.admission.late_s(wait_s, req.service_s, req.deadline_at - now, self._cfg.slo_margin)
+            slo = q.cfg.slo
+            if late is not None and slo is not None and slo.shed and not self._make_room(req, late, now):
+                return Refusal(RejectReason.DEADLINE, self.admission.clamp(late))
         self._add(req, q, predicted_s)
         return None
+
+    def take_shed(self) -> list[Pending]:
+        """The queued requests the last `push` shed to make room (they have left the queue): the
+        front refuses each (`RejectReason.SHED`)."""
+        out, self._shed = self._shed, []
+        return out
 
     def remove(self, req_id: str, now: float) -> bool:
         entry = self._entries.get(req_id)
@@ -136,7 +141,7 @@ class BaseScheduler(abc.ABC):
 
     def expire(self, now: float) -> list[Pending]:
         out: list[Pending] = []
-        heap = self._deadlines
+        heap = self._bounds
         while heap:
             bound_at, _, entry = heap[0]
             if entry.alive and bound_at > now:
@@ -149,7 +154,7 @@ class BaseScheduler(abc.ABC):
         return out
 
     def next_wakeup(self) -> float | None:
-        heap = self._deadlines
+        heap = self._bounds
         while heap and not heap[0][2].alive:
             self._pop(heap)
         # An infinite bound never expires: no wakeup, rather than a timer at infinity.
@@ -238,7 +243,7 @@ class BaseScheduler(abc.ABC):
 
     # --- internals -------------------------------------------------------------------------
 
-    def _queue_of(self, req: Pending) -> _ClassQueue:
+    def _queue_of(self, req: Pending) -> Leaf:
         q = self._queues.get(req.cls)
         if q is None:
             raise ValueError(f"unknown class {req.cls!r} (known: {', '.join(self._queues)})")
@@ -254,26 +259,31 @@ class BaseScheduler(abc.ABC):
     def _head(self, now: float) -> Pending | None:
         """`pop`'s choice without the admissibility check, left queued."""
 
-    def _ahead(self, req: Pending, q: _ClassQueue) -> int:
+    def _ahead(self, req: Pending, q: Leaf) -> int:
         """Queued requests expected to leave before `req` (FCFS: all of them)."""
         return len(self._entries)
 
-    def _ahead_of_class(self, q: _ClassQueue) -> int:
+    def _ahead_of_class(self, q: Leaf) -> int:
         """Requests that must leave before the head of `q` does (for queue_full's Retry-After)."""
         return 0
 
-    def _add(self, req: Pending, q: _ClassQueue, predicted: float | None) -> None:
+    def _make_room(self, req: Pending, late_s: float, now: float) -> bool:
+        """Shed what costs most per target met: `req` is predicted to miss its deadline by
+        `late_s`; if enough queued requests of its rank (with a target, in classes that shed) cost
+        more than it does, or can no longer make their own target at all, to bring it inside its
+        own once they are gone, they leave the queue (`take_shed`) and True; else nothing changes.
+        None for the policies that do not order by deadline."""
+        return False
+
+    def _add(self, req: Pending, q: Leaf, predicted: float | None) -> None:
         self._seq += 1
-        entry = _Entry(req, self._seq, predicted)
+        entry = Entry(req, self._seq, predicted)
         self._entries[req.id] = entry
-        q.live += 1
-        self._push(q.fifo, (req.arrived_at, entry.seq, entry))
-        if self._uses_sjf:
-            self._push(q.sjf, (order_key(req), req.arrived_at, entry.seq, entry))
-        self._push(self._deadlines, (req.wait_bound_at, entry.seq, entry))
+        q.add(entry, self._uses_sjf)
+        self._push(self._bounds, (req.wait_bound_at, entry.seq, entry))
         self._on_add(req)
 
-    def _dispatched(self, entry: _Entry, now: float) -> Pending:
+    def _dispatched(self, entry: Entry, now: float) -> Pending:
         """`entry` leaves the queue for a backend slot."""
         self.admission.learn(entry.predicted, now - entry.req.arrived_at)
         self._kill(entry)
@@ -292,7 +302,7 @@ class BaseScheduler(abc.ABC):
     def _on_kill(self, req: Pending) -> None:
         pass
 
-    def _kill(self, entry: _Entry) -> None:
+    def _kill(self, entry: Entry) -> None:
         entry.alive = False
         req = entry.req
         del self._entries[req.id]
@@ -300,43 +310,30 @@ class BaseScheduler(abc.ABC):
         self._on_kill(req)
         if not self._entries:
             self.admission.emptied()
-        if self._heap_refs > self._refs_per_entry * len(self._entries) * 2 + 256:
+        if self._refs.n > self._refs_per_entry * len(self._entries) * 2 + 256:
             self._compact()
 
-    def _push(self, heap: list[Any], item: tuple[Any, ...]) -> None:
+    def _push(self, heap: list[tuple[float, int, Entry]], item: tuple[float, int, Entry]) -> None:
         heapq.heappush(heap, item)
-        self._heap_refs += 1
+        self._refs.n += 1
 
-    def _pop(self, heap: list[Any]) -> None:
+    def _pop(self, heap: list[tuple[float, int, Entry]]) -> None:
         heapq.heappop(heap)
-        self._heap_refs -= 1
+        self._refs.n -= 1
 
     def _compact(self) -> None:
         """Drop dead entries from every heap: amortised O(1) per removal, bounded memory.
 
         In place, because a caller may be walking one of these lists when a removal triggers it.
         """
-        heaps: list[list[Any]] = [self._deadlines]
-        for q in self._queues.values():
-            heaps += [q.fifo, q.sjf]
-        refs = 0
-        for heap in heaps:
-            heap[:] = [it for it in heap if it[-1].alive]
-            heapq.heapify(heap)
-            refs += len(heap)
-        self._heap_refs = refs
+        heap = self._bounds
+        heap[:] = [it for it in heap if it[-1].alive]
+        heapq.heapify(heap)
+        self._refs.n = len(heap) + sum(q.compact() for q in self._leaves())
 
-    def _fifo_head(self, q: _ClassQueue) -> _FifoItem | None:
-        heap = q.fifo
-        while heap and not heap[0][2].alive:
-            self._pop(heap)
-        return heap[0] if heap else None
-
-    def _sjf_head(self, q: _ClassQueue) -> _Item | None:
-        heap = q.sjf
-        while heap and not heap[0][3].alive:
-            self._pop(heap)
-        return heap[0] if heap else None
+    def _leaves(self) -> Iterable[Leaf]:
+        """Every leaf holding heaps (the class queues, and those of any grouping stage)."""
+        return self._queues.values()
 
 
 class FcfsScheduler(BaseScheduler):
@@ -347,9 +344,9 @@ class FcfsScheduler(BaseScheduler):
     """
 
     def pop(self, now: float, admissible: Callable[[Pending], bool] | None = None) -> Pending | None:
-        best: _FifoItem | None = None
+        best: tuple[float, int, Entry] | None = None
         for q in self._queues.values():
-            head = self._fifo_head(q)
+            head = q.oldest()
             if head is None or (best is not None and head[:2] >= best[:2]):
                 continue
             if admissible is not None and not admissible(head[2].req):
@@ -360,22 +357,24 @@ class FcfsScheduler(BaseScheduler):
         return self._dispatched(best[2], now)
 
     def _head(self, now: float) -> Pending | None:
-        heads = [h for h in (self._fifo_head(q) for q in self._queues.values()) if h is not None]
+        heads = [h for h in (q.oldest() for q in self._queues.values()) if h is not None]
         return min(heads, key=lambda h: h[:2])[2].req if heads else None
 
 
 class RankedSjfScheduler(BaseScheduler):
-    """Priority by rank with guaranteed minimum shares; shortest job first within a rank across a
-    real size gap; aging bounds starvation inside a rank.
+    """Priority by rank with guaranteed minimum shares; inside a rank, the order of
+    `front.order`: grouping stages (`stages`: caller fair share, and where it is added, program
+    attained service), then earliest deadline first among the requests that can still make theirs,
+    shortest job first across a real size gap, aging so none starves.
 
     When a slot frees (`pop`):
     1. Guarantees: a class with requests queued that holds fewer than
        `floor(min_share * (running + 1))` of the dispatched requests goes first (earlier ranks
        first among several). `running + 1` is the slot count whenever the backends are full,
        which is the only time the order decides who waits, so no backend count is needed.
-    2. Otherwise the earliest rank with an admissible request. Within it, the oldest request
-       goes, unless it is younger than `aging_s` and another is more than `sjf_size_ratio`
-       times smaller: then the smallest goes.
+    2. Otherwise the earliest rank with an admissible request, and in it `front.order.pick`.
+       Without targets: the oldest request goes, unless it is younger than `aging_s` and another
+       is more than `sjf_size_ratio` times smaller: then the smallest goes.
 
     The aging bound: once request R has waited `aging_s`, no request younger than R of its rank
     is dispatched before R by rule 2 (as long as R's class is admissible at that pop).
@@ -387,29 +386,37 @@ class RankedSjfScheduler(BaseScheduler):
 
     _uses_sjf = True
 
-    def __init__(self, cfg: QueueParams, classes: Iterable[ClassSpec]) -> None:
+    def __init__(self, cfg: QueueParams, classes: Iterable[ClassSpec], stages: Sequence[Stage] = ()) -> None:
         super().__init__(cfg, classes)
+        self._stages = tuple(stages)
+        # Under grouping stages, each class's requests are split again by their groups' keys.
+        self._subs: dict[str, dict[tuple[str, ...], Leaf]] = {name: {} for name in self._queues}
+        self._keys: dict[str, tuple[str, ...]] = {}  # a queued request's leaf key
+        targets = any(q.cfg.slo is not None and q.cfg.slo.ttft_s is not None for q in self._queues.values())
+        # Heaps per request: arrival, size and bound, and with targets deadline and cost; again
+        # under grouping stages.
+        self._refs_per_entry = (5 if targets else 3) * (2 if self._stages else 1)
         ranks = sorted({q.cfg.rank for q in self._queues.values()})
-        self._groups: list[list[_ClassQueue]] = [
+        self._groups: list[list[Leaf]] = [
             [q for q in self._queues.values() if q.cfg.rank == r] for r in ranks
         ]
         self._rank_index = {r: i for i, r in enumerate(ranks)}
         self._rank_live = [0] * len(ranks)
-        self._rank_sizes = [[0] * _SIZE_BUCKETS for _ in ranks]
+        self._rank_sizes = [[0] * _SIZE_BUCKETS for _ in ranks]  # requests with no deadline, by size
+        self._rank_due: list[list[float]] = [[] for _ in ranks]  # deadlines of those with one, sorted
         self._guaranteed = [q for group in self._groups for q in group if q.cfg.min_share > 0]
 
     def pop(self, now: float, admissible: Callable[[Pending], bool] | None = None) -> Pending | None:
-        aged_before = now - self._cfg.aging_s
         if self._guaranteed:
             slots = self._running_total + 1
             for q in self._guaranteed:
                 if q.live and self._running_by_class[q.cfg.name] < math.floor(q.cfg.min_share * slots + 1e-9):
-                    entry = self._pick([q], aged_before, admissible)
+                    entry = self._pick([q], now, admissible)
                     if entry is not None:
                         return self._dispatched(entry, now)
         for i, group in enumerate(self._groups):
             if self._rank_live[i]:
-                entry = self._pick(group, aged_before, admissible)
+                entry = self._pick(group, now, admissible)
                 if entry is not None:
                     return self._dispatched(entry, now)
         return None
@@ -417,42 +424,36 @@ class RankedSjfScheduler(BaseScheduler):
     def _head(self, now: float) -> Pending | None:
         # The best of the first rank with requests queued; min_share guarantees are left out:
         # they decide between ranks only when a slot is free anyway.
-        aged_before = now - self._cfg.aging_s
         for i, group in enumerate(self._groups):
             if self._rank_live[i]:
-                entry = self._pick(group, aged_before, None)
+                entry = self._pick(group, now, None)
                 return entry.req if entry is not None else None
         return None
 
-    def _pick(
-        self, group: list[_ClassQueue], aged_before: float, admissible: Callable[[Pending], bool] | None,
-    ) -> _Entry | None:
-        """The next request of `group` (classes of one rank) that `admissible` accepts, or None.
+    def _pick(self, group: list[Leaf], now: float, admissible: Callable[[Pending], bool] | None) -> Entry | None:
+        """The next request of `group` (classes of one rank) that `admissible` accepts, or None:
+        through the grouping stages, then `front.order.pick`."""
+        if not self._stages:
+            return self._pick_in(group, now, admissible)
+        leaves = [leaf for q in group if q.live for leaf in self._subs[q.cfg.name].values() if leaf.live]
+        return self._pick_stage(leaves, 0, now, admissible)
 
-        A class whose candidate is refused is dropped from the choice and the rest tried again
-        (admissibility is a per-class slot check, so its other requests would be refused too).
-        """
-        ratio = self._cfg.sjf_size_ratio
-        left = [q for q in group if q.live]
-        while left:
-            oldest: _FifoItem | None = None
-            smallest: _Item | None = None
-            for q in left:
-                f = self._fifo_head(q)
-                j = self._sjf_head(q)
-                assert f is not None and j is not None  # q.live > 0
-                if oldest is None or f[:2] < oldest[:2]:
-                    oldest = f
-                if smallest is None or j[:3] < smallest[:3]:
-                    smallest = j
-            assert oldest is not None and smallest is not None
-            entry = oldest[2]
-            if oldest[0] > aged_before and overtakes(smallest[0], order_key(entry.req), ratio):
-                entry = smallest[3]
-            if admissible is None or admissible(entry.req):
+    def _pick_stage(self, leaves: list[Leaf], level: int, now: float,
+                    admissible: Callable[[Pending], bool] | None) -> Entry | None:
+        if level == len(self._stages):
+            return self._pick_in(leaves, now, admissible)
+        by_group: dict[str, list[Leaf]] = {}
+        for leaf in leaves:
+            by_group.setdefault(leaf.key[level], []).append(leaf)
+        for g in self._stages[level].order(by_group):
+            entry = self._pick_stage(by_group[g], level + 1, now, admissible)
+            if entry is not None:
                 return entry
-            left = [q for q in left if q.cfg.name != entry.req.cls]
         return None
+
+    def _pick_in(self, leaves: list[Leaf], now: float, admissible: Callable[[Pending], bool] | None) -> Entry | None:
+        cfg = self._cfg
+        return pick(leaves, now, cfg.aging_s, cfg.sjf_size_ratio, self.admission.slot_s(), admissible)
 
     def _bucket(self, est_tokens: int) -> int:
         return min(_SIZE_BUCKETS - 1, max(0, est_tokens).bit_length())
@@ -460,18 +461,78 @@ class RankedSjfScheduler(BaseScheduler):
     def _on_add(self, req: Pending) -> None:
         i = self._rank_index[req.rank]
         self._rank_live[i] += 1
-        self._rank_sizes[i][self._bucket(req.est_tokens)] += 1
+        if req.deadline_at == math.inf:
+            self._rank_sizes[i][self._bucket(req.cost)] += 1
+        else:
+            bisect.insort(self._rank_due[i], req.deadline_at)
+        if self._stages:
+            key = self._keys[req.id] = tuple(stage.group(req) for stage in self._stages)
+            subs = self._subs[req.cls]
+            leaf = subs.get(key)
+            if leaf is None:
+                leaf = subs[key] = Leaf(self._queues[req.cls].cfg, self._refs, key)
+            leaf.add(self._entries[req.id], True)
+            for stage in self._stages:
+                stage.added(req)
 
     def _on_kill(self, req: Pending) -> None:
         i = self._rank_index[req.rank]
         self._rank_live[i] -= 1
-        self._rank_sizes[i][self._bucket(req.est_tokens)] -= 1
+        if req.deadline_at == math.inf:
+            self._rank_sizes[i][self._bucket(req.cost)] -= 1
+        else:
+            due = self._rank_due[i]
+            del due[bisect.bisect_left(due, req.deadline_at)]
+        if self._stages:
+            self._subs[req.cls][self._keys.pop(req.id)].live -= 1
+            for stage in self._stages:
+                stage.removed(req)
 
-    def _ahead(self, req: Pending, q: _ClassQueue) -> int:
-        """Queued requests expected to leave before `req`: all of higher ranks, and those of its
-        own rank no more than about its size (same power-of-two bucket or smaller)."""
+    def _dispatched(self, entry: Entry, now: float) -> Pending:
+        req = super()._dispatched(entry, now)
+        for stage in self._stages:
+            stage.dispatched(req)
+        return req
+
+    def settled(self, req_id: str, used_tokens: int) -> None:
+        for stage in self._stages:
+            stage.settled(req_id, used_tokens)
+
+    def _ahead(self, req: Pending, q: Leaf) -> int:
+        """Queued requests expected to leave before `req`: all of higher ranks; of its own rank,
+        with a deadline, those due no later than it (for one with none, all of them), and with no
+        deadline, those no more than about its size (same power-of-two bucket or smaller)."""
         i = self._rank_index[req.rank]
-        return sum(self._rank_live[:i]) + sum(self._rank_sizes[i][: self._bucket(req.est_tokens) + 1])
+        higher = sum(self._rank_live[:i])
+        due = self._rank_due[i]
+        if req.deadline_at != math.inf:
+            return higher + bisect.bisect_right(due, req.deadline_at)
+        return higher + len(due) + sum(self._rank_sizes[i][: self._bucket(req.cost) + 1])
 
-    def _ahead_of_class(self, q: _ClassQueue) -> int:
+    def _ahead_of_class(self, q: Leaf) -> int:
         return sum(self._rank_live[: self._rank_index[q.cfg.rank]])
+
+    def _make_room(self, req: Pending, late_s: float, now: float) -> bool:
+        need = self.admission.requests_in(late_s)
+        if need is None or need > _MAX_SHED:
+            return False
+        found: list[Entry] = []
+        for q in self._groups[self._rank_index[req.rank]]:
+            found += q.costliest(now, need)
+        late = [e for e in found if e.late or latest_start(e.req) < now]
+        dear = sorted((e for e in found if not e.late and latest_start(e.req) >= now and e.req.cost > req.cost),
+                      key=lambda e: (-e.req.cost, e.seq))
+        victims = (late + dear)[:need]
+        if len(victims) < need:
+            return False
+        for e in victims:
+            self._kill(e)
+            self._shed.append(e.req)
+        return True
+
+    def _leaves(self) -> Iterable[Leaf]:
+        yield from self._queues.values()
+        for subs in self._subs.values():
+            for key in [k for k, leaf in subs.items() if not leaf.live]:
+                del subs[key]
+            yield from subs.values()

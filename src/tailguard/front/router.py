@@ -24,30 +24,48 @@ retry's earlier backends) and has a slot its class may take (`front.slots`). Amo
   `balance_factor` x the least loaded's plus `balance_slack` requests' worth; else as
   `least-tokens`. So chats behind one system prompt keep finding it in the same engine's prefix
   cache, and a workload with no shared prefixes is routed exactly as `least-tokens` routes it.
+- `predicted-ttft`: the backend where the request's first token is predicted to come soonest
+  (`front.latency`: each backend's fit of TTFT from its uncached prefill, its running requests and
+  their tokens), with prefix hits priced in as the prompt tokens its cache saves (the prefix index
+  is the model's input here, not a rule of its own). Until every candidate's fit predicts, as
+  `prefix-affinity`. llm-d's router scores endpoints by predicted latency alike.
 - `p2c`: the lesser loaded of two drawn at random (a seeded generator: the same events, the same
   choices); `round-robin`: the next in turn.
 
-Program affinity comes first, under every policy but `round-robin`: a call of an agent program
+Program affinity comes first, under every policy but `round-robin` (before `predicted-ttft`'s
+choice too): a call of an agent program
 (`Route.program`) goes to the backend its program's last call went to (`front.programs`: while
 that call's KV is trusted to be there), if that backend may take it and its load is within the
 bound prefix affinity uses (`balance_factor` x the least loaded's plus `balance_slack`); so a
 program's growing context keeps finding the cache that holds it, and sibling calls that arrive
 together land together, without hashing its prompt (Dynamo's and vLLM's routers keep an agent
 session on one worker alike).
+
+A backend whose probes (or engine metrics) have gone stale, read once and not since within
+`stale_after_s`, counts as saturated under every load-based policy: it is chosen only when no
+other backend may take the request (llm-d's choice; `BackendView.stale`, the gauge
+`tailguard_backend_stale`).
 """
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from tailguard.front.ejection import Ejector
+from tailguard.front.latency import Features, Latency
 from tailguard.front.params import ClassSpec, RoutingParams
 from tailguard.front.prefix import PrefixIndex
 from tailguard.front.programs import ProgramBook
 from tailguard.front.queue import Pending
 from tailguard.front.slots import BackendPool, BackendState
+from tailguard.wire.prefix import BLOCK_CHARS
+
+# The prompt tokens one prefix hash stands for (`wire.prefix`: a block of characters, about a
+# quarter as many tokens by the gateway's estimate; the DES hands the same stride).
+PREFIX_BLOCK_TOKENS = BLOCK_CHARS // 4
 
 # A request's size when nothing better is known: what the engine reports beyond the gateway's
 # own requests is counted in requests, and weighed as this many tokens each.
@@ -65,6 +83,7 @@ class Route:
     prefix: Sequence[int] = ()
     pin: str | None = None  # the backend that holds the request's state (`Arrive.pin`)
     program: str | None = None  # the agent program it is a call of (`Arrive.program`)
+    prompt_tokens: int = 0  # what its first token costs to compute where no cache holds it
 
 
 NO_ROUTE = Route()
@@ -73,10 +92,12 @@ NO_ROUTE = Route()
 class Router:
     """The routing policy and what it remembers (where prefixes went, whose turn it is)."""
 
-    def __init__(self, params: RoutingParams, ejector: Ejector, programs: ProgramBook | None = None) -> None:
+    def __init__(self, params: RoutingParams, ejector: Ejector, latency: Latency | None = None,
+                 programs: ProgramBook | None = None) -> None:
         self.params = params
         self._ejector = ejector
         self._programs = programs  # where each program's last call went (None: no program affinity)
+        self._latency = latency if latency is not None else Latency()
         self._index = PrefixIndex(params.index_blocks)
         self._rng = random.Random(params.seed)
         self._turn = 0
@@ -88,6 +109,39 @@ class Router:
 
     def forget(self, backend: str) -> None:
         self._index.forget(backend)
+
+    # --- what a start costs --------------------------------------------------------------------
+
+    def hits(self, route: Route) -> Mapping[str, int]:
+        """For each backend, the leading prefix blocks of the request its cache is expected to hold."""
+        return self._index.hits(route.prefix) if route.prefix else {}
+
+    def features(self, s: BackendState, route: Route, hits: Mapping[str, int], now: float,
+                 waits: bool = False) -> Features:
+        """What a start of the request on `s` looks like to the latency fit: its uncached prompt
+        with the prefill `s` still owes the requests started before it, the requests running there (with the engine's own beyond the gateway's, while its reading
+        is fresh) and their tokens. `waits`: it starts once a slot frees (at most `cap - 1` others)."""
+        prefill = max(0, route.prompt_tokens - hits.get(s.name, 0) * PREFIX_BLOCK_TOKENS)
+        running = s.in_flight
+        read_at = s.engine_read_at
+        if read_at is not None and now - read_at <= self.params.engine_load_ttl_s:
+            running = max(running, s.engine_queued)
+        if waits:
+            running = min(running, s.cap - 1)
+        return float(prefill), float(running), float(s.tokens), self._latency.pending(s.name)
+
+    def predicted_s(self, s: BackendState, route: Route, hits: Mapping[str, int], now: float,
+                    waits: bool = False) -> float | None:
+        """The request's TTFT once started on `s` (inf while `s` is stale; None: not fitted yet)."""
+        if self.stale(s, now):
+            return math.inf
+        return self._latency.predict(s.name, self.features(s, route, hits, now, waits))
+
+    def stale(self, s: BackendState, now: float) -> bool:
+        """Its probes or engine metrics were read once and not since within `stale_after_s`."""
+        limit = self.params.stale_after_s
+        probed, read = s.probed_at, s.engine_read_at
+        return (probed is not None and now - probed > limit) or (read is not None and now - read > limit)
 
     # --- which backends may take it -------------------------------------------------------------
 
@@ -144,7 +198,7 @@ class Router:
         """A request of `route` was sent to `backend`: the engine's prefix cache will hold its
         prompt, and the turn moves on."""
         self._turn += 1
-        if route.prefix and self.params.policy == "prefix-affinity":
+        if route.prefix and self.params.policy in _INDEXED:
             self._index.served(route.prefix, backend)
 
     def _pick(self, cands: list[BackendState], route: Route, size: int, now: float) -> BackendState:
@@ -166,7 +220,11 @@ class Router:
         if policy == "p2c":
             a, b = self._rng.sample(cands, 2)
             return a if load(a) <= load(b) else b
-        if policy == "prefix-affinity" and route.prefix:
+        if policy == "predicted-ttft":
+            fastest = self._fastest(cands, route, now)
+            if fastest is not None:
+                return fastest
+        if policy in _INDEXED and route.prefix:
             held = self._affine(cands, route)
             if held is not None and self._within(held, least, load, mean, ref, now):
                 return held
@@ -193,6 +251,21 @@ class Router:
             if s.name == name:
                 return s
         return None
+
+    def _fastest(self, cands: list[BackendState], route: Route, now: float) -> BackendState | None:
+        """The candidate with the least predicted TTFT (ties: bound least recently), or None while
+        any candidate's fit predicts nothing (each gets its first samples as `prefix-affinity`
+        spreads them)."""
+        hits = self.hits(route)
+        best: tuple[float, int] | None = None
+        chosen = None
+        for s in cands:
+            t = self.predicted_s(s, route, hits, now)
+            if t is None:
+                return None
+            if best is None or (t, s.last_acquired) < best:
+                best, chosen = (t, s.last_acquired), s
+        return chosen
 
     def _affine(self, cands: list[BackendState], route: Route) -> BackendState | None:
         """The candidate that served the longest part of this prompt, if that part is a
@@ -230,7 +303,9 @@ class Router:
 
     def _load(self, s: BackendState, size: int, mean: float, ref: float | None, now: float) -> float:
         """Estimated tokens in flight with this request's `size`, per unit of capacity, with the
-        engine's own extra work."""
+        engine's own extra work; a stale backend's is infinite."""
+        if self.stale(s, now):
+            return math.inf
         tokens = float(s.tokens + size)
         read_at = s.engine_read_at
         if read_at is not None and now - read_at <= self.params.engine_load_ttl_s:
@@ -240,6 +315,8 @@ class Router:
         return tokens / self._capacity(s, ref, now)
 
 
+# The policies that remember where prefixes went.
+_INDEXED = ("prefix-affinity", "predicted-ttft")
 def _mean_tokens(cands: list[BackendState]) -> float:
     """The mean job size of the requests in flight on `cands` (a default when none are)."""
     n = sum(s.in_flight for s in cands)

@@ -31,7 +31,9 @@ def carry_over(old: BaseScheduler, cfg: QueueParams, classes: Iterable[ClassSpec
 def make_scheduler(cfg: QueueParams, classes: Iterable[ClassSpec],
                    weights: Mapping[str, float] | None = None) -> BaseScheduler:
     """The policy named by `cfg.policy` (`ranked-sjf` with `cfg.fair_share`: `FairShareScheduler`,
-    callers weighed by `weights`); an unknown name lists the known ones."""
+    callers weighed by `weights`); an unknown name lists the known ones. `ranked-sjf`'s order
+    inside a rank (`front.order`): caller fair share as a grouping stage (with `fair_share`), then
+    program attained service, deadline and size in the pick's keys (`front.plas`)."""
     factory = SCHEDULERS.get(cfg.policy)
     if factory is None:
         raise ConfigError(f"unknown scheduler policy {cfg.policy!r} (known: {', '.join(SCHEDULERS)})")

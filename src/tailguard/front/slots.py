@@ -30,7 +30,7 @@ class BackendState:
 
     __slots__ = ("cfg", "name", "in_flight", "by_class", "healthy", "failures", "successes", "last_acquired",
                  "retiring", "probed", "tokens", "learned_models", "engine_queued", "engine_read_at", "cost",
-                 "cost_samples", "cost_at", "adaptive", "cap", "allotted")
+                 "cost_samples", "cost_at", "adaptive", "cap", "allotted", "probed_at")
 
     def __init__(self, cfg: BackendSpec, class_names: Iterable[str]) -> None:
         self.cfg = cfg
@@ -45,6 +45,7 @@ class BackendState:
         self.last_acquired = -1  # sequence number of the latest acquire: the router's tie-break
         self.retiring = False  # removed by a reload: no new binds, gone once nothing is in flight
         self.probed = False  # a health probe has answered (or failed outright): its health is known
+        self.probed_at: float | None = None  # when a probe last answered (None: never): how fresh its reading is
         self.tokens = 0  # estimated tokens (prompt + output) of its requests in flight: the router's load
         self.learned_models: frozenset[str] | None = None  # as its /v1/models said (None: not known)
         self.engine_queued = 0  # requests the engine itself reports running and waiting, at its last reading
@@ -289,11 +290,14 @@ class BackendPool:
             s.cost_samples += 1
             s.cost_at = now
 
-    def probed(self, backend: str) -> None:
-        """A probe answered (or failed outright): the backend's health is known from now on."""
+    def probed(self, backend: str, now: float | None = None) -> None:
+        """A probe answered (or failed outright): the backend's health is known from now on.
+        `now`: it answered then (a reading that keeps the backend from going stale)."""
         s = self._states.get(backend)
         if s is not None:
             s.probed = True
+            if now is not None:
+                s.probed_at = now
 
     def mark_failure(self, backend: str) -> bool:
         """A probe or connection failed. True when this failure turned the backend unhealthy

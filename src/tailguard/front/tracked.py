@@ -8,6 +8,7 @@ import enum
 from dataclasses import dataclass
 
 from tailguard.front.events import StartMode
+from tailguard.front.latency import Features
 from tailguard.front.queue import Pending
 from tailguard.front.router import Route
 from tailguard.types import FailureKind
@@ -29,7 +30,7 @@ class Tracked:
     __slots__ = ("pending", "state", "backend", "bound_at", "preemptible", "max_tokens", "suspendable",
                  "preemptions", "attempts", "tried", "fresh_retried", "caller", "generated", "route", "hedge",
                  "first", "continuable", "migrations", "avoid", "must_continue", "held", "again", "resumable",
-                 "body_bytes")
+                 "body_bytes", "x")
 
     def __init__(self, pending: Pending, preemptible: bool, max_tokens: int | None, caller: str | None,
                  route: Route, continuable: bool = False, resumable: bool = False) -> None:
@@ -60,6 +61,7 @@ class Tracked:
         self.again: tuple[StartMode, FailureKind | None, str | None] = (StartMode.CONTINUE, None, None)
         self.held = 0  # tokens reserved against its caller's tpm_limit, settled once as it leaves
         self.body_bytes = 0  # its body's size while it waits for its first start (`max_queued_body_bytes`)
+        self.x: Features | None = None  # what its first start looked like to the TTFT fit (`front.latency`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +80,7 @@ class BackendView:
     pool: str = "default"
     models: tuple[str, ...] | None = None  # what it serves, configured or listed (None: not known)
     cap: int = 0  # the in-flight cap in force: `max_concurrency`, or the adaptive one
+    stale: bool = False  # its probes or engine metrics have gone stale: routing counts it as saturated
 
     @property
     def takes_requests(self) -> bool:

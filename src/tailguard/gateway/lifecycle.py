@@ -120,7 +120,7 @@ class Lifecycle:
         if self._cfg.log_prompts:
             req.prompt_text = text
         intake = self._classes.intake
-        asked = Asked.of(parsed, said.class_name, said.api_key)
+        asked = Asked.of(parsed, said.class_name, said.api_key, said.ttft_slo_ms)
         req.caller = intake.caller(said.api_key)  # before its class: a class it may not use is its caller's refusal
         cls = intake.classify(asked)
         req.cls = cls.name
@@ -128,7 +128,7 @@ class Lifecycle:
             line.trace = self._tracer.begin(req, said.trace or {}, parsed)
         req.prompt_tokens = parsed.prompt_tokens
         accepted = intake.accept(asked, cls, self._ctx.estimator.estimate(cls.name))
-        req.model = accepted.model
+        req.model, req.slo = accepted.model, accepted.slo
         line.transcript = self._dispatcher.transcript(cls.name, accepted.resumable)
         # Hashed only where a choice between backends can use it: one backend needs no affinity.
         prefix = prefix_blocks(text) if text is not None and self._affine else ()

@@ -16,6 +16,10 @@ from tailguard.wire.openai import duration_text
 
 _TEXT = {
     RejectReason.WAIT_BOUND: "The gateway would not start this request within its class's queue bound; retry later.",
+    RejectReason.DEADLINE: ("The gateway predicts this request would not get its first token within its TTFT target "
+                            "(its class's `slo.ttft_s`, or its own `x-tailguard-ttft-slo-ms`); retry later."),
+    RejectReason.SHED: ("The gateway shed this queued request to serve cheaper ones within their TTFT targets "
+                        "(it would cost the most per target met); retry later."),
     RejectReason.NO_HEALTHY_BACKEND: "No healthy backend is available.",
     RejectReason.SHUTTING_DOWN: "The gateway is shutting down.",
     RejectReason.SHARED_STATE_UNAVAILABLE: ("The gateway cannot reach its shared state (Redis) to check this caller's "

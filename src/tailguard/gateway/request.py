@@ -25,6 +25,7 @@ from tailguard.errors import APIError, Overloaded
 from tailguard.front.counts import Counts
 from tailguard.front.identity import Program
 from tailguard.front.intake import NO_CLASS
+from tailguard.front.params import Slo
 from tailguard.types import Outcome
 from tailguard.wire.openai import Endpoint
 
@@ -43,6 +44,7 @@ class Request:
     caller: str | None = None  # its API key's name, when keys are configured
     model: str | None = None  # the model it names (an alias resolved)
     program: Program | None = None  # the agent program it is a call of, and which call (`front.identity`)
+    slo: Slo | None = None  # its targets: its class's, its TTFT tightened by the intake (None: none)
     rate_headers: dict[str, str] | None = None  # where the caller's limits stand (x-ratelimit-*)
     # From the front's decisions.
     backend: str = "-"

@@ -69,9 +69,9 @@ class Arrival:
         acc = self.accepted
         if acc is None:
             return Arrive(self.id, self.cls, self.prompt_tokens + self.max_tokens, True, self.max_tokens, self.caller,
-                          self.model, prefix, program=self.program)
+                          self.model, prefix, program=self.program, prompt_tokens=self.prompt_tokens)
         return Arrive(self.id, self.cls, acc.est_tokens, acc.resumable, acc.max_tokens, self.caller, self.model,
-                      prefix, program=self.program)
+                      prefix, program=self.program, prompt_tokens=self.prompt_tokens, ttft_slo_s=acc.ttft_slo_s)
 
 
 class Gate(Protocol):

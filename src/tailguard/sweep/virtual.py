@@ -20,7 +20,7 @@ from tailguard.doctor.evidence import EngineEvidence
 from tailguard.errors import BadRequest
 from tailguard.front.identity import ProgramFinder
 from tailguard.front.intake import NO_CLASS, Asked, Intake, OutputEstimator
-from tailguard.wire.headers import agent_session, bearer_key, class_header, session_header
+from tailguard.wire.headers import agent_session, bearer_key, class_header, session_header, ttft_slo_header
 from tailguard.front.params import OutputEstimateParams
 from tailguard.config import GatewayConfig
 from tailguard.sim.cost import EngineConfig
@@ -105,7 +105,7 @@ class IntakeGate:
         try:
             sent = replace(validate_body(p.body, p.endpoint), prompt_tokens=p.prompt_tokens)
             if self.intake is not None:
-                asked = Asked.of(sent, class_header(p.headers), bearer_key(p.headers))
+                asked = Asked.of(sent, class_header(p.headers), bearer_key(p.headers), ttft_slo_header(p.headers))
                 cls = self.intake.classify(asked)
                 a = replace(a, cls=cls.name, caller=self.intake.caller(asked.api_key))
                 accepted = self.intake.accept(asked, cls, self.estimator.estimate(cls.name))

@@ -1,10 +1,10 @@
 """What the gateway reads from a request's HTTP headers, read once (`told`) into one value: the
-caller's key, the class it names, the agent program it says it belongs to (`front.identity`), its
-own request id (sanitized), its user agent, the headers its route passes on to the backend, and its
-trace context; pure. Both servers (aiohttp's and the lean
-one) read a request here, and the DES's gate reads the headers a bench would send the same way,
-so the request's life past its headers (`gateway.lifecycle`, the intake in the front) sees
-values, never headers."""
+caller's key, the class it names, the TTFT target it asks for, the agent program it says it
+belongs to (`front.identity`), its own request id (sanitized), its user agent, the headers its
+route passes on to the backend, and its trace context; pure. Both servers (aiohttp's and the lean
+one) read a request here, and the DES's gate reads the headers a bench would send the same way, so
+the request's life past its headers (`gateway.lifecycle`, the intake in the front) sees values,
+never headers."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ SESSION_HEADERS = (PROGRAM_HEADER, "X-Session-Id")
 # current hyphen form, then the older underscore one), OpenCode; the order Dynamo's router
 # (ai-dynamo/dynamo#10875) and CLIProxyAPI (router-for-me/CLIProxyAPI#4452) read them in.
 AGENT_SESSION_HEADERS = ("X-Claude-Code-Session-Id", "Session-Id", "Session_Id", "X-Opencode-Session")
+TTFT_SLO_HEADER = "x-tailguard-ttft-slo-ms"  # a tighter TTFT target for this request (docs/slo.md)
 # Client headers a route passes on to the backend (Anthropic's API version and beta flags).
 PASSED_HEADERS: dict[Endpoint, tuple[str, ...]] = {"messages": ("anthropic-version", "anthropic-beta")}
 TRACE_HEADERS = ("traceparent", "tracestate")  # W3C trace context, continued by the request's trace
@@ -38,6 +39,7 @@ class Told:
 
     api_key: str | None = None
     class_name: str | None = None  # `X-Tailguard-Class`, as sent
+    ttft_slo_ms: str | None = None  # `x-tailguard-ttft-slo-ms`, as sent (the intake judges it)
     request_id: str | None = None  # `X-Request-Id`, bounded and sanitized
     user_agent: str | None = None
     passed: tuple[tuple[str, str], ...] = ()  # what its route passes on to the backend
@@ -52,7 +54,7 @@ def told(headers: Mapping[str, str], endpoint: Endpoint) -> Told:
     if api_key is None and endpoint == "messages":  # Anthropic's SDK sends its key this way
         api_key = header(headers, "x-api-key") or None
     trace = {n: v for n in TRACE_HEADERS if (v := header(headers, n)) is not None}
-    return Told(api_key, header(headers, CLASS_HEADER), client_request_id(headers),
+    return Told(api_key, header(headers, CLASS_HEADER), ttft_slo_header(headers), client_request_id(headers),
                 (header(headers, "User-Agent") or "")[:_MAX_UA] or None,
                 tuple((n, v) for n in PASSED_HEADERS.get(endpoint, ()) if (v := header(headers, n)) is not None),
                 trace or None, session_header(headers), agent_session(headers))
@@ -77,6 +79,11 @@ def bearer_key(headers: Mapping[str, str]) -> str | None:
 def class_header(headers: Mapping[str, str]) -> str | None:
     """The class a request names in `X-Tailguard-Class`, as sent."""
     return header(headers, CLASS_HEADER)
+
+
+def ttft_slo_header(headers: Mapping[str, str]) -> str | None:
+    """The TTFT target a request asks for in `x-tailguard-ttft-slo-ms` (milliseconds), as sent."""
+    return header(headers, TTFT_SLO_HEADER)
 
 
 def client_request_id(headers: Mapping[str, str]) -> str | None:

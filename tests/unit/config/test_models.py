@@ -226,6 +226,16 @@ def test_a_bad_key_file_is_a_config_error_that_names_no_key(tmp_path: Path, cont
     assert "sk-inline-0123456789" not in str(e.value) and "sk-from-file" not in str(e.value)
 
 
+def test_the_ttft_targets_the_alerts_read_are_the_classes_own() -> None:
+    from tailguard.config import GatewayConfig
+
+    assert GatewayConfig().ttft_targets() == {"interactive": 2.0}
+    cfg = GatewayConfig.model_validate({"classes": [{"name": "chat", "slo": {"ttft_s": 1.0, "e2e_s": 30}},
+                                                    {"name": "batch", "rank": 1, "slo": {"e2e_s": 3600}},
+                                                    {"name": "bulk", "rank": 2}], "default_class": "chat"})
+    assert cfg.ttft_targets() == {"chat": 1.0}
+
+
 @pytest.mark.parametrize("keys,scheduler,on", [
     ({"sk-a": {"name": "a"}, "sk-b": {"name": "b"}}, {}, True),  # two callers: on by default
     ({"sk-a": {"name": "a"}, "sk-a2": {"name": "a"}}, {}, False),  # two keys, one caller

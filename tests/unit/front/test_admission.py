@@ -134,3 +134,16 @@ def test_carry_over_keeps_the_measurements_under_new_bounds() -> None:
     b.completed(1.0, queued=0)
     assert b.drain_rate() == pytest.approx(2.0)
     assert a.drain_rate() == pytest.approx(2.0)  # the old one is left as it was
+
+
+def test_a_target_is_admitted_by_the_last_backlogs_rate_until_this_one_is_measured() -> None:
+    """After an idle spell the window starts afresh (the wait bound predicts nothing), but a TTFT
+    target still has the rate the last backlog drained at."""
+    a = Admission(QueueParams())
+    a.completed(0.0, queued=1)
+    a.completed(0.5, queued=1)
+    a.emptied()
+    a.completed(100.0, queued=1)
+    assert a.predict_s(4) is None
+    assert a.recent_predict_s(4) == pytest.approx(2.0)
+    assert Admission(QueueParams()).recent_predict_s(4) is None

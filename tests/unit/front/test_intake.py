@@ -12,7 +12,7 @@ import pytest
 from tailguard.errors import BadRequest, Forbidden
 from tailguard.front.intake import Accepted, Asked, Intake, OutputEstimator, key_id, resumable
 from tailguard.wire.headers import bearer_key, class_header, header
-from tailguard.front.params import ClassSpec, IntakeParams, KeySpec, OutputEstimateParams, default_classes
+from tailguard.front.params import ClassSpec, IntakeParams, KeySpec, OutputEstimateParams, Slo, default_classes
 from tailguard.wire.openai import parse_request
 
 
@@ -262,6 +262,39 @@ def test_a_key_is_held_to_its_models_as_the_client_names_them() -> None:
         assert refused.value.code == "model_not_allowed"
     assert i.accept(replace(chat(model="m"), api_key="any"), cls, 10).model == "m"
     assert i.key("k") is not None and i.key("unknown") is None and i.key(None) is None
+
+
+# --- a request's own TTFT target (x-tailguard-ttft-slo-ms) ----------------------------------------
+
+def _targeted(ms: str, slo: Slo | None, key: KeySpec | None = None) -> float | None:
+    """The request's TTFT target once its class's `slo` and its key's rights have had their say."""
+    cls = ClassSpec(name="chat", slo=slo)
+    i = intake([cls], default_class="chat", keys={"sk-1": key} if key is not None else {})
+    return i.accept(replace(chat(max_tokens=8), ttft_slo_ms=ms, api_key="sk-1" if key else None), cls, 0).ttft_slo_s
+
+
+def test_a_request_tightens_its_target_down_to_its_class_floor() -> None:
+    assert _targeted("500", Slo(ttft_s=2.0, min_ttft_s=0.25)) == 0.5
+    assert _targeted("100", Slo(ttft_s=2.0, min_ttft_s=0.25)) == 0.25  # raised to the floor
+    assert _targeted("5000", Slo(ttft_s=2.0, min_ttft_s=0.25)) == 2.0  # never looser than its class's
+
+
+def test_without_a_floor_the_header_changes_nothing() -> None:
+    assert _targeted("100", Slo(ttft_s=2.0)) == 2.0
+    assert _targeted("100", None) is None
+
+
+def test_a_key_may_be_allowed_tighter_than_its_class() -> None:
+    assert _targeted("100", Slo(ttft_s=2.0, min_ttft_s=0.5), KeySpec("svc", min_ttft_slo_s=0.2)) == 0.2
+    assert _targeted("300", Slo(ttft_s=2.0), KeySpec("svc", min_ttft_slo_s=0.2)) == 0.3
+    assert _targeted("300", None, KeySpec("svc", min_ttft_slo_s=0.2)) == 0.3  # a target where its class has none
+
+
+@pytest.mark.parametrize("raw", ["", "abc", "-5", "0", "nan", "inf", "1e400"])
+def test_a_target_that_is_not_a_positive_number_is_a_400(raw: str) -> None:
+    with pytest.raises(BadRequest) as e:
+        _targeted(raw, Slo(ttft_s=2.0, min_ttft_s=0.1))
+    assert e.value.param == "x-tailguard-ttft-slo-ms" and e.value.code == "invalid_ttft_slo"
 
 
 def test_a_clients_priority_is_dropped_unless_its_key_may_set_it() -> None:

@@ -152,7 +152,7 @@ def pool(*names: str, slots: int = 4) -> BackendPool:
 def test_a_programs_call_goes_home_while_homes_load_is_within_the_bound() -> None:
     book = ProgramBook(ProgramParams())
     rt = Router(RoutingParams(policy="least-tokens", balance_factor=1.5, balance_slack=0.0), Ejector(EjectionParams()),
-                book)
+                programs=book)
     slots = pool("a", "b")
     book.bound("p", "a", 0.0)
     route = Route(program="p")
@@ -168,7 +168,7 @@ def test_a_programs_call_goes_home_while_homes_load_is_within_the_bound() -> Non
 
 def test_round_robin_keeps_no_program_affinity() -> None:
     book = ProgramBook(ProgramParams())
-    rt = Router(RoutingParams(policy="round-robin"), Ejector(EjectionParams()), book)
+    rt = Router(RoutingParams(policy="round-robin"), Ejector(EjectionParams()), programs=book)
     slots = pool("a", "b")
     book.bound("p", "a", 0.0)
     picks = []

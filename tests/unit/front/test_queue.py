@@ -430,7 +430,7 @@ def test_memory_stays_bounded_under_churn() -> None:
         while len(s) >= 50:
             s.pop(float(i))
     assert len(s) < 50
-    assert s._heap_refs <= 3 * len(s) * 2 + 256 + 3
+    assert s._refs.n <= 3 * len(s) * 2 + 256 + 3
 
 
 def test_unknown_class_rank_mismatch_and_duplicate_ids_are_errors() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from tailguard.front.ejection import Ejector
 from tailguard.front.params import BackendSpec, ClassSpec, EjectionParams, HealthParams, RoutingParams
 from tailguard.front.queue import Pending
+from tailguard.front.latency import Latency
 from tailguard.front.router import NO_ROUTE, Route, Router
 from tailguard.front.slots import BackendPool
 
@@ -206,3 +207,37 @@ def test_a_slow_reading_needs_samples_and_is_forgotten_when_stale() -> None:
 def test_a_name_nobody_lists_may_go_only_where_the_models_are_not_known() -> None:
     pool = BackendPool([BackendSpec("unknown", 4), BackendSpec("listed", 4, models=("llama",))], CLASSES)
     assert {s.name for s in router().serving(pool, SPECS["interactive"], Route("m"))} == {"unknown"}
+
+
+def test_a_backend_whose_probes_went_stale_counts_as_saturated() -> None:
+    """`a` is idle and `b` runs a request, but `a`'s probes stopped answering 40 s ago: the next
+    request goes to `b`; `a` takes one only when no other backend may."""
+    pool, rt = make(("a", 4, 1.0), ("b", 4, 1.0)), router(stale_after_s=30.0)
+    pool.probed("a", now=0.0)
+    pool.probed("b", now=39.0)
+    pool.acquire("b", "interactive", 10)
+    assert rt.stale(pool["a"], 40.0) and not rt.stale(pool["b"], 40.0)
+    assert rt.choose(pool, SPECS["interactive"], pending(), NO_ROUTE, 40.0) == "b"
+    for _ in range(3):
+        pool.acquire("b", "interactive", 10)
+    assert rt.choose(pool, SPECS["interactive"], pending(), NO_ROUTE, 40.0) == "a"  # b is full: a after all
+    assert not rt.stale(pool["a"], 25.0)  # within the bound it is not
+
+
+def test_predicted_ttft_routes_by_the_fit_with_prefix_hits_priced_in() -> None:
+    """Two backends whose fits say a prefill token costs 50 us and a running request 20 ms: a
+    4,000-token prompt whose first 3,000 tokens `b`'s cache holds goes to `b` though `b` runs two
+    requests more (predicted 0.10 s there against 0.21 s on `a`); with nothing cached, to `a`."""
+    latency = Latency()
+    for backend in ("a", "b"):
+        for i in range(40):
+            latency.observe(backend, (100.0 * i, float(i % 5), 0.0, 0.0), 0.01 + 50e-6 * 100 * i + 0.02 * (i % 5))
+    pool = make(("a", 8, 1.0), ("b", 8, 1.0))
+    rt = Router(RoutingParams(policy="predicted-ttft"), Ejector(EjectionParams()), latency)
+    for _ in range(2):
+        pool.acquire("b", "interactive", 10)
+    blocks = tuple(range(1, 64))  # 63 blocks of 64 tokens: 4,032 tokens
+    rt.bound("b", Route(prefix=blocks[:47]))  # b served the first 3,008 tokens
+    cached = Route(prefix=blocks, prompt_tokens=4000)
+    assert rt.choose(pool, SPECS["interactive"], pending(), cached, 0.0) == "b"
+    assert rt.choose(pool, SPECS["interactive"], pending(), Route(prefix=(900, 901), prompt_tokens=4000), 0.0) == "a"

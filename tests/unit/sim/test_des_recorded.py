@@ -11,7 +11,9 @@ from collections.abc import Sequence
 from tailguard.clock import VirtualClock
 from tailguard.front.events import Decision, Event
 from tailguard.front.front import Front
-from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, HedgeParams, PreemptionParams, QueueParams
+from tailguard.front.params import (
+    BackendSpec, ClassSpec, FrontParams, HedgeParams, PreemptionParams, QueueParams, RoutingParams, Slo,
+)
 from tailguard.recording.codec import Header, Observation, header_line, read, request_line, step_line
 from tailguard.recording.replay import COUNTED, conform, counted
 from tailguard.sim.cost import CostModel, EngineConfig
@@ -65,3 +67,22 @@ def test_a_fleet_run_with_deaths_hedges_and_suspensions_replays_and_counts_as_it
     decided = counted(recording)
     assert all(decided.get(tl.id) == tl.counts or (tl.counts == type(tl.counts)() and tl.id not in decided)
                for tl in tls)
+
+
+def test_an_overloaded_fleet_with_ttft_targets_replays_its_refusals_and_sheds() -> None:
+    """Deadline refusals, sheds and predicted-TTFT routing decide from the latency fit, learnt from
+    the recorded first tokens: a fresh front reaches every one of them again (issue 30)."""
+    targeted = [ClassSpec("interactive", 0, max_queue_wait_s=30.0, slo=Slo(ttft_s=0.6)),
+                ClassSpec("batch", 1, max_queue_wait_s=120.0, preemptible=True)]
+    params = FrontParams(classes=targeted, backends=[BackendSpec(n, 3, continues=True) for n in ("a", "b")],
+                         routing=RoutingParams(policy="predicted-ttft"))
+    hosts = [Host("a", Engine(CFG)), Host("b", Engine(CFG.slowed(3)))]
+    arrivals = [Arrival(f"c{i}", 0.02 * i, 50 + (i * 37) % 400, 20) for i in range(400)]
+    tape = Tape()
+    tls = run_fleet(hosts, arrivals, VirtualClock(), Front(params), tap=tape)
+    reasons = {tl.reject_reason for tl in tls if tl.outcome is Outcome.REJECTED}
+    assert {"deadline", "shed"} <= reasons, reasons
+    lines = [json.dumps(header_line(Header(params))), *tape.lines,
+             *(json.dumps(request_line(observed(tl))) for tl in tls)]
+    result = conform(read(lines))
+    assert result.identical, str(result)

@@ -15,8 +15,8 @@ import random
 
 from tailguard.clock import VirtualClock
 from tailguard.front.front import Front
-from tailguard.front.params import BackendSpec, ClassSpec, FrontParams
-from tailguard.front.capacity import CapacitySignal
+from tailguard.front.params import BackendSpec, ClassSpec, FrontParams, Slo
+from tailguard.front.capacity import Capacity, CapacitySignal
 from tailguard.sim.cost import CostModel, EngineConfig
 from tailguard.sim.des import run_fleet
 from tailguard.sim.scenario import Arrival, Host, Scaling, Timeline
@@ -149,3 +149,38 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# With a TTFT target tighter than the bound (issue 30): the signal sizes the fleet for the target.
+TARGET_S = 0.5
+
+
+def targeted(n: int, arrivals: list[Arrival]) -> tuple[list[Timeline], Front]:
+    hosts = [Host(f"h{i}", Engine(CFG)) for i in range(n)]
+    spec = ClassSpec("interactive", rank=0, max_queue_wait_s=BOUND_S, slo=Slo(ttft_s=TARGET_S))
+    front = Front(FrontParams(classes=[spec], backends=[BackendSpec(h.name, max_concurrency=SLOTS, continues=True)
+                                                        for h in hosts]))
+    return run_fleet(hosts, arrivals, VirtualClock(), front), front
+
+
+def within_target(timelines: list[Timeline]) -> float:
+    return sum(1 for t in timelines if t.first_token_at is not None
+               and t.first_token_at - t.arrived_at <= TARGET_S) / len(timelines)
+
+
+def test_with_a_ttft_target_the_signal_asks_for_a_fleet_that_holds_it_for_99_percent() -> None:
+    """From a run of two engines (most chats refused), the signal (Erlang C on the slots, the wait
+    budget the target less the TTFT from a start the front's latency fit measured) asks for a fleet
+    where 99% of chats get their first token within 0.5 s; two fewer engines miss that."""
+    load = chats(rate=30.0, seconds=60.0)
+    short, front = targeted(2, load)
+    capacity = Capacity(window_s=3600.0)
+    for tl in sorted(short, key=lambda t: t.finished_at if t.finished_at is not None else t.arrived_at):
+        ran = tl.outcome is Outcome.SUCCESS and tl.dispatched_at is not None and tl.finished_at is not None
+        end = tl.finished_at if tl.finished_at is not None else tl.arrived_at
+        capacity.ended(tl.backend, tl.cls, end, tl.finished_at - tl.dispatched_at if ran else None)  # type: ignore[operator]
+    last = max(t.finished_at if t.finished_at is not None else t.arrived_at for t in short)
+    n = capacity.measure(front, last)["default"].needed
+    assert n > needed(short)  # the target asks for more than the queue bound does
+    assert within_target(targeted(n, load)[0]) >= 0.99
+    assert within_target(targeted(n - 2, load)[0]) < 0.99

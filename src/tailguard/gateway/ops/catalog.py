@@ -14,7 +14,8 @@ from typing import Literal
 Kind = Literal["counter", "gauge", "histogram"]
 
 # Seconds. Latency buckets span a loopback relay (ms) to a long generation (minutes).
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+# 2.0: the default interactive TTFT target (`classes[].slo.ttft_s`) is a bound, so a burn-rate rule can read it.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5.0)
 # The OpenTelemetry GenAI semantic conventions' explicit bucket boundaries (gen-ai-metrics.md), so
 # these histograms aggregate with Envoy AI Gateway's and any other conforming emitter's.
@@ -71,6 +72,10 @@ METRICS: tuple[MetricSpec, ...] = (
     _c("tailguard_prompt_tokens", "Prompt tokens (from upstream usage, else the estimate).", "class"),
     _c("tailguard_output_tokens", "Generated tokens (from upstream usage, else content chunks).", "class"),
     _c("tailguard_requests", "Requests by terminal outcome; each request is counted once.", "class", "outcome"),
+    _c("tailguard_slo", "Requests of a class with a service-level objective (`classes[].slo`), judged once as they "
+       "end against each target it has (`ttft`, `tpot`, `e2e`; a request's own tighter TTFT target where it asked "
+       "for one): `met` or `missed` (refused and failed requests miss; client errors are not judged).",
+       "class", "slo", "result"),
     _c("tailguard_unclassified_requests", "Requests refused before they had a class (bad key, unreadable or "
        "invalid body, unknown class), by HTTP status; counted once, not in tailguard_requests_total.", "status"),
     _c("tailguard_rejected", "Requests refused by admission or expired in the queue, by reason (the "
@@ -97,6 +102,9 @@ METRICS: tuple[MetricSpec, ...] = (
        "(active probes), `ejected` and `readmitted` (passive).", "backend", "to"),
     _c("tailguard_backend_ejections", "Backends taken out for a while after failing requests in a row (passive "
        "health), by the kind of the last failure.", "backend", "kind"),
+    _g("tailguard_backend_stale", "1 while a backend's probes (or engine metrics) have answered once and not since "
+       "within `routing.stale_after_s`: routing counts it as saturated (a request goes there only when no other "
+       "backend may take it).", "backend"),
     _g("tailguard_backend_engine_requests", "Requests the engine itself reports running and waiting (its own "
        "load page, read with each health probe); waiting above 0 means the gateway's cap is above the engine's "
        "slots.", "backend", "state"),

@@ -35,6 +35,7 @@ from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.log_buffer import BufferedLineHandler
 from tailguard.gateway.ops.metering import CallerLabels
 from tailguard.gateway.request import Ended, Request
+from tailguard.slo import judge
 from tailguard.types import FailureKind, Outcome, RejectReason
 
 ACCESS_LOGGER = "tailguard.access"
@@ -221,6 +222,7 @@ class GatewayMetrics:
         self.concurrency_limit = f["tailguard_backend_concurrency_limit"]
         self.connections_closed = f["tailguard_connections_closed"]
         self.rejected = f["tailguard_rejected"]
+        self.slo = f["tailguard_slo"]
         self.upstream_errors = f["tailguard_upstream_errors"]
         self.overrun_tokens = f["tailguard_upstream_overrun_tokens"]
         self._overran: set[str] = set()  # backends whose overrun was logged (once each)
@@ -320,7 +322,8 @@ class GatewayMetrics:
         for gauge, labels in ((self.backend_healthy, (backend,)), (self.inflight, (backend,)),
                               (self.concurrency_limit, (backend,)),
                               (self.engine_requests, (backend, "running")), (self.engine_requests, (backend, "waiting")),
-                              (self.backend_kind, (backend, kind or ""))):
+                              (self.backend_kind, (backend, kind or "")),
+                              (self.families["tailguard_backend_stale"], (backend,))):
             try:
                 gauge.remove(*labels)
             except KeyError:  # never set
@@ -343,6 +346,14 @@ class GatewayMetrics:
             self._zeros(spec.name, self._zeroed_classes, self._class_counters)
             bound.labels(spec.name).set(spec.max_queue_wait_s)
             limit.labels(spec.name).set(spec.max_queue_len)
+            if spec.slo is not None:  # each target's series at 0 from the first scrape, as `_zeros` does
+                for target in ("ttft", "tpot", "e2e"):
+                    if getattr(spec.slo, f"{target}_s") is not None:
+                        self.slo.labels(spec.name, target, "met")
+                        self.slo.labels(spec.name, target, "missed")
+        stale = f["tailguard_backend_stale"]
+        for b in views:
+            stale.labels(b.name).set(1 if b.stale else 0)
         self._export_capacity(front, now)
         config = (str(live.n) if live.n is not None else "", live.hash)
         if config != self._config:
@@ -427,6 +438,9 @@ def record_finish(m: GatewayMetrics, t: Request) -> None:
             m.genai_ttft.labels(op, t.cls).observe(ttft_s)
             if t.output_tokens > 1:
                 m.genai_tpot.labels(op, t.cls).observe((end - t.first_content_at) / (t.output_tokens - 1))
+    if t.slo is not None:
+        for target, met in judge(t.slo, outcome, end - t.arrived_at, _ttft_s(t), t.output_tokens).items():
+            m.slo.labels(t.cls, target, "met" if met else "missed").inc()
     m.capacity.ended(t.backend, t.cls, end, None if t.bound_at is None else end - t.bound_at)
     prompt = t.prompt_tokens if t.answered else 0  # no engine took it: its prompt cost nothing
     if t.answered:  # the GenAI conventions count usage of operations that ran
@@ -449,6 +463,10 @@ def record_finish(m: GatewayMetrics, t: Request) -> None:
             m.caller_tokens.labels(caller, "prompt").inc(prompt)
         if t.output_tokens:
             m.caller_tokens.labels(caller, "output").inc(t.output_tokens)
+
+
+def _ttft_s(t: Request) -> float | None:
+    return None if t.first_content_at is None else t.first_content_at - t.arrived_at
 
 
 def _now_rfc3339() -> str:
@@ -486,6 +504,10 @@ def access_log(t: Request, *, method: str, path: str, logged_text: bool = False)
         rec["caller"] = t.caller
     if t.program is not None:  # its program by a digest (never the session or user id itself), and which call
         rec["program"], rec["program_call"], rec["program_source"] = t.program.id, t.program.call, t.program.source
+    if t.slo is not None:  # each target: met or missed (`tailguard.slo`)
+        rec["slo"] = judge(t.slo, t.outcome, end - t.arrived_at, _ttft_s(t), t.output_tokens)
+        if t.slo.ttft_s is not None:
+            rec["ttft_slo_ms"] = round(t.slo.ttft_s * 1000.0, 3)
     if t.output_estimated:
         rec["output_tokens_estimated"] = True
     if t.overrun_tokens:

@@ -80,6 +80,11 @@ PANELS: tuple[Panel, ...] = (
           "Arrival at the gateway to the first generated token: what a chat user feels.",
           (Query(_p(0.99, "tailguard_ttft_seconds", "class", C), "{{class}} P99"),
            Query(_p(0.5, "tailguard_ttft_seconds", "class", C), "{{class}} P50"))),
+    Panel("Latency per class", "SLO met (share of requests judged)", "percentunit",
+          "Per class and target (`classes[].slo`: ttft, tpot, e2e), the share of requests that met it; refused and "
+          "failed requests miss (docs/slo.md).",
+          (Query(f"sum by (class, slo) (rate(tailguard_slo_total{{{C},result=\"met\"}}[{RATE}])) / "
+                 f"sum by (class, slo) (rate(tailguard_slo_total{{{C}}}[{RATE}]))", "{{class}} {{slo}}"),)),
     Panel("Latency per class", "ITL P99 (per chunk)", "s",
           "Gaps between content chunks, pooled per chunk: a stall shows here.",
           (Query(_p(0.99, "tailguard_itl_seconds", "class", C), "{{class}} P99"),)),
@@ -114,6 +119,10 @@ PANELS: tuple[Panel, ...] = (
     Panel("Backends and fleet", "Engine running and waiting", "short",
           "The engine's own counts; waiting above 0 means the gateway's cap is above the engine's slots.",
           (Query(f"max by (backend, state) (tailguard_backend_engine_requests{{{B}}})", "{{backend}} {{state}}"),)),
+    Panel("Backends and fleet", "Stale backends", "short",
+          "1 while a backend's probes or engine metrics have not answered within `routing.stale_after_s`: routing "
+          "counts it as saturated.",
+          (Query(f"max by (backend) (tailguard_backend_stale{{{B}}})", "{{backend}} stale"),)),
     Panel("Backends and fleet", "Upstream errors", "reqps", "Failed attempts by backend and how they failed.",
           (Query(_rate("tailguard_upstream_errors_total", "backend, kind", B), "{{backend}} {{kind}}"),)),
     Panel("Backends and fleet", "Tokens past max_tokens", "short",

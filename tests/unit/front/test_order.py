@@ -1,0 +1,226 @@
+"""The order inside a rank with TTFT targets (`front.order`), and admission and shedding by
+deadline (`front.queue`, `front.admission`), on literal numbers: pushes and pops at stated
+instants, and what comes out."""
+
+from __future__ import annotations
+
+import math
+
+from tailguard.front.params import ClassSpec, QueueParams, Slo
+from tailguard.front.queue import BaseScheduler, Pending, RankedSjfScheduler
+from tailguard.types import Outcome, RejectReason
+
+CHAT = ClassSpec(name="chat", rank=0, max_queue_len=100, max_queue_wait_s=30.0, slo=Slo(ttft_s=2.0))
+KEPT = ClassSpec(name="kept", rank=0, max_queue_len=100, max_queue_wait_s=30.0, slo=Slo(ttft_s=2.0, shed=False))
+PLAIN = ClassSpec(name="plain", rank=0, max_queue_len=100, max_queue_wait_s=30.0)
+BATCH = ClassSpec(name="batch", rank=1, max_queue_len=100, max_queue_wait_s=600.0)
+SPECS = {c.name: c for c in (CHAT, KEPT, PLAIN, BATCH)}
+
+
+def req(id: str, cls: str, cost: int, at: float, due_in: float | None = None, service_s: float | None = 0.1) -> Pending:
+    spec = SPECS[cls]
+    if due_in is None and spec.slo is not None:
+        due_in = spec.slo.ttft_s
+    deadline = math.inf if due_in is None else at + due_in
+    return Pending(id, cls, spec.rank, cost, at, at + spec.max_queue_wait_s, deadline_at=deadline, service_s=service_s)
+
+
+def sched(aging_s: float = 10.0) -> RankedSjfScheduler:
+    return RankedSjfScheduler(QueueParams(aging_s=aging_s), list(SPECS.values()))
+
+
+def drain(s: BaseScheduler, now: float) -> list[str]:
+    out = []
+    while (p := s.pop(now)) is not None:
+        out.append(p.id)
+    return out
+
+
+# --- the order ------------------------------------------------------------------------------------
+
+def test_earliest_deadline_first_whatever_the_arrival_order() -> None:
+    s = sched()
+    s.push(req("late-due", "chat", 100, 0.0, due_in=5.0), 0.0)
+    s.push(req("soon-due", "chat", 100, 0.1, due_in=1.0), 0.1)
+    s.push(req("mid-due", "chat", 100, 0.2, due_in=3.0), 0.2)
+    assert drain(s, 0.3) == ["soon-due", "mid-due", "late-due"]
+
+
+def test_a_much_shorter_job_goes_first_while_the_earliest_deadline_can_spare_the_time() -> None:
+    s = sched()
+    s.push(req("long", "chat", 4000, 0.0), 0.0)
+    s.push(req("short", "chat", 100, 0.1), 0.1)
+    assert drain(s, 0.2) == ["short", "long"]
+
+
+def test_no_shortcut_once_the_earliest_deadline_has_no_time_to_spare() -> None:
+    """`long` must start by 2.0 - 0.1 = 1.9 s; a slot takes 0.5 s to free (drain rate 2/s), so at
+    1.5 s it cannot let `short` go first."""
+    s = sched()
+    s.on_finish(None, Outcome.SUCCESS, 0.0)
+    s.push(req("filler", "batch", 1, 0.0), 0.0)
+    s.on_finish(None, Outcome.SUCCESS, 0.0)
+    s.on_finish(None, Outcome.SUCCESS, 0.5)
+    assert s.remove("filler", 0.5)
+    s.push(req("long", "chat", 4000, 1.0, due_in=1.0), 1.0)
+    s.push(req("short", "chat", 100, 1.1, due_in=1.0), 1.1)
+    assert s.admission.slot_s() == 0.5
+    assert drain(s, 1.5) == ["long", "short"]
+
+
+def test_equal_deadlines_go_shortest_first() -> None:
+    s = sched()
+    s.push(req("b", "chat", 300, 0.0, due_in=2.0), 0.0)
+    s.push(req("a", "chat", 200, 0.0, due_in=2.0), 0.0)
+    assert drain(s, 0.1) == ["a", "b"]
+
+
+def test_requests_that_can_no_longer_make_their_deadline_go_after_those_that_can() -> None:
+    """`hopeless` can start no later than 2.0 - 1.5 = 0.5 s: at 1 s it is late, and waits behind
+    `fresh`, which can still make its own (served late, but served)."""
+    s = sched()
+    s.push(req("hopeless", "kept", 100, 0.0, service_s=1.5), 0.0)
+    s.push(req("fresh", "kept", 100, 0.9), 0.9)
+    assert drain(s, 1.0) == ["fresh", "hopeless"]
+
+
+def test_a_target_goes_before_no_target_in_one_rank_but_aging_bounds_the_wait() -> None:
+    s = sched(aging_s=5.0)
+    s.push(req("plain", "plain", 10, 0.0), 0.0)
+    s.push(req("chat", "chat", 1000, 1.0), 1.0)
+    assert s.head(2.0) is not None and s.head(2.0).id == "chat"  # type: ignore[union-attr]
+    s.push(req("chat2", "chat", 1000, 5.5), 5.5)
+    # At 6 s `plain` has waited its aging bound: it goes before every younger request of its rank.
+    assert drain(s, 6.0) == ["plain", "chat", "chat2"]
+
+
+def test_the_aged_request_goes_before_an_earlier_deadline() -> None:
+    s = sched(aging_s=2.0)
+    s.push(req("old", "chat", 100, 0.0, due_in=60.0), 0.0)
+    s.push(req("urgent", "chat", 100, 2.5, due_in=0.5), 2.5)
+    assert drain(s, 2.6) == ["old", "urgent"]
+
+
+def test_higher_ranks_still_go_first() -> None:
+    s = sched()
+    s.push(req("b", "batch", 10, 0.0), 0.0)
+    s.push(req("c", "chat", 5000, 1.0), 1.0)
+    assert drain(s, 1.1) == ["c", "b"]
+
+
+# --- admission by deadline --------------------------------------------------------------------------
+
+def draining(s: BaseScheduler, per_s: float) -> None:
+    """Two completions 1/per_s apart while a request waits: the drain rate becomes `per_s`."""
+    s.push(req("filler", "batch", 1, 0.0), 0.0)
+    s.on_finish(None, Outcome.SUCCESS, 0.0)
+    s.on_finish(None, Outcome.SUCCESS, 1.0 / per_s)
+    assert s.remove("filler", 1.0 / per_s)
+
+
+def test_refused_only_when_predicted_to_miss() -> None:
+    """Drain rate 2/s: each request ahead is 0.5 s of wait. With a 0.2 s TTFT once started and a
+    2 s target (admitted up to 0.8 x 2 = 1.6 s), the fourth request (1.5 s of wait ahead) would
+    take 1.7 s: refused, told to retry once the excess has drained."""
+    s = sched()
+    draining(s, 2.0)
+    t = 1.0
+    got = [s.push(req(f"c{i}", "chat", 500, t, service_s=0.2), t) for i in range(4)]
+    assert got[:3] == [None, None, None]
+    refused = got[3]
+    assert refused is not None and refused.reason is RejectReason.DEADLINE
+    assert refused.retry_after_s == 1.0  # 0.1 s late, within the configured floor of 1 s
+
+
+def test_a_class_that_does_not_shed_admits_late_requests() -> None:
+    s = sched()
+    draining(s, 2.0)
+    assert all(s.push(req(f"k{i}", "kept", 500, 1.0, service_s=0.2), 1.0) is None for i in range(6))
+
+
+def test_nothing_is_refused_by_deadline_before_the_latency_is_predicted() -> None:
+    s = sched()
+    draining(s, 2.0)
+    assert all(s.push(req(f"c{i}", "chat", 500, 1.0, service_s=None), 1.0) is None for i in range(6))
+
+
+def test_a_request_that_misses_even_alone_is_served_late_not_refused() -> None:
+    s = sched()
+    draining(s, 2.0)
+    assert s.push(req("ahead", "chat", 500, 1.0, service_s=0.2), 1.0) is None
+    assert s.push(req("huge", "chat", 90_000, 1.0, service_s=1.9), 1.0) is None
+
+
+# --- shedding by cost per target met --------------------------------------------------------------
+
+def test_a_cheap_arrival_sheds_the_costliest_queued_request() -> None:
+    s = sched()
+    draining(s, 2.0)
+    for i, cost in enumerate((800, 3000, 500)):
+        assert s.push(req(f"q{i}", "chat", cost, 1.0, service_s=0.2), 1.0) is None
+    assert s.push(req("cheap", "chat", 200, 1.0, service_s=0.2), 1.0) is None
+    assert [p.id for p in s.take_shed()] == ["q1"]
+    assert sorted(drain(s, 1.1)) == ["cheap", "q0", "q2"]
+
+
+def test_an_arrival_dearer_than_everything_queued_is_refused_instead() -> None:
+    s = sched()
+    draining(s, 2.0)
+    for i in range(3):
+        assert s.push(req(f"q{i}", "chat", 500, 1.0, service_s=0.2), 1.0) is None
+    refused = s.push(req("dear", "chat", 4000, 1.0, service_s=0.2), 1.0)
+    assert refused is not None and refused.reason is RejectReason.DEADLINE
+    assert s.take_shed() == [] and len(s) == 3
+
+
+def test_requests_already_late_are_shed_before_costlier_ones() -> None:
+    """`stale` (cheap, but past its latest start) goes first: its target is missed whatever happens."""
+    s = sched()
+    draining(s, 2.0)
+    assert s.push(req("stale", "chat", 100, 0.5, service_s=0.2), 0.5) is None
+    assert s.push(req("dear", "chat", 3000, 2.2, service_s=0.2), 2.2) is None
+    assert s.push(req("q", "chat", 500, 2.2, service_s=0.2), 2.2) is None
+    assert s.push(req("new", "chat", 400, 2.4, service_s=0.2), 2.4) is None
+    assert [p.id for p in s.take_shed()] == ["stale"]
+
+
+def test_a_class_that_does_not_shed_is_never_shed() -> None:
+    s = sched()
+    draining(s, 2.0)
+    for i in range(3):
+        assert s.push(req(f"k{i}", "kept", 5000, 1.0, service_s=0.2), 1.0) is None
+    refused = s.push(req("cheap", "chat", 100, 1.0, service_s=0.2), 1.0)
+    assert refused is not None and refused.reason is RejectReason.DEADLINE and s.take_shed() == []
+
+
+# --- in the front: the decisions ------------------------------------------------------------------
+
+def test_the_front_refuses_by_its_latency_fit_and_sheds_for_cheaper_work() -> None:
+    """One backend, one slot. Twenty requests each take 0.2 s to a first token and 0.5 s in all,
+    back to back with two waiting: the fit predicts 0.2 s, the queue drains 2 a second. Then
+    requests queue until the next would wait past its 2 s target (x 0.8): refused with
+    `deadline`; a cheaper one sheds the dearest queued request (`shed`)."""
+    from tailguard.front.events import Arrive, FirstContent, Finished, Reject, Start
+    from tailguard.front.front import Front
+    from tailguard.front.params import BackendSpec, FrontParams
+
+    front = Front(FrontParams([CHAT, BATCH], [BackendSpec("b", max_concurrency=1)]))
+    now = 0.0
+    for i in range(3):
+        front.handle(Arrive(f"w{i}", "chat", 600, max_tokens=100), now)
+    for i in range(20):
+        front.handle(FirstContent(f"w{i}", "b"), now + 0.2)
+        now += 0.5
+        front.handle(Arrive(f"w{i + 3}", "chat", 600, max_tokens=100), now)
+        front.handle(Finished(f"w{i}", Outcome.SUCCESS, 600), now)
+    assert front.predicted_ttft_s("w20") is not None
+    decisions = []  # w21 and w22 wait: a third request waits 1 s; a fourth, 1.5 s, and 0.2 s more
+    for i, size in enumerate((3600, 4000)):  # the second costs more than any queued: nothing to shed
+        decisions += front.handle(Arrive(f"q{i}", "chat", size, max_tokens=100), now)
+    refused = [d for d in decisions if isinstance(d, Reject)]
+    assert [(d.id, d.reason) for d in refused] == [("q1", RejectReason.DEADLINE)]
+    assert refused[0].retry_after_s >= 1.0
+    cheap = front.handle(Arrive("cheap", "chat", 150, max_tokens=50), now)
+    assert [(d.id, d.reason) for d in cheap if isinstance(d, Reject)] == [("q0", RejectReason.SHED)]
+    assert "cheap" in front and "q0" not in front
+    assert not any(isinstance(d, Start) for d in cheap)
