@@ -136,17 +136,22 @@ async def cache_counters(urls: list[str]) -> tuple[float, float]:
     return hits, queries
 
 
+def engines(logs: Path) -> contextlib.AbstractAsyncContextManager[list[str]]:
+    return simulators(logs, INSTANCES, ["--preset", "h100-llama8b", "--max-num-seqs", str(SLOTS),
+                                        "--time-scale", str(TIME_SCALE), "--enable-prefix-caching",
+                                        "--kv-cache-tokens", str(KV_TOKENS), "--model-name", MODEL])
+
+
 @contextlib.asynccontextmanager
-async def engines(logs: Path) -> AsyncIterator[list[str]]:
+async def simulators(logs: Path, n: int, args: list[str]) -> AsyncIterator[list[str]]:
+    """`n` fresh `tailguard sim` processes (their caches empty) started with `args`: their URLs."""
     async with contextlib.AsyncExitStack() as stack:
         urls = []
-        for i in range(INSTANCES):
+        for i in range(n):
             port = free_port()
             url = f"http://127.0.0.1:{port}"
-            args = ["sim", "--port", str(port), "--preset", "h100-llama8b", "--max-num-seqs", str(SLOTS),
-                    "--time-scale", str(TIME_SCALE), "--enable-prefix-caching", "--kv-cache-tokens", str(KV_TOKENS),
-                    "--model-name", MODEL]
-            await stack.enter_async_context(spawned(args, url + "/health", logs / f"sim{i}.log"))
+            await stack.enter_async_context(spawned(["sim", "--port", str(port), *args], url + "/health",
+                                                    logs / f"sim{i}.log"))
             urls.append(url)
         yield urls
 
@@ -164,12 +169,13 @@ async def tailguard(policy: str, urls: list[str], logs: Path) -> AsyncIterator[s
 
 
 @contextlib.asynccontextmanager
-async def smg(urls: list[str], logs: Path) -> AsyncIterator[str]:
+async def smg(urls: list[str], logs: Path, policy: str = "cache_aware") -> AsyncIterator[str]:
+    """SGLang's model gateway in front of `urls`, routing by `policy` (benchmarks/agents.py runs two)."""
     port = free_port()
     exe = Path(sys.executable).with_name("smg")
-    argv = [str(exe), "launch", "--host", "127.0.0.1", "--port", str(port), "--policy", "cache_aware",
+    argv = [str(exe), "launch", "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
             "--worker-urls", *urls]
-    with open(logs / "smg.log", "wb") as log:
+    with open(logs / f"smg-{policy}.log", "wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
             await wait_healthy(f"http://127.0.0.1:{port}/health", proc, timeout_s=60)

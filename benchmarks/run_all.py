@@ -23,7 +23,7 @@ BENCHMARKS: tuple[tuple[str, ...], ...] = (
     ("gateway_overhead",), ("server_floor",), ("nginx_class",), ("ttft_path",), ("speedups_ab",), ("bench_ceiling",), ("client_retry_storm",), ("seed_doctor",),
     ("quick_form",), ("overload",), ("fleet_routing",), ("fleet_slow",), ("fleet_kill",), ("adaptive_caps",),
     ("fair_share",), ("limit_cost",), ("batch_capacity",), ("batch_interference_des",), ("shared_limit_cost",),
-    ("trace_replay",), ("peer_aiperf",),
+    ("trace_replay",), ("peer_aiperf",), ("agents",),
 )
 
 

@@ -11,6 +11,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from tailguard.bench.program_stats import program_comparison_table
 from tailguard.bench.table import METRIC_LABELS, fit, fmt_ratio, fmt_s, num, table
 from tailguard.bench.throughput import N_SLICES
 
@@ -155,6 +156,8 @@ def compare_tables(cmp: dict[str, Any]) -> Group:
 
 def print_comparison(cmp: dict[str, Any], console: Console) -> None:
     console.print(compare_tables(cmp))
+    if cmp.get("programs"):
+        console.print(program_comparison_table(cmp["programs"]))
 
 
 def headline(cmp: dict[str, Any]) -> tuple[list[str], list[list[str]]]:

@@ -75,6 +75,18 @@ _REPORT = """{% extends "base.html" %}
 </table>
 {% if errors %}<p class="note">Failures by kind: {% for name, kinds in errors %}<b>{{ name }}</b> {% for k, n in kinds.items() %}{{ k }} {{ n }}{% if not loop.last %}, {% endif %}{% endfor %}{% if not loop.last %}; {% endif %}{% endfor %}.</p>{% endif %}
 
+{% if programs %}<h2>Programs</h2>
+<table>
+<tr><th class="l">class</th><th>programs</th><th>ok</th><th>failed</th><th>calls</th><th>E2E P50</th><th>P90</th><th>P99</th><th>max</th><th>mean</th></tr>
+{% for name, g in programs %}<tr class="{{ 'overall' if name == 'overall' else '' }}"><td class="l">{{ name }}</td><td>{{ g.count }}</td><td>{{ g.ok }}</td>
+<td class="{{ 'fail' if g.failed else '' }}">{{ g.failed }}</td><td>{{ "%.1f"|format(g.calls_mean) }}</td>
+{% for k in ("p50", "p90", "p99", "max", "mean") %}{% set v = g.e2e_s[k] %}<td class="{{ 'fail' if v is none else '' }}">{{ fmt_s(v) }}</td>{% endfor %}</tr>
+{% endfor %}
+</table>
+<p class="note">An agent program's E2E runs from its due start to its last answer; a program whose call
+failed ranks as worse than every success (docs/agents.md).</p>
+{% endif %}
+
 <h2>Latency</h2>
 <table>
 <tr><th class="l">class</th><th class="l">metric</th>{% for _, label in pcts %}<th>{{ label }}</th>{% endfor %}</tr>
@@ -265,7 +277,12 @@ def render_report(summary: dict[str, Any], records: Sequence[RequestRecord], ver
     return _env().get_template("report.html").render(
         run=summary["run"], validity=summary["validity"], interrupted=summary.get("interrupted"), groups=groups,
         img=img, errors=errors, version=version, trace=summary.get("trace"),
-        doctor=doctor)
+        doctor=doctor, programs=_program_groups(summary.get("programs")))
+
+
+def _program_groups(programs: dict[str, Any] | None) -> list[tuple[str, dict[str, Any]]]:
+    """An agent run's program classes and overall, for the programs table (none for other runs)."""
+    return [] if programs is None else [*programs["classes"].items(), ("overall", programs["overall"])]
 
 
 def render_compare(cmp: dict[str, Any], before: Sequence[RequestRecord], after: Sequence[RequestRecord],

@@ -28,6 +28,7 @@ from typing import Any, Awaitable, Callable, Iterator
 import aiohttp
 
 from tailguard import __version__
+from tailguard.bench.agents import agent_workload
 from tailguard.bench.sender import Sender
 from tailguard.bench.sender import Timeouts as Timeouts  # part of BenchConfig, so importable here too
 from tailguard.bench.recorder import RequestRecord
@@ -183,9 +184,12 @@ async def run_load(config: BenchConfig, progress: Callable[[LoadProgress], None]
     its clock starts (the same instant for all)."""
     replay: Replay | None = None
     base_dir: Path | None = None
+    agents = None if config.trace is not None else agent_workload(config.workload)  # programs of calls
     if config.trace is not None:  # read and checked before anything connects
         replay = load_replay(config.trace)
         workload = TraceFactory(replay).workload
+    elif agents is not None:  # programs of calls (`bench.programs`), else requests
+        workload = agents.as_workload()
     elif isinstance(config.workload, Workload):
         workload = config.workload
     else:
@@ -211,7 +215,13 @@ async def run_load(config: BenchConfig, progress: Callable[[LoadProgress], None]
             factory = TraceFactory(replay, seed=config.seed, model=target.model, endpoint=config.endpoint)
         else:
             factory = RequestFactory(workload, seed=config.seed, model=target.model, base_dir=base_dir)
-        run = _Run(config, workload, factory, session, target.model, progress, stop, origin, time_scale)
+        if agents is None:
+            run = _Run(config, workload, factory, session, target.model, progress, stop, origin, time_scale)
+        else:
+            from tailguard.bench.programs import ProgramRun  # built on _Run: imported here, not at the top
+
+            run = ProgramRun(agents, config, workload, factory, session, target.model, progress, stop, origin,
+                             time_scale)
         result = await run.go()
     if isinstance(factory, TraceFactory):
         result.meta["trace"] = factory.describe()
@@ -278,7 +288,7 @@ class _Run:
         self._stopping = False
         self._interrupted_after_s: float | None = None
         self._send_task: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     async def go(self) -> RunResult:
         started = _dt.datetime.now(_dt.timezone.utc)
@@ -416,18 +426,20 @@ class _Run:
 
     # --- one request ---
 
-    async def _one(self, req: PlannedRequest, due_s: float, warmup: bool) -> None:
+    async def _one(self, req: PlannedRequest, due_s: float, warmup: bool, answer: list[str] | None = None,
+                   ) -> RequestRecord:
         rec = RequestRecord(index=req.index, cls=req.cls, warmup=warmup, scheduled_at=due_s,
                             prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens, stream=req.stream,
                             session=req.session)
         self.records.append(rec)
         self.in_flight += 1
         try:
-            await self.sender.send(req, rec)
+            await self.sender.send(req, rec, answer)
         finally:
             self.in_flight -= 1
             if not rec.ok and rec.error_kind != "interrupted":
                 self.failed += 1
+        return rec
 
     # --- bookkeeping ---
 

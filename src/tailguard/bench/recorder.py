@@ -13,7 +13,7 @@ from typing import Any, Iterable, Literal
 
 import orjson
 
-from tailguard.wire.chunks import Usage, has_content, is_error, parse, usage_of
+from tailguard.wire.chunks import Usage, delta_text, has_content, is_error, parse, usage_of
 from tailguard.wire.framing import FRAMINGS, Framing
 from tailguard.wire.sse import DONE, SSEDecoder
 
@@ -49,6 +49,11 @@ class RequestRecord:
     config: str | None = None  # the gateway's X-Tailguard-Config: the hash of the config it ran under
     attribution: dict[str, float] | None = None  # where the E2E went (bench.attribution.PARTS)
     session: str | None = None  # the session it was sent in (a trace's), so a replay of this run keeps it
+    # A call of an agent program (`bench.programs`): the program's index, this call's number in it
+    # (from 1), and whether its answer was to end the program.
+    program: int | None = None
+    program_call: int | None = None
+    program_last: bool = False
 
     # Derived values, measured from the schedule (design principle 5).
     @property
@@ -122,10 +127,11 @@ class StreamRecorder:
         reader.finish(now)
     """
 
-    __slots__ = ("rec", "_decoder", "_done", "_framing")
+    __slots__ = ("rec", "_decoder", "_done", "_framing", "_answer")
 
-    def __init__(self, rec: RequestRecord, endpoint: str = "chat") -> None:
+    def __init__(self, rec: RequestRecord, endpoint: str = "chat", answer: list[str] | None = None) -> None:
         self.rec = rec
+        self._answer = answer  # the answer's text is added here, piece by piece, when given (agent programs)
         self._decoder = SSEDecoder()
         self._done = False
         # The Responses and Messages routes' typed events, read by their own tests (`wire.framing`).
@@ -159,6 +165,8 @@ class StreamRecorder:
             if rec.first_token_at is None:
                 rec.first_token_at = now
             self._usage(data)  # some servers put a running usage on every chunk
+            if self._answer is not None:
+                self._answer.append(delta_text(parse(data), True))
         elif is_error(data):
             rec.error_kind = "stream_error"
             rec.error = data[:ERROR_TEXT_LIMIT].decode("utf-8", "replace")

@@ -27,6 +27,7 @@ from tailguard.bench.html import render_compare, render_report
 from tailguard.bench.load import BenchConfig, RunResult
 from tailguard.bench.run import run_bench
 from tailguard.bench.recorder import RequestRecord, read_jsonl, write_jsonl
+from tailguard.bench.program_stats import program_comparison, program_summary, programs_table
 from tailguard.bench.stats import summarize
 from tailguard.bench.compare_table import print_comparison
 from tailguard.bench.table import ProgressDisplay, print_summary
@@ -60,6 +61,9 @@ def write_outputs(result: RunResult, out_dir: Path, *, console: Console | None =
 def _render(records: list[RequestRecord], meta: dict[str, Any], out_dir: Path, *,
             console: Console | None, html: bool) -> dict[str, Any]:
     summary = summarize(records, meta)
+    programs = program_summary(records)  # an agent workload's programs (`bench.programs`)
+    if programs is not None:
+        summary["programs"] = programs
     _dump(summary, out_dir / SUMMARY_FILE)
     if html:
         if any(r.attribution is None for r in records):  # a folder saved before attribution existed
@@ -69,6 +73,8 @@ def _render(records: list[RequestRecord], meta: dict[str, Any], out_dir: Path, *
         (out_dir / REPORT_FILE).write_text(render_report(summary, records, __version__, doctor), encoding="utf-8")
     if console is not None:
         print_summary(summary, console)
+        if programs is not None:
+            console.print(programs_table(programs))
         console.print(f"wrote {out_dir}/{{{SUMMARY_FILE}, {REQUESTS_FILE}{', ' + REPORT_FILE if html else ''}}}",
                       soft_wrap=True)
     return summary
@@ -103,6 +109,9 @@ def compare_dirs(before: Path, after: Path, out_dir: Path | None = None, *,
     mb.setdefault("label", before.name)
     ma.setdefault("label", after.name)
     cmp = compare(rb, mb, ra, ma, seed=int(ma.get("seed") or 0))
+    programs = program_comparison(rb, ra)
+    if programs is not None:
+        cmp["programs"] = programs
     capacities = [d / CAPACITY_JSON for d in (before, after)]
     if all(p.is_file() for p in capacities):  # two `--find-capacity` folders: their capacities too
         cmp["capacity"] = compare_capacity(*(orjson.loads(p.read_bytes()) for p in capacities))

@@ -45,9 +45,10 @@ class Sender:
         self.timeouts = timeouts
         self.t0 = 0.0
 
-    async def send(self, req: PlannedRequest, rec: RequestRecord) -> None:
+    async def send(self, req: PlannedRequest, rec: RequestRecord, answer: list[str] | None = None) -> None:
         """Fill `rec` from its send to its end; a cancel (the run's interrupt) marks it
-        `interrupted` and goes on up."""
+        `interrupted` and goes on up. With `answer`, the answer's text is added to it (what an
+        agent program sends back in its next call)."""
         to = self.timeouts
         rec.sent_at = time.perf_counter() - self.t0
         sent_loop = asyncio.get_running_loop().time()
@@ -68,9 +69,9 @@ class Sender:
                         rec.error_kind = "http"
                         rec.error = (await resp.read())[:ERROR_TEXT_LIMIT].decode("utf-8", "replace")
                     elif req.stream:
-                        await self._read_stream(resp, rec, cm, sent_loop + to.total_s, req.endpoint)
+                        await self._read_stream(resp, rec, cm, sent_loop + to.total_s, req.endpoint, answer)
                     else:
-                        await self._read_whole(resp, rec, req.endpoint)
+                        await self._read_whole(resp, rec, req.endpoint, answer)
         except aiohttp.ConnectionTimeoutError:
             rec.error_kind, rec.timeout_phase = "timeout", "connect"
         except TimeoutError:
@@ -96,16 +97,18 @@ class Sender:
             rec.finish_tokens()
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, rec: RequestRecord,
-                           cm: asyncio.Timeout, total_deadline: float, endpoint: str) -> None:
+                           cm: asyncio.Timeout, total_deadline: float, endpoint: str,
+                           answer: list[str] | None) -> None:
         t0 = self.t0
         perf = time.perf_counter
-        reader = StreamRecorder(rec, endpoint)
+        reader = StreamRecorder(rec, endpoint, answer)
         async for data in resp.content.iter_any():
             if reader.feed(data, perf() - t0):
                 cm.reschedule(total_deadline)  # the first token came: now only the total deadline
         reader.finish(perf() - t0)
 
-    async def _read_whole(self, resp: aiohttp.ClientResponse, rec: RequestRecord, endpoint: str) -> None:
+    async def _read_whole(self, resp: aiohttp.ClientResponse, rec: RequestRecord, endpoint: str,
+                          answer: list[str] | None) -> None:
         raw = await resp.read()
         arrived = time.perf_counter() - self.t0
         try:
@@ -125,9 +128,11 @@ class Sender:
                 rec.usage_output_tokens = usage["completion_tokens"]
             if isinstance(usage.get("prompt_tokens"), int):
                 rec.usage_prompt_tokens = usage["prompt_tokens"]
+        choice = (obj.get("choices") or [{}])[0] if isinstance(obj, dict) else {}
+        text = choice.get("text") or (choice.get("message") or {}).get("content") or ""
+        if answer is not None and isinstance(text, str):
+            answer.append(text)
         if rec.usage_output_tokens is None and isinstance(obj, dict):
-            choice = (obj.get("choices") or [{}])[0]
-            text = choice.get("text") or (choice.get("message") or {}).get("content") or ""
             rec.usage_output_tokens = text_tokens(text) if isinstance(text, str) else 0
 
 

@@ -7,7 +7,7 @@ The models are split by section, one module each: base.py (the shared base model
 defaults), classes.py, backends.py, scheduler.py, upstream.py (timeouts, health probes, retries), fleet.py
 (routing, ejection),
 auth.py, limits.py (bounds on what backends and clients may cost), telemetry.py (traces), state.py (limits shared
-by replicas through Redis), guards.py (content guards and redaction), audit.py (the audit trail), gateway.py (`GatewayConfig`, the whole file), problems.py (validation errors as text) and
+by replicas through Redis), guards.py (content guards and redaction), audit.py (the audit trail), programs.py (agent programs), gateway.py (`GatewayConfig`, the whole file), problems.py (validation errors as text) and
 loading.py (`load_config`). Every public name is importable from here.
 """
 
@@ -22,6 +22,7 @@ from tailguard.config.gateway import GatewayConfig
 from tailguard.config.guards import GuardConfig, NationalIdConfig, RedactionConfig
 from tailguard.config.limits import LimitsConfig
 from tailguard.config.loading import load_config
+from tailguard.config.programs import ProgramsConfig
 from tailguard.config.scheduler import OutputEstimateConfig, SchedulerConfig, SchedulerPolicy
 from tailguard.config.state import StateConfig
 from tailguard.config.telemetry import TelemetryConfig
@@ -30,6 +31,6 @@ from tailguard.config.upstream import HealthConfig, RetryConfig, TimeoutsConfig
 __all__ = [
     "AdaptiveConfig", "ApiKeyConfig", "AuditConfig", "AuthConfig", "BackendConfig", "BackendKind", "BatchesConfig", "CapMode", "ClassConfig",
     "EjectionConfig", "GatewayConfig", "GuardConfig", "HedgingConfig", "HealthConfig", "LimitsConfig", "NationalIdConfig", "OutputEstimateConfig",
-    "RedactionConfig", "RetryConfig", "RoutingConfig", "SchedulerConfig",
+    "ProgramsConfig", "RedactionConfig", "RetryConfig", "RoutingConfig", "SchedulerConfig",
     "SchedulerPolicy", "ServiceTier", "SloConfig", "StateConfig", "TelemetryConfig", "TimeoutsConfig", "default_classes", "load_config",
 ]

@@ -26,6 +26,7 @@ from tailguard.config.fleet import EjectionConfig, HedgingConfig, RoutingConfig
 from tailguard.config.guards import GuardConfig, RedactionConfig
 from tailguard.config.limits import LimitsConfig
 from tailguard.config.problems import validate
+from tailguard.config.programs import ProgramsConfig
 from tailguard.config.scheduler import SchedulerConfig
 from tailguard.config.state import StateConfig
 from tailguard.config.telemetry import TelemetryConfig
@@ -110,6 +111,8 @@ class GatewayConfig(_Model):
         "found by `personal_data` guards.")
     audit: AuditConfig = Field(default_factory=AuditConfig,
                                description="The tamper-evident audit trail (off by default; docs/security.md).")
+    programs: ProgramsConfig = Field(default_factory=ProgramsConfig,
+                                     description="Agent programs: a session's calls known as one (docs/agents.md).")
 
     def front_params(self, continues: dict[str, bool] | None = None) -> fp.FrontParams:
         """The front's parameters; `continues` maps a backend to whether its kind can continue a
@@ -128,6 +131,7 @@ class GatewayConfig(_Model):
             routing=self.routing.params(),
             ejection=self.ejection.params(),
             hedging=self.hedging.params(),
+            programs=self.programs.params(),
         )
 
     def ttft_targets(self) -> dict[str, float]:

@@ -9,10 +9,9 @@ running slot of a caller above it; pure.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping
 
 from tailguard.front.fairshare import ANONYMOUS, VirtualCounters
-from tailguard.front.order import Stage
 from tailguard.front.params import ClassSpec, QueueParams
 from tailguard.front.queue import BaseScheduler, Pending, RankedSjfScheduler
 
@@ -73,9 +72,9 @@ class FairShareScheduler(RankedSjfScheduler):
     """
 
     def __init__(self, cfg: QueueParams, classes: Iterable[ClassSpec],
-                 weights: Mapping[str, float] | None = None, after: Sequence[Stage] = ()) -> None:
+                 weights: Mapping[str, float] | None = None) -> None:
         self.share = CallerShare(cfg, weights)
-        super().__init__(cfg, classes, (self.share, *after))
+        super().__init__(cfg, classes, (self.share,))
 
     @property
     def vtc(self) -> VirtualCounters:

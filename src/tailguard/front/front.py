@@ -45,6 +45,7 @@ from tailguard.front.limits import CallerLimits, Standing
 from tailguard.front.pacing import Pacer
 from tailguard.front.params import ClassSpec, FrontParams
 from tailguard.front.preemption import Candidate, PreemptionPolicy
+from tailguard.front.programs import ProgramBook
 from tailguard.front.queue import Pending
 from tailguard.front.recovery import Recovery
 from tailguard.front.retry import retry_budget
@@ -101,8 +102,9 @@ class Front(Recovery):
         self._queue = make_scheduler(params.queue, params.classes, _weights(params))
         self._slots = BackendPool(params.backends, params.classes, params.health)
         self._ejector = Ejector(params.ejection)
+        self._programs = ProgramBook(params.programs)  # agent programs: service received, home backend
         self._latency = Latency()  # each backend's TTFT fit (`front.latency`), kept across reloads
-        self._router = Router(params.routing, self._ejector, self._latency)
+        self._router = Router(params.routing, self._ejector, self._latency, self._programs)
         self._predicts = _predicts(params)
         self._hedger = Hedger(params.hedging)
         self._policy = PreemptionPolicy.from_params(params.preemption, params.queue.policy)
@@ -297,10 +299,12 @@ class Front(Recovery):
         if refused is not None:
             self._out.append(refused)
             return
-        route = Route(ev.model, ev.prefix, ev.pin, ev.prompt) if self._predicts else \
-            Route(ev.model, ev.prefix, ev.pin) if ev.model is not None or ev.prefix or ev.pin else NO_ROUTE
+        routed = ev.model is not None or ev.prefix or ev.pin or ev.program
+        route = Route(ev.model, ev.prefix, ev.pin, ev.program, ev.prompt) if self._predicts else \
+            Route(ev.model, ev.prefix, ev.pin, ev.program) if routed else NO_ROUTE
+        level, program_at = self._programs.place(ev.program, now)
         pending = Pending(req_id, ev.cls, spec.rank, ev.est_tokens, now, now + spec.max_queue_wait_s, caller,
-                          ev.max_tokens, self._deadline(spec, ev.ttft_slo_s, now))
+                          ev.max_tokens, level, program_at, self._deadline(spec, ev.ttft_slo_s, now))
         if self._predicts and len(self._queue):
             pending = self._targeted(pending, spec, route, now)
         queued = self._queue.push(pending, now)
@@ -445,6 +449,8 @@ class Front(Recovery):
         self._hedger.disarm(ev.id)
         if r.caller is not None:
             self._limits.settle(r.caller, r.held, ev.tokens, now)
+        if r.route.program is not None:
+            self._programs.served(r.route.program, ev.tokens, now)
         p = r.pending
         held = r.state is State.RUNNING or r.state is State.FAILED  # it holds its slot
         if held:
@@ -560,6 +566,7 @@ class Front(Recovery):
         self._limits.reconfigure(params.callers)
         self._ejector.reconfigure(params.ejection)
         self._router.reconfigure(params.routing)
+        self._programs.reconfigure(params.programs)
         self._hedger.reconfigure(params.hedging)
         self._pacer.reconfigure(params.classes)
         self._params = params
@@ -601,6 +608,7 @@ class Front(Recovery):
 
     def _retired(self, backend: str) -> None:
         self._router.forget(backend)
+        self._programs.forget_backend(backend)
         self._latency.forget(backend)
         self._ejector.forget(backend)
         self._out.append(Retired(backend))
@@ -664,6 +672,8 @@ class Front(Recovery):
             self._latency.started(backend, r.pending.id, own)
         self._slots.acquire(backend, r.pending.cls, r.pending.est_tokens)
         self._router.bound(backend, r.route)
+        if r.route.program is not None:
+            self._programs.bound(r.route.program, backend, now)
         self._pacer.started(backend, r.pending.cls, now)
         resumed = r.state is State.SUSPENDED
         mode, after, failed_on = r.again if resumed else (StartMode.FRESH, None, None)

@@ -10,22 +10,26 @@ rank the order is composed of stages, tried in this order:
   `scheduler.fair_share`). Each stage's groups are split again by the next stage; the last stage's
   groups are the leaves (`Leaf`: one per class and group key), and the pick below chooses inside
   the first group (in the stages' order) that has an admissible request.
-  **The place for program attained service (PLAS)**: a `Stage` whose `group` is the request's
-  program and whose `order` is least attained service first, returned by
-  `front.schedulers.stages_after_caller`, which `make_scheduler` puts after `CallerShare` (or
-  first, without fair share) in `RankedSjfScheduler`'s stages, so it orders each caller's own
-  programs.
+- **Program attained service (PLAS, `front.plas`)** is not a grouping stage but the first part of
+  the pick's keys: a call's program level (and above level 0 its program's start) comes before its
+  deadline and before its size (`plas.program_rank`, `plas.order_key`). So it orders each caller's
+  own calls (inside `CallerShare`'s groups), and the pick's aging still bounds it, as issue 31
+  built it (a grouping stage would hide an aged call behind a whole group). A call that names no
+  program is at level 0, where the order is exactly the one below.
 - **The pick** (`pick`) chooses one request among a set of leaves:
   1. aging: the oldest request, once it has waited `aging_s`, goes before any younger one;
-  2. deadline: the request with the earliest deadline (`Pending.deadline_at`: its arrival plus its
-     TTFT target) among those that can still make it (it can start by `deadline_at - service_s`,
-     its predicted TTFT once started: `front.latency`). The shortest job goes first instead when it
-     can make its own deadline, is more than `sjf_size_ratio` times smaller, and the deadline
-     request has `slack_s` to spare (about the time until another slot frees);
+  2. deadline: among the requests that can still make their deadline (`Pending.deadline_at`: its
+     arrival plus its TTFT target; it can start by `deadline_at - service_s`, its predicted TTFT
+     once started: `front.latency`), those of the lowest program rank, and of them the earliest
+     deadline. A smaller job goes first instead when it can make its own deadline, overtakes the
+     deadline request by `plas.overtakes` (same program rank, more than `sjf_size_ratio` times
+     smaller), and the deadline request has `slack_s` to spare (about the time until another slot
+     frees);
   3. the rest (no target, or a target it can no longer make: served late, after every request
-     that can still make its own): the oldest, unless it is younger than `aging_s` and another is
-     more than `sjf_size_ratio` times smaller: then the smallest. With no targets anywhere this is
-     `ranked-sjf`'s rule exactly as it was before targets existed.
+     that can still make its own): the oldest, unless it is younger than `aging_s` and the first by
+     `plas.order_key` overtakes it (a lower program level; at one level above 0 an older program;
+     else more than `sjf_size_ratio` times smaller): then that one. With no targets anywhere this
+     is issue 31's PLAS rule; with no programs either, `ranked-sjf`'s rule as it always was.
 
 Size is a request's cost: its estimated tokens less those its backend's prefix cache is expected
 to hold (`Pending.cost`), the uncached work Dynamo prices by.
@@ -42,6 +46,7 @@ from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from tailguard.front.params import ClassSpec
+from tailguard.front.plas import OrderKey, order_key, overtakes, program_rank
 
 if TYPE_CHECKING:
     from tailguard.front.queue import Pending
@@ -63,8 +68,8 @@ class Entry:
 
 # Heap items: sort keys, then the sequence number (unique: ties never compare entries), then the entry.
 _FifoItem = tuple[float, int, Entry]  # (arrived_at, seq, entry)
-_SizeItem = tuple[float, float, int, Entry]  # (cost, arrived_at, seq, entry)
-_DueItem = tuple[float, float, int, Entry]  # (deadline_at, cost, seq, entry)
+_SizeItem = tuple[OrderKey, float, int, Entry]  # ((level, program start, cost), arrived_at, seq, entry)
+_DueItem = tuple[tuple[int, float], float, float, int, Entry]  # ((level, program start), deadline_at, cost, seq, entry)
 _DearItem = tuple[float, int, Entry]  # (-cost, seq, entry)
 
 
@@ -100,9 +105,9 @@ class Leaf:
         if not ordered:
             self.live += 1
             return
-        self._push(self.sjf, (float(req.cost), req.arrived_at, entry.seq, entry))
+        self._push(self.sjf, (order_key(req), req.arrived_at, entry.seq, entry))
         if req.deadline_at != math.inf:
-            self._push(self.due, (req.deadline_at, float(req.cost), entry.seq, entry))
+            self._push(self.due, (program_rank(req), req.deadline_at, float(req.cost), entry.seq, entry))
             slo = self.cfg.slo
             if slo is not None and slo.shed:
                 self._push(self.dear, (-float(req.cost), entry.seq, entry))
@@ -133,11 +138,12 @@ class Leaf:
         return heap[0] if heap else None
 
     def earliest_due(self, now: float) -> _DueItem | None:
-        """The earliest deadline among the requests that can still make theirs; those found unable
-        to (their latest start passed) are marked late and leave this heap."""
+        """The earliest deadline among the requests that can still make theirs (of the programs
+        that received least: `front.plas.program_rank`); those found unable to (their latest start
+        passed) are marked late and leave this heap."""
         heap = self.due
         while heap:
-            entry = heap[0][3]
+            entry = heap[0][4]
             if entry.alive and latest_start(entry.req) >= now:
                 return heap[0]
             if entry.alive:
@@ -223,16 +229,16 @@ def choose(left: list[Leaf], now: float, aging_s: float, ratio: float, slack_s: 
             smallest = j
         if q.due:
             d = q.earliest_due(now)
-            if d is not None and (due is None or d[:3] < due[:3]):
+            if d is not None and (due is None or d[:4] < due[:4]):
                 due = d
     assert oldest is not None and smallest is not None
     old = oldest[2]
     if oldest[0] <= now - aging_s:
         return old
     if due is not None:
-        first, small = due[3], smallest[3]
+        first, small = due[4], smallest[3]
         if (small is not first and small.req.deadline_at != math.inf and latest_start(small.req) >= now
-                and smallest[0] * ratio < first.req.cost and latest_start(first.req) - now >= slack_s):
+                and overtakes(smallest[0], order_key(first.req), ratio) and latest_start(first.req) - now >= slack_s):
             return small
         return first
-    return smallest[3] if smallest[0] * ratio < old.req.cost else old
+    return smallest[3] if overtakes(smallest[0], order_key(old.req), ratio) else old

@@ -227,6 +227,26 @@ class CallerSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ProgramParams:
+    """Agent programs: a session's calls known as one program (`front.identity`), ordered inside
+    their rank by what the program has received so far (`front.plas`, PLAS), and kept on the
+    backend that served its last call (`front.programs`, affinity). Memory is bounded: at most
+    `max_programs` programs are remembered, and one not heard from for `ttl_s` is forgotten."""
+
+    plas: bool = True  # order a rank's (a caller's) calls by their program's attained service
+    # Attained service below this many tokens is level 0 (new programs first); each level above
+    # covers twice the last, and within one the oldest program goes first (`front.plas`).
+    quantum_tokens: int = 12288
+    levels: int = 2
+    half_life_s: float = 60.0  # a program's attained service halves over this long (llm-d's)
+    affinity: bool = True  # a program's call goes where its last one went, while that is not loaded past the bound
+    affinity_ttl_s: float = 120.0  # how long after its last call a program's KV is trusted to be in that cache
+    infer: bool = True  # a prompt that continues a recent request's prompt is the same program's next call
+    max_programs: int = 65536
+    ttl_s: float = 600.0
+
+
+@dataclass(frozen=True, slots=True)
 class FrontParams:
     """Everything a `Front` is built from."""
 
@@ -240,6 +260,7 @@ class FrontParams:
     routing: RoutingParams = field(default_factory=RoutingParams)
     ejection: EjectionParams = field(default_factory=EjectionParams)
     hedging: HedgeParams = field(default_factory=HedgeParams)
+    programs: ProgramParams = field(default_factory=ProgramParams)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,9 @@ Policies, by name in `front.schedulers.SCHEDULERS`:
   a real size gap, `sjf_size_ratio`), except that a request which has waited `aging_s` is overtaken
   by no younger request of its rank. A class below its `min_share` of the slots in use goes before
   higher ranks, so a stream of interactive work cannot starve batch work for ever.
+  A call of an agent program goes by its program's attained service before its deadline and
+  its size (`front.plas`, PLAS, in `front.order`'s keys): calls of programs that have received
+  less go first; aging bounds it too.
   With `fair_share`, `front.fairqueue.FairShareScheduler` splits each rank between callers
   (VTC) and keeps this rule among each caller's own requests.
 
@@ -49,6 +52,8 @@ class Pending:
     wait_bound_at: float  # past this instant it leaves the queue with a 503
     caller: str | None = None  # whose request (fair sharing between callers)
     max_tokens: int | None = None  # its output limit: what of `est_tokens` is output (fair sharing)
+    level: int = 0  # its program's attained-service level as it arrived (`front.plas`; 0: none)
+    program_at: float = 0.0  # when its program started (`front.plas`: above level 0, older programs first)
     deadline_at: float = math.inf  # its first token is due (arrival + its TTFT target; inf: no target)
     service_s: float | None = None  # its predicted TTFT once started (`front.latency`; None: not known)
     cached_tokens: int = 0  # of its prompt, expected in its backend's prefix cache (`front.prefix`)

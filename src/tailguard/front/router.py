@@ -32,6 +32,15 @@ retry's earlier backends) and has a slot its class may take (`front.slots`). Amo
 - `p2c`: the lesser loaded of two drawn at random (a seeded generator: the same events, the same
   choices); `round-robin`: the next in turn.
 
+Program affinity comes first, under every policy but `round-robin` (before `predicted-ttft`'s
+choice too): a call of an agent program
+(`Route.program`) goes to the backend its program's last call went to (`front.programs`: while
+that call's KV is trusted to be there), if that backend may take it and its load is within the
+bound prefix affinity uses (`balance_factor` x the least loaded's plus `balance_slack`); so a
+program's growing context keeps finding the cache that holds it, and sibling calls that arrive
+together land together, without hashing its prompt (Dynamo's and vLLM's routers keep an agent
+session on one worker alike).
+
 A backend whose probes (or engine metrics) have gone stale, read once and not since within
 `stale_after_s`, counts as saturated under every load-based policy: it is chosen only when no
 other backend may take the request (llm-d's choice; `BackendView.stale`, the gauge
@@ -42,13 +51,14 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from tailguard.front.ejection import Ejector
 from tailguard.front.latency import Features, Latency
 from tailguard.front.params import ClassSpec, RoutingParams
 from tailguard.front.prefix import PrefixIndex
+from tailguard.front.programs import ProgramBook
 from tailguard.front.queue import Pending
 from tailguard.front.slots import BackendPool, BackendState
 from tailguard.wire.prefix import BLOCK_CHARS
@@ -72,6 +82,7 @@ class Route:
     model: str | None = None
     prefix: Sequence[int] = ()
     pin: str | None = None  # the backend that holds the request's state (`Arrive.pin`)
+    program: str | None = None  # the agent program it is a call of (`Arrive.program`)
     prompt_tokens: int = 0  # what its first token costs to compute where no cache holds it
 
 
@@ -81,9 +92,11 @@ NO_ROUTE = Route()
 class Router:
     """The routing policy and what it remembers (where prefixes went, whose turn it is)."""
 
-    def __init__(self, params: RoutingParams, ejector: Ejector, latency: Latency | None = None) -> None:
+    def __init__(self, params: RoutingParams, ejector: Ejector, latency: Latency | None = None,
+                 programs: ProgramBook | None = None) -> None:
         self.params = params
         self._ejector = ejector
+        self._programs = programs  # where each program's last call went (None: no program affinity)
         self._latency = latency if latency is not None else Latency()
         self._index = PrefixIndex(params.index_blocks)
         self._rng = random.Random(params.seed)
@@ -200,6 +213,10 @@ class Router:
         def load(s: BackendState) -> float:
             return self._load(s, size, mean, ref, now)
 
+        least = min(cands, key=lambda s: (load(s), s.last_acquired))
+        home = self._home(cands, route, now)
+        if home is not None and self._within(home, least, load, mean, ref, now):
+            return home
         if policy == "p2c":
             a, b = self._rng.sample(cands, 2)
             return a if load(a) <= load(b) else b
@@ -207,15 +224,33 @@ class Router:
             fastest = self._fastest(cands, route, now)
             if fastest is not None:
                 return fastest
-        least = min(cands, key=lambda s: (load(s), s.last_acquired))
         if policy in _INDEXED and route.prefix:
             held = self._affine(cands, route)
-            if held is not None and held is not least:
-                p = self.params
-                slack = p.balance_slack * mean / self._capacity(held, ref, now)
-                if load(held) <= p.balance_factor * load(least) + slack:
-                    return held
+            if held is not None and self._within(held, least, load, mean, ref, now):
+                return held
         return least
+
+    def _within(self, held: BackendState, least: BackendState, load: Callable[[BackendState], float],
+                mean: float, ref: float | None, now: float) -> bool:
+        """Whether an affine backend's load is within the bound: `balance_factor` x the least
+        loaded's, plus `balance_slack` requests' worth."""
+        if held is least:
+            return True
+        p = self.params
+        slack = p.balance_slack * mean / self._capacity(held, ref, now)
+        return load(held) <= p.balance_factor * load(least) + slack
+
+    def _home(self, cands: list[BackendState], route: Route, now: float) -> BackendState | None:
+        """The candidate that took the last call of the request's program, if any."""
+        if route.program is None or self._programs is None:
+            return None
+        name = self._programs.home(route.program, now)
+        if name is None:
+            return None
+        for s in cands:
+            if s.name == name:
+                return s
+        return None
 
     def _fastest(self, cands: list[BackendState], route: Route, now: float) -> BackendState | None:
         """The candidate with the least predicted TTFT (ties: bound least recently), or None while

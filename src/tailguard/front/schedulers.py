@@ -8,7 +8,6 @@ from collections.abc import Iterable, Mapping
 
 from tailguard.errors import ConfigError
 from tailguard.front.fairqueue import FairShareScheduler
-from tailguard.front.order import Stage
 from tailguard.front.params import ClassSpec, QueueParams
 from tailguard.front.queue import BaseScheduler, FcfsScheduler, RankedSjfScheduler
 
@@ -33,23 +32,13 @@ def make_scheduler(cfg: QueueParams, classes: Iterable[ClassSpec],
                    weights: Mapping[str, float] | None = None) -> BaseScheduler:
     """The policy named by `cfg.policy` (`ranked-sjf` with `cfg.fair_share`: `FairShareScheduler`,
     callers weighed by `weights`); an unknown name lists the known ones. `ranked-sjf`'s order
-    inside a rank is its grouping stages (`front.order`): caller fair share first (with
-    `fair_share`), then those `stages_after_caller` gives."""
+    inside a rank (`front.order`): caller fair share as a grouping stage (with `fair_share`), then
+    program attained service, deadline and size in the pick's keys (`front.plas`)."""
     factory = SCHEDULERS.get(cfg.policy)
     if factory is None:
         raise ConfigError(f"unknown scheduler policy {cfg.policy!r} (known: {', '.join(SCHEDULERS)})")
-    after = stages_after_caller(cfg)
     if cfg.fair_share:
         if factory is not RankedSjfScheduler:
             raise ConfigError(f"fair_share works with the ranked-sjf policy, not {cfg.policy!r}")
-        return FairShareScheduler(cfg, classes, weights, after)
-    if factory is RankedSjfScheduler:
-        return RankedSjfScheduler(cfg, classes, after)
+        return FairShareScheduler(cfg, classes, weights)
     return factory(cfg, classes)
-
-
-def stages_after_caller(cfg: QueueParams) -> tuple[Stage, ...]:
-    """The grouping stages inside a rank after caller fair share, before the deadline and size
-    (`front.order`): none yet. Program attained service (PLAS, issue 31) goes here: a `Stage`
-    whose group is the request's program and whose order is least attained service first."""
-    return ()

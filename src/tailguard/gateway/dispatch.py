@@ -102,8 +102,9 @@ class Dispatcher:
         self._lines[req.id] = line
         if transcript is not None and not transcript.lazy:
             self._weighed[req.id] = line
+        program = None if req.program is None else req.program.id
         self.tell(Arrive(req.id, req.cls, est_tokens, transcript is not None, max_tokens, req.caller, req.model,
-                         prefix, pin, body_bytes, shared, req.prompt_tokens,
+                         prefix, pin, body_bytes, shared, program, req.prompt_tokens,
                          None if req.slo is None else req.slo.ttft_s))
         return await line.next()  # a done future (an idle gateway) returns here without yielding
 

@@ -30,7 +30,9 @@ from typing import TYPE_CHECKING
 
 from tailguard.clock import Now
 from tailguard.config import GatewayConfig
+from tailguard.config.base import fingerprint
 from tailguard.errors import APIError
+from tailguard.front.identity import ProgramFinder
 from tailguard.front.intake import Accepted, Asked
 from tailguard.gateway.classes import ClassTable
 from tailguard.gateway.dispatch import Dispatcher
@@ -67,6 +69,7 @@ class Lifecycle:
         self._clock = clock
         self._tracer = tracer  # None: telemetry off, and no request carries a trace
         self._affine = _affine(cfg)
+        self._programs = ProgramFinder(cfg.programs.params(), program_digest)  # who is whose program (docs/agents.md)
         self._ids = itertools.count()
         self._id_prefix = f"tg-{os.getpid():x}-{os.urandom(3).hex()}-"
         self.shared: SharedLimits | None = None  # limits shared by replicas (`gateway.shared`), set by the app
@@ -90,6 +93,7 @@ class Lifecycle:
         self._cfg, self._classes = cfg, classes
         self._affine = _affine(cfg)
         self._log_text = _log_text(cfg)
+        self._programs.reconfigure(cfg.programs.params())
         if self.shared is not None:
             self.shared.reconfigure(cfg.auth.callers())
 
@@ -149,6 +153,8 @@ class Lifecycle:
         line.transcript = self._dispatcher.transcript(cls.name, accepted.resumable)
         # Hashed only where a choice between backends can use it: one backend needs no affinity.
         prefix = prefix_blocks(text) if text is not None and self._affine else ()
+        req.program = self._programs.find(parsed, req.caller, said.session, said.agent, req.arrived_at, prefix or None,
+                                          text)
         shared = self.shared
         try:
             verdict = None if shared is None else await shared.reserve_for(req, accepted.est_tokens)  # one round trip
@@ -213,6 +219,12 @@ def _log_text(cfg: GatewayConfig) -> Callable[[str], str] | None:
     """What the access log writes a request's text through (`log_prompts`): the personal data of
     `redaction:` redacted; None when no text is logged."""
     return cfg.redaction.finder().redact if cfg.log_prompts else None
+
+
+def program_digest(name: str) -> str:
+    """A program's id: its name keyed by this install's fingerprint key, so an id in the access log
+    cannot be turned back into a user's or a session's id by hashing guesses (`config.base.fingerprint`)."""
+    return fingerprint("program\n" + name).removeprefix("key:")
 
 
 def _affine(cfg: GatewayConfig) -> bool:

@@ -6,8 +6,8 @@ its attempt, its text so far, its deadlines, its spans) is its `Line` (`gateway.
 The record is made when the request arrives and lives until its one end (`gateway.lifecycle`),
 where it is handed, complete, to every listener as `Ended`. Who writes what:
 
-    the lifecycle      class, caller, model, prompt estimate, the caller's rate headers, how it
-                       ended (`end`, `refused`)
+    the lifecycle      class, caller, model, program, prompt estimate, the caller's rate headers,
+                       how it ended (`end`, `refused`)
     the dispatcher     backend and bound_at from each `Start`, and its counts (attempts, retries,
                        migrations, preemptions, hedges: `front.counts`) from every decision about
                        it, as it carries them out: never worked out again
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from tailguard.errors import APIError, Overloaded
 from tailguard.front.counts import Counts
+from tailguard.front.identity import Program
 from tailguard.front.intake import NO_CLASS
 from tailguard.front.params import Slo
 from tailguard.types import Outcome
@@ -43,6 +44,7 @@ class Request:
     caller: str | None = None  # its API key's name, when keys are configured
     key: str | None = None  # its API key's fingerprint, kept only for the audit trail
     model: str | None = None  # the model it names (an alias resolved)
+    program: Program | None = None  # the agent program it is a call of, and which call (`front.identity`)
     slo: Slo | None = None  # its targets: its class's, its TTFT tightened by the intake (None: none)
     rate_headers: dict[str, str] | None = None  # where the caller's limits stand (x-ratelimit-*)
     # From the front's decisions.

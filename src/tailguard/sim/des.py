@@ -31,8 +31,8 @@ signal (`front.capacity`, `tailguard_capacity_needed`) would: it reads the signa
 `interval_s`, asks for the engines missing, and each joins the front (`Reconfigure`, as a reload
 adds a backend) `provision_s` after it was asked for.
 
-`follow_up` turns the run into a closed loop: each request's end may send the next one, at once
-or later (a client refused with a `Retry-After` waits at least that long before it tries again).
+`follow_up` turns the run into a closed loop: each request's end may send the next ones (a
+program's next step may send several calls at once), at once or later (a client refused with a `Retry-After` waits at least that long before it tries again).
 
 Time runs like the HTTP server's: a step starting at t ends at t + duration; requests arriving
 meanwhile join the engine's waiting queue at their arrival instant and are considered from the
@@ -69,6 +69,8 @@ from tailguard.types import FailureKind, Outcome
 # Told each event the front was handed, at what instant, whether it could preempt, and what it
 # decided: what the gateway's recorder writes (`gateway.ops.recorder.Recorder.event`).
 Tap = Callable[[Event, float, bool, Sequence[Decision]], None]
+# Told each request's end and its instant: the next arrival (or several, or none) it sends.
+FollowUp = Callable[[Timeline, float], Arrival | Sequence[Arrival] | None]
 
 # What the DES does with each decision (`_apply`): all of them, but those that say something of a
 # backend to the gateway's probes, gauges and logs, which a simulated fleet has none of. The
@@ -96,7 +98,7 @@ def run(
     front: Front | None = None,
     *,
     record_tokens: bool = False,
-    follow_up: Callable[[Timeline, float], Arrival | None] | None = None,
+    follow_up: FollowUp | None = None,
     gate: Gate | None = None,
     watch: Callable[[float, Front], None] | None = None,
     tap: Tap | None = None,
@@ -129,7 +131,7 @@ def run_fleet(
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
     probes: Probing | None = None,
     record_tokens: bool = False,
-    follow_up: Callable[[Timeline, float], Arrival | None] | None = None,
+    follow_up: FollowUp | None = None,
     gate: Gate | None = None,
     scaling: Scaling | None = None,
     watch: Callable[[float, Front], None] | None = None,
@@ -309,7 +311,7 @@ class _Driver:
         self.live: dict[str, _Live] = {}  # front-dispatched requests not ended
         self.tracked: dict[str, _Live] = {}  # those of them that may be suspended
         self.kv_keys = 0  # the next kv_key to give a preemptible request
-        self.follow_up: Callable[[Timeline, float], Arrival | None] | None = None
+        self.follow_up: FollowUp | None = None
         self.gate: Gate | None = None
         self.timelines: list[Timeline] = []
         self.scaler: _Scaler | None = None
@@ -658,9 +660,12 @@ class _Driver:
 
     def _follow(self, tl: Timeline, t: float) -> None:
         assert self.follow_up is not None
-        a = self.follow_up(tl, t)
-        if a is None:
-            return
+        sent = self.follow_up(tl, t)
+        for a in (() if sent is None else (sent,) if isinstance(sent, Arrival) else sent):
+            self._sent(tl, a, t)
+
+    def _sent(self, tl: Timeline, a: Arrival, t: float) -> None:
+        """`a`, sent as `tl`'s request ended at `t`, comes in (now, or through the heap)."""
         if a.id in self.by_id:
             raise ValueError(f"duplicate arrival id {a.id!r}")
         new = Timeline(a.id, a.cls, a.at, a.prompt_tokens, a.max_tokens)

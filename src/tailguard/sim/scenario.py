@@ -55,6 +55,7 @@ class Arrival:
     accepted: Accepted | None = None
     refused: str | None = None
     model: str | None = None  # the model it asks for (an alias resolved); a host that does not serve it answers 404
+    program: str | None = None  # the agent program it is a call of (`Arrive.program`)
 
     @property
     def resumable(self) -> bool:
@@ -63,14 +64,14 @@ class Arrival:
     def arrive(self) -> Arrive:
         """What the front is told: the request as the intake accepted it or, made by hand, sized
         by its own `max_tokens` (a plain text generation); with its model and its prompt's
-        chained block hashes as the gateway would hash them."""
+        chained block hashes as the gateway would hash them, and its program."""
         prefix = self.block_hashes[_PREFIX_STRIDE - 1::_PREFIX_STRIDE][:MAX_BLOCKS]
         acc = self.accepted
         if acc is None:
             return Arrive(self.id, self.cls, self.prompt_tokens + self.max_tokens, True, self.max_tokens, self.caller,
-                          self.model, prefix, prompt_tokens=self.prompt_tokens)
+                          self.model, prefix, program=self.program, prompt_tokens=self.prompt_tokens)
         return Arrive(self.id, self.cls, acc.est_tokens, acc.resumable, acc.max_tokens, self.caller, self.model,
-                      prefix, prompt_tokens=self.prompt_tokens, ttft_slo_s=acc.ttft_slo_s)
+                      prefix, program=self.program, prompt_tokens=self.prompt_tokens, ttft_slo_s=acc.ttft_slo_s)
 
 
 class Gate(Protocol):

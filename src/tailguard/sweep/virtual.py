@@ -21,14 +21,15 @@ from tailguard.bench.trace.plan import Replay, TraceFactory
 from tailguard.bench.workload import DEFAULT_MAX_TOKENS, RequestClass, Workload, request_fields
 from tailguard.doctor.evidence import EngineEvidence
 from tailguard.errors import BadRequest
+from tailguard.front.identity import ProgramFinder
 from tailguard.front.intake import NO_CLASS, Asked, Intake, OutputEstimator
-from tailguard.wire.headers import bearer_key, class_header, ttft_slo_header
+from tailguard.wire.headers import agent_session, bearer_key, class_header, session_header, ttft_slo_header
 from tailguard.front.params import OutputEstimateParams
 from tailguard.config import GatewayConfig
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.request import block_keys, output_budget
 from tailguard.types import Outcome
-from tailguard.wire.openai import Endpoint, parse_request, validate_body
+from tailguard.wire.openai import Endpoint, ParsedRequest, parse_request, validate_body
 
 if TYPE_CHECKING:
     from tailguard.sim.scenario import Arrival, Timeline
@@ -96,6 +97,9 @@ class IntakeGate:
     def __init__(self, engine: EngineConfig, gateway: GatewayConfig | None) -> None:
         self.engine = engine
         self.intake = Intake(gateway.intake_params()) if gateway is not None else None
+        # Programs as the gateway names them (a session header, a body field); the DES's bodies carry
+        # no prompt text, so nothing is inferred from one.
+        self.programs = None if gateway is None else ProgramFinder(replace(gateway.programs.params(), infer=False))
         self.estimator = OutputEstimator(
             gateway.scheduler.output_estimate.params() if gateway is not None else OutputEstimateParams())
         self._planned: dict[str, Planned] = {}
@@ -117,11 +121,17 @@ class IntakeGate:
                 cls = self.intake.classify(asked)
                 a = replace(a, cls=cls.name, caller=self.intake.caller(asked.api_key))
                 accepted = self.intake.accept(asked, cls, self.estimator.estimate(cls.name))
-                a = replace(a, accepted=accepted, model=accepted.model)
+                a = replace(a, accepted=accepted, model=accepted.model, program=self._program(sent, p, a))
                 sent = replace(sent, body=accepted.body, max_tokens=accepted.max_tokens)
             return replace(a, max_tokens=output_budget(self.engine, sent))
         except BadRequest as e:  # refused by the gateway or, later, by the engine: a 400 either way
             return replace(a, refused=e.code or e.type)
+
+    def _program(self, sent: ParsedRequest, p: Planned, a: Arrival) -> str | None:
+        """The program the gateway would find for `p` (`front.identity`), or None."""
+        assert self.programs is not None
+        found = self.programs.find(sent, a.caller, session_header(p.headers), agent_session(p.headers), a.at)
+        return None if found is None else found.id
 
     def finished(self, tl: Timeline) -> None:
         self.estimator.observe(tl.cls, tl.output_tokens)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from tailguard.front.fairqueue import FairShareScheduler
 from tailguard.front.params import ClassSpec, QueueParams, Slo
 from tailguard.front.queue import BaseScheduler, Pending, RankedSjfScheduler
 from tailguard.types import Outcome, RejectReason
@@ -106,6 +107,66 @@ def test_higher_ranks_still_go_first() -> None:
     s.push(req("b", "batch", 10, 0.0), 0.0)
     s.push(req("c", "chat", 5000, 1.0), 1.0)
     assert drain(s, 1.1) == ["c", "b"]
+
+
+# --- with agent programs (issue 31's PLAS in the pick's keys) ------------------------------------
+
+def call(id: str, cost: int, at: float, lvl: int = 0, program_at: float = 0.0, due_in: float = 2.0,
+         caller: str | None = None) -> Pending:
+    return Pending(id, "chat", 0, cost, at, at + 30.0, caller, level=lvl, program_at=program_at,
+                   deadline_at=at + due_in, service_s=0.1)
+
+
+def test_a_programs_level_goes_before_the_deadline_then_edf_within_a_level() -> None:
+    """A call of a program that has received less goes first even with a later deadline; among
+    calls of one level (here 0: new programs, or none) the earliest deadline goes first."""
+    s = sched()
+    s.push(call("agent-soon", 100, 0.0, lvl=1, program_at=-30.0, due_in=0.5), 0.0)
+    s.push(call("new-late", 100, 0.0, due_in=1.9), 0.0)
+    s.push(call("new-soon", 100, 0.0, due_in=1.0), 0.0)
+    assert drain(s, 0.1) == ["new-soon", "new-late", "agent-soon"]
+
+
+def test_above_level_0_the_older_program_goes_first_whatever_the_deadlines() -> None:
+    s = sched()
+    s.push(call("young-program", 100, 0.0, lvl=1, program_at=-5.0, due_in=0.5), 0.0)
+    s.push(call("old-program", 100, 0.0, lvl=1, program_at=-50.0, due_in=1.5), 0.0)
+    assert drain(s, 0.1) == ["old-program", "young-program"]
+
+
+def test_a_smaller_job_overtakes_the_deadline_only_at_its_own_program_rank() -> None:
+    """SJF's tie-break is `plas.overtakes`: a much smaller call of a higher level never goes
+    before a level-0 call that can make its deadline."""
+    s = sched()
+    s.push(call("new-long", 4000, 0.0, due_in=1.9), 0.0)
+    s.push(call("agent-short", 50, 0.0, lvl=1, program_at=-9.0, due_in=1.0), 0.0)
+    s.push(call("new-short", 100, 0.0, due_in=1.9), 0.0)
+    assert drain(s, 0.1) == ["new-short", "new-long", "agent-short"]
+
+
+def test_aging_bounds_program_order_with_targets_too() -> None:
+    s = sched(aging_s=1.0)
+    s.push(call("agent", 100, 0.0, lvl=1, program_at=-60.0, due_in=30.0), 0.0)
+    s.push(call("new", 100, 1.5, due_in=2.0), 1.5)
+    assert drain(s, 1.6) == ["agent", "new"]  # it has waited its aging bound
+
+
+def test_late_calls_go_by_program_level_as_without_targets() -> None:
+    """Calls that can no longer make their deadline are ordered as issue 31's rule orders calls
+    with no target: a lower level first."""
+    s = sched()
+    s.push(call("agent", 100, 0.0, lvl=1, program_at=-60.0, due_in=0.2), 0.0)
+    s.push(call("new", 900, 0.1, due_in=0.2), 0.1)
+    assert drain(s, 1.0) == ["new", "agent"]
+
+
+def test_fair_share_then_program_level_then_deadline() -> None:
+    s = FairShareScheduler(QueueParams(fair_share=True, fair_credit=0.0), list(SPECS.values()))
+    s.vtc.counters.update({"heavy": 50_000.0, "light": 0.0})
+    s.push(call("light-agent", 100, 0.0, lvl=1, program_at=-9.0, due_in=0.5, caller="light"), 0.0)
+    s.push(call("light-new", 100, 0.0, due_in=1.5, caller="light"), 0.0)
+    s.push(call("heavy-new", 100, 0.0, due_in=0.5, caller="heavy"), 0.0)
+    assert [s.pop(0.1).id for _ in range(2)] == ["light-new", "light-agent"]  # type: ignore[union-attr]
 
 
 # --- admission by deadline --------------------------------------------------------------------------

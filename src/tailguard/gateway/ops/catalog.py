@@ -144,6 +144,12 @@ METRICS: tuple[MetricSpec, ...] = (
     _c("tailguard_audit_write_failures", "Batches of audit entries the store refused (each is tried again)."),
     _g("tailguard_audit_queue_length", "Audit entries waiting to be written (at `audit.queue_entries` the queue is "
        "full)."),
+    # Agent programs (docs/agents.md): how calls were known as one program's; bounded labels.
+    _c("tailguard_program_calls", "Calls that were part of an agent program, by class and what named the program "
+       "(a session header, prompt_cache_key, user, metadata.user_id, an agent's session header, or inferred).",
+       "class", "source"),
+    _c("tailguard_programs", "Agent programs seen starting (a program's first call), by class and what named it.",
+       "class", "source"),
     # What runs.
     _g("tailguard_state_shared", "1 while callers' limits and backends' slots are shared with the other replicas through Redis, 0 "
        "otherwise: no `state.url`, or Redis unavailable (state.on_unavailable applies)."),

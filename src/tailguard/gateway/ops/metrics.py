@@ -241,6 +241,8 @@ class GatewayMetrics:
         self.caller_requests = f["tailguard_caller_requests"]
         self.caller_tokens = f["tailguard_caller_tokens"]
         self.caller_label = CallerLabels()
+        self.program_calls = f["tailguard_program_calls"]
+        self.programs = f["tailguard_programs"]
         self.genai_ttft: ChunkHistograms = f["gen_ai_server_time_to_first_token_seconds"]
         self.genai_tpot: ChunkHistograms = f["gen_ai_server_time_per_output_token_seconds"]
         self.genai_duration: ChunkHistograms = f["gen_ai_server_request_duration_seconds"]
@@ -461,6 +463,11 @@ def record_finish(m: GatewayMetrics, t: Request) -> None:
         c.prompt_tokens.inc(prompt)
     if t.output_tokens:
         c.output_tokens.inc(t.output_tokens)
+    program = t.program
+    if program is not None:
+        m.program_calls.labels(t.cls, program.source).inc()
+        if program.call == 1:
+            m.programs.labels(t.cls, program.source).inc()
     if t.overrun_tokens:
         m.overran(t)
     if t.caller is not None:
@@ -510,6 +517,8 @@ def access_log(t: Request, *, method: str, path: str, text: Callable[[str], str]
         rec["hedges"] = counts.hedges
     if t.caller is not None:
         rec["caller"] = t.caller
+    if t.program is not None:  # its program by a digest (never the session or user id itself), and which call
+        rec["program"], rec["program_call"], rec["program_source"] = t.program.id, t.program.call, t.program.source
     if t.slo is not None:  # each target: met or missed (`tailguard.slo`)
         rec["slo"] = judge(t.slo, t.outcome, end - t.arrived_at, _ttft_s(t), t.output_tokens)
         if t.slo.ttft_s is not None:

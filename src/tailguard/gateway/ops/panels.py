@@ -159,6 +159,11 @@ PANELS: tuple[Panel, ...] = (
           (Query(_rate("tailguard_caller_requests_total", "caller, outcome", K), "{{caller}} {{outcome}}"),)),
     Panel("Callers", "Tokens by caller", "short", "What each caller's tpm_limit is charged.",
           (Query(_rate("tailguard_caller_tokens_total", "caller, kind", K), "{{caller}} {{kind}}"),)),
+    # Agent programs.
+    Panel("Agent programs", "Program calls and new programs", "reqps",
+          "Calls known as part of an agent program, and programs starting, by what named them (docs/agents.md).",
+          (Query(_rate("tailguard_program_calls_total", "source", C), "{{source}} calls"),
+           Query(_rate("tailguard_programs_total", "source", C), "{{source}} new programs"))),
     # The same requests in the OpenTelemetry GenAI names.
     Panel("OpenTelemetry GenAI", "gen_ai.server TTFT, TPOT and duration P99", "s",
           "The GenAI conventions' histograms (their buckets), comparable with other conforming gateways.",

@@ -71,6 +71,7 @@ LIVE: dict[str, str] = {
     "state.on_unavailable": "the shared limits", "state.replicas": "the shared limits",
     "guards[": "the lifecycle's guards (each new request)",
     "redaction.": "the guards, the engines' relayed errors and the audit trail",
+    "programs.": "the front and each new request",
 }
 _NOT_LIVE = ("scheduler.output_estimate.",)  # read once, at start, by the output estimator
 # What a backend both configs name may change live: the front's slots, and where and how requests
