@@ -101,7 +101,9 @@ def _ingredients(rec: Recording) -> dict[str, int]:
 async def test_a_recorded_run_replays_to_the_same_decisions(tmp_path: Path) -> None:
     path = tmp_path / "front.jsonl"
     async with asyncio.timeout(60), raw_server(resets) as bad_url:
-        bad = BackendConfig(name="bad", url=bad_url, kind="openai", max_concurrency=4)
+        # Said to serve the model: a backend whose models are not known is tried only after those known
+        # to serve it, and the first request then met it only when it beat the simulator's /v1/models read.
+        bad = BackendConfig(name="bad", url=bad_url, kind="openai", max_concurrency=4, models=["tailguard-sim"])
         async with gateway(max_concurrency=1, scale=SCALE, extra_backends=[bad], record=path,
                            classes=PREEMPTIBLE, scheduler={"min_run_s": 0.0}) as gw:
             sent = await _run(gw)
