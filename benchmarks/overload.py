@@ -105,6 +105,7 @@ def figures(out: list[Result], rss: list[int], seconds: float) -> dict[str, Any]
     refused = [r for r in out if r.status in (429, 503) and r.reason not in LATER]
     expired = [r for r in out if r.status == 503 and r.reason == "queue_timeout"]
     shed = [r for r in out if r.status == 503 and r.reason == "shed"]
+    late = [r for r in out if r.status == 503 and r.reason == "late"]
     ttft = [r.ttft for r in ok if r.ttft is not None]
     # From the instant each was really sent: without the generator's own lateness on this machine.
     sent_ttft = [r.ttft - r.lag for r in ok if r.ttft is not None and r.lag is not None]
@@ -116,7 +117,9 @@ def figures(out: list[Result], rss: list[int], seconds: float) -> dict[str, Any]
         "refused_at_once": len(refused), "refused_with_retry_after": sum(1 for r in refused if r.retry_after),
         "expired_in_queue": len(expired), "shed_from_queue": len(shed),
         "shed_wait_max_s": max(r.end for r in shed if r.end is not None) if shed else None,
-        "other_failures": len(out) - len(ok) - len(refused) - len(expired) - len(shed),
+        "late_from_queue": len(late), "late_wait_max_s": max(r.end for r in late if r.end is not None) if late else None,
+        "within_target_share": sum(1 for t in ttft if t <= TARGET_S) / len(out),
+        "other_failures": len(out) - len(ok) - len(refused) - len(expired) - len(shed) - len(late),
         "unfinished": sum(1 for r in out if r.end is None and r.error is None),
         "admitted_ttft_p50_s": pct(ttft, 0.5) if ttft else None,
         "admitted_ttft_p99_s": pct(ttft, 0.99) if ttft else None,
@@ -144,8 +147,10 @@ async def gateway(engine_url: str, logs: Path, label: str, src: Path | None) -> 
 # --- the same on the discrete-event simulator ------------------------------------------------------
 
 PROMPT_TOKENS = 7  # "Hello there." as the simulator counts it (bytes / 4 + 4 for the message)
-# Refusals that come after a wait in the queue, not at once: past the bound, or shed for others.
-LATER = ("queue_timeout", "shed")
+# Refusals that come after a wait in the queue, not at once: past the bound, shed for others, or
+# left once they could no longer make their target.
+LATER = ("queue_timeout", "shed", "late")
+TARGET_S = 2.0  # the quick form's interactive TTFT target
 
 
 def des_front(targets: bool) -> Front:
@@ -172,6 +177,7 @@ def des_figures(timelines: list[Timeline], seconds: float) -> dict[str, Any]:
     refused = [tl for tl in timelines if tl.outcome is Outcome.REJECTED and tl.reject_reason not in LATER]
     expired = [tl for tl in timelines if tl.reject_reason == "queue_timeout"]
     shed = [tl for tl in timelines if tl.reject_reason == "shed"]
+    late = [tl for tl in timelines if tl.reject_reason == "late"]
     ttft = [tl.first_token_at - tl.arrived_at for tl in ok if tl.first_token_at is not None]
     refusal = [tl.finished_at - tl.arrived_at for tl in refused if tl.finished_at is not None]
     reasons: dict[str, int] = {}
@@ -184,6 +190,10 @@ def des_figures(timelines: list[Timeline], seconds: float) -> dict[str, Any]:
             "shed_from_queue": len(shed),
             "shed_wait_max_s": max(tl.finished_at - tl.arrived_at for tl in shed if tl.finished_at is not None)
             if shed else None,
+            "late_from_queue": len(late),
+            "late_wait_max_s": max(tl.finished_at - tl.arrived_at for tl in late if tl.finished_at is not None)
+            if late else None,
+            "within_target_share": sum(1 for t in ttft if t <= TARGET_S) / len(timelines),
             "admitted_ttft_p50_s": pct(ttft, 0.5) if ttft else None,
             "admitted_ttft_p99_s": pct(ttft, 0.99) if ttft else None,
             "admitted_ttft_max_s": max(ttft) if ttft else None}
@@ -238,31 +248,35 @@ def write(args: argparse.Namespace, cap: float, runs: dict[str, Any], des_cap: f
              "simulated s at each factor; `now`: the quick form's defaults (interactive TTFT target 2 s, bound 10 s), "
              "`before`: the same without the target. Simulated seconds.", "",
              "| run | sent | served | admitted TTFT P50 | P99 | max | refused at once | with Retry-After | "
-             "slowest refusal | shed from the queue (longest wait) | expired in queue |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "slowest refusal | shed from the queue (longest wait) | left late (longest wait) | expired in queue | "
+             "first token within 2 s, of all sent |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for key, r in des.items():
         lines.append(f"| {key} | {r['sent']} | {r['served']} ({100 * r['served_share']:.0f}%) | "
                      f"{_f(r['admitted_ttft_p50_s'])} | {_f(r['admitted_ttft_p99_s'])} | {_f(r['admitted_ttft_max_s'])} | "
                      f"{r['refused_at_once']} | {r['refused_with_retry_after']} | "
                      f"{_f(r['refusal_latency_max_s'], 3)} s | {r['shed_from_queue']} ({_f(r['shed_wait_max_s'])} s) | "
-                     f"{r['expired_in_queue']} |")
+                     f"{r['late_from_queue']} ({_f(r['late_wait_max_s'])} s) | {r['expired_in_queue']} | "
+                     f"{100 * r['within_target_share']:.1f}% |")
     lines += ["", "## Over HTTP", "",
              f"One simulated engine completing {cap:.1f} chats/s (wall; 8 sequences, time scale {TIME_SCALE:g}); "
              f"chats of {CHAT_TOKENS} tokens offered open loop for {args.seconds:g} s at each factor. `now`: this "
              f"gateway (interactive TTFT target 2 s, bound 10 s); `before`: revision {args.baseline_rev}. TTFT from the "
              "scheduled send, in wall seconds.", "",
              "| run | sent | served | admitted TTFT P50 | P99 | max | refused at once | with Retry-After | "
-             "refusal P50 / P99 | shed from the queue (longest wait) | expired in queue | other | RSS start / max / end "
-             "| P99 from the real send | generator lag P99 |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "refusal P50 / P99 | shed from the queue (longest wait) | left late (longest wait) | expired in queue | "
+             "other | first token within 2 s, of all sent | RSS start / max / end | P99 from the real send | "
+             "generator lag P99 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for key, r in runs.items():
         m = r["rss_mib"]
         lines.append(
             f"| {key} | {r['sent']} | {r['served']} ({100 * r['served_share']:.0f}%) | {_f(r['admitted_ttft_p50_s'])} | "
             f"{_f(r['admitted_ttft_p99_s'])} | {_f(r['admitted_ttft_max_s'])} | {r['refused_at_once']} | "
             f"{r['refused_with_retry_after']} | {_f(r['refusal_latency_p50_ms'], 1)} / {_f(r['refusal_latency_p99_ms'], 1)} ms | "
-            f"{r['shed_from_queue']} ({_f(r['shed_wait_max_s'])} s) | {r['expired_in_queue']} | "
-            f"{r['other_failures'] + r['unfinished']} | "
+            f"{r['shed_from_queue']} ({_f(r['shed_wait_max_s'])} s) | "
+            f"{r['late_from_queue']} ({_f(r['late_wait_max_s'])} s) | {r['expired_in_queue']} | "
+            f"{r['other_failures'] + r['unfinished']} | {100 * r['within_target_share']:.1f}% | "
             f"{m['start']:.0f} / {m['max']:.0f} / {m['end']:.0f} MiB | {_f(r['admitted_ttft_p99_from_send_s'])} | "
             f"{_f(r['send_lag_p99_ms'], 1)} ms |")
     (RESULTS / "overload.md").write_text("\n".join(lines) + "\n")

@@ -26,9 +26,8 @@ engines' seconds.
     .venv/bin/python benchmarks/slo_trace.py [--trace PATH] [--limit 2000] [--factors 1.5,2] [--http]
 
 `--trace` reads a published file (default: Azure's conversation hour in benchmarks/data, of which
-`--limit` keeps the first 2,000 requests, about 6 minutes). The trace reader here is a minimal one
-of its own, written before `tailguard bench --trace` (`bench/trace/`) landed. Writes
-benchmarks/results/slo_trace.{json,md}.
+`--limit` keeps the first 2,000 requests, about 7 minutes), read as `tailguard bench --trace`
+reads it (`bench/trace/`). Writes benchmarks/results/slo_trace.{json,md}.
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import csv
 import json
 import platform
 import subprocess
@@ -44,13 +42,13 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import yaml
 
+from tailguard.bench.trace.formats import read_trace
 from tailguard.cli.experiment import free_port, spawned, stop_process, wait_healthy
 from tailguard.clock import VirtualClock
 from tailguard.front.front import Front
@@ -85,20 +83,12 @@ class Request:
     output_tokens: int
 
 
-def read_trace(path: Path, limit: int | None) -> list[Request]:
-    """Azure's LLM inference trace CSV (`TIMESTAMP`, `ContextTokens`, `GeneratedTokens`): each
-    row's instant from the first, its prompt and output lengths (an output of 0 made 1)."""
-    out: list[Request] = []
-    t0: datetime | None = None
-    with path.open(newline="") as f:
-        for row in csv.DictReader(f):
-            t = datetime.fromisoformat(row["TIMESTAMP"][:26])  # microseconds: the 7th digit dropped
-            t0 = t0 or t
-            out.append(Request((t - t0).total_seconds(), max(1, int(row["ContextTokens"])),
-                               max(1, int(row["GeneratedTokens"]))))
-            if limit is not None and len(out) >= limit:
-                break
-    return out
+def load_trace(path: Path, limit: int | None) -> list[Request]:
+    """Azure's LLM inference trace CSV through the bench's own reader (`bench.trace.read_trace`:
+    sorted by arrival, each instant from the first): the first `limit` requests, their prompt and
+    output lengths (an output of 0 made 1)."""
+    rows = read_trace(path, "azure").requests[:limit]
+    return [Request(r.at, max(1, r.input_tokens), max(1, r.output_tokens)) for r in rows]
 
 
 def engine_config() -> EngineConfig:
@@ -286,7 +276,7 @@ def ratios(runs: dict[str, Any], factors: list[float], arms: list[str]) -> dict[
 
 def main() -> None:
     args = parse_args()
-    trace = read_trace(Path(args.trace), args.limit or None)
+    trace = load_trace(Path(args.trace), args.limit or None)
     rate = len(trace) / (trace[-1].at - trace[0].at)
     cap = capacity(trace)
     print(f"{len(trace)} requests at {rate:.2f}/s; the fleet's capacity {cap:.2f}/s", flush=True)

@@ -50,6 +50,7 @@ class RejectReason(enum.StrEnum):
     WAIT_BOUND = "wait_bound"  # its expected wait is past its class's bound
     DEADLINE = "deadline"  # predicted to miss its TTFT target (a class that sheds)
     SHED = "shed"  # queued, then shed for cheaper requests that can make their targets in its place
+    LATE = "late"  # queued until it could no longer make its TTFT target (a class that sheds)
     QUEUE_TIMEOUT = "queue_timeout"  # it waited past its class's bound
     NO_HEALTHY_BACKEND = "no_healthy_backend"
     MODEL_NOT_FOUND = "model_not_found"  # no backend serves the model it names

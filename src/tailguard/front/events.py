@@ -23,7 +23,7 @@ loser is dropped by a `Drop` that names the winner too. So no driver works polic
     Probed(backend, ok, busy=), KindLearned      -> HealthChanged, Start
     Observed(backend, ttft_s=, itl_s=)           -> Start when an adaptive cap grew
     Served(backend, models), Loaded(backend, n)  -> Start (what it serves, the engine's own load)
-    Tick()  (at `next_wakeup()`)                 -> Reject(QUEUE_TIMEOUT), Readmitted, Start(hedge), Start
+    Tick()  (at `next_wakeup()`)                 -> Reject(QUEUE_TIMEOUT | LATE), Readmitted, Start(hedge), Start
     Close()                                      -> Reject(SHUTTING_DOWN) for every queued request
     Reconfigure(params)  (a live reload)         -> Start, Retired
 """

@@ -531,11 +531,13 @@ class Front(Recovery):
         self._slots.engine_load(ev.backend, ev.queued, now)
 
     def _tick(self, ev: Tick, now: float) -> None:
-        """Requests past their queue bound leave with `queue_timeout`; ejections that are over
-        end; the rest are bound to whatever became free."""
+        """Requests past their queue bound leave with `queue_timeout`, those that can no longer
+        make their TTFT target (a class that sheds) with `late`; ejections that are over end; the
+        rest are bound to whatever became free."""
         for p in self._queue.expire(now):
             self._left(self._reqs.pop(p.id), now)
-            self._out.append(Reject(p.id, RejectReason.QUEUE_TIMEOUT, self.retry_after_s()))
+            reason = RejectReason.QUEUE_TIMEOUT if p.wait_bound_at <= now else RejectReason.LATE
+            self._out.append(Reject(p.id, reason, self.retry_after_s()))
         for backend in self._ejector.returns(now):
             self._out.append(Readmitted(backend))
         self._pacer.expire(now)

@@ -54,16 +54,18 @@ if TYPE_CHECKING:
 
 class Entry:
     """A queued request in the heaps: `alive` until it leaves; `late` once it can no longer make
-    its deadline; `predicted` the raw wait expected as it was admitted (None: not predicted)."""
+    its deadline; `predicted` the raw wait expected as it was admitted (None: not predicted);
+    `resumed` when it waits again after a suspension (its answer has begun: it is never refused)."""
 
-    __slots__ = ("req", "seq", "alive", "late", "predicted")
+    __slots__ = ("req", "seq", "alive", "late", "predicted", "resumed")
 
-    def __init__(self, req: Pending, seq: int, predicted: float | None) -> None:
+    def __init__(self, req: Pending, seq: int, predicted: float | None, resumed: bool = False) -> None:
         self.req = req
         self.seq = seq
         self.alive = True
         self.late = False
         self.predicted = predicted
+        self.resumed = resumed
 
 
 # Heap items: sort keys, then the sequence number (unique: ties never compare entries), then the entry.

@@ -123,7 +123,7 @@ class BaseScheduler(abc.ABC):
             slo = q.cfg.slo
             if late is not None and slo is not None and slo.shed and not self._make_room(req, late, now):
                 return Refusal(RejectReason.DEADLINE, self.admission.clamp(late))
-        self._add(req, q, predicted_s)
+        self._add(req, q, predicted_s, False)
         return None
 
     def take_shed(self) -> list[Pending]:
@@ -140,6 +140,9 @@ class BaseScheduler(abc.ABC):
         return True
 
     def expire(self, now: float) -> list[Pending]:
+        """The queued requests that leave unserved now: those that waited their class's bound
+        (`wait_bound_at` passed) and, in a class that sheds, those that can no longer make their
+        TTFT target (`_leave_at`). Both leave the queue; the front refuses each."""
         out: list[Pending] = []
         heap = self._bounds
         while heap:
@@ -148,7 +151,8 @@ class BaseScheduler(abc.ABC):
                 break
             self._pop(heap)
             if entry.alive:
-                self.admission.learn(entry.predicted, now - entry.req.arrived_at)
+                if entry.req.wait_bound_at <= now:  # a wait the bound cut short: a (low) sample of it
+                    self.admission.learn(entry.predicted, now - entry.req.arrived_at)
                 self._kill(entry)
                 out.append(entry.req)
         return out
@@ -193,7 +197,7 @@ class BaseScheduler(abc.ABC):
         self._running_total = old._running_total
         for entry in sorted(old._entries.values(), key=lambda e: (e.req.arrived_at, e.seq)):
             req = replace(entry.req, rank=self._queues[entry.req.cls].cfg.rank)
-            self._add(req, self._queue_of(req), entry.predicted)
+            self._add(req, self._queue_of(req), entry.predicted, entry.resumed)
 
     def on_finish(self, running_cls: str | None, outcome: Outcome, now: float) -> None:
         """A dispatched request ended: a completion for the drain rate. `running_cls`: its class
@@ -231,7 +235,7 @@ class BaseScheduler(abc.ABC):
         self._not_running(req.cls)
         if req.id in self._entries:
             raise ValueError(f"request id {req.id!r} is already queued")
-        self._add(req, self._queue_of(req), None)
+        self._add(req, self._queue_of(req), None, True)
 
     def guaranteed(self, cls: str) -> bool:
         """True when suspending one running request of `cls` would put the class below its
@@ -275,13 +279,28 @@ class BaseScheduler(abc.ABC):
         None for the policies that do not order by deadline."""
         return False
 
-    def _add(self, req: Pending, q: Leaf, predicted: float | None) -> None:
+    def _add(self, req: Pending, q: Leaf, predicted: float | None, resumed: bool) -> None:
         self._seq += 1
-        entry = Entry(req, self._seq, predicted)
+        entry = Entry(req, self._seq, predicted, resumed)
         self._entries[req.id] = entry
         q.add(entry, self._uses_sjf)
-        self._push(self._bounds, (req.wait_bound_at, entry.seq, entry))
+        self._push(self._bounds, (self._leave_at(entry, q), entry.seq, entry))
         self._on_add(req)
+
+    def _leave_at(self, entry: Entry, q: Leaf) -> float:
+        """When a queued request leaves unserved: at its class's wait bound, and in a class that
+        sheds, once it can no longer start in time to make its TTFT target (its latest start, by
+        its predicted TTFT once started): served then, it would be late anyway, and the slot it
+        takes would make a request that can still make its own target late too. As at admission,
+        only a request whose TTFT is predicted, and that could make its target if it started at
+        once, is refused for it (one that would miss even alone is served late); one resumed
+        after a suspension waits for its bound only (its answer has begun)."""
+        req = entry.req
+        slo = q.cfg.slo
+        if (entry.resumed or req.service_s is None or slo is None or not slo.shed
+                or req.service_s > (req.deadline_at - req.arrived_at) * self._cfg.slo_margin):
+            return req.wait_bound_at
+        return min(req.wait_bound_at, latest_start(req))
 
     def _dispatched(self, entry: Entry, now: float) -> Pending:
         """`entry` leaves the queue for a backend slot."""

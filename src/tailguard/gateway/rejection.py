@@ -57,6 +57,9 @@ def rejection(d: Reject, *, caller: str | None = None, model: str | None = None,
                 if d.limit is not None else "The gateway's queue for this class is full; retry later.")
     elif reason is RejectReason.QUEUE_TIMEOUT:
         text = f"The request waited {waited_s:.3f} s in the queue, past its class bound."
+    elif reason is RejectReason.LATE:
+        text = (f"The request waited {waited_s:.3f} s in the queue and can no longer get its first token within its "
+                "TTFT target (its class's `slo.ttft_s`, or its own `x-tailguard-ttft-slo-ms`); retry later.")
     else:
         text = _TEXT[reason]
     return Overloaded(text, code=reason, retry_after_s=d.retry_after_s, headers=headers)

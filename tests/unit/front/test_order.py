@@ -254,6 +254,40 @@ def test_a_class_that_does_not_shed_is_never_shed() -> None:
     assert refused is not None and refused.reason is RejectReason.DEADLINE and s.take_shed() == []
 
 
+# --- leaving once late ----------------------------------------------------------------------------
+
+def test_a_queued_request_that_can_no_longer_make_its_target_leaves_at_its_latest_start() -> None:
+    """`c` is due at 2.0 s and takes 0.2 s once started: at 1.8 s it can no longer make it, and in
+    a class that sheds it leaves then (the front refuses it `late`), not at its 30 s bound; one of
+    a class that does not shed stays until its bound."""
+    s = sched()
+    assert s.push(req("c", "chat", 500, 0.0, service_s=0.2), 0.0) is None
+    assert s.push(req("k", "kept", 500, 0.0, service_s=0.2), 0.0) is None
+    assert s.next_wakeup() == 1.8
+    assert s.expire(1.79) == []
+    assert [p.id for p in s.expire(1.8)] == ["c"]
+    assert s.next_wakeup() == 30.0 and drain(s, 1.9) == ["k"]
+
+
+def test_only_a_request_that_could_make_its_target_is_refused_for_missing_it() -> None:
+    """As at admission: with no TTFT predicted yet, or one that misses even alone (1.9 s of a 2 s
+    target, past 0.8 x 2), it is served late, not refused; it leaves at its bound only."""
+    s = sched()
+    assert s.push(req("unknown", "chat", 500, 0.0, service_s=None), 0.0) is None
+    assert s.push(req("huge", "chat", 90_000, 0.0, service_s=1.9), 0.0) is None
+    assert s.next_wakeup() == 30.0 and s.expire(29.0) == []
+
+
+def test_a_request_resumed_after_a_suspension_is_not_refused_for_its_target() -> None:
+    """Its answer has begun: it waits again for a slot up to its class's bound only."""
+    s = sched()
+    assert s.push(req("c", "chat", 500, 0.0, service_s=0.2), 0.0) is None
+    got = s.pop(0.1)
+    assert got is not None
+    s.requeue(got, 0.5)
+    assert s.next_wakeup() == 30.0 and s.expire(5.0) == []
+
+
 # --- in the front: the decisions ------------------------------------------------------------------
 
 def test_the_front_refuses_by_its_latency_fit_and_sheds_for_cheaper_work() -> None:
@@ -261,7 +295,7 @@ def test_the_front_refuses_by_its_latency_fit_and_sheds_for_cheaper_work() -> No
     back to back with two waiting: the fit predicts 0.2 s, the queue drains 2 a second. Then
     requests queue until the next would wait past its 2 s target (x 0.8): refused with
     `deadline`; a cheaper one sheds the dearest queued request (`shed`)."""
-    from tailguard.front.events import Arrive, FirstContent, Finished, Reject, Start
+    from tailguard.front.events import Arrive, FirstContent, Finished, Reject, Start, Tick
     from tailguard.front.front import Front
     from tailguard.front.params import BackendSpec, FrontParams
 
@@ -285,3 +319,9 @@ def test_the_front_refuses_by_its_latency_fit_and_sheds_for_cheaper_work() -> No
     assert [(d.id, d.reason) for d in cheap if isinstance(d, Reject)] == [("q0", RejectReason.SHED)]
     assert "cheap" in front and "q0" not in front
     assert not any(isinstance(d, Start) for d in cheap)
+    # Nothing finishes any more: each queued request leaves `late` at its latest start (its 2 s
+    # target less its 0.2 s predicted TTFT), long before its 30 s bound.
+    due = front.next_wakeup()
+    assert due is not None and now < due <= now + 1.8 + 1e-9
+    late = [d for d in front.handle(Tick(), due) if isinstance(d, Reject)]
+    assert late and all(d.reason is RejectReason.LATE for d in late)
