@@ -294,10 +294,14 @@ async def main(args: argparse.Namespace) -> None:
             print("des", name, json.dumps(out["des"][name]), flush=True)
     if not args.skip_http:
         chosen = args.http_arms.split(",")
-        for name, router in http_routers().items():
-            if name not in chosen:
-                continue
-            out["http"][name] = await http_run(name, router, args, logs)
+        routers = http_routers()
+        missing = [name for name in chosen if name not in routers]
+        if missing:  # an arm left out would make the ratios against it silently absent
+            raise SystemExit(f"no such HTTP arm here: {', '.join(missing)} (the smg arms need `make "
+                             ".venv/.peers-installed`, SGLang's model gateway)")
+        for name, router in routers.items():
+            if name in chosen:
+                out["http"][name] = await http_run(name, router, args, logs)
             print("http", name, json.dumps(out["http"][name]), flush=True)
         bench_compare("round-robin", "tailguard")
     RESULTS.mkdir(exist_ok=True)
