@@ -302,7 +302,7 @@ async def main(args: argparse.Namespace) -> None:
         for name, router in routers.items():
             if name in chosen:
                 out["http"][name] = await http_run(name, router, args, logs)
-            print("http", name, json.dumps(out["http"][name]), flush=True)
+                print("http", name, json.dumps(out["http"][name]), flush=True)
         bench_compare("round-robin", "tailguard")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "agents.json").write_text(json.dumps(out, indent=2, default=str))
