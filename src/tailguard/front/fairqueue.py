@@ -13,7 +13,8 @@ from collections.abc import Collection, Iterable, Mapping
 
 from tailguard.front.fairshare import ANONYMOUS, VirtualCounters
 from tailguard.front.params import ClassSpec, QueueParams
-from tailguard.front.queue import BaseScheduler, Pending, RankedSjfScheduler
+from tailguard.front.queue import BaseScheduler, Pending
+from tailguard.front.ranked import RankedSjfScheduler
 
 
 class CallerShare:

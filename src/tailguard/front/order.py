@@ -35,7 +35,7 @@ Size is a request's cost: its estimated tokens less those its backend's prefix c
 to hold (`Pending.cost`), the uncached work Dynamo prices by.
 
 Each leaf keeps its requests in heaps with lazy deletion (`Entry.alive`): by arrival, by size, by
-deadline, and by cost descending (whom to shed first: `front.queue`).
+deadline, and by cost descending (whom to shed first: `front.ranked`).
 """
 
 from __future__ import annotations

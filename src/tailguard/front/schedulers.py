@@ -1,6 +1,6 @@
 """Which scheduler the parameters name, and a new one that takes over an old one's state at a
-live reconfiguration; pure. Apart from `front.queue` (the policies) because it also builds
-`front.fairqueue`'s scheduler, which is built on them."""
+live reconfiguration; pure. Apart from the policies (`front.queue`, `front.ranked`) because it
+also builds `front.fairqueue`'s scheduler, which is built on them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from collections.abc import Iterable, Mapping
 from tailguard.errors import ConfigError
 from tailguard.front.fairqueue import FairShareScheduler
 from tailguard.front.params import ClassSpec, QueueParams
-from tailguard.front.queue import BaseScheduler, FcfsScheduler, RankedSjfScheduler
+from tailguard.front.queue import BaseScheduler, FcfsScheduler
+from tailguard.front.ranked import RankedSjfScheduler
 
 SCHEDULERS: dict[str, type[BaseScheduler]] = {
     "fcfs": FcfsScheduler,

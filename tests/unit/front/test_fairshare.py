@@ -16,7 +16,8 @@ from tailguard.front.fairshare import VirtualCounters
 from tailguard.front.front import Front
 from tailguard.front.params import BackendSpec, CallerSpec, ClassSpec, FrontParams, QueueParams
 from tailguard.front.fairqueue import FairShareScheduler
-from tailguard.front.queue import Pending, RankedSjfScheduler
+from tailguard.front.queue import Pending
+from tailguard.front.ranked import RankedSjfScheduler
 from tailguard.front.schedulers import carry_over, make_scheduler
 from tailguard.front.tracked import State
 from tailguard.sim.cost import EngineConfig

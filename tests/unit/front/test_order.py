@@ -8,7 +8,8 @@ import math
 
 from tailguard.front.fairqueue import FairShareScheduler
 from tailguard.front.params import ClassSpec, QueueParams, Slo
-from tailguard.front.queue import BaseScheduler, Pending, RankedSjfScheduler
+from tailguard.front.queue import BaseScheduler, Pending
+from tailguard.front.ranked import RankedSjfScheduler
 from tailguard.types import Outcome, RejectReason
 
 CHAT = ClassSpec(name="chat", rank=0, max_queue_len=100, max_queue_wait_s=30.0, slo=Slo(ttft_s=2.0))

@@ -6,7 +6,8 @@ from __future__ import annotations
 from tailguard.front.slots import BackendPool
 from tailguard.front.params import BackendSpec, ClassSpec, PreemptionParams, QueueParams
 from tailguard.front.preemption import Candidate, PreemptionPolicy
-from tailguard.front.queue import Pending, RankedSjfScheduler
+from tailguard.front.queue import Pending
+from tailguard.front.ranked import RankedSjfScheduler
 
 CHAT = Pending("chat", "interactive", 0, 40, arrived_at=10.0, wait_bound_at=40.0)
 

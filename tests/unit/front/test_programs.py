@@ -15,7 +15,8 @@ from tailguard.front.params import (
 )
 from tailguard.front.plas import level, order_key, overtakes
 from tailguard.front.programs import ProgramBook
-from tailguard.front.queue import Pending, RankedSjfScheduler
+from tailguard.front.queue import Pending
+from tailguard.front.ranked import RankedSjfScheduler
 from tailguard.front.fairqueue import FairShareScheduler
 from tailguard.front.router import Route, Router
 from tailguard.front.slots import BackendPool

@@ -15,7 +15,8 @@ from tailguard.front.params import (
 from tailguard.front.ejection import Ejector
 from tailguard.front.router import NO_ROUTE, Router
 from tailguard.front.slots import BackendPool
-from tailguard.front.queue import BaseScheduler, FcfsScheduler, Pending, RankedSjfScheduler
+from tailguard.front.queue import BaseScheduler, FcfsScheduler, Pending
+from tailguard.front.ranked import RankedSjfScheduler
 from tailguard.front.refusal import Refusal
 from tailguard.front.schedulers import SCHEDULERS, carry_over, make_scheduler
 from tailguard.types import Outcome
