@@ -21,7 +21,7 @@ PURE = {
     "front.order", "front.latency",
     "front.intake", "recording.codec", "recording.replay", "front.adaptive", "sim.fit", "gateway.classes", "gateway.upstream.backends",
     "config", "gateway.ops.live", "gateway.ops.catalog", "front.capacity",
-    "gateway.ops.panels", "gateway.ops.alerts", "gateway.upstream.resume", "gateway.upstream.kinds", "sim.des", "sim.scenario",
+    "gateway.ops.panels", "gateway.ops.alerts", "gateway.upstream.resume", "gateway.upstream.kinds", "sim.des", "sim.scenario", "sim.carrier", "sim.fleet", "sim.agenda", "sim.live",
     "config.base", "config.classes", "config.backends", "config.scheduler",
     "config.upstream", "config.auth", "config.telemetry", "config.gateway", "config.problems",
     "config.loading", "config.workers", "config.state", "config.rewrite", "config.programs",
