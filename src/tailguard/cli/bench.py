@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from tailguard.bench.load import BenchConfig
+    from tailguard.bench.trace.plan import TraceSpec
 
 T = TypeVar("T")
 
@@ -135,24 +136,16 @@ def bench_run(
         typer.echo(ctx.get_help())
         _fail("--url is required to run a benchmark")
     from tailguard.bench.load import BenchConfig, Timeouts
-    from tailguard.bench.trace.plan import TraceSpec
-    from tailguard.bench.workload import ENDPOINTS, parse_length
+    from tailguard.bench.workload import parse_length
     from tailguard.errors import ConfigError, TargetError
 
-    if arrival not in ("constant", "poisson", "gamma"):
-        _fail(f"--arrival must be constant, poisson or gamma, not {arrival!r}")
-    if endpoint is not None and endpoint not in ENDPOINTS:
-        _fail(f"--endpoint must be one of {', '.join(ENDPOINTS)}, not {endpoint!r}")
+    _check_choices(arrival, endpoint)
     if trace is None and (trace_format or window or limit is not None or rules or speed != 1.0):
         _fail("--trace-format, --speed, --window, --limit and --rules go with --trace FILE")
     try:
         warm_n, warm_s = parse_warmup(warmup)
         lengths = input_tokens is not None or output_tokens is not None
-        spec = None if trace is None else TraceSpec(
-            str(trace), trace_format, speed, window, limit, None if rules is None else str(rules),
-            True if ignore_eos is None else ignore_eos)
-        if spec is not None and workload is not None:
-            raise ConfigError("--trace replays the trace's own requests: --workload does not apply")
+        spec = _trace_spec(trace, trace_format, speed, window, limit, rules, ignore_eos, workload)
         config = BenchConfig(
             url=url[0], extra_urls=tuple(url[1:]), workload=workload or ("fixed-lengths" if lengths else "seed-mixed"),
             concurrency=concurrency, rate=rate, arrival=arrival,  # type: ignore[arg-type]
@@ -168,22 +161,55 @@ def bench_run(
             output_tokens=None if output_tokens is None else parse_length(output_tokens, "--output-tokens"),
             ignore_eos=ignore_eos,
         )
-        from tailguard.bench.scrape import while_scraping
-
         if find_capacity is not None:
-            if rate is None:
-                _fail("--find-capacity searches open-loop rates: give the first to try with --rate")
-            slo = dict(parse_slo(s) for s in capacity_slo)
-            code = run_async(run_capacity(config, out, console(), find_capacity, slo, capacity_share,
-                                          capacity_precision))
+            code = _search_capacity(config, out, find_capacity, capacity_slo, capacity_share, capacity_precision)
         else:
-            code = run_async(while_scraping(run_interruptible(config, out, console(), progress=not quiet),
-                                            scrape, scrape_interval, out,
-                                            {"gpu": gpu_metrics, "host": host_metrics}))
+            code = _measure(config, out, not quiet, scrape, scrape_interval, {"gpu": gpu_metrics, "host": host_metrics})
     except (ConfigError, TargetError) as e:
         _fail(str(e))
     if code:
         raise typer.Exit(code)
+
+
+def _check_choices(arrival: str, endpoint: str | None) -> None:
+    """The flags that name one of a few choices, checked before anything is read."""
+    from tailguard.bench.workload import ENDPOINTS
+
+    if arrival not in ("constant", "poisson", "gamma"):
+        _fail(f"--arrival must be constant, poisson or gamma, not {arrival!r}")
+    if endpoint is not None and endpoint not in ENDPOINTS:
+        _fail(f"--endpoint must be one of {', '.join(ENDPOINTS)}, not {endpoint!r}")
+
+
+def _trace_spec(trace: Path | None, trace_format: str | None, speed: float, window: str | None, limit: int | None,
+                rules: Path | None, ignore_eos: bool | None, workload: str | None) -> "TraceSpec | None":
+    """`--trace` and its flags as the run replays them (ignore_eos on unless said); None without one."""
+    from tailguard.bench.trace.plan import TraceSpec
+    from tailguard.errors import ConfigError
+
+    if trace is None:
+        return None
+    if workload is not None:
+        raise ConfigError("--trace replays the trace's own requests: --workload does not apply")
+    return TraceSpec(str(trace), trace_format, speed, window, limit, None if rules is None else str(rules),
+                     True if ignore_eos is None else ignore_eos)
+
+
+def _search_capacity(config: "BenchConfig", out: Path, cls: str, slo: list[str], share: float,
+                     precision: float) -> int:
+    """`--find-capacity CLASS`: the search from `--rate`, each step a run of its own."""
+    if config.rate is None:
+        _fail("--find-capacity searches open-loop rates: give the first to try with --rate")
+    return run_async(run_capacity(config, out, console(), cls, dict(parse_slo(s) for s in slo), share, precision))
+
+
+def _measure(config: "BenchConfig", out: Path, progress: bool, scrape: list[str], interval_s: float,
+             exporters: dict[str, list[str]]) -> int:
+    """One run into `out`, interruptible, with the pages `--scrape` names snapshotted beside it."""
+    from tailguard.bench.scrape import while_scraping
+
+    return run_async(while_scraping(run_interruptible(config, out, console(), progress=progress),
+                                    scrape, interval_s, out, exporters))
 
 
 async def run_interruptible(config: "BenchConfig", out: Path, con: "Console", *, progress: bool) -> int:
