@@ -36,8 +36,8 @@ from tailguard.front.front import Front
 from tailguard.gateway.hedge import Race
 from tailguard.gateway.line import Line
 from tailguard.gateway.ops.live import Live
-from tailguard.gateway.ops.metrics import GatewayMetrics, response_headers
-from tailguard.gateway.request import Request
+from tailguard.gateway.ops.headers import response_headers
+from tailguard.gateway.ops.metrics import GatewayMetrics
 from tailguard.gateway.sink import ClientGone, Sink
 from tailguard.gateway.stored import ResponseHomes
 from tailguard.gateway.upstream.assemble import Assembler

@@ -39,7 +39,7 @@ from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.exchange import Context, Ending, Exchange, Job
 from tailguard.gateway.line import Line
 from tailguard.gateway.ops.audit import key_fingerprint
-from tailguard.gateway.ops.metrics import access_log
+from tailguard.gateway.ops.access import access_log
 from tailguard.gateway.ops.tracing import Tracer
 from tailguard.gateway.request import Ended, Request
 from tailguard.gateway.shared.limits import SharedLimits

@@ -24,7 +24,7 @@ import pytest
 
 from tailguard.clock import monotonic
 from tailguard.config import LimitsConfig
-from tailguard.gateway.ops.metrics import ChunkHistogram
+from tailguard.gateway.ops.histograms import ChunkHistogram
 from tailguard.gateway.request import Request
 from tailguard.gateway.sink import ChunkQueue
 from tailguard.gateway.upstream.client import RelayError, Suspended
