@@ -244,10 +244,11 @@ def record_of(i: int, tl: Timeline, cls: str, behind_gateway: bool) -> RequestRe
     )
 
 
-def engine_evidence(timelines: list[Timeline], engines: list[Engine]) -> EngineEvidence:
-    """What the engines' /metrics would have shown over the run, summed over a fleet, from the
-    DES's own record: the engines' queue is each request's wait from dispatch to admission
-    (Little's law gives its time-average length)."""
+def modelled_engine_evidence(timelines: list[Timeline], engines: list[Engine]) -> EngineEvidence:
+    """What the engines' /metrics would have shown over the run, summed over a fleet, modelled
+    from the DES's own record (`doctor.evidence.engine_evidence` reads it from a real engine's
+    pages): the engines' queue is each request's wait from dispatch to admission (Little's law
+    gives its time-average length)."""
     waits = [(tl.dispatched_at if tl.dispatched_at is not None else tl.arrived_at, tl.admitted_at)
              for tl in timelines if tl.admitted_at is not None]
     span = max((tl.finished_at or 0.0) for tl in timelines) - min(tl.arrived_at for tl in timelines)
@@ -293,4 +294,4 @@ def run_virtual(vr: VirtualRun) -> tuple[list[RequestRecord], dict[str, Any], En
     }
     if vr.trace is not None:
         meta["trace"] = TraceFactory(vr.trace).describe()
-    return records, meta, engine_evidence(timelines, engines)
+    return records, meta, modelled_engine_evidence(timelines, engines)
