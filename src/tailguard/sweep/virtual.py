@@ -22,7 +22,8 @@ from tailguard.bench.workload import DEFAULT_MAX_TOKENS, RequestClass, Workload,
 from tailguard.doctor.evidence import EngineEvidence
 from tailguard.errors import BadRequest
 from tailguard.front.identity import ProgramFinder
-from tailguard.front.intake import NO_CLASS, Asked, Intake, OutputEstimator
+from tailguard.front.intake import NO_CLASS, Asked, Intake, OutputEstimator, Refused
+from tailguard.gateway.classes import answer
 from tailguard.wire.headers import agent_session, bearer_key, class_header, session_header, ttft_slo_header
 from tailguard.front.params import OutputEstimateParams
 from tailguard.config import GatewayConfig
@@ -124,7 +125,11 @@ class IntakeGate:
                 a = replace(a, accepted=accepted, model=accepted.model, program=self._program(sent, p, a))
                 sent = replace(sent, body=accepted.body, max_tokens=accepted.max_tokens)
             return replace(a, max_tokens=output_budget(self.engine, sent))
-        except BadRequest as e:  # refused by the gateway or, later, by the engine: a 400 either way
+        except Refused as r:  # refused by the gateway's intake: a 400 is counted; a 403 (a key asking
+            if r.forbidden:   # for a class or model it may not have) is raised, as the gateway's Forbidden
+                raise answer(r) from None
+            return replace(a, refused=r.code)
+        except BadRequest as e:  # refused by the gateway's parser or, later, by the engine: a 400 either way
             return replace(a, refused=e.code or e.type)
 
     def _program(self, sent: ParsedRequest, p: Planned, a: Arrival) -> str | None:
