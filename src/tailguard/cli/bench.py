@@ -13,6 +13,7 @@ import typer
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from tailguard.bench.capacity import CapacitySearch
     from tailguard.bench.load import BenchConfig
     from tailguard.bench.trace.plan import TraceSpec
 
@@ -266,38 +267,17 @@ async def run_capacity(config: "BenchConfig", out: Path, con: "Console", cls: st
     """`--find-capacity`: each step a run of the workload open loop at the search's rate (its folder
     under out/steps/), judged on `cls`'s requests; out/ gets capacity.json and the files of the run
     at the capacity found. Exit code 1 when no rate met the SLO."""
-    import dataclasses
     import json
     import shutil
 
-    from tailguard.bench.capacity import CAPACITY_JSON, CapacitySearch, judge
-    from tailguard.bench.report import bench_to_dir, load_run
-    from tailguard.errors import ConfigError
+    from tailguard.bench.capacity import CAPACITY_JSON, CapacitySearch
 
     assert config.rate is not None
     search = CapacitySearch(config.rate, precision)
     best: Path | None = None
     while (rate := search.next_rate()) is not None:
         step = out / "steps" / f"{len(search.steps):02d}-rate-{rate:.4g}"
-        summary = await bench_to_dir(dataclasses.replace(config, rate=rate), step, console=con, progress=False,
-                                     tables=False)
-        records, meta = load_run(step)
-        target = slo or (meta.get("slo") or {}).get(cls)
-        if not target:
-            raise ConfigError(f"class {cls!r} has no SLO in the workload: give one with --capacity-slo ttft_s=1.0")
-        met = judge(records, cls, target)
-        if met is None:
-            sent = sorted({r.cls for r in records})
-            raise ConfigError(f"the run sent no request of class {cls!r}: --find-capacity names one of the "
-                              f"workload's classes ({', '.join(sent)})")
-        validity = summary.get("validity") or {}
-        valid = bool(validity.get("valid", True))
-        passed = met >= share
-        search.add(rate, passed, valid, met, None if valid else
-                   f"dispatch lag P99 {1000 * float(validity.get('dispatch_lag_p99_s', 0)):.1f} ms")
-        con.print(f"{rate:.4g}/s: {100 * met:.2f}% of {cls} within {target} "
-                  f"({'pass' if passed else 'fail'}{'' if valid else ', not valid'})", soft_wrap=True)
-        if passed and rate == search.passing():  # the highest passing run so far
+        if await _capacity_step(search, config, rate, step, con, cls, slo, share):
             best = step
     result = {"class": cls, "slo": slo or None, "share": share, "precision": precision, **search.result()}
     out.mkdir(parents=True, exist_ok=True)
@@ -310,6 +290,37 @@ async def run_capacity(config: "BenchConfig", out: Path, con: "Console", cls: st
     con.print(f"capacity at the SLO: {lo or 0:.4g}/s (failing at {'-' if hi is None else f'{hi:.4g}'}/s); "
               f"{result['stopped']}; wrote {out}/{CAPACITY_JSON}", soft_wrap=True)
     return 0 if lo else 1
+
+
+async def _capacity_step(search: "CapacitySearch", config: "BenchConfig", rate: float, step: Path, con: "Console",
+                         cls: str, slo: dict[str, float], share: float) -> bool:
+    """One step of the search: the run at `rate` into `step`, judged on `cls`'s requests and told
+    to the search; True when it is the highest passing run so far."""
+    import dataclasses
+
+    from tailguard.bench.capacity import judge
+    from tailguard.bench.report import bench_to_dir, load_run
+    from tailguard.errors import ConfigError
+
+    summary = await bench_to_dir(dataclasses.replace(config, rate=rate), step, console=con, progress=False,
+                                 tables=False)
+    records, meta = load_run(step)
+    target = slo or (meta.get("slo") or {}).get(cls)
+    if not target:
+        raise ConfigError(f"class {cls!r} has no SLO in the workload: give one with --capacity-slo ttft_s=1.0")
+    met = judge(records, cls, target)
+    if met is None:
+        sent = sorted({r.cls for r in records})
+        raise ConfigError(f"the run sent no request of class {cls!r}: --find-capacity names one of the "
+                          f"workload's classes ({', '.join(sent)})")
+    validity = summary.get("validity") or {}
+    valid = bool(validity.get("valid", True))
+    passed = met >= share
+    search.add(rate, passed, valid, met, None if valid else
+               f"dispatch lag P99 {1000 * float(validity.get('dispatch_lag_p99_s', 0)):.1f} ms")
+    con.print(f"{rate:.4g}/s: {100 * met:.2f}% of {cls} within {target} "
+              f"({'pass' if passed else 'fail'}{'' if valid else ', not valid'})", soft_wrap=True)
+    return passed and rate == search.passing()  # the highest passing run so far
 
 
 def bench_compare(
