@@ -27,7 +27,7 @@ from tailguard.front.params import CallerSpec
 from tailguard.config import GatewayConfig
 from tailguard.config.auth import MAX_KEY_CHARS
 from tailguard.gateway.classes import ClassTable, Unauthorized
-from tailguard.gateway.http.keys import ADMIN, AUDIT, CLOCK, DISPATCHER, LIFECYCLE, LIVE, METER, METRICS
+from tailguard.gateway.http.keys import AUDIT, CLOCK, DISPATCHER, LIFECYCLE, LIVE, METER, METRICS
 from tailguard.gateway.ops.metrics import METRICS_CONTENT_TYPE
 from tailguard.gateway.ops.reload import Reloader
 
@@ -82,6 +82,9 @@ class Admin:
         result = self.reloader.run(request)
         return web.Response(status=200 if result["ok"] else 409, body=orjson.dumps(result),
                             content_type="application/json")
+
+
+ADMIN = web.AppKey("admin", Admin)
 
 
 def config_body(cfg: GatewayConfig, digest: str, n: int | None) -> bytes:

@@ -30,7 +30,7 @@ from tailguard.config import GatewayConfig
 from tailguard.gateway.http import admin as adm
 from tailguard.gateway.http.batches import add_routes as add_batch_routes, batches_lifecycle
 from tailguard.gateway.http.keys import (
-    ADMIN, ARRIVED_UNDER, AUDIT, BACKENDS, CLOCK, DISPATCHER, LIFECYCLE, LIVE, METRICS, MODERATION, PROBES,
+    ARRIVED_UNDER, AUDIT, BACKENDS, CLOCK, DISPATCHER, LIFECYCLE, LIVE, METRICS, MODERATION, PROBES,
     PROXY, RECORD, STATE_DIR, UPSTREAM,
 )
 from tailguard.gateway.http.models import fleet_models, one_model
@@ -77,7 +77,7 @@ def create_app(cfg: GatewayConfig, *, record: Path | None = None, state_dir: Pat
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", adm.metrics_route)
     app.router.add_get("/config", adm.config_route)
-    app[ADMIN] = adm.Admin(clock)
+    app[adm.ADMIN] = adm.Admin(clock)
     app.router.add_get("/admin/config", adm.config_route)
     app.router.add_get("/admin/usage", adm.usage_route)
     app.router.add_post("/admin/reload", adm.reload_route)
@@ -329,7 +329,7 @@ async def serve(
     _say_what_it_finds(cfg)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    reloader = app[ADMIN].reloader = reloader_of(app, store, reread)
+    reloader = app[adm.ADMIN].reloader = reloader_of(app, store, reread)
     installed = _handle_signals(loop, stop, reloader.on_signal)
     try:
         if store is not None:

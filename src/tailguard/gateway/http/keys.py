@@ -1,10 +1,10 @@
 """The gateway app's typed state (aiohttp's `AppKey`s, `RequestKey`s): what the app factory
-(`gateway.http.app`), its start-up (`gateway.http.startup`) and its routes share."""
+(`gateway.http.app`), its start-up (`gateway.http.startup`) and its routes share. A route module's
+own state keeps its key beside it (`admin.ADMIN`, `batches.SERVICE`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -21,9 +21,6 @@ from tailguard.gateway.upstream.client import Upstream
 from tailguard.gateway.upstream.probes import Probes
 from tailguard.guards.moderation import Moderation
 
-if TYPE_CHECKING:
-    from tailguard.gateway.http.admin import Admin
-
 LIVE = web.AppKey("live", Live)
 METRICS = web.AppKey("metrics", GatewayMetrics)
 DISPATCHER = web.AppKey("dispatcher", Dispatcher)
@@ -32,7 +29,6 @@ PROXY = web.AppKey("proxy", Proxy)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 CLOCK: web.AppKey[Now] = web.AppKey("clock")  # the gateway's one clock, passed to every part
 RECORD = web.AppKey("record", Path)  # where `--record` writes the front's events (absent: not recording)
-ADMIN: web.AppKey[Admin] = web.AppKey("admin")  # the operator routes' state (`gateway.http.admin`)
 STATE_DIR = web.AppKey("state_dir", Path)  # where usage is kept across restarts (absent: in memory)
 METER = web.AppKey("meter", Meter)
 AUDIT = web.AppKey("audit", AuditLog)  # the audit trail (absent: `audit.enabled` is off)
