@@ -33,7 +33,7 @@ not change during a run.
 
 /* Attribute names, interned once. */
 static PyObject *s_buf, *s_started, *s_run_started, *s_last_content_at, *s_content_chunks, *s_last_at,
-    *s_closing, *s_paused, *s_blocked, *s_progress, *s_chunk, *s_write_nowait, *s_lo, *s_hi, *s_i,
+    *s_closing, *s_paused, *s_blocked, *s_transcript, *s_chunk, *s_write_nowait, *s_lo, *s_hi, *s_i,
     *s_counts, *s_sum, *s_observe, *s_write, *s_watchdog, *s_request, *s_itl, *s_max_events, *s_event_bytes, *s_one;
 
 /* ---- the content test (wire/chunks.py) --------------------------------------------------- */
@@ -182,7 +182,7 @@ enum {
     RUN_STARTED,                                   /* Tally: this run has had content */
     LAST_CONTENT_AT, CONTENT_CHUNKS,               /* Request (the tally's `request`) */
     LAST_AT,                                       /* DeadlineWatch */
-    PROGRESS, BLOCKED,                             /* StreamRelay */
+    TRANSCRIPT, BLOCKED,                             /* StreamRelay */
     ITL_LO, ITL_HI, ITL_I, ITL_COUNTS, ITL_SUM,    /* ChunkHistogram: the last bucket, counts, sum */
     CLOSING, PAUSED,                               /* the lean connection (bound with a transport) */
     N_FIELDS,
@@ -232,7 +232,7 @@ static int usual(ChunkStep *s, PyObject *data)
         return -1;
     if (s->chunks >= s->max_events)  /* the answer's bound: `Tally.content` cuts it */
         return 0;
-    if ((v = field_get(&s->f[PROGRESS])) == NULL)
+    if ((v = field_get(&s->f[TRANSCRIPT])) == NULL)
         return -1;
     r = v == Py_None;  /* else its content is kept as it goes */
     Py_DECREF(v);
@@ -388,7 +388,7 @@ static void bind_fields(ChunkStep *s)
     const struct { int field; PyObject *obj, *name; } binds[] = {
         {DEC_BUF, s->dec, s_buf}, {DEC_STARTED, s->dec, s_started}, {RUN_STARTED, s->tally, s_run_started},
         {LAST_CONTENT_AT, s->request, s_last_content_at}, {CONTENT_CHUNKS, s->request, s_content_chunks},
-        {LAST_AT, s->watchdog, s_last_at}, {PROGRESS, s->relay, s_progress}, {BLOCKED, s->relay, s_blocked},
+        {LAST_AT, s->watchdog, s_last_at}, {TRANSCRIPT, s->relay, s_transcript}, {BLOCKED, s->relay, s_blocked},
         {ITL_LO, s->itl, s_lo}, {ITL_HI, s->itl, s_hi}, {ITL_I, s->itl, s_i}, {ITL_COUNTS, s->itl, s_counts},
         {ITL_SUM, s->itl, s_sum}, {CLOSING, s->conn, s_closing}, {PAUSED, s->conn, s_paused},
     };
@@ -508,7 +508,7 @@ static int intern_names(void)
     struct { PyObject **slot; const char *name; } names[] = {
         {&s_buf, "_buf"}, {&s_started, "_started"}, {&s_run_started, "run_started"},
         {&s_last_content_at, "last_content_at"}, {&s_content_chunks, "content_chunks"}, {&s_last_at, "last_at"},
-        {&s_closing, "closing"}, {&s_paused, "paused"}, {&s_blocked, "_blocked"}, {&s_progress, "progress"},
+        {&s_closing, "closing"}, {&s_paused, "paused"}, {&s_blocked, "_blocked"}, {&s_transcript, "transcript"},
         {&s_chunk, "_chunk"}, {&s_write_nowait, "write_nowait"}, {&s_lo, "_lo"}, {&s_hi, "_hi"}, {&s_i, "_i"},
         {&s_counts, "counts"}, {&s_sum, "sum"}, {&s_observe, "observe"}, {&s_write, "write"},
         {&s_watchdog, "watchdog"}, {&s_request, "request"}, {&s_itl, "itl"}, {&s_max_events, "max_events"},

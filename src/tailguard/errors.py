@@ -12,6 +12,9 @@
     │   └── ClockWentBack      a `now` earlier than the last one the front was told
     ├── FrontBroken            a handler failed halfway: the front refuses every later call
     │                          (front/events.py)
+    ├── Refused                the intake turned a request away, in its own words: a `forbidden`
+    │                          one (its key may not) is answered 403, any other 400
+    │                          (front/intake.py; gateway/classes.py `answer`)
     ├── APIError               answered to an HTTP client as an OpenAI-style error body
     │   ├── BadRequest         400: malformed, missing or wrongly typed fields
     │   │   └── ContentBlocked  400 `content_policy_violation`: an input guard blocked its

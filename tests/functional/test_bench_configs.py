@@ -13,7 +13,8 @@ from tailguard.bench.load import BenchConfig
 
 from tailguard.bench.run import run_bench
 from tailguard.bench.report import compare_dirs, load_run, write_outputs
-from tailguard.gateway.http.app import LIVE, reloader_of
+from tailguard.gateway.http.app import reloader_of
+from tailguard.gateway.http.keys import LIVE
 from tests.functional.gateways import engine, gateway
 
 SCALE = 0.02

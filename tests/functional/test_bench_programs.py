@@ -16,7 +16,7 @@ import yaml
 from tailguard.bench.load import BenchConfig
 from tailguard.bench.report import write_outputs
 from tailguard.bench.run import run_bench
-from tailguard.gateway.ops.metrics import ACCESS_LOGGER
+from tailguard.gateway.ops.access import ACCESS_LOGGER
 from tests.cli import run
 from tests.functional.gateways import SCALE, engine, gateway, sample, scrape
 

@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from tailguard.config import BackendConfig
-from tailguard.gateway.ops.metrics import ACCESS_LOGGER
+from tailguard.gateway.ops.access import ACCESS_LOGGER
 from tests.functional.gateways import classes, gateway, sample, scrape
 from tests.servers import running
 

@@ -19,7 +19,9 @@ import pytest
 from openai import AsyncOpenAI
 
 from tailguard.config import GatewayConfig
-from tailguard.gateway.http.app import ADMIN, LIVE, _started, create_app, gateway_runner, reloader_of
+from tailguard.gateway.http.app import _started, create_app, gateway_runner, reloader_of
+from tailguard.gateway.http.admin import ADMIN
+from tailguard.gateway.http.keys import LIVE
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.store import ConfigStore
 from tailguard.sim.server import running_sim

@@ -8,7 +8,7 @@ import asyncio
 
 import orjson
 
-from tailguard.gateway.http.app import LIFECYCLE
+from tailguard.gateway.http.keys import LIFECYCLE
 from tailguard.gateway.sink import ChunkQueue
 from tailguard.types import Outcome
 from tailguard.wire.sse import SSEDecoder

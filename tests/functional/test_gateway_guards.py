@@ -189,7 +189,8 @@ async def test_a_flagged_request_goes_on_and_says_so() -> None:
 
 async def test_a_reload_applies_new_guards_to_the_requests_after_it() -> None:
     from tailguard.config import GatewayConfig
-    from tailguard.gateway.http.app import LIVE, reloader_of
+    from tailguard.gateway.http.app import reloader_of
+    from tailguard.gateway.http.keys import LIVE
 
     forbidden = [{"role": "user", "content": "the forbidden thing"}]
     async with asyncio.timeout(30), moderation_server() as m, guarded([]) as gw:

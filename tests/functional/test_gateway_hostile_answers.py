@@ -25,7 +25,7 @@ import orjson
 import pytest
 
 from tailguard.config import BackendConfig
-from tailguard.gateway.ops.metrics import ACCESS_LOGGER
+from tailguard.gateway.ops.access import ACCESS_LOGGER
 from tests.functional.gateways import Stack, gateway, sample, scrape
 from tests.functional.hostile_backend import hostile, rss
 

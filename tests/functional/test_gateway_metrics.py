@@ -15,7 +15,7 @@ from openai import AsyncOpenAI
 
 from tailguard.config import BackendConfig
 from tailguard.gateway.ops.catalog import METRICS, exposed_names
-from tailguard.gateway.ops.metrics import ACCESS_LOGGER
+from tailguard.gateway.ops.access import ACCESS_LOGGER
 from tests.functional.gateways import dead_url, gateway, sample, scrape
 
 CHAT = [{"role": "user", "content": "hello there"}]

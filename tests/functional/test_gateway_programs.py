@@ -15,7 +15,7 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
-from tailguard.gateway.ops.metrics import ACCESS_LOGGER
+from tailguard.gateway.ops.access import ACCESS_LOGGER
 from tests.functional.gateways import gateway, sample, scrape
 
 MODEL = "tailguard-sim"

@@ -13,7 +13,8 @@ from tailguard.front.events import Arrive, Failed, Finished, Generated, Reconfig
 from tailguard.recording.codec import Recording, read
 from tailguard.recording.replay import conform
 from tailguard.config import BackendConfig
-from tailguard.gateway.http.app import LIVE, reloader_of
+from tailguard.gateway.http.app import reloader_of
+from tailguard.gateway.http.keys import LIVE
 from tailguard.types import Outcome
 from tests.functional.gateways import Stack, gateway, health, sample, scrape, until
 from tests.functional.raw_servers import raw_server, read_request

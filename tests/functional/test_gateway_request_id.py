@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from tailguard.config import BackendConfig
-from tailguard.gateway.ops.metrics import ACCESS_LOGGER
+from tailguard.gateway.ops.access import ACCESS_LOGGER
 from tests.functional.gateways import gateway
 from tests.functional.raw_servers import raw_server, read_request
 

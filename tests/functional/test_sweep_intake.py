@@ -26,7 +26,7 @@ from tailguard.front.events import Arrive, Decision, Event
 from tailguard.front.front import Front
 from tailguard.front.intake import NO_CLASS
 from tailguard.config import GatewayConfig
-from tailguard.gateway.http.app import DISPATCHER
+from tailguard.gateway.http.keys import DISPATCHER
 from tailguard.sim.cost import EngineConfig
 from tailguard.sweep.virtual import plan, simulate
 from tailguard.types import Outcome

@@ -13,13 +13,13 @@ from types import ModuleType
 import pytest
 
 import tailguard.gateway.dispatch as gateway
-import tailguard.sim.des as des
+import tailguard.sim.carrier as carrier
 import tailguard.sim.replicas as replicas
 import tailguard.sweep.traffic as traffic
 from tailguard.front.events import Decision
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.recording import legacy
-from tailguard.sim.des import _Driver
+from tailguard.sim.carrier import Carrier
 from tailguard.sim.replicas import _Run
 from tailguard.sweep.traffic import _Reader
 
@@ -27,7 +27,7 @@ DECISIONS = set(typing.get_args(Decision))
 # driver -> (its module, the class whose methods its table names, the decision types it may meet)
 DRIVERS: dict[str, tuple[ModuleType, type, set[type]]] = {
     "gateway": (gateway, Dispatcher, DECISIONS),
-    "des": (des, _Driver, DECISIONS),
+    "des": (carrier, Carrier, DECISIONS),
     "replicas": (replicas, _Run, DECISIONS),
     # a recording's reader meets a version-1 recording's decisions too
     "sweep traffic": (traffic, _Reader, DECISIONS | set(legacy.RENAMED.values())),

@@ -6,6 +6,7 @@ import re
 
 import tailguard.errors as errors
 from tailguard.front.events import ClockWentBack, FrontBroken, NotAnEvent, ProtocolError, WrongEvent
+from tailguard.front.intake import Refused
 from tailguard.gateway.classes import Unauthorized
 from tailguard.gateway.sink import ClientGone
 from tailguard.gateway.upstream.client import RelayError, Suspended, UpstreamStatus
@@ -26,7 +27,7 @@ def test_the_drawn_tree_is_the_class_tree() -> None:
         if parents:
             drawn[m.group(2)] = parents[-1]
         parents.append(m.group(2))
-    front = (ProtocolError, WrongEvent, NotAnEvent, ClockWentBack, FrontBroken)
+    front = (ProtocolError, WrongEvent, NotAnEvent, ClockWentBack, FrontBroken, Refused)
     classes = {c.__name__: c for c in (*GATEWAY, Unauthorized, *front)} | {
         n: c for n, c in vars(errors).items() if isinstance(c, type) and issubclass(c, errors.TailguardError)}
     assert set(drawn) == set(classes) - {"TailguardError"}

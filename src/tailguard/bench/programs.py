@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from tailguard.bench.agents import AgentWorkload, ProgramClass, ProgramPlan, plan_programs
-from tailguard.bench.load import _Run
+from tailguard.bench.loop import Loop
 from tailguard.bench.recorder import RequestRecord
 from tailguard.bench.workload import ENDPOINT_PATHS, PlannedRequest, _TextPool, request_fields
 from tailguard.errors import ConfigError
@@ -30,7 +30,7 @@ from tailguard.wire.headers import PROGRAM_HEADER
 from tailguard.wire.tokens import CHAT_MESSAGE_OVERHEAD_TOKENS, synthetic_text, text_tokens
 
 
-class ProgramRun(_Run):
+class ProgramRun(Loop):
     """A bench run whose open loop starts programs instead of requests (see the module docstring)."""
 
     def __init__(self, agents: AgentWorkload, *args: Any) -> None:

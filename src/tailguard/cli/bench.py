@@ -13,7 +13,9 @@ import typer
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from tailguard.bench.capacity import CapacitySearch
     from tailguard.bench.load import BenchConfig
+    from tailguard.bench.trace.plan import TraceSpec
 
 T = TypeVar("T")
 
@@ -135,24 +137,16 @@ def bench_run(
         typer.echo(ctx.get_help())
         _fail("--url is required to run a benchmark")
     from tailguard.bench.load import BenchConfig, Timeouts
-    from tailguard.bench.trace.plan import TraceSpec
-    from tailguard.bench.workload import ENDPOINTS, parse_length
+    from tailguard.bench.workload import parse_length
     from tailguard.errors import ConfigError, TargetError
 
-    if arrival not in ("constant", "poisson", "gamma"):
-        _fail(f"--arrival must be constant, poisson or gamma, not {arrival!r}")
-    if endpoint is not None and endpoint not in ENDPOINTS:
-        _fail(f"--endpoint must be one of {', '.join(ENDPOINTS)}, not {endpoint!r}")
+    _check_choices(arrival, endpoint)
     if trace is None and (trace_format or window or limit is not None or rules or speed != 1.0):
         _fail("--trace-format, --speed, --window, --limit and --rules go with --trace FILE")
     try:
         warm_n, warm_s = parse_warmup(warmup)
         lengths = input_tokens is not None or output_tokens is not None
-        spec = None if trace is None else TraceSpec(
-            str(trace), trace_format, speed, window, limit, None if rules is None else str(rules),
-            True if ignore_eos is None else ignore_eos)
-        if spec is not None and workload is not None:
-            raise ConfigError("--trace replays the trace's own requests: --workload does not apply")
+        spec = _trace_spec(trace, trace_format, speed, window, limit, rules, ignore_eos, workload)
         config = BenchConfig(
             url=url[0], extra_urls=tuple(url[1:]), workload=workload or ("fixed-lengths" if lengths else "seed-mixed"),
             concurrency=concurrency, rate=rate, arrival=arrival,  # type: ignore[arg-type]
@@ -168,22 +162,55 @@ def bench_run(
             output_tokens=None if output_tokens is None else parse_length(output_tokens, "--output-tokens"),
             ignore_eos=ignore_eos,
         )
-        from tailguard.bench.scrape import while_scraping
-
         if find_capacity is not None:
-            if rate is None:
-                _fail("--find-capacity searches open-loop rates: give the first to try with --rate")
-            slo = dict(parse_slo(s) for s in capacity_slo)
-            code = run_async(run_capacity(config, out, console(), find_capacity, slo, capacity_share,
-                                          capacity_precision))
+            code = _search_capacity(config, out, find_capacity, capacity_slo, capacity_share, capacity_precision)
         else:
-            code = run_async(while_scraping(run_interruptible(config, out, console(), progress=not quiet),
-                                            scrape, scrape_interval, out,
-                                            {"gpu": gpu_metrics, "host": host_metrics}))
+            code = _measure(config, out, not quiet, scrape, scrape_interval, {"gpu": gpu_metrics, "host": host_metrics})
     except (ConfigError, TargetError) as e:
         _fail(str(e))
     if code:
         raise typer.Exit(code)
+
+
+def _check_choices(arrival: str, endpoint: str | None) -> None:
+    """The flags that name one of a few choices, checked before anything is read."""
+    from tailguard.bench.workload import ENDPOINTS
+
+    if arrival not in ("constant", "poisson", "gamma"):
+        _fail(f"--arrival must be constant, poisson or gamma, not {arrival!r}")
+    if endpoint is not None and endpoint not in ENDPOINTS:
+        _fail(f"--endpoint must be one of {', '.join(ENDPOINTS)}, not {endpoint!r}")
+
+
+def _trace_spec(trace: Path | None, trace_format: str | None, speed: float, window: str | None, limit: int | None,
+                rules: Path | None, ignore_eos: bool | None, workload: str | None) -> "TraceSpec | None":
+    """`--trace` and its flags as the run replays them (ignore_eos on unless said); None without one."""
+    from tailguard.bench.trace.plan import TraceSpec
+    from tailguard.errors import ConfigError
+
+    if trace is None:
+        return None
+    if workload is not None:
+        raise ConfigError("--trace replays the trace's own requests: --workload does not apply")
+    return TraceSpec(str(trace), trace_format, speed, window, limit, None if rules is None else str(rules),
+                     True if ignore_eos is None else ignore_eos)
+
+
+def _search_capacity(config: "BenchConfig", out: Path, cls: str, slo: list[str], share: float,
+                     precision: float) -> int:
+    """`--find-capacity CLASS`: the search from `--rate`, each step a run of its own."""
+    if config.rate is None:
+        _fail("--find-capacity searches open-loop rates: give the first to try with --rate")
+    return run_async(run_capacity(config, out, console(), cls, dict(parse_slo(s) for s in slo), share, precision))
+
+
+def _measure(config: "BenchConfig", out: Path, progress: bool, scrape: list[str], interval_s: float,
+             exporters: dict[str, list[str]]) -> int:
+    """One run into `out`, interruptible, with the pages `--scrape` names snapshotted beside it."""
+    from tailguard.bench.scrape import while_scraping
+
+    return run_async(while_scraping(run_interruptible(config, out, console(), progress=progress),
+                                    scrape, interval_s, out, exporters))
 
 
 async def run_interruptible(config: "BenchConfig", out: Path, con: "Console", *, progress: bool) -> int:
@@ -240,38 +267,17 @@ async def run_capacity(config: "BenchConfig", out: Path, con: "Console", cls: st
     """`--find-capacity`: each step a run of the workload open loop at the search's rate (its folder
     under out/steps/), judged on `cls`'s requests; out/ gets capacity.json and the files of the run
     at the capacity found. Exit code 1 when no rate met the SLO."""
-    import dataclasses
     import json
     import shutil
 
-    from tailguard.bench.capacity import CAPACITY_JSON, CapacitySearch, judge
-    from tailguard.bench.report import bench_to_dir, load_run
-    from tailguard.errors import ConfigError
+    from tailguard.bench.capacity import CAPACITY_JSON, CapacitySearch
 
     assert config.rate is not None
     search = CapacitySearch(config.rate, precision)
     best: Path | None = None
     while (rate := search.next_rate()) is not None:
         step = out / "steps" / f"{len(search.steps):02d}-rate-{rate:.4g}"
-        summary = await bench_to_dir(dataclasses.replace(config, rate=rate), step, console=con, progress=False,
-                                     tables=False)
-        records, meta = load_run(step)
-        target = slo or (meta.get("slo") or {}).get(cls)
-        if not target:
-            raise ConfigError(f"class {cls!r} has no SLO in the workload: give one with --capacity-slo ttft_s=1.0")
-        met = judge(records, cls, target)
-        if met is None:
-            sent = sorted({r.cls for r in records})
-            raise ConfigError(f"the run sent no request of class {cls!r}: --find-capacity names one of the "
-                              f"workload's classes ({', '.join(sent)})")
-        validity = summary.get("validity") or {}
-        valid = bool(validity.get("valid", True))
-        passed = met >= share
-        search.add(rate, passed, valid, met, None if valid else
-                   f"dispatch lag P99 {1000 * float(validity.get('dispatch_lag_p99_s', 0)):.1f} ms")
-        con.print(f"{rate:.4g}/s: {100 * met:.2f}% of {cls} within {target} "
-                  f"({'pass' if passed else 'fail'}{'' if valid else ', not valid'})", soft_wrap=True)
-        if passed and rate == search.passing():  # the highest passing run so far
+        if await _capacity_step(search, config, rate, step, con, cls, slo, share):
             best = step
     result = {"class": cls, "slo": slo or None, "share": share, "precision": precision, **search.result()}
     out.mkdir(parents=True, exist_ok=True)
@@ -284,6 +290,37 @@ async def run_capacity(config: "BenchConfig", out: Path, con: "Console", cls: st
     con.print(f"capacity at the SLO: {lo or 0:.4g}/s (failing at {'-' if hi is None else f'{hi:.4g}'}/s); "
               f"{result['stopped']}; wrote {out}/{CAPACITY_JSON}", soft_wrap=True)
     return 0 if lo else 1
+
+
+async def _capacity_step(search: "CapacitySearch", config: "BenchConfig", rate: float, step: Path, con: "Console",
+                         cls: str, slo: dict[str, float], share: float) -> bool:
+    """One step of the search: the run at `rate` into `step`, judged on `cls`'s requests and told
+    to the search; True when it is the highest passing run so far."""
+    import dataclasses
+
+    from tailguard.bench.capacity import judge
+    from tailguard.bench.report import bench_to_dir, load_run
+    from tailguard.errors import ConfigError
+
+    summary = await bench_to_dir(dataclasses.replace(config, rate=rate), step, console=con, progress=False,
+                                 tables=False)
+    records, meta = load_run(step)
+    target = slo or (meta.get("slo") or {}).get(cls)
+    if not target:
+        raise ConfigError(f"class {cls!r} has no SLO in the workload: give one with --capacity-slo ttft_s=1.0")
+    met = judge(records, cls, target)
+    if met is None:
+        sent = sorted({r.cls for r in records})
+        raise ConfigError(f"the run sent no request of class {cls!r}: --find-capacity names one of the "
+                          f"workload's classes ({', '.join(sent)})")
+    validity = summary.get("validity") or {}
+    valid = bool(validity.get("valid", True))
+    passed = met >= share
+    search.add(rate, passed, valid, met, None if valid else
+               f"dispatch lag P99 {1000 * float(validity.get('dispatch_lag_p99_s', 0)):.1f} ms")
+    con.print(f"{rate:.4g}/s: {100 * met:.2f}% of {cls} within {target} "
+              f"({'pass' if passed else 'fail'}{'' if valid else ', not valid'})", soft_wrap=True)
+    return passed and rate == search.passing()  # the highest passing run so far
 
 
 def bench_compare(

@@ -73,35 +73,53 @@ def serve(
 
     try:
         cfg = reread()
-        if record is not None:
-            try:  # here, not as the gateway starts, where an OSError reads as a port that cannot be had
-                record.open("w").close()
-            except OSError as e:
-                raise ConfigError(f"--record {record}: {e.strerror or e}") from None
-        if workers > 1 and (sim or record is not None):
-            raise ConfigError("--workers runs several gateways: give it a backend of its own (not --sim), "
-                              "and record one gateway at a time (no --record)")
-        if sim:
-            from tailguard.sim.cost import EngineConfig
-
-            EngineConfig.from_preset(sim_preset or "h100-llama8b")  # an unknown preset fails here, clearly
+        _check_start(record, workers, sim, sim_preset)
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
+    rereads = reread if config is not None else None
+    if workers > 1:
+        _serve_workers(cfg, workers, rereads)
+        return
+    store = _claimed_store(state_dir, config)
+    _run(_main(cfg, sim, sim_preset, sim_time_scale, sim_port, store, rereads, record))
+
+
+def _check_start(record: Path | None, workers: int, sim: bool, sim_preset: str | None) -> None:
+    """What would fail once the gateway starts, refused before it does: a recording file it
+    cannot write, several workers with one simulator or one recording, an unknown preset."""
+    from tailguard.errors import ConfigError
+
+    if record is not None:
+        try:  # here, not as the gateway starts, where an OSError reads as a port that cannot be had
+            record.open("w").close()
+        except OSError as e:
+            raise ConfigError(f"--record {record}: {e.strerror or e}") from None
+    if workers > 1 and (sim or record is not None):
+        raise ConfigError("--workers runs several gateways: give it a backend of its own (not --sim), "
+                          "and record one gateway at a time (no --record)")
+    if sim:
+        from tailguard.sim.cost import EngineConfig
+
+        EngineConfig.from_preset(sim_preset or "h100-llama8b")  # an unknown preset fails here, clearly
+
+
+def _claimed_store(state_dir: Path | None, config: Path | None) -> ConfigStore | None:
+    """The config history this gateway keeps (`--state-dir`, or beside `--config`), claimed for
+    it before the simulator or the port: a second gateway on that directory starts nothing."""
+    from tailguard.errors import ConfigError
     from tailguard.gateway.ops.store import ConfigStore, default_state_dir
 
     root = state_dir or (default_state_dir(config) if config is not None else None)
-    store = ConfigStore(root) if root is not None else None
-    if workers > 1:
-        _serve_workers(cfg, workers, reread if config is not None else None)
-        return
-    if store is not None:
-        try:
-            store.claim()  # before the simulator or the port: a second gateway on this directory starts nothing
-        except ConfigError as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(1) from None
-    _run(_main(cfg, sim, sim_preset, sim_time_scale, sim_port, store, reread if config is not None else None, record))
+    if root is None:
+        return None
+    store = ConfigStore(root)
+    try:
+        store.claim()
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    return store
 
 
 def _serve_workers(cfg: GatewayConfig, n: int, reread: Callable[[], GatewayConfig] | None) -> None:

@@ -204,28 +204,14 @@ def sweep(
     out: Path = typer.Option(Path("sweep-out"), help="Output folder"),
 ) -> None:
     """Move one setting at a time against a per-class P99 SLO; recommend a value and show the knee."""
-    import orjson
-
-    from tailguard.cli.bench import _fail, console, run_async
+    from tailguard.cli.bench import _fail, console
     from tailguard.errors import ConfigError
-    from tailguard.sweep.page import render
     from tailguard.sweep.search import Setting, Slo, Sweep, parse_values, result
-
-    from tailguard.bench.trace.plan import TraceSpec
 
     try:
         st = Setting.parse(setting)
         _check(st, backend, target)
-        spec = None if trace is None else TraceSpec(str(trace), trace_format, speed, window, limit,
-                                                    None if rules is None else str(rules))
-        if spec is not None and (concurrency, rate, requests) != (None, None, None):
-            raise ConfigError("--trace sets every run's arrivals and length: --concurrency, --rate and --requests "
-                              "do not apply (--speed, --window and --limit do)")
-        if spec is None and (trace_format or window or limit is not None or rules or speed != 1.0):
-            raise ConfigError("--trace-format, --speed, --window, --limit and --rules go with --trace FILE")
-        if spec is None and (concurrency is None) == (rate is None):
-            raise ConfigError("give one of --concurrency N (a closed loop of N clients) or --rate R (open loop, "
-                              "requests per second), or --trace FILE")
+        spec = _trace_spec(trace, trace_format, speed, window, limit, rules, (concurrency, rate, requests))
         sw = Sweep(st, parse_values(st, values), [Slo.parse(s) for s in slo], seed, min_repeats, max_repeats, tolerance,
                    clients=concurrency)
         for warning in result(sw)["warnings"]:
@@ -234,16 +220,7 @@ def sweep(
         des = backend is None and target == "des"
         plan = Plan(workload, requests or 400, concurrency, rate, _base_gateway(config, kind, max_num_seqs, des),
                     preset, max_num_seqs, time_scale, out, spec)
-        if des:
-            run_des(sw, plan)
-            engines = len(plan.gateway["backends"])
-            fleet = f", a fleet of {engines} engines as the config names them" if engines > 1 else ""
-            how = f"On the discrete-event simulator ({preset}, max_num_seqs {max_num_seqs}{fleet}), virtual time."
-        else:
-            run_async(run_http(sw, plan, backend))
-            how = (f"Against {backend} behind a gateway restarted per value." if backend is not None else
-                   f"Against the HTTP simulator ({preset}, time scale {plan.sim_time_scale:g}) behind a gateway, "
-                   "both restarted per value.")
+        how = _measure(sw, plan, backend, des)
     except ConfigError as e:
         _fail(str(e))
     res = result(sw)
@@ -254,12 +231,58 @@ def sweep(
     else:
         res["how"] = how + f" Workload {workload}, {requests or 400} requests per run, " + (
             f"{concurrency} clients." if concurrency is not None else f"{rate} req/s.")
+    _write(res, out)
+    _print(res, console())
+
+
+def _trace_spec(trace: Path | None, trace_format: str | None, speed: float, window: str | None, limit: int | None,
+                rules: Path | None, load: tuple[int | None, float | None, int | None]) -> "TraceSpec | None":
+    """`--trace` and its flags as every run replays them, or None without one; the load flags
+    (`--concurrency`, `--rate`, `--requests`) go with a workload, exactly one of the first two."""
+    from tailguard.bench.trace.plan import TraceSpec
+    from tailguard.errors import ConfigError
+
+    spec = None if trace is None else TraceSpec(str(trace), trace_format, speed, window, limit,
+                                                None if rules is None else str(rules))
+    concurrency, rate, _ = load
+    if spec is not None and load != (None, None, None):
+        raise ConfigError("--trace sets every run's arrivals and length: --concurrency, --rate and --requests "
+                          "do not apply (--speed, --window and --limit do)")
+    if spec is None and (trace_format or window or limit is not None or rules or speed != 1.0):
+        raise ConfigError("--trace-format, --speed, --window, --limit and --rules go with --trace FILE")
+    if spec is None and (concurrency is None) == (rate is None):
+        raise ConfigError("give one of --concurrency N (a closed loop of N clients) or --rate R (open loop, "
+                          "requests per second), or --trace FILE")
+    return spec
+
+
+def _measure(sw: "Sweep", plan: Plan, backend: str | None, des: bool) -> str:
+    """Every run of the sweep, on the DES or over HTTP; what they ran against, in a sentence."""
+    from tailguard.cli.bench import run_async
+
+    if des:
+        run_des(sw, plan)
+        engines = len(plan.gateway["backends"])
+        fleet = f", a fleet of {engines} engines as the config names them" if engines > 1 else ""
+        return f"On the discrete-event simulator ({plan.preset}, max_num_seqs {plan.max_num_seqs}{fleet}), virtual time."
+    run_async(run_http(sw, plan, backend))
+    if backend is not None:
+        return f"Against {backend} behind a gateway restarted per value."
+    return (f"Against the HTTP simulator ({plan.preset}, time scale {plan.sim_time_scale:g}) behind a gateway, "
+            "both restarted per value.")
+
+
+def _write(res: dict[str, Any], out: Path) -> None:
+    """sweep.json, sweep.html and pareto.png into `out`."""
+    import orjson
+
+    from tailguard.sweep.page import render
+
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_bytes(orjson.dumps(res, option=orjson.OPT_INDENT_2) + b"\n")
     page, pareto = render(res, res["how"])
     (out / "sweep.html").write_text(page, encoding="utf-8")
     (out / "pareto.png").write_bytes(pareto)
-    _print(res, console())
 
 
 def _columns(res: dict[str, Any]) -> list[tuple[str, str]]:

@@ -81,6 +81,8 @@ def is_gateway(s: Samples) -> bool:
 
 
 def engine_evidence(snaps: Sequence[Samples]) -> EngineEvidence | None:
+    """What an engine's `/metrics` snapshots taken during a run show (None without any); a DES
+    run models the same from its own record (`sweep.virtual.modelled_engine_evidence`)."""
     if not snaps:
         return None
     running, waiting = gauge(snaps, "vllm:num_requests_running"), gauge(snaps, "vllm:num_requests_waiting")

@@ -8,9 +8,9 @@ The gateway (`gateway/http/proxy.py`) reads a request off HTTP, the discrete-eve
 
     intake = Intake(cfg.intake_params())
     asked = Asked.of(parsed, class_header(headers), api_key)
-    cls = intake.classify(asked)                  # BadRequest: a class or service tier it does not know
+    cls = intake.classify(asked)                  # Refused: a class or service tier it does not know
     caller = intake.caller(asked.api_key)
-    accepted = intake.accept(asked, cls, estimator.estimate(cls.name))  # BadRequest: over a bound
+    accepted = intake.accept(asked, cls, estimator.estimate(cls.name))  # Refused: over a bound
     accepted.slo                                  # its targets: its class's, its TTFT target tightened
     ...                                           # the request ended well, with its real output:
     estimator.observe(cls.name, output_tokens)
@@ -29,6 +29,9 @@ raised to the tightest its class allows (`slo.min_ttft_s`) or its key's rights a
 (`min_ttft_slo_s`), whichever is tighter, and never looser than its class's own target; with
 neither floor, a request may not tighten its class's target (the header changes nothing). A value
 that is not a positive number of milliseconds is a 400.
+
+Each refusal is a `Refused`, in the intake's own words (no HTTP here): the gateway answers it as a
+403 when it is `forbidden`, else a 400 (`gateway.classes.answer`); a DES run counts it refused.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, get_args
 
-from tailguard.errors import BadRequest, Forbidden
+from tailguard.errors import TailguardError
 from tailguard.front.params import ClassSpec, IntakeParams, KeySpec, OutputEstimateParams, ServiceTier, Slo
 from tailguard.wire.headers import CLASS_HEADER, TTFT_SLO_HEADER
 from tailguard.wire.openai import CHUNKED, POOLING, Endpoint, ParsedRequest
@@ -72,6 +75,21 @@ def key_id(api_key: str) -> str:
 _PROMPT_PARAMS: dict[str, str] = {"chat": "messages", "messages": "messages", "responses": "input",
                                   "embeddings": "input"}
 
+
+class Refused(TailguardError):
+    """The intake turned a request away: what it asked is wrong (a class or tier the gateway does
+    not know, a bound passed, a header that is no number), or (`forbidden`) its key may not have
+    it (a class, a model). `param` names the field or header, `code` the refusal."""
+
+    def __init__(self, message: str, *, param: str, code: str, forbidden: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.forbidden = forbidden
+
+    def __repr__(self) -> str:
+        return f"Refused(code={self.code!r}, forbidden={self.forbidden}, message={self.message!r})"
 
 @dataclass(frozen=True, slots=True)
 class Asked:
@@ -169,8 +187,8 @@ class Intake:
         return k.caller if k is not None else None
 
     def classify(self, asked: Asked) -> ClassSpec:
-        """The request's class; raises `BadRequest` for an unknown header class or service tier,
-        `Forbidden` for a class its key may not use (unless the key lowers it)."""
+        """The request's class; `Refused` for an unknown header class or service tier, and
+        (`forbidden`) for a class its key may not use (unless the key lowers it)."""
         named = self._asked_class(asked)
         digest = key_id(asked.api_key) if asked.api_key is not None and self._allowed else None
         allowed = self._allowed.get(digest) if digest is not None else None
@@ -182,21 +200,23 @@ class Intake:
         k = self.params.keys[digest] if digest is not None else None
         if k is not None and k.lower:
             return allowed[1]
-        raise Forbidden(f"This API key may not use class '{named.name}'; it may use: "
-                        f"{', '.join(sorted(allowed[0]))}.", param=CLASS_HEADER, code="class_not_allowed")
+        raise Refused(f"This API key may not use class '{named.name}'; it may use: "
+                        f"{', '.join(sorted(allowed[0]))}.", param=CLASS_HEADER, code="class_not_allowed",
+                      forbidden=True)
 
     def allow_model(self, asked: Asked) -> None:
-        """Raise `Forbidden` when the request's key lists its models and this one is not among them
-        (`BadRequest` when it names none: which model it may use is for the request to say)."""
+        """`Refused` (`forbidden`) when the request's key lists its models and this one is not among
+        them (not forbidden when it names none: which model it may use is for the request to say)."""
         k = self.key(asked.api_key)
         if k is None or k.allowed_models is None:
             return
         model = asked.body.get("model")
         if not isinstance(model, str):
-            raise BadRequest("'model' is required: this API key may use only the models it lists.", param="model",
+            raise Refused("'model' is required: this API key may use only the models it lists.", param="model",
                              code="missing_required_parameter")
         if model not in k.allowed_models:
-            raise Forbidden(f"This API key may not use model {model[:64]!r}.", param="model", code="model_not_allowed")
+            raise Refused(f"This API key may not use model {model[:64]!r}.", param="model", code="model_not_allowed",
+                          forbidden=True)
 
     def _key_default(self, asked: Asked) -> ClassSpec:
         """A class the client did not name: its route's own (the pooling routes'), its key's
@@ -217,7 +237,7 @@ class Intake:
         tier = asked.body.get("service_tier")
         if tier is not None:
             if not isinstance(tier, str) or tier not in self._tiers:
-                raise BadRequest(
+                raise Refused(
                     f"'service_tier' must be one of {', '.join(SERVICE_TIERS)}; got {tier!r}.",
                     param="service_tier", code="invalid_value",
                 )
@@ -228,7 +248,7 @@ class Intake:
         cls = self._by_name.get(name)
         if cls is None:
             shown = name if len(name) <= 64 else name[:64] + "..."  # a header may hold 8 KB: named, not echoed
-            raise BadRequest(
+            raise Refused(
                 f"Unknown request class {shown!r} in header {CLASS_HEADER}; known classes: {self._known}.",
                 param=CLASS_HEADER, code="unknown_class",
             )
@@ -236,8 +256,8 @@ class Intake:
 
     def accept(self, asked: Asked, cls: ClassSpec, output_estimate_tokens: int) -> Accepted:
         """Apply `cls`'s prompt bound and output cap, size the job (`output_estimate_tokens`
-        per choice when it has no limit) and resolve the model's alias; raises `BadRequest` (400)
-        on a violation, `Forbidden` (403) for a model its key may not use.
+        per choice when it has no limit) and resolve the model's alias; `Refused` on a
+        violation, and (`forbidden`) for a model its key may not use.
 
         A `priority` field is the class's to set (the gateway writes it for engines that have a
         priority queue, `Kind.priority_for`): a client's own is dropped unless its key may set it
@@ -271,7 +291,7 @@ class Intake:
 
     def _ttft_target(self, asked: Asked, cls: ClassSpec) -> float | None:
         """The request's own TTFT target from `x-tailguard-ttft-slo-ms` (see the module docstring),
-        or None when it keeps its class's; `BadRequest` for a value that is not a positive number."""
+        or None when it keeps its class's; `Refused` for a value that is not a positive number."""
         raw = asked.ttft_slo_ms
         assert raw is not None
         try:
@@ -280,7 +300,7 @@ class Intake:
             asked_s = math.nan
         if not (asked_s > 0.0 and math.isfinite(asked_s)):
             shown = raw if len(raw) <= 32 else raw[:32] + "..."
-            raise BadRequest(f"Header {TTFT_SLO_HEADER} must be a positive number of milliseconds; got {shown!r}.",
+            raise Refused(f"Header {TTFT_SLO_HEADER} must be a positive number of milliseconds; got {shown!r}.",
                              param=TTFT_SLO_HEADER, code="invalid_ttft_slo")
         slo = cls.slo
         key = self.key(asked.api_key)
@@ -308,7 +328,7 @@ class Intake:
         if cap is None or asked_limit <= cap:
             return _accepted(asked, asked_limit, asked.body, asked_limit, model)
         if cls.cap_mode == "reject":
-            raise BadRequest(
+            raise Refused(
                 f"'{field}' is {asked_limit}, above the cap of {cap} for class '{cls.name}'.",
                 param=field, code="max_tokens_over_cap",
             )
@@ -326,7 +346,7 @@ def _rank(cls: ClassSpec) -> int:
 
 def _bound_prompt(asked: Asked, cls: ClassSpec) -> None:
     if cls.max_prompt_tokens is not None and asked.prompt_tokens > cls.max_prompt_tokens:
-        raise BadRequest(
+        raise Refused(
             f"The prompt is about {asked.prompt_tokens} tokens, above the limit of {cls.max_prompt_tokens} "
             f"for class '{cls.name}'.",
             param=_PROMPT_PARAMS.get(asked.endpoint, "prompt"), code="prompt_too_long",

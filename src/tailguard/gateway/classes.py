@@ -6,8 +6,8 @@ which the simulated gateway shares; this table holds it for the running config.
 
 from __future__ import annotations
 
-from tailguard.errors import APIError
-from tailguard.front.intake import Intake
+from tailguard.errors import APIError, BadRequest, Forbidden
+from tailguard.front.intake import Intake, Refused
 from tailguard.front.params import ClassSpec
 from tailguard.config import GatewayConfig
 from tailguard.config.auth import MAX_KEY_CHARS
@@ -16,6 +16,13 @@ from tailguard.config.auth import MAX_KEY_CHARS
 class Unauthorized(APIError):
     status = 401
     type = "authentication_error"
+
+
+def answer(refused: Refused) -> APIError:
+    """The intake's refusal as its client gets it: a 403 when its key may not have what it asked
+    for (OpenAI's `PermissionDeniedError`), else a 400."""
+    kind = Forbidden if refused.forbidden else BadRequest
+    return kind(refused.message, param=refused.param, code=refused.code)
 
 
 class ClassTable:

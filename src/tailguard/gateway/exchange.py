@@ -36,8 +36,8 @@ from tailguard.front.front import Front
 from tailguard.gateway.hedge import Race
 from tailguard.gateway.line import Line
 from tailguard.gateway.ops.live import Live
-from tailguard.gateway.ops.metrics import GatewayMetrics, response_headers
-from tailguard.gateway.request import Request
+from tailguard.gateway.ops.headers import response_headers
+from tailguard.gateway.ops.metrics import GatewayMetrics
 from tailguard.gateway.sink import ClientGone, Sink
 from tailguard.gateway.stored import ResponseHomes
 from tailguard.gateway.upstream.assemble import Assembler
@@ -346,10 +346,10 @@ class Exchange:
     def _continue(self) -> None:
         """The next attempt continues the generation from its text so far (after a suspension or
         a migration), on a connection from the pool."""
-        progress = self.line.transcript
-        assert progress is not None  # the front continues only requests whose text is kept (`tracks`)
+        transcript = self.line.transcript
+        assert transcript is not None  # the front continues only requests whose text is kept (`tracks`)
         by_ids = get_kind(self.ctx.backends[self.req.backend].kind).continues_by_ids
-        self._resumed, self._endpoint = continuation_body(self.job.capped.body, self.job.endpoint, progress, by_ids)
+        self._resumed, self._endpoint = continuation_body(self.job.capped.body, self.job.endpoint, transcript, by_ids)
         self._retried = False
 
     def _delivered(self) -> bool:
@@ -362,7 +362,7 @@ class Exchange:
         if self._stream is None:
             tier = job.tier.encode() if job.tier is not None else None
             self._stream = StreamRelay(self.sink, job.endpoint, self._tally, job.parsed.include_usage,
-                                       lambda: response_headers(req), self._limits, progress=self.line.transcript,
+                                       lambda: response_headers(req), self._limits, transcript=self.line.transcript,
                                        service_tier=tier, framing=FRAMINGS[job.endpoint], screen=job.screen)
         await self._stream.run(up)
         self._finish_tokens()
@@ -374,7 +374,7 @@ class Exchange:
 
     async def _assemble(self, up: H1Response) -> Ending:
         if self._asm is None:
-            self._asm = Assembler(self.job.endpoint, self._tally, self._limits, progress=self.line.transcript,
+            self._asm = Assembler(self.job.endpoint, self._tally, self._limits, transcript=self.line.transcript,
                                   service_tier=self.job.tier, screen=self.job.screen)
         payload = await self._asm.run(up)
         up.release()
@@ -393,10 +393,10 @@ class Exchange:
         """The front preempted this request: wait, with no deadline running and the consumer's
         response open, until it has a slot again; the loop then sends the continuation. Raises
         `Overloaded` when it expires in the queue."""
-        progress = self.line.transcript
-        assert progress is not None
+        transcript = self.line.transcript
+        assert transcript is not None
         await self._waiting()  # its Start continues it
-        progress.suspended = False
+        transcript.suspended = False
         self._continue()
 
     def _finish_tokens(self) -> None:
@@ -410,11 +410,11 @@ class Exchange:
         timeout, upstream error, expired while suspended): the tokens a preemptible request
         tracked over its runs, else the engine's count when it sent one, else its content chunks,
         marked as an estimate in the access log."""
-        req, progress = self.req, self.line.transcript
-        if progress is not None:
-            progress.decode(self.job.endpoint == "chat")  # a lazy stream's count is in its raw chunks
-        if progress is not None and progress.tokens:
-            req.output_tokens = progress.tokens  # counted over every run, as the engine reported them
+        req, transcript = self.req, self.line.transcript
+        if transcript is not None:
+            transcript.decode(self.job.endpoint == "chat")  # a lazy stream's count is in its raw chunks
+        if transcript is not None and transcript.tokens:
+            req.output_tokens = transcript.tokens  # counted over every run, as the engine reported them
         elif self._tally.usage.completion_tokens is not None:
             req.output_tokens = self._tally.usage.completion_tokens
         else:

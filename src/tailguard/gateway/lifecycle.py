@@ -33,20 +33,21 @@ from tailguard.config import GatewayConfig
 from tailguard.config.base import fingerprint
 from tailguard.errors import APIError
 from tailguard.front.identity import ProgramFinder
-from tailguard.front.intake import Accepted, Asked
-from tailguard.gateway.classes import ClassTable
+from tailguard.front.intake import Accepted, Asked, Refused
+from tailguard.front.params import ClassSpec
+from tailguard.gateway.classes import ClassTable, answer
 from tailguard.gateway.dispatch import Dispatcher
 from tailguard.gateway.exchange import Context, Ending, Exchange, Job
 from tailguard.gateway.line import Line
 from tailguard.gateway.ops.audit import key_fingerprint
-from tailguard.gateway.ops.metrics import access_log
+from tailguard.gateway.ops.access import access_log
 from tailguard.gateway.ops.tracing import Tracer
 from tailguard.gateway.request import Ended, Request
 from tailguard.gateway.shared.limits import SharedLimits
 from tailguard.gateway.sink import Sink
 from tailguard.gateway.upstream.client import UPSTREAM_PATHS
 from tailguard.wire.headers import Told, told
-from tailguard.wire.openai import CHUNKED, Endpoint, parse_request
+from tailguard.wire.openai import CHUNKED, Endpoint, ParsedRequest, parse_request
 from tailguard.wire.prefix import prefix_blocks
 
 if TYPE_CHECKING:
@@ -139,16 +140,7 @@ class Lifecycle:
         text = parsed.prompt_text() if kept or self._affine else None
         if kept:
             req.prompt_text = text
-        intake = self._classes.intake
-        asked = Asked.of(parsed, said.class_name, said.api_key, said.ttft_slo_ms)
-        req.caller = intake.caller(said.api_key)  # before its class: a class it may not use is its caller's refusal
-        cls = intake.classify(asked)
-        req.cls = cls.name
-        if self._tracer is not None:
-            line.trace = self._tracer.begin(req, said.trace or {}, parsed)
-        req.prompt_tokens = parsed.prompt_tokens
-        accepted = intake.accept(asked, cls, self._ctx.estimator.estimate(cls.name))
-        req.model, req.slo = accepted.model, accepted.slo
+        cls, accepted = self._classified(line, parsed, said)
         accepted, screen = await self._checked(req, accepted, endpoint, cls.name, parsed.stream)
         line.transcript = self._dispatcher.transcript(cls.name, accepted.resumable)
         # Hashed only where a choice between backends can use it: one backend needs no affinity.
@@ -172,6 +164,24 @@ class Lifecycle:
         ending = await Exchange(job, line, sink, self._ctx).run()
         req.end(ending.outcome, ending.status, ending.reason, ending.completion)
         return ending
+
+    def _classified(self, line: Line, parsed: ParsedRequest, said: Told) -> tuple[ClassSpec, Accepted]:
+        """Whose request it is, its class and what it may ask for: the intake's, a refusal answered
+        as its client gets it (`gateway.classes.answer`)."""
+        req, intake = line.request, self._classes.intake
+        asked = Asked.of(parsed, said.class_name, said.api_key, said.ttft_slo_ms)
+        req.caller = intake.caller(said.api_key)  # before its class: a class it may not use is its caller's refusal
+        try:
+            cls = intake.classify(asked)
+            req.cls = cls.name
+            if self._tracer is not None:
+                line.trace = self._tracer.begin(req, said.trace or {}, parsed)
+            req.prompt_tokens = parsed.prompt_tokens
+            accepted = intake.accept(asked, cls, self._ctx.estimator.estimate(cls.name))
+        except Refused as refused:
+            raise answer(refused) from None
+        req.model, req.slo = accepted.model, accepted.slo
+        return cls, accepted
 
     async def _checked(self, req: Request, accepted: Accepted, endpoint: Endpoint, cls: str,
                        stream: bool) -> tuple[Accepted, OutputScreen | None]:

@@ -98,6 +98,11 @@ class Request:
         return None if self.bound_at is None else self.bound_at - self.arrived_at
 
     @property
+    def ttft_s(self) -> float | None:
+        """From its arrival to its first content; None before any came."""
+        return None if self.first_content_at is None else self.first_content_at - self.arrived_at
+
+    @property
     def answered(self) -> bool:
         """An engine took the request (sent its response head): from then on its tokens count."""
         return self.upstream_headers_at is not None

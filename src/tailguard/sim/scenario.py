@@ -1,18 +1,18 @@
 """What a discrete-event run is given and what it gives back: timed requests (`Arrival`), the
 engines of a fleet with their faults (`Host`), the gateway's probes (`Probing`), an autoscaler
-(`Scaling`, `Scaled`), what stands before the front (`Gate`), and what happened to each request
-(`Timeline`); pure data, apart from the driver (`sim.des`) so the modules that plan a run or read
+(`Scaling`, `Scaled`), what stands before the front (`Gate`), what a run tells its callers as it
+goes (`FollowUp`, `Tap`), and what happened to each request (`Timeline`); pure data, apart from the driver (`sim.des`) so the modules that plan a run or read
 its results (the sweep, the replicas run, the benchmarks) do not take the driver with them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from tailguard.front.counts import Counts
-from tailguard.front.events import Arrive
+from tailguard.front.events import Arrive, Decision, Event
 from tailguard.front.intake import Accepted
 from tailguard.sim.engine import Engine
 from tailguard.sim.fault import Faults
@@ -202,3 +202,10 @@ class Scaling:
     max_hosts: int = 64
     window_s: float = 60.0  # the signal's window (the gateway's default)
     added: list[Scaled] = field(default_factory=list)
+
+
+# Told each event the front was handed, at what instant, whether it could preempt, and what it
+# decided: what the gateway's recorder writes (`gateway.ops.recorder.Recorder.event`).
+Tap = Callable[[Event, float, bool, Sequence[Decision]], None]
+# Told each request's end and its instant: the next arrival (or several, or none) it sends.
+FollowUp = Callable[[Timeline, float], Arrival | Sequence[Arrival] | None]

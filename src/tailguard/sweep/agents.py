@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from tailguard.bench.agents import AgentWorkload, ProgramPlan
 from tailguard.clock import VirtualClock
 from tailguard.front.front import Front
-from tailguard.sim.des import Tap, run_fleet
-from tailguard.sim.scenario import Arrival, Host, Timeline
+from tailguard.sim.des import run_fleet
+from tailguard.sim.scenario import Arrival, Host, Tap, Timeline
 from tailguard.types import Outcome
 from tailguard.wire.headers import CLASS_HEADER
 from tailguard.wire.tokens import CHAT_MESSAGE_OVERHEAD_TOKENS

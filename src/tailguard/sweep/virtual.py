@@ -22,7 +22,8 @@ from tailguard.bench.workload import DEFAULT_MAX_TOKENS, RequestClass, Workload,
 from tailguard.doctor.evidence import EngineEvidence
 from tailguard.errors import BadRequest
 from tailguard.front.identity import ProgramFinder
-from tailguard.front.intake import NO_CLASS, Asked, Intake, OutputEstimator
+from tailguard.front.intake import NO_CLASS, Asked, Intake, OutputEstimator, Refused
+from tailguard.gateway.classes import answer
 from tailguard.wire.headers import agent_session, bearer_key, class_header, session_header, ttft_slo_header
 from tailguard.front.params import OutputEstimateParams
 from tailguard.config import GatewayConfig
@@ -124,7 +125,11 @@ class IntakeGate:
                 a = replace(a, accepted=accepted, model=accepted.model, program=self._program(sent, p, a))
                 sent = replace(sent, body=accepted.body, max_tokens=accepted.max_tokens)
             return replace(a, max_tokens=output_budget(self.engine, sent))
-        except BadRequest as e:  # refused by the gateway or, later, by the engine: a 400 either way
+        except Refused as r:  # refused by the gateway's intake: a 400 is counted; a 403 (a key asking
+            if r.forbidden:   # for a class or model it may not have) is raised, as the gateway's Forbidden
+                raise answer(r) from None
+            return replace(a, refused=r.code)
+        except BadRequest as e:  # refused by the gateway's parser or, later, by the engine: a 400 either way
             return replace(a, refused=e.code or e.type)
 
     def _program(self, sent: ParsedRequest, p: Planned, a: Arrival) -> str | None:
@@ -244,10 +249,11 @@ def record_of(i: int, tl: Timeline, cls: str, behind_gateway: bool) -> RequestRe
     )
 
 
-def engine_evidence(timelines: list[Timeline], engines: list[Engine]) -> EngineEvidence:
-    """What the engines' /metrics would have shown over the run, summed over a fleet, from the
-    DES's own record: the engines' queue is each request's wait from dispatch to admission
-    (Little's law gives its time-average length)."""
+def modelled_engine_evidence(timelines: list[Timeline], engines: list[Engine]) -> EngineEvidence:
+    """What the engines' /metrics would have shown over the run, summed over a fleet, modelled
+    from the DES's own record (`doctor.evidence.engine_evidence` reads it from a real engine's
+    pages): the engines' queue is each request's wait from dispatch to admission (Little's law
+    gives its time-average length)."""
     waits = [(tl.dispatched_at if tl.dispatched_at is not None else tl.arrived_at, tl.admitted_at)
              for tl in timelines if tl.admitted_at is not None]
     span = max((tl.finished_at or 0.0) for tl in timelines) - min(tl.arrived_at for tl in timelines)
@@ -293,4 +299,4 @@ def run_virtual(vr: VirtualRun) -> tuple[list[RequestRecord], dict[str, Any], En
     }
     if vr.trace is not None:
         meta["trace"] = TraceFactory(vr.trace).describe()
-    return records, meta, engine_evidence(timelines, engines)
+    return records, meta, modelled_engine_evidence(timelines, engines)

@@ -9,8 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tailguard.errors import BadRequest, Forbidden
-from tailguard.front.intake import Accepted, Asked, Intake, OutputEstimator, key_id, resumable
+from tailguard.front.intake import Accepted, Asked, Intake, OutputEstimator, Refused, key_id, resumable
 from tailguard.wire.headers import bearer_key, class_header, header
 from tailguard.front.params import ClassSpec, IntakeParams, KeySpec, OutputEstimateParams, Slo, default_classes
 from tailguard.wire.openai import parse_request
@@ -68,7 +67,7 @@ def test_a_small_max_completion_tokens_does_not_hide_a_large_max_tokens() -> Non
     c = accept(p, ClassSpec(name="batch", max_tokens_cap=100))
     assert c.max_tokens == 100 and c.body["max_tokens"] == 100 and c.body["max_completion_tokens"] == 10
     assert accept(p, ClassSpec(name="batch")).est_tokens == 14 + 6000
-    with pytest.raises(BadRequest) as info:
+    with pytest.raises(Refused) as info:
         accept(p, ClassSpec(name="batch", max_tokens_cap=100, cap_mode="reject"))
     assert info.value.param == "max_tokens"
 
@@ -83,10 +82,10 @@ def test_each_of_n_choices_counts_in_the_job_size() -> None:
 
 def test_reject_mode_is_a_400_naming_the_field() -> None:
     cls = ClassSpec(name="batch", max_tokens_cap=100, cap_mode="reject")
-    with pytest.raises(BadRequest) as info:
+    with pytest.raises(Refused) as info:
         accept(chat(max_completion_tokens=101), cls)
     e = info.value
-    assert e.status == 400 and e.param == "max_completion_tokens" and e.code == "max_tokens_over_cap"
+    assert not e.forbidden and e.param == "max_completion_tokens" and e.code == "max_tokens_over_cap"
     assert "101" in e.message and "cap of 100" in e.message and "'batch'" in e.message
     assert accept(chat(max_tokens=100), cls).max_tokens == 100
 
@@ -109,11 +108,11 @@ def test_missing_max_tokens_without_limits_uses_the_output_estimate() -> None:
 
 
 def test_prompt_over_the_class_limit_is_a_400() -> None:
-    with pytest.raises(BadRequest) as info:
+    with pytest.raises(Refused) as info:
         accept(completion(), ClassSpec(name="i", max_prompt_tokens=99))
     assert info.value.param == "prompt" and info.value.code == "prompt_too_long"
     assert "100 tokens" in info.value.message and "limit of 99" in info.value.message
-    with pytest.raises(BadRequest) as info:
+    with pytest.raises(Refused) as info:
         accept(chat(), ClassSpec(name="i", max_prompt_tokens=13))
     assert info.value.param == "messages"
     assert accept(chat(), ClassSpec(name="i", max_prompt_tokens=14)).est_tokens == 14 + 0
@@ -172,15 +171,15 @@ def test_the_class_header_is_found_in_any_mapping_of_headers() -> None:
 
 
 def test_unknown_header_class_is_a_400_listing_the_known_ones() -> None:
-    with pytest.raises(BadRequest) as info:
+    with pytest.raises(Refused) as info:
         classify(intake(), "gold")
     err = info.value
-    assert err.status == 400 and err.code == "unknown_class" and err.param == "X-Tailguard-Class"
+    assert not err.forbidden and err.code == "unknown_class" and err.param == "X-Tailguard-Class"
     assert "'gold'" in err.message and "known classes: interactive, batch" in err.message
 
 
 def test_a_long_unknown_header_class_is_named_not_echoed() -> None:
-    with pytest.raises(BadRequest) as info:
+    with pytest.raises(Refused) as info:
         classify(intake(), "g" * 8000)
     assert "'" + "g" * 64 + "...'" in info.value.message and len(info.value.message) < 200
 
@@ -200,7 +199,7 @@ def test_service_tier_auto_falls_through_to_key_then_default() -> None:
 
 
 def test_unknown_service_tier_is_a_400() -> None:
-    with pytest.raises(BadRequest) as info:
+    with pytest.raises(Refused) as info:
         classify(intake(), service_tier="turbo")
     assert info.value.param == "service_tier" and "auto, default, flex, scale, priority" in info.value.message
 
@@ -233,15 +232,15 @@ def test_a_key_restricted_to_batch_is_refused_or_lowered_whichever_way_it_names_
                      "soft": KeySpec("web", allowed_classes=("batch",), lower=True),
                      "free": KeySpec("free")})
     for named in ({"header_class": "interactive"}, {"service_tier": "priority"}, {"service_tier": "default"}):
-        with pytest.raises(Forbidden) as refused:
+        with pytest.raises(Refused) as refused:
             classify(i, api_key="strict", **named)
-        assert refused.value.status == 403 and refused.value.code == "class_not_allowed"
+        assert refused.value.forbidden and refused.value.code == "class_not_allowed"
         assert classify(i, api_key="soft", **named) == "batch"
         assert classify(i, api_key="free", **named) == "interactive"
     assert classify(i, api_key="strict") == "batch"
     assert classify(i, api_key="soft") == "batch"  # the gateway's default is not allowed: the best that is
     assert classify(i, "batch", api_key="strict") == "batch"
-    with pytest.raises(BadRequest):  # an unknown class is still a 400, before any key rule
+    with pytest.raises(Refused):  # an unknown class is still a 400, before any key rule
         classify(i, "nope", api_key="strict")
 
 
@@ -257,9 +256,9 @@ def test_a_key_is_held_to_its_models_as_the_client_names_them() -> None:
     cls = i.classify(chat())
     assert i.accept(replace(chat(model="small"), api_key="k"), cls, 10).model == "llama-8b"  # through its alias
     for model in ("llama-8b", "m"):
-        with pytest.raises(Forbidden) as refused:
+        with pytest.raises(Refused) as refused:
             i.accept(replace(chat(model=model), api_key="k"), cls, 10)
-        assert refused.value.code == "model_not_allowed"
+        assert refused.value.forbidden and refused.value.code == "model_not_allowed"
     assert i.accept(replace(chat(model="m"), api_key="any"), cls, 10).model == "m"
     assert i.key("k") is not None and i.key("unknown") is None and i.key(None) is None
 
@@ -292,7 +291,7 @@ def test_a_key_may_be_allowed_tighter_than_its_class() -> None:
 
 @pytest.mark.parametrize("raw", ["", "abc", "-5", "0", "nan", "inf", "1e400"])
 def test_a_target_that_is_not_a_positive_number_is_a_400(raw: str) -> None:
-    with pytest.raises(BadRequest) as e:
+    with pytest.raises(Refused) as e:
         _targeted(raw, Slo(ttft_s=2.0, min_ttft_s=0.1))
     assert e.value.param == "x-tailguard-ttft-slo-ms" and e.value.code == "invalid_ttft_slo"
 

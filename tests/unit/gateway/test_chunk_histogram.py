@@ -10,7 +10,7 @@ from bisect import bisect_left
 import pytest
 
 from tailguard.gateway.ops.catalog import ITL_BUCKETS
-from tailguard.gateway.ops.metrics import ChunkHistogram
+from tailguard.gateway.ops.histograms import ChunkHistogram
 
 
 def _reference(values: list[float]) -> list[int]:

@@ -130,14 +130,14 @@ def test_a_suspension_lands_on_the_record_and_the_request_resumes_on_a_new_start
     async def main(loop: asyncio.AbstractEventLoop) -> None:
         d = make(loop, clock)
         job, chat = rec(d, "b1", "batch"), rec(d, "c1")
-        progress = job.transcript = Transcript()
+        transcript = job.transcript = Transcript()
         await d.admit(job, 1000, max_tokens=900)
         stopped: list[str] = []
         job.attempting(lambda: stopped.append("closed"))
         job.tell(Opened("b1"))
-        progress.add("so far")  # a token: the front is told it as Generated before the next event
+        transcript.add("so far")  # a token: the front is told it as Generated before the next event
         await d.admit(chat, 50)  # the chat takes the batch job's slot at once
-        assert stopped == ["closed"] and job.request.counts.preemptions == 1 and progress.suspended
+        assert stopped == ["closed"] and job.request.counts.preemptions == 1 and transcript.suspended
         assert (chat.request.backend, job.request.counts.attempts) == ("a", 1)
         resumed = asyncio.ensure_future(job.next())
         await asyncio.sleep(0)

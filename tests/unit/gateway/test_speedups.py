@@ -34,7 +34,7 @@ from tailguard.clock import monotonic
 from tailguard.config import LimitsConfig
 from tailguard.gateway.http.lean import LeanProtocol
 from tailguard.gateway.http.lean_sink import LeanSink
-from tailguard.gateway.ops.metrics import ChunkHistogram
+from tailguard.gateway.ops.histograms import ChunkHistogram
 from tailguard.gateway.sink import ChunkQueue, Sink
 from tailguard.gateway.upstream import stream as stream_module
 from tailguard.gateway.upstream.bound import AnswerBound

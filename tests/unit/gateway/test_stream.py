@@ -24,7 +24,7 @@ import pytest
 
 from tailguard.clock import monotonic
 from tailguard.config import LimitsConfig
-from tailguard.gateway.ops.metrics import ChunkHistogram
+from tailguard.gateway.ops.histograms import ChunkHistogram
 from tailguard.gateway.request import Request
 from tailguard.gateway.sink import ChunkQueue
 from tailguard.gateway.upstream.client import RelayError, Suspended
@@ -133,12 +133,12 @@ async def watchdog() -> AsyncIterator[DeadlineWatch]:
     wd.stop()
 
 
-def _relay(watchdog: DeadlineWatch, sink: ChunkQueue, *, client_usage: bool = False, progress: Transcript | None = None,
+def _relay(watchdog: DeadlineWatch, sink: ChunkQueue, *, client_usage: bool = False, transcript: Transcript | None = None,
            service_tier: bytes | None = None) -> StreamRelay:
     """The relay as the exchange builds it; its headers say when the first content was seen."""
     req = _request()
     return StreamRelay(sink, "chat", Tally(req, watchdog, ChunkHistogram((0.001, 1.0)), monotonic), client_usage,
-                       lambda: {"x-first-content-at": str(req.first_content_at)}, LimitsConfig(), progress=progress,
+                       lambda: {"x-first-content-at": str(req.first_content_at)}, LimitsConfig(), transcript=transcript,
                        service_tier=service_tier)
 
 
@@ -444,8 +444,8 @@ async def test_the_tracked_path_keeps_the_text_and_relays_the_same_bytes(
     needs) and its token count (the backend's running count where it sends one); the client
     gets the same bytes as on the zero-parse path."""
     stream = [role(), tok("Once", running=1), tok(" upon", running=3), tok(" a"), finish(), usage(5, 4), DONE_EVENT]
-    prog = Transcript()
-    run = await _started(backends, watchdog, progress=prog)
+    transcript = Transcript()
+    run = await _started(backends, watchdog, transcript=transcript)
     backend, sink, relay, resp, task = run.backend, run.sink, run.relay, run.resp, run.task
     for ev in stream:
         await _parked(resp, task)
@@ -453,7 +453,7 @@ async def test_the_tracked_path_keeps_the_text_and_relays_the_same_bytes(
     backend.end()
     await _finished(task)
     assert b"".join(await _output(sink)) == b"".join(stream[:5]) + DONE_EVENT  # usage: not asked for
-    assert prog.text() == "Once upon a" and prog.tokens == 4  # 1, then 3 by the running count, then +1
+    assert transcript.text() == "Once upon a" and transcript.tokens == 4  # 1, then 3 by the running count, then +1
     assert relay.stream_id == "a" and relay.tally.request.content_chunks == 3
     assert (relay.tally.usage.prompt_tokens, relay.tally.usage.completion_tokens) == (5, 4)
 
@@ -462,17 +462,17 @@ async def test_a_suspended_request_stops_between_reads(backends: Backends, watch
     """Once the dispatcher suspends the request, the next read ends the run with `Suspended`:
     what that read brought is neither relayed nor kept, so the continuation starts exactly
     where the client's text ends."""
-    prog = Transcript()
-    run = await _started(backends, watchdog, progress=prog)
+    transcript = Transcript()
+    run = await _started(backends, watchdog, transcript=transcript)
     backend, sink, relay, resp, task = run.backend, run.sink, run.relay, run.resp, run.task
     await _parked(resp, task)
     backend.read(role(), tok("Once"))
     await _parked(resp, task)
-    prog.suspended = True
+    transcript.suspended = True
     backend.read(tok(" upon"))
     with pytest.raises(Suspended):
         await _finished(task)
-    assert prog.text() == "Once" and prog.tokens == 1
+    assert transcript.text() == "Once" and transcript.tokens == 1
     assert sink.started and not relay.ended
     sink.close()
 
@@ -489,27 +489,27 @@ async def test_a_resumed_run_continues_the_first_runs_stream(
     3000-token stream was metered as its second run's 2894 tokens, its prompt as 124.)"""
     body = {"model": "m", "messages": [{"role": "user", "content": "x" * 20}], "max_tokens": 5}
     sink = ChunkQueue()
-    prog = Transcript()
-    relay = _relay(watchdog, sink, client_usage=client_usage, progress=prog)
+    transcript = Transcript()
+    relay = _relay(watchdog, sink, client_usage=client_usage, transcript=transcript)
     first = await backends()
     resp = await first.open()
     task = asyncio.ensure_future(relay.run(resp))
     await _parked(resp, task)
     first.read(role("a"), tok("Once", "a"), tok(" upon", "a"))
     await _parked(resp, task)
-    prog.suspended = True
+    transcript.suspended = True
     first.read(tok(" a", "a"))
     with pytest.raises(Suspended):
         await _finished(task)
     resp.close()  # as the exchange does: the engine aborts the first run
 
-    prog.suspended = False
-    continuation_body(body, "chat", prog)  # the resumed run starts after 2 tokens
+    transcript.suspended = False
+    continuation_body(body, "chat", transcript)  # the resumed run starts after 2 tokens
     second = await backends()
     resp = await second.open()
     task = asyncio.ensure_future(relay.run(resp))
     await _parked(resp, task)
-    cont_prompt = 9 + prog.added_prompt_tokens  # the engine counts the text so far in the prompt
+    cont_prompt = 9 + transcript.added_prompt_tokens  # the engine counts the text so far in the prompt
     second.read(role("b"), tok(" a", "b"), tok(" time", "b"))
     await _parked(resp, task)
     second.read(tok(".", "b"), finish("b"), usage(cont_prompt, 3, "b"), DONE_EVENT)
@@ -521,6 +521,6 @@ async def test_a_resumed_run_continues_the_first_runs_stream(
     assert {e["id"] for e in events} == {"a"}
     assert [e["choices"][0]["delta"].get("content") for e in events[:3]] == [" a", " time", "."]
     assert [e["usage"] for e in events if "usage" in e] == ([usage_dict(9, 5)] if client_usage else [])
-    assert prog.text() == "Once upon a time." and prog.tokens == 5
+    assert transcript.text() == "Once upon a time." and transcript.tokens == 5
     assert relay.tally.request.content_chunks == 5
     assert (relay.tally.usage.prompt_tokens, relay.tally.usage.completion_tokens) == (9, 5)

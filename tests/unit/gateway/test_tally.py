@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tailguard.clock import monotonic
-from tailguard.gateway.ops.metrics import ChunkHistogram
+from tailguard.gateway.ops.histograms import ChunkHistogram
 from tailguard.gateway.request import Request
 from tailguard.gateway.upstream.tally import MAX_CHOICES, Tally
 from tailguard.gateway.upstream.watchdog import DeadlineWatch

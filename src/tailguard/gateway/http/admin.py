@@ -27,6 +27,8 @@ from tailguard.front.params import CallerSpec
 from tailguard.config import GatewayConfig
 from tailguard.config.auth import MAX_KEY_CHARS
 from tailguard.gateway.classes import ClassTable, Unauthorized
+from tailguard.gateway.http.keys import AUDIT, CLOCK, DISPATCHER, LIFECYCLE, LIVE, METER, METRICS
+from tailguard.gateway.ops.metrics import METRICS_CONTENT_TYPE
 from tailguard.gateway.ops.reload import Reloader
 
 ADMIN_RPM = 600  # a bucket of 600 requests, refilled at 10 a second: enough for any dashboard, not for a guesser
@@ -82,6 +84,9 @@ class Admin:
                             content_type="application/json")
 
 
+ADMIN = web.AppKey("admin", Admin)
+
+
 def config_body(cfg: GatewayConfig, digest: str, n: int | None) -> bytes:
     """The running config: number, hash and settings, every secret as its fingerprint."""
     return orjson.dumps({"hash": digest, "n": n, "settings": cfg.settings()})
@@ -130,3 +135,64 @@ def query_float(request: web.Request, name: str) -> float | None:
         return float(value[:_MAX_QUERY_VALUE])
     except ValueError:
         raise BadRequest(f"'{name}' must be a number of seconds since the epoch.", param=name) from None
+
+
+# --- the routes ------------------------------------------------------------------------------------
+
+async def metrics_route(request: web.Request) -> web.Response:
+    _admin_only(request, metrics=True)
+    dispatcher, metrics = request.app[DISPATCHER], request.app[METRICS]
+    dispatcher.export_gauges()
+    metrics.export_state(dispatcher.front, request.app[LIVE], request.app[CLOCK]())
+    audit = request.app.get(AUDIT)
+    if audit is not None:
+        audit.export(metrics)
+    body = metrics.render()
+    return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
+async def config_route(request: web.Request) -> web.Response:
+    """The running config's settings, secrets as fingerprints, behind an admin key (`/config`
+    and `/admin/config`): what `tailguard bench` records so two runs' settings can be compared."""
+    _admin_only(request)
+    live = request.app[LIVE]
+    _audited(request, "read_config", route=request.path)
+    return web.Response(body=config_body(live.cfg, live.hash, live.n), content_type="application/json")
+
+
+def _admin_only(request: web.Request, *, metrics: bool = False) -> None:
+    request.app[ADMIN].admit(request, request.app[LIVE].cfg, request.app[LIFECYCLE].classes, metrics=metrics)
+
+
+async def usage_route(request: web.Request) -> web.Response:
+    """Usage per caller, class and model over `since`..`until` (Unix seconds; `gateway.ops.metering`)."""
+    _admin_only(request)
+    since, until = query_float(request, "since"), query_float(request, "until")
+    caller = request.query.get("caller")
+    rows, scope = await request.app[METER].usage(since, until, caller[:64] if caller is not None else None)
+    _audited(request, "read_usage", since=since, until=until, caller=caller[:64] if caller is not None else None,
+             scope=scope)
+    return web.Response(body=orjson.dumps({"object": "list", "data": rows, "scope": scope}),
+                        content_type="application/json")
+
+
+async def reload_route(request: web.Request) -> web.Response:
+    _admin_only(request)
+    return request.app[ADMIN].reload({**reload_request(await json_body(request)), **_asker(request)})
+
+
+async def rollback_route(request: web.Request) -> web.Response:
+    _admin_only(request)
+    return request.app[ADMIN].reload({**rollback_request(await json_body(request)), **_asker(request)})
+
+
+def _asker(request: web.Request) -> dict[str, str | None]:
+    """Who asked for a reload, for the audit trail: their key (fingerprinted there) and address."""
+    return {"key": bearer_key(request.headers), "client": request.remote}
+
+
+def _audited(request: web.Request, action: str, **detail: object) -> None:
+    """An admin read, into the audit trail (when it is kept)."""
+    audit = request.app.get(AUDIT)
+    if audit is not None:
+        audit.admin(action, key=bearer_key(request.headers), client=request.remote, ok=True, **detail)

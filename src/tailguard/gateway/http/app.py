@@ -1,6 +1,7 @@
-"""The gateway's aiohttp application: routes, typed app state, startup and shutdown of the
-shared upstream session, the front and its driver, and the probes that find each backend's kind
-and health; `serve(cfg)` runs it.
+"""The gateway's aiohttp application: its routes and middlewares (`create_app`), the runner that
+serves it, and `serve(cfg)`, which runs it until a signal stops it. Its typed state is
+`gateway.http.keys`', its start and stop `gateway.http.startup`', the operator routes
+`gateway.http.admin`'.
 
 Disconnect detection needs aiohttp's handler cancellation (a queued client that leaves cancels
 its handler, which removes it from the queue; a streaming one closes its upstream request).
@@ -17,64 +18,36 @@ import signal
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import orjson
 from aiohttp import web
 
 from tailguard.clock import Now, monotonic
 from tailguard.errors import APIError
-from tailguard.front.intake import OutputEstimator
 from tailguard.wire.headers import bearer_key, client_request_id
-from tailguard.config import BackendConfig, GatewayConfig
-from tailguard.gateway.dispatch import Dispatcher
-from tailguard.gateway.exchange import Context
-from tailguard.front.events import Allotted, LocalShare, ServedElsewhere
-from tailguard.gateway.lifecycle import Lifecycle
+from tailguard.config import GatewayConfig
 from tailguard.gateway.http import admin as adm
 from tailguard.gateway.http.batches import add_routes as add_batch_routes, batches_lifecycle
-from tailguard.gateway.classes import ClassTable
+from tailguard.gateway.http.keys import (
+    ARRIVED_UNDER, AUDIT, BACKENDS, CLOCK, DISPATCHER, LIFECYCLE, LIVE, METRICS, MODERATION, PROBES,
+    PROXY, RECORD, STATE_DIR, UPSTREAM,
+)
 from tailguard.gateway.http.models import fleet_models, one_model
 from tailguard.gateway.http.routes import API_ROUTES, not_found_message, served, shaped_error
 from tailguard.gateway.http.inbound import REQUEST_ID
-from tailguard.gateway.http.proxy import Proxy, error_response
+from tailguard.gateway.http.proxy import error_response
 from tailguard.gateway.http.server import GatewayRunner, raise_file_limit, reserved_only
-from tailguard.gateway.ops.audit import AuditLog, is_auth_failure
+from tailguard.gateway.http.startup import lifecycle
+from tailguard.gateway.ops.audit import is_auth_failure
 from tailguard.gateway.ops.live import Live
 from tailguard.gateway.ops.logfmt import FORMATTERS
-from tailguard.gateway.ops.metering import FILE_NAME as USAGE_FILE
-from tailguard.gateway.ops.metering import Meter
 from tailguard.gateway.ops.log_buffer import BufferedLineHandler
-from tailguard.gateway.ops.metrics import ACCESS_LOGGER, METRICS_CONTENT_TYPE, GatewayMetrics, route_access_log
-from tailguard.gateway.ops.recorder import Recorder
+from tailguard.gateway.ops.access import ACCESS_LOGGER, route_access_log
+from tailguard.gateway.ops.metrics import GatewayMetrics
 from tailguard.gateway.ops.reload import Parts, Reloader
 from tailguard.gateway.ops.store import ConfigStore
-from tailguard.gateway.ops.tracing import Tracer
-from tailguard.gateway.upstream.backends import resolved
-from tailguard.gateway.upstream.client import Upstream
-from tailguard.gateway.upstream.kinds import get_kind
-from tailguard.gateway.upstream.probes import Probes
-from tailguard.guards.guard import GuardSet
-from tailguard.guards.moderation import Moderation
 from tailguard.wire.openai import Endpoint
-
-if TYPE_CHECKING:
-    from tailguard.gateway.shared.limits import SharedLimits
-    from tailguard.gateway.shared.slots import SlotLeases
-
-LIVE = web.AppKey("live", Live)
-METRICS = web.AppKey("metrics", GatewayMetrics)
-DISPATCHER = web.AppKey("dispatcher", Dispatcher)
-UPSTREAM = web.AppKey("upstream", Upstream)
-PROXY = web.AppKey("proxy", Proxy)
-LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
-CLOCK: web.AppKey[Now] = web.AppKey("clock")  # the gateway's one clock, passed to every part
-RECORD = web.AppKey("record", Path)  # where `--record` writes the front's events (absent: not recording)
-ADMIN = web.AppKey("admin", adm.Admin)
-STATE_DIR = web.AppKey("state_dir", Path)  # where usage is kept across restarts (absent: in memory)
-METER = web.AppKey("meter", Meter)
-AUDIT = web.AppKey("audit", AuditLog)  # the audit trail (absent: `audit.enabled` is off)
-MODERATION = web.AppKey("moderation", Moderation)  # the moderation services' client, shared by the guards
 
 log = logging.getLogger("tailguard.gateway")
 
@@ -95,146 +68,26 @@ def create_app(cfg: GatewayConfig, *, record: Path | None = None, state_dir: Pat
         app[STATE_DIR] = state_dir
     app[METRICS] = GatewayMetrics()
     app[CLOCK] = clock
-    app.cleanup_ctx.append(_lifecycle)
+    app.cleanup_ctx.append(lifecycle)
     app.on_response_prepare.append(_config_header)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/v1/models/{model:.+}", _model)
     app.router.add_get("/health", _health)
-    app.router.add_get("/metrics", _metrics)
-    app.router.add_get("/config", _config)
-    app[ADMIN] = adm.Admin(clock)
-    app.router.add_get("/admin/config", _config)
-    app.router.add_get("/admin/usage", _admin_usage)
-    app.router.add_post("/admin/reload", _admin_reload)
-    app.router.add_post("/admin/rollback", _admin_rollback)
+    app.router.add_get("/metrics", adm.metrics_route)
+    app.router.add_get("/config", adm.config_route)
+    app[adm.ADMIN] = adm.Admin(clock)
+    app.router.add_get("/admin/config", adm.config_route)
+    app.router.add_get("/admin/usage", adm.usage_route)
+    app.router.add_post("/admin/reload", adm.reload_route)
+    app.router.add_post("/admin/rollback", adm.rollback_route)
     app.cleanup_ctx.append(batches_lifecycle(lambda a: a[LIVE].cfg.batches, LIFECYCLE, DISPATCHER, METRICS, STATE_DIR,
                                              AUDIT))
     add_batch_routes(app)
     for path, endpoint in API_ROUTES.items():  # responses, messages, embeddings and the other pooling routes
         app.router.add_post(path, _api_handler(endpoint))
     return app
-
-
-async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
-    cfg = app[LIVE].cfg
-    # First, so a store that cannot be opened stops the start before anything else is made.
-    audit = await asyncio.to_thread(AuditLog.open, app[LIVE], app.get(STATE_DIR))
-    loop = asyncio.get_running_loop()
-    metrics, clock = app[METRICS], app[CLOCK]
-    backends = {b.name: resolved(b) for b in cfg.backends}  # kind `auto` is `openai` until detected
-    params = cfg.front_params({n: get_kind(b.kind).continues_generation for n, b in backends.items()})
-    path = app.get(RECORD)
-    recorder = None if path is None else Recorder.open(path, params, config_hash=app[LIVE].hash,
-                                                       settings=cfg.settings())
-    dispatcher = Dispatcher(params, metrics, loop, clock, recorder)
-    upstream = Upstream(clock)
-    app[DISPATCHER] = dispatcher
-    app[UPSTREAM] = upstream
-    app[BACKENDS] = backends
-    estimator = OutputEstimator(cfg.scheduler.output_estimate.params())
-    tracer = Tracer.of(cfg, clock)
-    keep_text = cfg.log_prompts or cfg.audit.retain_text  # a non-stream answer's text, for the log or the trail
-    ctx = Context(dispatcher.front, clock, upstream, backends, metrics, app[LIVE], estimator, loop,
-                  keep_text=keep_text)
-    lifecycle = app[LIFECYCLE] = Lifecycle(cfg, ClassTable(cfg), ctx, dispatcher, clock, tracer)
-    app[PROXY] = Proxy(cfg, lifecycle)
-    for b in backends.values():
-        metrics.add_backend(b.name, b.kind)
-    state_dir = app.get(STATE_DIR)
-    if state_dir is not None:
-        state_dir.mkdir(parents=True, exist_ok=True)
-    moderation = app[MODERATION] = Moderation()
-    lifecycle.guards = GuardSet.of(cfg, moderation, metrics)
-    upstream.redact = cfg.redaction.finder().redact
-    meter = app[METER] = Meter(state_dir / USAGE_FILE if state_dir is not None else None)
-    flushing = loop.create_task(meter.run())
-    app[PROBES] = Probes(app[LIVE], backends, dispatcher, upstream.session, metrics, clock)
-    app[PROBES].start()
-    shared = lifecycle.shared = _shared_limits(cfg, metrics, dispatcher, clock)
-    if shared is not None:
-        lifecycle.listen(shared.ended)
-    lifecycle.listen(meter.ended)
-    if recorder is not None:
-        lifecycle.listen(recorder.ended)
-    lifecycle.audit = audit
-    if audit is not None:
-        app[AUDIT] = audit
-        lifecycle.listen(audit.ended)
-    leases = None if shared is None else _slot_leases(app[LIVE], shared, dispatcher, clock)
-    fair = None
-    if shared is not None:
-        from tailguard.gateway.shared.fair import SharedFairShare
-        from tailguard.gateway.shared.usage import SharedUsage
-        meter.shared = SharedUsage(shared.link)
-        live = app[LIVE]
-        def elsewhere(service: dict[str, float]) -> None:
-            dispatcher.tell(ServedElsewhere(service))
-
-        fair = SharedFairShare(shared.link, dispatcher.take_served, elsewhere, lambda: live.cfg.fair_share())
-        fair.start()
-    try:
-        yield
-    finally:
-        flushing.cancel()
-        if shared is not None:
-            if leases is not None:
-                await leases.close()
-            if fair is not None:
-                await fair.close()
-            await meter.flush()  # the last rows added into Redis while the link is open
-            await shared.close()
-            await shared.link.close()
-        await app[PROBES].stop()
-        dispatcher.close()
-        await upstream.close()
-        if recorder is not None:
-            recorder.close()
-        if tracer is not None:
-            await asyncio.to_thread(tracer.shutdown)  # the last spans are exported, off the loop
-        await meter.close()  # the last rows are written
-        await moderation.close()
-        if audit is not None:
-            await asyncio.to_thread(audit.close)  # the last entries written, the chain's head logged
-
-
-def _shared_limits(cfg: GatewayConfig, metrics: GatewayMetrics, dispatcher: Dispatcher,
-                   clock: Now) -> SharedLimits | None:
-    """Callers' limits shared with other replicas through Redis (`state.url`), or None; as Redis
-    goes or comes back, the front is told what it keeps of each limit itself (`LocalShare`).
-    redis-py is the `redis` extra, imported only when a config names Redis."""
-    if cfg.state.url is None:
-        return None
-    from tailguard.gateway.shared.limits import SharedLimits
-    from tailguard.gateway.shared.link import Link
-
-    gauge = metrics.families["tailguard_state_shared"]
-    gauge.set(1)
-
-    def changed(up: bool) -> None:
-        gauge.set(1 if up else 0)
-        dispatcher.tell(LocalShare(shared.local_share()))
-
-    shared = SharedLimits(Link(cfg.state, changed), cfg.auth.callers(), clock)
-    shared.start()
-    return shared
-
-
-def _slot_leases(live: Live, shared: SharedLimits, dispatcher: Dispatcher, clock: Now) -> SlotLeases:
-    """Each backend's `max_concurrency` shared with the other replicas through Redis: this
-    replica's part of it, leased, is its front's cap (`gateway.shared.slots`)."""
-    from tailguard.gateway.shared.slots import SlotLeases
-
-    def caps() -> dict[str, int]:  # the config running now: a reload's backends from the next renewal
-        return {b.name: b.max_concurrency for b in live.cfg.backends}
-
-    def allot(backend: str, slots: int | None) -> None:
-        dispatcher.tell(Allotted(backend, slots))
-
-    leases = SlotLeases(shared.link, caps, dispatcher.running_waiting, allot, clock)
-    leases.start()
-    return leases
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:
@@ -286,18 +139,6 @@ async def _health(request: web.Request) -> web.Response:
     return web.Response(status=200 if ok else 503, body=orjson.dumps(body), content_type="application/json")
 
 
-async def _metrics(request: web.Request) -> web.Response:
-    _admin_only(request, metrics=True)
-    dispatcher, metrics = request.app[DISPATCHER], request.app[METRICS]
-    dispatcher.export_gauges()
-    metrics.export_state(dispatcher.front, request.app[LIVE], request.app[CLOCK]())
-    audit = request.app.get(AUDIT)
-    if audit is not None:
-        audit.export(metrics)
-    body = metrics.render()
-    return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
-
-
 async def _models(request: web.Request) -> web.Response:
     # Keys guard the model list as they guard generation (vLLM's --api-key does the same), so a
     # client with a wrong key learns it from its first call, not from its first generation.
@@ -324,53 +165,6 @@ async def _visible_models(request: web.Request) -> list[dict[str, Any]]:
                         None if spec is None else spec.allowed_models)
 
 
-async def _config(request: web.Request) -> web.Response:
-    """The running config's settings, secrets as fingerprints, behind an admin key (`/config`
-    and `/admin/config`): what `tailguard bench` records so two runs' settings can be compared."""
-    _admin_only(request)
-    live = request.app[LIVE]
-    _audited(request, "read_config", route=request.path)
-    return web.Response(body=adm.config_body(live.cfg, live.hash, live.n), content_type="application/json")
-
-
-def _admin_only(request: web.Request, *, metrics: bool = False) -> None:
-    request.app[ADMIN].admit(request, request.app[LIVE].cfg, request.app[LIFECYCLE].classes, metrics=metrics)
-
-
-async def _admin_usage(request: web.Request) -> web.Response:
-    """Usage per caller, class and model over `since`..`until` (Unix seconds; `gateway.ops.metering`)."""
-    _admin_only(request)
-    since, until = adm.query_float(request, "since"), adm.query_float(request, "until")
-    caller = request.query.get("caller")
-    rows, scope = await request.app[METER].usage(since, until, caller[:64] if caller is not None else None)
-    _audited(request, "read_usage", since=since, until=until, caller=caller[:64] if caller is not None else None,
-             scope=scope)
-    return web.Response(body=orjson.dumps({"object": "list", "data": rows, "scope": scope}),
-                        content_type="application/json")
-
-
-async def _admin_reload(request: web.Request) -> web.Response:
-    _admin_only(request)
-    return request.app[ADMIN].reload({**adm.reload_request(await adm.json_body(request)), **_asker(request)})
-
-
-async def _admin_rollback(request: web.Request) -> web.Response:
-    _admin_only(request)
-    return request.app[ADMIN].reload({**adm.rollback_request(await adm.json_body(request)), **_asker(request)})
-
-
-def _asker(request: web.Request) -> dict[str, str | None]:
-    """Who asked for a reload, for the audit trail: their key (fingerprinted there) and address."""
-    return {"key": bearer_key(request.headers), "client": request.remote}
-
-
-def _audited(request: web.Request, action: str, **detail: object) -> None:
-    """An admin read, into the audit trail (when it is kept)."""
-    audit = request.app.get(AUDIT)
-    if audit is not None:
-        audit.admin(action, key=bearer_key(request.headers), client=request.remote, ok=True, **detail)
-
-
 async def _config_header(request: web.Request, response: web.StreamResponse) -> None:
     """Every response, errors and streams included, names the config its request arrived under
     (whose class table and caps it got), even when a reload came while it waited for a slot, and
@@ -386,10 +180,6 @@ def _request_id(request: web.Request) -> str:
         rid = request[REQUEST_ID] = client_request_id(request.headers) or request.app[LIFECYCLE].new_id()
     return rid
 
-
-BACKENDS = web.AppKey("backends", dict[str, BackendConfig])
-PROBES = web.AppKey("probes", Probes)
-ARRIVED_UNDER = web.RequestKey("arrived_under", str)  # the config hash when the request came in
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -530,29 +320,16 @@ async def serve(
     directory names this process (its pid file) for `tailguard config rollback`. SIGHUP reloads
     (`tailguard.gateway.ops.reload`): what the store was asked for, else `reread()`."""
     if cfg.access_log:
-        logger = logging.getLogger(ACCESS_LOGGER)
-        if not logger.handlers:
-            handler = BufferedLineHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter("%(message)s"))
-            logger.addHandler(handler)
-            logger.propagate = False
-        logger.setLevel(logging.INFO)
+        _log_access()
     if store is not None:
         store.claim()  # one gateway per state directory (`tailguard serve` claims it before anything starts)
     app = create_app(cfg, record=record, state_dir=store.root if store is not None else None)
     raise_file_limit(cfg)
-    runner = gateway_runner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024, reuse_port=reuse_port or None)
-    try:
-        await site.start()
-    except BaseException:
-        await runner.cleanup()  # its probes stop now: nothing of a gateway that never listened goes on
-        raise
+    runner, site = await _listening(app, cfg, reuse_port)
     _say_what_it_finds(cfg)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    reloader = app[ADMIN].reloader = reloader_of(app, store, reread)
+    reloader = app[adm.ADMIN].reloader = reloader_of(app, store, reread)
     installed = _handle_signals(loop, stop, reloader.on_signal)
     try:
         if store is not None:
@@ -575,3 +352,27 @@ async def serve(
             loop.remove_signal_handler(sig)
         for h in logging.getLogger(ACCESS_LOGGER).handlers:
             h.flush()  # the lines of the last requests
+
+
+def _log_access() -> None:
+    """The access lines go to stderr, one a line, through the buffered handler (unless one is set)."""
+    logger = logging.getLogger(ACCESS_LOGGER)
+    if not logger.handlers:
+        handler = BufferedLineHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+    logger.setLevel(logging.INFO)
+
+
+async def _listening(app: web.Application, cfg: GatewayConfig, reuse_port: bool) -> tuple[GatewayRunner, web.TCPSite]:
+    """The app set up and listening; one that cannot listen is cleaned up before the error goes on."""
+    runner = gateway_runner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024, reuse_port=reuse_port or None)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()  # its probes stop now: nothing of a gateway that never listened goes on
+        raise
+    return runner, site

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable
 from typing import Protocol, cast
 
 import httptools
 from multidict import CIMultiDict
 
 from tailguard.errors import APIError
+from tailguard.gateway.http.deadline import Deadline
 from tailguard.gateway.http.inbound import (
     MAX_HEAD_BYTES, MAX_HEAD_LINE, MAX_HEADERS, Inbound, Reply, body_broken, body_late, check_media_type,
     head_too_large, too_large,
@@ -178,7 +178,7 @@ class LeanProtocol(asyncio.Protocol):
     """One client connection, served lean until a request needs aiohttp (then handed to it)."""
 
     __slots__ = ("_host", "_loop", "_parser", "transport", "reserve_only", "remote", "_raw", "_url", "_headers",
-                 "_head_done", "_req", "_task", "_timer", "closing", "_pipelined", "_kept", "_early", "paused", "_writable", "_foreign",
+                 "_head_done", "_req", "_task", "_deadline", "closing", "_pipelined", "_kept", "_early", "paused", "_writable", "_foreign",
                  "_head_over", "_head_size")
 
     def __init__(self, host: Host, loop: asyncio.AbstractEventLoop) -> None:
@@ -197,7 +197,7 @@ class LeanProtocol(asyncio.Protocol):
         self._head_size = 0  # bytes of its request line and headers
         self._req: LeanRequest | None = None
         self._task: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._deadline = Deadline(loop)  # the head's, or keep-alive's while kept between requests
         self.closing = False  # the client left, or the connection ends: nothing more is written
         self._pipelined = False
         self._kept = False  # answered and kept alive: no byte of the next request yet
@@ -238,10 +238,10 @@ class LeanProtocol(asyncio.Protocol):
         t.set_write_buffer_limits(high=HIGH_WATER)
         peer = t.get_extra_info("peername")
         self.remote = peer[0] if isinstance(peer, tuple) else None
-        self._clock(self._host.timeouts()[0], self._header_late)
+        self._deadline.arm(self._host.timeouts()[0], self._header_late)
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        self._stop_clock()
+        self._deadline.disarm()
         if not self.closing:
             self.closing = True
             self._host.forget(self)
@@ -305,7 +305,7 @@ class LeanProtocol(asyncio.Protocol):
             return
         if self._kept:  # a kept-alive connection's next request: its header deadline starts now
             self._kept = False
-            self._clock(self._host.timeouts()[0], self._header_late)
+            self._deadline.arm(self._host.timeouts()[0], self._header_late)
         self._raw += data
         try:
             self._parser.feed_data(data)
@@ -389,7 +389,7 @@ class LeanProtocol(asyncio.Protocol):
 
     def _serve(self) -> None:
         """The head is in: the request's handler starts (the body, if still coming, it awaits)."""
-        self._stop_clock()
+        self._deadline.disarm()
         self._raw = bytearray()
         req = self._req
         assert req is not None
@@ -422,7 +422,7 @@ class LeanProtocol(asyncio.Protocol):
         self._task = self._req = None
         self._head_done = self._foreign = False
         self._kept = True
-        self._clock(self._host.timeouts()[1], self._keepalive_late)
+        self._deadline.arm(self._host.timeouts()[1], self._keepalive_late)
         if self._early:
             early, self._early = bytes(self._early), bytearray()
             self.transport.resume_reading()  # type: ignore[union-attr]
@@ -431,7 +431,7 @@ class LeanProtocol(asyncio.Protocol):
     def _refuse_head(self) -> None:
         """A head past its bounds: 431, counted, and the connection closed (the rest of what the
         client sends is not read)."""
-        self._stop_clock()
+        self._deadline.disarm()
         self._host.malformed(431)
         self.write(reply_bytes(Reply.of_error(head_too_large()), {}, close=True))
         self.closing = True
@@ -440,7 +440,7 @@ class LeanProtocol(asyncio.Protocol):
 
     def _hand_off(self, data: bytes) -> None:
         """From here aiohttp's handler owns the connection, starting with `data`."""
-        self._stop_clock()
+        self._deadline.disarm()
         self.closing = True
         self._host.forget(self)  # the handler takes its place in the count
         assert self.transport is not None
@@ -448,17 +448,7 @@ class LeanProtocol(asyncio.Protocol):
 
     # -- clocks --------------------------------------------------------------------------------
 
-    def _clock(self, after_s: float, then: Callable[[], None]) -> None:
-        self._stop_clock()
-        self._timer = self._loop.call_later(after_s, then)
-
-    def _stop_clock(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
     def _header_late(self) -> None:
-        self._timer = None
         if self._task is None and not self.closing:
             self._host.closed("header_timeout")
             self.closing = True
@@ -466,7 +456,6 @@ class LeanProtocol(asyncio.Protocol):
             self.force_close()
 
     def _keepalive_late(self) -> None:
-        self._timer = None
         if self._kept and not self.closing:
             self.closing = True
             self._host.forget(self)

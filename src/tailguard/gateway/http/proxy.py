@@ -20,7 +20,7 @@ from tailguard.gateway.exchange import Ending
 from tailguard.gateway.http.inbound import AiohttpInbound, Inbound, Reply
 from tailguard.gateway.http.routes import anthropic_refusal, error_shape
 from tailguard.gateway.lifecycle import Lifecycle
-from tailguard.gateway.ops.metrics import response_headers
+from tailguard.gateway.ops.headers import response_headers
 from tailguard.gateway.request import Request
 from tailguard.types import Outcome
 from tailguard.wire.headers import told

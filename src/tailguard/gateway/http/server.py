@@ -33,6 +33,7 @@ from aiohttp.web_protocol import RequestHandler
 from tailguard.clock import Now
 from tailguard.errors import APIError
 from tailguard.config import GatewayConfig, LimitsConfig
+from tailguard.gateway.http.deadline import Deadline
 from tailguard.gateway.http.inbound import MAX_HEAD_BYTES, Reply, head_too_large
 from tailguard.gateway.http.lean import Answerer, LeanProtocol
 from tailguard.gateway.http.lean_sink import reply_bytes
@@ -52,12 +53,12 @@ class GatewayProtocol(RequestHandler):
     """aiohttp's request handler with a header deadline and a parser error in OpenAI's shape."""
 
     # aiohttp's handler has __slots__; these are this connection's own.
-    __slots__ = ("reserve_only", "_header_timer", "_header_timeout_s", "_gw", "_head_bytes", "_body")
+    __slots__ = ("reserve_only", "_deadline", "_header_timeout_s", "_gw", "_head_bytes", "_body")
 
     def __init__(self, server: GatewayServer, *, header_timeout_s: float, **kwargs: Any) -> None:
         super().__init__(server, **kwargs)
         self.reserve_only = False  # opened above the cap: /health and /metrics only
-        self._header_timer: asyncio.TimerHandle | None = None
+        self._deadline = Deadline(self._loop)  # the head's
         self._header_timeout_s = header_timeout_s
         self._gw = server
         self._head_bytes = 0  # of the head being received
@@ -71,10 +72,10 @@ class GatewayProtocol(RequestHandler):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self._start_header_clock()
+        self._deadline.arm(self._header_timeout_s, self._header_late)
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        self._stop_header_clock()
+        self._deadline.disarm()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -89,20 +90,12 @@ class GatewayProtocol(RequestHandler):
         if self._request_count != before:
             self._head_bytes = 0
             self._body = self._messages[-1][1] if self._messages else None
-            self._stop_header_clock()  # a whole head is in: the body has its own deadline
-        elif self._current_request is None and self._header_timer is None:
-            self._start_header_clock()  # the first bytes of a kept-alive connection's next request
-
-    def _start_header_clock(self) -> None:
-        self._header_timer = self._loop.call_later(self._header_timeout_s, self._header_late)
-
-    def _stop_header_clock(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
+            self._deadline.disarm()  # a whole head is in: the body has its own deadline
+        elif self._current_request is None and not self._deadline.armed:
+            # the first bytes of a kept-alive connection's next request
+            self._deadline.arm(self._header_timeout_s, self._header_late)
 
     def _header_late(self) -> None:
-        self._header_timer = None
         if self._current_request is None and self.transport is not None:
             self._gw.closed("header_timeout")
             self.force_close()

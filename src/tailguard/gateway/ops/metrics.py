@@ -1,6 +1,7 @@
-"""What the gateway tells operators: `tailguard_*` Prometheus collectors on a per-app registry,
-registered from the one table of metrics (`gateway.ops.catalog`), the `Server-Timing` and
-`X-Tailguard-*` response headers, and one JSON access-log line per request.
+"""What the gateway tells operators on `/metrics`: `tailguard_*` Prometheus collectors on a
+per-app registry, registered from the one table of metrics (`gateway.ops.catalog`), and what a
+request's end adds to them (`record_finish`). The response headers are `gateway.ops.headers`',
+the access log `gateway.ops.access`', the lock-free histograms `gateway.ops.histograms`'.
 
 The registry is per app so two gateways in one process (tests, benchmarks) never share counters;
 it carries the standard process, platform and GC collectors too, so memory and CPU are there.
@@ -10,20 +11,14 @@ Per-chunk work is one histogram observation through a label child fetched once p
 from __future__ import annotations
 
 import logging
-import math
 import platform
-from datetime import datetime, timezone
-from bisect import bisect_left
-from typing import Any, Callable, Iterator
+from typing import Any
 
-import orjson
 import prometheus_client
 from prometheus_client import (
     CollectorRegistry, Counter, Gauge, GCCollector, PlatformCollector, ProcessCollector, generate_latest,
 )
-from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.metrics_core import Metric
 
 from tailguard import __version__
 from tailguard.front.capacity import Capacity
@@ -31,21 +26,20 @@ from tailguard.front.front import Front
 from tailguard.front.intake import NO_CLASS
 from tailguard.front.retry import Again, continues_after, hurts_health, retry_of
 from tailguard.gateway.ops.catalog import METRICS, MetricSpec
+from tailguard.gateway.ops.histograms import ChunkHistograms
 from tailguard.gateway.ops.live import Live
-from tailguard.gateway.ops.log_buffer import BufferedLineHandler
 from tailguard.gateway.ops.metering import CallerLabels
 from tailguard.gateway.request import Ended, Request
 from tailguard.slo import judge
 from tailguard.types import FailureKind, Outcome, RejectReason
 
-ACCESS_LOGGER = "tailguard.access"
 METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
-# gen_ai.operation.name of each endpoint (OpenTelemetry GenAI conventions).
 # gen_ai.token.modality of a request's prompt and of its output. Engines give one usage count, not
 # one per modality: a chat prompt may hold images, so its modality is not known (the conventions'
 # `unknown`); a completions prompt and every answer of these routes are text.
 INPUT_MODALITY = {"completions": "text"}
 UNKNOWN_PROVIDER = "unknown"  # gen_ai.provider.name is required: a backend whose kind is not known yet
+# gen_ai.operation.name of each endpoint (OpenTelemetry GenAI conventions).
 GENAI_OPERATION = {"chat": "chat", "completions": "text_completion", "responses": "chat", "messages": "chat",
                    "embeddings": "embeddings", "rerank": "rerank", "score": "score", "tokenize": "tokenize",
                    "detokenize": "detokenize"}
@@ -63,74 +57,7 @@ HEALTH_CHANGES = ("unhealthy", "healthy", "ejected", "readmitted")  # tailguard_
 # (and the simulator's, which serves the same habits) wants it off.
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
-_access_log = logging.getLogger(ACCESS_LOGGER)
 log = logging.getLogger("tailguard.gateway")
-
-
-class ChunkHistogram:
-    """A lock-free histogram for per-chunk (and per-request) observations: one bisect and two adds.
-
-    prometheus_client's Histogram takes a lock per bucket increment; at tens of thousands of
-    chunks a second that is most of the relay's own CPU. The event loop is single-threaded, so
-    plain integers are safe; `ChunkHistograms` exports them at scrape time.
-    """
-
-    __slots__ = ("bounds", "counts", "sum", "_i", "_lo", "_hi")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.sum = 0.0
-        # The bucket the last value fell in, (_lo, _hi]: a stream's gaps mostly fall in one
-        # bucket, and two comparisons cost a third of a `bisect` call.
-        self._i = 0
-        self._lo = self._hi = -math.inf
-
-    def observe(self, value: float) -> None:
-        if self._lo < value <= self._hi:
-            self.counts[self._i] += 1
-        else:
-            b = self.bounds
-            self._i = i = bisect_left(b, value)
-            self._lo = b[i - 1] if i else -math.inf
-            self._hi = b[i] if i < len(b) else math.inf
-            self.counts[i] += 1
-        self.sum += value
-
-    def observe_zeros(self, n: int) -> None:
-        """`n` chunks that arrived in the same read as the previous one: no gap."""
-        self.counts[0] += n
-
-
-class ChunkHistograms:
-    """A labelled family of `ChunkHistogram`s, collected as a Prometheus histogram."""
-
-    def __init__(self, spec: MetricSpec, registry: CollectorRegistry) -> None:
-        self.spec = spec
-        self._children: dict[tuple[str, ...], ChunkHistogram] = {}
-        registry.register(self)
-
-    def labels(self, *values: str) -> ChunkHistogram:
-        h = self._children.get(values)
-        if h is None:
-            h = self._children[values] = ChunkHistogram(self.spec.buckets)
-        return h
-
-    def describe(self) -> list[Metric]:
-        return [HistogramMetricFamily(self.spec.name, self.spec.help, labels=list(self.spec.labels))]
-
-    def collect(self) -> Iterator[Metric]:
-        spec = self.spec
-        fam = HistogramMetricFamily(spec.name, spec.help, labels=list(spec.labels))
-        for values, h in self._children.items():
-            buckets: list[tuple[str, float]] = []
-            acc = 0
-            for bound, c in zip(spec.buckets, h.counts):
-                acc += c
-                buckets.append((repr(float(bound)), acc))
-            buckets.append(("+Inf", acc + h.counts[-1]))
-            fam.add_metric(list(values), buckets, h.sum)
-        yield fam
 
 
 class GenAIUsage:
@@ -211,42 +138,9 @@ class GatewayMetrics:
         GCCollector(registry=r)
         self.families: dict[str, Any] = {spec.name: _collector(spec, r) for spec in METRICS}
         f = self.families
-        self.queue_length = f["tailguard_queue_length"]
-        self.queue_wait: ChunkHistograms = f["tailguard_queue_wait_seconds"]
-        self.ttft: ChunkHistograms = f["tailguard_ttft_seconds"]
-        self.itl: ChunkHistograms = f["tailguard_itl_seconds"]
-        self.e2e: ChunkHistograms = f["tailguard_e2e_seconds"]
-        self.prompt_tokens = f["tailguard_prompt_tokens"]
-        self.output_tokens = f["tailguard_output_tokens"]
-        self.inflight = f["tailguard_inflight"]
-        self.concurrency_limit = f["tailguard_backend_concurrency_limit"]
-        self.connections_closed = f["tailguard_connections_closed"]
-        self.rejected = f["tailguard_rejected"]
-        self.slo = f["tailguard_slo"]
-        self.upstream_errors = f["tailguard_upstream_errors"]
-        self.overrun_tokens = f["tailguard_upstream_overrun_tokens"]
-        self._overran: set[str] = set()  # backends whose overrun was logged (once each)
-        self.retries = f["tailguard_retries"]
-        self.retries_denied = f["tailguard_retries_denied"]
-        self.requests = f["tailguard_requests"]
-        self.unclassified = f["tailguard_unclassified_requests"]
-        self.preemptions = f["tailguard_preemptions"]
-        self.migrations = f["tailguard_migrations"]
-        self.hedges = f["tailguard_hedges"]
-        self.health_changes = f["tailguard_backend_health_changes"]
-        self.ejections = f["tailguard_backend_ejections"]
-        self.backend_healthy = f["tailguard_backend_healthy"]
-        self.engine_requests = f["tailguard_backend_engine_requests"]
-        self.backend_kind = f["tailguard_backend_kind"]
-        self.caller_requests = f["tailguard_caller_requests"]
-        self.caller_tokens = f["tailguard_caller_tokens"]
-        self.caller_label = CallerLabels()
-        self.program_calls = f["tailguard_program_calls"]
-        self.programs = f["tailguard_programs"]
-        self.genai_ttft: ChunkHistograms = f["gen_ai_server_time_to_first_token_seconds"]
-        self.genai_tpot: ChunkHistograms = f["gen_ai_server_time_per_output_token_seconds"]
-        self.genai_duration: ChunkHistograms = f["gen_ai_server_request_duration_seconds"]
-        self.genai_tokens: ChunkHistograms = f["gen_ai_client_token_usage"]
+        self._bind_requests(f)
+        self._bind_backends(f)
+        self._bind_usage(f)
         f["tailguard_build_info"].labels(__version__, platform.python_version()).set(1)
         for reason in CONNECTION_CLOSES:  # at 0 from the start, so rate() sees the first one
             self.connections_closed.labels(reason)
@@ -268,6 +162,51 @@ class GatewayMetrics:
         self._genai: dict[tuple[str, str], GenAIUsage] = {}
         self._guard_seconds: dict[tuple[str, str], Any] = {}
         self._guard_checks: dict[tuple[str, str, str], Any] = {}
+
+    def _bind_requests(self, f: dict[str, Any]) -> None:
+        """The families of requests by class: queues, latencies, sizes, outcomes and refusals."""
+        self.queue_length = f["tailguard_queue_length"]
+        self.queue_wait: ChunkHistograms = f["tailguard_queue_wait_seconds"]
+        self.ttft: ChunkHistograms = f["tailguard_ttft_seconds"]
+        self.itl: ChunkHistograms = f["tailguard_itl_seconds"]
+        self.e2e: ChunkHistograms = f["tailguard_e2e_seconds"]
+        self.prompt_tokens = f["tailguard_prompt_tokens"]
+        self.output_tokens = f["tailguard_output_tokens"]
+        self.rejected = f["tailguard_rejected"]
+        self.slo = f["tailguard_slo"]
+        self.requests = f["tailguard_requests"]
+        self.unclassified = f["tailguard_unclassified_requests"]
+        self.preemptions = f["tailguard_preemptions"]
+        self.migrations = f["tailguard_migrations"]
+        self.hedges = f["tailguard_hedges"]
+
+    def _bind_backends(self, f: dict[str, Any]) -> None:
+        """The families of backends and connections: load, caps, failures, retries, health."""
+        self.inflight = f["tailguard_inflight"]
+        self.concurrency_limit = f["tailguard_backend_concurrency_limit"]
+        self.connections_closed = f["tailguard_connections_closed"]
+        self.upstream_errors = f["tailguard_upstream_errors"]
+        self.overrun_tokens = f["tailguard_upstream_overrun_tokens"]
+        self._overran: set[str] = set()  # backends whose overrun was logged (once each)
+        self.retries = f["tailguard_retries"]
+        self.retries_denied = f["tailguard_retries_denied"]
+        self.health_changes = f["tailguard_backend_health_changes"]
+        self.ejections = f["tailguard_backend_ejections"]
+        self.backend_healthy = f["tailguard_backend_healthy"]
+        self.engine_requests = f["tailguard_backend_engine_requests"]
+        self.backend_kind = f["tailguard_backend_kind"]
+
+    def _bind_usage(self, f: dict[str, Any]) -> None:
+        """The families of usage: by caller, by agent program, and the GenAI conventions' own."""
+        self.caller_requests = f["tailguard_caller_requests"]
+        self.caller_tokens = f["tailguard_caller_tokens"]
+        self.caller_label = CallerLabels()
+        self.program_calls = f["tailguard_program_calls"]
+        self.programs = f["tailguard_programs"]
+        self.genai_ttft: ChunkHistograms = f["gen_ai_server_time_to_first_token_seconds"]
+        self.genai_tpot: ChunkHistograms = f["gen_ai_server_time_per_output_token_seconds"]
+        self.genai_duration: ChunkHistograms = f["gen_ai_server_request_duration_seconds"]
+        self.genai_tokens: ChunkHistograms = f["gen_ai_client_token_usage"]
 
     def observe(self, guard: str, stage: str, seconds: float, verdict: str) -> None:
         """One guard check's time and verdict (the guards' `Stats`)."""
@@ -403,46 +342,24 @@ class GatewayMetrics:
         return generate_latest(self.registry)
 
 
-def _ms(v: float) -> str:
-    return f"{v * 1000.0:.3f}"
-
-
-def server_timing(t: Request) -> str:
-    """`Server-Timing` value: queue, connect (bind to upstream headers) and ttft, in ms."""
-    parts: list[str] = []
-    if t.bound_at is not None:
-        parts.append(f"queue;dur={_ms(t.bound_at - t.arrived_at)}")
-        if t.upstream_headers_at is not None:
-            parts.append(f"connect;dur={_ms(t.upstream_headers_at - t.bound_at)}")
-    if t.first_content_at is not None:
-        parts.append(f"ttft;dur={_ms(t.first_content_at - t.arrived_at)}")
-    return ", ".join(parts)
-
-
-def response_headers(t: Request) -> dict[str, str]:
-    """The `X-Tailguard-*` and `Server-Timing` headers for a response that has been bound."""
-    h = {"X-Tailguard-Class": t.cls, "X-Tailguard-Backend": t.backend}
-    if t.bound_at is not None:
-        h["X-Tailguard-Queue-Ms"] = f"{(t.bound_at - t.arrived_at) * 1000.0:.1f}"
-    st = server_timing(t)
-    if st:
-        h["Server-Timing"] = st
-    if t.rate_headers is not None:
-        h.update(t.rate_headers)
-    return h
-
-
 def record_finish(m: GatewayMetrics, t: Request) -> None:
     """Everything observed once when a request ends (its one outcome, tokens, TTFT, E2E). A
     request refused before it had a class is counted by status alone: no placeholder class."""
     if t.cls == NO_CLASS:
         m.unclassified.labels(str(t.status)).inc()
         return
-    outcome = t.outcome
     c = m.cls(t.cls)
-    c.requests(outcome).inc()
-    op = GENAI_OPERATION[t.endpoint]
+    c.requests(t.outcome).inc()
     end = t.finished_at if t.finished_at is not None else t.arrived_at
+    _record_latencies(m, c, t, end)
+    m.capacity.ended(t.backend, t.cls, end, None if t.bound_at is None else end - t.bound_at)
+    _record_usage(m, c, t)
+
+
+def _record_latencies(m: GatewayMetrics, c: ClassMetrics, t: Request, end: float) -> None:
+    """Its E2E, its TTFT and (of a success) time per output token, and each SLO target met or missed."""
+    outcome = t.outcome
+    op = GENAI_OPERATION[t.endpoint]
     c.e2e.observe(end - t.arrived_at)
     m.genai_duration.labels(op, t.cls).observe(end - t.arrived_at)
     if t.first_content_at is not None:
@@ -453,9 +370,12 @@ def record_finish(m: GatewayMetrics, t: Request) -> None:
             if t.output_tokens > 1:
                 m.genai_tpot.labels(op, t.cls).observe((end - t.first_content_at) / (t.output_tokens - 1))
     if t.slo is not None:
-        for target, met in judge(t.slo, outcome, end - t.arrived_at, _ttft_s(t), t.output_tokens).items():
+        for target, met in judge(t.slo, outcome, end - t.arrived_at, t.ttft_s, t.output_tokens).items():
             m.slo.labels(t.cls, target, "met" if met else "missed").inc()
-    m.capacity.ended(t.backend, t.cls, end, None if t.bound_at is None else end - t.bound_at)
+
+
+def _record_usage(m: GatewayMetrics, c: ClassMetrics, t: Request) -> None:
+    """Its tokens, by class, by its program and by its caller; an overrun said."""
     prompt = t.prompt_tokens if t.answered else 0  # no engine took it: its prompt cost nothing
     if t.answered:  # the GenAI conventions count usage of operations that ran
         m.genai_usage(t.endpoint, t.backend).record(prompt, t.output_tokens)
@@ -472,87 +392,8 @@ def record_finish(m: GatewayMetrics, t: Request) -> None:
         m.overran(t)
     if t.caller is not None:
         caller = m.caller_label(t.caller)  # `other` past the first callers seen: bounded series
-        m.caller_requests.labels(caller, outcome.value).inc()
+        m.caller_requests.labels(caller, t.outcome.value).inc()
         if prompt:
             m.caller_tokens.labels(caller, "prompt").inc(prompt)
         if t.output_tokens:
             m.caller_tokens.labels(caller, "output").inc(t.output_tokens)
-
-
-def _ttft_s(t: Request) -> float | None:
-    return None if t.first_content_at is None else t.first_content_at - t.arrived_at
-
-
-def _now_rfc3339() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-
-
-def access_log(t: Request, *, method: str, path: str, text: Callable[[str], str] | None = None) -> None:
-    """One JSON line per request on logger `tailguard.access`; its prompt and completion text
-    only with `text`, written through it (the lifecycle passes the redaction of `redaction:`, and
-    only with `log_prompts: true`). The guards' verdicts other than pass, when there were any."""
-    if not _access_log.isEnabledFor(logging.INFO):
-        return
-    end = t.finished_at if t.finished_at is not None else t.arrived_at
-    # `outcome` goes in as it is: orjson writes an enum member as its value, without the lookup.
-    rec: dict[str, Any] = {
-        "ts": _now_rfc3339(), "level": "info", "event": "access",
-        "id": t.id, "request_id": t.request_id, "method": method, "path": path, "status": t.status,
-        "outcome": t.outcome, "class": None if t.cls == NO_CLASS else t.cls, "model": t.model,
-        "backend": t.backend, "attempts": t.counts.attempts,
-        "queue_ms": None if t.bound_at is None else round((t.bound_at - t.arrived_at) * 1000.0, 3),
-        "ttft_ms": None if t.first_content_at is None else round((t.first_content_at - t.arrived_at) * 1000.0, 3),
-        "e2e_ms": round((end - t.arrived_at) * 1000.0, 3),
-        "prompt_tokens": t.prompt_tokens, "output_tokens": t.output_tokens, "preemptions": t.counts.preemptions,
-        "client": t.client, "user_agent": t.user_agent,
-    }
-    if t.reason is not None:
-        rec["reason"] = t.reason
-    counts = t.counts
-    if counts.retries:
-        rec["retries"] = counts.retries
-    if counts.migrations:
-        rec["migrations"] = counts.migrations
-    if counts.hedges:
-        rec["hedges"] = counts.hedges
-    if t.caller is not None:
-        rec["caller"] = t.caller
-    if t.program is not None:  # its program by a digest (never the session or user id itself), and which call
-        rec["program"], rec["program_call"], rec["program_source"] = t.program.id, t.program.call, t.program.source
-    if t.slo is not None:  # each target: met or missed (`tailguard.slo`)
-        rec["slo"] = judge(t.slo, t.outcome, end - t.arrived_at, _ttft_s(t), t.output_tokens)
-        if t.slo.ttft_s is not None:
-            rec["ttft_slo_ms"] = round(t.slo.ttft_s * 1000.0, 3)
-    if t.output_estimated:
-        rec["output_tokens_estimated"] = True
-    if t.overrun_tokens:
-        rec["overrun_tokens"] = t.overrun_tokens
-    if t.verdicts:
-        rec["guards"] = t.verdicts
-    if text is not None:
-        if t.prompt_text is not None:
-            rec["prompt"] = text(t.prompt_text)
-        if t.completion is not None:
-            rec["completion"] = text(t.completion)
-    _write_access(rec)
-
-
-def route_access_log(*, request_id: str, method: str, path: str, status: int, reason: str | None,
-                     client: str | None, user_agent: str | None) -> None:
-    """The access line of a request no generation route took (a 404, a 405, a body too large
-    for the route): so every status the gateway answers is in the log."""
-    if _access_log.isEnabledFor(logging.INFO):
-        _write_access({"ts": _now_rfc3339(), "level": "info", "event": "access", "request_id": request_id,
-                       "method": method, "path": path, "status": status, "reason": reason, "client": client,
-                       "user_agent": user_agent})
-
-
-def _write_access(rec: dict[str, Any]) -> None:
-    line = orjson.dumps(rec).decode()
-    handlers = _access_log.handlers
-    if len(handlers) == 1 and type(handlers[0]) is BufferedLineHandler and not _access_log.filters:
-        handlers[0].add(line)  # the default handler (see `BufferedLineHandler.add`)
-        return
-    # The record made and handled directly: `Logger.info` would first walk the stack for the
-    # caller's file and line (`findCaller`), which an access line never shows.
-    _access_log.handle(_access_log.makeRecord(ACCESS_LOGGER, logging.INFO, "", 0, line, (), None))

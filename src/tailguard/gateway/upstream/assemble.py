@@ -1,6 +1,6 @@
 """The non-streaming answer: reads an upstream SSE stream into one `chat.completion` or
 `text_completion` body. The joining is `wire.join`'s, the client's too; this adds the reading
-(deadlines, the tally, a preemptible request's progress, the bounds on what a backend may make it
+(deadlines, the tally, a preemptible request's transcript, the bounds on what a backend may make it
 hold: the answer's bytes in all (`gateway.upstream.bound`: what its `max_tokens` allows, at most
 `limits.max_answer_bytes`), `limits.max_event_bytes` an event), the check that it is an SSE stream
 of chunks at all, and the usage the gateway counted."""
@@ -34,7 +34,7 @@ class Assembler:
     endpoint: Endpoint
     tally: Tally
     limits: LimitsConfig
-    progress: Transcript | None = None  # set for preemptible requests
+    transcript: Transcript | None = None  # set for preemptible requests
     service_tier: str | None = None  # the tier to report, when the request named one
     screen: OutputScreen | None = None  # its output guards: they read the whole answer before it goes
     joiner: ChunkJoiner = field(init=False)
@@ -52,8 +52,8 @@ class Assembler:
             done = await self._read(up)
         finally:
             self.tally.end_run()
-        prog = self.progress
-        if prog is not None and prog.suspended and not done:
+        transcript = self.transcript
+        if transcript is not None and transcript.suspended and not done:
             raise Suspended()
         error = self.joiner.error
         if error is not None:
@@ -61,9 +61,10 @@ class Assembler:
         if not self.chunks:
             raise RelayError(FailureKind.PROTOCOL, f"Backend '{self.tally.request.backend}' ended its stream without "
                              "a chunk")
-        if prog is not None:
+        if transcript is not None:
             usage = self.tally.usage
-            usage.prompt_tokens, usage.completion_tokens = prog.client_usage(usage.prompt_tokens, usage.completion_tokens)
+            usage.prompt_tokens, usage.completion_tokens = transcript.client_usage(usage.prompt_tokens,
+                                                                                   usage.completion_tokens)
         if self.screen is not None:
             return orjson.dumps(await self.screen.whole(self.answer()))
         return self.body()
@@ -71,11 +72,11 @@ class Assembler:
     async def _read(self, up: H1Response) -> bool:
         """Absorb the stream's events until it ends; whether it said `[DONE]`."""
         dec = SSEDecoder(self.limits.max_event_bytes)
-        prog = self.progress
+        transcript = self.transcript
         done = False
         try:
             while data := await up.readany():
-                if prog is not None and prog.suspended:
+                if transcript is not None and transcript.suspended:
                     raise Suspended()
                 now = self.tally.clock()
                 self.tally.watchdog.last_at = now
@@ -88,7 +89,7 @@ class Assembler:
                 done = done or ev.data == DONE
                 self._absorb(ev.data, self.tally.clock())
         except (UpstreamBroke, EventTooLarge) as e:
-            if isinstance(e, UpstreamBroke) and prog is not None and prog.suspended:
+            if isinstance(e, UpstreamBroke) and transcript is not None and transcript.suspended:
                 raise Suspended() from None
             raise stream_failure(e) from None
         return done
@@ -105,8 +106,8 @@ class Assembler:
         self.chunks += 1
         if self.tally.traced:
             self.tally.answer_end(data, 0, len(data))
-        if self.progress is not None:  # its token ids kept; a continuation by ids back in chat's shape
-            obj = self.progress.absorb(obj)
+        if self.transcript is not None:  # its token ids kept; a continuation by ids back in chat's shape
+            obj = self.transcript.absorb(obj)
         self.joiner.feed(obj)
         if self.joiner.error is not None:  # the request fails with it at the end: nothing more to count
             return
@@ -114,9 +115,9 @@ class Assembler:
         self.tally.counted()
         if has_content(data):
             self.tally.content(now)
-            if self.progress is not None:
+            if self.transcript is not None:
                 pt, ct = running_usage(obj)
-                self.progress.add(delta_text(obj, self.endpoint == "chat"), ct, pt)
+                self.transcript.add(delta_text(obj, self.endpoint == "chat"), ct, pt)
 
     def text(self) -> str:
         return self.joiner.text()

@@ -175,24 +175,24 @@ _SAMPLING = ("model", "temperature", "top_p", "top_k", "min_p", "presence_penalt
              "spaces_between_special_tokens", "include_stop_str_in_output", "logit_bias", "user", "bad_words")
 
 
-def continuation_body(body: dict[str, Any], endpoint: Endpoint, progress: Transcript,
+def continuation_body(body: dict[str, Any], endpoint: Endpoint, transcript: Transcript,
                       by_ids: bool = False) -> tuple[dict[str, Any], Endpoint]:
-    """The request that continues `body` after `progress`, and the endpoint it goes to; records
-    in `progress` where the new run starts (`base_tokens`, `added_prompt_tokens`), and that it is
+    """The request that continues `body` after `transcript`, and the endpoint it goes to; records
+    in `transcript` where the new run starts (`base_tokens`, `added_prompt_tokens`), and that it is
     parsed as it goes. `by_ids`: the next backend takes a token-id prompt; used when the ids so
     far account for every token."""
-    progress.decode(endpoint == "chat")
-    progress.lazy = False
-    progress.as_chat = False
-    text = progress.text()
-    done = progress.tokens
-    progress.runs += 1
-    progress.base_tokens = done
-    progress.added_prompt_tokens = 0
+    transcript.decode(endpoint == "chat")
+    transcript.lazy = False
+    transcript.as_chat = False
+    text = transcript.text()
+    done = transcript.tokens
+    transcript.runs += 1
+    transcript.base_tokens = done
+    transcript.added_prompt_tokens = 0
     if not text:
         return body, endpoint  # nothing generated yet: start over
-    if by_ids and progress.by_ids() and not body.get("stop"):  # (a stop string's held text: by text)
-        return _by_ids(body, endpoint, progress), "completions"
+    if by_ids and transcript.by_ids() and not body.get("stop"):  # (a stop string's held text: by text)
+        return _by_ids(body, endpoint, transcript), "completions"
     out = dict(body)
     if endpoint == "chat":
         messages = list(body["messages"])
@@ -212,27 +212,27 @@ def continuation_body(body: dict[str, Any], endpoint: Endpoint, progress: Transc
         added = text_tokens(str(body["prompt"]) + text) - text_tokens(str(body["prompt"]))
         names = ("max_tokens",)
     _shrink(body, out, names, done)
-    progress.added_prompt_tokens = added
+    transcript.added_prompt_tokens = added
     return out, endpoint
 
 
-def _by_ids(body: dict[str, Any], endpoint: Endpoint, progress: Transcript) -> dict[str, Any]:
+def _by_ids(body: dict[str, Any], endpoint: Endpoint, transcript: Transcript) -> dict[str, Any]:
     """A completions request whose prompt is the first run's prompt ids and every id generated
     since: its prompt count is exact (`added_prompt_tokens`), and a chat client's chunks are put
     back in chat's shape (`as_chat`)."""
-    assert progress.ids is not None and progress.prompt_ids is not None
+    assert transcript.ids is not None and transcript.prompt_ids is not None
     # Ids past the last text shown are generated again, and counted again: not counted twice.
-    del progress.ids[progress.shown_ids:]
-    progress.tokens = progress.base_tokens = len(progress.ids)
+    del transcript.ids[transcript.shown_ids:]
+    transcript.tokens = transcript.base_tokens = len(transcript.ids)
     out = {k: body[k] for k in _SAMPLING if k in body}
-    out["prompt"] = progress.prompt_ids + progress.ids
+    out["prompt"] = transcript.prompt_ids + transcript.ids
     out["return_token_ids"] = True
     limit = body.get("max_completion_tokens") if endpoint == "chat" else None
     if limit is None:
         limit = body.get("max_tokens")
-    _shrink({**body, "max_tokens": limit}, out, ("max_tokens",), progress.tokens)
-    progress.added_prompt_tokens = len(progress.ids)
-    progress.as_chat = endpoint == "chat"
+    _shrink({**body, "max_tokens": limit}, out, ("max_tokens",), transcript.tokens)
+    transcript.added_prompt_tokens = len(transcript.ids)
+    transcript.as_chat = endpoint == "chat"
     return out
 
 

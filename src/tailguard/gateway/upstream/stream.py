@@ -64,7 +64,7 @@ class StreamRelay:
     limits: LimitsConfig
     upstream_error: bool = False
     ended: bool = False  # the client's response is complete (eof written)
-    progress: Transcript | None = None  # set for preemptible requests: the text so far is tracked
+    transcript: Transcript | None = None  # set for preemptible requests: the text so far is tracked
     # A preemptible request's chunk id from its first run: a resumed run's chunks are given it
     # back, so the client sees one response id throughout.
     stream_id: str | None = None
@@ -97,11 +97,11 @@ class StreamRelay:
         self.held.clear()  # a failed attempt's preamble is not this one's
         self.held_bytes = 0
         try:
-            prog = self.progress
-            if prog is not None and not prog.lazy:
+            transcript = self.transcript
+            if transcript is not None and not transcript.lazy:
                 if self.stream_id is None:
-                    self.stream_id = prog.first_id  # (a lazy first run's, continued after a migration)
-                await self._run_tracked(up, prog)
+                    self.stream_id = transcript.first_id  # (a lazy first run's, continued after a migration)
+                await self._run_tracked(up, transcript)
             else:
                 await self._run_pushed(up)
         finally:
@@ -185,7 +185,7 @@ class StreamRelay:
         self._pending = (chunk, content, last, now)
         return False
 
-    async def _run_tracked(self, up: H1Response, prog: Transcript) -> None:
+    async def _run_tracked(self, up: H1Response, transcript: Transcript) -> None:
         """The loop of a preemptible request: every event parsed (`_track`); between reads it
         stops with `Suspended` once the dispatcher has preempted the request."""
         clock = self.tally.clock
@@ -193,19 +193,19 @@ class StreamRelay:
         dec = SSEDecoder(self.limits.max_event_bytes)
         try:
             while data := await read():
-                if prog.suspended and not self.ended:
+                if transcript.suspended and not self.ended:
                     raise Suspended()
                 now = clock()
                 wd.last_at = now
                 self.tally.read(len(data))
                 if not self.ended:
-                    await self._emit(*self._track(dec.feed(data), prog), now)
+                    await self._emit(*self._track(dec.feed(data), transcript), now)
         except (UpstreamBroke, EventTooLarge) as e:
-            if isinstance(e, UpstreamBroke) and prog.suspended and not self.ended:
+            if isinstance(e, UpstreamBroke) and transcript.suspended and not self.ended:
                 raise Suspended() from None
             if not self.ended:
                 raise stream_failure(e) from None
-        if prog.suspended and not self.ended:
+        if transcript.suspended and not self.ended:
             raise Suspended()
         await self._eof(dec)
 
@@ -214,9 +214,9 @@ class StreamRelay:
         if self.ended:
             return
         tail = dec.flush_raw()
-        prog = self.progress
-        chunk, content, _ = (self._scan(tail, [len(tail)]) if prog is None or prog.lazy
-                             else self._track(events_of(tail), prog))
+        transcript = self.transcript
+        chunk, content, _ = (self._scan(tail, [len(tail)]) if transcript is None or transcript.lazy
+                             else self._track(events_of(tail), transcript))
         await self._emit(chunk, content, True, self.tally.clock())
 
     def _scan(self, buf: bytes, ends: list[int]) -> tuple[bytes, int, bool]:
@@ -240,18 +240,18 @@ class StreamRelay:
                 self.upstream_error = True
             last_start, pos = pos, end
         last = content < len(ends) and f.is_last(buf, last_start, pos)  # [DONE] is not content
-        prog = self.progress
-        if prog is not None and (content or prog.wants_ids()):
+        transcript = self.transcript
+        if transcript is not None and (content or transcript.wants_ids()):
             if content:
                 self.tally.room(content)  # text past the answer's bound is neither relayed nor kept
-            prog.keep(buf, self.endpoint == "chat")
+            transcript.keep(buf, self.endpoint == "chat")
         if drop is not None:
             buf = buf[:drop[0]] + buf[drop[1]:]
-        if prog is not None and prog.hide_ids:
+        if transcript is not None and transcript.hide_ids:
             buf = without_token_ids(buf)
         return buf, content, last
 
-    def _track(self, events: list[SSEEvent], prog: Transcript) -> tuple[bytes, int, bool]:
+    def _track(self, events: list[SSEEvent], transcript: Transcript) -> tuple[bytes, int, bool]:
         """The relay of a preemptible request: every event is parsed, to keep the text so far
         (the one thing a continuation needs). On a resumed run the client's stream is already
         open: the new upstream's role-only preamble is dropped and its usage is rewritten once,
@@ -270,7 +270,7 @@ class StreamRelay:
                 continue
             if self.tally.traced:
                 self.tally.answer_end(ev.data, 0, len(ev.data))
-            shaped = prog.absorb(obj)  # its token ids kept; a continuation by ids back in chat's shape
+            shaped = transcript.absorb(obj)  # its token ids kept; a continuation by ids back in chat's shape
             raw = ev.raw if shaped is obj else encode_event(orjson.dumps(shaped))
             raw = self._same_id(raw, shaped)
             obj = shaped
@@ -279,17 +279,17 @@ class StreamRelay:
                 out.append(raw)
             elif has_content(ev.data):
                 pt, ct = running_usage(obj)
-                prog.add(delta_text(obj, self.endpoint == "chat"), ct, pt)
+                transcript.add(delta_text(obj, self.endpoint == "chat"), ct, pt)
                 content += 1
                 out.append(raw)
             elif isinstance(obj.get("usage"), dict):
-                usage = self._usage_event(raw, obj, prog)
+                usage = self._usage_event(raw, obj, transcript)
                 if usage:
                     out.append(usage)
             elif not (self.sink.started and not self.tally.run_started and role_only(obj)):
                 out.append(raw)  # (else a resumed run's preamble: the client has had it)
         data = b"".join(out)
-        return (without_token_ids(data) if prog.hide_ids else data), content, last
+        return (without_token_ids(data) if transcript.hide_ids else data), content, last
 
     def _same_id(self, raw: bytes, obj: dict[str, Any]) -> bytes:
         """A resumed run's chunk with the first run's id, which its engine named anew."""
@@ -303,19 +303,19 @@ class StreamRelay:
             obj["id"] = self.stream_id
         return raw
 
-    def _usage_event(self, raw: bytes, obj: dict[str, Any], prog: Transcript) -> bytes:
+    def _usage_event(self, raw: bytes, obj: dict[str, Any], transcript: Transcript) -> bytes:
         """The usage chunk as the client gets it: dropped if it did not ask for it, rewritten
         once (the one JSON rewrite of a resumed request) to count every run. The tally keeps
         the same counts, as the assembler's does: the request is metered from them."""
         usage = self.tally.usage
         usage_only = usage.read(obj)
-        if prog.runs > 1:
-            usage.prompt_tokens, usage.completion_tokens = prog.client_usage(usage.prompt_tokens,
+        if transcript.runs > 1:
+            usage.prompt_tokens, usage.completion_tokens = transcript.client_usage(usage.prompt_tokens,
                                                                              usage.completion_tokens)
         self.tally.counted()
         if usage_only and not self.client_usage:
             return b""
-        if prog.runs > 1:
+        if transcript.runs > 1:
             pt, ct = usage.prompt_tokens, usage.completion_tokens
             if pt is not None and ct is not None:
                 obj["usage"] = {**obj["usage"], "prompt_tokens": pt, "completion_tokens": ct,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from tailguard.clock import Now
 from tailguard.config.limits import LimitsConfig
-from tailguard.gateway.ops.metrics import ChunkHistogram
+from tailguard.gateway.ops.histograms import ChunkHistogram
 from tailguard.gateway.request import Request
 from tailguard.gateway.upstream.bound import AnswerBound
 from tailguard.gateway.upstream.client import RelayError
