@@ -46,23 +46,29 @@ async def test_the_lua_scripts_decide_as_the_front_s_buckets_do(tmp_path: Path, 
                     rule.settle("team", mine, used, time.monotonic() - t0)
                     continue
                 need = rng.randint(1, 1500)
+                before = time.monotonic() - t0
                 verdict, h = await shared.reserve("team", need)
                 now = time.monotonic() - t0
+                # Redis decided at an instant between `before` and `now`: on a loaded machine the
+                # two can be far apart, and what refills in between is the only difference allowed.
+                late = now - before
                 refusal = rule.refusal("team", need, now)
+                if verdict != GRANTED and refusal is None:  # a refill came due while Redis answered
+                    refusal = rule.refusal("team", need, before)
                 assert (verdict == GRANTED) == (refusal is None), (verdict, refusal)
                 if refusal is None:
                     assert h is not None
                     held.append((h, rule.take("team", need, now)))
                 else:
                     assert verdict is not None and verdict.reason is refusal.reason
-                    assert verdict.retry_after_s == pytest.approx(refusal.retry_after_s, abs=0.1)
+                    assert verdict.retry_after_s == pytest.approx(refusal.retry_after_s, abs=0.1 + late)
                     refused += 1
                 agreed += 1
                 requests, tokens = rule.standing("team", now)
                 seen = shared.standing("team")
                 assert seen is not None and requests is not None and tokens is not None
-                assert abs(seen[0].remaining - requests.remaining) <= 1  # type: ignore[union-attr]
-                assert abs(seen[1].remaining - tokens.remaining) <= 2  # type: ignore[union-attr]
+                assert abs(seen[0].remaining - requests.remaining) <= 1 + 2 * late  # type: ignore[union-attr]
+                assert abs(seen[1].remaining - tokens.remaining) <= 2 + 100 * late  # type: ignore[union-attr]
         finally:
             await shared.close()
             await link.close()
