@@ -51,10 +51,11 @@ def dead_url() -> str:
 @asynccontextmanager
 async def gateway(
     *, sims: int = 1, max_concurrency: int = 8, engine_cfg: EngineConfig | None = None, scale: float = SCALE,
-    extra_backends: list[BackendConfig] | None = None, kind: str = "sim", record: Path | None = None, **cfg: Any,
+    extra_backends: list[BackendConfig] | None = None, kind: str = "sim", record: Path | None = None,
+    sock: socket.socket | None = None, **cfg: Any,
 ) -> AsyncIterator[Stack]:
     """`sims` simulators, each a backend (`sim0`, `sim1`, ...) of `kind` after `extra_backends`,
-    behind one gateway (recording its front's events to `record`, given)."""
+    behind one gateway (recording its front's events to `record`, given; listening on `sock`, given)."""
     async with AsyncExitStack() as stack:
         started = [await stack.enter_async_context(running_sim(engine_cfg or engine(), time_scale=scale))
                    for _ in range(sims)]
@@ -64,7 +65,7 @@ async def gateway(
         ]
         gw_cfg = GatewayConfig.model_validate({"backends": [b.model_dump() for b in backends], **cfg})
         app = create_app(gw_cfg, record=record)
-        url = await stack.enter_async_context(running(app, runner=gateway_runner(app)))
+        url = await stack.enter_async_context(running(app, runner=gateway_runner(app), sock=sock))
         yield Stack(url, app, started)
 
 

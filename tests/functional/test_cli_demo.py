@@ -16,7 +16,7 @@ async def test_a_short_demo_into_a_file_keeps_its_lines_whole_and_its_page_says_
     log = tmp_path / "demo.txt"
     with log.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(
-            TAILGUARD, "demo", "--duration", "3", "--time-scale", "0.05", "--concurrency", "8",
+            TAILGUARD, "demo", "--duration", "1.5", "--time-scale", "0.05", "--concurrency", "8",
             "--out", str(tmp_path / "demo"), stdout=out, stderr=asyncio.subprocess.STDOUT, env=env)
         try:
             async with asyncio.timeout(90):

@@ -33,17 +33,23 @@ class Terminal:
         self.pid, self.fd = pid, fd
         self.out = b""
 
-    def read_for(self, seconds: float) -> str:
-        """Everything shown in the next `seconds`, escape codes removed."""
+    def read_for(self, seconds: float, until: tuple[str, ...] = ()) -> str:
+        """Everything shown so far, escape codes removed, after reading for `seconds`, or less:
+        until every one of `until` (if given) has been shown."""
         end = time.monotonic() + seconds
         os.set_blocking(self.fd, False)
         while time.monotonic() < end:
             try:
                 self.out += os.read(self.fd, 65536)
             except BlockingIOError:
+                if until and all(text in self.screen() for text in until):
+                    break
                 time.sleep(0.05)
             except OSError:  # the child has gone: its end of the pty closed
                 break
+        return self.screen()
+
+    def screen(self) -> str:
         return _ANSI.sub(b"", self.out).decode("utf-8", "replace")
 
     def exit_code(self, limit_s: float = 10.0) -> int:
@@ -77,6 +83,11 @@ async def _load(url: str, stop: asyncio.Event) -> None:
             await asyncio.sleep(0.05)
 
 
+FIELDS = ("classes", "interactive", "admitted/s", "rejected/s", "TTFT P99", "backends", "sim0", "healthy", "/8",
+          "engine run/wait", "top callers", "app", "GPU tailguard-sim gpu 0", "util", "/700 W", "/1980 MHz",
+          "unreachable", "Ctrl-C to quit")
+
+
 async def test_top_shows_classes_backends_and_callers_and_leaves_on_ctrl_c() -> None:
     cfg: dict[str, Any] = {"auth": {"api_keys": {"sk-app": {"name": "app"}}}}
     async with asyncio.timeout(40), gateway(**cfg) as gw:
@@ -85,15 +96,13 @@ async def test_top_shows_classes_backends_and_callers_and_leaves_on_ctrl_c() -> 
         # the simulator's page carries its modelled GPU's DCGM gauges: a line for it
         term = Terminal(gw.url, "--gpu-metrics", gw.sims[0].url, "--gpu-metrics", dead_url())
         try:
-            screen = await asyncio.to_thread(term.read_for, 3.5)
+            screen = await asyncio.to_thread(term.read_for, 20.0, FIELDS)
             code = await asyncio.to_thread(term.ctrl_c)
         finally:
             term.kill()
             stop.set()
             await load
-    for field in ("classes", "interactive", "admitted/s", "rejected/s", "TTFT P99", "backends", "sim0", "healthy",
-                  "/8", "engine run/wait", "top callers", "app", "GPU tailguard-sim gpu 0", "util", "/700 W",
-                  "/1980 MHz", "unreachable", "Ctrl-C to quit"):
+    for field in FIELDS:
         assert field in screen, f"{field!r} not shown:\n{screen[-3000:]}"
     assert code == 0 and "Traceback" not in screen
     assert max(len(line) for line in screen.splitlines()) <= 80
@@ -102,7 +111,7 @@ async def test_top_shows_classes_backends_and_callers_and_leaves_on_ctrl_c() -> 
 def test_top_says_when_the_gateway_is_unreachable() -> None:
     term = Terminal(dead_url())
     try:
-        screen = term.read_for(2.0)
+        screen = term.read_for(20.0, ("gateway unreachable", "trying again"))
         code = term.ctrl_c()
     finally:
         term.kill()
@@ -138,7 +147,7 @@ async def test_top_sends_an_admin_key_and_says_a_401_as_a_401() -> None:
         for args, env in ((("--api-key", ADMIN), {}), ((), {"TAILGUARD_API_KEY": ADMIN})):
             term = Terminal(gw.url, *args, **env)
             try:
-                screen = await asyncio.to_thread(term.read_for, 2.0)
+                screen = await asyncio.to_thread(term.read_for, 20.0, ("classes", "sim0"))
                 code = await asyncio.to_thread(term.ctrl_c)
             finally:
                 term.kill()

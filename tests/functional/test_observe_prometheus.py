@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
+from collections.abc import Iterator
 from itertools import groupby
 from pathlib import Path
 from typing import Any
@@ -102,7 +104,7 @@ async def test_every_panel_and_rule_returns_data_from_a_real_prometheus(tmp_path
             started = time.time()  # Prometheus runs on this machine: the same clock
             await _on_purpose(gw.url)
             code, out = await run("bench", "--url", gw.url, "--workload", "seed-mixed", "--rate", "15",
-                                  "--duration", "4", "--api-key", "sk-load", "--time-scale", str(SCALE),
+                                  "--duration", "2", "--api-key", "sk-load", "--time-scale", str(SCALE),
                                   "--out", str(tmp_path / "bench"), "--quiet", limit_s=60)
             assert code == 0, out
             await _scraped_after(prom, "tailguard", 4)
@@ -141,19 +143,36 @@ def _docs_scrape_config() -> dict[str, Any]:
     return dict(scrape)
 
 
-async def test_the_documented_scrape_config_sends_the_admin_key(tmp_path: Path) -> None:
+ADMIN = "prom-admin-0123456789"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def docs_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Prometheus, socket.socket]]:
+    """A real Prometheus scraping with the docs' own block (its target a socket bound here, held
+    for the gateway of the test below; its key file holding ADMIN), started with the module:
+    Prometheus 2.42 scrapes a static target 5 s after it starts at the earliest (its discovery
+    and scrape managers' fixed start-up throttle), so those 5 s pass while the test above runs."""
+    tool("prometheus")
+    folder = tmp_path_factory.mktemp("docs-prometheus")
+    key_file = folder / "tailguard-admin-key"
+    key_file.write_text(ADMIN + "\n")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))  # not listening yet: Prometheus's scrapes are refused until the gateway is
+        host, port = sock.getsockname()
+        scrape = _docs_scrape_config()
+        scrape.update(scrape_interval="500ms", static_configs=[{"targets": [f"{host}:{port}"]}])
+        scrape["authorization"]["credentials_file"] = str(key_file)
+        with running_prometheus(folder, {}, scrapes=[scrape]) as prom:
+            yield prom, sock
+
+
+async def test_the_documented_scrape_config_sends_the_admin_key(
+        docs_prometheus: tuple[Prometheus, socket.socket]) -> None:
     """A gateway whose /metrics needs an admin key from everyone (`open_metrics: keys`) is scraped
     by a real Prometheus with the docs' own block: `up` is 1 and tailguard's series are there."""
-    tool("prometheus")
-    admin = "prom-admin-0123456789"
-    key_file = tmp_path / "tailguard-admin-key"
-    key_file.write_text(admin + "\n")
-    scrape = _docs_scrape_config()
-    async with asyncio.timeout(60), gateway(auth={"api_keys": {"sk-app": {"name": "app"}}, "admin_keys": [admin],
-                                                  "open_metrics": "keys"}) as gw:
-        scrape.update(scrape_interval="500ms", static_configs=[{"targets": [gw.url.removeprefix("http://")]}])
-        scrape["authorization"]["credentials_file"] = str(key_file)
-        with running_prometheus(tmp_path, {}, scrapes=[scrape]) as prom:
-            while not await asyncio.to_thread(prom.query, 'up{job="tailguard"} == 1'):
-                await asyncio.sleep(0.25)
-            assert await asyncio.to_thread(prom.query, 'tailguard_queue_length{job="tailguard"}')
+    prom, sock = docs_prometheus
+    async with asyncio.timeout(60), gateway(auth={"api_keys": {"sk-app": {"name": "app"}}, "admin_keys": [ADMIN],
+                                                  "open_metrics": "keys"}, sock=sock):
+        while not await asyncio.to_thread(prom.query, 'up{job="tailguard"} == 1'):
+            await asyncio.sleep(0.25)
+        assert await asyncio.to_thread(prom.query, 'tailguard_queue_length{job="tailguard"}')

@@ -9,7 +9,6 @@ from typing import Any, Sequence
 from jinja2 import DictLoader, Environment, select_autoescape
 from markupsafe import Markup, escape
 
-from tailguard.bench import plots
 from tailguard.bench.attribution import tail_parts
 from tailguard.bench.recorder import RequestRecord
 from tailguard.bench.stats import measured
@@ -261,6 +260,8 @@ def _class_names(summary_or_cmp: dict[str, Any]) -> list[str]:
 def render_report(summary: dict[str, Any], records: Sequence[RequestRecord], version: str,
                   doctor: dict[str, Any] | None = None) -> str:
     """The run's page; `doctor` is what `tailguard doctor` found (doctor.json), shown when given."""
+    from tailguard.bench import plots  # matplotlib, imported only to draw a page (about 0.7 s)
+
     rec = measured(records)
     names = _class_names(summary)
     groups = [*summary["classes"].items(), ("overall", summary["overall"])]
@@ -287,6 +288,8 @@ def _program_groups(programs: dict[str, Any] | None) -> list[tuple[str, dict[str
 
 def render_compare(cmp: dict[str, Any], before: Sequence[RequestRecord], after: Sequence[RequestRecord],
                    version: str) -> str:
+    from tailguard.bench import plots
+
     names = _class_names(cmp)
     groups = [*cmp["classes"].items(), ("overall", cmp["overall"])]
     img = {"cdf": plots.compare_cdfs(measured(before), measured(after), names)}

@@ -111,8 +111,9 @@ def test_invalid_run_banner(tmp_path: Path) -> None:
 
 
 def test_compare_dirs_writes_table_and_page(tmp_path: Path) -> None:
-    write_outputs(fake_run(0, slow_chat=True), tmp_path / "before")
-    write_outputs(fake_run(1, slow_chat=False), tmp_path / "after")
+    # compare reads the folders' records, not their pages (the test above checks a page)
+    write_outputs(fake_run(0, slow_chat=True), tmp_path / "before", html=False)
+    write_outputs(fake_run(1, slow_chat=False), tmp_path / "after", html=False)
     console = Console(record=True, width=160)
     cmp = compare_dirs(tmp_path / "before", tmp_path / "after", tmp_path / "cmp", console=console)
     assert {p.name for p in (tmp_path / "cmp").iterdir()} == {"compare.json", "compare.html"}

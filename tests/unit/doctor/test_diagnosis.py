@@ -4,6 +4,7 @@ by doctor exactly as it reads a bench run."""
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import pytest
@@ -48,6 +49,17 @@ def findings(vr: VirtualRun) -> list[Finding]:
     return diagnose(records, meta, evidence=Evidence(engine=engine_ev))
 
 
+@cache
+def ran(name: str) -> Any:
+    """The run of `SCENARIOS[name]` (or of BATCH_WAITS), once: it is seeded, and several tests read it."""
+    return run_virtual(BATCH_WAITS if name == "batch_waits" else SCENARIOS[name])
+
+
+def found(name: str) -> list[Finding]:
+    records, meta, engine_ev = ran(name)
+    return diagnose(records, meta, evidence=Evidence(engine=engine_ev))
+
+
 SCENARIOS = {
     # seed-mixed straight to an FCFS engine at 90% load: chats wait behind summaries
     "head_of_line": VirtualRun(engine(), wl("seed-mixed"), 2000, rate=3.4, seed=1),
@@ -71,17 +83,17 @@ BATCH_WAITS = VirtualRun(engine(), CHAT_HEAVY, 2000, gateway=gateway(8, preempti
 
 @pytest.mark.parametrize("kind", sorted(SCENARIOS))
 def test_each_scenario_shows_its_finding(kind: str) -> None:
-    found = findings(SCENARIOS[kind])
-    kinds = [f.kind for f in found]
+    seen = found(kind)
+    kinds = [f.kind for f in seen]
     assert kind in kinds, kinds
-    f = found[kinds.index(kind)]
+    f = seen[kinds.index(kind)]
     assert f.symptom and f.cause and f.next_step and f.check and f.evidence_for
     assert f.to_json()["kind"] == kind and set(f.to_json()) == {
         "kind", "severity", "symptom", "evidence", "cause", "next_step", "check"}
 
 
 def test_head_of_line_comes_first_and_proposes_the_gateway() -> None:
-    first = findings(SCENARIOS["head_of_line"])[0]
+    first = found("head_of_line")[0]
     assert first.kind == "head_of_line" and "tailguard serve" in first.next_step
 
 
@@ -94,13 +106,13 @@ def test_a_healthy_run_has_no_finding(vr: VirtualRun) -> None:
 
 
 def test_intended_batch_queueing_is_no_fault() -> None:
-    kinds = [f.kind for f in findings(BATCH_WAITS)]
-    assert "starvation" not in kinds and all(
-        "report" not in f.symptom for f in findings(BATCH_WAITS) if f.kind == "queueing"), kinds
+    seen = found("batch_waits")
+    kinds = [f.kind for f in seen]
+    assert "starvation" not in kinds and all("report" not in f.symptom for f in seen if f.kind == "queueing"), kinds
 
 
 def test_commands_are_filled_with_the_runs_own_values() -> None:
-    records, meta, engine_ev = run_virtual(SCENARIOS["cap_above_engine"])
+    records, meta, engine_ev = ran("cap_above_engine")
     for f in diagnose(records, meta, evidence=Evidence(engine=engine_ev), run_dir="runs/today"):
         assert "<" not in f.check and "URL" not in f.check, f.check
         assert "runs/today" in f.check, f.check
@@ -108,7 +120,7 @@ def test_commands_are_filled_with_the_runs_own_values() -> None:
     # the gateway had preemption on and its batch class preemptible (the defaults): not proposed again
     assert "preemption" not in behind["head_of_line"].next_step
     assert "a lower `max_concurrency` than 32" in behind["head_of_line"].next_step
-    records, meta, engine_ev = run_virtual(SCENARIOS["head_of_line"])
+    records, meta, engine_ev = ran("head_of_line")
     first = diagnose(records, meta, evidence=Evidence(engine=engine_ev), run_dir="runs/before")[0]
     assert "--max-concurrency 8;" in first.check and "tailguard bench compare runs/before runs/before-after" in first.check
 
