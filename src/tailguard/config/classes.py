@@ -37,9 +37,10 @@ class SloConfig(_Model):
     )
     shed: bool = Field(
         default=True,
-        description="A request predicted to miss `ttft_s` is refused at once (true), and under overload the "
-        "queued requests that cost most per target met (the most uncached tokens, or already late) are shed for "
-        "cheaper ones; false: it is admitted, served after those that can still make theirs, counted missed.",
+        description="A request predicted to miss `ttft_s` is refused at once (true), a queued one leaves (503 "
+        "`late`) once it can no longer make it, and under overload the queued requests that cost most per target "
+        "met (the most uncached tokens, or already late) are shed for cheaper ones; false: it is admitted, served "
+        "after those that can still make theirs, counted missed.",
     )
     min_ttft_s: float | None = Field(
         default=None, gt=0,
@@ -93,7 +94,7 @@ class ClassConfig(_Model):
     max_queue_wait_s: float = Field(
         default=_CLS.max_queue_wait_s, gt=0,
         description="Longest a request may wait in the gateway's queue. A request expected to wait longer "
-        "is rejected on arrival (503 `wait_bound`); one that does wait this long leaves with the same answer.",
+        "is rejected on arrival (503 `wait_bound`); one that does wait this long leaves with 503 `queue_timeout`.",
     )
     max_share: float = Field(
         default=_CLS.max_share, gt=0, le=1,
