@@ -130,11 +130,9 @@ class Admission:
         (`service_s`, `front.latency`), against `margin` x the `budget_s` left until its deadline.
         None when it makes it, when nothing is predicted yet, or when it would miss even with
         nothing ahead of it (then no wait is to blame: it is served, late, as it would be alone)."""
-        if predicted_s is None or service_s is None:
+        if predicted_s is None or service_s is None or misses_alone(service_s, budget_s, margin):
             return None
         allowed_s = budget_s * margin
-        if service_s > allowed_s:
-            return None
         expected_s = predicted_s * self._wait_factor + service_s
         return expected_s - allowed_s if expected_s > allowed_s else None
 
@@ -168,3 +166,11 @@ class Admission:
     def clamp(self, seconds: float) -> float:
         """A Retry-After within the configured bounds."""
         return min(self._cfg.retry_after_max_s, max(self._cfg.retry_after_min_s, seconds))
+
+
+def misses_alone(service_s: float, budget_s: float, margin: float) -> bool:
+    """Whether a request whose predicted TTFT once started is `service_s` misses its target
+    (`margin` x the `budget_s` to its deadline) even with nothing ahead of it: then no wait is to
+    blame, and it is never refused for its target, neither on arrival (`Admission.late_s`) nor
+    once queued (`front.queue`): it is served late, as it would be alone."""
+    return service_s > budget_s * margin

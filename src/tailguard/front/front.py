@@ -536,7 +536,7 @@ class Front(Recovery):
         rest are bound to whatever became free."""
         for p in self._queue.expire(now):
             self._left(self._reqs.pop(p.id), now)
-            reason = RejectReason.QUEUE_TIMEOUT if p.wait_bound_at <= now else RejectReason.LATE
+            reason = RejectReason.QUEUE_TIMEOUT if p.waited_out(now) else RejectReason.LATE
             self._out.append(Reject(p.id, reason, self.retry_after_s()))
         for backend in self._ejector.returns(now):
             self._out.append(Readmitted(backend))

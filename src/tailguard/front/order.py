@@ -55,7 +55,8 @@ if TYPE_CHECKING:
 class Entry:
     """A queued request in the heaps: `alive` until it leaves; `late` once it can no longer make
     its deadline; `predicted` the raw wait expected as it was admitted (None: not predicted);
-    `resumed` when it waits again after a suspension (its answer has begun: it is never refused)."""
+    `resumed` when it waits again after it started (suspended, or its retry waiting for a backend):
+    admitted once, it is never refused for its target."""
 
     __slots__ = ("req", "seq", "alive", "late", "predicted", "resumed")
 

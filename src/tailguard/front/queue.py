@@ -5,8 +5,8 @@ drive the front, passing `now` in, so a policy is evaluated on a million request
 
 Policies, by name in `front.schedulers.SCHEDULERS`:
 - `fcfs`: arrival order across all classes (the baseline the benefit is measured against); here.
-- `ranked-sjf` (`front.ranked`, with the order inside a rank in `front.order`): priority between class ranks; within a rank, shortest estimated job first (across
-  a real size gap, `sjf_size_ratio`), except that a request which has waited `aging_s` is overtaken
+- `ranked-sjf` (`front.ranked`; the order inside a rank in `front.order`): priority between class
+  ranks; within a rank, shortest estimated job first (across a real size gap, `sjf_size_ratio`), except that a request which has waited `aging_s` is overtaken
   by no younger request of its rank. A class below its `min_share` of the slots in use goes before
   higher ranks, so a stream of interactive work cannot starve batch work for ever.
   A call of an agent program goes by its program's attained service before its deadline and
@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from tailguard.front.admission import Admission
+from tailguard.front.admission import Admission, misses_alone
 from tailguard.front.order import Entry, Leaf, Refs, latest_start
 from tailguard.front.params import ClassSpec, QueueParams
 from tailguard.front.refusal import Refusal
@@ -61,6 +61,11 @@ class Pending:
     def cost(self) -> int:
         """Its size for the order and for shedding: the work it brings that no cache holds."""
         return self.est_tokens - self.cached_tokens
+
+    def waited_out(self, now: float) -> bool:
+        """Whether it has waited its class's whole bound by `now` (a queued request that leaves
+        earlier leaves because it can no longer make its TTFT target)."""
+        return self.wait_bound_at <= now
 
 
 class BaseScheduler(abc.ABC):
@@ -142,7 +147,7 @@ class BaseScheduler(abc.ABC):
                 break
             self._pop(heap)
             if entry.alive:
-                if entry.req.wait_bound_at <= now:  # a wait the bound cut short: a (low) sample of it
+                if entry.req.waited_out(now):  # a wait the bound cut short: a (low) sample of it
                     self.admission.learn(entry.predicted, now - entry.req.arrived_at)
                 self._kill(entry)
                 out.append(entry.req)
@@ -284,12 +289,12 @@ class BaseScheduler(abc.ABC):
         its predicted TTFT once started): served then, it would be late anyway, and the slot it
         takes would make a request that can still make its own target late too. As at admission,
         only a request whose TTFT is predicted, and that could make its target if it started at
-        once, is refused for it (one that would miss even alone is served late); one resumed
-        after a suspension waits for its bound only (its answer has begun)."""
+        once, is refused for it (`admission.misses_alone`); one queued again after it started
+        (suspended, or its retry waiting for a backend) waits for its bound only: it was admitted."""
         req = entry.req
         slo = q.cfg.slo
         if (entry.resumed or req.service_s is None or slo is None or not slo.shed
-                or req.service_s > (req.deadline_at - req.arrived_at) * self._cfg.slo_margin):
+                or misses_alone(req.service_s, req.deadline_at - req.arrived_at, self._cfg.slo_margin)):
             return req.wait_bound_at
         return min(req.wait_bound_at, latest_start(req))
 
