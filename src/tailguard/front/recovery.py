@@ -1,64 +1,31 @@
 """The front's half that handles an attempt that failed: a retry on the same backend or another, a
 stream continued elsewhere when its backend died mid-answer (migration), a wait for a backend that
 may take it, a `GiveUp` that says why it goes no further, the surviving half of a hedged pair, and
-the passive ejection a failure may lead to. Kept apart from `front.Front`, which holds the queue,
-the binding and the preemption, because it is one decision with its own rules (`front.retry` says
-what each failure allows); `Front` inherits it and gives it the state below, so every event still
-goes through the one `Front.handle`."""
+the passive ejection a failure may lead to. Kept apart from `front.Front`, which holds the
+chokepoint and the other events, because it is one decision with its own rules (`front.retry` says
+what each failure allows); it builds on `front.binding` (a retry is bound as any start is), `Front`
+inherits it and gives it the state below, so every event still goes through the one `Front.handle`."""
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Collection
-
-from tailguard.front.ejection import Ejector
-from tailguard.front.events import Decision, Drop, Ejected, Failed, GiveUp, GiveUpReason, Start, StartMode, Wait
-from tailguard.front.params import ClassSpec, FrontParams
-from tailguard.front.queue import BaseScheduler, Pending
+from tailguard.front.binding import Binding
+from tailguard.front.events import Drop, Ejected, Failed, GiveUp, GiveUpReason, Start, StartMode, Wait
+from tailguard.front.params import FrontParams
+from tailguard.front.queue import Pending
 from tailguard.front.retry import Again, continues_after, hurts_health, retry_of, stale_connection
 from tailguard.retry_budget import RetryBudget
-from tailguard.front.router import Router
-from tailguard.front.slots import BackendPool, BackendState
 from tailguard.front.tracked import State, Tracked
 from tailguard.types import FailureKind
 
 
-class Recovery(ABC):
-    """What the front does when an attempt fails. The state it reads and the few steps it shares
-    with the rest of the front are `Front`'s own, declared here."""
+class Recovery(Binding):
+    """What the front does when an attempt fails. The state it reads beyond `Binding`'s is
+    `Front`'s own, declared here."""
 
     _params: FrontParams
-    _classes: dict[str, ClassSpec]
-    _queue: BaseScheduler
-    _slots: BackendPool
-    _ejector: Ejector
-    _router: Router
     _budget: RetryBudget
     _max_attempts: int
-    _reqs: dict[str, Tracked]
-    _candidates: dict[str, Tracked]
-    _out: list[Decision]
     _may_preempt: bool
-
-    @abstractmethod
-    def _pump(self, now: float, preempt: bool) -> None:
-        """Bind queued requests to whatever is free."""
-
-    @abstractmethod
-    def _release(self, backend: str, p: Pending) -> None:
-        """Give back `p`'s slot on `backend`."""
-
-    @abstractmethod
-    def _choose(self, r: Tracked, now: float, exclude: Collection[str] = ()) -> str | None:
-        """Where `r` may go now, or None."""
-
-    @abstractmethod
-    def _reach(self, r: Tracked) -> list[BackendState]:
-        """The backends that may take `r` whatever their free slots."""
-
-    @abstractmethod
-    def _cannot_continue(self) -> list[str]:
-        """Backends whose kind cannot continue a generation."""
 
     def _failed(self, ev: Failed, now: float) -> None:
         """An attempt failed. A `Start` (`retry`) when it is worth trying again (same backend on
