@@ -14,7 +14,8 @@ from tailguard.bench.load import BenchConfig
 
 from tailguard.bench.run import run_bench
 from tailguard.bench.stats import summarize
-from tailguard.bench.workload import RequestFactory, load_workload, parse_workload
+from tailguard.bench.stream import RequestFactory
+from tailguard.bench.workload import load_workload, parse_workload
 from tailguard.sim.cost import EngineConfig
 from tailguard.sim.server import running_sim
 from tests.cli import run

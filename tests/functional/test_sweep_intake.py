@@ -21,7 +21,8 @@ import aiohttp
 import orjson
 import pytest
 
-from tailguard.bench.workload import RequestFactory, parse_workload
+from tailguard.bench.stream import RequestFactory
+from tailguard.bench.workload import parse_workload
 from tailguard.front.events import Arrive, Decision, Event
 from tailguard.front.front import Front
 from tailguard.front.intake import NO_CLASS

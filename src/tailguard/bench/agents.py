@@ -40,9 +40,8 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from tailguard.bench.workload import (
-    Distribution, Fixed, RequestClass, SystemPrompt, Workload, _int_is_fixed, _Model, arrival_gaps,
-)
+from tailguard.bench.stream import arrival_gaps
+from tailguard.bench.workload import Distribution, Fixed, RequestClass, SystemPrompt, Workload, _Model, _int_is_fixed
 from tailguard.errors import ConfigError
 
 NamedBy = Literal["header", "user", "prompt_cache_key", "none"]

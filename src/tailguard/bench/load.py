@@ -28,7 +28,8 @@ import aiohttp
 from tailguard.bench.agents import AgentWorkload, agent_workload
 from tailguard.bench.programs import ProgramRun
 from tailguard.bench.trace.plan import Replay, TraceFactory, load_replay
-from tailguard.bench.workload import RequestFactory, Workload, load_workload, with_lengths
+from tailguard.bench.stream import RequestFactory
+from tailguard.bench.workload import Workload, load_workload, with_lengths
 from tailguard.bench.target import base_url, engine_name, gateway_config, probe, time_scale_for
 # A run's API in one place: what run_load takes and gives is imported from here (benchmarks/ do).
 from tailguard.bench.config import BenchConfig as BenchConfig

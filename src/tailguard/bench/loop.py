@@ -22,7 +22,8 @@ from tailguard.bench.sender import Sender
 from tailguard.bench.stalls import SchedClock, Stalls, host
 from tailguard.bench.target import base_url
 from tailguard.bench.trace.plan import TraceFactory
-from tailguard.bench.workload import PlannedRequest, RequestFactory, Workload, schedule
+from tailguard.bench.stream import PlannedRequest, RequestFactory, schedule
+from tailguard.bench.workload import Workload
 
 LOOP_TICK_S = 0.01
 _START_LEAD_S = 0.05

@@ -24,7 +24,8 @@ import orjson
 from tailguard.bench.agents import AgentWorkload, ProgramClass, ProgramPlan, plan_programs
 from tailguard.bench.loop import Loop
 from tailguard.bench.recorder import RequestRecord
-from tailguard.bench.workload import ENDPOINT_PATHS, PlannedRequest, _TextPool, request_fields
+from tailguard.bench.stream import PlannedRequest, TextPool, request_fields
+from tailguard.bench.workload import ENDPOINT_PATHS
 from tailguard.errors import ConfigError
 from tailguard.wire.headers import PROGRAM_HEADER
 from tailguard.wire.tokens import CHAT_MESSAGE_OVERHEAD_TOKENS, synthetic_text, text_tokens
@@ -42,7 +43,7 @@ class ProgramRun(Loop):
             raise ConfigError("an agent workload runs in one process: --workers 1")
         self.agents = agents
         self._classes = {p.name: p for p in agents.programs}
-        self._pool = _TextPool(random.Random(f"{c.seed}:program-text"))
+        self._pool = TextPool(random.Random(f"{c.seed}:program-text"))
         self._systems = {p.name: synthetic_text(p.system_prompt.tokens, random.Random(f"{c.seed}:system:{p.name}"))
                          for p in agents.programs if p.system_prompt is not None and p.system_prompt.shared}
         self._calls = 0  # request records made so far: each call's index

@@ -16,7 +16,7 @@ import orjson
 from multidict import CIMultiDictProxy
 
 from tailguard.bench.recorder import ERROR_TEXT_LIMIT, RequestRecord, StreamRecorder, parse_server_timing
-from tailguard.bench.workload import PlannedRequest
+from tailguard.bench.stream import PlannedRequest
 from tailguard.wire.chunks import Usage
 from tailguard.wire.framing import ANSWER_USAGE
 from tailguard.wire.tokens import text_tokens

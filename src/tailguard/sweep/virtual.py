@@ -18,7 +18,8 @@ import orjson
 
 from tailguard.bench.recorder import RequestRecord
 from tailguard.bench.trace.plan import Replay, TraceFactory
-from tailguard.bench.workload import DEFAULT_MAX_TOKENS, RequestClass, Workload, request_fields
+from tailguard.bench.stream import request_fields
+from tailguard.bench.workload import DEFAULT_MAX_TOKENS, RequestClass, Workload
 from tailguard.doctor.evidence import EngineEvidence
 from tailguard.errors import BadRequest
 from tailguard.front.identity import ProgramFinder

@@ -10,9 +10,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tailguard.bench.workload import (
-    BUILTIN_WORKLOADS, RequestFactory, arrival_gaps, load_workload, parse_workload, schedule, workload_yaml,
-)
+from tailguard.bench.stream import RequestFactory, arrival_gaps, schedule
+from tailguard.bench.workload import BUILTIN_WORKLOADS, load_workload, parse_workload, workload_yaml
 from tailguard.errors import ConfigError
 from tailguard.wire.openai import parse_request
 

@@ -26,7 +26,8 @@ from tailguard.bench.trace.formats import read_trace
 from tailguard.bench.trace.request import Trace, TraceRequest
 from tailguard.bench.trace.rules import UNMATCHED, Rules, TraceClass, load_rules
 from tailguard.bench.trace.timing import Window, select
-from tailguard.bench.workload import ENDPOINT_PATHS, Endpoint, PlannedRequest, Workload, request_fields
+from tailguard.bench.stream import PlannedRequest, request_fields
+from tailguard.bench.workload import ENDPOINT_PATHS, Endpoint, Workload
 from tailguard.errors import ConfigError
 from tailguard.wire.tokens import CHAT_MESSAGE_OVERHEAD_TOKENS
 
