@@ -92,7 +92,7 @@ class Carrier:
             a = self.gate.admit(a)
             tl.cls, tl.max_tokens = a.cls, a.max_tokens
         if a.refused is not None:
-            self._end(tl, Outcome.CLIENT_ERROR, a.refused, t)
+            self._end(tl, Outcome.CLIENT_ERROR, a.refused, t, status=a.refused_status)
             return
         if a.prompt_tokens + a.max_tokens > self.max_model_len or a.prompt_tokens < 1 or a.max_tokens < 1:
             self._end(tl, Outcome.CLIENT_ERROR, "context_length", t)
@@ -311,8 +311,11 @@ class Carrier:
         if seen is not None:
             self._apply(self.tell(seen, end, preempt=False))
 
-    def _end(self, tl: Timeline, outcome: Outcome, reason: str, t: float, retry_after_s: float | None = None) -> None:
+    def _end(self, tl: Timeline, outcome: Outcome, reason: str, t: float, retry_after_s: float | None = None,
+             status: int = 400) -> None:
+        """`tl` ends refused (`outcome` REJECTED, a 503) or as a client error (its `status`)."""
         tl.outcome, tl.reject_reason, tl.finished_at, tl.retry_after_s = outcome, reason, t, retry_after_s
+        tl.status = status if outcome is Outcome.CLIENT_ERROR else None
         self._ended(tl, t)
         if self.follow_up is not None:
             self._follow(tl, t)

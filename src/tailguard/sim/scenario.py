@@ -42,7 +42,8 @@ class Arrival:
     queue bound); `priority` is vLLM's (lower first, with the engine's "priority" policy);
     `max_tokens` is what the engine may generate for it. `accepted` is what the gateway's intake
     made of it (`tailguard.front.intake`: the front's job size, the limit it was sent with, whether
-    it can be continued); `refused` the code of the 400 it got instead."""
+    it can be continued); `refused` the code of the client error it got instead, `refused_status`
+    its HTTP status (400, or 403 when its key may not have the class or model it asked for)."""
 
     id: str
     at: float
@@ -54,6 +55,7 @@ class Arrival:
     caller: str | None = None  # whose request (the front's limits per caller), as an API key names it
     accepted: Accepted | None = None
     refused: str | None = None
+    refused_status: int = 400
     model: str | None = None  # the model it asks for (an alias resolved); a host that does not serve it answers 404
     program: str | None = None  # the agent program it is a call of (`Arrive.program`)
 
@@ -104,7 +106,8 @@ class Timeline:
     prompt_tokens: int
     max_tokens: int
     outcome: Outcome | None = None
-    reject_reason: str | None = None  # a RejectReason (refused by the front), or a 400 code (the intake, the engine)
+    reject_reason: str | None = None  # a RejectReason (refused by the front), or a 4xx code (the intake, the engine)
+    status: int | None = None  # a client error's HTTP status (400, or 403 when forbidden); None otherwise
     retry_after_s: float | None = None  # what a refusal told the client (a follow-up comes no sooner)
     finish_reason: str | None = None
     dispatched_at: float | None = None

@@ -126,10 +126,8 @@ class IntakeGate:
                 a = replace(a, accepted=accepted, model=accepted.model, program=self._program(sent, p, a))
                 sent = replace(sent, body=accepted.body, max_tokens=accepted.max_tokens)
             return replace(a, max_tokens=output_budget(self.engine, sent))
-        except Refused as r:  # refused by the gateway's intake: a 400 is counted; a 403 (a key asking
-            if r.forbidden:   # for a class or model it may not have) is raised, as the gateway's Forbidden
-                raise answer(r) from None
-            return replace(a, refused=r.code)
+        except Refused as r:  # refused by the gateway's intake: a 400, or a 403 (a key asking for a
+            return replace(a, refused=r.code, refused_status=answer(r).status)  # class or model it may not have)
         except BadRequest as e:  # refused by the gateway's parser or, later, by the engine: a 400 either way
             return replace(a, refused=e.code or e.type)
 
@@ -241,7 +239,7 @@ def record_of(i: int, tl: Timeline, cls: str, behind_gateway: bool) -> RequestRe
         queue_ms = 1000.0 * ((tl.dispatched_at if tl.dispatched_at is not None else end) - tl.arrived_at)
     return RequestRecord(
         index=i, cls=cls, warmup=False, scheduled_at=tl.arrived_at, sent_at=tl.arrived_at, ended_at=end,
-        status=200 if ok else REJECT_STATUS.get(tl.outcome or Outcome.REJECTED, 503), ok=ok,
+        status=200 if ok else tl.status or REJECT_STATUS.get(tl.outcome or Outcome.REJECTED, 503), ok=ok,
         error_kind=None if ok else "http", error=None if ok else tl.reject_reason,
         first_token_at=tl.first_token_at, chunk_at=list(tl.token_times or []), output_tokens=tl.output_tokens,
         usage_output_tokens=tl.output_tokens, prompt_tokens=tl.prompt_tokens, max_tokens=tl.max_tokens,
