@@ -398,7 +398,8 @@ class Front(Recovery):
         if r.hedge is None:
             self._latency.prefilled(r.backend, ev.id)
             if r.x is not None and r.attempts == 1 and not r.preemptions:  # one undisturbed run: a sample
-                self._latency.observe(r.backend, r.x, now - r.bound_at)
+                if self._latency.observe(r.backend, r.x, now - r.bound_at):
+                    self._first_predictions(now)
             self._ttft(r, now - r.bound_at, now)
             return
         loser = r.hedge if ev.backend == r.backend else r.backend
@@ -406,6 +407,19 @@ class Front(Recovery):
         self._out.append(Drop(ev.id, loser, ev.backend))
         self._release(loser, r.pending)
         self._pump(now, self._may_preempt)
+
+    def _first_predictions(self, now: float) -> None:
+        """A backend's fit predicts for the first time: the requests queued before any could be
+        predicted (the first moments of a burst, a restart under load) with a TTFT target get
+        their prediction now, so that in a class that sheds one that can no longer make its target
+        leaves `late` at its latest start instead of being served late. Once per backend's fit."""
+        for r in self._reqs.values():
+            p = r.pending
+            if r.state is not State.QUEUED or p.service_s is not None or p.deadline_at == math.inf:
+                continue
+            service_s = self._targeted(p, self._classes[p.cls], r.route, now).service_s
+            if service_s is not None:
+                r.pending = self._queue.predicted(p.id, service_s) or r.pending
 
     def _ttft(self, r: Tracked, ttft_s: float, now: float) -> None:
         """An unhedged request's TTFT on its backend, from its start there: a sample of its

@@ -108,6 +108,11 @@ class TtftFit:
         return (c[0] + c[1] * prefill * _SCALE[1] + c[2] * running * _SCALE[2] + c[3] * context * _SCALE[3]
                 + c[4] * queued * _SCALE[4])
 
+    @property
+    def fitted(self) -> bool:
+        """Whether it predicts (`MIN_SAMPLES` seen and solved)."""
+        return self._coef is not None
+
     def mean_s(self) -> float | None:
         """The mean TTFT from a start of the samples it remembers (weighed as the fit weighs them),
         which the fit predicts at their mean features; None before any sample."""
@@ -196,11 +201,15 @@ class Latency:
         """The prefill tokens `backend` still has to compute for requests started there."""
         return max(0.0, self._pending.get(backend, 0.0))
 
-    def observe(self, backend: str, x: Features, ttft_s: float) -> None:
+    def observe(self, backend: str, x: Features, ttft_s: float) -> bool:
+        """A first token `ttft_s` after a start with features `x`; True when it is the sample
+        that lets `backend`'s fit predict for the first time."""
         fit = self._fits.get(backend)
         if fit is None:
             fit = self._fits[backend] = TtftFit()
+        before = fit.fitted
         fit.observe(x[0], x[1], x[2], ttft_s, x[3])
+        return not before and fit.fitted
 
     def predict(self, backend: str, x: Features) -> float | None:
         """Seconds from a start on `backend` with features `x` to the first token (None: not fitted)."""

@@ -122,6 +122,20 @@ class BaseScheduler(abc.ABC):
         self._add(req, q, predicted_s, False)
         return None
 
+    def predicted(self, req_id: str, service_s: float) -> Pending | None:
+        """A queued request admitted before its TTFT could be predicted (no backend's fit was
+        ready) has its prediction now: from here it leaves at its latest start, as one admitted
+        with it does (`_leave_at`). Its size for the order is kept (the heaps are keyed by it).
+        The request as now queued, or None when `req_id` is not queued."""
+        entry = self._entries.get(req_id)
+        if entry is None:
+            return None
+        entry.req = replace(entry.req, service_s=service_s)
+        leave_at = self._leave_at(entry, self._queue_of(entry.req))
+        if leave_at < entry.req.wait_bound_at:
+            self._push(self._bounds, (leave_at, entry.seq, entry))
+        return entry.req
+
     def take_shed(self) -> list[Pending]:
         """The queued requests the last `push` shed to make room (they have left the queue): the
         front refuses each (`RejectReason.SHED`)."""

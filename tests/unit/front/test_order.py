@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from tailguard.front.fairqueue import FairShareScheduler
 from tailguard.front.params import ClassSpec, QueueParams, Slo
 from tailguard.front.queue import BaseScheduler, Pending
@@ -279,6 +281,22 @@ def test_only_a_request_that_could_make_its_target_is_refused_for_missing_it() -
     assert s.next_wakeup() == 30.0 and s.expire(29.0) == []
 
 
+def test_a_request_queued_before_any_prediction_leaves_at_its_latest_start_once_predicted() -> None:
+    """Queued with no TTFT predicted (no fit ready yet), it waits for its bound; told its
+    prediction (0.2 s) while still queued, it leaves at its latest start as if it had come with it,
+    in a class that sheds only."""
+    s = sched()
+    assert s.push(req("c", "chat", 500, 0.0, service_s=None), 0.0) is None
+    assert s.push(req("k", "kept", 500, 0.0, service_s=None), 0.0) is None
+    assert s.next_wakeup() == 30.0
+    told = s.predicted("c", 0.2)
+    assert told is not None and told.service_s == 0.2
+    s.predicted("k", 0.2)
+    assert s.predicted("gone", 0.2) is None
+    assert s.next_wakeup() == 1.8 and [p.id for p in s.expire(1.8)] == ["c"]
+    assert s.next_wakeup() == 30.0 and drain(s, 1.9) == ["k"]
+
+
 def test_a_request_resumed_after_a_suspension_is_not_refused_for_its_target() -> None:
     """Its answer has begun: it waits again for a slot up to its class's bound only."""
     s = sched()
@@ -326,3 +344,31 @@ def test_the_front_refuses_by_its_latency_fit_and_sheds_for_cheaper_work() -> No
     assert due is not None and now < due <= now + 1.8 + 1e-9
     late = [d for d in front.handle(Tick(), due) if isinstance(d, Reject)]
     assert late and all(d.reason is RejectReason.LATE for d in late)
+
+
+def test_a_burst_queued_before_the_fit_leaves_late_once_the_fit_predicts() -> None:
+    """One slot, twenty chats at once before anything is measured: all are queued (nothing can be
+    predicted). Each takes 0.2 s to a first token and 0.5 s in all; at the twelfth first token the
+    fit predicts, and the eight still queued, long past their latest start (2 s less 0.2 s), leave
+    `late` at once instead of being served 4-10 s late."""
+    from tailguard.front.events import Arrive, FirstContent, Finished, Reject, Start, Tick
+    from tailguard.front.front import Front
+    from tailguard.front.params import BackendSpec, FrontParams
+
+    front = Front(FrontParams([CHAT, BATCH], [BackendSpec("b", max_concurrency=1)]))
+    arrived = [front.handle(Arrive(f"c{i}", "chat", 600, max_tokens=100), 0.0) for i in range(20)]
+    assert not any(isinstance(d, Reject) for ds in arrived for d in ds)
+    now = 0.0
+    for i in range(12):
+        front.handle(FirstContent(f"c{i}", "b"), now + 0.2)
+        if i < 11:
+            assert front.next_wakeup() == 30.0  # not fitted yet: each waits for its bound
+            now += 0.5
+            started = front.handle(Finished(f"c{i}", Outcome.SUCCESS, 600), now)
+            assert [d.id for d in started if isinstance(d, Start)] == [f"c{i + 1}"]
+    assert front.predicted_ttft_s("c11") is not None  # the twelfth sample: the fit predicts
+    assert front.next_wakeup() == pytest.approx(1.8)  # c12-c19: their latest start, long past
+    late = front.handle(Tick(), now + 0.2)
+    assert sorted(d.id for d in late if isinstance(d, Reject) and d.reason is RejectReason.LATE) == \
+        sorted(f"c{i}" for i in range(12, 20))
+    assert "c11" in front and len(front) == 0  # c11 runs; nothing waits
