@@ -200,3 +200,36 @@ async def test_idle_deadline_mid_stream_ends_it_with_an_error_event() -> None:
     assert got >= 1  # the first token arrived before the stall
     assert "idle" in info.value.message
     assert sample(m, "tailguard_requests_total", **{"class": "interactive", "outcome": "timeout"}) == 1
+
+
+async def test_an_error_inside_the_gateway_mid_stream_ends_it_with_the_routes_error_event(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fault in the gateway's own code after the first bytes went out (here: its relay failing
+    as the stream ends) reaches the client as the route's error event, in OpenAI's and Anthropic's
+    shape, not as a stream that ends cleanly but short; the gateway answers the next request."""
+    import anthropic
+
+    from tailguard.gateway.upstream.stream import StreamRelay
+
+    async def broken_end(self: StreamRelay, data: bytes) -> None:
+        raise RuntimeError("a fault in the relay")
+
+    monkeypatch.setattr(StreamRelay, "_end", broken_end)
+    async with asyncio.timeout(20), gateway() as gw, gw.client() as c, \
+            anthropic.AsyncAnthropic(base_url=gw.url, api_key="k", max_retries=0) as a:
+        s = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=8, stream=True)
+        got = []
+        with pytest.raises(openai.APIError) as info:
+            async for ch in s:
+                got.append(ch)
+        assert got and "Internal gateway error" in info.value.message
+        with pytest.raises(anthropic.APIStatusError) as ant:
+            async with a.messages.stream(model="tailguard-sim", max_tokens=8, messages=CHAT) as ms:
+                async for _ in ms:
+                    pass
+        assert "Internal gateway error" in str(ant.value)
+        monkeypatch.undo()
+        r = await c.chat.completions.create(model="tailguard-sim", messages=CHAT, max_tokens=4)
+        m = await scrape(gw.url)
+    assert r.choices[0].message.content
+    assert sample(m, "tailguard_requests_total", **{"class": "interactive", "outcome": "upstream_error"}) == 2

@@ -31,6 +31,11 @@ class Sink(Protocol):
         """Bytes have gone out: from here a failure ends the stream instead of being retried."""
         ...
 
+    @property
+    def ended(self) -> bool:
+        """The answer is whole: its last bytes have gone out (or were queued)."""
+        ...
+
     async def begin(self, first: bytes, headers: Mapping[str, str], *, eof: bool) -> None: ...
 
     async def write(self, data: bytes) -> None: ...
@@ -73,13 +78,14 @@ class ResponseSink:
     chunks a second. The end still goes through aiohttp (`write_eof`), which writes the last
     frame and the terminator and keeps the connection's state right."""
 
-    __slots__ = ("request", "response", "_transport")
+    __slots__ = ("request", "response", "_transport", "ended")
     direct = None  # its writes keep aiohttp's checks (`write_nowait`)
 
     def __init__(self, request: web.Request) -> None:
         self.request = request
         self.response: web.StreamResponse | None = None
         self._transport: asyncio.Transport | None = None
+        self.ended = False
 
     @property
     def started(self) -> bool:
@@ -88,6 +94,7 @@ class ResponseSink:
     async def begin(self, first: bytes, headers: Mapping[str, str], *, eof: bool) -> None:
         resp = _SSEResponse(status=200, headers={**SSE_HEADERS, **headers})
         self.response = resp
+        self.ended = eof
         try:
             await resp.prepare(self.request)
             if eof:
@@ -118,6 +125,7 @@ class ResponseSink:
             await self.drain()
 
     async def end(self, data: bytes) -> None:
+        self.ended = True
         try:
             await self.response.write_eof(data)  # type: ignore[union-attr]
         except ConnectionError:
@@ -126,6 +134,7 @@ class ResponseSink:
     async def answer(self, body: bytes, headers: Mapping[str, str]) -> None:
         resp = web.Response(body=body, content_type="application/json", headers=headers)
         self.response = resp
+        self.ended = True
         try:
             await resp.prepare(self.request)
             await resp.write_eof()
@@ -145,6 +154,7 @@ class ChunkQueue:
         self._closed = False
         self._waiting: bytes | None = None  # a chunk `write_nowait` found no room for
         self.direct = None  # (no transport: each chunk is queued)
+        self.ended = False
 
     @property
     def started(self) -> bool:
@@ -158,6 +168,7 @@ class ChunkQueue:
     async def begin(self, first: bytes, headers: Mapping[str, str], *, eof: bool) -> None:
         self._started = True
         self.headers = dict(headers)
+        self.ended = eof
         await self._put(first)
         if eof:
             await self._put(None)
@@ -181,6 +192,7 @@ class ChunkQueue:
             await self._put(data)
 
     async def end(self, data: bytes) -> None:
+        self.ended = True
         await self.drain()
         await self._put(data)
         await self._put(None)

@@ -1,7 +1,8 @@
 """The HTTP side of one generation request, from either server (aiohttp's or the lean one): who
 sent it (its key, before its body is read), its body (bounded in size and time), then its life
 in the gateway (`gateway.lifecycle`, HTTP-free), and the answer its client gets when nothing was
-streamed (a backend's own refusal passed through, or an error in the route's shape).
+streamed (a backend's own refusal passed through, or an error in the route's shape); a stream an
+error inside the gateway cut short ends with the route's error event.
 
 Every exit of `Proxy.answer` goes through one `finally`: the lifecycle's one end, so no path can
 end a request twice or not at all.
@@ -9,6 +10,7 @@ end a request twice or not at all.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from aiohttp import web
@@ -22,7 +24,9 @@ from tailguard.gateway.http.routes import anthropic_refusal, error_shape
 from tailguard.gateway.lifecycle import Lifecycle
 from tailguard.gateway.ops.headers import response_headers
 from tailguard.gateway.request import Request
+from tailguard.gateway.sink import ClientGone, Sink
 from tailguard.types import Outcome
+from tailguard.wire.framing import FRAMINGS, OPENAI
 from tailguard.wire.headers import told
 from tailguard.wire.openai import Endpoint, error_body, error_headers
 
@@ -58,10 +62,11 @@ class Proxy:
         line = self.lifecycle.arrived(endpoint, said.request_id, inbound.remote, said.user_agent, said.api_key)
         req = line.request
         inbound.named(req.request_id)
+        sink = inbound.sink()
         try:
             self.lifecycle.classes.authenticate(said.api_key)  # before the body: a stranger's body is never read
             raw = await inbound.read_body(self._cfg.max_body_bytes, self._cfg.body_timeout_s)
-            ending = await self.lifecycle.serve(line, raw, said, inbound.sink())
+            ending = await self.lifecycle.serve(line, raw, said, sink)
             return _reply(ending, req)
         except APIError as err:
             req.refused(err)
@@ -70,10 +75,23 @@ class Proxy:
         except Exception:
             log.exception("internal error handling %s %s", inbound.method, inbound.path)
             req.end(Outcome.UPSTREAM_ERROR, 500, "internal_error")
-            return Reply.of_error(APIError("Internal gateway error.", status=500, code="internal_error"),
-                                  body=error_shape(endpoint))
+            internal = APIError("Internal gateway error.", status=500, code="internal_error")
+            if sink.started:  # its answer had begun: the stream ends with the route's error event
+                await _fail(sink, endpoint, internal)
+                return None
+            return Reply.of_error(internal, body=error_shape(endpoint))
         finally:
             self.lifecycle.end(line, inbound.method, inbound.path)
+
+
+async def _fail(sink: Sink, endpoint: Endpoint, err: APIError) -> None:
+    """End an answer an error inside the gateway left open after its first bytes with the route's
+    error event, as a backend failing mid-stream ends it (`StreamRelay.fail`): without it the
+    client would see a stream that ends cleanly, short and without its last event."""
+    if sink.ended:
+        return
+    with contextlib.suppress(ClientGone):
+        await sink.end(FRAMINGS.get(endpoint, OPENAI).error_event(err))
 
 
 def _reply(ending: Ending, req: Request) -> Reply | None:
