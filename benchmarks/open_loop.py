@@ -52,6 +52,7 @@ async def send(session: aiohttp.ClientSession, url: str, cls: str, max_tokens: i
                 r.error = f"{resp.status}: {(await resp.read())[:200]!r}"
                 r.end = time.perf_counter() - start
                 return
+            done = False
             async for line in resp.content:
                 if line.startswith(b"data: {") and b'"content":"' in line and b'"content":""' not in line:
                     r.tokens += 1
@@ -59,6 +60,10 @@ async def send(session: aiohttp.ClientSession, url: str, cls: str, max_tokens: i
                         r.ttft = time.perf_counter() - start
                 elif b'"error"' in line:
                     r.error = line[:200].decode("utf-8", "replace")
+                elif line.startswith(b"data: [DONE]"):
+                    done = True
+            if not done and r.error is None:  # a stream cut short is not an answer, however it ended
+                r.error = "the stream ended without its data: [DONE]"
         r.end = time.perf_counter() - start
     except aiohttp.ClientError as e:
         r.error = repr(e)
@@ -75,10 +80,13 @@ async def first_token(session: aiohttp.ClientSession, url: str, body: dict[str, 
         async with session.post(url + "/v1/chat/completions", json=body) as resp:
             if resp.status != 200:
                 return None, f"{resp.status}: {(await resp.read())[:200]!r}"
+            done = False
             async for line in resp.content:
                 if ttft is None and line.startswith(b"data: {") and b'"content":"' in line \
                         and b'"content":""' not in line:
                     ttft = time.perf_counter() - start
+                elif line.startswith(b"data: [DONE]"):
+                    done = True
     except (aiohttp.ClientError, asyncio.TimeoutError) as e:
         return ttft, f"{type(e).__name__}: {e}"
-    return ttft, None
+    return ttft, None if done else "the stream ended without its data: [DONE]"
