@@ -26,6 +26,9 @@ The state stays in the Python objects (their slotted attributes read and written
 not change during a run.
 */
 #define PY_SSIZE_T_CLEAN
+/* What tailguard.speedups.ABI expects of this file (the attributes the step reads, the calls it makes):
+   raised in both with every change, so a build of another version of this file is never used. */
+#define SPEEDUPS_ABI 1
 #include <Python.h>
 #include <stddef.h>
 #include <string.h>
@@ -525,7 +528,8 @@ PyMODINIT_FUNC PyInit__speedups(void)
     if (intern_names() < 0 || PyType_Ready(&ChunkStepType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddObjectRef(m, "ChunkStep", (PyObject *)&ChunkStepType) < 0)
+    if (m != NULL && (PyModule_AddObjectRef(m, "ChunkStep", (PyObject *)&ChunkStepType) < 0
+                      || PyModule_AddIntConstant(m, "ABI", SPEEDUPS_ABI) < 0))
         Py_CLEAR(m);
     return m;
 }

@@ -1,6 +1,8 @@
 from collections.abc import Callable
 from typing import Any
 
+ABI: int
+
 def has_content(data: bytes, start: int = 0, end: int | None = None, /) -> bool: ...
 
 class ChunkStep:

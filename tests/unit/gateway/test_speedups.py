@@ -143,6 +143,23 @@ def test_the_selection_follows_tailguard_no_extensions() -> None:
     assert (chunks.has_content is has_content_py) == (speedups is None)
 
 
+def test_an_extension_built_from_another_version_is_not_used() -> None:
+    """The built extension says the version of `_speedups.c` it was built from, the one this code
+    expects; one built from another (or from before the version was said) is refused, warned of."""
+    from types import ModuleType
+
+    from tailguard.speedups import ABI, matching
+
+    if speedups is not None:
+        assert speedups.ABI == ABI and matching(speedups) is speedups
+    stale = ModuleType("tailguard._speedups")
+    stale.ABI = ABI - 1  # type: ignore[attr-defined]
+    with pytest.warns(RuntimeWarning, match="another version"):
+        assert matching(stale) is None
+    with pytest.warns(RuntimeWarning, match="ABI None"):
+        assert matching(ModuleType("tailguard._speedups")) is None
+
+
 # -- the relay's step -----------------------------------------------------------------------------
 
 
