@@ -7,7 +7,6 @@ and `Front` on that, so the state below is `Front`'s own, declared here."""
 
 from __future__ import annotations
 
-from abc import ABC
 from collections.abc import Collection
 
 from tailguard.front.ejection import Ejector
@@ -24,7 +23,7 @@ from tailguard.front.slots import BackendPool, BackendState
 from tailguard.front.tracked import State, Tracked
 
 
-class Binding(ABC):
+class Binding:
     """Queued requests onto free slots, in the queue's order, making room by preemption."""
 
     _classes: dict[str, ClassSpec]
@@ -49,11 +48,14 @@ class Binding(ABC):
         r.body_bytes = 0
 
     def _release(self, backend: str, p: Pending) -> None:
+        """Give back `p`'s slot on `backend` (and forget the prefill it still owed there); the last
+        release of a backend a reload removed retires it."""
         self._latency.prefilled(backend, p.id)
         if self._slots.release(backend, p.cls, p.est_tokens):
             self._retired(backend)
 
     def _retired(self, backend: str) -> None:
+        """A removed backend's last request has ended: what the front kept of it goes."""
         self._router.forget(backend)
         self._programs.forget_backend(backend)
         self._latency.forget(backend)
@@ -110,6 +112,8 @@ class Binding(ABC):
                 return
 
     def _bind(self, r: Tracked, backend: str, now: float) -> None:
+        """`r` starts on `backend`: its slot is taken, what routing and programs keep of it is told,
+        and a `Start` says how (fresh, or resumed as its earlier run or failure left it)."""
         if self._predicts and not r.first:  # its prefill is owed there until its first content
             hits = self._router.hits(r.route)
             x = self._router.features(self._slots[backend], r.route, hits, now)
@@ -185,6 +189,7 @@ class Binding(ABC):
         return True
 
     def _suspend(self, r: Tracked, now: float) -> None:
+        """`r` gives up its slot for a waiting request and is queued again, to be continued."""
         p = r.pending
         self._release(r.backend, p)
         del self._candidates[p.id]
