@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 
 ENGINE = "engine"  # the one engine's name when no gateway names it
 DES_URL = f"des://{ENGINE}"
-REJECT_STATUS = {Outcome.REJECTED: 503, Outcome.CLIENT_ERROR: 400}
 
 
 @dataclass(frozen=True)
@@ -239,7 +238,7 @@ def record_of(i: int, tl: Timeline, cls: str, behind_gateway: bool) -> RequestRe
         queue_ms = 1000.0 * ((tl.dispatched_at if tl.dispatched_at is not None else end) - tl.arrived_at)
     return RequestRecord(
         index=i, cls=cls, warmup=False, scheduled_at=tl.arrived_at, sent_at=tl.arrived_at, ended_at=end,
-        status=200 if ok else tl.status or REJECT_STATUS.get(tl.outcome or Outcome.REJECTED, 503), ok=ok,
+        status=200 if ok else tl.status or 503, ok=ok,  # a client error's own (400, 403); else the front's 503
         error_kind=None if ok else "http", error=None if ok else tl.reject_reason,
         first_token_at=tl.first_token_at, chunk_at=list(tl.token_times or []), output_tokens=tl.output_tokens,
         usage_output_tokens=tl.output_tokens, prompt_tokens=tl.prompt_tokens, max_tokens=tl.max_tokens,
